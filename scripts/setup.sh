@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Provisions libtorch (the PyPI wheel torch==2.13.0, which tch 0.26 expects) into a cached Python
+# environment outside the clone, and points cargo at it through .cargo/config.toml.
+# Idempotent: a present, version-checked environment is reused.
+# With TORCHRL_WITH_PYTHON_REFS=1 it also installs torchrl/tensordict/gymnasium (for specs/record.py
+# and the Python half of the benchmarks); tests never need them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}"
+VENV="$CACHE/venv"
+PY="$VENV/bin/python"
+TORCH_VERSION="2.13.0"
+mkdir -p "$CACHE"
+have_torch() { "$PY" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$TORCH_VERSION' else 1)" 2>/dev/null; }
+if ! have_torch; then
+  echo "[setup] installing torch==$TORCH_VERSION into $VENV (about 1.5 minutes, 4.7 GB)" >&2
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+  have_torch || { echo "[setup] torch $TORCH_VERSION did not install correctly" >&2; exit 1; }
+fi
+if [ "${TORCHRL_WITH_PYTHON_REFS:-0}" = "1" ]; then
+  "$PY" -c "import torchrl, tensordict, gymnasium" 2>/dev/null || \
+    "$PY" -m pip install -q --disable-pip-version-check torchrl==0.14.1 tensordict gymnasium numpy
+fi
+TORCH_DIR=$("$PY" -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
+mkdir -p .cargo
+cat > .cargo/config.toml <<CFG
+# Written by scripts/setup.sh: where libtorch lives on this machine. Not committed.
+[env]
+LIBTORCH = "$TORCH_DIR"
+LIBTORCH_CXX11_ABI = "1"
+CFG

@@ -1,0 +1,270 @@
+//! The crate's error type.
+//!
+//! Every fallible public operation returns [`Result<T>`]. Variants are structs that carry the
+//! context a user needs to fix the call: the key involved, the keys that were available, the
+//! expected and actual shapes / dtypes / devices, and the operation that failed.
+//!
+//! ```
+//! use torchrl::{Error, TensorDict};
+//! let td = TensorDict::new(vec![3]).unwrap();
+//! let err = td.get_or_err("obs").unwrap_err();
+//! assert!(matches!(err, Error::KeyNotFound { .. }));
+//! assert!(err.to_string().contains("\"obs\""));
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind};
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Formats a shape the way this crate prints shapes everywhere: `[3, 4]`.
+pub(crate) struct ShapeFmt<'a>(pub &'a [i64]);
+
+impl fmt::Display for ShapeFmt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        write!(f, "]")
+    }
+}
+
+/// Formats a list of keys as `["a", ("b", "c")]`.
+pub(crate) fn fmt_keys(keys: &[String]) -> String {
+    format!("[{}]", keys.join(", "))
+}
+
+/// Every error this crate returns.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // === Keys ===
+    /// A key was required but is absent.
+    #[error("{op}: key {key} not found; available keys: {}", fmt_keys(available))]
+    KeyNotFound {
+        /// The operation that failed (`"get"`, `"set_"`, `"rename_key"`, …).
+        op: &'static str,
+        /// The missing key, displayed as a nested key.
+        key: String,
+        /// The keys that were present at the level where the lookup failed.
+        available: Vec<String>,
+    },
+    /// A key that must be new already exists.
+    #[error("{op}: key {key} already present")]
+    KeyExists {
+        /// The operation that failed.
+        op: &'static str,
+        /// The existing key.
+        key: String,
+    },
+    /// A nested key walks through a leaf tensor (or a leaf spec) as if it were a level.
+    #[error("{op}: key {key} walks through {at}, which is a leaf, not a nested level")]
+    NotALevel {
+        /// The operation that failed.
+        op: &'static str,
+        /// The full key requested.
+        key: String,
+        /// The prefix that is a leaf.
+        at: String,
+    },
+    /// A key was expected to hold a leaf but holds a nested level (or the reverse).
+    #[error("{op}: key {key} holds {found}, expected {expected}")]
+    WrongEntryKind {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key.
+        key: String,
+        /// What was expected (`"a tensor"`, `"a tensordict"`).
+        expected: &'static str,
+        /// What was found.
+        found: &'static str,
+    },
+    /// Two containers were combined but their key sets differ.
+    #[error(
+        "{op}: key sets differ; only in the first: {}, only in the second: {}",
+        fmt_keys(only_first),
+        fmt_keys(only_second)
+    )]
+    KeySetMismatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// Keys in the first operand and not the second.
+        only_first: Vec<String>,
+        /// Keys in the second operand and not the first.
+        only_second: Vec<String>,
+    },
+    /// An empty key or a key segment that is not allowed.
+    #[error("{op}: invalid key {key}: {reason}")]
+    InvalidKey {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key.
+        key: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+
+    // === Shapes ===
+    /// A value's leading dims do not match the container's batch size.
+    #[error(
+        "{op}: batch dimension mismatch for key {key}: batch size {} is not a prefix of shape {}",
+        ShapeFmt(batch_size),
+        ShapeFmt(shape)
+    )]
+    BatchSizeMismatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key of the offending value.
+        key: String,
+        /// The container's batch size.
+        batch_size: Vec<i64>,
+        /// The value's full shape.
+        shape: Vec<i64>,
+    },
+    /// A shape differs from the one required.
+    #[error(
+        "{op}: shape mismatch for key {key}: expected {}, got {}",
+        ShapeFmt(expected),
+        ShapeFmt(actual)
+    )]
+    ShapeMismatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key involved (may be empty when no key applies).
+        key: String,
+        /// The shape that was required.
+        expected: Vec<i64>,
+        /// The shape that was given.
+        actual: Vec<i64>,
+    },
+    /// A dtype differs from the one required.
+    #[error("{op}: dtype mismatch for key {key}: expected {expected:?}, got {actual:?}")]
+    DtypeMismatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key involved.
+        key: String,
+        /// The dtype that was required.
+        expected: Kind,
+        /// The dtype that was given.
+        actual: Kind,
+    },
+    /// A device differs from the one required.
+    #[error("{op}: device mismatch for key {key}: expected {expected:?}, got {actual:?}")]
+    DeviceMismatch {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key involved.
+        key: String,
+        /// The required device.
+        expected: Device,
+        /// The device found.
+        actual: Device,
+    },
+    /// A dimension or index is out of range.
+    #[error("{op}: index {index} is out of range for {what} of size {size}")]
+    IndexOutOfRange {
+        /// The operation that failed.
+        op: &'static str,
+        /// The offending index or dim.
+        index: i64,
+        /// What was indexed (`"batch dim 0"`, `"batch dims"`, …).
+        what: String,
+        /// The size of what was indexed.
+        size: i64,
+    },
+
+    // === Specs ===
+    /// A value is not contained in a spec.
+    #[error("{op}: value for key {key} is not in spec {spec}: {reason}")]
+    NotInSpec {
+        /// The operation that failed.
+        op: &'static str,
+        /// The key of the value.
+        key: String,
+        /// A short description of the spec.
+        spec: String,
+        /// Why the value is outside the spec.
+        reason: String,
+    },
+    /// A container is locked and refuses mutation.
+    #[error("{op}: cannot modify a locked {what} (key {key}); unlock it first")]
+    Locked {
+        /// The operation that failed.
+        op: &'static str,
+        /// What is locked (`"Composite"`, `"TensorDict"`).
+        what: &'static str,
+        /// The key that was about to change.
+        key: String,
+    },
+
+    // === Arguments ===
+    /// An argument is invalid for a reason the other variants do not cover.
+    #[error("{op}: {message}")]
+    InvalidArgument {
+        /// The operation that failed.
+        op: &'static str,
+        /// What was wrong and what was expected.
+        message: String,
+    },
+
+    // === I/O ===
+    /// Reading or writing a file failed.
+    #[error("{op}: I/O error on {path}: {source}")]
+    Io {
+        /// The operation that failed.
+        op: &'static str,
+        /// The file.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not a valid tensordict file (corrupt, truncated or foreign).
+    #[error("{op}: {path} is not a valid tensordict file: {reason}")]
+    InvalidFile {
+        /// The operation that failed.
+        op: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    // === libtorch ===
+    /// An error raised by libtorch through `tch`.
+    #[error("libtorch error: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub(crate) fn invalid(op: &'static str, message: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            op,
+            message: message.into(),
+        }
+    }
+}
+
+/// Returns early with an [`Error::InvalidArgument`] when the condition is false.
+macro_rules! ensure {
+    ($cond:expr, $op:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::Error::invalid($op, format!($($fmt)+)));
+        }
+    };
+}
+pub(crate) use ensure;

@@ -1,0 +1,39 @@
+//! # torchrl
+//!
+//! TorchRL's design in Rust, on libtorch through the [`tch`] crate.
+//!
+//! - [`TensorDict`]: a nested, keyed container of tensors sharing leading batch dims.
+//! - [`data::specs`]: `TensorSpec`s (`Unbounded`, `Bounded`, `Categorical`, `OneHot`, …, and
+//!   `Composite`) that describe what an environment reads and writes.
+//! - [`Error`] / [`Result`]: every fallible operation returns a `Result` whose error names the
+//!   key, shapes, dtypes and what was expected.
+//!
+//! ```
+//! use tch::{Device, Kind, Tensor};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! let mut td = TensorDict::new([64])?
+//!     .with("obs", Tensor::zeros([64, 3], (Kind::Float, Device::Cpu)))?
+//!     .with(("next", "reward"), Tensor::zeros([64, 1], (Kind::Float, Device::Cpu)))?;
+//! let r = td.get_or_err(("next", "reward"))?.shallow_clone();
+//! td.set(("next", "reward"), r + 1.0)?;
+//! assert_eq!(td.get(("next", "reward")).map(|t| t.double_value(&[0, 0])), Some(1.0));
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod data;
+pub mod error;
+pub mod tensordict;
+
+pub use data::specs;
+pub use error::{Error, Result};
+pub use tch;
+pub use tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+
+/// The most used items, for `use torchrl::prelude::*`.
+pub mod prelude {
+    pub use crate::data::specs::*;
+    pub use crate::error::{Error, Result};
+    pub use crate::tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+}

@@ -1,0 +1,428 @@
+//! Indices over batch dimensions, shared by [`TensorDict`](super::TensorDict) and the specs.
+
+use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo};
+
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result, ShapeFmt};
+
+/// One index item over batch dims, like one element of a Python index tuple.
+///
+/// ```
+/// use torchrl::BatchIndex;
+/// let idx: Vec<BatchIndex> = vec![0.into(), (1..3).into(), (..).into()];
+/// assert_eq!(idx.len(), 3);
+/// ```
+#[derive(Debug)]
+pub enum BatchIndex {
+    /// Selects one position, removing the dim (`td[2]`). Negative counts from the end.
+    Int(i64),
+    /// A Python-style slice `start:end:step` (bounds clamp; negative bounds count from the end).
+    Slice {
+        /// First position (default 0).
+        start: Option<i64>,
+        /// One past the last position (default: the dim size).
+        end: Option<i64>,
+        /// Step, at least 1.
+        step: i64,
+    },
+    /// `...`: as many full slices as needed to cover the remaining batch dims.
+    Ellipsis,
+    /// `None`: inserts a new batch dim of size 1.
+    NewAxis,
+    /// A boolean mask over the next `mask.dim()` batch dims (which it must match); they are
+    /// replaced by one dim counting the true entries.
+    Mask(Tensor),
+    /// An integer index tensor over the next batch dim; that dim is replaced by the index
+    /// tensor's shape.
+    Tensor(Tensor),
+}
+
+impl BatchIndex {
+    /// A full slice, `..`.
+    pub fn full() -> Self {
+        BatchIndex::Slice {
+            start: None,
+            end: None,
+            step: 1,
+        }
+    }
+
+    /// A slice with a step.
+    pub fn slice(start: Option<i64>, end: Option<i64>, step: i64) -> Self {
+        BatchIndex::Slice { start, end, step }
+    }
+
+    /// A mask or an index tensor, chosen by the tensor's dtype.
+    pub fn tensor(t: Tensor) -> Self {
+        if t.kind() == Kind::Bool {
+            BatchIndex::Mask(t)
+        } else {
+            BatchIndex::Tensor(t)
+        }
+    }
+
+    pub(crate) fn shallow_clone(&self) -> Self {
+        match self {
+            BatchIndex::Int(i) => BatchIndex::Int(*i),
+            BatchIndex::Slice { start, end, step } => BatchIndex::Slice {
+                start: *start,
+                end: *end,
+                step: *step,
+            },
+            BatchIndex::Ellipsis => BatchIndex::Ellipsis,
+            BatchIndex::NewAxis => BatchIndex::NewAxis,
+            BatchIndex::Mask(t) => BatchIndex::Mask(t.shallow_clone()),
+            BatchIndex::Tensor(t) => BatchIndex::Tensor(t.shallow_clone()),
+        }
+    }
+}
+
+impl From<i64> for BatchIndex {
+    fn from(value: i64) -> Self {
+        BatchIndex::Int(value)
+    }
+}
+
+impl From<Range<i64>> for BatchIndex {
+    fn from(r: Range<i64>) -> Self {
+        BatchIndex::slice(Some(r.start), Some(r.end), 1)
+    }
+}
+
+impl From<RangeInclusive<i64>> for BatchIndex {
+    fn from(r: RangeInclusive<i64>) -> Self {
+        BatchIndex::slice(Some(*r.start()), Some(*r.end() + 1), 1)
+    }
+}
+
+impl From<RangeFrom<i64>> for BatchIndex {
+    fn from(r: RangeFrom<i64>) -> Self {
+        BatchIndex::slice(Some(r.start), None, 1)
+    }
+}
+
+impl From<RangeTo<i64>> for BatchIndex {
+    fn from(r: RangeTo<i64>) -> Self {
+        BatchIndex::slice(None, Some(r.end), 1)
+    }
+}
+
+impl From<RangeFull> for BatchIndex {
+    fn from(_: RangeFull) -> Self {
+        BatchIndex::full()
+    }
+}
+
+impl From<Tensor> for BatchIndex {
+    fn from(t: Tensor) -> Self {
+        BatchIndex::tensor(t)
+    }
+}
+
+/// One resolved indexing step, applied to a tensor at a known dim.
+#[derive(Debug)]
+pub(crate) enum Step {
+    Select {
+        dim: i64,
+        index: i64,
+    },
+    Slice {
+        dim: i64,
+        start: i64,
+        end: i64,
+        step: i64,
+    },
+    Unsqueeze {
+        dim: i64,
+    },
+    /// Flattens `k` dims at `dim` and gathers `linear` positions along the flattened dim.
+    Mask {
+        dim: i64,
+        k: i64,
+        linear: Tensor,
+        mask: Tensor,
+    },
+    /// Gathers `index` (flattened) along `dim` and unflattens to `shape`.
+    Gather {
+        dim: i64,
+        index: Tensor,
+        shape: Vec<i64>,
+    },
+}
+
+/// An index resolved against a batch size: the steps to apply to every leaf and the new batch.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub steps: Vec<Step>,
+    pub batch: Vec<i64>,
+}
+
+fn norm_bound(b: Option<i64>, size: i64, default: i64) -> i64 {
+    match b {
+        None => default,
+        Some(v) if v < 0 => (v + size).max(0),
+        Some(v) => v.min(size),
+    }
+}
+
+/// Resolves `idx` against `batch`. `op` names the caller in errors.
+pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Result<Plan> {
+    let consumes = |i: &BatchIndex| -> usize {
+        match i {
+            BatchIndex::Int(_) | BatchIndex::Slice { .. } | BatchIndex::Tensor(_) => 1,
+            BatchIndex::Mask(m) => m.dim(),
+            BatchIndex::Ellipsis | BatchIndex::NewAxis => 0,
+        }
+    };
+    let explicit: usize = idx.iter().map(consumes).sum();
+    let n_ellipsis = idx
+        .iter()
+        .filter(|i| matches!(i, BatchIndex::Ellipsis))
+        .count();
+    if n_ellipsis > 1 {
+        return Err(Error::invalid(
+            op,
+            "an index can only have a single ellipsis",
+        ));
+    }
+    if explicit > batch.len() {
+        return Err(Error::IndexOutOfRange {
+            op,
+            index: explicit as i64,
+            what: format!(
+                "batch dims (too many indices: {explicit} for a batch size of {})",
+                ShapeFmt(batch)
+            ),
+            size: batch.len() as i64,
+        });
+    }
+    let n_adv = idx
+        .iter()
+        .filter(|i| matches!(i, BatchIndex::Mask(_) | BatchIndex::Tensor(_)))
+        .count();
+    if n_adv > 1 {
+        return Err(Error::invalid(
+            op,
+            "at most one mask or index tensor is supported per index",
+        ));
+    }
+    let mut steps = Vec::new();
+    let mut out_batch = Vec::new();
+    let mut src = 0usize; // next source batch dim
+    let mut dim = 0i64; // current dim in the partially-indexed tensor
+    for item in idx {
+        match item {
+            BatchIndex::Int(i) => {
+                let size = batch[src];
+                let j = if *i < 0 { i + size } else { *i };
+                if j < 0 || j >= size {
+                    return Err(Error::IndexOutOfRange {
+                        op,
+                        index: *i,
+                        what: format!("batch dim {src}"),
+                        size,
+                    });
+                }
+                steps.push(Step::Select { dim, index: j });
+                src += 1;
+            }
+            BatchIndex::Slice { start, end, step } => {
+                if *step < 1 {
+                    return Err(Error::invalid(
+                        op,
+                        format!("slice step must be >= 1, got {step}"),
+                    ));
+                }
+                let size = batch[src];
+                let s = norm_bound(*start, size, 0);
+                let e = norm_bound(*end, size, size).max(s);
+                let len = (e - s + step - 1) / step;
+                if !(s == 0 && e == size && *step == 1) {
+                    steps.push(Step::Slice {
+                        dim,
+                        start: s,
+                        end: e,
+                        step: *step,
+                    });
+                }
+                out_batch.push(len);
+                src += 1;
+                dim += 1;
+            }
+            BatchIndex::NewAxis => {
+                steps.push(Step::Unsqueeze { dim });
+                out_batch.push(1);
+                dim += 1;
+            }
+            BatchIndex::Ellipsis => {
+                let n = batch.len() - explicit;
+                out_batch.extend_from_slice(&batch[src..src + n]);
+                src += n;
+                dim += n as i64;
+            }
+            BatchIndex::Mask(m) => {
+                let k = m.dim();
+                let expected = &batch[src..src + k];
+                let actual = m.size();
+                if m.kind() != Kind::Bool {
+                    return Err(Error::DtypeMismatch {
+                        op,
+                        key: "<mask>".into(),
+                        expected: Kind::Bool,
+                        actual: m.kind(),
+                    });
+                }
+                if actual != expected {
+                    return Err(Error::ShapeMismatch {
+                        op,
+                        key: "<mask>".into(),
+                        expected: expected.to_vec(),
+                        actual,
+                    });
+                }
+                let flat = m.f_reshape([-1])?;
+                let linear = flat.f_nonzero()?.f_reshape([-1])?;
+                let count = linear.size().first().copied().unwrap_or(0);
+                steps.push(Step::Mask {
+                    dim,
+                    k: k as i64,
+                    linear,
+                    mask: m.shallow_clone(),
+                });
+                out_batch.push(count);
+                src += k;
+                dim += 1;
+            }
+            BatchIndex::Tensor(t) => {
+                if !matches!(
+                    t.kind(),
+                    Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8
+                ) {
+                    return Err(Error::DtypeMismatch {
+                        op,
+                        key: "<index>".into(),
+                        expected: Kind::Int64,
+                        actual: t.kind(),
+                    });
+                }
+                let size = batch[src];
+                let flat = t.f_reshape([-1])?.f_to_kind(Kind::Int64)?;
+                let wrapped = flat.f_remainder(size.max(1))?;
+                if flat.numel() > 0 {
+                    let lo = flat.f_min()?.int64_value(&[]);
+                    let hi = flat.f_max()?.int64_value(&[]);
+                    for v in [lo, hi] {
+                        if v < -size || v >= size {
+                            return Err(Error::IndexOutOfRange {
+                                op,
+                                index: v,
+                                what: format!("batch dim {src}"),
+                                size,
+                            });
+                        }
+                    }
+                }
+                let shape = t.size();
+                out_batch.extend_from_slice(&shape);
+                steps.push(Step::Gather {
+                    dim,
+                    index: wrapped,
+                    shape: shape.clone(),
+                });
+                src += 1;
+                dim += shape.len() as i64;
+            }
+        }
+    }
+    // Dims not mentioned are kept.
+    out_batch.extend_from_slice(&batch[src..]);
+    Ok(Plan {
+        steps,
+        batch: out_batch,
+    })
+}
+
+/// Applies a resolved plan to one tensor (whose leading dims are the indexed batch dims).
+pub(crate) fn apply_plan(t: &Tensor, plan: &Plan) -> Result<Tensor> {
+    let mut cur = t.shallow_clone();
+    for step in &plan.steps {
+        cur = apply_step(&cur, step)?;
+    }
+    Ok(cur)
+}
+
+pub(crate) fn apply_step(cur: &Tensor, step: &Step) -> Result<Tensor> {
+    Ok(match step {
+        Step::Select { dim, index } => cur.f_select(*dim, *index)?,
+        Step::Slice {
+            dim,
+            start,
+            end,
+            step,
+        } => cur.f_slice(*dim, *start, *end, *step)?,
+        Step::Unsqueeze { dim } => cur.f_unsqueeze(*dim)?,
+        Step::Mask { dim, k, linear, .. } => {
+            let flat = if *k == 1 {
+                cur.shallow_clone()
+            } else {
+                cur.f_flatten(*dim, dim + k - 1)?
+            };
+            flat.f_index_select(*dim, &linear.f_to_device(cur.device())?)?
+        }
+        Step::Gather { dim, index, shape } => {
+            let g = cur.f_index_select(*dim, &index.f_to_device(cur.device())?)?;
+            let mut sizes = g.size();
+            let d = *dim as usize;
+            sizes.splice(d..=d, shape.iter().copied());
+            g.f_reshape(&sizes)?
+        }
+    })
+}
+
+/// Writes `value` into the region of `dest` selected by `plan` (in place).
+pub(crate) fn write_plan(
+    op: &'static str,
+    dest: &Tensor,
+    plan: &Plan,
+    value: &Tensor,
+) -> Result<()> {
+    // Basic steps are views; an advanced step (mask/gather) must be the last one.
+    let mut view = dest.shallow_clone();
+    let n = plan.steps.len();
+    for (i, step) in plan.steps.iter().enumerate() {
+        match step {
+            Step::Mask { dim, mask, .. } => {
+                ensure_last(op, i, n)?;
+                let mut idx: Vec<Option<Tensor>> = (0..*dim).map(|_| None).collect();
+                idx.push(Some(mask.f_to_device(view.device())?));
+                let _ = view.f_index_put_(&idx, value, false)?;
+                return Ok(());
+            }
+            Step::Gather { dim, index, shape } => {
+                ensure_last(op, i, n)?;
+                let mut idx: Vec<Option<Tensor>> = (0..*dim).map(|_| None).collect();
+                idx.push(Some(
+                    index
+                        .f_reshape(shape.as_slice())?
+                        .f_to_device(view.device())?,
+                ));
+                let _ = view.f_index_put_(&idx, value, false)?;
+                return Ok(());
+            }
+            _ => view = apply_step(&view, step)?,
+        }
+    }
+    view.f_copy_(value)?;
+    Ok(())
+}
+
+fn ensure_last(op: &'static str, i: usize, n: usize) -> Result<()> {
+    if i + 1 != n {
+        return Err(Error::invalid(
+            op,
+            "writing through an index supports a mask or index tensor only as the last indexing step",
+        ));
+    }
+    Ok(())
+}

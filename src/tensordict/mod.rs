@@ -1,0 +1,755 @@
+//! `TensorDict`: a nested, keyed container of tensors that share leading batch dimensions.
+//!
+//! A [`TensorDict`] maps names to [`Entry`]s (a `tch::Tensor` or a nested `TensorDict`), keeps
+//! insertion order, and carries a `batch_size` that must be a prefix of every leaf's shape.
+//! Nested dicts have a batch size that extends their parent's. Nested keys
+//! ([`NestedKey`], or anything [`AsKey`]) address leaves at any depth: a nested get or set is one
+//! hash lookup per level.
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::TensorDict;
+//!
+//! # fn main() -> torchrl::Result<()> {
+//! let mut td = TensorDict::new([4])?
+//!     .with("obs", Tensor::zeros([4, 3], (Kind::Float, tch::Device::Cpu)))?
+//!     .with(("next", "reward"), Tensor::ones([4, 1], (Kind::Float, tch::Device::Cpu)))?;
+//! assert_eq!(td.batch_size(), &[4]);
+//! assert_eq!(td.get(("next", "reward")).map(|t| t.size()), Some(vec![4, 1]));
+//! // a value whose leading dims are not the batch size is refused, and nothing changes
+//! assert!(td.set("bad", Tensor::zeros([3], (Kind::Float, tch::Device::Cpu))).is_err());
+//! assert!(!td.contains("bad"));
+//! # Ok(()) }
+//! ```
+
+mod display;
+mod index;
+mod io;
+mod key;
+mod ops;
+mod shape;
+
+use std::hash::BuildHasherDefault;
+
+use indexmap::IndexMap;
+use rustc_hash::FxHasher;
+use smallvec::SmallVec;
+use tch::{Device, Tensor};
+
+use crate::error::{Error, Result};
+pub use index::BatchIndex;
+pub(crate) use key::display_segments;
+pub use key::{AsKey, NestedKey, Segments};
+pub use shape::{cat, stack};
+
+pub(crate) type Map<V> = IndexMap<String, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type Dims = SmallVec<[i64; 4]>;
+
+/// One value in a [`TensorDict`]: a leaf tensor or a nested tensordict.
+#[derive(Debug)]
+pub enum Entry {
+    /// A leaf tensor.
+    Tensor(Tensor),
+    /// A nested level.
+    Dict(TensorDict),
+}
+
+impl Entry {
+    /// The tensor, if this is a leaf.
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Entry::Tensor(t) => Some(t),
+            Entry::Dict(_) => None,
+        }
+    }
+
+    /// The nested tensordict, if this is a level.
+    pub fn as_dict(&self) -> Option<&TensorDict> {
+        match self {
+            Entry::Tensor(_) => None,
+            Entry::Dict(d) => Some(d),
+        }
+    }
+
+    /// True for a leaf tensor.
+    pub fn is_tensor(&self) -> bool {
+        matches!(self, Entry::Tensor(_))
+    }
+
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self {
+            Entry::Tensor(_) => "a tensor",
+            Entry::Dict(_) => "a tensordict",
+        }
+    }
+}
+
+impl Clone for Entry {
+    /// Shallow: tensors share storage.
+    fn clone(&self) -> Self {
+        match self {
+            Entry::Tensor(t) => Entry::Tensor(t.shallow_clone()),
+            Entry::Dict(d) => Entry::Dict(d.clone()),
+        }
+    }
+}
+
+impl From<Tensor> for Entry {
+    fn from(value: Tensor) -> Self {
+        Entry::Tensor(value)
+    }
+}
+
+impl From<TensorDict> for Entry {
+    fn from(value: TensorDict) -> Self {
+        Entry::Dict(value)
+    }
+}
+
+/// A nested, keyed container of tensors sharing leading batch dimensions.
+///
+/// `Clone` is shallow (tensors share storage, the key structure is copied), like Python's
+/// `td.clone(False)`; [`TensorDict::deep_clone`] copies the data.
+///
+/// # Shapes
+/// For every leaf `t` reachable at depth `d`, `t.size()` starts with the batch size of the
+/// level that holds it, and every level's batch size starts with its parent's.
+pub struct TensorDict {
+    pub(crate) entries: Map<Entry>,
+    pub(crate) batch_size: Dims,
+    pub(crate) device: Option<Device>,
+}
+
+impl Clone for TensorDict {
+    fn clone(&self) -> Self {
+        TensorDict {
+            entries: self
+                .entries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            batch_size: self.batch_size.clone(),
+            device: self.device,
+        }
+    }
+}
+
+pub(crate) fn check_key<'a>(op: &'static str, segs: &Segments<'a>) -> Result<()> {
+    if segs.is_empty() {
+        return Err(Error::InvalidKey {
+            op,
+            key: "()".into(),
+            reason: "a key needs at least one segment".into(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
+    shape.len() >= prefix.len() && shape[..prefix.len()] == *prefix
+}
+
+impl TensorDict {
+    /// An empty tensordict with the given batch size and no device.
+    ///
+    /// Errors when a dimension is negative.
+    pub fn new(batch_size: impl AsRef<[i64]>) -> Result<Self> {
+        let bs = batch_size.as_ref();
+        if let Some(d) = bs.iter().find(|d| **d < 0) {
+            return Err(Error::invalid(
+                "TensorDict::new",
+                format!(
+                    "batch size {} has a negative dimension {d}",
+                    crate::error::ShapeFmt(bs)
+                ),
+            ));
+        }
+        Ok(TensorDict {
+            entries: Map::default(),
+            batch_size: bs.iter().copied().collect(),
+            device: None,
+        })
+    }
+
+    /// Sets the device: every leaf (already present or inserted later) is moved to it, and
+    /// nested levels inherit it.
+    pub fn with_device(mut self, device: Device) -> Result<Self> {
+        self.set_device(Some(device))?;
+        Ok(self)
+    }
+
+    /// Builder-style [`TensorDict::set`].
+    pub fn with(mut self, key: impl AsKey, value: impl Into<Entry>) -> Result<Self> {
+        self.set(key, value)?;
+        Ok(self)
+    }
+
+    /// The batch size.
+    pub fn batch_size(&self) -> &[i64] {
+        &self.batch_size
+    }
+
+    /// Number of batch dims.
+    pub fn batch_dims(&self) -> usize {
+        self.batch_size.len()
+    }
+
+    /// Product of the batch size.
+    pub fn numel(&self) -> i64 {
+        self.batch_size.iter().product()
+    }
+
+    /// The device, if the tensordict has one.
+    pub fn device(&self) -> Option<Device> {
+        self.device
+    }
+
+    /// Number of direct entries (leaves and levels at this level).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when there are no leaves, at any depth (a tree of empty levels is empty).
+    pub fn is_empty(&self) -> bool {
+        self.entries.values().all(|e| match e {
+            Entry::Tensor(_) => false,
+            Entry::Dict(d) => d.is_empty(),
+        })
+    }
+
+    /// A tensordict with the same batch size and device and no entries.
+    pub fn empty(&self) -> TensorDict {
+        TensorDict {
+            entries: Map::default(),
+            batch_size: self.batch_size.clone(),
+            device: self.device,
+        }
+    }
+
+    /// Changes the device (moving every leaf), or removes it (`None`: leaves stay where they are).
+    pub fn set_device(&mut self, device: Option<Device>) -> Result<()> {
+        if let Some(dev) = device {
+            let moved = self.to_device(dev)?;
+            *self = moved;
+        } else {
+            self.device = None;
+            for e in self.entries.values_mut() {
+                if let Entry::Dict(d) = e {
+                    d.set_device(None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets a new batch size, validated against every leaf and nested level. Shrinking
+    /// (`[3, 4]` → `[3]`) is always allowed when the new size is a prefix.
+    pub fn set_batch_size(&mut self, batch_size: impl AsRef<[i64]>) -> Result<()> {
+        let bs = batch_size.as_ref();
+        for (k, e) in &self.entries {
+            let shape = match e {
+                Entry::Tensor(t) => t.size(),
+                Entry::Dict(d) => d.batch_size.to_vec(),
+            };
+            if !starts_with(&shape, bs) {
+                return Err(Error::BatchSizeMismatch {
+                    op: "set_batch_size",
+                    key: display_segments(&[k]),
+                    batch_size: bs.to_vec(),
+                    shape,
+                });
+            }
+        }
+        self.batch_size = bs.iter().copied().collect();
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- lookups
+
+    /// Walks `prefix` and returns the level it names, or `None`.
+    fn level(&self, prefix: &[&str]) -> Option<&TensorDict> {
+        let mut cur = self;
+        for seg in prefix {
+            match cur.entries.get(*seg)? {
+                Entry::Dict(d) => cur = d,
+                Entry::Tensor(_) => return None,
+            }
+        }
+        Some(cur)
+    }
+
+    fn level_mut(&mut self, prefix: &[&str]) -> Option<&mut TensorDict> {
+        let mut cur = self;
+        for seg in prefix {
+            match cur.entries.get_mut(*seg)? {
+                Entry::Dict(d) => cur = d,
+                Entry::Tensor(_) => return None,
+            }
+        }
+        Some(cur)
+    }
+
+    /// The entry (leaf or level) at `key`, or `None`.
+    pub fn get_entry(&self, key: impl AsKey) -> Option<&Entry> {
+        let segs = key.segments();
+        let (last, prefix) = segs.split_last()?;
+        self.level(prefix)?.entries.get(*last)
+    }
+
+    /// The leaf tensor at `key`, or `None` when absent or when `key` names a nested level.
+    pub fn get(&self, key: impl AsKey) -> Option<&Tensor> {
+        self.get_entry(key).and_then(Entry::as_tensor)
+    }
+
+    /// The nested tensordict at `key`, or `None`.
+    pub fn get_dict(&self, key: impl AsKey) -> Option<&TensorDict> {
+        self.get_entry(key).and_then(Entry::as_dict)
+    }
+
+    /// The nested tensordict at `key`, mutably, or `None`.
+    pub fn get_dict_mut(&mut self, key: impl AsKey) -> Option<&mut TensorDict> {
+        let segs = key.segments();
+        self.level_mut(&segs).filter(|_| !segs.is_empty())
+    }
+
+    /// Builds the error for a failed lookup of `segs`: which level failed and what it holds.
+    pub(crate) fn lookup_error(&self, op: &'static str, segs: &[&str]) -> Error {
+        let key = display_segments(segs);
+        let mut cur = self;
+        for (i, seg) in segs.iter().enumerate() {
+            match cur.entries.get(*seg) {
+                None => {
+                    let available = cur
+                        .keys(true, false)
+                        .into_iter()
+                        .map(|k| k.prefixed(&segs[..i]).to_string())
+                        .collect();
+                    return Error::KeyNotFound { op, key, available };
+                }
+                Some(Entry::Tensor(_)) if i + 1 < segs.len() => {
+                    return Error::NotALevel {
+                        op,
+                        key,
+                        at: display_segments(&segs[..=i]),
+                    };
+                }
+                Some(Entry::Tensor(_)) => break,
+                Some(Entry::Dict(d)) => cur = d,
+            }
+        }
+        Error::WrongEntryKind {
+            op,
+            key,
+            expected: "a tensor",
+            found: "a tensordict",
+        }
+    }
+
+    /// The leaf tensor at `key`, or an error naming the key and the available keys.
+    pub fn get_or_err(&self, key: impl AsKey) -> Result<&Tensor> {
+        let segs = key.segments();
+        check_key("get", &segs)?;
+        match self.get(&segs[..]) {
+            Some(t) => Ok(t),
+            None => Err(self.lookup_error("get", &segs)),
+        }
+    }
+
+    /// True when `key` names a leaf or a level.
+    pub fn contains(&self, key: impl AsKey) -> bool {
+        self.get_entry(key).is_some()
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    /// Batch size of the level that would hold `segs` (the deepest existing level on the way,
+    /// since missing levels are created with their parent's batch size). Errors when the path
+    /// walks through a leaf.
+    fn target_batch(&self, op: &'static str, segs: &[&str]) -> Result<(&[i64], Option<Device>)> {
+        let mut cur = self;
+        let prefix = &segs[..segs.len().saturating_sub(1)];
+        for (i, seg) in prefix.iter().enumerate() {
+            match cur.entries.get(*seg) {
+                None => break,
+                Some(Entry::Tensor(_)) => {
+                    return Err(Error::NotALevel {
+                        op,
+                        key: display_segments(segs),
+                        at: display_segments(&segs[..=i]),
+                    })
+                }
+                Some(Entry::Dict(d)) => cur = d,
+            }
+        }
+        Ok((&cur.batch_size, cur.device))
+    }
+
+    /// Validates `value` for insertion at `segs` and prepares it (device cast).
+    fn prepare(&self, op: &'static str, segs: &[&str], value: Entry) -> Result<Entry> {
+        let (batch, device) = self.target_batch(op, segs)?;
+        match value {
+            Entry::Tensor(t) => {
+                let shape = t.size();
+                if !starts_with(&shape, batch) {
+                    return Err(Error::BatchSizeMismatch {
+                        op,
+                        key: display_segments(segs),
+                        batch_size: batch.to_vec(),
+                        shape,
+                    });
+                }
+                match device {
+                    Some(dev) if t.device() != dev => Ok(Entry::Tensor(t.f_to_device(dev)?)),
+                    _ => Ok(Entry::Tensor(t)),
+                }
+            }
+            Entry::Dict(mut d) => {
+                if !starts_with(&d.batch_size, batch) {
+                    return Err(Error::BatchSizeMismatch {
+                        op,
+                        key: display_segments(segs),
+                        batch_size: batch.to_vec(),
+                        shape: d.batch_size.to_vec(),
+                    });
+                }
+                if let Some(dev) = device {
+                    if d.device != Some(dev) {
+                        d = d.to_device(dev)?;
+                    }
+                }
+                Ok(Entry::Dict(d))
+            }
+        }
+    }
+
+    /// Inserts a validated entry, creating missing levels.
+    fn insert_prepared(&mut self, segs: &[&str], value: Entry) {
+        let (last, prefix) = match segs.split_last() {
+            Some(x) => x,
+            None => return,
+        };
+        let mut cur = self;
+        for seg in prefix {
+            let template = cur.empty();
+            let entry = cur
+                .entries
+                .entry((*seg).to_string())
+                .or_insert_with(|| Entry::Dict(template));
+            cur = match entry {
+                Entry::Dict(d) => d,
+                // `prepare` already rejected paths through leaves; keep the tree intact anyway.
+                Entry::Tensor(_) => return,
+            };
+        }
+        match cur.entries.get_mut(*last) {
+            Some(slot) => *slot = value,
+            None => {
+                cur.entries.insert((*last).to_string(), value);
+            }
+        }
+    }
+
+    /// Sets `key` to a tensor or a nested tensordict, creating intermediate levels.
+    ///
+    /// The value's leading dims must equal the batch size of the level that receives it; a
+    /// nested tensordict's batch size must start with it. On error nothing changes.
+    pub fn set(&mut self, key: impl AsKey, value: impl Into<Entry>) -> Result<()> {
+        let segs = key.segments();
+        check_key("set", &segs)?;
+        let value = self.prepare("set", &segs, value.into())?;
+        self.insert_prepared(&segs, value);
+        Ok(())
+    }
+
+    /// Copies `value` into the existing leaf at `key`, in place (the storage is shared with
+    /// every clone). Errors when the key is missing or the shapes differ.
+    pub fn set_(&mut self, key: impl AsKey, value: &Tensor) -> Result<()> {
+        let segs = key.segments();
+        check_key("set_", &segs)?;
+        let dest = match self.get(&segs[..]) {
+            Some(t) => t,
+            None => return Err(self.lookup_error("set_", &segs)),
+        };
+        let (expected, actual) = (dest.size(), value.size());
+        if expected != actual {
+            return Err(Error::ShapeMismatch {
+                op: "set_",
+                key: display_segments(&segs),
+                expected,
+                actual,
+            });
+        }
+        let _guard = tch::no_grad_guard();
+        let mut dest = dest.shallow_clone();
+        dest.f_copy_(value)?;
+        Ok(())
+    }
+
+    /// Removes and returns the entry at `key`; errors (naming the available keys) when absent.
+    pub fn pop(&mut self, key: impl AsKey) -> Result<Entry> {
+        let segs = key.segments();
+        check_key("pop", &segs)?;
+        match self.remove(&segs[..]) {
+            Some(e) => Ok(e),
+            None => Err(self.lookup_error("pop", &segs)),
+        }
+    }
+
+    /// Removes and returns the entry at `key`, or `None` when absent. Parent levels stay
+    /// (possibly empty), as in TorchRL.
+    pub fn remove(&mut self, key: impl AsKey) -> Option<Entry> {
+        let segs = key.segments();
+        let (last, prefix) = segs.split_last()?;
+        self.level_mut(prefix)?.entries.shift_remove(*last)
+    }
+
+    /// Returns the leaf at `key`, first inserting `default` when the key is absent.
+    pub fn setdefault(&mut self, key: impl AsKey, default: Tensor) -> Result<&Tensor> {
+        let segs = key.segments();
+        check_key("setdefault", &segs)?;
+        if self.get_entry(&segs[..]).is_none() {
+            self.set(&segs[..], default)?;
+        }
+        self.get_or_err(&segs[..])
+    }
+
+    /// Merges `other` into `self`, recursively: nested levels are merged, leaves replaced.
+    /// Every value is validated like [`TensorDict::set`]; on error nothing changes.
+    pub fn update(&mut self, other: &TensorDict) -> Result<()> {
+        let mut staged = self.clone();
+        staged.update_inner(other, &mut Vec::new())?;
+        *self = staged;
+        Ok(())
+    }
+
+    fn update_inner<'a>(&mut self, other: &'a TensorDict, path: &mut Vec<&'a str>) -> Result<()> {
+        for (k, v) in &other.entries {
+            path.push(k);
+            match v {
+                Entry::Dict(sub)
+                    if matches!(self.entries.get(k.as_str()), Some(Entry::Dict(_))) =>
+                {
+                    if let Some(Entry::Dict(mine)) = self.entries.get_mut(k.as_str()) {
+                        mine.update_inner(sub, path)?;
+                    }
+                }
+                _ => {
+                    let prepared = self
+                        .prepare("update", &[k.as_str()], v.clone())
+                        .map_err(|e| rekey(e, path))?;
+                    self.insert_prepared(&[k.as_str()], prepared);
+                }
+            }
+            path.pop();
+        }
+        Ok(())
+    }
+
+    /// A new tensordict with only `keys` (and the levels that lead to them). With `strict`, a
+    /// missing key is an error; otherwise it is skipped.
+    pub fn select<K: AsKey>(&self, keys: &[K], strict: bool) -> Result<TensorDict> {
+        let mut out = self.empty();
+        for key in keys {
+            let segs = key.segments();
+            check_key("select", &segs)?;
+            match self.get_entry(&segs[..]) {
+                Some(e) => {
+                    // Recreate the levels on the way with their own batch sizes.
+                    for i in 1..segs.len() {
+                        if out.get_entry(&segs[..i]).is_none() {
+                            if let Some(level) = self.get_dict(&segs[..i]) {
+                                out.insert_prepared(&segs[..i], Entry::Dict(level.empty()));
+                            }
+                        }
+                    }
+                    out.insert_prepared(&segs, e.clone());
+                }
+                None if strict => return Err(self.lookup_error("select", &segs)),
+                None => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// A new tensordict without `keys`; missing keys are ignored. Excluding a nested leaf keeps
+    /// its (possibly now empty) parent level.
+    pub fn exclude<K: AsKey>(&self, keys: &[K]) -> TensorDict {
+        let mut out = self.clone();
+        for key in keys {
+            out.remove(key);
+        }
+        out
+    }
+
+    /// Moves the entry at `old` to `new` (across levels allowed). With `safe`, an existing `new`
+    /// is an error; otherwise it is replaced. On error nothing changes.
+    pub fn rename_key(&mut self, old: impl AsKey, new: impl AsKey, safe: bool) -> Result<()> {
+        let (old, new) = (old.segments(), new.segments());
+        check_key("rename_key", &old)?;
+        check_key("rename_key", &new)?;
+        if old == new {
+            return match self.get_entry(&old[..]) {
+                Some(_) => Ok(()),
+                None => Err(self.lookup_error("rename_key", &old)),
+            };
+        }
+        if safe && self.contains(&new[..]) {
+            return Err(Error::KeyExists {
+                op: "rename_key",
+                key: display_segments(&new),
+            });
+        }
+        let mut staged = self.clone();
+        let value = staged
+            .pop(&old[..])
+            .map_err(|_| self.lookup_error("rename_key", &old))?;
+        staged.set(&new[..], value).map_err(|e| rekey(e, &new))?;
+        *self = staged;
+        Ok(())
+    }
+
+    /// Keys, in insertion order. With `include_nested`, keys of nested levels are listed too
+    /// (a level's own key comes after its children's, as in TorchRL); with `leaves_only`, levels
+    /// themselves are left out.
+    pub fn keys(&self, include_nested: bool, leaves_only: bool) -> Vec<NestedKey> {
+        self.items(include_nested, leaves_only)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    /// `(key, entry)` pairs with the same rules as [`TensorDict::keys`].
+    pub fn items(&self, include_nested: bool, leaves_only: bool) -> Vec<(NestedKey, &Entry)> {
+        let mut out = Vec::new();
+        self.visit(&NestedKey::default(), include_nested, leaves_only, &mut out);
+        out
+    }
+
+    fn visit<'a>(
+        &'a self,
+        prefix: &NestedKey,
+        include_nested: bool,
+        leaves_only: bool,
+        out: &mut Vec<(NestedKey, &'a Entry)>,
+    ) {
+        for (k, e) in &self.entries {
+            let key = prefix.join(k.as_str());
+            match e {
+                Entry::Tensor(_) => out.push((key, e)),
+                Entry::Dict(d) => {
+                    if include_nested {
+                        d.visit(&key, include_nested, leaves_only, out);
+                    }
+                    if !leaves_only {
+                        out.push((key, e));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every leaf tensor with its full key, in order.
+    pub fn leaves(&self) -> Vec<(NestedKey, &Tensor)> {
+        self.items(true, true)
+            .into_iter()
+            .filter_map(|(k, e)| e.as_tensor().map(|t| (k, t)))
+            .collect()
+    }
+
+    /// The leaf tensors, in order.
+    pub fn values(&self) -> Vec<&Tensor> {
+        self.leaves().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// A one-level tensordict whose keys are the nested keys joined with `sep`.
+    /// Errors when two keys collide after joining.
+    pub fn flatten_keys(&self, sep: &str) -> Result<TensorDict> {
+        let mut out = self.empty();
+        for (k, t) in self.leaves() {
+            let name = k.parts().collect::<Vec<_>>().join(sep);
+            if out.entries.contains_key(&name) {
+                return Err(Error::KeyExists {
+                    op: "flatten_keys",
+                    key: display_segments(&[&name]),
+                });
+            }
+            out.entries.insert(name, Entry::Tensor(t.shallow_clone()));
+        }
+        Ok(out)
+    }
+
+    /// Inverse of [`TensorDict::flatten_keys`]: splits each top-level key on `sep`.
+    pub fn unflatten_keys(&self, sep: &str) -> Result<TensorDict> {
+        let mut out = self.empty();
+        for (k, e) in &self.entries {
+            let segs: Segments<'_> = k.split(sep).collect();
+            if segs.iter().any(|s| s.is_empty()) {
+                return Err(Error::InvalidKey {
+                    op: "unflatten_keys",
+                    key: display_segments(&[k]),
+                    reason: format!("splitting on {sep:?} gives an empty segment"),
+                });
+            }
+            if out.contains(&segs[..]) {
+                return Err(Error::KeyExists {
+                    op: "unflatten_keys",
+                    key: display_segments(&segs),
+                });
+            }
+            out.set(&segs[..], e.clone())?;
+        }
+        Ok(out)
+    }
+}
+
+/// Rewrites the key of an error raised on a sub-level so it names the full path.
+fn rekey(err: Error, path: &[&str]) -> Error {
+    let full = display_segments(path);
+    match err {
+        Error::BatchSizeMismatch {
+            op,
+            batch_size,
+            shape,
+            ..
+        } => Error::BatchSizeMismatch {
+            op,
+            key: full,
+            batch_size,
+            shape,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Kind;
+
+    fn z(shape: &[i64]) -> Tensor {
+        Tensor::zeros(shape, (Kind::Float, Device::Cpu))
+    }
+
+    #[test]
+    fn set_validates_before_creating_levels() {
+        let mut td = TensorDict::new([3]).unwrap();
+        assert!(td.set(("a", "b"), z(&[4])).is_err());
+        assert!(!td.contains("a"), "no half-written level");
+        td.set(("a", "b"), z(&[3, 2])).unwrap();
+        assert_eq!(td.get_dict("a").unwrap().batch_size(), &[3]);
+    }
+
+    #[test]
+    fn keys_order_matches_torchrl() {
+        let td = TensorDict::new([])
+            .unwrap()
+            .with("a", z(&[1]))
+            .unwrap()
+            .with(("b", "c"), z(&[1]))
+            .unwrap();
+        let keys: Vec<String> = td.keys(true, false).iter().map(|k| k.to_string()).collect();
+        assert_eq!(keys, vec![r#""a""#, r#"("b", "c")"#, r#""b""#]);
+        assert_eq!(td.keys(true, true).len(), 2);
+        assert_eq!(td.keys(false, true).len(), 1);
+    }
+}

@@ -1,0 +1,616 @@
+//! Shape operations on the batch dims of a [`TensorDict`]: indexing, expand, reshape, view,
+//! (un)squeeze, permute, unbind, split, and the free functions [`stack`] and [`cat`].
+//!
+//! ```
+//! use tch::{Device, Kind, Tensor};
+//! use torchrl::{stack, BatchIndex, TensorDict};
+//! # fn main() -> torchrl::Result<()> {
+//! let td = TensorDict::new([3, 4])?
+//!     .with("a", Tensor::zeros([3, 4, 5], (Kind::Float, Device::Cpu)))?;
+//! assert_eq!(td.index(&[BatchIndex::Int(0)])?.batch_size(), &[4]);
+//! assert_eq!(td.index(&[BatchIndex::Ellipsis, 0.into()])?.batch_size(), &[3]);
+//! assert_eq!(td.reshape([-1])?.get("a").map(|t| t.size()), Some(vec![12, 5]));
+//! let s = stack(&[td.clone(), td.clone()], 1)?;
+//! assert_eq!(s.get("a").map(|t| t.size()), Some(vec![3, 2, 4, 5]));
+//! # Ok(()) }
+//! ```
+
+use std::borrow::Borrow;
+
+use tch::Tensor;
+
+use super::index::{apply_plan, resolve, write_plan, BatchIndex};
+use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
+use crate::error::{Error, Result, ShapeFmt};
+
+fn norm_dim(op: &'static str, dim: i64, ndim: usize) -> Result<usize> {
+    let n = ndim as i64;
+    let d = if dim < 0 { dim + n } else { dim };
+    if d < 0 || d >= n {
+        return Err(Error::IndexOutOfRange {
+            op,
+            index: dim,
+            what: "batch dims".into(),
+            size: n,
+        });
+    }
+    Ok(d as usize)
+}
+
+/// Resolves `-1` in a target shape given the element count.
+fn infer_shape(op: &'static str, shape: &[i64], numel: i64, from: &[i64]) -> Result<Vec<i64>> {
+    let mut out = shape.to_vec();
+    let unknown: Vec<usize> = (0..out.len()).filter(|i| out[*i] == -1).collect();
+    if unknown.len() > 1 || out.iter().any(|d| *d < -1) {
+        return Err(Error::invalid(
+            op,
+            format!("invalid shape {}", ShapeFmt(shape)),
+        ));
+    }
+    let known: i64 = out.iter().filter(|d| **d != -1).product();
+    if let Some(&u) = unknown.first() {
+        if known == 0 || numel % known != 0 {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: "<batch>".into(),
+                expected: from.to_vec(),
+                actual: shape.to_vec(),
+            });
+        }
+        out[u] = numel / known;
+    } else if known != numel {
+        return Err(Error::ShapeMismatch {
+            op,
+            key: "<batch>".into(),
+            expected: from.to_vec(),
+            actual: shape.to_vec(),
+        });
+    }
+    Ok(out)
+}
+
+impl TensorDict {
+    /// Rebuilds the tree with new root batch dims, mapping every leaf with `f`. Nested levels
+    /// keep their extra batch dims after the new root ones.
+    fn map_batch<F>(&self, new_batch: &[i64], f: &mut F) -> Result<TensorDict>
+    where
+        F: FnMut(&Tensor) -> Result<Tensor>,
+    {
+        self.map_batch_rec(self.batch_size.len(), new_batch, f)
+    }
+
+    fn map_batch_rec<F>(&self, root_nd: usize, new_root: &[i64], f: &mut F) -> Result<TensorDict>
+    where
+        F: FnMut(&Tensor) -> Result<Tensor>,
+    {
+        let mut batch: Dims = new_root.iter().copied().collect();
+        batch.extend_from_slice(&self.batch_size[root_nd..]);
+        let mut out = TensorDict {
+            entries: Map::default(),
+            batch_size: batch,
+            device: self.device,
+        };
+        for (k, e) in &self.entries {
+            let ne = match e {
+                Entry::Tensor(t) => Entry::Tensor(f(t)?),
+                Entry::Dict(d) => Entry::Dict(d.map_batch_rec(root_nd, new_root, f)?),
+            };
+            out.entries.insert(k.clone(), ne);
+        }
+        Ok(out)
+    }
+
+    /// Indexes the batch dims (like `td[idx]` in Python). Indexing past the batch dims is an
+    /// error. Integer and slice indices give views that share storage; masks and index tensors
+    /// copy.
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<TensorDict> {
+        let plan = resolve("index", idx, &self.batch_size)?;
+        self.map_batch(&plan.batch, &mut |t| apply_plan(t, &plan))
+    }
+
+    /// Writes `value` into the batch region selected by `idx` (like `td[idx] = value`). `value`
+    /// must have the indexed batch size and the same leaves with matching shapes; everything is
+    /// checked before anything is written.
+    pub fn set_at(&mut self, idx: &[BatchIndex], value: &TensorDict) -> Result<()> {
+        let op = "set_at";
+        let plan = resolve(op, idx, &self.batch_size)?;
+        if value.batch_size.as_slice() != plan.batch.as_slice() {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: "<batch_size>".into(),
+                expected: plan.batch.clone(),
+                actual: value.batch_size.to_vec(),
+            });
+        }
+        // Check leaf sets and shapes first.
+        let mine = self.leaves();
+        let theirs = value.leaves();
+        let mk: Vec<&NestedKey> = mine.iter().map(|(k, _)| k).collect();
+        let tk: Vec<&NestedKey> = theirs.iter().map(|(k, _)| k).collect();
+        let only_first: Vec<String> = tk
+            .iter()
+            .filter(|k| !mk.contains(k))
+            .map(|k| k.to_string())
+            .collect();
+        if !only_first.is_empty() {
+            return Err(Error::KeySetMismatch {
+                op,
+                only_first,
+                only_second: vec![],
+            });
+        }
+        let nd = self.batch_size.len();
+        let mut writes = Vec::with_capacity(theirs.len());
+        for (k, src) in &theirs {
+            let dest = self
+                .get(k)
+                .ok_or_else(|| self.lookup_error(op, &k.parts().collect::<Vec<_>>()))?;
+            let mut expected = plan.batch.clone();
+            expected.extend_from_slice(&dest.size()[nd..]);
+            let actual = src.size();
+            if actual != expected {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    key: k.to_string(),
+                    expected,
+                    actual,
+                });
+            }
+            writes.push((dest, src));
+        }
+        let _guard = tch::no_grad_guard();
+        for (dest, src) in writes {
+            write_plan(op, dest, &plan, src)?;
+        }
+        Ok(())
+    }
+
+    /// Expands the batch dims to `shape`: the trailing dims of `shape` must equal the current
+    /// batch size, or be expanded from 1 (leaves become `[*shape, *feature_dims]`).
+    pub fn expand(&self, shape: impl AsRef<[i64]>) -> Result<TensorDict> {
+        let shape = shape.as_ref();
+        let nd = self.batch_size.len();
+        let ok = shape.len() >= nd
+            && shape[shape.len() - nd..]
+                .iter()
+                .zip(&self.batch_size)
+                .all(|(n, o)| n == o || *o == 1);
+        if !ok {
+            return Err(Error::ShapeMismatch {
+                op: "expand",
+                key: "<batch_size>".into(),
+                expected: self.batch_size.to_vec(),
+                actual: shape.to_vec(),
+            });
+        }
+        self.map_batch(shape, &mut |t| {
+            let size = t.size();
+            let mut target = shape.to_vec();
+            target.extend_from_slice(&size[nd..]);
+            Ok(t.f_expand(&target, false)?)
+        })
+    }
+
+    fn reshape_impl(&self, op: &'static str, shape: &[i64], view: bool) -> Result<TensorDict> {
+        let new = infer_shape(op, shape, self.numel(), &self.batch_size)?;
+        let nd = self.batch_size.len();
+        self.map_batch(&new, &mut |t| {
+            let size = t.size();
+            let mut target = new.clone();
+            target.extend_from_slice(&size[nd..]);
+            Ok(if view {
+                t.f_view(target.as_slice())?
+            } else {
+                t.f_reshape(&target)?
+            })
+        })
+    }
+
+    /// Reshapes the batch dims (one `-1` allowed); leaves keep their feature dims.
+    pub fn reshape(&self, shape: impl AsRef<[i64]>) -> Result<TensorDict> {
+        self.reshape_impl("reshape", shape.as_ref(), false)
+    }
+
+    /// Like [`TensorDict::reshape`] but never copies: errors when a leaf is not viewable.
+    pub fn view(&self, shape: impl AsRef<[i64]>) -> Result<TensorDict> {
+        self.reshape_impl("view", shape.as_ref(), true)
+    }
+
+    /// Inserts a batch dim of size 1 at `dim` (counted within the batch dims; negative counts
+    /// from `batch_dims + 1`).
+    pub fn unsqueeze(&self, dim: i64) -> Result<TensorDict> {
+        let d = norm_dim("unsqueeze", dim, self.batch_size.len() + 1)?;
+        let mut new = self.batch_size.to_vec();
+        new.insert(d, 1);
+        self.map_batch(&new, &mut |t| Ok(t.f_unsqueeze(d as i64)?))
+    }
+
+    /// Removes batch dim `dim` (which must have size 1), or every size-1 batch dim with `None`.
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<TensorDict> {
+        let dims: Vec<usize> = match dim {
+            Some(dim) => {
+                let d = norm_dim("squeeze", dim, self.batch_size.len())?;
+                if self.batch_size[d] != 1 {
+                    return Ok(self.clone());
+                }
+                vec![d]
+            }
+            None => (0..self.batch_size.len())
+                .filter(|i| self.batch_size[*i] == 1)
+                .collect(),
+        };
+        let new: Vec<i64> = (0..self.batch_size.len())
+            .filter(|i| !dims.contains(i))
+            .map(|i| self.batch_size[i])
+            .collect();
+        self.map_batch(&new, &mut |t| {
+            let mut cur = t.shallow_clone();
+            for d in dims.iter().rev() {
+                cur = cur.f_squeeze_dim(*d as i64)?;
+            }
+            Ok(cur)
+        })
+    }
+
+    /// Permutes the batch dims; `dims` must be a permutation of `0..batch_dims`.
+    pub fn permute(&self, dims: impl AsRef<[i64]>) -> Result<TensorDict> {
+        let dims = dims.as_ref();
+        let nd = self.batch_size.len();
+        let mut norm = Vec::with_capacity(nd);
+        for d in dims {
+            norm.push(norm_dim("permute", *d, nd)?);
+        }
+        let mut sorted = norm.clone();
+        sorted.sort_unstable();
+        if sorted != (0..nd).collect::<Vec<_>>() {
+            return Err(Error::invalid(
+                "permute",
+                format!("{dims:?} is not a permutation of the {nd} batch dims"),
+            ));
+        }
+        let new: Vec<i64> = norm.iter().map(|d| self.batch_size[*d]).collect();
+        self.map_batch(&new, &mut |t| {
+            let mut perm: Vec<i64> = norm.iter().map(|d| *d as i64).collect();
+            perm.extend((nd as i64)..(t.dim() as i64));
+            Ok(t.f_permute(&perm)?)
+        })
+    }
+
+    /// Splits along batch dim `dim` into `batch_size[dim]` tensordicts (views).
+    pub fn unbind(&self, dim: i64) -> Result<Vec<TensorDict>> {
+        let d = norm_dim("unbind", dim, self.batch_size.len())?;
+        (0..self.batch_size[d])
+            .map(|i| {
+                let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
+                idx.push(BatchIndex::Int(i));
+                self.index(&idx)
+            })
+            .collect()
+    }
+
+    /// Splits along batch dim `dim` into pieces of the given sizes (which must sum to the dim).
+    pub fn split(&self, sizes: &[i64], dim: i64) -> Result<Vec<TensorDict>> {
+        let d = norm_dim("split", dim, self.batch_size.len())?;
+        let total: i64 = sizes.iter().sum();
+        if total != self.batch_size[d] || sizes.iter().any(|s| *s < 0) {
+            return Err(Error::invalid(
+                "split",
+                format!(
+                    "split sizes {sizes:?} must be non-negative and sum to batch dim {d} of size {} (batch size {})",
+                    self.batch_size[d],
+                    ShapeFmt(&self.batch_size)
+                ),
+            ));
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|s| {
+                let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
+                idx.push(BatchIndex::slice(Some(start), Some(start + s), 1));
+                start += s;
+                self.index(&idx)
+            })
+            .collect()
+    }
+
+    /// Splits along batch dim `dim` into chunks of `size` (the last may be smaller).
+    pub fn chunk_by(&self, size: i64, dim: i64) -> Result<Vec<TensorDict>> {
+        let d = norm_dim("split", dim, self.batch_size.len())?;
+        if size < 1 {
+            return Err(Error::invalid(
+                "split",
+                format!("split size must be >= 1, got {size}"),
+            ));
+        }
+        let n = self.batch_size[d];
+        let mut sizes = vec![size; (n / size) as usize];
+        if n % size != 0 {
+            sizes.push(n % size);
+        }
+        self.split(&sizes, dim)
+    }
+}
+
+/// Checks the structure of `tds` for stack/cat: same key sets at every level, nested level
+/// batch extensions equal, and returns nothing on success.
+fn check_structure(
+    op: &'static str,
+    first: &TensorDict,
+    other: &TensorDict,
+    i: usize,
+) -> Result<()> {
+    let a: Vec<NestedKey> = first.keys(true, false);
+    let b: Vec<NestedKey> = other.keys(true, false);
+    if a.len() != b.len() || a.iter().any(|k| !b.contains(k)) {
+        return Err(Error::KeySetMismatch {
+            op,
+            only_first: a
+                .iter()
+                .filter(|k| !b.contains(k))
+                .map(|k| k.to_string())
+                .collect(),
+            only_second: b
+                .iter()
+                .filter(|k| !a.contains(k))
+                .map(|k| format!("{k} (in tensordict {i})"))
+                .collect(),
+        });
+    }
+    for (k, e) in first.items(true, false) {
+        let o = other.get_entry(&k);
+        match (e, o) {
+            (Entry::Tensor(_), Some(Entry::Tensor(_))) | (Entry::Dict(_), Some(Entry::Dict(_))) => {
+            }
+            (_, Some(o)) => {
+                return Err(Error::WrongEntryKind {
+                    op,
+                    key: format!("{k} (in tensordict {i})"),
+                    expected: e.kind_name(),
+                    found: o.kind_name(),
+                })
+            }
+            (_, None) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Stacks tensordicts along a new batch dim `dim` (in `-(n+1)..=n` for `n` batch dims).
+///
+/// TorchRL's strict dense stack: the batch sizes must be equal, the key sets identical and the
+/// leaf shapes equal; each failure names the tensordict and key at fault. The result is dense.
+pub fn stack<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
+    let op = "stack";
+    let first = match tds.first() {
+        Some(f) => f.borrow(),
+        None => {
+            return Err(Error::invalid(
+                op,
+                "cannot stack an empty list of tensordicts",
+            ))
+        }
+    };
+    let nd = first.batch_size.len();
+    let d = norm_dim(op, dim, nd + 1)?;
+    for (i, td) in tds.iter().enumerate().skip(1) {
+        let td = td.borrow();
+        if td.batch_size != first.batch_size {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: format!("<batch_size of tensordict {i}>"),
+                expected: first.batch_size.to_vec(),
+                actual: td.batch_size.to_vec(),
+            });
+        }
+        check_structure(op, first, td, i)?;
+    }
+    stack_level(tds, d, &mut Vec::new())
+}
+
+fn stack_level<T: Borrow<TensorDict>>(
+    tds: &[T],
+    d: usize,
+    path: &mut Vec<String>,
+) -> Result<TensorDict> {
+    let first = tds[0].borrow();
+    let mut batch: Dims = first.batch_size.clone();
+    batch.insert(d, tds.len() as i64);
+    let mut out = TensorDict {
+        entries: Map::default(),
+        batch_size: batch,
+        device: first.device,
+    };
+    for (k, e) in &first.entries {
+        path.push(k.clone());
+        let ne = match e {
+            Entry::Tensor(t0) => {
+                let shape0 = t0.size();
+                let mut ts = Vec::with_capacity(tds.len());
+                for (i, td) in tds.iter().enumerate() {
+                    let t = match td.borrow().entries.get(k) {
+                        Some(Entry::Tensor(t)) => t,
+                        _ => return Err(missing(path, i)),
+                    };
+                    if i > 0 {
+                        let s = t.size();
+                        if s != shape0 {
+                            return Err(Error::ShapeMismatch {
+                                op: "stack",
+                                key: format!("{} (in tensordict {i})", display_path(path)),
+                                expected: shape0,
+                                actual: s,
+                            });
+                        }
+                    }
+                    ts.push(t);
+                }
+                Entry::Tensor(Tensor::f_stack(&ts, d as i64)?)
+            }
+            Entry::Dict(_) => {
+                let mut subs = Vec::with_capacity(tds.len());
+                for (i, td) in tds.iter().enumerate() {
+                    match td.borrow().entries.get(k) {
+                        Some(Entry::Dict(s)) => subs.push(s),
+                        _ => return Err(missing(path, i)),
+                    }
+                }
+                let b0 = &subs[0].batch_size;
+                if let Some((i, s)) = subs.iter().enumerate().find(|(_, s)| &s.batch_size != b0) {
+                    return Err(Error::ShapeMismatch {
+                        op: "stack",
+                        key: format!("{} (batch size in tensordict {i})", display_path(path)),
+                        expected: b0.to_vec(),
+                        actual: s.batch_size.to_vec(),
+                    });
+                }
+                Entry::Dict(stack_level(&subs, d, path)?)
+            }
+        };
+        path.pop();
+        out.entries.insert(k.clone(), ne);
+    }
+    Ok(out)
+}
+
+fn display_path(path: &[String]) -> String {
+    let segs: Vec<&str> = path.iter().map(String::as_str).collect();
+    display_segments(&segs)
+}
+
+fn missing(path: &[String], i: usize) -> Error {
+    Error::KeyNotFound {
+        op: "stack",
+        key: format!("{} (in tensordict {i})", display_path(path)),
+        available: vec![],
+    }
+}
+
+/// Concatenates tensordicts along existing batch dim `dim`. Key sets must be identical and all
+/// other batch dims equal.
+pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
+    let op = "cat";
+    let first = match tds.first() {
+        Some(f) => f.borrow(),
+        None => {
+            return Err(Error::invalid(
+                op,
+                "cannot concatenate an empty list of tensordicts",
+            ))
+        }
+    };
+    let nd = first.batch_size.len();
+    let d = norm_dim(op, dim, nd)?;
+    let mut total = 0;
+    for (i, td) in tds.iter().enumerate() {
+        let td = td.borrow();
+        let same_rank = td.batch_size.len() == nd;
+        let others_equal =
+            same_rank && (0..nd).all(|j| j == d || td.batch_size[j] == first.batch_size[j]);
+        if !others_equal {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: format!("<batch_size of tensordict {i}> (all dims but {d} must match)"),
+                expected: first.batch_size.to_vec(),
+                actual: td.batch_size.to_vec(),
+            });
+        }
+        if i > 0 {
+            check_structure(op, first, td, i)?;
+        }
+        total += td.batch_size[d];
+    }
+    cat_level(tds, d, total, nd)
+}
+
+fn cat_level<T: Borrow<TensorDict>>(
+    tds: &[T],
+    d: usize,
+    total: i64,
+    root_nd: usize,
+) -> Result<TensorDict> {
+    let first = tds[0].borrow();
+    let mut batch = first.batch_size.clone();
+    batch[d] = total;
+    let mut out = TensorDict {
+        entries: Map::default(),
+        batch_size: batch,
+        device: first.device,
+    };
+    for (k, e) in &first.entries {
+        let ne = match e {
+            Entry::Tensor(_) => {
+                let ts: Vec<&Tensor> = tds
+                    .iter()
+                    .filter_map(|td| td.borrow().entries.get(k).and_then(Entry::as_tensor))
+                    .collect();
+                Entry::Tensor(Tensor::f_cat(&ts, d as i64).map_err(|err| {
+                    Error::invalid(
+                        "cat",
+                        format!("cannot concatenate key {}: {err}", display_segments(&[k])),
+                    )
+                })?)
+            }
+            Entry::Dict(_) => {
+                let subs: Vec<&TensorDict> = tds
+                    .iter()
+                    .filter_map(|td| td.borrow().entries.get(k).and_then(Entry::as_dict))
+                    .collect();
+                Entry::Dict(cat_level(&subs, d, total, root_nd)?)
+            }
+        };
+        out.entries.insert(k.clone(), ne);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn td34() -> TensorDict {
+        TensorDict::new([3, 4])
+            .unwrap()
+            .with(
+                "a",
+                Tensor::arange(60, (Kind::Float, Device::Cpu)).view([3, 4, 5]),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn index_shapes() {
+        let td = td34();
+        let mask = Tensor::from_slice(&[true, false, true]);
+        assert_eq!(
+            td.index(&[BatchIndex::Mask(mask)]).unwrap().batch_size(),
+            &[2, 4]
+        );
+        assert_eq!(
+            td.index(&[BatchIndex::NewAxis]).unwrap().batch_size(),
+            &[1, 3, 4]
+        );
+        assert!(td.index(&[0.into(), 0.into(), 0.into()]).is_err());
+        assert_eq!(
+            td.index(&[(..).into(), (1..3).into()])
+                .unwrap()
+                .batch_size(),
+            &[3, 2]
+        );
+    }
+
+    #[test]
+    fn set_at_writes_in_place() {
+        let mut td = td34();
+        let row = td
+            .index(&[1.into()])
+            .unwrap()
+            .apply(|t| Ok(Some(t.zeros_like())))
+            .unwrap();
+        td.set_at(&[0.into()], &row).unwrap();
+        let a = td.get("a").unwrap();
+        assert_eq!(a.get(0).sum(Kind::Float).double_value(&[]), 0.0);
+        assert!(a.get(1).sum(Kind::Float).double_value(&[]) > 0.0);
+    }
+}
