@@ -149,6 +149,32 @@ pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
     shape.len() >= prefix.len() && shape[..prefix.len()] == *prefix
 }
 
+/// String equality inlined for short keys (a call to `memcmp` costs more than the comparison).
+#[inline]
+fn short_str_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
+}
+
+/// True when `t`'s leading dims equal `prefix`, without allocating (this check runs on every
+/// `set`, and `Tensor::size` allocates a `Vec`).
+pub(crate) fn leading_dims_are(t: &Tensor, prefix: &[i64]) -> bool {
+    let dim = t.dim();
+    if dim < prefix.len() {
+        return false;
+    }
+    if prefix.is_empty() {
+        return true;
+    }
+    let mut buf = [0i64; 8];
+    if dim > buf.len() {
+        return starts_with(&t.size(), prefix);
+    }
+    // SAFETY: `t` is a live, defined tensor (`dim()` above succeeded on it), and `at_shape`
+    // writes exactly `dim` <= 8 values into `buf`.
+    unsafe { torch_sys::at_shape(t.as_ptr() as *mut torch_sys::C_tensor, buf.as_mut_ptr()) };
+    buf.get(..prefix.len()) == Some(prefix)
+}
+
 impl TensorDict {
     /// An empty tensordict with the given batch size and no device.
     ///
@@ -266,11 +292,35 @@ impl TensorDict {
 
     // ---------------------------------------------------------------- lookups
 
+    /// Position of the direct entry `seg`. Small levels (the common case: a handful of keys)
+    /// are scanned linearly, which beats hashing the key; larger ones use the hash index.
+    #[inline]
+    fn find(&self, seg: &str) -> Option<usize> {
+        if self.entries.len() <= 8 {
+            self.entries.keys().position(|k| short_str_eq(k, seg))
+        } else {
+            self.entries.get_index_of(seg)
+        }
+    }
+
+    #[inline]
+    fn entry_at(&self, seg: &str) -> Option<&Entry> {
+        self.find(seg)
+            .and_then(|i| self.entries.get_index(i))
+            .map(|(_, e)| e)
+    }
+
+    #[inline]
+    fn entry_at_mut(&mut self, seg: &str) -> Option<&mut Entry> {
+        let i = self.find(seg)?;
+        self.entries.get_index_mut(i).map(|(_, e)| e)
+    }
+
     /// Walks `prefix` and returns the level it names, or `None`.
     fn level(&self, prefix: &[&str]) -> Option<&TensorDict> {
         let mut cur = self;
         for seg in prefix {
-            match cur.entries.get(*seg)? {
+            match cur.entry_at(seg)? {
                 Entry::Dict(d) => cur = d,
                 Entry::Tensor(_) => return None,
             }
@@ -281,7 +331,7 @@ impl TensorDict {
     fn level_mut(&mut self, prefix: &[&str]) -> Option<&mut TensorDict> {
         let mut cur = self;
         for seg in prefix {
-            match cur.entries.get_mut(*seg)? {
+            match cur.entry_at_mut(seg)? {
                 Entry::Dict(d) => cur = d,
                 Entry::Tensor(_) => return None,
             }
@@ -293,7 +343,7 @@ impl TensorDict {
     pub fn get_entry(&self, key: impl AsKey) -> Option<&Entry> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level(prefix)?.entries.get(*last)
+        self.level(prefix)?.entry_at(last)
     }
 
     /// The leaf tensor at `key`, or `None` when absent or when `key` names a nested level.
@@ -362,43 +412,21 @@ impl TensorDict {
 
     // ---------------------------------------------------------------- writes
 
-    /// Batch size of the level that would hold `segs` (the deepest existing level on the way,
-    /// since missing levels are created with their parent's batch size). Errors when the path
-    /// walks through a leaf.
-    fn target_batch(&self, op: &'static str, segs: &[&str]) -> Result<(&[i64], Option<Device>)> {
-        let mut cur = self;
-        let prefix = &segs[..segs.len().saturating_sub(1)];
-        for (i, seg) in prefix.iter().enumerate() {
-            match cur.entries.get(*seg) {
-                None => break,
-                Some(Entry::Tensor(_)) => {
-                    return Err(Error::NotALevel {
-                        op,
-                        key: display_segments(segs),
-                        at: display_segments(&segs[..=i]),
-                    })
-                }
-                Some(Entry::Dict(d)) => cur = d,
-            }
-        }
-        Ok((&cur.batch_size, cur.device))
-    }
-
-    /// Validates `value` for insertion at `segs` and prepares it (device cast).
-    fn prepare(&self, op: &'static str, segs: &[&str], value: Entry) -> Result<Entry> {
-        let (batch, device) = self.target_batch(op, segs)?;
+    /// Validates `value` for insertion into this level (which receives it directly or through
+    /// new, empty levels) and prepares it (device cast). `segs` is only used in errors.
+    fn validate(&self, op: &'static str, segs: &[&str], value: Entry) -> Result<Entry> {
+        let batch = &self.batch_size[..];
         match value {
             Entry::Tensor(t) => {
-                let shape = t.size();
-                if !starts_with(&shape, batch) {
+                if !leading_dims_are(&t, batch) {
                     return Err(Error::BatchSizeMismatch {
                         op,
                         key: display_segments(segs),
                         batch_size: batch.to_vec(),
-                        shape,
+                        shape: t.size(),
                     });
                 }
-                match device {
+                match self.device {
                     Some(dev) if t.device() != dev => Ok(Entry::Tensor(t.f_to_device(dev)?)),
                     _ => Ok(Entry::Tensor(t)),
                 }
@@ -412,39 +440,12 @@ impl TensorDict {
                         shape: d.batch_size.to_vec(),
                     });
                 }
-                if let Some(dev) = device {
+                if let Some(dev) = self.device {
                     if d.device != Some(dev) {
                         d = d.to_device(dev)?;
                     }
                 }
                 Ok(Entry::Dict(d))
-            }
-        }
-    }
-
-    /// Inserts a validated entry, creating missing levels.
-    fn insert_prepared(&mut self, segs: &[&str], value: Entry) {
-        let (last, prefix) = match segs.split_last() {
-            Some(x) => x,
-            None => return,
-        };
-        let mut cur = self;
-        for seg in prefix {
-            let template = cur.empty();
-            let entry = cur
-                .entries
-                .entry((*seg).to_string())
-                .or_insert_with(|| Entry::Dict(template));
-            cur = match entry {
-                Entry::Dict(d) => d,
-                // `prepare` already rejected paths through leaves; keep the tree intact anyway.
-                Entry::Tensor(_) => return,
-            };
-        }
-        match cur.entries.get_mut(*last) {
-            Some(slot) => *slot = value,
-            None => {
-                cur.entries.insert((*last).to_string(), value);
             }
         }
     }
@@ -455,9 +456,57 @@ impl TensorDict {
     /// nested tensordict's batch size must start with it. On error nothing changes.
     pub fn set(&mut self, key: impl AsKey, value: impl Into<Entry>) -> Result<()> {
         let segs = key.segments();
-        check_key("set", &segs)?;
-        let value = self.prepare("set", &segs, value.into())?;
-        self.insert_prepared(&segs, value);
+        self.set_segments("set", &segs, value.into())
+    }
+
+    /// `set` with borrowed segments: one hash lookup per existing level, then validation against
+    /// the receiving level, then creation of missing levels and the insert.
+    pub(crate) fn set_segments(
+        &mut self,
+        op: &'static str,
+        segs: &[&str],
+        value: Entry,
+    ) -> Result<()> {
+        let Some((last, prefix)) = segs.split_last() else {
+            return Err(Error::InvalidKey {
+                op,
+                key: "()".into(),
+                reason: "a key needs at least one segment".into(),
+            });
+        };
+        let mut cur: &mut TensorDict = self;
+        let mut depth = 0;
+        while let Some(seg) = prefix.get(depth) {
+            let Some(i) = cur.find(seg) else {
+                break;
+            };
+            cur = match cur.entries.get_index_mut(i) {
+                Some((_, Entry::Dict(d))) => d,
+                _ => {
+                    return Err(Error::NotALevel {
+                        op,
+                        key: display_segments(segs),
+                        at: display_segments(&segs[..=depth]),
+                    })
+                }
+            };
+            depth += 1;
+        }
+        let value = cur.validate(op, segs, value)?;
+        for seg in &prefix[depth..] {
+            let level = cur.empty();
+            cur.entries.insert((*seg).to_string(), Entry::Dict(level));
+            cur = match cur.entries.last_mut() {
+                Some((_, Entry::Dict(d))) => d,
+                _ => return Ok(()),
+            };
+        }
+        match cur.entry_at_mut(last) {
+            Some(slot) => *slot = value,
+            None => {
+                cur.entries.insert((*last).to_string(), value);
+            }
+        }
         Ok(())
     }
 
@@ -534,10 +583,8 @@ impl TensorDict {
                     }
                 }
                 _ => {
-                    let prepared = self
-                        .prepare("update", &[k.as_str()], v.clone())
+                    self.set_segments("update", &[k.as_str()], v.clone())
                         .map_err(|e| rekey(e, path))?;
-                    self.insert_prepared(&[k.as_str()], prepared);
                 }
             }
             path.pop();
@@ -558,11 +605,11 @@ impl TensorDict {
                     for i in 1..segs.len() {
                         if out.get_entry(&segs[..i]).is_none() {
                             if let Some(level) = self.get_dict(&segs[..i]) {
-                                out.insert_prepared(&segs[..i], Entry::Dict(level.empty()));
+                                out.set_segments("select", &segs[..i], Entry::Dict(level.empty()))?;
                             }
                         }
                     }
-                    out.insert_prepared(&segs, e.clone());
+                    out.set_segments("select", &segs, e.clone())?;
                 }
                 None if strict => return Err(self.lookup_error("select", &segs)),
                 None => {}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: runs the Rust benches and TorchRL's Python baseline in one go and
+# prints a table of ops/s and ratios (Rust / Python). Needs the cached Python environment with
+# torchrl (scripts/setup.sh with TORCHRL_WITH_PYTHON_REFS=1 installs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCHRL_WITH_PYTHON_REFS=1 ./scripts/setup.sh
+PY="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}/venv/bin/python"
+rust_out=$(mktemp); py_out=$(mktemp)
+trap 'rm -f "$rust_out" "$py_out"' EXIT
+for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//'); do
+  cargo bench --quiet --bench "$b" 2>/dev/null | grep -P '^W\w+\t' >> "$rust_out"
+done
+"$PY" benches/python/torchrl_baseline.py > "$py_out"
+printf '%-34s %14s %14s %9s\n' workload "rust ops/s" "torchrl ops/s" ratio
+while IFS=$'\t' read -r name rust; do
+  py=$(awk -F'\t' -v n="$name" '$1==n {print $2}' "$py_out")
+  if [ -n "$py" ]; then
+    ratio=$(awk -v a="$rust" -v b="$py" 'BEGIN {printf "%.1fx", a/b}')
+  else
+    py="-"; ratio="-"
+  fi
+  printf '%-34s %14s %14s %9s\n' "$name" "$rust" "$py" "$ratio"
+done < "$rust_out"
