@@ -24,10 +24,12 @@
 
 pub mod data;
 pub mod error;
+pub mod rng;
 pub mod tensordict;
 
 pub use data::specs;
 pub use error::{Error, Result};
+pub use rng::Generator;
 pub use tch;
 pub use tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
 
@@ -35,5 +37,6 @@ pub use tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict
 pub mod prelude {
     pub use crate::data::specs::*;
     pub use crate::error::{Error, Result};
+    pub use crate::rng::Generator;
     pub use crate::tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
 }

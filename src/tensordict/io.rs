@@ -1,8 +1,8 @@
 //! Saving and loading a [`TensorDict`] as one `.safetensors` file.
 //!
-//! Leaves are stored as safetensors tensors named `t0`, `t1`, …; the tree (nested keys, every
-//! level's batch size, even empty levels) is stored as JSON in the header metadata under
-//! `torchrl.layout`. Saving is atomic (temporary file, fsync, rename), so a crash mid-save
+//! Leaves are stored as safetensors tensors named `t0`, `t1`, …; the tree (nested keys in their
+//! insertion order, every level's batch size, even empty levels) is stored as JSON in the header
+//! metadata under `torchrl.layout`. Saving is atomic (temporary file, fsync, rename), so a crash mid-save
 //! leaves the previous file intact. Loading validates the whole file before building anything:
 //! a corrupt, truncated or foreign file gives [`Error::InvalidFile`], never a partial result.
 //! Loaded leaves are on the CPU.
@@ -109,11 +109,13 @@ impl TensorDict {
         let mut leaves = Vec::new();
         let mut leaf_meta = Vec::new();
         let mut levels = Vec::new();
-        for (k, e) in self.items(true, false) {
+        // `pos` is each entry's rank in `items(true, false)` (depth-first, a level after its
+        // children), so that `load` restores the insertion order, leaves and levels interleaved.
+        for (pos, (k, e)) in self.items(true, false).into_iter().enumerate() {
             match e {
-                Entry::Dict(d) => {
-                    levels.push(json!({"key": key_json(&k), "batch_size": d.batch_size.to_vec()}))
-                }
+                Entry::Dict(d) => levels.push(
+                    json!({"key": key_json(&k), "batch_size": d.batch_size.to_vec(), "pos": pos}),
+                ),
                 Entry::Tensor(t) => {
                     let dtype = kind_to_dtype(t.kind()).ok_or_else(|| {
                         Error::invalid(op, format!("key {k}: dtype {:?} cannot be saved", t.kind()))
@@ -124,7 +126,7 @@ impl TensorDict {
                     c.f_copy_data_u8(&mut bytes, numel)?;
                     let shape = c.size().iter().map(|d| *d as usize).collect();
                     let name = format!("t{}", leaves.len());
-                    leaf_meta.push(json!({"name": name, "key": key_json(&k)}));
+                    leaf_meta.push(json!({"name": name, "key": key_json(&k), "pos": pos}));
                     leaves.push((
                         name,
                         Leaf {
@@ -232,24 +234,21 @@ impl TensorDict {
                 .ok_or_else(|| bad("a key is not a non-empty list of strings".into()))
         };
         let mut td = TensorDict::new(dims(layout.get("batch_size"), "batch_size")?)?;
+        let pos = |v: &Value| v.get("pos").and_then(Value::as_u64);
+        // Every entry, levels and leaves, validated before anything is built.
+        enum Item {
+            Level(Vec<i64>),
+            Leaf(Tensor),
+        }
+        let mut items: Vec<(Option<u64>, Vec<String>, Item)> = Vec::new();
         let levels = layout
             .get("levels")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        // Levels come children-first; create them parents-first.
-        let mut parsed_levels = Vec::new();
         for l in &levels {
-            parsed_levels.push((
-                key(l.get("key"))?,
-                dims(l.get("batch_size"), "level batch_size")?,
-            ));
-        }
-        parsed_levels.sort_by_key(|(k, _)| k.len());
-        for (k, bs) in parsed_levels {
-            let level = TensorDict::new(bs)?;
-            td.set(&k, level)
-                .map_err(|e| bad(format!("inconsistent level: {e}")))?;
+            let bs = dims(l.get("batch_size"), "level batch_size")?;
+            items.push((pos(l), key(l.get("key"))?, Item::Level(bs)));
         }
         let leaves = layout
             .get("leaves")
@@ -275,8 +274,58 @@ impl TensorDict {
                 .ok_or_else(|| bad(format!("leaf {name}: unsupported dtype {:?}", view.dtype())))?;
             let shape: Vec<i64> = view.shape().iter().map(|d| *d as i64).collect();
             let t = Tensor::f_from_data_size(view.data(), &shape, kind)?;
-            td.set(&k, t)
-                .map_err(|e| bad(format!("inconsistent leaf: {e}")))?;
+            items.push((pos(l), k, Item::Leaf(t)));
+        }
+        if items.iter().all(|(p, _, _)| p.is_some()) {
+            // The saved order (a level comes after its children; it is created, in its place
+            // among its siblings, when its first child is).
+            items.sort_by_key(|(p, _, _)| *p);
+        } else {
+            // Files without positions: levels parents-first, then the leaves.
+            items.sort_by_key(|(_, k, item)| match item {
+                Item::Level(_) => (0, k.len()),
+                Item::Leaf(_) => (1, 0),
+            });
+        }
+        let level_batch: HashMap<Vec<String>, Vec<i64>> = items
+            .iter()
+            .filter_map(|(_, k, item)| match item {
+                Item::Level(bs) => Some((k.clone(), bs.clone())),
+                Item::Leaf(_) => None,
+            })
+            .collect();
+        for (_, k, item) in items {
+            // Parent levels first, with their recorded batch sizes.
+            for i in 1..k.len() {
+                if let (false, Some(bs)) = (td.contains(&k[..i]), level_batch.get(&k[..i])) {
+                    td.set(&k[..i], TensorDict::new(bs)?)
+                        .map_err(|e| bad(format!("inconsistent level: {e}")))?;
+                }
+            }
+            match item {
+                Item::Level(bs) => match td.get_entry(&k) {
+                    Some(Entry::Dict(_)) => {}
+                    Some(Entry::Tensor(_)) => {
+                        return Err(bad(format!(
+                            "{} is both a level and a leaf",
+                            NestedKey::from(k.clone())
+                        )))
+                    }
+                    None => td
+                        .set(&k, TensorDict::new(bs)?)
+                        .map_err(|e| bad(format!("inconsistent level: {e}")))?,
+                },
+                Item::Leaf(t) => {
+                    if td.contains(&k) {
+                        return Err(bad(format!(
+                            "{} is listed twice",
+                            NestedKey::from(k.clone())
+                        )));
+                    }
+                    td.set(&k, t)
+                        .map_err(|e| bad(format!("inconsistent leaf: {e}")))?;
+                }
+            }
         }
         Ok(td)
     }

@@ -23,14 +23,21 @@ use super::index::{apply_plan, resolve, write_plan, BatchIndex};
 use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
 
-fn norm_dim(op: &'static str, dim: i64, ndim: usize) -> Result<usize> {
+/// Normalises `dim` (negative counts from the end) against `ndim` positions: the batch dims of
+/// `batch`, or one more where a new dim is inserted (unsqueeze, stack). The error names `batch`.
+fn norm_dim(op: &'static str, dim: i64, ndim: usize, batch: &[i64]) -> Result<usize> {
     let n = ndim as i64;
     let d = if dim < 0 { dim + n } else { dim };
     if d < 0 || d >= n {
+        let what = if ndim == batch.len() {
+            "batch dims"
+        } else {
+            "new-dim positions"
+        };
         return Err(Error::IndexOutOfRange {
             op,
             index: dim,
-            what: "batch dims".into(),
+            what: format!("{what} (batch size {})", ShapeFmt(batch)),
             size: n,
         });
     }
@@ -219,7 +226,12 @@ impl TensorDict {
     /// Inserts a batch dim of size 1 at `dim` (counted within the batch dims; negative counts
     /// from `batch_dims + 1`).
     pub fn unsqueeze(&self, dim: i64) -> Result<TensorDict> {
-        let d = norm_dim("unsqueeze", dim, self.batch_size.len() + 1)?;
+        let d = norm_dim(
+            "unsqueeze",
+            dim,
+            self.batch_size.len() + 1,
+            &self.batch_size,
+        )?;
         let mut new = self.batch_size.to_vec();
         new.insert(d, 1);
         self.map_batch(&new, &mut |t| Ok(t.f_unsqueeze(d as i64)?))
@@ -229,7 +241,7 @@ impl TensorDict {
     pub fn squeeze(&self, dim: Option<i64>) -> Result<TensorDict> {
         let dims: Vec<usize> = match dim {
             Some(dim) => {
-                let d = norm_dim("squeeze", dim, self.batch_size.len())?;
+                let d = norm_dim("squeeze", dim, self.batch_size.len(), &self.batch_size)?;
                 if self.batch_size[d] != 1 {
                     return Ok(self.clone());
                 }
@@ -256,17 +268,29 @@ impl TensorDict {
     pub fn permute(&self, dims: impl AsRef<[i64]>) -> Result<TensorDict> {
         let dims = dims.as_ref();
         let nd = self.batch_size.len();
+        let not_a_permutation = || {
+            let all: Vec<i64> = (0..nd as i64).collect();
+            Error::invalid(
+                "permute",
+                format!(
+                    "dims {} are not a permutation of {} (batch size {})",
+                    ShapeFmt(dims),
+                    ShapeFmt(&all),
+                    ShapeFmt(&self.batch_size)
+                ),
+            )
+        };
+        if dims.len() != nd {
+            return Err(not_a_permutation());
+        }
         let mut norm = Vec::with_capacity(nd);
         for d in dims {
-            norm.push(norm_dim("permute", *d, nd)?);
+            norm.push(norm_dim("permute", *d, nd, &self.batch_size)?);
         }
         let mut sorted = norm.clone();
         sorted.sort_unstable();
         if sorted != (0..nd).collect::<Vec<_>>() {
-            return Err(Error::invalid(
-                "permute",
-                format!("{dims:?} is not a permutation of the {nd} batch dims"),
-            ));
+            return Err(not_a_permutation());
         }
         let new: Vec<i64> = norm.iter().map(|d| self.batch_size[*d]).collect();
         self.map_batch(&new, &mut |t| {
@@ -278,7 +302,7 @@ impl TensorDict {
 
     /// Splits along batch dim `dim` into `batch_size[dim]` tensordicts (views).
     pub fn unbind(&self, dim: i64) -> Result<Vec<TensorDict>> {
-        let d = norm_dim("unbind", dim, self.batch_size.len())?;
+        let d = norm_dim("unbind", dim, self.batch_size.len(), &self.batch_size)?;
         (0..self.batch_size[d])
             .map(|i| {
                 let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
@@ -290,7 +314,7 @@ impl TensorDict {
 
     /// Splits along batch dim `dim` into pieces of the given sizes (which must sum to the dim).
     pub fn split(&self, sizes: &[i64], dim: i64) -> Result<Vec<TensorDict>> {
-        let d = norm_dim("split", dim, self.batch_size.len())?;
+        let d = norm_dim("split", dim, self.batch_size.len(), &self.batch_size)?;
         let total: i64 = sizes.iter().sum();
         if total != self.batch_size[d] || sizes.iter().any(|s| *s < 0) {
             return Err(Error::invalid(
@@ -316,7 +340,7 @@ impl TensorDict {
 
     /// Splits along batch dim `dim` into chunks of `size` (the last may be smaller).
     pub fn chunk_by(&self, size: i64, dim: i64) -> Result<Vec<TensorDict>> {
-        let d = norm_dim("split", dim, self.batch_size.len())?;
+        let d = norm_dim("split", dim, self.batch_size.len(), &self.batch_size)?;
         if size < 1 {
             return Err(Error::invalid(
                 "split",
@@ -392,7 +416,7 @@ pub fn stack<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
         }
     };
     let nd = first.batch_size.len();
-    let d = norm_dim(op, dim, nd + 1)?;
+    let d = norm_dim(op, dim, nd + 1, &first.batch_size)?;
     for (i, td) in tds.iter().enumerate().skip(1) {
         let td = td.borrow();
         if td.batch_size != first.batch_size {
@@ -500,7 +524,7 @@ pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
         }
     };
     let nd = first.batch_size.len();
-    let d = norm_dim(op, dim, nd)?;
+    let d = norm_dim(op, dim, nd, &first.batch_size)?;
     let mut total = 0;
     for (i, td) in tds.iter().enumerate() {
         let td = td.borrow();
@@ -520,15 +544,10 @@ pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
         }
         total += td.batch_size[d];
     }
-    cat_level(tds, d, total, nd)
+    cat_level(tds, d, total)
 }
 
-fn cat_level<T: Borrow<TensorDict>>(
-    tds: &[T],
-    d: usize,
-    total: i64,
-    root_nd: usize,
-) -> Result<TensorDict> {
+fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<TensorDict> {
     let first = tds[0].borrow();
     let mut batch = first.batch_size.clone();
     batch[d] = total;
@@ -556,7 +575,7 @@ fn cat_level<T: Borrow<TensorDict>>(
                     .iter()
                     .filter_map(|td| td.borrow().entries.get(k).and_then(Entry::as_dict))
                     .collect();
-                Entry::Dict(cat_level(&subs, d, total, root_nd)?)
+                Entry::Dict(cat_level(&subs, d, total)?)
             }
         };
         out.entries.insert(k.clone(), ne);

@@ -1,0 +1,260 @@
+//! [`Binary`]: vectors of 0/1 values; unlike [`OneHot`](super::OneHot), any number of entries
+//! may be 1.
+//!
+//! `Binary::new(n)` has shape `[n]` and dtype `Int8`. The `n` here is the vector length (the last
+//! dim), as TorchRL's constructor argument; TorchRL's `Binary.n` attribute is always 2 (the
+//! number of values per entry). The last dim cannot be indexed, squeezed or unsqueezed.
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::{specs::Binary, Generator};
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = Binary::new(3)?;
+//! assert_eq!((spec.shape(), spec.dtype()), (&[3i64][..], Kind::Int8));
+//! assert!(spec.is_in(&Tensor::from_slice(&[1i8, 1, 0]))?);
+//! assert!(!spec.is_in(&Tensor::from_slice(&[0i8, 1, 2]))?);
+//! let p = spec.project(&Tensor::from_slice(&[0i8, 1, 2]))?;
+//! assert_eq!(Vec::<i8>::try_from(&p)?, vec![0, 1, 1]);
+//! let x = spec.rand(&mut Generator::new(2), &[8])?;
+//! assert!(spec.is_in(&x)?);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::common::{self, concat, is_float, lead};
+use super::unbounded::encode_plain;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::Generator;
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// A spec for vectors of 0/1 values.
+#[derive(Clone, PartialEq)]
+pub struct Binary {
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Kind,
+    pub(crate) device: Device,
+}
+
+impl Binary {
+    /// Vectors of length `n`: shape `[n]`, dtype `Int8`, on the CPU. Errors when `n < 0`.
+    pub fn new(n: i64) -> Result<Self> {
+        if n < 0 {
+            return Err(Error::invalid(
+                "Binary::new",
+                format!("n must be >= 0, got {n}"),
+            ));
+        }
+        Ok(Binary {
+            shape: vec![n],
+            dtype: Kind::Int8,
+            device: Device::Cpu,
+        })
+    }
+
+    /// Sets the shape, whose last dim must equal the current `n`.
+    pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
+        let op = "Binary::with_shape";
+        let shape = shape.as_ref();
+        common::check_shape(op, shape)?;
+        if shape.last() != Some(&self.n()) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "The last value of the shape must match 'n' for Binary. Got n={} and shape={}.",
+                    self.n(),
+                    ShapeFmt(shape)
+                ),
+            ));
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    /// Sets the dtype (`Bool` gives `false`/`true` values).
+    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+        common::check_kind("Binary::with_dtype", dtype)?;
+        self.dtype = dtype;
+        Ok(self)
+    }
+
+    /// Sets the device.
+    pub fn with_device(self, device: Device) -> Result<Self> {
+        self.to_device(device)
+    }
+
+    /// The vector length (the last dim). TorchRL's `Binary.n` attribute is 2 instead.
+    pub fn n(&self) -> i64 {
+        self.shape.last().copied().unwrap_or(0)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> Kind {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Independent fair 0/1 draws of shape `[*shape, *self.shape]`.
+    pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
+        gen.randint(&concat(shape, &self.shape), 0, 2, self.dtype, self.device)
+    }
+
+    /// Zeros of shape `[*shape, *self.shape]`.
+    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    }
+
+    /// Ones of shape `[*shape, *self.shape]`.
+    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, true)
+    }
+
+    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
+            return Ok(Some(r));
+        }
+        if value.numel() > 0 && !common::all_binary(value)? {
+            let ok = value.f_eq(0)?.f_logical_or(&value.f_eq(1)?)?;
+            let (count, first) = common::first_false(&ok)?;
+            let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
+            return Ok(Some(format!(
+                "not binary: {count} of {} values are not 0 or 1 (value min={lo}, max={hi}); \
+                 first at index {:?}",
+                value.numel(),
+                common::unravel(first.unwrap_or(0), &value.size())
+            )));
+        }
+        Ok(None)
+    }
+
+    /// True when the dtype matches, the shape fits, and every value is 0 or 1.
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value)?.is_none())
+    }
+
+    /// Like [`Binary::is_in`] but errors with [`Error::NotInSpec`] saying why.
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value)? {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "check",
+                key: key.to_nested_key().to_string(),
+                spec: self.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps to
+    /// `[0, 1]` and casts to the spec's dtype.
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        if self.violation(value)?.is_none() {
+            return Ok(value.shallow_clone());
+        }
+        if !common::shape_fits(&self.shape, &value.size()) {
+            return Err(Error::NotInSpec {
+                op: "project",
+                key: "<value>".into(),
+                spec: self.to_string(),
+                reason: format!(
+                    "cannot project a value of shape {}: projection does not reshape",
+                    ShapeFmt(&value.size())
+                ),
+            });
+        }
+        let mut v = value.shallow_clone();
+        if is_float(v.kind()) {
+            v = v.f_round()?;
+        }
+        if v.kind() == Kind::Bool {
+            return Ok(v.f_to_kind(self.dtype)?);
+        }
+        Ok(v.f_clamp(0, 1)?.f_to_kind(self.dtype)?)
+    }
+
+    /// A tensor of the spec's dtype and shape holding `values` (no range check).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
+    }
+
+    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand("Binary", &self.shape, shape)?;
+        if shape.last() != self.shape.last() {
+            return Err(common::final_dim_error("expand", "Binary"));
+        }
+        Ok(Binary {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    /// The spec indexed on its leading dims; the last dim cannot be indexed.
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let (rows, _) = common::index_lead(lead(&self.shape), &[], idx)?;
+        Ok(Binary {
+            shape: concat(&rows, &[self.n()]),
+            ..self.clone()
+        })
+    }
+
+    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
+    /// is an error.
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        Ok(
+            match common::squeezed_protected("Binary", &self.shape, dim)? {
+                None => self.clone(),
+                Some((shape, _)) => Binary {
+                    shape,
+                    ..self.clone()
+                },
+            },
+        )
+    }
+
+    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, _) = common::unsqueezed_protected("Binary", &self.shape, dim)?;
+        Ok(Binary {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// The spec on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        Ok(Binary {
+            device,
+            ..self.clone()
+        })
+    }
+}
+
+impl fmt::Display for Binary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Binary(shape={}, dtype={:?}{})",
+            ShapeFmt(&self.shape),
+            self.dtype,
+            common::fmt_device(self.device)
+        )
+    }
+}
+
+impl fmt::Debug for Binary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

@@ -1,0 +1,482 @@
+//! [`Bounded`]: values in a box `[low, high]` (inclusive), with elementwise bounds.
+//!
+//! `low` and `high` are stored broadcast to the spec's full shape, in the spec's dtype and on its
+//! device. A floating dtype makes the spec continuous (`rand` is uniform in `[low, high)`); an
+//! integer dtype makes it discrete (`rand` is uniform over the integers of `[low, high]`).
+//! `project` clamps.
+//!
+//! ```
+//! use tch::Tensor;
+//! use torchrl::{specs::Bounded, Generator};
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = Bounded::new(-1.0, 1.0, [2])?;
+//! assert_eq!(spec.to_string(), "Bounded(shape=[2], dtype=Float, low=-1, high=1)");
+//! let p = spec.project(&Tensor::from_slice(&[-3.0f32, 2.0]))?;
+//! assert_eq!(Vec::<f32>::try_from(&p)?, vec![-1.0, 1.0]);
+//! let x = spec.rand(&mut Generator::new(0), &[5])?;
+//! assert!(spec.is_in(&x)?);
+//! // bounds can differ per element; the shape is inferred from them
+//! let spec = Bounded::from_tensors(Tensor::from_slice(&[0.0f32, -1.0]), Tensor::from_slice(&[1.0f32, 2.0]))?;
+//! assert_eq!(spec.shape(), &[2]);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::common::{self, concat, is_float, to_dev};
+use super::unbounded::encode_plain;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::Generator;
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// A spec for values within elementwise bounds `low <= x <= high`.
+pub struct Bounded {
+    pub(crate) low: Tensor,
+    pub(crate) high: Tensor,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Kind,
+    pub(crate) device: Device,
+}
+
+impl Clone for Bounded {
+    /// Shallow: the bound tensors are shared (specs never modify them in place).
+    fn clone(&self) -> Self {
+        Bounded {
+            low: self.low.shallow_clone(),
+            high: self.high.shallow_clone(),
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            device: self.device,
+        }
+    }
+}
+
+impl PartialEq for Bounded {
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape
+            && self.dtype == other.dtype
+            && self.device == other.device
+            && common::tensor_eq(&self.low, &other.low)
+            && common::tensor_eq(&self.high, &other.high)
+    }
+}
+
+/// Broadcasts two shapes (numpy rules), or `None`.
+fn broadcast(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for (i, o) in out.iter_mut().enumerate() {
+        let x = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        *o = match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+impl Bounded {
+    /// Scalar bounds broadcast to an explicit `shape`, dtype `Float`, on the CPU.
+    ///
+    /// Errors when `low > high`, a bound is NaN, or the shape has a negative dim.
+    pub fn new(low: f64, high: f64, shape: impl AsRef<[i64]>) -> Result<Self> {
+        let op = "Bounded::new";
+        let shape = shape.as_ref();
+        common::check_shape(op, shape)?;
+        if low.is_nan() || high.is_nan() || low > high {
+            return Err(Error::invalid(
+                op,
+                format!("low must be <= high, got low={low}, high={high}"),
+            ));
+        }
+        let opts = (Kind::Float, Device::Cpu);
+        Ok(Bounded {
+            low: Tensor::f_full(shape, low, opts)?,
+            high: Tensor::f_full(shape, high, opts)?,
+            shape: shape.to_vec(),
+            dtype: Kind::Float,
+            device: Device::Cpu,
+        })
+    }
+
+    /// Elementwise bounds; the shape is the broadcast of their shapes, the dtype theirs (they
+    /// must share it) and the device `low`'s.
+    ///
+    /// Errors when the shapes do not broadcast, the dtypes differ, or `low > high` (or NaN)
+    /// anywhere, naming the first offending position.
+    pub fn from_tensors(low: Tensor, high: Tensor) -> Result<Self> {
+        let op = "Bounded::from_tensors";
+        common::check_kind(op, low.kind())?;
+        if low.kind() != high.kind() {
+            return Err(Error::DtypeMismatch {
+                op,
+                key: "<high>".into(),
+                expected: low.kind(),
+                actual: high.kind(),
+            });
+        }
+        let shape = broadcast(&low.size(), &high.size()).ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "the shapes of low {} and high {} do not broadcast",
+                    ShapeFmt(&low.size()),
+                    ShapeFmt(&high.size())
+                ),
+            )
+        })?;
+        let device = low.device();
+        let low = low.f_broadcast_to(shape.as_slice())?.f_contiguous()?;
+        let high = to_dev(&high, device)?
+            .f_broadcast_to(shape.as_slice())?
+            .f_contiguous()?;
+        check_ordered(op, &low, &high, &shape)?;
+        Ok(Bounded {
+            dtype: low.kind(),
+            low,
+            high,
+            shape,
+            device,
+        })
+    }
+
+    /// Casts the bounds to `dtype` (float bounds are truncated for integer dtypes).
+    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+        common::check_kind("Bounded::with_dtype", dtype)?;
+        self.low = self.low.f_to_kind(dtype)?;
+        self.high = self.high.f_to_kind(dtype)?;
+        self.dtype = dtype;
+        Ok(self)
+    }
+
+    /// Moves the bounds to `device`.
+    pub fn with_device(self, device: Device) -> Result<Self> {
+        self.to_device(device)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> Kind {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The lower bounds, of the spec's full shape.
+    pub fn low(&self) -> &Tensor {
+        &self.low
+    }
+
+    /// The upper bounds, of the spec's full shape.
+    pub fn high(&self) -> &Tensor {
+        &self.high
+    }
+
+    /// True for integer and bool dtypes (`BoundedDiscrete` in TorchRL).
+    pub fn is_discrete(&self) -> bool {
+        !is_float(self.dtype)
+    }
+
+    /// Uniform samples of shape `[*shape, *self.shape]`: in `[low, high)` for floats, over the
+    /// integers of `[low, high]` for integer dtypes. Errors on infinite float bounds.
+    pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
+        common::check_shape("rand", shape)?;
+        let full = concat(shape, &self.shape);
+        let low = self.low.f_expand(full.as_slice(), false)?;
+        let high = self.high.f_expand(full.as_slice(), false)?;
+        gen.uniform_tensor(&low, &high)
+    }
+
+    /// Zeros of shape `[*shape, *self.shape]` (even when 0 is out of bounds, as TorchRL).
+    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    }
+
+    /// Ones of shape `[*shape, *self.shape]` (even when 1 is out of bounds, as TorchRL).
+    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, true)
+    }
+
+    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
+            return Ok(Some(r));
+        }
+        if value.numel() == 0 {
+            return Ok(None);
+        }
+        let dev = value.device();
+        let (low, high) = (to_dev(&self.low, dev)?, to_dev(&self.high, dev)?);
+        let ok = value
+            .f_ge_tensor(&low)?
+            .f_logical_and(&value.f_le_tensor(&high)?)?;
+        if common::all_true(&ok)? {
+            return Ok(None);
+        }
+        let vshape = value.size();
+        let (count, first) = common::first_false(&ok)?;
+        let first = first.unwrap_or(0);
+        let flat = |t: &Tensor| -> Result<f64> {
+            Ok(t.f_expand(vshape.as_slice(), false)?
+                .f_reshape([-1])?
+                .f_double_value(&[first as i64])?)
+        };
+        let (v, l, h) = (flat(value)?, flat(&low)?, flat(&high)?);
+        let k = self.dtype;
+        let side = if v.is_nan() {
+            "is NaN".to_string()
+        } else if v < l {
+            format!("< low {}", common::fmt_scalar(l, k))
+        } else {
+            format!("> high {}", common::fmt_scalar(h, k))
+        };
+        let range = match common::min_max(value)? {
+            Some((lo, hi)) => format!(
+                "value min={}, max={}",
+                common::fmt_scalar(lo, k),
+                common::fmt_scalar(hi, k)
+            ),
+            None => String::new(),
+        };
+        Ok(Some(format!(
+            "out of bounds: {count} of {} values outside [low, high] ({range}; spec low={}, high={}); \
+             first at index {:?} (value shape {}): {} {side}",
+            value.numel(),
+            common::fmt_bound(&self.low),
+            common::fmt_bound(&self.high),
+            common::unravel(first, &vshape),
+            ShapeFmt(&vshape),
+            common::fmt_scalar(v, k),
+        )))
+    }
+
+    /// True when the dtype matches, the shape fits, and `low <= value <= high` everywhere.
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value)?.is_none())
+    }
+
+    /// Like [`Bounded::is_in`] but errors with [`Error::NotInSpec`] saying why (for bounds: how
+    /// many values are out, the value's min/max, and the first offending element).
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value)? {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "check",
+                key: key.to_nested_key().to_string(),
+                spec: self.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Returns the value unchanged when it is in the spec; otherwise rounds floats for integer
+    /// dtypes, casts to the spec's dtype, replaces NaN by `low`, and clamps to `[low, high]`.
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        if self.violation(value)?.is_none() {
+            return Ok(value.shallow_clone());
+        }
+        if !common::shape_fits(&self.shape, &value.size()) {
+            return Err(Error::NotInSpec {
+                op: "project",
+                key: "<value>".into(),
+                spec: self.to_string(),
+                reason: format!(
+                    "cannot project a value of shape {}: projection does not reshape",
+                    ShapeFmt(&value.size())
+                ),
+            });
+        }
+        let dev = value.device();
+        let (low, high) = (to_dev(&self.low, dev)?, to_dev(&self.high, dev)?);
+        let mut v = value.shallow_clone();
+        if !is_float(self.dtype) && is_float(v.kind()) {
+            v = v.f_round()?;
+        }
+        if v.kind() != self.dtype {
+            v = v.f_to_kind(self.dtype)?;
+        }
+        if is_float(self.dtype) {
+            let nan = v.f_isnan()?;
+            v = low.f_expand_as(&v)?.f_where_self(&nan, &v)?;
+        }
+        Ok(v.f_clamp_tensor(Some(&low), Some(&high))?)
+    }
+
+    /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
+    }
+
+    /// The spec expanded to `shape` (TorchRL's trailing-dims rule); the bounds are expanded too.
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand("Bounded", &self.shape, shape)?;
+        Ok(Bounded {
+            low: self.low.f_expand(shape, false)?.f_contiguous()?,
+            high: self.high.f_expand(shape, false)?.f_contiguous()?,
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+            device: self.device,
+        })
+    }
+
+    /// The spec indexed on its dims (the bounds are indexed the same way).
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let (shape, mut t) = common::index_lead(&self.shape, &[&self.low, &self.high], idx)?;
+        let (high, low) = (t.pop(), t.pop());
+        match (low, high) {
+            (Some(low), Some(high)) => Ok(Bounded {
+                low,
+                high,
+                shape,
+                dtype: self.dtype,
+                device: self.device,
+            }),
+            _ => Err(Error::invalid(
+                "index",
+                "internal: bounds lost while indexing",
+            )),
+        }
+    }
+
+    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec is
+    /// left as is, like TorchRL).
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        let Some((shape, dims)) = common::squeezed(&self.shape, dim)? else {
+            return Ok(self.clone());
+        };
+        let (mut low, mut high) = (self.low.shallow_clone(), self.high.shallow_clone());
+        for d in dims.iter().rev() {
+            low = low.f_squeeze_dim(*d as i64)?;
+            high = high.f_squeeze_dim(*d as i64)?;
+        }
+        Ok(Bounded {
+            low,
+            high,
+            shape,
+            dtype: self.dtype,
+            device: self.device,
+        })
+    }
+
+    /// Inserts a dim of size 1 at `dim`.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, d) = common::unsqueezed(&self.shape, dim)?;
+        Ok(Bounded {
+            low: self.low.f_unsqueeze(d as i64)?,
+            high: self.high.f_unsqueeze(d as i64)?,
+            shape,
+            dtype: self.dtype,
+            device: self.device,
+        })
+    }
+
+    /// The spec (and its bounds) on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        Ok(Bounded {
+            low: to_dev(&self.low, device)?,
+            high: to_dev(&self.high, device)?,
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            device,
+        })
+    }
+}
+
+/// Errors when `low > high` (or either is NaN) anywhere, naming the first position.
+fn check_ordered(op: &'static str, low: &Tensor, high: &Tensor, shape: &[i64]) -> Result<()> {
+    if low.numel() == 0 {
+        return Ok(());
+    }
+    let ok = low.f_le_tensor(high)?;
+    if common::all_true(&ok)? {
+        return Ok(());
+    }
+    let (count, first) = common::first_false(&ok)?;
+    let first = first.unwrap_or(0);
+    let l = low.f_reshape([-1])?.f_double_value(&[first as i64])?;
+    let h = high.f_reshape([-1])?.f_double_value(&[first as i64])?;
+    Err(Error::invalid(
+        op,
+        format!(
+            "low must be <= high everywhere; {count} position(s) violate it, first at index {:?} \
+             of shape {}: low={l}, high={h}",
+            common::unravel(first, shape),
+            ShapeFmt(shape)
+        ),
+    ))
+}
+
+impl fmt::Display for Bounded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Bounded(shape={}, dtype={:?}, low={}, high={}{})",
+            ShapeFmt(&self.shape),
+            self.dtype,
+            common::fmt_bound(&self.low),
+            common::fmt_bound(&self.high),
+            common::fmt_device(self.device)
+        )
+    }
+}
+
+impl fmt::Debug for Bounded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_shapes() {
+        assert_eq!(broadcast(&[2], &[]), Some(vec![2]));
+        assert_eq!(broadcast(&[3, 1], &[2]), Some(vec![3, 2]));
+        assert_eq!(broadcast(&[3], &[2]), None);
+    }
+
+    #[test]
+    fn ordered_check_names_position() {
+        let low = Tensor::from_slice(&[0.0f32, 2.0]);
+        let high = Tensor::from_slice(&[1.0f32, 1.0]);
+        let err = Bounded::from_tensors(low, high).unwrap_err().to_string();
+        assert!(err.contains("[1]") && err.contains("low=2"), "{err}");
+    }
+
+    #[test]
+    fn violation_reports_min_max_and_first() {
+        let spec = Bounded::new(-1.0, 1.0, [2]).unwrap();
+        let v = Tensor::from_slice(&[-3.0f32, 0.5, 0.0, 2.0]).reshape([2, 2]);
+        let reason = spec.violation(&v).unwrap().unwrap();
+        assert!(reason.contains("2 of 4"), "{reason}");
+        assert!(
+            reason.contains("min=-3") && reason.contains("max=2"),
+            "{reason}"
+        );
+        assert!(
+            reason.contains("[0, 0]") && reason.contains("< low -1"),
+            "{reason}"
+        );
+    }
+}

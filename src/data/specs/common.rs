@@ -1,0 +1,496 @@
+//! Rules shared by every spec: the shape-compatibility rule of `is_in`, TorchRL's `expand` rule,
+//! (un)squeezed shapes, dtype checks, value formatting, and leading-dim indexing.
+//!
+//! The `is_in` shape rule (TorchRL's): a value fits a spec of shape `S` when broadcasting `S`
+//! against the value's shape gives the value's shape back, i.e. the value may carry extra leading
+//! (batch) dims, and spec dims of size 1 may have any size in the value.
+//!
+//! ```
+//! use tch::{Device, Kind, Tensor};
+//! use torchrl::specs::Unbounded;
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = Unbounded::new().with_shape([1])?;
+//! assert!(spec.is_in(&Tensor::zeros([4, 3], (Kind::Float, Device::Cpu)))?);
+//! let spec = Unbounded::new().with_shape([2])?;
+//! assert!(!spec.is_in(&Tensor::zeros([3], (Kind::Float, Device::Cpu)))?);
+//! # Ok(()) }
+//! ```
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{BatchIndex, TensorDict};
+
+/// True for floating-point kinds.
+pub(crate) fn is_float(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
+    )
+}
+
+/// Errors for kinds a spec cannot describe (complex, quantized, float8).
+pub(crate) fn check_kind(op: &'static str, kind: Kind) -> Result<()> {
+    match kind {
+        Kind::Bool
+        | Kind::Uint8
+        | Kind::Int8
+        | Kind::Int16
+        | Kind::Int
+        | Kind::Int64
+        | Kind::Half
+        | Kind::BFloat16
+        | Kind::Float
+        | Kind::Double => Ok(()),
+        other => Err(Error::invalid(
+            op,
+            format!(
+                "unsupported dtype {other:?}: specs describe bool, integer and real floating kinds"
+            ),
+        )),
+    }
+}
+
+/// Errors for a shape with a negative dim.
+pub(crate) fn check_shape(op: &'static str, shape: &[i64]) -> Result<()> {
+    if let Some(d) = shape.iter().find(|d| **d < 0) {
+        return Err(Error::invalid(
+            op,
+            format!("shape {} has a negative dimension {d}", ShapeFmt(shape)),
+        ));
+    }
+    Ok(())
+}
+
+/// `[*a, *b]`.
+pub(crate) fn concat(a: &[i64], b: &[i64]) -> Vec<i64> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    out.extend_from_slice(a);
+    out.extend_from_slice(b);
+    out
+}
+
+/// The shape without its last dim (empty for an empty shape).
+pub(crate) fn lead(shape: &[i64]) -> &[i64] {
+    shape.split_last().map(|(_, l)| l).unwrap_or(&[])
+}
+
+/// TorchRL's `is_in` shape rule: `broadcast(spec, value) == value`.
+pub(crate) fn shape_fits(spec: &[i64], value: &[i64]) -> bool {
+    if value.len() < spec.len() {
+        return false;
+    }
+    let off = value.len() - spec.len();
+    spec.iter()
+        .zip(&value[off..])
+        .all(|(s, v)| s == v || *s == 1)
+}
+
+/// Formats a shape as a Python tuple, `(3, 4)`, like TorchRL's messages.
+pub(crate) fn tuple_fmt(shape: &[i64]) -> String {
+    match shape {
+        [one] => format!("({one},)"),
+        _ => {
+            let inner: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            format!("({})", inner.join(", "))
+        }
+    }
+}
+
+/// TorchRL's expand rule: the trailing dims of `new` equal `old`, or the `old` dim is 1.
+pub(crate) fn check_expand(class: &str, old: &[i64], new: &[i64]) -> Result<()> {
+    check_shape("expand", new)?;
+    let ok = new.len() >= old.len()
+        && old
+            .iter()
+            .zip(&new[new.len() - old.len()..])
+            .all(|(o, n)| o == n || *o == 1);
+    if !ok {
+        return Err(Error::invalid(
+            "expand",
+            format!(
+                "The last {} dims of the expanded shape {} must match the shape {} of the {class} \
+                 spec in expand() (a spec dim may only change when it is 1)",
+                old.len(),
+                tuple_fmt(new),
+                ShapeFmt(old)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Normalises `dim` for a shape of `ndim` dims (negative counts from the end).
+pub(crate) fn norm_dim(op: &'static str, dim: i64, ndim: usize) -> Result<usize> {
+    let n = ndim as i64;
+    let d = if dim < 0 { dim + n } else { dim };
+    if d < 0 || d >= n {
+        return Err(Error::IndexOutOfRange {
+            op,
+            index: dim,
+            what: format!("spec dims (ndim {ndim})"),
+            size: n,
+        });
+    }
+    Ok(d as usize)
+}
+
+/// The squeezed shape, or `None` when nothing changes. Like TorchRL, `dim = None` on a 1-d
+/// shape is a no-op, and squeezing a dim whose size is not 1 is a no-op.
+pub(crate) fn squeezed(shape: &[i64], dim: Option<i64>) -> Result<Option<(Vec<i64>, Vec<usize>)>> {
+    match dim {
+        None => {
+            if shape.len() <= 1 || !shape.contains(&1) {
+                return Ok(None);
+            }
+            let dims: Vec<usize> = (0..shape.len()).filter(|i| shape[*i] == 1).collect();
+            let new = shape.iter().copied().filter(|d| *d != 1).collect();
+            Ok(Some((new, dims)))
+        }
+        Some(dim) => {
+            let d = norm_dim("squeeze", dim, shape.len())?;
+            if shape[d] != 1 {
+                return Ok(None);
+            }
+            let new = shape
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != d)
+                .map(|(_, s)| *s)
+                .collect();
+            Ok(Some((new, vec![d])))
+        }
+    }
+}
+
+/// The unsqueezed shape and the normalised dim (`dim` in `[-(n+1), n]`).
+pub(crate) fn unsqueezed(shape: &[i64], dim: i64) -> Result<(Vec<i64>, usize)> {
+    let d = norm_dim("unsqueeze", dim, shape.len() + 1)?;
+    let mut new = shape.to_vec();
+    new.insert(d, 1);
+    Ok((new, d))
+}
+
+/// Squeeze for specs whose last dim is protected: `None` squeezes only the leading dims, and an
+/// explicit squeeze of the last dim is an error.
+pub(crate) fn squeezed_protected(
+    class: &str,
+    shape: &[i64],
+    dim: Option<i64>,
+) -> Result<Option<(Vec<i64>, Vec<usize>)>> {
+    let last = shape.len().saturating_sub(1);
+    match dim {
+        None => {
+            let dims: Vec<usize> = (0..last).filter(|i| shape[*i] == 1).collect();
+            if dims.is_empty() {
+                return Ok(None);
+            }
+            let new = shape
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !dims.contains(i))
+                .map(|(_, s)| *s)
+                .collect();
+            Ok(Some((new, dims)))
+        }
+        Some(d) => {
+            let nd = norm_dim("squeeze", d, shape.len())?;
+            if nd == last {
+                return Err(final_dim_error("squeeze", class));
+            }
+            squeezed(shape, Some(nd as i64))
+        }
+    }
+}
+
+/// Unsqueeze for specs whose last dim is protected: inserting at the end is an error.
+pub(crate) fn unsqueezed_protected(
+    class: &str,
+    shape: &[i64],
+    dim: i64,
+) -> Result<(Vec<i64>, usize)> {
+    let (new, d) = unsqueezed(shape, dim)?;
+    if d == shape.len() {
+        return Err(final_dim_error("unsqueeze", class));
+    }
+    Ok((new, d))
+}
+
+pub(crate) fn final_dim_error(op: &'static str, class: &str) -> Error {
+    Error::invalid(
+        op,
+        format!("Final dimension of {class} must remain unchanged (it holds the categories)"),
+    )
+}
+
+/// Applies `idx` to the leading dims `lead` (as TensorDict batch dims) and to `tensors`, whose
+/// shapes start with `lead`. Returns the indexed leading dims and tensors.
+pub(crate) fn index_lead(
+    lead: &[i64],
+    tensors: &[&Tensor],
+    idx: &[BatchIndex],
+) -> Result<(Vec<i64>, Vec<Tensor>)> {
+    let mut td = TensorDict::new(lead)?;
+    let names: Vec<String> = (0..tensors.len()).map(|i| i.to_string()).collect();
+    for (name, t) in names.iter().zip(tensors) {
+        td.set(name.as_str(), t.shallow_clone())?;
+    }
+    let out = td.index(idx)?;
+    let mut res = Vec::with_capacity(tensors.len());
+    for name in &names {
+        res.push(out.get_or_err(name.as_str())?.shallow_clone());
+    }
+    Ok((out.batch_size().to_vec(), res))
+}
+
+/// A zero-filled (or one-filled) tensor of shape `[*batch, *shape]`.
+pub(crate) fn filled(
+    batch: &[i64],
+    shape: &[i64],
+    kind: Kind,
+    device: Device,
+    one: bool,
+) -> Result<Tensor> {
+    check_shape("zero", batch)?;
+    let full = concat(batch, shape);
+    Ok(if one {
+        Tensor::f_ones(full.as_slice(), (kind, device))?
+    } else {
+        Tensor::f_zeros(full.as_slice(), (kind, device))?
+    })
+}
+
+/// The reason a value fails the dtype or the shape rule, if it does.
+pub(crate) fn dtype_shape_violation(
+    spec_shape: &[i64],
+    kind: Option<Kind>,
+    value: &Tensor,
+) -> Option<String> {
+    let vshape = value.size();
+    if let Some(kind) = kind {
+        if value.kind() != kind {
+            return Some(format!(
+                "dtype mismatch: the value has dtype {:?} (shape {}), the spec expects {kind:?}",
+                value.kind(),
+                ShapeFmt(&vshape)
+            ));
+        }
+    }
+    if !shape_fits(spec_shape, &vshape) {
+        return Some(format!(
+            "shape mismatch: the value has shape {} which does not fit the spec shape {} (the \
+             value's trailing dims must equal the spec's, spec dims of size 1 broadcast, extra \
+             leading batch dims are allowed)",
+            ShapeFmt(&vshape),
+            ShapeFmt(spec_shape)
+        ));
+    }
+    None
+}
+
+/// `(value == 0) | (value == 1)` everywhere.
+pub(crate) fn all_binary(value: &Tensor) -> Result<bool> {
+    all_true(&value.f_eq(0)?.f_logical_or(&value.f_eq(1)?)?)
+}
+
+/// True when every element of a bool tensor is true.
+pub(crate) fn all_true(t: &Tensor) -> Result<bool> {
+    let all = t.f_all()?;
+    Ok(i64::try_from(&all)? != 0)
+}
+
+/// Min and max of a tensor (as f64), `None` when empty.
+pub(crate) fn min_max(t: &Tensor) -> Result<Option<(f64, f64)>> {
+    if t.numel() == 0 {
+        return Ok(None);
+    }
+    let d = t.f_to_kind(Kind::Double)?;
+    Ok(Some((
+        f64::try_from(&d.f_min()?)?,
+        f64::try_from(&d.f_max()?)?,
+    )))
+}
+
+/// Formats a scalar of a spec's kind: integers without a decimal point, floats at their own
+/// precision (`0.1` for a float32 0.1).
+pub(crate) fn fmt_scalar(v: f64, kind: Kind) -> String {
+    match kind {
+        Kind::Float | Kind::Half | Kind::BFloat16 => format!("{}", v as f32),
+        _ => format!("{v}"),
+    }
+}
+
+/// Formats a bound tensor: one number when uniform, a list when short, else its range.
+pub(crate) fn fmt_bound(t: &Tensor) -> String {
+    let kind = t.kind();
+    let values = match crate::rng::read::<f64>(t) {
+        Ok(v) => v,
+        Err(_) => return "?".into(),
+    };
+    match values.split_first() {
+        None => "[]".into(),
+        Some((first, rest)) if rest.iter().all(|v| v == first) => fmt_scalar(*first, kind),
+        Some(_) if values.len() <= 6 => {
+            let inner: Vec<String> = values.iter().map(|v| fmt_scalar(*v, kind)).collect();
+            format!("[{}]", inner.join(", "))
+        }
+        Some(_) => {
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("[{}..{}]", fmt_scalar(lo, kind), fmt_scalar(hi, kind))
+        }
+    }
+}
+
+/// Unravels a flat row-major index into a multi-index for `shape`.
+pub(crate) fn unravel(mut flat: usize, shape: &[i64]) -> Vec<i64> {
+    let mut out = vec![0; shape.len()];
+    for (o, d) in out.iter_mut().zip(shape).rev() {
+        let d = (*d).max(1) as usize;
+        *o = (flat % d) as i64;
+        flat /= d;
+    }
+    out
+}
+
+/// Tensor equality for optional tensors (same shape, same values; `None == None`).
+pub(crate) fn opt_tensor_eq(a: Option<&Tensor>, b: Option<&Tensor>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => tensor_eq(a, b),
+        _ => false,
+    }
+}
+
+/// Same kind, shape and values (devices may differ).
+pub(crate) fn tensor_eq(a: &Tensor, b: &Tensor) -> bool {
+    if a.kind() != b.kind() || a.size() != b.size() {
+        return false;
+    }
+    match b.f_to_device(a.device()) {
+        Ok(b) => a.f_equal(&b).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Moves a tensor to `device` unless it is already there.
+pub(crate) fn to_dev(t: &Tensor, device: Device) -> Result<Tensor> {
+    if t.device() == device {
+        Ok(t.shallow_clone())
+    } else {
+        Ok(t.f_to_device(device)?)
+    }
+}
+
+/// Formats a device for `Display`: nothing for the CPU, `, device=Cuda(0)` otherwise.
+pub(crate) fn fmt_device(device: Device) -> String {
+    match device {
+        Device::Cpu => String::new(),
+        other => format!(", device={other:?}"),
+    }
+}
+
+/// Validates and prepares a class mask: bool, broadcastable to `target` (`[*lead, n]`); a mask
+/// with exactly `n` elements is first reshaped to `[n]` (as TorchRL). Returns the mask expanded
+/// to `target` (contiguous) on `device`.
+pub(crate) fn prepare_mask(
+    op: &'static str,
+    mask: &Tensor,
+    target: &[i64],
+    n: i64,
+    device: Device,
+) -> Result<Tensor> {
+    if mask.kind() != Kind::Bool {
+        return Err(Error::DtypeMismatch {
+            op,
+            key: "<mask>".into(),
+            expected: Kind::Bool,
+            actual: mask.kind(),
+        });
+    }
+    let m = if mask.numel() as i64 == n && mask.size().as_slice() != [n] && mask.dim() <= 1 {
+        mask.f_reshape([n])?
+    } else {
+        mask.shallow_clone()
+    };
+    let expanded = m.f_broadcast_to(target).map_err(|_| {
+        Error::invalid(
+            op,
+            format!(
+                "cannot expand the mask of shape {} to the spec's mask shape {}",
+                ShapeFmt(&mask.size()),
+                ShapeFmt(target)
+            ),
+        )
+    })?;
+    to_dev(&expanded.f_contiguous()?, device)
+}
+
+/// The `(count, first offending flat index)` of false entries in a bool tensor.
+pub(crate) fn first_false(ok: &Tensor) -> Result<(usize, Option<usize>)> {
+    let v = crate::rng::read::<bool>(ok)?;
+    let count = v.iter().filter(|b| !**b).count();
+    Ok((count, v.iter().position(|b| !*b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_rule() {
+        assert!(shape_fits(&[2], &[2]));
+        assert!(shape_fits(&[2], &[4, 2]));
+        assert!(shape_fits(&[1], &[3]));
+        assert!(shape_fits(&[], &[5]));
+        assert!(!shape_fits(&[2], &[3]));
+        assert!(!shape_fits(&[2, 2], &[2]));
+        assert!(!shape_fits(&[3], &[1]));
+    }
+
+    #[test]
+    fn expand_rule() {
+        assert!(check_expand("Unbounded", &[2], &[3, 2]).is_ok());
+        assert!(check_expand("Unbounded", &[1, 2], &[3, 2]).is_ok());
+        let err = check_expand("Unbounded", &[2], &[3, 4]).unwrap_err();
+        assert!(err.to_string().contains("(3, 4)"), "{err}");
+        assert!(err.to_string().contains("[2]"), "{err}");
+        assert!(check_expand("Unbounded", &[2, 2], &[2]).is_err());
+    }
+
+    #[test]
+    fn squeeze_rules() {
+        assert_eq!(squeezed(&[2, 1], None).unwrap().map(|s| s.0), Some(vec![2]));
+        assert_eq!(squeezed(&[1], None).unwrap(), None);
+        assert_eq!(squeezed(&[2, 1], Some(0)).unwrap(), None);
+        assert_eq!(
+            squeezed(&[1, 2, 1], Some(-1)).unwrap().map(|s| s.0),
+            Some(vec![1, 2])
+        );
+        assert!(squeezed(&[2], Some(3)).is_err());
+        assert_eq!(unsqueezed(&[2], -1).unwrap(), (vec![2, 1], 1));
+        assert_eq!(unsqueezed(&[2], 0).unwrap(), (vec![1, 2], 0));
+        assert!(unsqueezed(&[2], 3).is_err());
+        assert!(unsqueezed_protected("OneHot", &[4], -1).is_err());
+        assert!(squeezed_protected("OneHot", &[1], Some(0)).is_err());
+        assert_eq!(
+            squeezed_protected("OneHot", &[1, 1], None)
+                .unwrap()
+                .map(|s| s.0),
+            Some(vec![1])
+        );
+    }
+
+    #[test]
+    fn unravel_index() {
+        assert_eq!(unravel(5, &[2, 3]), vec![1, 2]);
+        assert_eq!(unravel(0, &[]), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn tuple_format() {
+        assert_eq!(tuple_fmt(&[3, 4]), "(3, 4)");
+        assert_eq!(tuple_fmt(&[3]), "(3,)");
+        assert_eq!(tuple_fmt(&[]), "()");
+    }
+}

@@ -1,0 +1,334 @@
+//! [`MultiCategorical`]: a vector of class indices, entry `i` in `[0, nvec[i])`.
+//!
+//! `MultiCategorical::new(nvec)` has shape `[nvec.len()]` and dtype `Int64`; with a batched
+//! shape the same `nvec` applies to every row (TorchRL's per-row heterogeneous `nvec` and its
+//! masks are not supported). The last dim cannot be indexed, squeezed or unsqueezed.
+//!
+//! ```
+//! use tch::Tensor;
+//! use torchrl::{specs::MultiCategorical, Generator};
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = MultiCategorical::new(vec![3, 4])?;
+//! assert_eq!(spec.shape(), &[2]);
+//! assert!(spec.is_in(&Tensor::from_slice(&[2i64, 3]))?);
+//! assert!(!spec.is_in(&Tensor::from_slice(&[3i64, 3]))?);
+//! let p = spec.project(&Tensor::from_slice(&[5i64, -1]))?;
+//! assert_eq!(Vec::<i64>::try_from(&p)?, vec![2, 0]);
+//! let x = spec.rand(&mut Generator::new(0), &[10])?;
+//! assert!(spec.is_in(&x)?);
+//! assert_eq!(spec.to_one_hot(&x)?.size(), vec![10, 7]);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::common::{self, concat, is_float, lead};
+use super::multi_one_hot::MultiOneHot;
+use super::unbounded::encode_plain;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::{build, Generator};
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// A spec for vectors of class indices with per-entry cardinalities `nvec`.
+#[derive(Clone, PartialEq)]
+pub struct MultiCategorical {
+    pub(crate) nvec: Vec<i64>,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Kind,
+    pub(crate) device: Device,
+}
+
+/// Validates an `nvec` (non-empty, every entry >= 1).
+pub(crate) fn check_nvec(op: &'static str, nvec: &[i64]) -> Result<()> {
+    if nvec.is_empty() || nvec.iter().any(|n| *n < 1) {
+        return Err(Error::invalid(
+            op,
+            format!("nvec must be non-empty with every entry >= 1, got {nvec:?}"),
+        ));
+    }
+    Ok(())
+}
+
+impl MultiCategorical {
+    /// Cardinalities `nvec`: shape `[nvec.len()]`, dtype `Int64`, on the CPU.
+    pub fn new(nvec: Vec<i64>) -> Result<Self> {
+        check_nvec("MultiCategorical::new", &nvec)?;
+        Ok(MultiCategorical {
+            shape: vec![nvec.len() as i64],
+            nvec,
+            dtype: Kind::Int64,
+            device: Device::Cpu,
+        })
+    }
+
+    /// Sets the shape, whose last dim must be `nvec.len()`.
+    pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
+        let op = "MultiCategorical::with_shape";
+        let shape = shape.as_ref();
+        common::check_shape(op, shape)?;
+        if shape.last() != Some(&(self.nvec.len() as i64)) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "The last value of the shape must match len(nvec)={} for MultiCategorical, got shape={}",
+                    self.nvec.len(),
+                    ShapeFmt(shape)
+                ),
+            ));
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    /// Sets the dtype.
+    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+        common::check_kind("MultiCategorical::with_dtype", dtype)?;
+        self.dtype = dtype;
+        Ok(self)
+    }
+
+    /// Sets the device.
+    pub fn with_device(self, device: Device) -> Result<Self> {
+        self.to_device(device)
+    }
+
+    /// The cardinality of each entry.
+    pub fn nvec(&self) -> &[i64] {
+        &self.nvec
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> Kind {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    fn nvec_tensor(&self, device: Device) -> Result<Tensor> {
+        build(&self.nvec, &[self.nvec.len() as i64], Kind::Int64, device)
+    }
+
+    /// Uniform indices of shape `[*shape, *self.shape]`, entry `i` in `[0, nvec[i])`.
+    pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
+        common::check_shape("rand", shape)?;
+        let full = concat(shape, &self.shape);
+        let rows: i64 = concat(shape, lead(&self.shape)).iter().product();
+        let mut data = Vec::with_capacity((rows as usize) * self.nvec.len());
+        for _ in 0..rows {
+            for n in &self.nvec {
+                data.push(gen.below(*n as u64) as i64);
+            }
+        }
+        build(&data, &full, self.dtype, self.device)
+    }
+
+    /// Zeros of shape `[*shape, *self.shape]`.
+    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    }
+
+    /// Ones of shape `[*shape, *self.shape]`.
+    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, true)
+    }
+
+    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
+            return Ok(Some(r));
+        }
+        if value.numel() == 0 {
+            return Ok(None);
+        }
+        let nv = self.nvec_tensor(value.device())?;
+        let ok = value.f_ge(0)?.f_logical_and(&value.f_lt_tensor(&nv)?)?;
+        if common::all_true(&ok)? {
+            return Ok(None);
+        }
+        let vshape = value.size();
+        let (count, first) = common::first_false(&ok)?;
+        let first = first.unwrap_or(0);
+        let idx = common::unravel(first, &vshape);
+        let col = idx.last().copied().unwrap_or(0) as usize;
+        let v = value.f_reshape([-1])?.f_double_value(&[first as i64])?;
+        let n = self
+            .nvec
+            .get(col)
+            .or(self.nvec.first())
+            .copied()
+            .unwrap_or(0);
+        Ok(Some(format!(
+            "out of range: {count} of {} values outside [0, nvec[i]) for nvec={:?}; first at index \
+             {idx:?} (value shape {}): {} not in [0, {n})",
+            value.numel(),
+            self.nvec,
+            ShapeFmt(&vshape),
+            common::fmt_scalar(v, self.dtype)
+        )))
+    }
+
+    /// True when the dtype matches, the shape fits, and entry `i` is in `[0, nvec[i])`.
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value)?.is_none())
+    }
+
+    /// Like [`MultiCategorical::is_in`] but errors with [`Error::NotInSpec`] saying why.
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value)? {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "check",
+                key: key.to_nested_key().to_string(),
+                spec: self.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps entry
+    /// `i` to `[0, nvec[i] - 1]` and casts to the spec's dtype.
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        if self.violation(value)?.is_none() {
+            return Ok(value.shallow_clone());
+        }
+        if !common::shape_fits(&self.shape, &value.size()) {
+            return Err(Error::NotInSpec {
+                op: "project",
+                key: "<value>".into(),
+                spec: self.to_string(),
+                reason: format!(
+                    "cannot project a value of shape {}: projection does not reshape",
+                    ShapeFmt(&value.size())
+                ),
+            });
+        }
+        let mut v = value.shallow_clone();
+        if is_float(v.kind()) {
+            v = v.f_round()?;
+        }
+        if v.kind() == Kind::Bool {
+            v = v.f_to_kind(Kind::Int64)?;
+        }
+        let maxes: Vec<i64> = self.nvec.iter().map(|n| n - 1).collect();
+        let hi = build(&maxes, &[maxes.len() as i64], v.kind(), v.device())?;
+        let lo = hi.f_zeros_like()?;
+        Ok(v.f_clamp_tensor(Some(&lo), Some(&hi))?
+            .f_to_kind(self.dtype)?)
+    }
+
+    /// A tensor of the spec's dtype and shape holding `values` (no range check).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
+    }
+
+    /// One-hot encodes each entry and concatenates: `[..., k]` → bool `[..., sum(nvec)]`.
+    pub fn to_one_hot(&self, value: &Tensor) -> Result<Tensor> {
+        if value.size().last() != Some(&(self.nvec.len() as i64)) {
+            return Err(Error::invalid(
+                "to_one_hot",
+                format!(
+                    "the value's last dim must be len(nvec)={}, got shape {}",
+                    self.nvec.len(),
+                    ShapeFmt(&value.size())
+                ),
+            ));
+        }
+        let mut parts = Vec::with_capacity(self.nvec.len());
+        for (i, n) in self.nvec.iter().enumerate() {
+            let col = value.f_select(-1, i as i64)?;
+            parts.push(super::categorical::to_one_hot(&col, *n)?);
+        }
+        Ok(Tensor::f_cat(&parts, -1)?)
+    }
+
+    /// The equivalent [`MultiOneHot`] spec (shape `[*shape[..-1], sum(nvec)]`, dtype `Bool`).
+    pub fn to_one_hot_spec(&self) -> MultiOneHot {
+        let total: i64 = self.nvec.iter().sum();
+        MultiOneHot {
+            nvec: self.nvec.clone(),
+            shape: concat(lead(&self.shape), &[total]),
+            dtype: Kind::Bool,
+            device: self.device,
+        }
+    }
+
+    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `len(nvec)`).
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand("MultiCategorical", &self.shape, shape)?;
+        if shape.last() != self.shape.last() {
+            return Err(common::final_dim_error("expand", "MultiCategorical"));
+        }
+        Ok(MultiCategorical {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    /// The spec indexed on its leading dims; the last dim cannot be indexed.
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let (rows, _) = common::index_lead(lead(&self.shape), &[], idx)?;
+        Ok(MultiCategorical {
+            shape: concat(&rows, &[self.nvec.len() as i64]),
+            ..self.clone()
+        })
+    }
+
+    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
+    /// is an error.
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        Ok(
+            match common::squeezed_protected("MultiCategorical", &self.shape, dim)? {
+                None => self.clone(),
+                Some((shape, _)) => MultiCategorical {
+                    shape,
+                    ..self.clone()
+                },
+            },
+        )
+    }
+
+    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, _) = common::unsqueezed_protected("MultiCategorical", &self.shape, dim)?;
+        Ok(MultiCategorical {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// The spec on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        Ok(MultiCategorical {
+            device,
+            ..self.clone()
+        })
+    }
+}
+
+impl fmt::Display for MultiCategorical {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "MultiCategorical(shape={}, dtype={:?}, nvec={:?}{})",
+            ShapeFmt(&self.shape),
+            self.dtype,
+            self.nvec,
+            common::fmt_device(self.device)
+        )
+    }
+}
+
+impl fmt::Debug for MultiCategorical {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

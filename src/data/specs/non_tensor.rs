@@ -1,0 +1,223 @@
+//! [`NonTensor`]: a placeholder for non-tensor data (strings, objects) in a spec tree.
+//!
+//! Our [`TensorDict`](crate::TensorDict) stores tensors only, so this spec is deliberately thin:
+//!
+//! - the default shape is `[1]` (as TorchRL) and there is no dtype unless one is set;
+//! - `is_in` of a tensor checks the shape rule only (and the dtype when one is set): it cannot
+//!   say anything about the data a tensor stands for;
+//! - `rand`, `zero` and `one` all return a zero-filled placeholder tensor of shape
+//!   `[*shape, *self.shape]` and of the spec's dtype (`Uint8` when none is set), so that a
+//!   [`Composite`](super::Composite) sample keeps the key;
+//! - `project` returns values that are in the spec and errors otherwise; `encode` errors.
+//!
+//! ```
+//! use tch::{Device, Kind, Tensor};
+//! use torchrl::{specs::NonTensor, Generator};
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = NonTensor::new();
+//! assert_eq!(spec.shape(), &[1]);
+//! assert_eq!(spec.dtype(), None);
+//! let x = spec.rand(&mut Generator::new(0), &[4])?;
+//! assert_eq!((x.size(), x.kind()), (vec![4, 1], Kind::Uint8));
+//! assert!(spec.is_in(&Tensor::zeros([4, 1], (Kind::Float, Device::Cpu)))?);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::common;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::Generator;
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// A spec standing for non-tensor data.
+#[derive(Clone, PartialEq)]
+pub struct NonTensor {
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Option<Kind>,
+    pub(crate) device: Device,
+}
+
+impl Default for NonTensor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NonTensor {
+    /// Shape `[1]`, no dtype, on the CPU.
+    pub fn new() -> Self {
+        NonTensor {
+            shape: vec![1],
+            dtype: None,
+            device: Device::Cpu,
+        }
+    }
+
+    /// Sets the shape.
+    pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
+        common::check_shape("NonTensor::with_shape", shape.as_ref())?;
+        self.shape = shape.as_ref().to_vec();
+        Ok(self)
+    }
+
+    /// Sets a dtype: `is_in` then checks it, and placeholders use it.
+    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+        common::check_kind("NonTensor::with_dtype", dtype)?;
+        self.dtype = Some(dtype);
+        Ok(self)
+    }
+
+    /// Sets the device.
+    pub fn with_device(self, device: Device) -> Result<Self> {
+        self.to_device(device)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype, if one was set.
+    pub fn dtype(&self) -> Option<Kind> {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    fn placeholder(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(
+            shape,
+            &self.shape,
+            self.dtype.unwrap_or(Kind::Uint8),
+            self.device,
+            false,
+        )
+    }
+
+    /// A zero placeholder of shape `[*shape, *self.shape]` (no generator draws).
+    pub fn rand(&self, _gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
+        self.placeholder(shape)
+    }
+
+    /// A zero placeholder of shape `[*shape, *self.shape]`.
+    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        self.placeholder(shape)
+    }
+
+    /// A zero placeholder of shape `[*shape, *self.shape]` (the same as [`NonTensor::zero`]).
+    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        self.placeholder(shape)
+    }
+
+    pub(crate) fn violation(&self, value: &Tensor) -> Option<String> {
+        common::dtype_shape_violation(&self.shape, self.dtype, value)
+    }
+
+    /// True when the shape fits (and the dtype matches, when one is set).
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value).is_none())
+    }
+
+    /// Like [`NonTensor::is_in`] but errors with [`Error::NotInSpec`] saying why.
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value) {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "check",
+                key: key.to_nested_key().to_string(),
+                spec: self.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Returns a value that is in the spec; errors otherwise (non-tensor data cannot be
+    /// projected).
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        match self.violation(value) {
+            None => Ok(value.shallow_clone()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "project",
+                key: "<value>".into(),
+                spec: self.to_string(),
+                reason: format!("cannot project onto a NonTensor spec: {reason}"),
+            }),
+        }
+    }
+
+    /// Always an error: a NonTensor spec has no numeric encoding.
+    pub fn encode(&self, _values: &[f64]) -> Result<Tensor> {
+        Err(Error::invalid(
+            "encode",
+            "a NonTensor spec describes non-tensor data and cannot encode numbers",
+        ))
+    }
+
+    /// The spec expanded to `shape` (trailing-dims rule).
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand("NonTensor", &self.shape, shape)?;
+        Ok(NonTensor {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    /// The spec indexed on its dims.
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let (shape, _) = common::index_lead(&self.shape, &[], idx)?;
+        Ok(NonTensor {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        Ok(match common::squeezed(&self.shape, dim)? {
+            None => self.clone(),
+            Some((shape, _)) => NonTensor {
+                shape,
+                ..self.clone()
+            },
+        })
+    }
+
+    /// Inserts a dim of size 1 at `dim`.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, _) = common::unsqueezed(&self.shape, dim)?;
+        Ok(NonTensor {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// The spec on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        Ok(NonTensor {
+            device,
+            ..self.clone()
+        })
+    }
+}
+
+impl fmt::Display for NonTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NonTensor(shape={}", ShapeFmt(&self.shape))?;
+        if let Some(k) = self.dtype {
+            write!(f, ", dtype={k:?}")?;
+        }
+        write!(f, "{})", common::fmt_device(self.device))
+    }
+}
+
+impl fmt::Debug for NonTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

@@ -1,0 +1,445 @@
+//! [`OneHot`]: one-hot encoded classes along the last dim, which must equal `n`.
+//!
+//! The default shape is `[n]` and the default dtype `Bool`. The last dim holds the categories:
+//! it cannot be indexed, squeezed or unsqueezed. An optional bool mask of the spec's shape
+//! restricts which classes `rand` draws and `is_in` accepts.
+//!
+//! ```
+//! use tch::Tensor;
+//! use torchrl::{specs::OneHot, Generator};
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = OneHot::new(3)?;
+//! let x = spec.encode(&[2.0])?;
+//! assert_eq!(Vec::<bool>::try_from(&x)?, vec![false, false, true]);
+//! assert!(spec.is_in(&x)?);
+//! assert_eq!(i64::try_from(&spec.to_categorical(&x)?)?, 2);
+//! assert!(!spec.is_in(&Tensor::from_slice(&[true, true, false]))?);
+//! let r = spec.rand(&mut Generator::new(1), &[4])?;
+//! assert_eq!(r.size(), vec![4, 3]);
+//! assert!(OneHot::new(4)?.with_shape([3]).is_err(), "the last dim must be n");
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::categorical::Categorical;
+use super::common::{self, concat, lead, to_dev};
+use crate::error::{ensure, Error, Result, ShapeFmt};
+use crate::rng::{build, Generator};
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// A spec for one-hot encoded classes.
+pub struct OneHot {
+    pub(crate) n: i64,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Kind,
+    pub(crate) device: Device,
+    /// Allowed classes, of the spec's shape, on `device`.
+    pub(crate) mask: Option<Tensor>,
+}
+
+impl Clone for OneHot {
+    /// Shallow: the mask tensor is shared (specs never modify it in place).
+    fn clone(&self) -> Self {
+        OneHot {
+            n: self.n,
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            device: self.device,
+            mask: self.mask.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+}
+
+impl PartialEq for OneHot {
+    fn eq(&self, other: &Self) -> bool {
+        self.n == other.n
+            && self.shape == other.shape
+            && self.dtype == other.dtype
+            && self.device == other.device
+            && common::opt_tensor_eq(self.mask.as_ref(), other.mask.as_ref())
+    }
+}
+
+/// The reason a value is not one-hot along its last dim (values in {0, 1}, one 1 per row).
+pub(crate) fn one_hot_violation(value: &Tensor, what: &str) -> Result<Option<String>> {
+    if value.numel() == 0 {
+        return Ok(None);
+    }
+    if !common::all_binary(value)? {
+        let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
+        return Ok(Some(format!(
+            "not {what}: values must be 0 or 1, got values in [{lo}, {hi}]"
+        )));
+    }
+    let sums = value.f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?;
+    let ok = sums.f_eq(1)?;
+    if !common::all_true(&ok)? {
+        let (count, first) = common::first_false(&ok)?;
+        let first = first.unwrap_or(0);
+        let s = sums.f_reshape([-1])?.f_int64_value(&[first as i64])?;
+        return Ok(Some(format!(
+            "not {what}: {count} of {} rows do not have exactly one 1 along the last dim; first at \
+             index {:?} (value shape {}) has {s}",
+            sums.numel(),
+            common::unravel(first, &sums.size()),
+            ShapeFmt(&value.size())
+        )));
+    }
+    Ok(None)
+}
+
+/// Argmax one-hot projection of scores along the last dim, restricted to `mask`.
+pub(crate) fn project_one_hot(
+    value: &Tensor,
+    n: i64,
+    mask: Option<&Tensor>,
+    kind: Kind,
+) -> Result<Tensor> {
+    let mut scores = value.f_to_kind(Kind::Double)?;
+    if let Some(m) = mask {
+        let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
+        let rows_ok = m
+            .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?
+            .f_ge(1)?;
+        if !common::all_true(&rows_ok)? {
+            return Err(Error::invalid(
+                "project",
+                "the mask allows no class in some row: cannot project",
+            ));
+        }
+        scores = scores.f_masked_fill(&m.f_logical_not()?, f64::NEG_INFINITY)?;
+    }
+    Ok(scores.f_argmax(-1, false)?.f_one_hot(n)?.f_to_kind(kind)?)
+}
+
+/// Class indices from `values` (integral, in `[0, n)`), or an error.
+pub(crate) fn class_indices(op: &'static str, values: &[f64], n: i64) -> Result<Vec<i64>> {
+    values
+        .iter()
+        .map(|v| {
+            if v.fract() == 0.0 && *v >= 0.0 && *v < n as f64 {
+                Ok(*v as i64)
+            } else {
+                Err(Error::invalid(
+                    op,
+                    format!("value {v} is not a class index in [0, {n})"),
+                ))
+            }
+        })
+        .collect()
+}
+
+impl OneHot {
+    /// `n` classes, shape `[n]`, dtype `Bool`, on the CPU, no mask. Errors when `n < 1`.
+    pub fn new(n: i64) -> Result<Self> {
+        ensure!(n >= 1, "OneHot::new", "n must be >= 1, got {n}");
+        Ok(OneHot {
+            n,
+            shape: vec![n],
+            dtype: Kind::Bool,
+            device: Device::Cpu,
+            mask: None,
+        })
+    }
+
+    /// Sets the shape, whose last dim must be `n` (a mask is re-expanded to it).
+    pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
+        let op = "OneHot::with_shape";
+        let shape = shape.as_ref();
+        common::check_shape(op, shape)?;
+        if shape.last() != Some(&self.n) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "The last value of the shape must match n for OneHot. Got n={} and shape={}.",
+                    self.n,
+                    ShapeFmt(shape)
+                ),
+            ));
+        }
+        self.shape = shape.to_vec();
+        if let Some(m) = self.mask.take() {
+            self.mask = Some(common::prepare_mask(op, &m, shape, self.n, self.device)?);
+        }
+        Ok(self)
+    }
+
+    /// Sets the dtype.
+    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+        common::check_kind("OneHot::with_dtype", dtype)?;
+        self.dtype = dtype;
+        Ok(self)
+    }
+
+    /// Sets the device (the mask moves too).
+    pub fn with_device(self, device: Device) -> Result<Self> {
+        self.to_device(device)
+    }
+
+    /// Sets the mask (see [`OneHot::update_mask`]).
+    pub fn with_mask(mut self, mask: Tensor) -> Result<Self> {
+        self.update_mask(Some(mask))?;
+        Ok(self)
+    }
+
+    /// Sets (`Some`) or clears (`None`) the mask: a bool tensor that broadcasts to the spec's
+    /// shape, `false` excluding a class. On error the spec is unchanged.
+    pub fn update_mask(&mut self, mask: Option<Tensor>) -> Result<()> {
+        self.mask = match mask {
+            None => None,
+            Some(m) => Some(common::prepare_mask(
+                "OneHot::update_mask",
+                &m,
+                &self.shape,
+                self.n,
+                self.device,
+            )?),
+        };
+        Ok(())
+    }
+
+    /// The number of classes (the last dim).
+    pub fn n(&self) -> i64 {
+        self.n
+    }
+
+    /// The mask, expanded to the spec's shape, if any.
+    pub fn mask(&self) -> Option<&Tensor> {
+        self.mask.as_ref()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> Kind {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
+    /// masked. Errors when a mask row allows no class.
+    pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
+        let rows = concat(shape, lead(&self.shape));
+        let idx = gen.sample_categorical(&rows, self.n, self.mask.as_ref(), self.device)?;
+        Ok(idx.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
+    }
+
+    /// Zeros (all `false`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
+    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    }
+
+    /// Ones (all `true`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
+    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, true)
+    }
+
+    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
+            return Ok(Some(r));
+        }
+        if let Some(r) = one_hot_violation(value, "one-hot")? {
+            return Ok(Some(r));
+        }
+        if let (Some(m), true) = (&self.mask, value.numel() > 0) {
+            let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
+            let hot_allowed = value
+                .f_ne(0)?
+                .f_logical_and(&m)?
+                .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?
+                .f_eq(1)?;
+            if !common::all_true(&hot_allowed)? {
+                let (count, first) = common::first_false(&hot_allowed)?;
+                return Ok(Some(format!(
+                    "masked class: {count} rows select a class the mask forbids; first at index {:?}",
+                    common::unravel(first.unwrap_or(0), &hot_allowed.size())
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// True when the dtype matches, the shape fits, every row along the last dim is one-hot,
+    /// and the mask allows the hot class.
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value)?.is_none())
+    }
+
+    /// Like [`OneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value)? {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "check",
+                key: key.to_nested_key().to_string(),
+                spec: self.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
+    /// of each row among the allowed classes (TorchRL samples with `multinomial` instead).
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        if self.violation(value)?.is_none() {
+            return Ok(value.shallow_clone());
+        }
+        if !common::shape_fits(&self.shape, &value.size()) {
+            return Err(Error::NotInSpec {
+                op: "project",
+                key: "<value>".into(),
+                spec: self.to_string(),
+                reason: format!(
+                    "cannot project a value of shape {}: projection does not reshape",
+                    ShapeFmt(&value.size())
+                ),
+            });
+        }
+        project_one_hot(value, self.n, self.mask.as_ref(), self.dtype)
+    }
+
+    /// One-hot encodes class indices: one value per row (`shape[..-1]` elements), e.g.
+    /// `encode(&[2.0])` on `n = 3` gives `[false, false, true]`. Errors on values that are not
+    /// class indices.
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        let rows = lead(&self.shape);
+        let count: i64 = rows.iter().product();
+        if values.len() as i64 != count {
+            return Err(Error::invalid(
+                "encode",
+                format!(
+                    "Shape mismatch: {} class indices given, the spec of shape {} needs {count}",
+                    values.len(),
+                    ShapeFmt(&self.shape)
+                ),
+            ));
+        }
+        let idx = class_indices("encode", values, self.n)?;
+        let t = build(&idx, rows, Kind::Int64, self.device)?;
+        Ok(t.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
+    }
+
+    /// Class indices (int64, the last dim removed) from one-hot values (argmax).
+    pub fn to_categorical(&self, value: &Tensor) -> Result<Tensor> {
+        if value.size().last() != Some(&self.n) {
+            return Err(Error::invalid(
+                "to_categorical",
+                format!(
+                    "the value's last dim must be n={}, got shape {}",
+                    self.n,
+                    ShapeFmt(&value.size())
+                ),
+            ));
+        }
+        Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)
+    }
+
+    /// The equivalent [`Categorical`] spec: shape `shape[..-1]`, dtype `Int64`, same mask.
+    pub fn to_categorical_spec(&self) -> Categorical {
+        Categorical {
+            n: self.n,
+            shape: lead(&self.shape).to_vec(),
+            dtype: Kind::Int64,
+            device: self.device,
+            mask: self.mask.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+
+    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand("OneHot", &self.shape, shape)?;
+        if shape.last() != Some(&self.n) {
+            return Err(common::final_dim_error("expand", "OneHot"));
+        }
+        let mask = match &self.mask {
+            None => None,
+            Some(m) => Some(m.f_expand(shape, false)?.f_contiguous()?),
+        };
+        Ok(OneHot {
+            shape: shape.to_vec(),
+            mask,
+            ..self.clone()
+        })
+    }
+
+    /// The spec indexed on its leading dims; the last dim cannot be indexed.
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let tensors: Vec<&Tensor> = self.mask.iter().collect();
+        let (rows, mut t) = common::index_lead(lead(&self.shape), &tensors, idx)?;
+        Ok(OneHot {
+            shape: concat(&rows, &[self.n]),
+            mask: t.pop(),
+            ..self.clone()
+        })
+    }
+
+    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
+    /// is an error.
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        match common::squeezed_protected("OneHot", &self.shape, dim)? {
+            None => Ok(self.clone()),
+            Some((shape, _)) => self.reshaped(shape),
+        }
+    }
+
+    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, _) = common::unsqueezed_protected("OneHot", &self.shape, dim)?;
+        self.reshaped(shape)
+    }
+
+    fn reshaped(&self, shape: Vec<i64>) -> Result<Self> {
+        let mask = match &self.mask {
+            None => None,
+            Some(m) => Some(m.f_reshape(shape.as_slice())?),
+        };
+        Ok(OneHot {
+            shape,
+            mask,
+            ..self.clone()
+        })
+    }
+
+    /// The spec (and its mask) on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        let mask = match &self.mask {
+            None => None,
+            Some(m) => Some(to_dev(m, device)?),
+        };
+        Ok(OneHot {
+            device,
+            mask,
+            ..self.clone()
+        })
+    }
+}
+
+impl fmt::Display for OneHot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "OneHot(shape={}, dtype={:?}, n={}{}{})",
+            ShapeFmt(&self.shape),
+            self.dtype,
+            self.n,
+            if self.mask.is_some() { ", masked" } else { "" },
+            common::fmt_device(self.device)
+        )
+    }
+}
+
+impl fmt::Debug for OneHot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

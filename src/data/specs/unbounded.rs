@@ -1,0 +1,264 @@
+//! [`Unbounded`]: any value of the right dtype and shape.
+//!
+//! The default shape is `[1]` (not `[]`) and the default dtype `Float`, as in TorchRL. A floating
+//! dtype makes it continuous (`rand` draws standard normals); an integer or bool dtype makes it
+//! discrete (`rand` draws uniformly over `[0, max]` of the dtype, like `torch.random_()`).
+//! `is_in` checks the dtype and the shape rule only, never the values.
+//!
+//! ```
+//! use tch::Kind;
+//! use torchrl::{specs::Unbounded, Generator};
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = Unbounded::new().with_shape([3])?;
+//! assert_eq!(spec.shape(), &[3]);
+//! assert!(!spec.is_discrete());
+//! let x = spec.rand(&mut Generator::new(0), &[2])?;
+//! assert_eq!(x.size(), vec![2, 3]);
+//! assert!(spec.is_in(&x)?);
+//! assert!(!spec.is_in(&x.to_kind(Kind::Double))?, "dtype differs");
+//! assert!(Unbounded::new().with_dtype(Kind::Int64)?.is_discrete());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::common::{self, concat, is_float};
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::{build, Generator};
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// A spec for values with no bounds beyond their dtype.
+#[derive(Clone, PartialEq)]
+pub struct Unbounded {
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: Kind,
+    pub(crate) device: Device,
+}
+
+impl Default for Unbounded {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Unbounded {
+    /// Shape `[1]`, dtype `Float`, on the CPU.
+    pub fn new() -> Self {
+        Unbounded {
+            shape: vec![1],
+            dtype: Kind::Float,
+            device: Device::Cpu,
+        }
+    }
+
+    /// Sets the shape (errors on a negative dim).
+    pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
+        common::check_shape("Unbounded::with_shape", shape.as_ref())?;
+        self.shape = shape.as_ref().to_vec();
+        Ok(self)
+    }
+
+    /// Sets the dtype (errors on complex or quantized kinds).
+    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+        common::check_kind("Unbounded::with_dtype", dtype)?;
+        self.dtype = dtype;
+        Ok(self)
+    }
+
+    /// Sets the device.
+    pub fn with_device(mut self, device: Device) -> Result<Self> {
+        self.device = device;
+        Ok(self)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> Kind {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// True for integer and bool dtypes (`UnboundedDiscrete` in TorchRL).
+    pub fn is_discrete(&self) -> bool {
+        !is_float(self.dtype)
+    }
+
+    /// A random value of shape `[*shape, *self.shape]`: standard normal for floats, uniform over
+    /// `[0, max]` of the dtype for integers, `{false, true}` for bool.
+    pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
+        let full = concat(shape, &self.shape);
+        let (kind, device) = (self.dtype, self.device);
+        match kind {
+            k if is_float(k) => gen.normal(&full, 0.0, 1.0, k, device),
+            Kind::Bool => gen.randint(&full, 0, 2, kind, device),
+            Kind::Int64 => {
+                common::check_shape("rand", &full)?;
+                let n: i64 = full.iter().product();
+                let data: Vec<i64> = (0..n).map(|_| (gen.next_u64() >> 1) as i64).collect();
+                build(&data, &full, kind, device)
+            }
+            _ => {
+                let max = match kind {
+                    Kind::Uint8 => i64::from(u8::MAX),
+                    Kind::Int8 => i64::from(i8::MAX),
+                    Kind::Int16 => i64::from(i16::MAX),
+                    _ => i64::from(i32::MAX),
+                };
+                gen.randint(&full, 0, max + 1, kind, device)
+            }
+        }
+    }
+
+    /// Zeros of shape `[*shape, *self.shape]`.
+    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    }
+
+    /// Ones (`true` for bool) of shape `[*shape, *self.shape]`.
+    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        common::filled(shape, &self.shape, self.dtype, self.device, true)
+    }
+
+    pub(crate) fn violation(&self, value: &Tensor) -> Option<String> {
+        common::dtype_shape_violation(&self.shape, Some(self.dtype), value)
+    }
+
+    /// True when the dtype matches and the shape fits (values are not checked).
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value).is_none())
+    }
+
+    /// Like [`Unbounded::is_in`] but errors with [`Error::NotInSpec`] saying why.
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value) {
+            None => Ok(()),
+            Some(reason) => Err(Error::NotInSpec {
+                op: "check",
+                key: key.to_nested_key().to_string(),
+                spec: self.to_string(),
+                reason,
+            }),
+        }
+    }
+
+    /// Returns the value cast to the spec's dtype when it is not in the spec. The shape must
+    /// fit: projection never reshapes.
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        if self.violation(value).is_none() {
+            return Ok(value.shallow_clone());
+        }
+        if !common::shape_fits(&self.shape, &value.size()) {
+            return Err(Error::NotInSpec {
+                op: "project",
+                key: "<value>".into(),
+                spec: self.to_string(),
+                reason: format!(
+                    "cannot project a value of shape {}: projection does not reshape",
+                    ShapeFmt(&value.size())
+                ),
+            });
+        }
+        Ok(value.f_to_kind(self.dtype)?)
+    }
+
+    /// A tensor of the spec's dtype and shape holding `values` (row-major; their count must be
+    /// the spec's number of elements). Values are not checked.
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
+    }
+
+    /// The spec expanded to `shape` (TorchRL's trailing-dims rule).
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand("Unbounded", &self.shape, shape)?;
+        Ok(Unbounded {
+            shape: shape.to_vec(),
+            ..self.clone()
+        })
+    }
+
+    /// The spec indexed on its dims, like a tensor of its shape.
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let (shape, _) = common::index_lead(&self.shape, &[], idx)?;
+        Ok(Unbounded {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        Ok(match common::squeezed(&self.shape, dim)? {
+            None => self.clone(),
+            Some((shape, _)) => Unbounded {
+                shape,
+                ..self.clone()
+            },
+        })
+    }
+
+    /// Inserts a dim of size 1 at `dim`.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, _) = common::unsqueezed(&self.shape, dim)?;
+        Ok(Unbounded {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// The spec on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        Ok(Unbounded {
+            device,
+            ..self.clone()
+        })
+    }
+}
+
+/// Builds `values` into a tensor of `shape` (no range check).
+pub(crate) fn encode_plain(
+    shape: &[i64],
+    kind: Kind,
+    device: Device,
+    values: &[f64],
+) -> Result<Tensor> {
+    let n: i64 = shape.iter().product();
+    if values.len() as i64 != n {
+        return Err(Error::invalid(
+            "encode",
+            format!(
+                "Shape mismatch: the value has shape [{}] which is incompatible with the spec shape {}",
+                values.len(),
+                ShapeFmt(shape)
+            ),
+        ));
+    }
+    build(values, shape, kind, device)
+}
+
+impl fmt::Display for Unbounded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Unbounded(shape={}, dtype={:?}{})",
+            ShapeFmt(&self.shape),
+            self.dtype,
+            common::fmt_device(self.device)
+        )
+    }
+}
+
+impl fmt::Debug for Unbounded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
