@@ -23,11 +23,13 @@
 #![warn(missing_docs)]
 
 pub mod data;
+pub mod envs;
 pub mod error;
 pub mod rng;
 pub mod tensordict;
 
 pub use data::specs;
+pub use envs::{check_env_specs, EnvBase, RolloutConfig, TransformedEnv};
 pub use error::{Error, Result};
 pub use rng::Generator;
 pub use tch;
@@ -36,6 +38,8 @@ pub use tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict
 /// The most used items, for `use torchrl::prelude::*`.
 pub mod prelude {
     pub use crate::data::specs::*;
+    pub use crate::envs::transforms::{Compose, Transform, TransformedEnv};
+    pub use crate::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
     pub use crate::error::{Error, Result};
     pub use crate::rng::Generator;
     pub use crate::tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};

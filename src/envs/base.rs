@@ -1,0 +1,592 @@
+//! The `EnvBase` trait: implementors provide specs and two methods that return fresh data;
+//! everything else (reset with partial-reset masks, step, rollout, random actions, seeding,
+//! key lists, fake data) is provided with TorchRL's semantics.
+//!
+//! ```
+//! use tch::{Device, Kind, Tensor};
+//! use torchrl::envs::{EnvBase, EnvCore, EnvSpecs, RolloutConfig};
+//! use torchrl::specs::{Bounded, Unbounded};
+//! use torchrl::TensorDict;
+//!
+//! /// Counts up by one per step; done after 5 steps.
+//! struct Counter { core: EnvCore, count: f32 }
+//!
+//! impl EnvBase for Counter {
+//!     fn core(&self) -> &EnvCore { &self.core }
+//!     fn core_mut(&mut self) -> &mut EnvCore { &mut self.core }
+//!     fn reset_impl(&mut self, _td: Option<&TensorDict>) -> torchrl::Result<TensorDict> {
+//!         self.count = 0.0;
+//!         TensorDict::new([])?.with("observation", Tensor::from_slice(&[0.0f32]))
+//!     }
+//!     fn step_impl(&mut self, _td: &TensorDict) -> torchrl::Result<TensorDict> {
+//!         self.count += 1.0;
+//!         TensorDict::new([])?
+//!             .with("observation", Tensor::from_slice(&[self.count]))?
+//!             .with("reward", Tensor::from_slice(&[1.0f32]))?
+//!             .with("done", Tensor::from_slice(&[self.count >= 5.0]))
+//!     }
+//! }
+//!
+//! # fn main() -> torchrl::Result<()> {
+//! let specs = EnvSpecs::new([])?
+//!     .with_observation("observation", Unbounded::new())?
+//!     .with_action("action", Bounded::new(-1.0, 1.0, [1])?)?
+//!     .with_reward("reward", Unbounded::new())?;
+//! let mut env = Counter { core: EnvCore::new(specs)?, count: 0.0 };
+//! let traj = env.rollout(10, None, &RolloutConfig::default())?;
+//! assert_eq!(traj.batch_size(), &[5]); // stopped when done
+//! let obs = traj.get_or_err(("next", "observation"))?;
+//! assert_eq!(obs.double_value(&[4, 0]), 5.0);
+//! # Ok(()) }
+//! ```
+
+use tch::{Device, Kind, Tensor};
+
+use super::utils::{any_of, complete_done, reshape_rewards, step_mdp, StepMdpOptions};
+use super::EnvSpecs;
+use crate::error::{Error, Result};
+use crate::rng::Generator;
+use crate::tensordict::{stack, NestedKey, TensorDict};
+
+/// The state every environment carries: its (finalized, locked) specs, a seedable generator
+/// for random actions and initial states, and flags. Embed one in your env and return it from
+/// [`EnvBase::core`] / [`EnvBase::core_mut`].
+#[derive(Clone, Debug)]
+pub struct EnvCore {
+    specs: EnvSpecs,
+    /// The env's random number generator (reseeded by [`EnvBase::set_seed`]).
+    pub generator: Generator,
+    /// Allow `done` to be true right after a reset (default false: an error).
+    pub allow_done_after_reset: bool,
+}
+
+impl EnvCore {
+    /// Finalizes `specs` (done completion, validation, locking) and seeds the generator with 0.
+    pub fn new(specs: EnvSpecs) -> Result<Self> {
+        Ok(EnvCore {
+            specs: specs.finalize()?,
+            generator: Generator::new(0),
+            allow_done_after_reset: false,
+        })
+    }
+
+    /// The env's specs.
+    pub fn specs(&self) -> &EnvSpecs {
+        &self.specs
+    }
+
+    /// Replaces the specs (finalized again). For envs whose specs change over time.
+    pub fn set_specs(&mut self, specs: EnvSpecs) -> Result<()> {
+        self.specs = specs.finalize()?;
+        Ok(())
+    }
+
+    pub(crate) fn new_unfinalized(specs: EnvSpecs) -> Self {
+        EnvCore {
+            specs,
+            generator: Generator::new(0),
+            allow_done_after_reset: false,
+        }
+    }
+
+    pub(crate) fn replace_specs(&mut self, specs: EnvSpecs) {
+        self.specs = specs;
+    }
+}
+
+/// How [`EnvBase::rollout`] runs.
+#[derive(Debug, Default)]
+pub struct RolloutConfig {
+    /// Stop after the first step where any done flag is set (default when neither break flag
+    /// is set: true, see [`RolloutConfig::breaks`]).
+    pub break_when_any_done: Option<bool>,
+    /// Stop once every batch element has been done at least once in a row of steps (partial
+    /// resets keep the others going). Mutually exclusive with `break_when_any_done = true`.
+    pub break_when_all_done: Option<bool>,
+    /// Reset before the first step (default true when no start tensordict is given).
+    pub auto_reset: Option<bool>,
+    /// Start from this tensordict instead of a reset.
+    pub tensordict: Option<TensorDict>,
+    /// Mark the last step truncated (and done); needs a `truncated` done key.
+    pub set_truncated: bool,
+}
+
+impl RolloutConfig {
+    /// `(break_when_any_done, break_when_all_done)` after TorchRL's defaulting rules.
+    pub fn breaks(&self) -> Result<(bool, bool)> {
+        match (self.break_when_any_done, self.break_when_all_done) {
+            (Some(true), Some(true)) => Err(Error::invalid(
+                "rollout",
+                "break_when_any_done and break_when_all_done cannot both be true",
+            )),
+            (None, None) => Ok((true, false)),
+            (any, all) => Ok((any.unwrap_or(false), all.unwrap_or(false))),
+        }
+    }
+
+    /// Builder: never stop on done (episodes are reset automatically).
+    pub fn no_break() -> Self {
+        RolloutConfig {
+            break_when_any_done: Some(false),
+            ..Default::default()
+        }
+    }
+}
+
+/// A policy for [`EnvBase::rollout`]: reads the current tensordict, returns it with actions.
+pub type Policy<'a> = &'a mut dyn FnMut(TensorDict) -> Result<TensorDict>;
+
+/// An environment. Implement [`EnvBase::core`], [`EnvBase::core_mut`],
+/// [`EnvBase::reset_impl`] and [`EnvBase::step_impl`]; the rest is provided.
+pub trait EnvBase: Send {
+    /// The env's state shared with the provided methods.
+    fn core(&self) -> &EnvCore;
+    /// The env's state, mutably.
+    fn core_mut(&mut self) -> &mut EnvCore;
+
+    /// Returns a **fresh** tensordict with the initial observations (and any done / state
+    /// entries) for every batch element, or for those selected by the `"_reset"` masks of `td`
+    /// (the provided [`EnvBase::reset`] keeps the old values of the others).
+    fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict>;
+
+    /// Returns a **fresh** tensordict with the *next* observations, rewards and done flags for
+    /// the actions in `td` (not nested under `"next"`).
+    fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict>;
+
+    /// Seeds env-specific randomness beyond [`EnvCore::generator`] (which is already reseeded).
+    fn set_seed_impl(&mut self, _seed: u64) -> Result<()> {
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ provided
+
+    /// The env's specs.
+    fn specs(&self) -> &EnvSpecs {
+        self.core().specs()
+    }
+
+    /// The env's batch size.
+    fn batch_size(&self) -> Vec<i64> {
+        self.specs().batch_size().to_vec()
+    }
+
+    /// The env's device.
+    fn device(&self) -> Device {
+        self.specs().device()
+    }
+
+    /// Action leaf keys.
+    fn action_keys(&self) -> Vec<NestedKey> {
+        self.specs().action_keys()
+    }
+    /// Reward leaf keys.
+    fn reward_keys(&self) -> Vec<NestedKey> {
+        self.specs().reward_keys()
+    }
+    /// Done leaf keys.
+    fn done_keys(&self) -> Vec<NestedKey> {
+        self.specs().done_keys()
+    }
+    /// Observation leaf keys.
+    fn observation_keys(&self) -> Vec<NestedKey> {
+        self.specs().observation_keys()
+    }
+    /// State leaf keys.
+    fn state_keys(&self) -> Vec<NestedKey> {
+        self.specs().state_keys()
+    }
+    /// `"_reset"` keys, one per done group.
+    fn reset_keys(&self) -> Vec<NestedKey> {
+        self.specs().reset_keys()
+    }
+
+    /// [`EnvBase::step_impl`] followed by reward reshaping and done completion: the next
+    /// tensordict as the env's specs describe it. Wrappers call this on their inner env.
+    fn step_next(&mut self, td: &TensorDict) -> Result<TensorDict> {
+        let mut next = self.step_impl(td)?;
+        let specs = self.specs();
+        if next.batch_size() != specs.batch_size() {
+            return Err(Error::ShapeMismatch {
+                op: "step (batch size of the returned tensordict)",
+                key: "<next>".into(),
+                expected: specs.batch_size().to_vec(),
+                actual: next.batch_size().to_vec(),
+            });
+        }
+        reshape_rewards(&mut next, specs)?;
+        complete_done(&mut next, specs)?;
+        Ok(next)
+    }
+
+    /// [`EnvBase::reset_impl`] followed by done completion and the partial-reset merge.
+    fn reset_next(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
+        let mut out = self.reset_impl(td)?;
+        let specs = self.specs();
+        if out.batch_size() != specs.batch_size() {
+            return Err(Error::ShapeMismatch {
+                op: "reset (batch size of the returned tensordict)",
+                key: "<reset>".into(),
+                expected: specs.batch_size().to_vec(),
+                actual: out.batch_size().to_vec(),
+            });
+        }
+        complete_done(&mut out, specs)?;
+        if let Some(prev) = td {
+            out = merge_partial_reset(prev, out, specs)?;
+        }
+        Ok(out)
+    }
+
+    /// Resets the env. With `td` holding `"_reset"` masks, only the selected batch elements are
+    /// reset; the others keep their values from `td`. Returns `td` (without `"next"` and the
+    /// masks) updated with the reset data. Errors when a done flag is set right after the reset
+    /// (unless [`EnvCore::allow_done_after_reset`]).
+    fn reset(&mut self, td: Option<TensorDict>) -> Result<TensorDict> {
+        if let Some(t) = &td {
+            check_batch("reset", t, self.specs())?;
+        }
+        let reset = self.reset_next(td.as_ref())?;
+        let specs = self.specs();
+        if !self.core().allow_done_after_reset {
+            for k in specs.done_keys() {
+                let Some(v) = reset.get(&k) else { continue };
+                let mask = td.as_ref().and_then(|t| reset_mask_for(t, &k));
+                let hit = match &mask {
+                    Some(m) => v.f_logical_and(&m.f_reshape(
+                        [m.size(), vec![1; v.dim().saturating_sub(m.dim())]].concat(),
+                    )?)?,
+                    None => v.f_to_kind(Kind::Bool)?,
+                };
+                if hit.numel() > 0 && hit.f_any()?.int64_value(&[]) != 0 {
+                    return Err(Error::invalid(
+                        "reset",
+                        format!(
+                            "done entry {k} was (partially) true right after reset; an env must \
+                             start undone (set EnvCore::allow_done_after_reset to allow it)"
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut out = match td {
+            Some(t) => {
+                let mut drop: Vec<NestedKey> = specs.reset_keys();
+                drop.push("next".into());
+                t.exclude(&drop)
+            }
+            None => TensorDict::new(specs.batch_size())?,
+        };
+        out.update(&reset)?;
+        Ok(out)
+    }
+
+    /// Steps the env with the actions in `td`; writes the results under `"next"` and returns
+    /// `td`.
+    fn step(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        check_batch("step", &td, self.specs())?;
+        let next = self.step_next(&td)?;
+        td.set("next", next)?;
+        Ok(td)
+    }
+
+    /// The root of the next step: `"next"` content plus other root entries; rewards dropped,
+    /// actions kept (TorchRL's `env.step_mdp`).
+    fn step_mdp(&self, td: &TensorDict) -> Result<TensorDict> {
+        let specs = self.specs();
+        let opts = StepMdpOptions {
+            exclude_action: false,
+            ..Default::default()
+        };
+        step_mdp(
+            td,
+            &opts,
+            &specs.reward_keys(),
+            &specs.done_keys(),
+            &specs.action_keys(),
+        )
+    }
+
+    /// Steps, builds the next root, and resets the batch elements that are done (partial
+    /// reset). Returns `(stepped td with "next", next root)`.
+    fn step_and_maybe_reset(&mut self, td: TensorDict) -> Result<(TensorDict, TensorDict)> {
+        let td = self.step(td)?;
+        let mut root = self.step_mdp(&td)?;
+        let prefixes = self.specs().done_group_prefixes();
+        let mut any = false;
+        for p in &prefixes {
+            if let Some(done) = root.get(p.join("done")) {
+                if done.numel() > 0 && done.f_any()?.int64_value(&[]) != 0 {
+                    any = true;
+                    let mask = done.f_to_kind(Kind::Bool)?;
+                    root.set(p.join("_reset"), mask)?;
+                }
+            }
+        }
+        if any {
+            root = self.reset(Some(root))?;
+        }
+        Ok((td, root))
+    }
+
+    /// Samples actions from the action spec with the env's generator and writes them into `td`
+    /// (a new tensordict when `None`).
+    fn rand_action(&mut self, td: Option<TensorDict>) -> Result<TensorDict> {
+        let mut td = match td {
+            Some(t) => t,
+            None => TensorDict::new(self.specs().batch_size())?,
+        };
+        let spec = self.specs().action.clone();
+        let actions = spec.rand(&mut self.core_mut().generator, &[])?;
+        td.update(&actions)?;
+        Ok(td)
+    }
+
+    /// Seeds the env (its generator and [`EnvBase::set_seed_impl`]); the same seed gives the
+    /// same rollouts. Returns the next seed to use for another env.
+    fn set_seed(&mut self, seed: u64) -> Result<u64> {
+        self.core_mut().generator = Generator::new(seed);
+        self.set_seed_impl(seed)?;
+        Ok(Generator::new(seed).next_u64() >> 1)
+    }
+
+    /// A tensordict of zeros shaped like one step of this env: state and action, observations,
+    /// done flags, and under `"next"` observations, rewards and done flags.
+    fn fake_tensordict(&self) -> Result<TensorDict> {
+        let s = self.specs();
+        let mut td = s.state.zero(&[])?;
+        td.update(&s.action.zero(&[])?)?;
+        td.update(&s.observation.zero(&[])?)?;
+        td.update(&s.done.zero(&[])?)?;
+        let mut next = s.observation.zero(&[])?;
+        next.update(&s.reward.zero(&[])?)?;
+        next.update(&s.done.zero(&[])?)?;
+        td.set("next", next)?;
+        Ok(td)
+    }
+
+    /// Runs up to `max_steps` steps (random actions without a policy) and stacks the steps along
+    /// a new time dim after the batch dims.
+    fn rollout(
+        &mut self,
+        max_steps: usize,
+        mut policy: Option<Policy<'_>>,
+        cfg: &RolloutConfig,
+    ) -> Result<TensorDict> {
+        let (break_any, break_all) = cfg.breaks()?;
+        let specs = self.specs().clone();
+        let auto_reset = cfg.auto_reset.unwrap_or(cfg.tensordict.is_none());
+        let mut td = match (&cfg.tensordict, auto_reset) {
+            (Some(t), true) => self.reset(Some(t.clone()))?,
+            (None, true) => self.reset(None)?,
+            (Some(t), false) => t.clone(),
+            (None, false) => {
+                return Err(Error::invalid(
+                    "rollout",
+                    "auto_reset=false needs a start tensordict (RolloutConfig::tensordict)",
+                ))
+            }
+        };
+        let truncated_keys: Vec<NestedKey> = specs
+            .done_keys()
+            .into_iter()
+            .filter(|k| k.last() == Some("truncated"))
+            .collect();
+        if cfg.set_truncated && truncated_keys.is_empty() {
+            return Err(Error::invalid(
+                "rollout",
+                "set_truncated is true but the env has no truncated done key (add one, e.g. with StepCounter)",
+            ));
+        }
+        let done_keys = specs.done_keys();
+        let stop_keys: Vec<NestedKey> = done_keys
+            .iter()
+            .filter(|k| matches!(k.last(), Some("done") | Some("truncated")))
+            .cloned()
+            .collect();
+        let nb = specs.batch_size().len();
+        let mut steps: Vec<TensorDict> = Vec::with_capacity(max_steps);
+        // For break_when_all_done: which batch elements have finished at least once.
+        let mut finished: Option<Tensor> = None;
+        for i in 0..max_steps {
+            td = match policy.as_mut() {
+                Some(p) => p(td)?,
+                None => self.rand_action(Some(td))?,
+            };
+            let last = i + 1 == max_steps;
+            if break_any || break_all {
+                let mut stepped = self.step(td)?;
+                if last && cfg.set_truncated {
+                    mark_truncated(&mut stepped, &specs)?;
+                }
+                let next = stepped.get_dict("next").cloned();
+                steps.push(stepped.clone());
+                let next = next.unwrap_or(stepped.empty());
+                if break_any && any_of(&next, &stop_keys)? {
+                    break;
+                }
+                if break_all {
+                    let now = done_mask(&next, &stop_keys, nb)?;
+                    let f = match finished.take() {
+                        Some(f) => f.f_logical_or(&now)?,
+                        None => now,
+                    };
+                    let all = f.numel() == 0 || f.f_all()?.int64_value(&[]) != 0;
+                    finished = Some(f);
+                    if all {
+                        break;
+                    }
+                    if !last && any_of(&next, &stop_keys)? {
+                        let (_, root) = self.step_and_maybe_reset_prestepped(stepped)?;
+                        td = root;
+                        continue;
+                    }
+                }
+                td = self.step_mdp(&stepped)?;
+            } else {
+                if last && cfg.set_truncated {
+                    let mut stepped = self.step(td)?;
+                    mark_truncated(&mut stepped, &specs)?;
+                    steps.push(stepped);
+                    break;
+                }
+                let (stepped, root) = self.step_and_maybe_reset(td)?;
+                steps.push(stepped);
+                td = root;
+            }
+        }
+        if steps.is_empty() {
+            return Err(Error::invalid("rollout", "max_steps must be at least 1"));
+        }
+        stack(&steps, nb as i64).map_err(|e| match e {
+            Error::KeySetMismatch { only_first, only_second, .. } => Error::invalid(
+                "rollout",
+                format!(
+                    "steps of the rollout have different keys (only in the first step: [{}]; only in a \
+                     later one: [{}]); the reset and step outputs must carry the same entries",
+                    only_first.join(", "),
+                    only_second.join(", ")
+                ),
+            ),
+            other => other,
+        })
+    }
+
+    /// Like [`EnvBase::step_and_maybe_reset`] for a tensordict that was already stepped.
+    #[doc(hidden)]
+    fn step_and_maybe_reset_prestepped(
+        &mut self,
+        td: TensorDict,
+    ) -> Result<(TensorDict, TensorDict)> {
+        let mut root = self.step_mdp(&td)?;
+        let mut any = false;
+        for p in self.specs().done_group_prefixes() {
+            if let Some(done) = root.get(p.join("done")) {
+                if done.numel() > 0 && done.f_any()?.int64_value(&[]) != 0 {
+                    any = true;
+                    let mask = done.f_to_kind(Kind::Bool)?;
+                    root.set(p.join("_reset"), mask)?;
+                }
+            }
+        }
+        if any {
+            root = self.reset(Some(root))?;
+        }
+        Ok((td, root))
+    }
+
+    /// [`check_env_specs`](super::check_env_specs) on this env.
+    fn check_env_specs(&mut self, seed: Option<u64>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        super::check_env_specs(self, seed)
+    }
+}
+
+fn check_batch(op: &'static str, td: &TensorDict, specs: &EnvSpecs) -> Result<()> {
+    if td.batch_size() != specs.batch_size() {
+        return Err(Error::ShapeMismatch {
+            op,
+            key: "<batch_size of the input tensordict>".into(),
+            expected: specs.batch_size().to_vec(),
+            actual: td.batch_size().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// The `"_reset"` mask that governs done key `k` (same prefix), if `td` has one.
+fn reset_mask_for(td: &TensorDict, k: &NestedKey) -> Option<Tensor> {
+    let prefix: Vec<&str> = k.parts().take(k.len().saturating_sub(1)).collect();
+    let mut key: Vec<&str> = prefix;
+    key.push("_reset");
+    td.get(&key[..]).and_then(|t| t.f_to_kind(Kind::Bool).ok())
+}
+
+/// Per-batch-element done mask (any done leaf, reduced over feature dims).
+fn done_mask(td: &TensorDict, keys: &[NestedKey], nb: usize) -> Result<Tensor> {
+    let mut acc: Option<Tensor> = None;
+    for k in keys {
+        if let Some(t) = td.get(k) {
+            let mut v = t.f_to_kind(Kind::Bool)?;
+            while v.dim() > nb {
+                v = v.f_any_dim(-1, false)?;
+            }
+            acc = Some(match acc {
+                Some(a) => a.f_logical_or(&v)?,
+                None => v,
+            });
+        }
+    }
+    match acc {
+        Some(a) => Ok(a),
+        None => Ok(Tensor::f_zeros(td.batch_size(), (Kind::Bool, Device::Cpu))?),
+    }
+}
+
+/// Sets every `truncated` and `done` leaf under `"next"` to true.
+fn mark_truncated(td: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
+    for k in specs.done_keys() {
+        if matches!(k.last(), Some("truncated") | Some("done")) {
+            let key = k.prefixed("next");
+            if let Some(t) = td.get(&key) {
+                let ones = t.f_ones_like()?;
+                td.set(&key, ones)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keeps `prev`'s values where the reset mask of a key's done group is false.
+fn merge_partial_reset(
+    prev: &TensorDict,
+    reset: TensorDict,
+    specs: &EnvSpecs,
+) -> Result<TensorDict> {
+    let nb = specs.batch_size().len();
+    let mut out = reset.clone();
+    for (k, new) in reset.leaves() {
+        let Some(mask) = reset_mask_for(prev, &k).or_else(|| {
+            // A key outside any done group follows the root group's mask.
+            prev.get("_reset")
+                .and_then(|m| m.f_to_kind(Kind::Bool).ok())
+        }) else {
+            continue;
+        };
+        let Some(old) = prev.get(&k) else { continue };
+        if old.size() != new.size() {
+            continue;
+        }
+        // Reduce the mask to the batch dims, then broadcast it over the leaf's feature dims.
+        let mut m = mask;
+        while m.dim() > nb {
+            m = m.f_any_dim(-1, false)?;
+        }
+        let shape: Vec<i64> = [m.size(), vec![1; new.dim().saturating_sub(m.dim())]].concat();
+        let m = m.f_reshape(shape)?.f_to_device(new.device())?;
+        let merged = new.f_where_self(&m, &old.f_to_kind(new.kind())?)?;
+        out.set(&k, merged)?;
+    }
+    Ok(out)
+}

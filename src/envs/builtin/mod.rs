@@ -1,0 +1,5 @@
+//! Built-in environments: batched, tensor-native, seeded, on any device.
+
+mod counting;
+
+pub use counting::CountingEnv;

@@ -1,0 +1,17 @@
+//! Environments: the [`EnvBase`] trait, [`EnvSpecs`], rollouts, [`check_env_specs`], and
+//! [`transforms`] with [`TransformedEnv`](transforms::TransformedEnv).
+//!
+//! See [`base`] for a complete custom environment.
+
+pub mod base;
+pub mod builtin;
+mod check;
+mod env_specs;
+pub mod transforms;
+mod utils;
+
+pub use base::{EnvBase, EnvCore, Policy, RolloutConfig};
+pub use check::check_env_specs;
+pub use env_specs::{EnvSpecs, SpecGroup};
+pub use transforms::{Compose, Transform, TransformedEnv};
+pub use utils::{step_mdp, StepMdpOptions};

@@ -1,0 +1,187 @@
+//! `Compose`: a sequence of transforms that acts as one.
+//!
+//! Forward hooks (step, reset, forward, spec hooks) run first to last; the inverse hook runs
+//! last to first, so the transform nearest the base env sees the action last.
+//!
+//! ```
+//! use torchrl::envs::transforms::{Compose, Transform};
+//! struct Noop(&'static str);
+//! impl Transform for Noop { fn name(&self) -> String { self.0.into() } }
+//! let mut c = Compose::new();
+//! c.push(Noop("a"));
+//! c.push(Noop("b"));
+//! assert_eq!(c.len(), 2);
+//! assert_eq!(c.name(), "Compose(a, b)");
+//! ```
+
+use super::Transform;
+use crate::envs::EnvSpecs;
+use crate::error::{Error, Result};
+use crate::tensordict::{NestedKey, TensorDict};
+
+/// An ordered list of transforms, itself a [`Transform`].
+#[derive(Default)]
+pub struct Compose {
+    transforms: Vec<Box<dyn Transform>>,
+}
+
+impl Compose {
+    /// An empty compose.
+    pub fn new() -> Self {
+        Compose::default()
+    }
+
+    /// Number of transforms.
+    pub fn len(&self) -> usize {
+        self.transforms.len()
+    }
+
+    /// True when there are no transforms.
+    pub fn is_empty(&self) -> bool {
+        self.transforms.is_empty()
+    }
+
+    /// Appends a transform (no spec work: use [`TransformedEnv`](super::TransformedEnv) to
+    /// attach transforms to an env).
+    pub fn push(&mut self, t: impl Transform + 'static) {
+        self.transforms.push(Box::new(t));
+    }
+
+    /// Appends a boxed transform.
+    pub fn push_boxed(&mut self, t: Box<dyn Transform>) {
+        self.transforms.push(t);
+    }
+
+    pub(crate) fn insert_boxed(&mut self, index: usize, t: Box<dyn Transform>) -> Result<()> {
+        if index > self.transforms.len() {
+            return Err(Error::IndexOutOfRange {
+                op: "Compose::insert",
+                index: index as i64,
+                what: "transforms (insert position)".into(),
+                size: self.transforms.len() as i64,
+            });
+        }
+        self.transforms.insert(index, t);
+        Ok(())
+    }
+
+    /// Removes and returns the transform at `index`.
+    pub fn remove(&mut self, index: usize) -> Result<Box<dyn Transform>> {
+        if index >= self.transforms.len() {
+            return Err(Error::IndexOutOfRange {
+                op: "Compose::remove",
+                index: index as i64,
+                what: "transforms".into(),
+                size: self.transforms.len() as i64,
+            });
+        }
+        Ok(self.transforms.remove(index))
+    }
+
+    /// The transform at `index`.
+    pub fn get(&self, index: usize) -> Option<&dyn Transform> {
+        self.transforms.get(index).map(|b| &**b)
+    }
+
+    /// The transform at `index`, mutably (call `TransformedEnv::refresh_specs` after changing
+    /// anything that affects specs).
+    pub fn get_mut(&mut self, index: usize) -> Option<&mut Box<dyn Transform>> {
+        self.transforms.get_mut(index)
+    }
+
+    /// The transforms in order.
+    pub fn iter(&self) -> impl Iterator<Item = &dyn Transform> {
+        self.transforms.iter().map(|b| &**b)
+    }
+
+    /// Attaches every child in order, each seeing the specs transformed by the ones before it,
+    /// and returns the final specs.
+    pub(crate) fn attach_all(&mut self, parent: &EnvSpecs) -> Result<EnvSpecs> {
+        let mut specs = parent.clone();
+        for t in &mut self.transforms {
+            specs = attach_one(t.as_mut(), specs)?;
+        }
+        Ok(specs)
+    }
+}
+
+/// Attaches one transform to `parent` and returns the specs it produces, after checking that
+/// every new output key is registered.
+pub(crate) fn attach_one(t: &mut dyn Transform, parent: EnvSpecs) -> Result<EnvSpecs> {
+    let mut parent = parent;
+    parent.unlock();
+    t.attach(&parent)?;
+    let specs = t.transform_specs(parent)?;
+    for k in t.new_output_keys() {
+        if specs.output_group_of(&k).is_none() {
+            return Err(Error::invalid(
+                "TransformedEnv::append",
+                format!(
+                    "{}: key {k} is written by the transform but registered in no output spec \
+                     (observation, reward or done); every new entry must be declared in the specs",
+                    t.name()
+                ),
+            ));
+        }
+    }
+    Ok(specs)
+}
+
+impl Transform for Compose {
+    fn name(&self) -> String {
+        let names: Vec<String> = self.transforms.iter().map(|t| t.name()).collect();
+        format!("Compose({})", names.join(", "))
+    }
+
+    fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
+        self.attach_all(parent).map(|_| ())
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.transforms
+            .iter()
+            .flat_map(|t| t.new_output_keys())
+            .collect()
+    }
+
+    fn transform_specs(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        self.transforms
+            .iter()
+            .try_fold(specs, |s, t| t.transform_specs(s))
+    }
+
+    fn transform_output_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        self.transforms
+            .iter()
+            .try_fold(specs, |s, t| t.transform_output_spec(s))
+    }
+
+    fn transform_input_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        self.transforms
+            .iter()
+            .try_fold(specs, |s, t| t.transform_input_spec(s))
+    }
+
+    fn step(&mut self, td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
+        self.transforms
+            .iter_mut()
+            .try_fold(next, |n, t| t.step(td, n))
+    }
+
+    fn reset(&mut self, td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
+        self.transforms
+            .iter_mut()
+            .try_fold(reset, |r, t| t.reset(td, r))
+    }
+
+    fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
+        self.transforms
+            .iter_mut()
+            .rev()
+            .try_fold(td, |d, t| t.inv(d))
+    }
+
+    fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+        self.transforms.iter_mut().try_fold(td, |d, t| t.forward(d))
+    }
+}

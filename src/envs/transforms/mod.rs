@@ -1,0 +1,127 @@
+//! Transforms: composable rewrites of an environment's specs and step data.
+//!
+//! A [`Transform`] has no-op defaults for every hook; implement the ones you need:
+//! - spec hooks ([`Transform::transform_output_spec`], [`Transform::transform_input_spec`], and
+//!   the per-group conveniences) receive the parent's specs **by value** (a copy) and return
+//!   new ones, so a transform can never alter its parent's specs;
+//! - [`Transform::attach`] is called by [`TransformedEnv`] with the parent's (already
+//!   transformed) specs before the spec hooks, so a transform can discover its keys lazily
+//!   (reward keys, float64 keys, …). It may be called again when the stack changes;
+//! - data hooks: [`Transform::step`] (sees the data at `t` and the parent's next tensordict),
+//!   [`Transform::reset`], [`Transform::inv`] (actions and states going into the parent) and
+//!   [`Transform::forward`] (offline data).
+//!
+//! ```
+//! use torchrl::envs::transforms::Transform;
+//! use torchrl::envs::EnvSpecs;
+//! use torchrl::{Result, TensorDict};
+//!
+//! /// Doubles the reward.
+//! struct Double;
+//! impl Transform for Double {
+//!     fn name(&self) -> String { "Double".into() }
+//!     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
+//!         let r = next.get_or_err("reward")? * 2.0;
+//!         next.set("reward", r)?;
+//!         Ok(next)
+//!     }
+//! }
+//! # let _ = Double;
+//! ```
+
+mod compose;
+mod transformed_env;
+
+pub use compose::Compose;
+pub use transformed_env::TransformedEnv;
+
+use super::EnvSpecs;
+use crate::data::specs::Composite;
+use crate::error::Result;
+use crate::tensordict::{NestedKey, TensorDict};
+
+/// A composable rewrite of an environment's specs and data. Every hook defaults to a no-op.
+pub trait Transform: Send {
+    /// A short name used in error messages (`"RewardScaling(loc=0, scale=0.1)"`).
+    fn name(&self) -> String;
+
+    /// Receives the parent's (already transformed) specs when the transform joins an env, and
+    /// whenever the stack before it changes. Discover lazy keys here.
+    fn attach(&mut self, _parent: &EnvSpecs) -> Result<()> {
+        Ok(())
+    }
+
+    /// Keys this transform writes that the parent does not have; [`TransformedEnv`] checks that
+    /// each one is registered in the transformed output specs (TorchRL's "unaccounted for"
+    /// check).
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        Vec::new()
+    }
+
+    /// Rewrites all of the specs: the input side, then the output side. [`Compose`] overrides it
+    /// to fold its children in order; there is rarely a reason to override it elsewhere.
+    fn transform_specs(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        let specs = self.transform_input_spec(specs)?;
+        self.transform_output_spec(specs)
+    }
+
+    /// Rewrites the output side (observation, reward, done). The default applies the three
+    /// per-group hooks.
+    fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        specs.observation = self.transform_observation_spec(specs.observation)?;
+        specs.reward = self.transform_reward_spec(specs.reward)?;
+        specs.done = self.transform_done_spec(specs.done)?;
+        Ok(specs)
+    }
+
+    /// Rewrites the input side (action, state). The default applies the two per-group hooks.
+    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        specs.action = self.transform_action_spec(specs.action)?;
+        specs.state = self.transform_state_spec(specs.state)?;
+        Ok(specs)
+    }
+
+    /// Rewrites the full observation spec.
+    fn transform_observation_spec(&self, spec: Composite) -> Result<Composite> {
+        Ok(spec)
+    }
+    /// Rewrites the full reward spec.
+    fn transform_reward_spec(&self, spec: Composite) -> Result<Composite> {
+        Ok(spec)
+    }
+    /// Rewrites the full done spec.
+    fn transform_done_spec(&self, spec: Composite) -> Result<Composite> {
+        Ok(spec)
+    }
+    /// Rewrites the full action spec.
+    fn transform_action_spec(&self, spec: Composite) -> Result<Composite> {
+        Ok(spec)
+    }
+    /// Rewrites the full state spec.
+    fn transform_state_spec(&self, spec: Composite) -> Result<Composite> {
+        Ok(spec)
+    }
+
+    /// Step hook: `td` is the data at time `t` (as the parent saw it), `next` the parent's next
+    /// tensordict. Returns the transformed next tensordict.
+    fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
+        Ok(next)
+    }
+
+    /// Reset hook: `td` is the tensordict given to reset (empty when none, possibly with
+    /// `"_reset"` masks), `reset` the parent's reset output. Returns the transformed output.
+    fn reset(&mut self, _td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
+        Ok(reset)
+    }
+
+    /// Inverse hook: rewrites actions / states on their way into the parent env. Receives a
+    /// shallow copy, so renaming keys here does not change the caller's tensordict.
+    fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
+        Ok(td)
+    }
+
+    /// Applies the transform to offline data (a tensordict from a buffer, not an env step).
+    fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+        Ok(td)
+    }
+}

@@ -1,0 +1,172 @@
+//! Helpers shared by environments: `step_mdp`, done completion, reward reshaping.
+
+use tch::Tensor;
+
+use super::EnvSpecs;
+use crate::error::{Error, Result};
+use crate::tensordict::{Entry, NestedKey, TensorDict};
+
+/// Options of [`step_mdp`], TorchRL's defaults except where noted.
+#[derive(Clone, Debug)]
+pub struct StepMdpOptions {
+    /// Keep root entries that `"next"` does not have (default true).
+    pub keep_other: bool,
+    /// Drop reward keys (default true).
+    pub exclude_reward: bool,
+    /// Drop done keys (default false).
+    pub exclude_done: bool,
+    /// Drop action keys (default true for the free function; `EnvBase::step_mdp` keeps them).
+    pub exclude_action: bool,
+}
+
+impl Default for StepMdpOptions {
+    fn default() -> Self {
+        StepMdpOptions {
+            keep_other: true,
+            exclude_reward: true,
+            exclude_done: false,
+            exclude_action: true,
+        }
+    }
+}
+
+/// Builds the root of the next step from a stepped tensordict: everything under `"next"`
+/// (minus rewards), plus the root entries `"next"` lacks (minus actions), sharing tensors.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::envs::{step_mdp, StepMdpOptions};
+/// use torchrl::{NestedKey, TensorDict};
+/// # fn main() -> torchrl::Result<()> {
+/// let td = TensorDict::new([])?
+///     .with("obs", Tensor::from_slice(&[0.0f32]))?
+///     .with("action", Tensor::from_slice(&[1.0f32]))?
+///     .with("extra", Tensor::from_slice(&[7.0f32]))?
+///     .with(("next", "obs"), Tensor::from_slice(&[1.0f32]))?
+///     .with(("next", "reward"), Tensor::from_slice(&[0.5f32]))?;
+/// let keys: [NestedKey; 1] = ["action".into()];
+/// let out = step_mdp(&td, &StepMdpOptions::default(), &["reward".into()], &[], &keys)?;
+/// assert_eq!(out.get("obs").map(|t| t.double_value(&[0])), Some(1.0));
+/// assert!(out.contains("extra") && !out.contains("reward") && !out.contains("action"));
+/// # Ok(()) }
+/// ```
+pub fn step_mdp(
+    td: &TensorDict,
+    opts: &StepMdpOptions,
+    reward_keys: &[NestedKey],
+    done_keys: &[NestedKey],
+    action_keys: &[NestedKey],
+) -> Result<TensorDict> {
+    let next = td
+        .get_dict("next")
+        .ok_or_else(|| td.lookup_error("step_mdp", &["next"]))?;
+    let mut excluded: Vec<&NestedKey> = Vec::new();
+    if opts.exclude_reward {
+        excluded.extend(reward_keys);
+    }
+    if opts.exclude_done {
+        excluded.extend(done_keys);
+    }
+    let mut out = next.exclude(&excluded);
+    if opts.keep_other {
+        let mut root_excl = excluded.clone();
+        if opts.exclude_action {
+            root_excl.extend(action_keys);
+        }
+        for (k, e) in td.items(true, true) {
+            if k.first() == Some("next") || out.contains(&k) || root_excl.contains(&&k) {
+                continue;
+            }
+            if k.first() == Some("_reset") || k.last() == Some("_reset") {
+                continue;
+            }
+            out.set(&k, e.clone())?;
+        }
+    }
+    Ok(out)
+}
+
+/// Views each reward to its spec's shape (a scalar-per-env reward becomes `[*batch, 1]`).
+pub(crate) fn reshape_rewards(next: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
+    for key in specs.reward_keys() {
+        let Some(spec) = specs.reward.get(&key) else {
+            continue;
+        };
+        let Some(r) = next.get(&key) else { continue };
+        let want = spec.shape();
+        if r.size() != want {
+            if r.numel() as i64 != want.iter().product::<i64>() {
+                return Err(Error::ShapeMismatch {
+                    op: "step (reward reshape)",
+                    key: key.to_string(),
+                    expected: want.to_vec(),
+                    actual: r.size(),
+                });
+            }
+            let v = r.f_reshape(want)?;
+            next.set(&key, v)?;
+        }
+    }
+    Ok(())
+}
+
+fn any_true(t: &Tensor) -> Result<bool> {
+    Ok(t.numel() > 0 && t.f_any()?.int64_value(&[]) != 0)
+}
+
+/// Completes the done entries of `td` per done group, with TorchRL's rules: only `done` ⇒
+/// `terminated = done`; only `terminated` ⇒ `done = terminated | truncated`; `done` and
+/// `truncated` without `terminated` is an error; other missing done leaves are zeros.
+pub(crate) fn complete_done(td: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
+    for prefix in specs.done_group_prefixes() {
+        let (dk, tk, trk) = (
+            prefix.join("done"),
+            prefix.join("terminated"),
+            prefix.join("truncated"),
+        );
+        let has = |k: &NestedKey| td.get(k).is_some();
+        let (d, t, tr) = (has(&dk), has(&tk), has(&trk));
+        if d && !t {
+            if tr {
+                return Err(Error::invalid(
+                    "step",
+                    format!(
+                        "cannot infer {tk} when only {dk} and {trk} are present; return {tk} too"
+                    ),
+                ));
+            }
+            if specs.done.contains(&tk) {
+                let v = td.get_or_err(&dk)?.shallow_clone();
+                td.set(&tk, v)?;
+            }
+        } else if t && !d && specs.done.contains(&dk) {
+            let term = td.get_or_err(&tk)?;
+            let v = match td.get(&trk) {
+                Some(trunc) => term.f_logical_or(trunc)?,
+                None => term.shallow_clone(),
+            };
+            td.set(&dk, v)?;
+        }
+    }
+    for (k, spec) in specs.done.leaves() {
+        if td.get(&k).is_none() {
+            if let Entry::Tensor(z) = spec.zero(&[])? {
+                td.set(&k, z)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// True when any done leaf of `td` (at the env's done keys) is set. `which` selects the
+/// leaves looked at (e.g. only `done`/`truncated`).
+pub(crate) fn any_of(td: &TensorDict, keys: &[NestedKey]) -> Result<bool> {
+    for k in keys {
+        if let Some(t) = td.get(k) {
+            if any_true(t)? {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
