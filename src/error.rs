@@ -237,6 +237,19 @@ pub enum Error {
         reason: String,
     },
 
+    // === Batched environments ===
+    /// A worker of a batched environment failed (its env returned an error or panicked, or the
+    /// worker thread is gone).
+    #[error("{op}: worker {index} failed: {message}")]
+    Worker {
+        /// The operation that failed (`"reset"`, `"step"`, `"set_seed"`).
+        op: &'static str,
+        /// The index of the worker.
+        index: usize,
+        /// What the worker reported.
+        message: String,
+    },
+
     // === libtorch ===
     /// An error raised by libtorch through `tch`.
     #[error("libtorch error: {0}")]

@@ -4,6 +4,7 @@
 //! See [`base`] for a complete custom environment.
 
 pub mod base;
+pub mod batched;
 pub mod builtin;
 mod check;
 mod env_specs;
