@@ -45,8 +45,17 @@ impl EnvBase for PointMass {
     /// A fresh tensordict: positions drawn uniformly in [-1, 1] from the env's seeded generator.
     fn reset_impl(&mut self, _td: Option<&TensorDict>) -> Result<TensorDict> {
         let pos_shape = [self.batch().as_slice(), &[1]].concat();
-        let pos = self.core.generator.uniform(&pos_shape, -1.0, 1.0, Kind::Float, Device::Cpu)?;
-        self.state = Tensor::f_cat(&[pos, Tensor::f_zeros(&pos_shape, (Kind::Float, Device::Cpu))?], -1)?;
+        let pos = self
+            .core
+            .generator
+            .uniform(&pos_shape, -1.0, 1.0, Kind::Float, Device::Cpu)?;
+        self.state = Tensor::f_cat(
+            &[
+                pos,
+                Tensor::f_zeros(&pos_shape, (Kind::Float, Device::Cpu))?,
+            ],
+            -1,
+        )?;
         TensorDict::new(self.batch())?.with("observation", self.state.copy())
     }
 
@@ -77,7 +86,12 @@ fn main() -> Result<()> {
     env.set_seed(42)?;
     let traj = env.rollout(50, None, &RolloutConfig::default())?;
     println!("rollout of random actions:\n{traj}");
-    let ret = traj.get_or_err(("next", "reward"))?.f_sum_dim_intlist(&[1i64][..], false, Kind::Float)?;
-    println!("returns per particle: {:?}", Vec::<f32>::try_from(ret.f_view([-1])?)?);
+    let ret =
+        traj.get_or_err(("next", "reward"))?
+            .f_sum_dim_intlist(&[1i64][..], false, Kind::Float)?;
+    println!(
+        "returns per particle: {:?}",
+        Vec::<f32>::try_from(ret.f_view([-1])?)?
+    );
     Ok(())
 }

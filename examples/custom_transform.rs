@@ -20,11 +20,17 @@ struct DistanceToGoal {
 
 impl DistanceToGoal {
     fn new(goal: f64) -> Self {
-        DistanceToGoal { goal, shape: Vec::new() }
+        DistanceToGoal {
+            goal,
+            shape: Vec::new(),
+        }
     }
 
     fn write(&self, mut td: TensorDict) -> Result<TensorDict> {
-        let d = td.get_or_err("observation")?.f_sub_scalar(self.goal)?.f_abs()?;
+        let d = td
+            .get_or_err("observation")?
+            .f_sub_scalar(self.goal)?
+            .f_abs()?;
         td.set("distance", d)?;
         Ok(td)
     }
@@ -37,7 +43,11 @@ impl Transform for DistanceToGoal {
 
     /// Learn from the parent's specs (lazy key/shape discovery happens here).
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
-        self.shape = parent.observation.get_or_err("observation")?.shape().to_vec();
+        self.shape = parent
+            .observation
+            .get_or_err("observation")?
+            .shape()
+            .to_vec();
         Ok(())
     }
 
@@ -65,12 +75,18 @@ fn main() -> Result<()> {
     let base = CountingEnv::new(10, &[3])?;
     let base_specs = base.specs().clone();
     let mut env = TransformedEnv::new(base)?.with(DistanceToGoal::new(4.0))?;
-    assert!(env.base().specs() == &base_specs, "the base env's specs are untouched");
+    assert!(
+        env.base().specs() == &base_specs,
+        "the base env's specs are untouched"
+    );
     println!("observation keys: {:?}", env.observation_keys());
     check_env_specs(&mut env, Some(0))?;
     println!("check_env_specs: ok");
     let traj = env.rollout(6, None, &RolloutConfig::default())?;
     let d = traj.get_or_err(("next", "distance"))?;
-    println!("next distance for env 0: {:?}", Vec::<f32>::try_from(d.get(0).f_view([-1])?.f_to_kind(Kind::Float)?)?);
+    println!(
+        "next distance for env 0: {:?}",
+        Vec::<f32>::try_from(d.get(0).f_view([-1])?.f_to_kind(Kind::Float)?)?
+    );
     Ok(())
 }

@@ -864,7 +864,7 @@ fn display_strings() {
         .unwrap();
     assert_eq!(
         c.to_string(),
-        "Composite(shape=[], {a: Unbounded(shape=[1], dtype=Float), b: None})"
+        "Composite(shape=[])\n    a: Unbounded(shape=[1], dtype=Float)\n    b: None"
     );
 }
 

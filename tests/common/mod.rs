@@ -860,3 +860,614 @@ impl Failures {
         }
     }
 }
+
+// ------------------------------------------------------------------ specs
+//
+// Used by tests/reference_specs.rs (`specs/spec_cases.json`): decoding encoded specs and
+// constructor calls into `TensorSpec`s through the public API, comparing a `TensorSpec` with
+// its encoding, and the fact helpers specific to spec errors.
+
+use torchrl::specs::{
+    Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, OneHot, TensorSpec,
+    Unbounded,
+};
+
+/// The spec classes of the case files (TorchRL's names, which are also
+/// [`TensorSpec::class_name`]).
+pub const SPEC_CLASSES: &[&str] = &[
+    "Unbounded",
+    "Bounded",
+    "Categorical",
+    "OneHot",
+    "Binary",
+    "MultiCategorical",
+    "MultiOneHot",
+    "Composite",
+];
+
+/// True for an encoded spec (an object with a `class`).
+pub fn is_spec_json(v: &Value) -> bool {
+    v.get("class").and_then(Value::as_str).is_some()
+}
+
+fn spec_field<'a>(v: &'a Value, class: &str, name: &str) -> Result<&'a Value, String> {
+    v.get(name)
+        .ok_or_else(|| format!("encoded {class} has no {name:?}"))
+}
+
+fn spec_int(v: &Value, class: &str, name: &str) -> Result<i64, String> {
+    spec_field(v, class, name)?
+        .as_i64()
+        .ok_or_else(|| format!("{class}.{name} is not an integer"))
+}
+
+fn spec_kind(v: &Value, class: &str) -> Result<Kind, String> {
+    kind_from_name(
+        spec_field(v, class, "dtype")?
+            .as_str()
+            .ok_or_else(|| format!("{class}.dtype is not a string"))?,
+    )
+}
+
+/// A `nvec`: a flat list, or (MultiCategorical after expand / batching) a nested list whose
+/// innermost rows must all be equal (Rust's `nvec` is one row shared by every batch position).
+/// Returns the row and the nested list's shape.
+pub fn nvec_from_json(v: &Value) -> Result<(Vec<i64>, Vec<i64>), String> {
+    fn walk(
+        v: &Value,
+        depth: usize,
+        shape: &mut Vec<i64>,
+        rows: &mut Vec<Vec<i64>>,
+    ) -> Result<(), String> {
+        let items = v
+            .as_array()
+            .ok_or_else(|| format!("nvec: expected a list, got {v}"))?;
+        if shape.len() == depth {
+            shape.push(items.len() as i64);
+        } else if shape[depth] != items.len() as i64 {
+            return Err(format!("nvec: ragged nested list at depth {depth}"));
+        }
+        if items.iter().all(|x| x.as_i64().is_some()) {
+            rows.push(items.iter().filter_map(Value::as_i64).collect());
+            return Ok(());
+        }
+        items
+            .iter()
+            .try_for_each(|x| walk(x, depth + 1, shape, rows))
+    }
+    let (mut shape, mut rows) = (Vec::new(), Vec::new());
+    walk(v, 0, &mut shape, &mut rows)?;
+    let first = rows.first().cloned().ok_or("nvec: empty")?;
+    if let Some(other) = rows.iter().find(|r| **r != first) {
+        return Err(format!(
+            "nvec rows differ ({first:?} and {other:?}): Rust's MultiCategorical shares one nvec \
+             across batch positions"
+        ));
+    }
+    Ok((first, shape))
+}
+
+fn mask_from_json(v: &Value, class: &str) -> Result<Option<Tensor>, String> {
+    match v.get("mask") {
+        None | Some(Json::Null) => Ok(None),
+        Some(m) => tensor_from_json(m)
+            .map(Some)
+            .map_err(|e| format!("{class}.mask: {e}")),
+    }
+}
+
+fn no_mask(v: &Value, class: &str) -> Result<(), String> {
+    match mask_from_json(v, class)? {
+        None => Ok(()),
+        Some(_) => Err(format!("Rust's {class} has no mask")),
+    }
+}
+
+/// Decodes an encoded spec (`{"class", "shape", "dtype", ...}`, see specs/README.md) through
+/// the public builders: `Unbounded::new().with_shape().with_dtype()`, `Bounded::from_tensors`
+/// (then `with_dtype` when the dtype differs), `Categorical::new(n).with_shape().with_dtype()
+/// .with_mask()`, and so on; a Composite is `Composite::new(shape)` then `with` / `with_none`
+/// for each entry, in order.
+pub fn spec_from_json(v: &Value) -> Result<TensorSpec, DecodeError> {
+    let class = v
+        .get("class")
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("not an encoded spec: {v}"))?;
+    let shape = shape_from_json(spec_field(v, class, "shape")?)?;
+    Ok(match class {
+        "Composite" => {
+            let entries = spec_field(v, class, "entries")?
+                .as_object()
+                .ok_or("Composite.entries is not an object")?;
+            let mut c = Composite::new(&shape)?;
+            for (name, e) in entries {
+                c = if e.is_null() {
+                    c.with_none(name.as_str())?
+                } else {
+                    c.with(name.as_str(), spec_from_json(e)?)?
+                };
+            }
+            c.into()
+        }
+        "Unbounded" => Unbounded::new()
+            .with_shape(&shape)?
+            .with_dtype(spec_kind(v, class)?)?
+            .into(),
+        "Bounded" => {
+            let low = tensor_from_json(spec_field(v, class, "low")?)?;
+            let high = tensor_from_json(spec_field(v, class, "high")?)?;
+            let mut b = Bounded::from_tensors(low, high)?;
+            if b.shape() != shape.as_slice() {
+                b = b.expand(&shape)?;
+            }
+            let kind = spec_kind(v, class)?;
+            if b.dtype() != kind {
+                b = b.with_dtype(kind)?;
+            }
+            b.into()
+        }
+        "Categorical" => {
+            let mut c = Categorical::new(spec_int(v, class, "n")?)?
+                .with_shape(&shape)?
+                .with_dtype(spec_kind(v, class)?)?;
+            if let Some(m) = mask_from_json(v, class)? {
+                c = c.with_mask(m)?;
+            }
+            c.into()
+        }
+        "OneHot" => {
+            let mut o = OneHot::new(spec_int(v, class, "n")?)?
+                .with_shape(&shape)?
+                .with_dtype(spec_kind(v, class)?)?;
+            if let Some(m) = mask_from_json(v, class)? {
+                o = o.with_mask(m)?;
+            }
+            o.into()
+        }
+        "Binary" => {
+            no_mask(v, class)?;
+            Binary::new(spec_int(v, class, "n")?)?
+                .with_shape(&shape)?
+                .with_dtype(spec_kind(v, class)?)?
+                .into()
+        }
+        "MultiCategorical" => {
+            no_mask(v, class)?;
+            let (nvec, _) = nvec_from_json(spec_field(v, class, "nvec")?)?;
+            MultiCategorical::new(nvec)?
+                .with_shape(&shape)?
+                .with_dtype(spec_kind(v, class)?)?
+                .into()
+        }
+        "MultiOneHot" => {
+            no_mask(v, class)?;
+            let (nvec, nshape) = nvec_from_json(spec_field(v, class, "nvec")?)?;
+            if nshape.len() != 1 {
+                return Err(DecodeError::Format(format!(
+                    "MultiOneHot.nvec must be flat, got shape {nshape:?}"
+                )));
+            }
+            MultiOneHot::new(nvec)?
+                .with_shape(&shape)?
+                .with_dtype(spec_kind(v, class)?)?
+                .into()
+        }
+        other => return Err(DecodeError::Format(format!("unknown spec class {other:?}"))),
+    })
+}
+
+/// A ctor number or tensor as a tensor (numbers become float32 0-d tensors, like Python's
+/// default dtype).
+fn bound_tensor(v: &Value, like: Option<Kind>) -> Result<Tensor, String> {
+    if is_tensor_json(v) {
+        return tensor_from_json(v);
+    }
+    let x = v
+        .as_f64()
+        .ok_or_else(|| format!("a bound is a number or a tensor, got {v}"))?;
+    Tensor::f_from_slice(&[x as f32])
+        .and_then(|t| t.f_reshape([] as [i64; 0]))
+        .and_then(|t| t.f_to_kind(like.unwrap_or(Kind::Float)))
+        .map_err(|e| e.to_string())
+}
+
+/// Decodes a constructor call (`"ctor"` of `construct` cases: `{"class", kwarg: value, ...}`)
+/// into the Rust call that stands for it:
+///
+/// | Python | Rust |
+/// |---|---|
+/// | `Unbounded(shape=, dtype=)` | `Unbounded::new()` `.with_shape()` `.with_dtype()` (an int shape is `[n]`) |
+/// | `Bounded(low=x, high=y, shape=s)`, numbers | `Bounded::new(x, y, s)` |
+/// | `Bounded(low=x, high=y)`, numbers, no shape | `Bounded::from_tensors` of 0-d float32 tensors (Rust's only shape-less constructor) |
+/// | `Bounded(low=t, high=u[, shape=s])`, tensors | `Bounded::from_tensors(t, u)` (then `expand(s)` when `s` differs) |
+/// | `dtype=` (Bounded) | `.with_dtype()` |
+/// | `Categorical(n, shape=, dtype=, mask=)` / `OneHot(...)` | `new(n)` `.with_shape()` `.with_dtype()` `.with_mask()` |
+/// | `Binary(n=, shape=)` | `Binary::new(n or shape[-1])` `.with_shape(shape)` |
+/// | `MultiCategorical(nvec)` / `MultiOneHot(nvec)` | `new(nvec)` (then the same builders) |
+/// | `Composite(shape=, **entries)` | `Composite::new(shape or [])` then `with` / `with_none` in order |
+///
+/// A keyword Rust has no counterpart for is a [`DecodeError::Format`] naming it.
+pub fn spec_from_ctor(v: &Value) -> Result<TensorSpec, DecodeError> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("a ctor is an object, got {v}"))?;
+    let class = v
+        .get("class")
+        .and_then(Value::as_str)
+        .ok_or("a ctor has a \"class\"")?;
+    let allowed: &[&str] = match class {
+        "Unbounded" => &["shape", "dtype"],
+        "Bounded" => &["low", "high", "shape", "dtype"],
+        "Categorical" | "OneHot" => &["n", "shape", "dtype", "mask"],
+        "Binary" => &["n", "shape", "dtype"],
+        "MultiCategorical" | "MultiOneHot" => &["nvec", "shape", "dtype"],
+        "Composite" => &["shape", "entries"],
+        other => return Err(DecodeError::Format(format!("unknown ctor class {other:?}"))),
+    };
+    if let Some((k, _)) = obj
+        .iter()
+        .find(|(k, _)| k != "class" && !allowed.contains(&k.as_str()))
+    {
+        return Err(DecodeError::Format(format!(
+            "Rust's {class} has no argument {k:?} (its arguments: {allowed:?})"
+        )));
+    }
+    let shape = match v.get("shape") {
+        None => None,
+        Some(s) => Some(match s.as_i64() {
+            Some(n) => vec![n],
+            None => shape_from_json(s)?,
+        }),
+    };
+    let dtype = match v.get("dtype") {
+        None => None,
+        Some(d) => Some(kind_from_name(d.as_str().ok_or("dtype is not a string")?)?),
+    };
+    let int = |name: &str| -> Result<Option<i64>, String> {
+        match v.get(name) {
+            None => Ok(None),
+            Some(x) => x
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| format!("{class}.{name} is not an integer")),
+        }
+    };
+    let mask = match v.get("mask") {
+        None | Some(Json::Null) => None,
+        Some(m) => Some(tensor_from_json(m)?),
+    };
+    Ok(match class {
+        "Unbounded" => {
+            let mut u = Unbounded::new();
+            if let Some(s) = &shape {
+                u = u.with_shape(s)?;
+            }
+            if let Some(k) = dtype {
+                u = u.with_dtype(k)?;
+            }
+            u.into()
+        }
+        "Bounded" => {
+            let low = v.get("low").ok_or("Bounded ctor without low")?;
+            let high = v.get("high").ok_or("Bounded ctor without high")?;
+            let mut b = match (low.as_f64(), high.as_f64(), &shape) {
+                (Some(l), Some(h), Some(s)) if !is_tensor_json(low) && !is_tensor_json(high) => {
+                    Bounded::new(l, h, s)?
+                }
+                _ => {
+                    let lt = if is_tensor_json(low) {
+                        Some(tensor_from_json(low)?)
+                    } else {
+                        None
+                    };
+                    let ht = if is_tensor_json(high) {
+                        Some(tensor_from_json(high)?)
+                    } else {
+                        None
+                    };
+                    let like = lt.as_ref().or(ht.as_ref()).map(Tensor::kind);
+                    let lt = match lt {
+                        Some(t) => t,
+                        None => bound_tensor(low, like)?,
+                    };
+                    let ht = match ht {
+                        Some(t) => t,
+                        None => bound_tensor(high, like)?,
+                    };
+                    let b = Bounded::from_tensors(lt, ht)?;
+                    match &shape {
+                        Some(s) if b.shape() != s.as_slice() => b.expand(s)?,
+                        _ => b,
+                    }
+                }
+            };
+            if let Some(k) = dtype {
+                b = b.with_dtype(k)?;
+            }
+            b.into()
+        }
+        "Categorical" => {
+            let mut c = Categorical::new(int("n")?.ok_or("Categorical ctor without n")?)?;
+            if let Some(s) = &shape {
+                c = c.with_shape(s)?;
+            }
+            if let Some(k) = dtype {
+                c = c.with_dtype(k)?;
+            }
+            if let Some(m) = mask {
+                c = c.with_mask(m)?;
+            }
+            c.into()
+        }
+        "OneHot" => {
+            let mut o = OneHot::new(int("n")?.ok_or("OneHot ctor without n")?)?;
+            if let Some(s) = &shape {
+                o = o.with_shape(s)?;
+            }
+            if let Some(k) = dtype {
+                o = o.with_dtype(k)?;
+            }
+            if let Some(m) = mask {
+                o = o.with_mask(m)?;
+            }
+            o.into()
+        }
+        "Binary" => {
+            let n = match (int("n")?, &shape) {
+                (Some(n), _) => n,
+                (None, Some(s)) => *s.last().ok_or("Binary ctor with an empty shape and no n")?,
+                (None, None) => {
+                    return Err(DecodeError::Format("Binary ctor without n or shape".into()))
+                }
+            };
+            let mut b = Binary::new(n)?;
+            if let Some(s) = &shape {
+                b = b.with_shape(s)?;
+            }
+            if let Some(k) = dtype {
+                b = b.with_dtype(k)?;
+            }
+            b.into()
+        }
+        "MultiCategorical" | "MultiOneHot" => {
+            let (nvec, nshape) = nvec_from_json(v.get("nvec").ok_or("ctor without nvec")?)?;
+            if nshape.len() != 1 {
+                return Err(DecodeError::Format(format!(
+                    "{class} ctor: nvec must be a flat list, got shape {nshape:?}"
+                )));
+            }
+            if class == "MultiCategorical" {
+                let mut m = MultiCategorical::new(nvec)?;
+                if let Some(sh) = &shape {
+                    m = m.with_shape(sh)?;
+                }
+                if let Some(k) = dtype {
+                    m = m.with_dtype(k)?;
+                }
+                m.into()
+            } else {
+                let mut m = MultiOneHot::new(nvec)?;
+                if let Some(sh) = &shape {
+                    m = m.with_shape(sh)?;
+                }
+                if let Some(k) = dtype {
+                    m = m.with_dtype(k)?;
+                }
+                m.into()
+            }
+        }
+        "Composite" => {
+            let mut c = Composite::new(shape.unwrap_or_default())?;
+            if let Some(entries) = v.get("entries") {
+                let entries = entries
+                    .as_object()
+                    .ok_or("Composite ctor: entries is not an object")?;
+                for (name, e) in entries {
+                    c = if e.is_null() {
+                        c.with_none(name.as_str())?
+                    } else {
+                        c.with(name.as_str(), spec_from_json(e)?)?
+                    };
+                }
+            }
+            c.into()
+        }
+        other => return Err(DecodeError::Format(format!("unknown ctor class {other:?}"))),
+    })
+}
+
+fn check_mask(actual: Option<&Tensor>, expected: &Value, path: &str) -> Result<(), String> {
+    match (actual, expected) {
+        (None, Json::Null) => Ok(()),
+        (Some(_), Json::Null) => Err(format!("{path}: a mask, expected none")),
+        (None, _) => Err(format!("{path}: no mask, expected {}", describe(expected))),
+        (Some(a), e) => {
+            // Rust stores the mask expanded to the spec's full mask shape; Python keeps the
+            // tensor it was given. Compare after broadcasting the recorded one.
+            let e = tensor_from_json(e)?;
+            let e = e
+                .f_broadcast_to(a.size().as_slice())
+                .map_err(|err| format!("{path}: recorded mask does not broadcast: {err}"))?;
+            tensors_close(a, &e, 0.0).map_err(|err| format!("{path}: {err}"))
+        }
+    }
+}
+
+fn check_int_field(actual: i64, expected: &Value, path: &str) -> Result<(), String> {
+    match expected.as_i64() {
+        Some(e) if e == actual => Ok(()),
+        _ => Err(format!("{path}: {actual}, expected {expected}")),
+    }
+}
+
+/// Checks a `MultiCategorical` / `MultiOneHot` `nvec` (flat in Rust) against its recording: a
+/// flat list must be equal; a nested list (Python's per-position `nvec` after expand / batching)
+/// must have the spec's shape and every row must equal Rust's `nvec`.
+pub fn check_nvec(
+    actual: &[i64],
+    spec_shape: &[i64],
+    expected: &Value,
+    path: &str,
+) -> Result<(), String> {
+    let (row, nshape) = nvec_from_json(expected).map_err(|e| format!("{path}: {e}"))?;
+    if nshape.len() > 1 && nshape != spec_shape {
+        return Err(format!(
+            "{path}: recorded nested nvec has shape {nshape:?}, the spec has shape {spec_shape:?}"
+        ));
+    }
+    if row != actual {
+        return Err(format!("{path}: {actual:?}, expected rows of {row:?}"));
+    }
+    Ok(())
+}
+
+/// Checks a spec against its encoding: class, shape, dtype, then the class parameters
+/// (`low`/`high` as tensors, `n`, `mask`, `nvec`) and, for a Composite, its entries in key
+/// order (`None` entries included), recursively. `path` names the spec in the message.
+///
+/// Representation notes: `Binary.n` is recorded as `shape[-1]` and Rust's `Binary::n()` is
+/// the vector length, so they are compared directly (Python's own `Binary.n` attribute, 2, is
+/// never recorded); a nested `nvec` is compared row-wise ([`check_nvec`]); masks are compared
+/// after broadcasting the recorded tensor to Rust's (expanded) mask shape.
+pub fn check_spec(actual: &TensorSpec, expected: &Value, path: &str) -> Result<(), String> {
+    if !is_spec_json(expected) {
+        return Err(format!(
+            "{path}: got a spec ({actual}), expected {}",
+            describe(expected)
+        ));
+    }
+    let class = expected["class"].as_str().unwrap_or("?");
+    if actual.class_name() != class {
+        return Err(format!(
+            "{path}: class {}, expected {class}",
+            actual.class_name()
+        ));
+    }
+    let shape = shape_from_json(&expected["shape"])?;
+    if actual.shape() != shape.as_slice() {
+        return Err(format!(
+            "{path}: shape {:?}, expected {shape:?}",
+            actual.shape()
+        ));
+    }
+    let want_dtype = match &expected["dtype"] {
+        Json::Null => None,
+        d => Some(kind_from_name(d.as_str().ok_or("dtype is not a string")?)?),
+    };
+    if actual.dtype() != want_dtype {
+        return Err(format!(
+            "{path}: dtype {:?}, expected {want_dtype:?}",
+            actual.dtype()
+        ));
+    }
+    let sub = |name: &str| format!("{path}.{name}");
+    match actual {
+        TensorSpec::Unbounded(_) | TensorSpec::NonTensor(_) => Ok(()),
+        TensorSpec::Bounded(b) => {
+            check_tensor(b.low(), &expected["low"], &sub("low"))?;
+            check_tensor(b.high(), &expected["high"], &sub("high"))
+        }
+        TensorSpec::Categorical(c) => {
+            check_int_field(c.n(), &expected["n"], &sub("n"))?;
+            check_mask(c.mask(), &expected["mask"], &sub("mask"))
+        }
+        TensorSpec::OneHot(o) => {
+            check_int_field(o.n(), &expected["n"], &sub("n"))?;
+            check_mask(o.mask(), &expected["mask"], &sub("mask"))
+        }
+        TensorSpec::Binary(b) => {
+            check_int_field(b.n(), &expected["n"], &sub("n"))?;
+            check_mask(None, &expected["mask"], &sub("mask"))
+        }
+        TensorSpec::MultiCategorical(m) => {
+            check_nvec(m.nvec(), m.shape(), &expected["nvec"], &sub("nvec"))?;
+            check_mask(None, &expected["mask"], &sub("mask"))
+        }
+        TensorSpec::MultiOneHot(m) => {
+            check_nvec(m.nvec(), m.shape(), &expected["nvec"], &sub("nvec"))?;
+            check_mask(None, &expected["mask"], &sub("mask"))
+        }
+        TensorSpec::Composite(c) => check_composite(c, expected, path),
+    }
+}
+
+fn check_composite(actual: &Composite, expected: &Value, path: &str) -> Result<(), String> {
+    let entries = expected["entries"]
+        .as_object()
+        .ok_or_else(|| format!("{path}: Composite.entries is not an object"))?;
+    let items = actual.items(false, false);
+    let got: Vec<String> = items
+        .iter()
+        .map(|(k, _)| k.parts().collect::<Vec<_>>().join("."))
+        .collect();
+    let want: Vec<&String> = entries.iter().map(|(k, _)| k).collect();
+    if got.iter().collect::<Vec<_>>() != want {
+        return Err(format!(
+            "{path}: keys {got:?}, expected {want:?} (in this order)"
+        ));
+    }
+    for ((name, ev), (_, spec)) in entries.iter().zip(&items) {
+        let p = format!("{path}.{name}");
+        match (spec, ev) {
+            (None, Json::Null) => {}
+            (None, e) => return Err(format!("{p}: None, expected {}", describe(e))),
+            (Some(s), Json::Null) => return Err(format!("{p}: {s}, expected None")),
+            (Some(s), e) => check_spec(s, e, &p)?,
+        }
+    }
+    Ok(())
+}
+
+/// [`key_names`] plus the entry names of every encoded Composite (and Composite ctor) in
+/// `args`: the key names a spec error may mention.
+pub fn spec_key_names(args: &Value) -> BTreeSet<String> {
+    fn walk(v: &Value, out: &mut BTreeSet<String>) {
+        match v {
+            Json::Object(o) => {
+                if v["class"].as_str() == Some("Composite") {
+                    if let Some(entries) = v["entries"].as_object() {
+                        out.extend(entries.iter().map(|(k, _)| k.clone()));
+                    }
+                }
+                o.iter().for_each(|(_, x)| walk(x, out));
+            }
+            Json::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = key_names(args);
+    walk(args, &mut out);
+    out
+}
+
+/// A recorded fact as the Rust message spells it: Python dtype names (`float32`) become the
+/// `tch::Kind` names Rust prints (`Float`); anything else is unchanged.
+pub fn rust_fact(fact: &str) -> String {
+    match kind_from_name(fact) {
+        Ok(kind) => format!("{kind:?}"),
+        Err(_) => fact.to_string(),
+    }
+}
+
+/// The numbers of a JSON number or (nested) list of numbers, row-major (`encode`'s argument).
+pub fn numbers_from_json(v: &Value) -> Result<Vec<f64>, String> {
+    match v {
+        Json::Number(_) => Ok(vec![v.as_f64().ok_or("bad number")?]),
+        Json::Array(a) => {
+            let mut out = Vec::new();
+            for x in a {
+                out.extend(numbers_from_json(x)?);
+            }
+            Ok(out)
+        }
+        other => Err(format!(
+            "expected a number or a list of numbers, got {other}"
+        )),
+    }
+}
+
+impl From<&str> for DecodeError {
+    fn from(value: &str) -> Self {
+        DecodeError::Format(value.to_string())
+    }
+}

@@ -980,23 +980,52 @@ fn prepare(
     Ok(spec)
 }
 
-impl fmt::Display for Composite {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Composite {
+    /// Writes the tree: the header line, then one line per entry indented by `indent + 4`
+    /// spaces (nested Composites recursively, leaves with their one-line `Display`).
+    fn fmt_tree(&self, f: &mut fmt::Formatter<'_>, indent: usize) -> fmt::Result {
         write!(f, "Composite(shape={}", ShapeFmt(&self.shape))?;
         if let Some(d) = self.device {
             write!(f, ", device={d:?}")?;
         }
-        write!(f, ", {{")?;
-        for (i, (k, v)) in self.specs.iter().enumerate() {
-            if i > 0 {
-                write!(f, ", ")?;
-            }
+        write!(f, ")")?;
+        let pad = indent + 4;
+        for (k, v) in &self.specs {
+            write!(f, "\n{:pad$}{k}: ", "")?;
             match v {
-                Some(s) => write!(f, "{k}: {s}")?,
-                None => write!(f, "{k}: None")?,
+                Some(TensorSpec::Composite(c)) => c.fmt_tree(f, pad)?,
+                Some(s) => write!(f, "{s}")?,
+                None => write!(f, "None")?,
             }
         }
-        write!(f, "}})")
+        Ok(())
+    }
+}
+
+impl fmt::Display for Composite {
+    /// A readable tree: `Composite(shape=[..])` (with the device when set), then one line per
+    /// entry, `key: <spec>`, nested Composites indented by 4 more spaces, leaves on one line
+    /// with their own `Display`, and `key: None` for entries without a spec.
+    ///
+    /// ```
+    /// use torchrl::specs::{Categorical, Composite, Unbounded};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let spec = Composite::new([3])?
+    ///     .with("obs", Unbounded::new().with_shape([3, 2])?)?
+    ///     .with_none("info")?
+    ///     .with(("next", "action"), Categorical::new(4)?.with_shape([3])?)?;
+    /// assert_eq!(
+    ///     spec.to_string(),
+    ///     "Composite(shape=[3])\n\
+    ///      \x20   obs: Unbounded(shape=[3, 2], dtype=Float)\n\
+    ///      \x20   info: None\n\
+    ///      \x20   next: Composite(shape=[3])\n\
+    ///      \x20       action: Categorical(shape=[3], dtype=Int64, n=4)"
+    /// );
+    /// # Ok(()) }
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_tree(f, 0)
     }
 }
 
