@@ -248,25 +248,7 @@ pub trait EnvBase: Send {
         let reset = self.reset_next(td.as_ref())?;
         let specs = self.specs();
         if !self.core().allow_done_after_reset {
-            for k in specs.done_keys() {
-                let Some(v) = reset.get(&k) else { continue };
-                let mask = td.as_ref().and_then(|t| reset_mask_for(t, &k));
-                let hit = match &mask {
-                    Some(m) => v.f_logical_and(&m.f_reshape(
-                        [m.size(), vec![1; v.dim().saturating_sub(m.dim())]].concat(),
-                    )?)?,
-                    None => v.f_to_kind(Kind::Bool)?,
-                };
-                if hit.numel() > 0 && hit.f_any()?.int64_value(&[]) != 0 {
-                    return Err(Error::invalid(
-                        "reset",
-                        format!(
-                            "done entry {k} was (partially) true right after reset; an env must \
-                             start undone (set EnvCore::allow_done_after_reset to allow it)"
-                        ),
-                    ));
-                }
-            }
+            check_not_done_after_reset(&reset, td.as_ref(), specs)?;
         }
         let mut out = match td {
             Some(t) => {
@@ -280,11 +262,31 @@ pub trait EnvBase: Send {
         Ok(out)
     }
 
+    /// Resets the batch elements whose `"_reset"` masks (in `root`) are set, TorchRL's
+    /// `maybe_reset`: the env sees only the masks (so it cannot mistake the current data for a
+    /// state to reset to), and the other elements keep their values from `root`.
+    fn maybe_reset(&mut self, root: TensorDict) -> Result<TensorDict> {
+        let specs = self.specs().clone();
+        let masks = root.select(&specs.reset_keys(), false)?;
+        let fresh = self.reset_next(Some(&masks))?;
+        let merged = merge_partial_reset(&root, fresh, &specs)?;
+        if !self.core().allow_done_after_reset {
+            check_not_done_after_reset(&merged, Some(&masks), &specs)?;
+        }
+        let mut out = root.exclude(&specs.reset_keys());
+        out.update(&merged)?;
+        Ok(out)
+    }
+
     /// Steps the env with the actions in `td`; writes the results under `"next"` and returns
     /// `td`.
     fn step(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         check_batch("step", &td, self.specs())?;
-        let next = self.step_next(&td)?;
+        let mut next = self.step_next(&td)?;
+        // Entries preset under "next" that the step did not produce are kept (TorchRL).
+        if let Some(preset) = td.get_dict("next") {
+            merge_missing(&mut next, preset)?;
+        }
         td.set("next", next)?;
         Ok(td)
     }
@@ -323,7 +325,7 @@ pub trait EnvBase: Send {
             }
         }
         if any {
-            root = self.reset(Some(root))?;
+            root = self.maybe_reset(root)?;
         }
         Ok((td, root))
     }
@@ -489,7 +491,7 @@ pub trait EnvBase: Send {
             }
         }
         if any {
-            root = self.reset(Some(root))?;
+            root = self.maybe_reset(root)?;
         }
         Ok((td, root))
     }
@@ -544,6 +546,58 @@ fn done_mask(td: &TensorDict, keys: &[NestedKey], nb: usize) -> Result<Tensor> {
     }
 }
 
+/// Errors when a done leaf of `reset` is set where the matching `"_reset"` mask of `td` is set
+/// (everywhere when there is no mask).
+fn check_not_done_after_reset(
+    reset: &TensorDict,
+    td: Option<&TensorDict>,
+    specs: &EnvSpecs,
+) -> Result<()> {
+    let nb = specs.batch_size().len();
+    for k in specs.done_keys() {
+        let Some(v) = reset.get(&k) else { continue };
+        let v = v.f_to_kind(Kind::Bool)?;
+        let hit = match td.and_then(|t| reset_mask_for(t, &k)) {
+            Some(m) => {
+                let m = batch_mask(&m, nb, v.dim())?.f_to_device(v.device())?;
+                v.f_logical_and(&m)?
+            }
+            None => v,
+        };
+        if hit.numel() > 0 && hit.f_any()?.int64_value(&[]) != 0 {
+            return Err(Error::invalid(
+                "reset",
+                format!(
+                    "done entry {k} was (partially) true right after reset; an env must start \
+                     undone (set EnvCore::allow_done_after_reset to allow it)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reduces a reset mask to the batch dims (any over extra dims), then shapes it to broadcast
+/// over a leaf with `leaf_dim` dims.
+fn batch_mask(mask: &Tensor, nb: usize, leaf_dim: usize) -> Result<Tensor> {
+    let mut m = mask.f_to_kind(Kind::Bool)?;
+    while m.dim() > nb {
+        m = m.f_any_dim(-1, false)?;
+    }
+    let shape: Vec<i64> = [m.size(), vec![1; leaf_dim.saturating_sub(m.dim())]].concat();
+    Ok(m.f_reshape(shape)?)
+}
+
+/// Adds to `next` the leaves of `preset` it does not have.
+pub(crate) fn merge_missing(next: &mut TensorDict, preset: &TensorDict) -> Result<()> {
+    for (k, e) in preset.items(true, true) {
+        if !next.contains(&k) {
+            next.set(&k, e.clone())?;
+        }
+    }
+    Ok(())
+}
+
 /// Sets every `truncated` and `done` leaf under `"next"` to true.
 fn mark_truncated(td: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
     for k in specs.done_keys() {
@@ -578,13 +632,7 @@ fn merge_partial_reset(
         if old.size() != new.size() {
             continue;
         }
-        // Reduce the mask to the batch dims, then broadcast it over the leaf's feature dims.
-        let mut m = mask;
-        while m.dim() > nb {
-            m = m.f_any_dim(-1, false)?;
-        }
-        let shape: Vec<i64> = [m.size(), vec![1; new.dim().saturating_sub(m.dim())]].concat();
-        let m = m.f_reshape(shape)?.f_to_device(new.device())?;
+        let m = batch_mask(&mask, nb, new.dim())?.f_to_device(new.device())?;
         let merged = new.f_where_self(&m, &old.f_to_kind(new.kind())?)?;
         out.set(&k, merged)?;
     }

@@ -62,7 +62,8 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
         .iter()
         .map(|k| k.prefixed("next"))
         .collect();
-    let real = real.exclude(&state_next);
+    let full = real;
+    let real = full.exclude(&state_next);
     let fake = fake.exclude(&state_next);
 
     let rk = real.keys(true, true);
@@ -102,7 +103,10 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
     // Last step: containment.
     let mut idx: Vec<crate::BatchIndex> = (0..nb).map(|_| crate::BatchIndex::full()).collect();
     idx.push(crate::BatchIndex::Int(-1));
-    let last = real.index(&idx)?;
+    // Containment is checked on the unfiltered last step (a key may be both an observation and
+    // a state, e.g. an episode sum; its ("next", key) entry was only left out of the key-set
+    // comparison).
+    let last = full.index(&idx)?;
     let last = env.rand_action(Some(last))?;
     let root_groups: [(&str, &Composite); 4] = [
         ("action", &specs.action),

@@ -71,9 +71,9 @@ impl fmt::Display for SpecGroup {
     }
 }
 
-/// Sorts keys by depth (shallow first), keeping the order within a depth, as TorchRL does.
+/// Sorts keys by depth (shallow first), then by their dot-joined name, as TorchRL does.
 fn by_depth(mut keys: Vec<NestedKey>) -> Vec<NestedKey> {
-    keys.sort_by_key(NestedKey::len);
+    keys.sort_by_cached_key(|k| (k.len(), k.parts().collect::<Vec<_>>().join(".")));
     keys
 }
 

@@ -68,6 +68,9 @@ pub fn step_mdp(
         excluded.extend(done_keys);
     }
     let mut out = next.exclude(&excluded);
+    // Levels emptied by the exclusion go too (TorchRL's step_mdp never creates them), so the
+    // next root has the same structure as a reset output.
+    prune_emptied(&mut out, next);
     if opts.keep_other {
         let mut root_excl = excluded.clone();
         if opts.exclude_action {
@@ -84,6 +87,20 @@ pub fn step_mdp(
         }
     }
     Ok(out)
+}
+
+/// Removes the levels of `out` that have no leaves while the same level in `before` had some.
+fn prune_emptied(out: &mut TensorDict, before: &TensorDict) {
+    let levels: Vec<NestedKey> = out
+        .items(true, false)
+        .into_iter()
+        .filter_map(|(k, e)| e.as_dict().map(|d| (k, d.is_empty())))
+        .filter(|(k, empty)| *empty && before.get_dict(k).is_some_and(|d| !d.is_empty()))
+        .map(|(k, _)| k)
+        .collect();
+    for k in levels {
+        out.remove(&k);
+    }
 }
 
 /// Views each reward to its spec's shape (a scalar-per-env reward becomes `[*batch, 1]`).

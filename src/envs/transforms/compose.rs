@@ -89,6 +89,28 @@ impl Compose {
         self.transforms.get_mut(index)
     }
 
+    /// The transform at `index` as its concrete type, if it is a `T`.
+    ///
+    /// ```
+    /// use torchrl::envs::transforms::{Compose, StepCounter};
+    /// let mut c = Compose::new();
+    /// c.push(StepCounter::new());
+    /// assert!(c.get_as::<StepCounter>(0).is_some());
+    /// ```
+    pub fn get_as<T: Transform + 'static>(&self, index: usize) -> Option<&T> {
+        self.transforms
+            .get(index)
+            .and_then(|b| (**b).as_any().downcast_ref::<T>())
+    }
+
+    /// The transform at `index` as its concrete type, mutably (call
+    /// `TransformedEnv::refresh_specs` after changing anything that affects specs).
+    pub fn get_as_mut<T: Transform + 'static>(&mut self, index: usize) -> Option<&mut T> {
+        self.transforms
+            .get_mut(index)
+            .and_then(|b| (**b).as_any_mut().downcast_mut::<T>())
+    }
+
     /// The transforms in order.
     pub fn iter(&self) -> impl Iterator<Item = &dyn Transform> {
         self.transforms.iter().map(|b| &**b)
@@ -183,5 +205,13 @@ impl Transform for Compose {
 
     fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
         self.transforms.iter_mut().try_fold(td, |d, t| t.forward(d))
+    }
+
+    fn set_seed(&mut self, seed: u64) -> Result<()> {
+        // Each transform gets its own stream, derived from the seed and its position.
+        for (i, t) in self.transforms.iter_mut().enumerate() {
+            t.set_seed(seed.wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)))?;
+        }
+        Ok(())
     }
 }

@@ -32,6 +32,40 @@
 mod compose;
 mod transformed_env;
 
+// reward & episode transforms
+mod action_clamp;
+mod init_tracker;
+mod reward_clipping;
+mod reward_scaling;
+mod reward_sum;
+mod step_counter;
+mod tensordict_primer;
+pub use action_clamp::{ActionClamp, NanPolicy};
+pub use init_tracker::InitTracker;
+pub use reward_clipping::RewardClipping;
+pub use reward_scaling::RewardScaling;
+pub use reward_sum::RewardSum;
+pub use step_counter::StepCounter;
+pub use tensordict_primer::TensorDictPrimer;
+// end reward & episode transforms
+
+// key, dtype and normalisation transforms
+mod cat_tensors;
+mod dtype_cast;
+mod exclude;
+mod observation_norm;
+mod rename;
+mod select;
+mod unsqueeze;
+pub use cat_tensors::CatTensors;
+pub use dtype_cast::{DTypeCast, DoubleToFloat};
+pub use exclude::ExcludeTransform;
+pub use observation_norm::{InitStats, ObservationNorm};
+pub use rename::RenameTransform;
+pub use select::SelectTransform;
+pub use unsqueeze::UnsqueezeTransform;
+// end key, dtype and normalisation transforms
+
 pub use compose::Compose;
 pub use transformed_env::TransformedEnv;
 
@@ -40,8 +74,26 @@ use crate::data::specs::Composite;
 use crate::error::Result;
 use crate::tensordict::{NestedKey, TensorDict};
 
+/// Access to a transform's concrete type once it is boxed in a [`Compose`] (see
+/// [`Compose::get_as`]). Implemented for every `'static` type; never implement it by hand.
+pub trait AsAny {
+    /// `self` as `&dyn Any`.
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// `self` as `&mut dyn Any`.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
 /// A composable rewrite of an environment's specs and data. Every hook defaults to a no-op.
-pub trait Transform: Send {
+pub trait Transform: Send + AsAny {
     /// A short name used in error messages (`"RewardScaling(loc=0, scale=0.1)"`).
     fn name(&self) -> String;
 
@@ -118,6 +170,12 @@ pub trait Transform: Send {
     /// shallow copy, so renaming keys here does not change the caller's tensordict.
     fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
         Ok(td)
+    }
+
+    /// Seeds the transform's own randomness (called by `TransformedEnv::set_seed` after the
+    /// base env is seeded).
+    fn set_seed(&mut self, _seed: u64) -> Result<()> {
+        Ok(())
     }
 
     /// Applies the transform to offline data (a tensordict from a buffer, not an env step).

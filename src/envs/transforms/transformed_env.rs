@@ -169,12 +169,17 @@ impl<E: EnvBase> EnvBase for TransformedEnv<E> {
 
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
         let td_in = self.transform.inv(td.clone())?;
-        let next = self.base.step_next(&td_in)?;
+        let mut next = self.base.step_next(&td_in)?;
+        // Entries preset under "next" that the base env did not produce reach the transforms.
+        if let Some(preset) = td.get_dict("next") {
+            crate::envs::base::merge_missing(&mut next, preset)?;
+        }
         self.transform.step(&td_in, next)
     }
 
     fn set_seed_impl(&mut self, seed: u64) -> Result<()> {
-        self.base.set_seed(seed).map(|_| ())
+        self.base.set_seed(seed)?;
+        self.transform.set_seed(seed)
     }
 }
 

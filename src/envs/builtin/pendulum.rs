@@ -1,0 +1,326 @@
+//! `PendulumEnv`: gymnasium's `Pendulum-v1` (inverted pendulum swing-up), batched and
+//! tensor-native.
+//!
+//! | key | spec | shape | dtype |
+//! |-----|------|-------|-------|
+//! | `"observation"` | `Bounded([-1, -1, -8], [1, 1, 8])`: `[cos θ, sin θ, θ̇]` | `[*B, 3]` | float32 |
+//! | `"action"` | `Bounded(-2, 2)`: the torque | `[*B, 1]` | float32 |
+//! | `"reward"` | `Unbounded`: `-(norm(θ)² + 0.1 θ̇² + 0.001 u²)` | `[*B, 1]` | float32 |
+//! | `"done"`, `"terminated"` | always false (Pendulum never terminates) | `[*B, 1]` | bool |
+//! | `"state"` (state spec) | `Unbounded`: `[θ, θ̇]` | `[*B, 2]` | float64 |
+//!
+//! Dynamics, constants (`g = 10`, `m = l = 1`, `dt = 0.05`, `|θ̇| ≤ 8`, `|u| ≤ 2`, out-of-range
+//! torques are clipped) and the initial distribution (`θ ~ U[-π, π)`, `θ̇ ~ U[-1, 1)`, drawn
+//! with [`EnvCore::generator`], so [`EnvBase::set_seed`] makes resets reproducible) are
+//! gymnasium's. Gymnasium's `TimeLimit` (200 steps) is **not** part of the env: add a
+//! `StepCounter` transform for it.
+//!
+//! **Actions** must have shape `[*B, 1]` and a float dtype (cast to float32, the dtype of
+//! gymnasium's action space); another shape, an integer or bool dtype, or a missing
+//! `"action"` is an error ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
+//! [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::Error::KeyNotFound)).
+//!
+//! **State.** The physical state `[θ, θ̇]` is kept in float64, as gymnasium keeps it: the
+//! pendulum amplifies rounding errors (near the upright position they grow by e^3.9 per
+//! second), and float32 dynamics drift from gymnasium's by more than 1e-4 within 50 steps.
+//! Observations, actions and rewards are float32, as gymnasium's spaces and TorchRL's
+//! `GymEnv` have them. The state is written as `"state"` by every reset and step (not part of
+//! the observation spec: `check_env_specs` ignores `("next", "state")`), so the root of each
+//! rollout step holds the state that step started from.
+//!
+//! **Resetting to a given state.** `reset` with a tensordict holding `"state"` (`[*B, 2]`, any
+//! float dtype) and **no** `"_reset"` entry starts from that state instead of sampling. With a
+//! `"_reset"` mask only the masked elements are reset, always to fresh samples (a `"state"`
+//! in the tensordict is then the current state carried over from the previous step, as in
+//! `step_and_maybe_reset`, and is ignored); the other elements keep their state.
+//!
+//! ```
+//! use tch::{Device, Tensor};
+//! use torchrl::envs::builtin::PendulumEnv;
+//! use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! let mut env = PendulumEnv::new(&[4], Device::Cpu)?;
+//! env.set_seed(0)?;
+//! let traj = env.rollout(10, None, &RolloutConfig::default())?;
+//! assert_eq!(traj.batch_size(), &[4, 10]); // never terminates
+//! assert_eq!(traj.get_or_err(("next", "observation"))?.size(), vec![4, 10, 3]);
+//! check_env_specs(&mut env, Some(0))?;
+//!
+//! // Upright and at rest, with no torque: stays there, reward 0.
+//! let mut single = PendulumEnv::new(&[], Device::Cpu)?;
+//! let start = TensorDict::new([])?.with("state", Tensor::from_slice(&[0.0f64, 0.0]))?;
+//! let td = single.reset(Some(start))?;
+//! let td = single.step(td.with("action", Tensor::from_slice(&[0.0f32]))?)?;
+//! assert_eq!(td.get_or_err(("next", "reward"))?.double_value(&[0]), 0.0);
+//! assert_eq!(td.get_or_err(("next", "observation"))?.double_value(&[0]), 1.0); // cos θ
+//! # Ok(()) }
+//! ```
+
+use std::f64::consts::PI;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::data::specs::{Bounded, Unbounded};
+use crate::envs::{EnvBase, EnvCore, EnvSpecs};
+use crate::error::{Error, Result};
+use crate::rng::Generator;
+use crate::tensordict::{NestedKey, TensorDict};
+
+const MAX_SPEED: f64 = 8.0;
+const MAX_TORQUE: f64 = 2.0;
+const DT: f64 = 0.05;
+const G: f64 = 10.0;
+const M: f64 = 1.0;
+const L: f64 = 1.0;
+
+/// Gymnasium's `Pendulum-v1`, batched. See the module docs.
+pub struct PendulumEnv {
+    core: EnvCore,
+    /// `[*B, 2]` float64: `[θ, θ̇]`.
+    state: Tensor,
+}
+
+impl PendulumEnv {
+    /// A pendulum env with batch size `batch_size` (`&[]` for a single pendulum) on `device`.
+    /// The state starts as a sample of the initial distribution; call
+    /// [`EnvBase::reset`] (after [`EnvBase::set_seed`]) before stepping.
+    pub fn new(batch_size: &[i64], device: Device) -> Result<Self> {
+        let b1: Vec<i64> = [batch_size, &[1]].concat();
+        let b2: Vec<i64> = [batch_size, &[2]].concat();
+        let b3: Vec<i64> = [batch_size, &[3]].concat();
+        let high = Tensor::f_from_slice(&[1.0f32, 1.0, MAX_SPEED as f32])?
+            .f_expand(b3.as_slice(), false)?
+            .f_contiguous()?;
+        let low = high.f_neg()?;
+        let specs = EnvSpecs::new(batch_size)?
+            .with_observation("observation", Bounded::from_tensors(low, high)?)?
+            .with_action("action", Bounded::new(-MAX_TORQUE, MAX_TORQUE, &b1)?)?
+            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?
+            .with_state(
+                STATE_KEY,
+                Unbounded::new().with_shape(&b2)?.with_dtype(Kind::Double)?,
+            )?
+            .with_device(device)?;
+        let core = EnvCore::new(specs)?;
+        let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
+        Ok(PendulumEnv { core, state })
+    }
+
+    /// The current state `[θ, θ̇]` (`[*B, 2]`, float64), a copy.
+    pub fn state(&self) -> Result<Tensor> {
+        Ok(self.state.f_detach_copy()?)
+    }
+
+    /// Gymnasium's initial distribution: `θ ~ U[-π, π)`, `θ̇ ~ U[-1, 1)`.
+    fn sample(gen: &mut Generator, batch: &[i64], device: Device) -> Result<Tensor> {
+        let shape: Vec<i64> = [batch, &[2]].concat();
+        let high = Tensor::f_from_slice(&[PI, 1.0])?.f_expand(shape.as_slice(), false)?;
+        let low = high.f_neg()?;
+        Ok(gen.uniform_tensor(&low, &high)?.f_to_device(device)?)
+    }
+
+    fn output(&self, reward: Option<Tensor>) -> Result<TensorDict> {
+        let th = self.state.f_narrow(-1, 0, 1)?;
+        let thdot = self.state.f_narrow(-1, 1, 1)?;
+        let obs = Tensor::f_cat(&[th.f_cos()?, th.f_sin()?, thdot], -1)?.f_to_kind(Kind::Float)?;
+        let done = Tensor::f_zeros(th.size(), (Kind::Bool, th.device()))?;
+        let mut td = TensorDict::new(self.core.specs().batch_size())?
+            .with("observation", obs)?
+            .with(STATE_KEY, self.state.f_detach_copy()?)?
+            .with("done", done.shallow_clone())?
+            .with("terminated", done)?;
+        if let Some(r) = reward {
+            td.set("reward", r)?;
+        }
+        Ok(td)
+    }
+}
+
+impl EnvBase for PendulumEnv {
+    fn core(&self) -> &EnvCore {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut EnvCore {
+        &mut self.core
+    }
+
+    fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
+        let op = "PendulumEnv::reset";
+        let batch = self.core.specs().batch_size().to_vec();
+        let device = self.core.specs().device();
+        match reset_plan(op, td, &batch, 2, device)? {
+            ResetPlan::Given(s) => self.state = s,
+            ResetPlan::Sample(mask) => {
+                let fresh = Self::sample(&mut self.core_mut().generator, &batch, device)?;
+                self.state = match mask {
+                    Some(m) => fresh.f_where_self(&m, &self.state)?,
+                    None => fresh,
+                };
+            }
+        }
+        self.output(None)
+    }
+
+    fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
+        let op = "PendulumEnv::step";
+        let specs = self.core.specs();
+        let b1: Vec<i64> = [specs.batch_size(), &[1]].concat();
+        let a = read_action(op, td, &b1, ActionKind::Continuous, specs.device())?;
+        // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
+        let u = a.f_clamp(-MAX_TORQUE, MAX_TORQUE)?;
+        let torque_term = u.f_mul_scalar(3.0 / (M * L * L))?.f_to_kind(Kind::Double)?;
+        let torque_cost = u.f_square()?.f_mul_scalar(0.001)?.f_to_kind(Kind::Double)?;
+        let th = self.state.f_narrow(-1, 0, 1)?;
+        let thdot = self.state.f_narrow(-1, 1, 1)?;
+        // angle_normalize(th) = ((th + pi) % (2 pi)) - pi
+        let norm = th
+            .f_add_scalar(PI)?
+            .f_remainder(2.0 * PI)?
+            .f_sub_scalar(PI)?;
+        let costs = norm
+            .f_square()?
+            .f_add(&thdot.f_square()?.f_mul_scalar(0.1)?)?
+            .f_add(&torque_cost)?;
+        let accel = th
+            .f_sin()?
+            .f_mul_scalar(3.0 * G / (2.0 * L))?
+            .f_add(&torque_term)?;
+        let new_thdot = thdot
+            .f_add(&accel.f_mul_scalar(DT)?)?
+            .f_clamp(-MAX_SPEED, MAX_SPEED)?;
+        let new_th = th.f_add(&new_thdot.f_mul_scalar(DT)?)?;
+        self.state = Tensor::f_cat(&[new_th, new_thdot], -1)?;
+        let reward = costs.f_neg()?.f_to_kind(Kind::Float)?;
+        self.output(Some(reward))
+    }
+}
+
+// ------------------------------------------------------------------ shared by the builtin envs
+
+/// The state-spec key under which the classic-control envs read and write their state.
+pub(super) const STATE_KEY: &str = "state";
+
+/// What kind of action an env reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ActionKind {
+    /// Any floating dtype, cast to float32.
+    Continuous,
+    /// Any integer or bool dtype, cast to int64.
+    Discrete,
+}
+
+fn is_float(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
+    )
+}
+
+fn is_integral(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64 | Kind::Bool
+    )
+}
+
+/// Reads `td["action"]`, checks its shape (exactly `shape`) and dtype family, and returns it on
+/// `device` as float32 (continuous) or int64 (discrete).
+pub(super) fn read_action(
+    op: &'static str,
+    td: &TensorDict,
+    shape: &[i64],
+    kind: ActionKind,
+    device: Device,
+) -> Result<Tensor> {
+    let a = td.get_or_err("action")?;
+    let key = NestedKey::from("action").to_string();
+    if a.size() != shape {
+        return Err(Error::ShapeMismatch {
+            op,
+            key,
+            expected: shape.to_vec(),
+            actual: a.size(),
+        });
+    }
+    let (ok, target) = match kind {
+        ActionKind::Continuous => (is_float(a.kind()), Kind::Float),
+        ActionKind::Discrete => (is_integral(a.kind()), Kind::Int64),
+    };
+    if !ok {
+        return Err(Error::DtypeMismatch {
+            op,
+            key,
+            expected: target,
+            actual: a.kind(),
+        });
+    }
+    Ok(a.f_to_device(device)?.f_to_kind(target)?)
+}
+
+/// How a reset sets the state.
+pub(super) enum ResetPlan {
+    /// Start from this state (`[*B, n]`, float64, on the env's device; a fresh copy).
+    Given(Tensor),
+    /// Sample a fresh state; with a mask (`[*B, 1]` bool), only for the masked elements.
+    Sample(Option<Tensor>),
+}
+
+/// Decides how to reset from the tensordict given to `reset`: a `"_reset"` entry (shape
+/// `[*B]` or `[*B, ...]`, reduced with `any` over the trailing dims) selects elements to
+/// re-sample; otherwise a `"state"` entry of shape `[*B, state_dim]` (any float dtype) is the
+/// state to start from; otherwise every element is sampled.
+pub(super) fn reset_plan(
+    op: &'static str,
+    td: Option<&TensorDict>,
+    batch: &[i64],
+    state_dim: i64,
+    device: Device,
+) -> Result<ResetPlan> {
+    let Some(td) = td else {
+        return Ok(ResetPlan::Sample(None));
+    };
+    if let Some(m) = td.get("_reset") {
+        let size = m.size();
+        if size.get(..batch.len()) != Some(batch) {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: NestedKey::from("_reset").to_string(),
+                expected: batch.to_vec(),
+                actual: size,
+            });
+        }
+        let mut m = m.f_to_device(device)?.f_to_kind(Kind::Bool)?;
+        while m.dim() > batch.len() {
+            m = m.f_any_dim(-1, false)?;
+        }
+        return Ok(ResetPlan::Sample(Some(m.f_unsqueeze(-1)?)));
+    }
+    let Some(s) = td.get(STATE_KEY) else {
+        return Ok(ResetPlan::Sample(None));
+    };
+    let key = NestedKey::from(STATE_KEY).to_string();
+    let shape: Vec<i64> = [batch, &[state_dim]].concat();
+    if s.size() != shape {
+        return Err(Error::ShapeMismatch {
+            op,
+            key,
+            expected: shape,
+            actual: s.size(),
+        });
+    }
+    if !is_float(s.kind()) {
+        return Err(Error::DtypeMismatch {
+            op,
+            key,
+            expected: Kind::Double,
+            actual: s.kind(),
+        });
+    }
+    Ok(ResetPlan::Given(
+        s.f_to_device(device)?
+            .f_to_kind(Kind::Double)?
+            .f_detach_copy()?,
+    ))
+}

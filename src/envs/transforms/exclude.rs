@@ -1,0 +1,136 @@
+//! `ExcludeTransform`: removes entries from what the env returns (at step and at reset) and from
+//! its output specs.
+//!
+//! Each key is deleted from the done, reward and observation specs that hold it (a key naming a
+//! nested level removes the whole level); a key in none of them is an error naming it, as in
+//! TorchRL (`"Key ... not found in the environment outputs"`). Excluding `"terminated"` leaves
+//! the done keys `["done"]`.
+//!
+//! With [`ExcludeTransform::with_inverse`]`(true)` the keys are instead removed from the data
+//! going **into** the parent (the inverse path; the specs are unchanged, and the keys need not
+//! be in any spec): use it to drop policy outputs the parent must not see.
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{ExcludeTransform, TransformedEnv};
+//! use torchrl::{EnvBase, NestedKey, RolloutConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let mut env = TransformedEnv::new(CountingEnv::new(5, &[])?)?
+//!     .with(ExcludeTransform::new(["terminated"]))?;
+//! assert_eq!(env.done_keys(), [NestedKey::from("done")]);
+//! let traj = env.rollout(3, None, &RolloutConfig::default())?;
+//! assert!(!traj.contains(("next", "terminated")) && !traj.contains("terminated"));
+//! assert!(TransformedEnv::new(CountingEnv::new(5, &[])?)?
+//!     .with(ExcludeTransform::new(["nonexistent"]))
+//!     .is_err());
+//! # Ok(()) }
+//! ```
+
+use super::Transform;
+use crate::envs::{EnvSpecs, SpecGroup};
+use crate::error::{Error, Result};
+use crate::tensordict::{NestedKey, TensorDict};
+
+/// Removes entries from the env's outputs (or, inverse, its inputs). See the module docs.
+pub struct ExcludeTransform {
+    keys: Vec<NestedKey>,
+    inverse: bool,
+}
+
+fn fmt_key_list(keys: &[NestedKey]) -> String {
+    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    format!("[{}]", names.join(", "))
+}
+
+impl ExcludeTransform {
+    /// Excludes `keys` from the env's outputs.
+    pub fn new<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Self {
+        ExcludeTransform {
+            keys: keys.into_iter().map(Into::into).collect(),
+            inverse: false,
+        }
+    }
+
+    /// With `true`, exclude the keys from the data going into the parent instead (specs
+    /// unchanged).
+    pub fn with_inverse(mut self, inverse: bool) -> Self {
+        self.inverse = inverse;
+        self
+    }
+
+    /// The excluded keys.
+    pub fn keys(&self) -> &[NestedKey] {
+        &self.keys
+    }
+
+    fn drop_keys(&self, mut td: TensorDict) -> TensorDict {
+        for k in &self.keys {
+            td.remove(k);
+        }
+        td
+    }
+}
+
+impl Transform for ExcludeTransform {
+    fn name(&self) -> String {
+        format!(
+            "ExcludeTransform(keys={}{})",
+            fmt_key_list(&self.keys),
+            if self.inverse { ", inverse" } else { "" }
+        )
+    }
+
+    fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        if self.inverse {
+            return Ok(specs);
+        }
+        for k in &self.keys {
+            let mut found = false;
+            for g in [SpecGroup::Done, SpecGroup::Reward, SpecGroup::Observation] {
+                if specs.group(g).contains(k) {
+                    specs.group_mut(g).remove(k)?;
+                    found = true;
+                }
+            }
+            if !found {
+                return Err(Error::KeyNotFound {
+                    op: "ExcludeTransform (key not found in the environment outputs: done, reward \
+                         and observation specs)",
+                    key: k.to_string(),
+                    available: specs
+                        .done_keys()
+                        .into_iter()
+                        .chain(specs.reward_keys())
+                        .chain(specs.observation_keys())
+                        .map(|k| k.to_string())
+                        .collect(),
+                });
+            }
+        }
+        Ok(specs)
+    }
+
+    fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
+        Ok(if self.inverse {
+            next
+        } else {
+            self.drop_keys(next)
+        })
+    }
+
+    fn reset(&mut self, _td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
+        Ok(if self.inverse {
+            reset
+        } else {
+            self.drop_keys(reset)
+        })
+    }
+
+    fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
+        Ok(if self.inverse { self.drop_keys(td) } else { td })
+    }
+
+    fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+        Ok(if self.inverse { td } else { self.drop_keys(td) })
+    }
+}

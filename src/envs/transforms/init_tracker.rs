@@ -1,0 +1,169 @@
+//! `InitTracker`: marks the first step of every episode.
+//!
+//! For every done group of the parent env (TorchRL's filtered reset keys), the transform writes a
+//! bool entry `is_init` (the done leaves' shape) next to the group's done flags: true in the
+//! tensordict returned by reset (for the batch elements being reset: the group's `"_reset"` mask,
+//! or all of them without a mask), false in every step's output. Recurrent policies use it to
+//! reset their hidden state. The key is declared as a `Categorical(2)` bool leaf of the
+//! observation spec; a parent that already declares it (e.g. a second `InitTracker` with the
+//! same key) is rejected when the transform joins the env.
+//!
+//! [`Transform::forward`] leaves offline data unchanged (the flag only exists along env steps).
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{InitTracker, TransformedEnv};
+//! use torchrl::envs::{EnvBase, RolloutConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let mut env = TransformedEnv::new(CountingEnv::new(3, &[])?)?.with(InitTracker::new())?;
+//! let traj = env.rollout(7, None, &RolloutConfig::no_break())?;
+//! let init = Vec::<bool>::try_from(traj.get_or_err("is_init")?.reshape([-1]))?;
+//! assert_eq!(init, vec![true, false, false, true, false, false, true]);
+//! # Ok(()) }
+//! ```
+
+use tch::{Device, Kind, Tensor};
+
+use super::reward_sum::{done_shape, expand_right, reset_mask, reset_roots};
+use super::Transform;
+use crate::data::specs::Categorical;
+use crate::envs::EnvSpecs;
+use crate::error::{Error, Result};
+use crate::tensordict::{NestedKey, TensorDict};
+
+/// Writes `is_init`: true right after a reset, false after a step. See the module docs.
+#[derive(Clone, Debug)]
+pub struct InitTracker {
+    init_key: String,
+    /// (done-group prefix, init key, done shape), resolved when joining an env.
+    groups: Vec<(NestedKey, NestedKey, Vec<i64>)>,
+    device: Device,
+}
+
+impl Default for InitTracker {
+    fn default() -> Self {
+        InitTracker {
+            init_key: "is_init".into(),
+            groups: Vec::new(),
+            device: Device::Cpu,
+        }
+    }
+}
+
+impl InitTracker {
+    /// Tracks episode starts in `is_init`.
+    pub fn new() -> Self {
+        InitTracker::default()
+    }
+
+    /// The leaf name of the flag (default `"is_init"`), placed in each done group.
+    pub fn with_init_key(mut self, name: impl Into<String>) -> Self {
+        self.init_key = name.into();
+        self
+    }
+
+    fn not_attached(&self, op: &'static str) -> Error {
+        Error::invalid(
+            op,
+            format!(
+                "{} has not joined an environment; add it to a TransformedEnv first",
+                self.name()
+            ),
+        )
+    }
+}
+
+impl Transform for InitTracker {
+    fn name(&self) -> String {
+        format!("InitTracker(init_key={:?})", self.init_key)
+    }
+
+    fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
+        let op = "InitTracker::attach";
+        let name = self.init_key.as_str();
+        if name.is_empty() || name == "_reset" || name == "next" {
+            return Err(Error::invalid(
+                op,
+                format!("the init key must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
+            ));
+        }
+        let roots = reset_roots(parent);
+        if roots.is_empty() {
+            return Err(Error::invalid(
+                op,
+                "the parent env has no done group to track resets for",
+            ));
+        }
+        let mut groups = Vec::with_capacity(roots.len());
+        for root in roots {
+            let shape = done_shape(parent, &root, op)?;
+            let key = root.join(name);
+            for (what, c) in [
+                ("observation", &parent.observation),
+                ("reward", &parent.reward),
+                ("done", &parent.done),
+            ] {
+                if c.contains(&key) {
+                    return Err(Error::invalid(
+                        op,
+                        format!("the init key {key} is already in the parent's {what} spec"),
+                    ));
+                }
+            }
+            groups.push((root, key, shape));
+        }
+        self.device = parent.device();
+        self.groups = groups;
+        Ok(())
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.groups.iter().map(|(_, k, _)| k.clone()).collect()
+    }
+
+    fn transform_observation_spec(
+        &self,
+        mut spec: crate::data::specs::Composite,
+    ) -> Result<crate::data::specs::Composite> {
+        for (_, key, shape) in &self.groups {
+            let leaf = Categorical::new(2)?
+                .with_shape(shape)?
+                .with_dtype(Kind::Bool)?
+                .with_device(self.device)?;
+            spec.set(key, leaf)?;
+        }
+        Ok(spec)
+    }
+
+    fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
+        if self.groups.is_empty() {
+            return Err(self.not_attached("InitTracker::step"));
+        }
+        for (_, key, shape) in &self.groups {
+            if next.get(key).is_none() {
+                next.set(
+                    key,
+                    Tensor::f_zeros(shape.as_slice(), (Kind::Bool, self.device))?,
+                )?;
+            }
+        }
+        Ok(next)
+    }
+
+    fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
+        let op = "InitTracker::reset";
+        if self.groups.is_empty() {
+            return Err(self.not_attached(op));
+        }
+        for (root, key, shape) in &self.groups {
+            let value = match reset_mask(td, root)? {
+                Some(m) => expand_right(&m, shape, op, key)?
+                    .f_to_device(self.device)?
+                    .f_contiguous()?,
+                None => Tensor::f_ones(shape.as_slice(), (Kind::Bool, self.device))?,
+            };
+            reset.set(key, value)?;
+        }
+        Ok(reset)
+    }
+}

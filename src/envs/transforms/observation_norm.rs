@@ -1,0 +1,817 @@
+//! `ObservationNorm`: an affine map of observations, `obs * scale + loc` (or, with
+//! `standard_normal`, `(obs - loc) / scale`), with statistics given or computed from rollouts.
+//!
+//! - **Keys.** `in_keys` are required (observation keys of the parent); the results go to
+//!   `out_keys` (default: the in keys). Optional inverse keys map actions / states back on their
+//!   way into the parent: `in_keys_inv` are the parent-side names, `out_keys_inv` the policy-side
+//!   ones (default: the same), as in TorchRL.
+//! - **Specs.** A `Bounded` spec's `low`/`high` go through the same map (so `(loc=1, scale=2)` on
+//!   `Bounded(0, 1)` gives `Bounded(1, 3)`); other specs are kept. Inverse keys' action / state
+//!   specs are mapped forward too (the policy sees the normalised space). Keys must have a
+//!   floating dtype; a key missing from its spec group is an error naming it.
+//! - **Data.** `step` maps `next[in_key]`; `reset` maps the reset observations (so the first root
+//!   observation is normalised too). `loc` and `scale` are cast to each value's dtype and device,
+//!   so a float32 observation stays float32 whatever the statistics' dtype.
+//! - **Statistics.** Give them to [`ObservationNorm::new`] (scalars) or
+//!   [`ObservationNorm::from_tensors`], or build the transform with
+//!   [`ObservationNorm::uninitialized`] and call [`ObservationNorm::init_stats`] with the env it
+//!   will be appended to **before** appending it (see below).
+//!
+//! **Differences from TorchRL**, on purpose:
+//! - a non-positive (or non-finite) `scale` passed by the user is an error; TorchRL silently
+//!   clamps it to `eps`, which turns a sign mistake into a wrong but running normalisation. User
+//!   scales are used as given; `eps` only floors the standard deviations computed by
+//!   [`ObservationNorm::init_stats`] (a constant feature gets scale `1/eps`, or `eps` with
+//!   `standard_normal`, exactly as in TorchRL);
+//! - `init_stats` takes the parent env as an argument. TorchRL reaches it through the
+//!   transform's `parent`; here a transform inside a [`TransformedEnv`](super::TransformedEnv) is
+//!   a boxed trait object, so the statistics are computed first and the initialised transform is
+//!   then appended. Appending an uninitialised `ObservationNorm` is refused, which also makes
+//!   TorchRL's "initialized in the wrong order" error impossible: every normaliser already in
+//!   the env has its statistics;
+//! - TorchRL's "mixed initialized and uninitialized loc and scale" error cannot happen: the
+//!   constructors take both statistics or none.
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{ObservationNorm, TransformedEnv};
+//! use torchrl::{EnvBase, RolloutConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let base = CountingEnv::new(100, &[])?;
+//! let mut env = TransformedEnv::new(base)?
+//!     .with(ObservationNorm::new(1.0, 2.0, ["observation"])?)?;
+//! let traj = env.rollout(3, None, &RolloutConfig::default())?;
+//! // next observations 1, 2, 3 become 3, 5, 7; the first root observation 0 becomes 1
+//! assert_eq!(traj.get_or_err(("next", "observation"))?.double_value(&[2, 0]), 7.0);
+//! assert_eq!(traj.get_or_err("observation")?.double_value(&[0, 0]), 1.0);
+//!
+//! // statistics from 10 frames of the env the transform is about to join
+//! let mut env = TransformedEnv::new(CountingEnv::new(100, &[])?)?;
+//! let mut norm = ObservationNorm::uninitialized(["observation"])?;
+//! norm.init_stats(&mut env, 10)?;
+//! let scale = norm.scale().map(|s| s.double_value(&[])).unwrap_or(0.0);
+//! assert!((scale - 0.3303).abs() < 1e-4); // 1 / std(0..9)
+//! env.append(norm)?;
+//! # Ok(()) }
+//! ```
+
+use tch::{Kind, Tensor};
+
+use super::Transform;
+use crate::data::specs::{Bounded, TensorSpec};
+use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
+use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{NestedKey, TensorDict};
+
+const OP: &str = "ObservationNorm";
+
+/// An affine normalisation of observations. See the module docs.
+pub struct ObservationNorm {
+    loc: Option<Tensor>,
+    scale: Option<Tensor>,
+    in_keys: Vec<NestedKey>,
+    out_keys: Option<Vec<NestedKey>>,
+    in_keys_inv: Vec<NestedKey>,
+    out_keys_inv: Option<Vec<NestedKey>>,
+    standard_normal: bool,
+    eps: f64,
+}
+
+/// The options of [`ObservationNorm::init_stats_with`] (TorchRL's `init_stats` arguments).
+#[derive(Clone, Debug)]
+pub struct InitStats {
+    /// Frames to collect at least: rollouts of at most `num_iter` steps are run until their
+    /// total number of frames (batch elements times steps) reaches it.
+    pub num_iter: usize,
+    /// Dims of the concatenated data to reduce over (default `[0]`). Dims are those of the
+    /// rollout tensors: `[*batch, time, *feature]`.
+    pub reduce_dim: Vec<i64>,
+    /// Dim along which the rollouts are concatenated; must be one of `reduce_dim`. Default: the
+    /// single `reduce_dim` (required when there are several).
+    pub cat_dim: Option<i64>,
+    /// Which entry to compute the statistics of (default: the only in key; required when there
+    /// are several).
+    pub key: Option<NestedKey>,
+    /// Reduced dims to keep as size-1 dims in `loc` and `scale` (each must be in `reduce_dim`).
+    pub keep_dims: Vec<i64>,
+}
+
+impl InitStats {
+    /// `num_iter` frames, reduced over dim 0.
+    pub fn new(num_iter: usize) -> Self {
+        InitStats {
+            num_iter,
+            reduce_dim: vec![0],
+            cat_dim: None,
+            key: None,
+            keep_dims: Vec::new(),
+        }
+    }
+
+    /// Sets [`InitStats::reduce_dim`].
+    pub fn with_reduce_dim(mut self, dims: impl Into<Vec<i64>>) -> Self {
+        self.reduce_dim = dims.into();
+        self
+    }
+
+    /// Sets [`InitStats::cat_dim`].
+    pub fn with_cat_dim(mut self, dim: i64) -> Self {
+        self.cat_dim = Some(dim);
+        self
+    }
+
+    /// Sets [`InitStats::key`].
+    pub fn with_key(mut self, key: impl Into<NestedKey>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets [`InitStats::keep_dims`].
+    pub fn with_keep_dims(mut self, dims: impl Into<Vec<i64>>) -> Self {
+        self.keep_dims = dims.into();
+        self
+    }
+}
+
+fn is_float(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
+    )
+}
+
+fn fmt_key_list(keys: &[NestedKey]) -> String {
+    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    format!("[{}]", names.join(", "))
+}
+
+fn collect_keys<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Vec<NestedKey> {
+    keys.into_iter().map(Into::into).collect()
+}
+
+fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
+    Error::KeyNotFound {
+        op,
+        key: key.to_string(),
+        available: td
+            .keys(true, true)
+            .into_iter()
+            .map(|k| k.to_string())
+            .collect(),
+    }
+}
+
+/// A short description of a tensor for messages: its values when there are few, else its shape.
+fn describe(t: &Tensor) -> String {
+    let vals = t
+        .f_to_kind(Kind::Double)
+        .and_then(|v| v.f_reshape([-1]))
+        .ok()
+        .and_then(|v| Vec::<f64>::try_from(&v).ok());
+    match vals {
+        Some(v) if v.len() <= 8 => format!("{v:?} (shape {})", ShapeFmt(&t.size())),
+        _ => format!("a tensor of shape {}", ShapeFmt(&t.size())),
+    }
+}
+
+/// The first value of a tensor (NaN if it cannot be read), for display.
+fn first_value(t: &Tensor) -> f64 {
+    t.f_reshape([-1])
+        .and_then(|v| v.f_double_value(&[0]))
+        .unwrap_or(f64::NAN)
+}
+
+fn all_true(t: &Tensor) -> Result<bool> {
+    Ok(t.numel() == 0 || t.f_all()?.f_int64_value(&[])? != 0)
+}
+
+/// `finfo(kind).eps` for floating kinds, TorchRL's default `eps` for tensor scales.
+fn finfo_eps(kind: Kind) -> f64 {
+    match kind {
+        Kind::Double => f64::EPSILON,
+        Kind::Half => 0.000_976_562_5,
+        Kind::BFloat16 => 0.007_812_5,
+        _ => f32::EPSILON as f64,
+    }
+}
+
+/// Checks user-given statistics: floating, finite, `scale > 0` everywhere.
+fn check_stats(loc: &Tensor, scale: &Tensor) -> Result<()> {
+    for (name, t) in [("loc", loc), ("scale", scale)] {
+        if !is_float(t.kind()) {
+            return Err(Error::invalid(
+                OP,
+                format!("{name} must have a floating dtype, got {:?}", t.kind()),
+            ));
+        }
+        if !all_true(&t.f_isfinite()?)? {
+            return Err(Error::invalid(
+                OP,
+                format!("{name} has non-finite values: {}", describe(t)),
+            ));
+        }
+    }
+    if !all_true(&scale.f_gt(0.0)?)? {
+        let min = scale.f_min()?.f_double_value(&[])?;
+        return Err(Error::invalid(
+            OP,
+            format!(
+                "scale must be > 0 everywhere, got a minimum of {min}; TorchRL would silently clamp \
+                 it to eps, this port refuses it (to flip the sign of an observation, negate it \
+                 explicitly)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl ObservationNorm {
+    fn build(
+        in_keys: Vec<NestedKey>,
+        loc: Option<Tensor>,
+        scale: Option<Tensor>,
+        eps: f64,
+    ) -> Result<Self> {
+        if in_keys.is_empty() {
+            return Err(Error::invalid(
+                OP,
+                "in_keys are required (the observation keys to normalise); TorchRL dropped its \
+                 default keys for the same reason",
+            ));
+        }
+        Ok(ObservationNorm {
+            loc,
+            scale,
+            in_keys,
+            out_keys: None,
+            in_keys_inv: Vec::new(),
+            out_keys_inv: None,
+            standard_normal: false,
+            eps,
+        })
+    }
+
+    /// Scalar statistics (float32, as TorchRL's default dtype). Errors when `in_keys` is empty,
+    /// `scale <= 0`, or a value is not finite.
+    pub fn new<K: Into<NestedKey>>(
+        loc: f64,
+        scale: f64,
+        in_keys: impl IntoIterator<Item = K>,
+    ) -> Result<Self> {
+        let loc = Tensor::from(loc as f32);
+        let scale = Tensor::from(scale as f32);
+        check_stats(&loc, &scale)?;
+        Self::build(collect_keys(in_keys), Some(loc), Some(scale), 1e-6)
+    }
+
+    /// Tensor statistics (broadcast against each value's feature dims; any floating dtype).
+    /// `eps` defaults to the machine epsilon of `scale`'s dtype, as in TorchRL. Errors as
+    /// [`ObservationNorm::new`].
+    pub fn from_tensors<K: Into<NestedKey>>(
+        loc: Tensor,
+        scale: Tensor,
+        in_keys: impl IntoIterator<Item = K>,
+    ) -> Result<Self> {
+        check_stats(&loc, &scale)?;
+        let eps = finfo_eps(scale.kind());
+        Self::build(collect_keys(in_keys), Some(loc), Some(scale), eps)
+    }
+
+    /// No statistics yet: call [`ObservationNorm::init_stats`] before appending the transform.
+    pub fn uninitialized<K: Into<NestedKey>>(in_keys: impl IntoIterator<Item = K>) -> Result<Self> {
+        Self::build(collect_keys(in_keys), None, None, 1e-6)
+    }
+
+    /// Where the results are written (one per in key; default: the in keys).
+    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.out_keys = Some(collect_keys(keys));
+        self
+    }
+
+    /// Parent-side names of the action / state entries mapped back on their way in.
+    pub fn with_in_keys_inv<K: Into<NestedKey>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Self {
+        self.in_keys_inv = collect_keys(keys);
+        self
+    }
+
+    /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
+    pub fn with_out_keys_inv<K: Into<NestedKey>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Self {
+        self.out_keys_inv = Some(collect_keys(keys));
+        self
+    }
+
+    /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
+    /// stores the mean and standard deviation as they are.
+    pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
+        self.standard_normal = standard_normal;
+        self
+    }
+
+    /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
+    /// machine epsilon of a tensor scale's dtype).
+    pub fn with_eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    /// The location, once known.
+    pub fn loc(&self) -> Option<&Tensor> {
+        self.loc.as_ref()
+    }
+
+    /// The scale, once known.
+    pub fn scale(&self) -> Option<&Tensor> {
+        self.scale.as_ref()
+    }
+
+    /// True once `loc` and `scale` are set.
+    pub fn is_initialized(&self) -> bool {
+        self.loc.is_some() && self.scale.is_some()
+    }
+
+    /// Whether the transform standardises.
+    pub fn standard_normal(&self) -> bool {
+        self.standard_normal
+    }
+
+    /// The in keys.
+    pub fn in_keys(&self) -> &[NestedKey] {
+        &self.in_keys
+    }
+
+    fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        pair_up(&self.name(), &self.in_keys, &self.out_keys, "")
+    }
+
+    fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        pair_up(
+            &self.name(),
+            &self.in_keys_inv,
+            &self.out_keys_inv,
+            " (inverse keys)",
+        )
+    }
+
+    fn stats(&self) -> Result<(&Tensor, &Tensor)> {
+        match (&self.loc, &self.scale) {
+            (Some(l), Some(s)) => Ok((l, s)),
+            _ => Err(Error::invalid(
+                OP,
+                format!(
+                    "ObservationNorm on {}: loc/scale have not been initialized; pass them to the \
+                     constructor or call init_stats",
+                    fmt_key_list(&self.in_keys)
+                ),
+            )),
+        }
+    }
+
+    /// The map (`inverse`: its inverse) on `x`, in `x`'s dtype and device and shape.
+    fn apply(&self, x: &Tensor, inverse: bool, key: &NestedKey) -> Result<Tensor> {
+        let (loc, scale) = self.stats()?;
+        if !is_float(x.kind()) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{}: entry {key} has dtype {:?}; normalisation needs a floating dtype (cast it \
+                     first, e.g. with DTypeCast)",
+                    self.name(),
+                    x.kind()
+                ),
+            ));
+        }
+        let loc = loc.f_to_kind(x.kind())?.f_to_device(x.device())?;
+        let scale = scale.f_to_kind(x.kind())?.f_to_device(x.device())?;
+        let multiply = self.standard_normal == inverse;
+        let y = if multiply {
+            x.f_mul(&scale)?.f_add(&loc)?
+        } else {
+            x.f_sub(&loc)?.f_div(&scale)?
+        };
+        if y.size() != x.size() {
+            return Err(Error::ShapeMismatch {
+                op: "ObservationNorm (loc/scale do not broadcast to the value's shape)",
+                key: format!(
+                    "{key} (loc {}, scale {})",
+                    ShapeFmt(&loc.size()),
+                    ShapeFmt(&scale.size())
+                ),
+                expected: x.size(),
+                actual: y.size(),
+            });
+        }
+        Ok(y)
+    }
+
+    /// The spec with its bounds mapped forward (non-Bounded specs are kept).
+    fn map_spec(&self, key: &NestedKey, spec: &TensorSpec, group: SpecGroup) -> Result<TensorSpec> {
+        match spec.dtype() {
+            Some(k) if is_float(k) => {}
+            other => {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                    "{}: the {group} spec of key {key} has dtype {other:?}; normalisation needs \
+                         a floating dtype (cast it first, e.g. with DTypeCast)",
+                    self.name()
+                ),
+                ))
+            }
+        }
+        match spec {
+            TensorSpec::Bounded(b) => {
+                let low = self.apply(b.low(), false, key)?;
+                let high = self.apply(b.high(), false, key)?;
+                Ok(Bounded::from_tensors(low, high)?.into())
+            }
+            other => Ok(other.clone()),
+        }
+    }
+
+    /// Maps `pairs` in `td`: reads `src`, writes `dst`.
+    fn map_pairs(
+        &self,
+        td: &mut TensorDict,
+        pairs: &[(NestedKey, NestedKey)],
+        inverse: bool,
+        tolerant: bool,
+        op: &'static str,
+    ) -> Result<()> {
+        for (a, b) in pairs {
+            let (src, dst) = if inverse { (b, a) } else { (a, b) };
+            let v = match td.get(src) {
+                Some(v) => self.apply(v, inverse, src)?,
+                None if tolerant => continue,
+                None => return Err(missing_key(op, td, src)),
+            };
+            td.set(dst, v)?;
+        }
+        Ok(())
+    }
+
+    /// Computes `loc` and `scale` from rollouts of `parent`, the env this transform is about to
+    /// be appended to, with the defaults of [`InitStats::new`] (reduce over dim 0, the time dim
+    /// of an unbatched env). See [`ObservationNorm::init_stats_with`].
+    pub fn init_stats<E: EnvBase + ?Sized>(
+        &mut self,
+        parent: &mut E,
+        num_iter: usize,
+    ) -> Result<()> {
+        self.init_stats_with(parent, &InitStats::new(num_iter))
+    }
+
+    /// Computes `loc` and `scale` as TorchRL's `init_stats`: runs `parent.rollout(num_iter)`
+    /// (random actions, stopping on done) until `num_iter` frames are collected, concatenates
+    /// the root entries at `key` along `cat_dim`, and takes the mean and the unbiased standard
+    /// deviation over `reduce_dim`. Without `standard_normal`, `scale = 1 / max(std, eps)` and
+    /// `loc = -mean * scale`; with it, `loc = mean` and `scale = std`; finally
+    /// `scale = max(scale, eps)`.
+    ///
+    /// Errors: statistics already set; several in keys and no `key`; several `reduce_dim` and
+    /// no `cat_dim`; `cat_dim` not in `reduce_dim`; `keep_dims` not in `reduce_dim`;
+    /// `num_iter == 0`; a non-floating entry; non-finite results (e.g. a single frame, whose
+    /// unbiased standard deviation is NaN). On error the transform is unchanged.
+    pub fn init_stats_with<E: EnvBase + ?Sized>(
+        &mut self,
+        parent: &mut E,
+        cfg: &InitStats,
+    ) -> Result<()> {
+        let cat_dim = match (cfg.cat_dim, cfg.reduce_dim.as_slice()) {
+            (_, []) => {
+                return Err(Error::invalid(
+                    OP,
+                    "init_stats: reduce_dim must name at least one dim",
+                ))
+            }
+            (Some(c), _) => c,
+            (None, [one]) => *one,
+            (None, _) => {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                    "init_stats: cat_dim must be specified if reduce_dim is not a single dim (got \
+                         reduce_dim {:?})",
+                    cfg.reduce_dim
+                ),
+                ))
+            }
+        };
+        if !cfg.reduce_dim.contains(&cat_dim) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: cat_dim must be part of or equal to reduce_dim (cat_dim {cat_dim}, \
+                     reduce_dim {:?})",
+                    cfg.reduce_dim
+                ),
+            ));
+        }
+        if let (Some(l), Some(s)) = (&self.loc, &self.scale) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: loc/scale are already initialized: ({}, {})",
+                    describe(l),
+                    describe(s)
+                ),
+            ));
+        }
+        if self.in_keys.len() > 1 && cfg.key.is_none() {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: the transform has multiple in_keys {} but no specific key was \
+                     given (InitStats::with_key)",
+                    fmt_key_list(&self.in_keys)
+                ),
+            ));
+        }
+        if cfg.num_iter == 0 {
+            return Err(Error::invalid(
+                OP,
+                "init_stats: num_iter must be at least 1",
+            ));
+        }
+        if !(self.eps > 0.0 && self.eps.is_finite()) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: eps must be a positive finite number, got {}",
+                    self.eps
+                ),
+            ));
+        }
+        let key = match (&cfg.key, self.in_keys.first()) {
+            (Some(k), _) => k.clone(),
+            (None, Some(k)) => k.clone(),
+            (None, None) => return Err(Error::invalid(OP, "init_stats: no key")),
+        };
+        let mut collected = 0usize;
+        let mut data: Vec<Tensor> = Vec::new();
+        while collected < cfg.num_iter {
+            let td = parent.rollout(cfg.num_iter, None, &RolloutConfig::default())?;
+            collected += td.numel().max(0) as usize;
+            let v = td
+                .get(&key)
+                .ok_or_else(|| missing_key("ObservationNorm::init_stats", &td, &key))?;
+            if !is_float(v.kind()) {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                        "init_stats: entry {key} has dtype {:?}; statistics need a floating dtype",
+                        v.kind()
+                    ),
+                ));
+            }
+            data.push(v.shallow_clone());
+            if td.numel() == 0 {
+                return Err(Error::invalid(
+                    OP,
+                    "init_stats: the rollouts are empty (a batch dim of size 0?)",
+                ));
+            }
+        }
+        let data = Tensor::f_cat(&data, cat_dim)?;
+        let nd = data.dim() as i64;
+        let to_neg = |d: i64| -> Result<i64> {
+            let n = if d < 0 { d } else { d - nd };
+            if n < -nd || n >= 0 {
+                return Err(Error::IndexOutOfRange {
+                    op: "ObservationNorm::init_stats",
+                    index: d,
+                    what: format!(
+                        "dims of the collected {key} data (shape {})",
+                        ShapeFmt(&data.size())
+                    ),
+                    size: nd,
+                });
+            }
+            Ok(n)
+        };
+        let mut reduce: Vec<i64> = cfg
+            .reduce_dim
+            .iter()
+            .map(|d| to_neg(*d))
+            .collect::<Result<_>>()?;
+        reduce.sort_unstable();
+        reduce.dedup();
+        let mut keep: Vec<i64> = cfg
+            .keep_dims
+            .iter()
+            .map(|d| to_neg(*d))
+            .collect::<Result<_>>()?;
+        keep.sort_unstable();
+        if let Some(k) = keep.iter().find(|k| !reduce.contains(k)) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: keep_dims elements must be part of reduce_dim (dim {k} is not)"
+                ),
+            ));
+        }
+        let mut loc = data.f_mean_dim(reduce.as_slice(), true, data.kind())?;
+        let mut scale = data.f_std_dim(reduce.as_slice(), true, true)?;
+        for r in &reduce {
+            if !keep.contains(r) {
+                loc = loc.f_squeeze_dim(*r)?;
+                scale = scale.f_squeeze_dim(*r)?;
+            }
+        }
+        if !self.standard_normal {
+            scale = scale.f_clamp_min(self.eps)?.f_reciprocal()?;
+            loc = loc.f_neg()?.f_mul(&scale)?;
+        }
+        if !all_true(&loc.f_isfinite()?)? {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: non-finite values found in loc ({}); collect more frames",
+                    describe(&loc)
+                ),
+            ));
+        }
+        if !all_true(&scale.f_isfinite()?)? {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "init_stats: non-finite values found in scale ({}); collect more frames",
+                    describe(&scale)
+                ),
+            ));
+        }
+        self.scale = Some(scale.f_clamp_min(self.eps)?);
+        self.loc = Some(loc);
+        Ok(())
+    }
+}
+
+fn pair_up(
+    name: &str,
+    ins: &[NestedKey],
+    outs: &Option<Vec<NestedKey>>,
+    what: &str,
+) -> Result<Vec<(NestedKey, NestedKey)>> {
+    match outs {
+        None => Ok(ins.iter().map(|k| (k.clone(), k.clone())).collect()),
+        Some(o) if o.len() == ins.len() => Ok(ins.iter().cloned().zip(o.iter().cloned()).collect()),
+        Some(o) => Err(Error::invalid(
+            OP,
+            format!(
+                "{name}: {} in keys {} but {} out keys {}{what}; give one out key per in key",
+                ins.len(),
+                fmt_key_list(ins),
+                o.len(),
+                fmt_key_list(o)
+            ),
+        )),
+    }
+}
+
+impl Transform for ObservationNorm {
+    fn name(&self) -> String {
+        let keys = fmt_key_list(&self.in_keys);
+        match (&self.loc, &self.scale) {
+            (Some(l), Some(s)) if l.numel() == 1 && s.numel() == 1 => format!(
+                "ObservationNorm(loc={:.4}, scale={:.4}, keys={keys}{})",
+                first_value(l),
+                first_value(s),
+                if self.standard_normal {
+                    ", standard_normal"
+                } else {
+                    ""
+                }
+            ),
+            (Some(l), Some(s)) => format!(
+                "ObservationNorm(loc: {}, scale: {}, keys={keys}{})",
+                ShapeFmt(&l.size()),
+                ShapeFmt(&s.size()),
+                if self.standard_normal {
+                    ", standard_normal"
+                } else {
+                    ""
+                }
+            ),
+            _ => format!("ObservationNorm(uninitialized, keys={keys})"),
+        }
+    }
+
+    fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
+        if !self.is_initialized() {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "ObservationNorm on {} has no loc/scale yet: call init_stats(&mut env, num_iter) \
+                     with the env it is about to join, then append it (or pass loc and scale to the \
+                     constructor)",
+                    fmt_key_list(&self.in_keys)
+                ),
+            ));
+        }
+        for (k, _) in self.pairs()? {
+            if !parent.observation.contains(&k) {
+                return Err(Error::KeyNotFound {
+                    op: "ObservationNorm (in keys are looked up in the observation spec)",
+                    key: k.to_string(),
+                    available: parent
+                        .observation_keys()
+                        .iter()
+                        .map(|k| k.to_string())
+                        .collect(),
+                });
+            }
+        }
+        for (k, _) in self.pairs_inv()? {
+            if parent.input_group_of(&k).is_none() {
+                return Err(Error::KeyNotFound {
+                    op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
+                    key: k.to_string(),
+                    available: parent
+                        .action_keys()
+                        .into_iter()
+                        .chain(parent.state_keys())
+                        .map(|k| k.to_string())
+                        .collect(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.pairs()
+            .map(|p| {
+                p.into_iter()
+                    .filter(|(i, o)| i != o)
+                    .map(|(_, o)| o)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn transform_observation_spec(
+        &self,
+        mut spec: crate::data::specs::Composite,
+    ) -> Result<crate::data::specs::Composite> {
+        for (in_key, out_key) in self.pairs()? {
+            let leaf = spec.get_or_err(&in_key)?;
+            let mapped = self.map_spec(&in_key, leaf, SpecGroup::Observation)?;
+            spec.set(&out_key, mapped)?;
+        }
+        Ok(spec)
+    }
+
+    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        for (in_key, out_key) in self.pairs_inv()? {
+            let Some(group) = specs.input_group_of(&in_key) else {
+                return Err(Error::KeyNotFound {
+                    op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
+                    key: in_key.to_string(),
+                    available: specs
+                        .action_keys()
+                        .into_iter()
+                        .chain(specs.state_keys())
+                        .map(|k| k.to_string())
+                        .collect(),
+                });
+            };
+            let leaf = specs.group(group).get_or_err(&in_key)?;
+            let mapped = self.map_spec(&in_key, leaf, group)?;
+            let g = specs.group_mut(group);
+            if in_key != out_key {
+                g.remove(&in_key)?;
+            }
+            g.set(&out_key, mapped)?;
+        }
+        Ok(specs)
+    }
+
+    fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
+        let pairs = self.pairs()?;
+        self.map_pairs(&mut next, &pairs, false, false, "ObservationNorm (step)")?;
+        Ok(next)
+    }
+
+    fn reset(&mut self, _td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
+        let pairs = self.pairs()?;
+        self.map_pairs(&mut reset, &pairs, false, true, "ObservationNorm (reset)")?;
+        Ok(reset)
+    }
+
+    fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        let pairs = self.pairs_inv()?;
+        self.map_pairs(&mut td, &pairs, true, false, "ObservationNorm (inverse)")?;
+        Ok(td)
+    }
+
+    fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        let pairs = self.pairs()?;
+        self.map_pairs(&mut td, &pairs, false, false, "ObservationNorm (forward)")?;
+        Ok(td)
+    }
+}

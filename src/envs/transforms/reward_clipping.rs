@@ -1,0 +1,190 @@
+//! `RewardClipping`: clamps rewards into `[clamp_min, clamp_max]`.
+//!
+//! In keys default to `["reward"]` and out keys to the in keys. The out key's reward spec becomes
+//! `Bounded(clamp_min, clamp_max)` with the in key's shape, dtype and device (the bounds are built
+//! in the reward's dtype, so a clamped value is always inside its spec). As in TorchRL, only
+//! `Unbounded` reward specs are accepted (an error names the key and the spec otherwise); the
+//! reward must also have a floating dtype here. Nothing happens at reset.
+//!
+//! [`Transform::forward`] clamps the in keys of an offline tensordict.
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{RewardClipping, TransformedEnv};
+//! use torchrl::envs::{EnvBase, RolloutConfig};
+//! use torchrl::specs::TensorSpec;
+//! # fn main() -> torchrl::Result<()> {
+//! let mut env = TransformedEnv::new(CountingEnv::new(10, &[])?)?
+//!     .with(RewardClipping::new(-0.25, 0.75)?)?;
+//! assert!(matches!(env.specs().reward.get("reward"), Some(TensorSpec::Bounded(_))));
+//! let traj = env.rollout(3, None, &RolloutConfig::default())?;
+//! let r = Vec::<f32>::try_from(traj.get_or_err(("next", "reward"))?.reshape([-1]))?;
+//! assert_eq!(r, vec![0.75, 0.75, 0.75]);
+//! # Ok(()) }
+//! ```
+
+use tch::Tensor;
+
+use super::reward_sum::fmt_keys;
+use super::Transform;
+use crate::data::specs::{Bounded, Composite, TensorSpec};
+use crate::error::{Error, Result};
+use crate::tensordict::{NestedKey, TensorDict};
+
+/// Clamps rewards into `[clamp_min, clamp_max]`. See the module docs.
+#[derive(Clone, Debug)]
+pub struct RewardClipping {
+    clamp_min: f64,
+    clamp_max: f64,
+    in_keys: Vec<NestedKey>,
+    out_keys: Option<Vec<NestedKey>>,
+}
+
+impl RewardClipping {
+    /// Clamps `"reward"` into `[clamp_min, clamp_max]`. Errors when a bound is NaN or
+    /// `clamp_min > clamp_max`.
+    pub fn new(clamp_min: f64, clamp_max: f64) -> Result<Self> {
+        if clamp_min.is_nan() || clamp_max.is_nan() || clamp_min > clamp_max {
+            return Err(Error::invalid(
+                "RewardClipping::new",
+                format!("expected clamp_min <= clamp_max (no NaN), got clamp_min={clamp_min}, clamp_max={clamp_max}"),
+            ));
+        }
+        Ok(RewardClipping {
+            clamp_min,
+            clamp_max,
+            in_keys: vec![NestedKey::from("reward")],
+            out_keys: None,
+        })
+    }
+
+    /// The reward keys to read (default `["reward"]`).
+    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.in_keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The keys to write, one per in key (default: the in keys).
+    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// `(clamp_min, clamp_max)`.
+    pub fn bounds(&self) -> (f64, f64) {
+        (self.clamp_min, self.clamp_max)
+    }
+
+    fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        let outs = self.out_keys.as_ref().unwrap_or(&self.in_keys);
+        if outs.len() != self.in_keys.len() {
+            return Err(Error::invalid(
+                "RewardClipping",
+                format!(
+                    "expected one out key per in key, got in keys {} and out keys {}",
+                    fmt_keys(&self.in_keys),
+                    fmt_keys(outs)
+                ),
+            ));
+        }
+        Ok(self
+            .in_keys
+            .iter()
+            .cloned()
+            .zip(outs.iter().cloned())
+            .collect())
+    }
+
+    fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
+        for (input, output) in self.pairs()? {
+            let r = td.get(&input).ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "{}: the reward {input} is missing (keys: {})",
+                        self.name(),
+                        fmt_keys(&td.keys(true, true))
+                    ),
+                )
+            })?;
+            let v = r.f_clamp(self.clamp_min, self.clamp_max)?;
+            td.set(&output, v)?;
+        }
+        Ok(td)
+    }
+}
+
+impl Transform for RewardClipping {
+    fn name(&self) -> String {
+        format!(
+            "RewardClipping(clamp_min={:.4}, clamp_max={:.4}, keys={})",
+            self.clamp_min,
+            self.clamp_max,
+            fmt_keys(&self.in_keys)
+        )
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.pairs()
+            .map(|p| {
+                p.into_iter()
+                    .filter(|(i, o)| i != o)
+                    .map(|(_, o)| o)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
+        let op = "RewardClipping::transform_reward_spec";
+        for (input, output) in self.pairs()? {
+            let leaf = spec.get(&input).cloned().ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "the in key {input} is not in the reward spec (reward keys: {})",
+                        fmt_keys(&spec.keys(true, true))
+                    ),
+                )
+            })?;
+            let u = match &leaf {
+                TensorSpec::Unbounded(u) if !u.is_discrete() => u,
+                TensorSpec::Unbounded(u) => {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "RewardClipping needs a floating-point reward, but the reward spec of \
+                             {input} has dtype {:?} ({leaf})",
+                            u.dtype()
+                        ),
+                    ))
+                }
+                other => {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "RewardClipping is not implemented for the {} reward spec of {input} \
+                             ({other}); it only clips Unbounded rewards",
+                            other.class_name()
+                        ),
+                    ))
+                }
+            };
+            let opts = (u.dtype(), u.device());
+            let bounded = Bounded::from_tensors(
+                Tensor::f_full(u.shape(), self.clamp_min, opts)?,
+                Tensor::f_full(u.shape(), self.clamp_max, opts)?,
+            )?;
+            spec.set(&output, bounded)?;
+        }
+        Ok(spec)
+    }
+
+    fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
+        self.apply_td(next, "RewardClipping::step")
+    }
+
+    fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+        self.apply_td(td, "RewardClipping::forward")
+    }
+}

@@ -1,0 +1,223 @@
+//! `RewardScaling`: an affine map of the reward, `r * scale + loc`, or `(r - loc) / scale` with
+//! [`RewardScaling::with_standard_normal`].
+//!
+//! In keys default to `["reward"]` and out keys to the in keys. A different out key is added to
+//! the reward spec (a clone of the in key's spec), so it becomes a reward key; the in key stays.
+//! Each in key must be an `Unbounded` leaf of the reward spec with a floating dtype: an affine
+//! map of a `Bounded` reward would need new bounds, and TorchRL refuses it too (with
+//! `NotImplementedError`); here the error names the key and the spec. Nothing happens at reset.
+//!
+//! **Scale.** TorchRL clamps the scale to at least `1e-6`, so a zero or negative scale silently
+//! becomes `1e-6` (and flips no signs). A non-positive scale is almost always a bug (a sign error,
+//! a statistic that collapsed to 0), so [`RewardScaling::new`] rejects `scale <= 0` (and non-finite
+//! values) with an error instead.
+//!
+//! [`Transform::forward`] applies the same map to the in keys of an offline tensordict (give
+//! nested keys such as `("next", "reward")` to reach rewards under `"next"`).
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{RewardScaling, TransformedEnv};
+//! use torchrl::envs::{EnvBase, RolloutConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let mut env = TransformedEnv::new(CountingEnv::new(10, &[])?)?
+//!     .with(RewardScaling::new(0.5, 1.5)?)?;
+//! let traj = env.rollout(3, None, &RolloutConfig::default())?;
+//! let r = Vec::<f32>::try_from(traj.get_or_err(("next", "reward"))?.reshape([-1]))?;
+//! assert_eq!(r, vec![2.0, 2.0, 2.0]); // 1 * 1.5 + 0.5
+//! assert!(RewardScaling::new(0.0, 0.0).is_err()); // TorchRL would silently use 1e-6
+//! # Ok(()) }
+//! ```
+
+use tch::Tensor;
+
+use super::reward_sum::fmt_keys;
+use super::Transform;
+use crate::data::specs::{Composite, TensorSpec};
+use crate::error::{Error, Result};
+use crate::tensordict::{NestedKey, TensorDict};
+
+/// `reward * scale + loc` (or `(reward - loc) / scale`). See the module docs.
+#[derive(Clone, Debug)]
+pub struct RewardScaling {
+    loc: f64,
+    scale: f64,
+    standard_normal: bool,
+    in_keys: Vec<NestedKey>,
+    out_keys: Option<Vec<NestedKey>>,
+}
+
+impl RewardScaling {
+    /// `reward * scale + loc` on `"reward"`. Errors when `scale <= 0` or either value is not
+    /// finite.
+    pub fn new(loc: f64, scale: f64) -> Result<Self> {
+        let op = "RewardScaling::new";
+        if !loc.is_finite() {
+            return Err(Error::invalid(op, format!("loc must be finite, got {loc}")));
+        }
+        if !scale.is_finite() || scale <= 0.0 {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "scale must be a finite number > 0, got {scale} (TorchRL silently clamps it to \
+                     1e-6; a non-positive scale is rejected here)"
+                ),
+            ));
+        }
+        Ok(RewardScaling {
+            loc,
+            scale,
+            standard_normal: false,
+            in_keys: vec![NestedKey::from("reward")],
+            out_keys: None,
+        })
+    }
+
+    /// Standardizes instead: `(reward - loc) / scale`.
+    pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
+        self.standard_normal = standard_normal;
+        self
+    }
+
+    /// The reward keys to read (default `["reward"]`).
+    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.in_keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The keys to write, one per in key (default: the in keys).
+    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The location.
+    pub fn loc(&self) -> f64 {
+        self.loc
+    }
+
+    /// The scale (always > 0).
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        let outs = self.out_keys.as_ref().unwrap_or(&self.in_keys);
+        if outs.len() != self.in_keys.len() {
+            return Err(Error::invalid(
+                "RewardScaling",
+                format!(
+                    "expected one out key per in key, got in keys {} and out keys {}",
+                    fmt_keys(&self.in_keys),
+                    fmt_keys(outs)
+                ),
+            ));
+        }
+        Ok(self
+            .in_keys
+            .iter()
+            .cloned()
+            .zip(outs.iter().cloned())
+            .collect())
+    }
+
+    fn apply(&self, r: &Tensor) -> Result<Tensor> {
+        Ok(if self.standard_normal {
+            r.f_sub_scalar(self.loc)?.f_div_scalar(self.scale)?
+        } else {
+            r.f_mul_scalar(self.scale)?.f_add_scalar(self.loc)?
+        })
+    }
+
+    fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
+        for (input, output) in self.pairs()? {
+            let r = td.get(&input).ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "{}: the reward {input} is missing (keys: {})",
+                        self.name(),
+                        fmt_keys(&td.keys(true, true))
+                    ),
+                )
+            })?;
+            let v = self.apply(r)?;
+            td.set(&output, v)?;
+        }
+        Ok(td)
+    }
+}
+
+impl Transform for RewardScaling {
+    fn name(&self) -> String {
+        format!(
+            "RewardScaling(loc={:.4}, scale={:.4}, standard_normal={}, keys={})",
+            self.loc,
+            self.scale,
+            self.standard_normal,
+            fmt_keys(&self.in_keys)
+        )
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.pairs()
+            .map(|p| {
+                p.into_iter()
+                    .filter(|(i, o)| i != o)
+                    .map(|(_, o)| o)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
+        let op = "RewardScaling::transform_reward_spec";
+        for (input, output) in self.pairs()? {
+            let leaf = spec.get(&input).cloned().ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "the in key {input} is not in the reward spec (reward keys: {})",
+                        fmt_keys(&spec.keys(true, true))
+                    ),
+                )
+            })?;
+            match &leaf {
+                TensorSpec::Unbounded(u) if !u.is_discrete() => {}
+                TensorSpec::Unbounded(u) => {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "RewardScaling needs a floating-point reward, but the reward spec of \
+                             {input} has dtype {:?} ({leaf})",
+                            u.dtype()
+                        ),
+                    ))
+                }
+                other => {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "RewardScaling is not implemented for the {} reward spec of {input} \
+                             ({other}); it only scales Unbounded rewards (an affine map of a \
+                             bounded reward would need new bounds)",
+                            other.class_name()
+                        ),
+                    ))
+                }
+            }
+            if output != input {
+                spec.set(&output, leaf)?;
+            }
+        }
+        Ok(spec)
+    }
+
+    fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
+        self.apply_td(next, "RewardScaling::step")
+    }
+
+    fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+        self.apply_td(td, "RewardScaling::forward")
+    }
+}

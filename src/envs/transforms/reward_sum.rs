@@ -1,0 +1,544 @@
+//! `RewardSum`: tracks the cumulative reward of the running episode.
+//!
+//! For every reward key `k` (by default every reward key of the parent env, discovered when the
+//! transform joins it), the transform writes `episode_<k>` (same prefix, last segment renamed):
+//! at reset it is zero (or kept, for batch elements whose `"_reset"` mask is false), and every
+//! step adds the step's reward to the value it had at time `t`. The episode spec is a clone of
+//! the reward leaf's spec, registered in the observation spec (or in the reward spec with
+//! [`RewardSum::with_reward_spec`]) and always in the state spec, as in TorchRL.
+//!
+//! Each reward key is paired with the done group that owns it (the deepest done group whose
+//! prefix is a prefix of the reward key), whose `"_reset"` mask drives partial resets. TorchRL
+//! pairs them by position; pairing by prefix gives the same result wherever TorchRL's check
+//! accepts the pairing. Pass [`RewardSum::with_reset_keys`] to choose them yourself.
+//!
+//! **Offline data.** [`Transform::forward`] writes the cumulative sum of each reward along a time
+//! dim. TorchRL finds that dim through the dim name `"time"`; tensordicts here have no dim names,
+//! so give it with [`RewardSum::with_time_dim`] (an error names the fix when it is missing). Like
+//! TorchRL, the sum does not restart at episode boundaries. (TorchRL 0.14.1 also subtracts one
+//! from the named dim's index before summing, which sums along the wrong dim; we sum along the
+//! dim given.)
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{RewardSum, TransformedEnv};
+//! use torchrl::envs::{EnvBase, RolloutConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! // The counter terminates every 3 steps; the episode reward restarts after each reset.
+//! let mut env = TransformedEnv::new(CountingEnv::new(3, &[])?)?.with(RewardSum::new())?;
+//! assert!(env.specs().observation.contains("episode_reward"));
+//! assert!(env.specs().state.contains("episode_reward"));
+//! let traj = env.rollout(8, None, &RolloutConfig::no_break())?;
+//! let sums = Vec::<f32>::try_from(traj.get_or_err(("next", "episode_reward"))?.reshape([-1]))?;
+//! assert_eq!(sums, vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]);
+//! # Ok(()) }
+//! ```
+
+use tch::{Kind, Tensor};
+
+use super::Transform;
+use crate::data::specs::{Composite, TensorSpec};
+use crate::envs::EnvSpecs;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{NestedKey, TensorDict};
+
+// ------------------------------------------------------------------ helpers shared by the
+// reward & episode transforms (step_counter, init_tracker, tensordict_primer)
+
+/// Formats keys as `["a", ("b", "c")]`.
+pub(super) fn fmt_keys(keys: &[NestedKey]) -> String {
+    let parts: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// True when `prefix` is a (not necessarily proper) prefix of `key`.
+pub(super) fn starts_with(key: &NestedKey, prefix: &NestedKey) -> bool {
+    key.len() >= prefix.len() && key.parts().zip(prefix.parts()).all(|(a, b)| a == b)
+}
+
+/// The key without its last segment (`[]` for a one-segment key).
+pub(super) fn parent_of(key: &NestedKey) -> NestedKey {
+    key.parts()
+        .take(key.len().saturating_sub(1))
+        .collect::<Vec<_>>()
+        .into()
+}
+
+/// The key with its last segment replaced by `leaf`.
+pub(super) fn replace_last(key: &NestedKey, leaf: &str) -> NestedKey {
+    parent_of(key).join(leaf)
+}
+
+/// The done groups that govern resets (TorchRL's `_filtered_reset_keys`), as prefixes: every
+/// done-group prefix except those nested under another group's prefix.
+pub(super) fn reset_roots(specs: &EnvSpecs) -> Vec<NestedKey> {
+    let all = specs.done_group_prefixes();
+    all.iter()
+        .filter(|p| !all.iter().any(|q| q.len() < p.len() && starts_with(p, q)))
+        .cloned()
+        .collect()
+}
+
+/// The shape of the done leaves of the group at `prefix` (its `done` leaf, else any leaf of the
+/// group).
+pub(super) fn done_shape(
+    specs: &EnvSpecs,
+    prefix: &NestedKey,
+    op: &'static str,
+) -> Result<Vec<i64>> {
+    if let Some(s) = specs.done.get(prefix.join("done")) {
+        return Ok(s.shape().to_vec());
+    }
+    specs
+        .done
+        .leaves()
+        .into_iter()
+        .find(|(k, _)| k.len() == prefix.len() + 1 && starts_with(k, prefix))
+        .map(|(_, s)| s.shape().to_vec())
+        .ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "the done spec has no leaf in the group at prefix {prefix:?} (done keys: {})",
+                    fmt_keys(&specs.done_keys())
+                ),
+            )
+        })
+}
+
+/// The `"_reset"` mask of the done group at `prefix` in `td`, as a bool tensor reduced to the
+/// batch dims of the level that holds it (TorchRL's `_get_reset`); `None` when `td` has no mask
+/// there, which means "reset everything".
+pub(super) fn reset_mask(td: &TensorDict, prefix: &NestedKey) -> Result<Option<Tensor>> {
+    let Some(m) = td.get(prefix.join("_reset")) else {
+        return Ok(None);
+    };
+    let level_dims = if prefix.is_empty() {
+        td.batch_dims()
+    } else {
+        td.get_dict(prefix)
+            .map(TensorDict::batch_dims)
+            .unwrap_or_else(|| td.batch_dims())
+    };
+    let mut m = m.f_to_kind(Kind::Bool)?;
+    if m.dim() > level_dims {
+        m = m.f_flatten(level_dims as i64, -1)?.f_any_dim(-1, false)?;
+    }
+    Ok(Some(m))
+}
+
+/// `mask` broadcast to `shape` by appending trailing singleton dims (TorchRL's
+/// `expand_as_right`); errors naming `key` when it does not fit.
+pub(super) fn expand_right(
+    mask: &Tensor,
+    shape: &[i64],
+    op: &'static str,
+    key: &NestedKey,
+) -> Result<Tensor> {
+    let ms = mask.size();
+    let fits = ms.len() <= shape.len() && ms.iter().zip(shape).all(|(m, s)| *m == *s || *m == 1);
+    if !fits {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "the \"_reset\" mask of shape {} cannot be expanded to the shape {} of {key} \
+                 (its dims must match the leading dims of the entry)",
+                ShapeFmt(&ms),
+                ShapeFmt(shape)
+            ),
+        ));
+    }
+    let mut m = mask.shallow_clone();
+    while (m.dim()) < shape.len() {
+        m = m.f_unsqueeze(-1)?;
+    }
+    Ok(m.f_expand(shape, false)?)
+}
+
+/// Sets `spec` at `key` in `target`, creating the missing intermediate levels as empty copies of
+/// the matching levels of `like` (so a nested level keeps its own shape, e.g. an agent dim), or
+/// with the parent level's shape when `like` has none.
+pub(super) fn set_like(
+    target: &mut Composite,
+    like: &Composite,
+    key: &NestedKey,
+    spec: TensorSpec,
+) -> Result<()> {
+    let parts: Vec<&str> = key.parts().collect();
+    for depth in 1..parts.len() {
+        let level: NestedKey = parts.iter().take(depth).copied().collect::<Vec<_>>().into();
+        if target.contains(&level) {
+            continue;
+        }
+        if let Some(TensorSpec::Composite(c)) = like.get(&level) {
+            target.set(&level, c.empty())?;
+        }
+    }
+    target.set(key, spec)
+}
+
+// ------------------------------------------------------------------ RewardSum
+
+/// One reward key tracked by [`RewardSum`], resolved when the transform joins an env.
+#[derive(Clone, Debug)]
+struct Slot {
+    input: NestedKey,
+    output: NestedKey,
+    /// Prefix of the done group whose `"_reset"` mask resets this sum.
+    root: NestedKey,
+    /// The reward leaf's spec (its zero is the sum at a first reset).
+    spec: TensorSpec,
+}
+
+/// Sums rewards over the running episode into `episode_<reward>`. See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct RewardSum {
+    in_keys: Option<Vec<NestedKey>>,
+    out_keys: Option<Vec<NestedKey>>,
+    reset_keys: Option<Vec<NestedKey>>,
+    reward_spec: bool,
+    time_dim: Option<i64>,
+    slots: Vec<Slot>,
+}
+
+impl RewardSum {
+    /// Sums every reward key of the parent env into `episode_<name>` entries of the observation
+    /// (and state) spec.
+    pub fn new() -> Self {
+        RewardSum::default()
+    }
+
+    /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
+    /// of the parent's reward spec (checked when the transform joins an env).
+    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.in_keys = Some(keys.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The keys the sums are written to, one per in key (default: each in key with its last
+    /// segment `name` replaced by `episode_<name>`).
+    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
+    /// one for all in keys, or one per in key (default: the done group that owns each reward).
+    pub fn with_reset_keys<K: Into<NestedKey>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Self {
+        self.reset_keys = Some(keys.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
+    /// `reward_spec=True`); they are then reward keys.
+    pub fn with_reward_spec(mut self, reward_spec: bool) -> Self {
+        self.reward_spec = reward_spec;
+        self
+    }
+
+    /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
+    /// values count from the last batch dim).
+    pub fn with_time_dim(mut self, dim: i64) -> Self {
+        self.time_dim = Some(dim);
+        self
+    }
+
+    /// The (in, out) key pairs: resolved ones once attached, else from the configuration (in keys
+    /// default to `["reward"]` without an env, as in TorchRL).
+    fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        if !self.slots.is_empty() {
+            return Ok(self
+                .slots
+                .iter()
+                .map(|s| (s.input.clone(), s.output.clone()))
+                .collect());
+        }
+        let ins = self
+            .in_keys
+            .clone()
+            .unwrap_or_else(|| vec![NestedKey::from("reward")]);
+        let outs = self.out_keys_for(&ins)?;
+        Ok(ins.into_iter().zip(outs).collect())
+    }
+
+    fn out_keys_for(&self, ins: &[NestedKey]) -> Result<Vec<NestedKey>> {
+        match &self.out_keys {
+            Some(outs) => {
+                if outs.len() != ins.len() {
+                    return Err(Error::invalid(
+                        "RewardSum",
+                        format!(
+                            "RewardSum expects the same number of input and output keys, got in keys \
+                             {} and out keys {}",
+                            fmt_keys(ins),
+                            fmt_keys(outs)
+                        ),
+                    ));
+                }
+                Ok(outs.clone())
+            }
+            None => Ok(ins
+                .iter()
+                .map(|k| replace_last(k, &format!("episode_{}", k.last().unwrap_or("reward"))))
+                .collect()),
+        }
+    }
+
+    fn episode_specs(&self, specs: &EnvSpecs) -> Result<Vec<(NestedKey, TensorSpec)>> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let spec = specs.reward.get(&s.input).cloned().ok_or_else(|| {
+                    Error::invalid(
+                        "RewardSum",
+                        format!(
+                            "in key {} is not in the reward spec (reward keys: {})",
+                            s.input,
+                            fmt_keys(&specs.reward_keys())
+                        ),
+                    )
+                })?;
+                Ok((s.output.clone(), spec))
+            })
+            .collect()
+    }
+
+    fn not_attached(&self, op: &'static str) -> Error {
+        Error::invalid(
+            op,
+            format!(
+                "{} has not joined an environment; add it to a TransformedEnv first",
+                self.name()
+            ),
+        )
+    }
+}
+
+impl Transform for RewardSum {
+    fn name(&self) -> String {
+        match self.pairs() {
+            Ok(p) => {
+                let (i, o): (Vec<NestedKey>, Vec<NestedKey>) = p.into_iter().unzip();
+                format!(
+                    "RewardSum(in_keys={}, out_keys={})",
+                    fmt_keys(&i),
+                    fmt_keys(&o)
+                )
+            }
+            Err(_) => "RewardSum(<mismatched keys>)".into(),
+        }
+    }
+
+    fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
+        let op = "RewardSum::attach";
+        let ins = match &self.in_keys {
+            Some(k) => k.clone(),
+            None => parent.reward_keys(),
+        };
+        if ins.is_empty() {
+            return Err(Error::invalid(
+                op,
+                "the parent env has no reward key to sum (its reward spec is empty)",
+            ));
+        }
+        let outs = self.out_keys_for(&ins)?;
+        let roots = reset_roots(parent);
+        let explicit_roots: Option<Vec<NestedKey>> = match &self.reset_keys {
+            None => None,
+            Some(keys) => {
+                if keys.len() != 1 && keys.len() != ins.len() {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "got reset keys {} for in keys {}: give one reset key for all, or one \
+                             per in key",
+                            fmt_keys(keys),
+                            fmt_keys(&ins)
+                        ),
+                    ));
+                }
+                let mut out = Vec::with_capacity(keys.len());
+                for k in keys {
+                    if k.last() != Some("_reset") {
+                        return Err(Error::invalid(
+                            op,
+                            format!("reset key {k} must end with \"_reset\""),
+                        ));
+                    }
+                    out.push(parent_of(k));
+                }
+                Some(out)
+            }
+        };
+        let mut slots = Vec::with_capacity(ins.len());
+        for (i, (input, output)) in ins.iter().zip(&outs).enumerate() {
+            let spec = parent.reward.get(input).cloned().ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "the in key {input} is not in the reward spec (reward keys: {})",
+                        fmt_keys(&parent.reward_keys())
+                    ),
+                )
+            })?;
+            if spec.is_composite() {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "the in key {input} names a nested level of the reward spec, not a leaf"
+                    ),
+                ));
+            }
+            if output == input {
+                return Err(Error::invalid(
+                    op,
+                    format!("the out key {output} is also the in key; choose another out key"),
+                ));
+            }
+            for (g, what) in [
+                (&parent.observation, "observation"),
+                (&parent.reward, "reward"),
+                (&parent.done, "done"),
+            ] {
+                if g.contains(output) {
+                    return Err(Error::invalid(
+                        op,
+                        format!("the out key {output} is already in the parent's {what} spec"),
+                    ));
+                }
+            }
+            let root = match &explicit_roots {
+                Some(r) => r.get(i).or_else(|| r.first()).cloned().unwrap_or_default(),
+                None => roots
+                    .iter()
+                    .filter(|r| r.len() < input.len() && starts_with(input, r))
+                    .max_by_key(|r| r.len())
+                    .cloned()
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            op,
+                            format!(
+                                "could not match the reward key {input} with a done group (reset \
+                                 keys: {}); pass the reset keys with RewardSum::with_reset_keys",
+                                fmt_keys(&parent.reset_keys())
+                            ),
+                        )
+                    })?,
+            };
+            slots.push(Slot {
+                input: input.clone(),
+                output: output.clone(),
+                root,
+                spec,
+            });
+        }
+        self.slots = slots;
+        Ok(())
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.slots.iter().map(|s| s.output.clone()).collect()
+    }
+
+    fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        let like = specs.reward.clone();
+        for (key, spec) in self.episode_specs(&specs)? {
+            if self.reward_spec {
+                set_like(&mut specs.reward, &like, &key, spec)?;
+            } else {
+                set_like(&mut specs.observation, &like, &key, spec)?;
+            }
+        }
+        Ok(specs)
+    }
+
+    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        let like = specs.reward.clone();
+        for (key, spec) in self.episode_specs(&specs)? {
+            set_like(&mut specs.state, &like, &key, spec)?;
+        }
+        Ok(specs)
+    }
+
+    fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
+        if self.slots.is_empty() {
+            return Err(self.not_attached("RewardSum::step"));
+        }
+        for s in &self.slots {
+            let reward = next.get(&s.input).ok_or_else(|| {
+                Error::invalid(
+                    "RewardSum::step",
+                    format!(
+                        "the reward {} is missing from the step's output (keys: {})",
+                        s.input,
+                        fmt_keys(&next.keys(true, true))
+                    ),
+                )
+            })?;
+            let sum = match td.get(&s.output) {
+                Some(prev) => prev.f_add(reward)?,
+                None => reward.copy(),
+            };
+            next.set(&s.output, sum)?;
+        }
+        Ok(next)
+    }
+
+    fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
+        if self.slots.is_empty() {
+            return Err(self.not_attached("RewardSum::reset"));
+        }
+        for s in &self.slots {
+            let mask = reset_mask(td, &s.root)?;
+            let value = match (td.get(&s.output), mask) {
+                (Some(prev), Some(m)) => {
+                    let m = expand_right(&m, &prev.size(), "RewardSum::reset", &s.output)?;
+                    prev.f_masked_fill(&m, 0.0)?
+                }
+                (Some(prev), None) => prev.f_zeros_like()?,
+                (None, _) => match s.spec.zero(&[])? {
+                    crate::Entry::Tensor(t) => t,
+                    crate::Entry::Dict(_) => {
+                        return Err(Error::invalid(
+                            "RewardSum::reset",
+                            format!("the spec of {} is not a leaf", s.input),
+                        ))
+                    }
+                },
+            };
+            reset.set(&s.output, value)?;
+        }
+        Ok(reset)
+    }
+
+    fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        let op = "RewardSum::forward";
+        let Some(dim) = self.time_dim else {
+            return Err(Error::invalid(
+                op,
+                "offline use needs the time dim: set it with RewardSum::with_time_dim(dim) \
+                 (TorchRL looks for a dim named \"time\"; tensordicts here have no dim names)",
+            ));
+        };
+        let nb = td.batch_dims() as i64;
+        let d = if dim < 0 { dim + nb } else { dim };
+        if d < 0 || d >= nb {
+            return Err(Error::IndexOutOfRange {
+                op,
+                index: dim,
+                what: "batch dims (the time dim must be a batch dim)".into(),
+                size: nb,
+            });
+        }
+        for (input, output) in self.pairs()? {
+            let r = td.get_or_err(&input)?;
+            let kind = r.kind();
+            let sum = r.f_cumsum(d, kind)?;
+            td.set(&output, sum)?;
+        }
+        Ok(td)
+    }
+}

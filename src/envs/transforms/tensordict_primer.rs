@@ -1,0 +1,425 @@
+//! `TensorDictPrimer`: declares extra entries (e.g. a recurrent policy's hidden state) that the
+//! env carries from reset to reset.
+//!
+//! Each primer is a key with a leaf spec. The transform:
+//! - registers every primer in the observation **and** state specs (as TorchRL does);
+//! - at reset, writes the primer's initial value for the batch elements being reset (the
+//!   `"_reset"` mask of the parent's reset group, or all of them without a mask): a constant
+//!   (zeros by default, see [`TensorDictPrimer::with_default_value`]) or, with
+//!   [`TensorDictPrimer::with_random`], a sample of the spec drawn from the transform's own
+//!   seeded [`Generator`] (env seeding does not reach transforms; use
+//!   [`TensorDictPrimer::with_seed`]);
+//! - at each step, copies the value from the input tensordict into `"next"` when the parent did
+//!   not write it; a value preset under the input's `"next"` (a policy that updates the entry)
+//!   is used instead, as in TorchRL.
+//!
+//! **Shapes.** As everywhere in this crate, a spec leaf's shape is `[*batch, *feature]`: a primer
+//! spec must start with the env's batch size, or the transform errors when it joins the env,
+//! unless [`TensorDictPrimer::with_expand_specs`] is set, in which case primer specs are given
+//! per env (feature shape only) and expanded to the batch (TorchRL's `expand_specs`).
+//!
+//! The default value is checked against each spec when the transform joins an env (an error names
+//! the key, the value and the spec), so that `check_env_specs` cannot fail on it later. A primer
+//! key the parent already declares is rejected.
+//!
+//! [`Transform::forward`] (offline data) sets every missing primer to its initial value, shaped
+//! `[*td.batch_size, *feature]`; entries already present are kept (TorchRL overwrites them).
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{TensorDictPrimer, TransformedEnv};
+//! use torchrl::envs::{EnvBase, RolloutConfig};
+//! use torchrl::specs::Unbounded;
+//! # fn main() -> torchrl::Result<()> {
+//! let primer = TensorDictPrimer::new()
+//!     .with_primer("hidden", Unbounded::new().with_shape([4, 8])?)
+//!     .with_expand_specs(true);
+//! let mut env = TransformedEnv::new(CountingEnv::new(10, &[4])?)?.with(primer)?;
+//! assert_eq!(env.specs().observation.get("hidden").map(|s| s.shape().to_vec()), Some(vec![4, 4, 8]));
+//! assert!(env.specs().state.contains("hidden"));
+//! let td = env.reset(None)?;
+//! assert_eq!(td.get_or_err("hidden")?.size(), vec![4, 4, 8]);
+//! let traj = env.rollout(2, None, &RolloutConfig::default())?;
+//! assert_eq!(traj.get_or_err(("next", "hidden"))?.size(), vec![4, 2, 4, 8]);
+//! # Ok(()) }
+//! ```
+
+use tch::{Device, Tensor};
+
+use super::reward_sum::{expand_right, fmt_keys, parent_of, reset_mask, reset_roots};
+use super::Transform;
+use crate::data::specs::TensorSpec;
+use crate::envs::EnvSpecs;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::Generator;
+use crate::tensordict::{BatchIndex, Entry, NestedKey, TensorDict};
+
+/// A primer resolved against an env: its spec with and without the batch dims.
+#[derive(Clone, Debug)]
+struct Resolved {
+    key: NestedKey,
+    full: TensorSpec,
+    feature: TensorSpec,
+}
+
+/// Declares extra keys and writes their initial values at reset. See the module docs.
+#[derive(Clone, Debug)]
+pub struct TensorDictPrimer {
+    primers: Vec<(NestedKey, TensorSpec)>,
+    random: bool,
+    default_value: f64,
+    expand_specs: bool,
+    reset_key: Option<NestedKey>,
+    generator: Generator,
+    resolved: Vec<Resolved>,
+    root: NestedKey,
+    device: Device,
+}
+
+impl Default for TensorDictPrimer {
+    fn default() -> Self {
+        TensorDictPrimer {
+            primers: Vec::new(),
+            random: false,
+            default_value: 0.0,
+            expand_specs: false,
+            reset_key: None,
+            generator: Generator::new(0),
+            resolved: Vec::new(),
+            root: NestedKey::default(),
+            device: Device::Cpu,
+        }
+    }
+}
+
+impl TensorDictPrimer {
+    /// A primer with no keys yet (add them with [`TensorDictPrimer::with_primer`]).
+    pub fn new() -> Self {
+        TensorDictPrimer::default()
+    }
+
+    /// Declares `key` with the leaf spec `spec` (`[*batch, *feature]`, or `[*feature]` with
+    /// [`TensorDictPrimer::with_expand_specs`]).
+    pub fn with_primer(mut self, key: impl Into<NestedKey>, spec: impl Into<TensorSpec>) -> Self {
+        self.primers.push((key.into(), spec.into()));
+        self
+    }
+
+    /// Initial values are samples of the specs instead of a constant.
+    pub fn with_random(mut self, random: bool) -> Self {
+        self.random = random;
+        self
+    }
+
+    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.generator = Generator::new(seed);
+        self
+    }
+
+    /// The constant initial value of every primer (default 0; `false`/`true` for bool specs).
+    pub fn with_default_value(mut self, value: f64) -> Self {
+        self.default_value = value;
+        self
+    }
+
+    /// Primer specs are per-env (feature shape only) and get the env's batch dims prepended.
+    pub fn with_expand_specs(mut self, expand: bool) -> Self {
+        self.expand_specs = expand;
+        self
+    }
+
+    /// The `"_reset"` key whose mask selects the batch elements to prime (default: the parent's
+    /// only reset group; required when the parent has several).
+    pub fn with_reset_key(mut self, key: impl Into<NestedKey>) -> Self {
+        self.reset_key = Some(key.into());
+        self
+    }
+
+    /// The declared keys.
+    pub fn keys(&self) -> Vec<NestedKey> {
+        self.primers.iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    /// The initial value of one primer for a leading `shape` (`[]` for the env's own batch,
+    /// where `spec` is the full spec).
+    fn initial(&mut self, spec: &TensorSpec, shape: &[i64], key: &NestedKey) -> Result<Tensor> {
+        let op = "TensorDictPrimer";
+        if self.random {
+            return match spec.rand(&mut self.generator, shape)? {
+                Entry::Tensor(t) => Ok(t),
+                Entry::Dict(_) => Err(Error::invalid(
+                    op,
+                    format!("the spec of {key} is not a leaf"),
+                )),
+            };
+        }
+        let kind = spec.dtype().ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "the spec of {key} ({spec}) has no dtype, so no constant value can be built"
+                ),
+            )
+        })?;
+        let device = spec.device().unwrap_or(self.device);
+        let full: Vec<i64> = [shape, spec.shape()].concat();
+        Ok(Tensor::f_full(
+            full.as_slice(),
+            self.default_value,
+            (kind, device),
+        )?)
+    }
+
+    fn not_attached(&self, op: &'static str) -> Error {
+        Error::invalid(
+            op,
+            format!(
+                "{} has not joined an environment; add it to a TransformedEnv first",
+                self.name()
+            ),
+        )
+    }
+}
+
+impl Transform for TensorDictPrimer {
+    fn name(&self) -> String {
+        let value = if self.random {
+            "random".to_string()
+        } else {
+            format!("default_value={}", self.default_value)
+        };
+        format!("TensorDictPrimer(keys={}, {value})", fmt_keys(&self.keys()))
+    }
+
+    fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
+        let op = "TensorDictPrimer::attach";
+        if self.primers.is_empty() {
+            return Err(Error::invalid(
+                op,
+                "no primer declared; add keys with TensorDictPrimer::with_primer",
+            ));
+        }
+        let batch = parent.batch_size().to_vec();
+        let nb = batch.len();
+        let mut resolved = Vec::with_capacity(self.primers.len());
+        for (key, spec) in &self.primers {
+            if spec.is_composite() {
+                return Err(Error::invalid(
+                    op,
+                    format!("the primer {key} is a Composite; declare each leaf with its nested key instead"),
+                ));
+            }
+            for (what, c) in [
+                ("observation", &parent.observation),
+                ("reward", &parent.reward),
+                ("done", &parent.done),
+                ("action", &parent.action),
+                ("state", &parent.state),
+            ] {
+                if c.contains(key) {
+                    return Err(Error::invalid(
+                        op,
+                        format!("the primer key {key} is already in the parent's {what} spec"),
+                    ));
+                }
+            }
+            let spec = spec.to_device(parent.device())?;
+            let (full, feature) = if self.expand_specs {
+                let shape: Vec<i64> = [batch.as_slice(), spec.shape()].concat();
+                (spec.expand(&shape)?, spec.clone())
+            } else {
+                if spec.shape().len() < nb || spec.shape().get(..nb) != Some(batch.as_slice()) {
+                    return Err(Error::ShapeMismatch {
+                        op,
+                        key: format!(
+                            "{key} (a primer spec's shape must start with the env batch size; give \
+                             the full shape or use TensorDictPrimer::with_expand_specs(true))"
+                        ),
+                        expected: [batch.as_slice(), spec.shape()].concat(),
+                        actual: spec.shape().to_vec(),
+                    });
+                }
+                let idx: Vec<BatchIndex> = (0..nb).map(|_| BatchIndex::Int(0)).collect();
+                let feature = if nb == 0 {
+                    spec.clone()
+                } else {
+                    spec.index(&idx)?
+                };
+                (spec, feature)
+            };
+            resolved.push(Resolved {
+                key: key.clone(),
+                full,
+                feature,
+            });
+        }
+        let roots = reset_roots(parent);
+        let root = match &self.reset_key {
+            Some(k) => {
+                if k.last() != Some("_reset") {
+                    return Err(Error::invalid(
+                        op,
+                        format!("the reset key {k} must end with \"_reset\""),
+                    ));
+                }
+                parent_of(k)
+            }
+            None => match roots.as_slice() {
+                [one] => one.clone(),
+                _ => {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "the parent env has {} reset groups ({}); choose one with \
+                             TensorDictPrimer::with_reset_key",
+                            roots.len(),
+                            fmt_keys(&parent.reset_keys())
+                        ),
+                    ))
+                }
+            },
+        };
+        self.device = parent.device();
+        self.resolved = resolved;
+        self.root = root;
+        if !self.random {
+            let items: Vec<(NestedKey, TensorSpec)> = self
+                .resolved
+                .iter()
+                .map(|r| (r.key.clone(), r.full.clone()))
+                .collect();
+            for (key, spec) in items {
+                let value = self.initial(&spec, &[], &key)?;
+                if !spec.is_in(&Entry::Tensor(value))? {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "the default value {} of the primer {key} is not in its spec {spec}; \
+                             choose one with TensorDictPrimer::with_default_value, or use \
+                             TensorDictPrimer::with_random(true)",
+                            self.default_value
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.resolved.iter().map(|r| r.key.clone()).collect()
+    }
+
+    fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        for r in &self.resolved {
+            specs.observation.set(&r.key, r.full.clone())?;
+        }
+        Ok(specs)
+    }
+
+    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        for r in &self.resolved {
+            specs.state.set(&r.key, r.full.clone())?;
+        }
+        Ok(specs)
+    }
+
+    fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
+        let op = "TensorDictPrimer::step";
+        if self.resolved.is_empty() {
+            return Err(self.not_attached(op));
+        }
+        for r in &self.resolved {
+            if next.get_entry(&r.key).is_some() {
+                continue;
+            }
+            // A value preset under the input's "next" wins (TorchRL merges preset "next" entries
+            // before the transforms run); else the value at time t is carried.
+            let preset = td.get(r.key.prefixed("next"));
+            let prev = preset.or_else(|| td.get(&r.key)).ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "the primer {} is missing from the input tensordict (keys: {}); step from \
+                         the tensordict returned by reset or by the previous step",
+                        r.key,
+                        fmt_keys(&td.keys(true, true))
+                    ),
+                )
+            })?;
+            next.set(&r.key, prev.shallow_clone())?;
+        }
+        Ok(next)
+    }
+
+    fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
+        let op = "TensorDictPrimer::reset";
+        if self.resolved.is_empty() {
+            return Err(self.not_attached(op));
+        }
+        let mask = reset_mask(td, &self.root)?;
+        let items: Vec<(NestedKey, TensorSpec)> = self
+            .resolved
+            .iter()
+            .map(|r| (r.key.clone(), r.full.clone()))
+            .collect();
+        for (key, spec) in items {
+            let fresh = self.initial(&spec, &[], &key)?;
+            let value = match (&mask, td.get(&key)) {
+                (Some(m), Some(prev)) if prev.size() == fresh.size() => {
+                    let m = expand_right(m, &fresh.size(), op, &key)?;
+                    fresh.f_where_self(&m, &prev.f_to_kind(fresh.kind())?)?
+                }
+                _ => fresh,
+            };
+            reset.set(&key, value)?;
+        }
+        Ok(reset)
+    }
+
+    fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        let op = "TensorDictPrimer::forward";
+        let batch = td.batch_size().to_vec();
+        let items: Vec<(NestedKey, TensorSpec)> = if self.resolved.is_empty() {
+            let mut v = Vec::with_capacity(self.primers.len());
+            for (key, spec) in &self.primers {
+                let feature = if self.expand_specs {
+                    spec.clone()
+                } else if spec.shape().get(..batch.len()) == Some(batch.as_slice()) {
+                    let idx: Vec<BatchIndex> = batch.iter().map(|_| BatchIndex::Int(0)).collect();
+                    if batch.is_empty() {
+                        spec.clone()
+                    } else {
+                        spec.index(&idx)?
+                    }
+                } else {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "the spec of {key} has shape {}, which does not start with the \
+                             tensordict's batch size {}; use with_expand_specs(true) for per-env specs",
+                            ShapeFmt(spec.shape()),
+                            ShapeFmt(&batch)
+                        ),
+                    ));
+                };
+                v.push((key.clone(), feature));
+            }
+            v
+        } else {
+            self.resolved
+                .iter()
+                .map(|r| (r.key.clone(), r.feature.clone()))
+                .collect()
+        };
+        for (key, feature) in items {
+            if td.get_entry(&key).is_some() {
+                continue;
+            }
+            let value = self.initial(&feature, &batch, &key)?;
+            td.set(&key, value)?;
+        }
+        Ok(td)
+    }
+}

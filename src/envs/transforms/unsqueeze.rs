@@ -1,0 +1,359 @@
+//! `UnsqueezeTransform`: inserts a size-1 dim into entries coming out of the env, and (with
+//! inverse keys) squeezes it out of entries going in.
+//!
+//! - **Dim.** A non-negative `dim` counts among the **feature** dims, after the batch dims
+//!   (`0` puts the new dim right after them, whatever the batch size); a negative `dim` counts
+//!   from the end of the result (`-1` appends a trailing dim). A dim that would land inside the
+//!   batch dims, or past the end, is an error naming the key and its shape. TorchRL needs
+//!   `allow_positive_dim=True` for non-negative dims and maps them the same way; here they are
+//!   always allowed. On data, the batch dims are those of the tensordict being transformed (the
+//!   env's at step and reset).
+//! - **Specs.** The spec of each in key (in the done, reward or observation spec) is unsqueezed
+//!   (a `Bounded` spec's bounds too) and written at its out key (default: the in key) in the same
+//!   group. For inverse keys the parent-side action / state spec (`in_keys_inv`) is unsqueezed
+//!   and registered at the policy-side key (`out_keys_inv`).
+//! - **Data.** `step`, `reset` and `forward` unsqueeze; the inverse squeezes `out_keys_inv` into
+//!   `in_keys_inv` and errors when the dim does not have size 1 (`torch.squeeze` would silently
+//!   do nothing).
+//!
+//! ```
+//! use torchrl::envs::builtin::CountingEnv;
+//! use torchrl::envs::transforms::{TransformedEnv, UnsqueezeTransform};
+//! use torchrl::{EnvBase, RolloutConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let mut env = TransformedEnv::new(CountingEnv::new(5, &[4])?)?
+//!     .with(UnsqueezeTransform::new(-1, ["observation"]))?
+//!     .with(UnsqueezeTransform::inverse(0, ["action"]))?;
+//! assert_eq!(env.specs().observation.get("observation").map(|s| s.shape().to_vec()), Some(vec![4, 1, 1]));
+//! assert_eq!(env.specs().action.get("action").map(|s| s.shape().to_vec()), Some(vec![4, 1, 1]));
+//! let traj = env.rollout(3, None, &RolloutConfig::default())?;
+//! assert_eq!(traj.get_or_err(("next", "observation"))?.size(), [4, 3, 1, 1]);
+//! # Ok(()) }
+//! ```
+
+use super::Transform;
+use crate::data::specs::TensorSpec;
+use crate::envs::EnvSpecs;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{NestedKey, TensorDict};
+
+const OP: &str = "UnsqueezeTransform";
+
+/// Inserts a size-1 dim. See the module docs.
+pub struct UnsqueezeTransform {
+    dim: i64,
+    in_keys: Vec<NestedKey>,
+    out_keys: Option<Vec<NestedKey>>,
+    in_keys_inv: Vec<NestedKey>,
+    out_keys_inv: Option<Vec<NestedKey>>,
+}
+
+fn fmt_key_list(keys: &[NestedKey]) -> String {
+    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    format!("[{}]", names.join(", "))
+}
+
+fn collect_keys<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Vec<NestedKey> {
+    keys.into_iter().map(Into::into).collect()
+}
+
+fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
+    Error::KeyNotFound {
+        op,
+        key: key.to_string(),
+        available: td
+            .keys(true, true)
+            .into_iter()
+            .map(|k| k.to_string())
+            .collect(),
+    }
+}
+
+impl UnsqueezeTransform {
+    /// Unsqueezes `in_keys` at `dim` (see the module docs for the meaning of `dim`).
+    pub fn new<K: Into<NestedKey>>(dim: i64, in_keys: impl IntoIterator<Item = K>) -> Self {
+        UnsqueezeTransform {
+            dim,
+            in_keys: collect_keys(in_keys),
+            out_keys: None,
+            in_keys_inv: Vec::new(),
+            out_keys_inv: None,
+        }
+    }
+
+    /// Only inverse keys: the policy gives `in_keys_inv` with an extra size-1 dim at `dim`,
+    /// squeezed out before the parent sees them.
+    pub fn inverse<K: Into<NestedKey>>(dim: i64, in_keys_inv: impl IntoIterator<Item = K>) -> Self {
+        UnsqueezeTransform::new(dim, Vec::<NestedKey>::new()).with_in_keys_inv(in_keys_inv)
+    }
+
+    /// Where the results are written (one per in key; default: the in keys).
+    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+        self.out_keys = Some(collect_keys(keys));
+        self
+    }
+
+    /// Parent-side action / state keys: the policy gives them with the extra dim, which is
+    /// squeezed out before the parent sees them.
+    pub fn with_in_keys_inv<K: Into<NestedKey>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Self {
+        self.in_keys_inv = collect_keys(keys);
+        self
+    }
+
+    /// Policy-side names of the inverse entries (default: the same names).
+    pub fn with_out_keys_inv<K: Into<NestedKey>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Self {
+        self.out_keys_inv = Some(collect_keys(keys));
+        self
+    }
+
+    /// The dim.
+    pub fn dim(&self) -> i64 {
+        self.dim
+    }
+
+    fn pair_up(
+        &self,
+        ins: &[NestedKey],
+        outs: &Option<Vec<NestedKey>>,
+        what: &str,
+    ) -> Result<Vec<(NestedKey, NestedKey)>> {
+        match outs {
+            None => Ok(ins.iter().map(|k| (k.clone(), k.clone())).collect()),
+            Some(o) if o.len() == ins.len() => {
+                Ok(ins.iter().cloned().zip(o.iter().cloned()).collect())
+            }
+            Some(o) => Err(Error::invalid(
+                OP,
+                format!(
+                    "{}: {} {what}in keys {} but {} {what}out keys {}; give one out key per in key",
+                    self.name(),
+                    ins.len(),
+                    fmt_key_list(ins),
+                    o.len(),
+                    fmt_key_list(o)
+                ),
+            )),
+        }
+    }
+
+    fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        self.pair_up(&self.in_keys, &self.out_keys, "")
+    }
+
+    fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
+        self.pair_up(&self.in_keys_inv, &self.out_keys_inv, "inverse ")
+    }
+
+    /// Where the new dim goes in a shape of `ndim` dims (before unsqueezing) whose first `nb`
+    /// are batch dims.
+    fn position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
+        let ndim = shape.len() as i64;
+        let nb_i = nb as i64;
+        let p = if self.dim >= 0 {
+            nb_i + self.dim
+        } else {
+            ndim + 1 + self.dim
+        };
+        if p < nb_i || p > ndim {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{}: dim {} does not fit {key} of shape {} ({nb} batch dims): the new dim must \
+                     go after the batch dims, i.e. dim in [0, {}] or [{}, -1]",
+                    self.name(),
+                    self.dim,
+                    ShapeFmt(shape),
+                    ndim - nb_i,
+                    nb_i - ndim - 1
+                ),
+            ));
+        }
+        Ok(p as usize)
+    }
+
+    /// Where the dim to squeeze is in a shape (already unsqueezed) with `nb` batch dims.
+    fn squeeze_position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
+        let ndim = shape.len() as i64;
+        let nb_i = nb as i64;
+        let p = if self.dim >= 0 {
+            nb_i + self.dim
+        } else {
+            ndim + self.dim
+        };
+        if p < nb_i || p >= ndim {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{}: dim {} does not fit {key} of shape {} ({nb} batch dims) for the inverse squeeze",
+                    self.name(),
+                    self.dim,
+                    ShapeFmt(shape)
+                ),
+            ));
+        }
+        if shape.get(p as usize) != Some(&1) {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{}: cannot squeeze dim {p} of {key} (shape {}): its size is not 1",
+                    self.name(),
+                    ShapeFmt(shape)
+                ),
+            ));
+        }
+        Ok(p as usize)
+    }
+
+    fn unsqueeze_spec(&self, nb: usize, key: &NestedKey, spec: &TensorSpec) -> Result<TensorSpec> {
+        if spec.is_composite() {
+            return Err(Error::invalid(
+                OP,
+                format!("{}: key {key} names a nested spec, not a leaf", self.name()),
+            ));
+        }
+        let p = self.position(nb, spec.shape(), key)?;
+        spec.unsqueeze(p as i64)
+    }
+
+    fn unsqueeze_data(&self, td: &mut TensorDict, tolerant: bool, op: &'static str) -> Result<()> {
+        let nb = td.batch_dims();
+        for (src, dst) in self.pairs()? {
+            let v = match td.get(&src) {
+                Some(v) => {
+                    let p = self.position(nb, &v.size(), &src)?;
+                    v.f_unsqueeze(p as i64)?
+                }
+                None if tolerant => continue,
+                None => return Err(missing_key(op, td, &src)),
+            };
+            td.set(&dst, v)?;
+        }
+        Ok(())
+    }
+}
+
+impl Transform for UnsqueezeTransform {
+    fn name(&self) -> String {
+        let mut s = format!(
+            "UnsqueezeTransform(dim={}, in_keys={}",
+            self.dim,
+            fmt_key_list(&self.in_keys)
+        );
+        if let Some(o) = &self.out_keys {
+            s += &format!(", out_keys={}", fmt_key_list(o));
+        }
+        if !self.in_keys_inv.is_empty() {
+            s += &format!(", in_keys_inv={}", fmt_key_list(&self.in_keys_inv));
+        }
+        if let Some(o) = &self.out_keys_inv {
+            s += &format!(", out_keys_inv={}", fmt_key_list(o));
+        }
+        s + ")"
+    }
+
+    fn attach(&mut self, _parent: &EnvSpecs) -> Result<()> {
+        if self.in_keys.is_empty() && self.in_keys_inv.is_empty() {
+            return Err(Error::invalid(
+                OP,
+                "UnsqueezeTransform has no in_keys and no in_keys_inv: nothing to unsqueeze",
+            ));
+        }
+        self.pairs()?;
+        self.pairs_inv()?;
+        Ok(())
+    }
+
+    fn new_output_keys(&self) -> Vec<NestedKey> {
+        self.pairs()
+            .map(|p| {
+                p.into_iter()
+                    .filter(|(i, o)| i != o)
+                    .map(|(_, o)| o)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        let nb = specs.batch_size().len();
+        for (in_key, out_key) in self.pairs()? {
+            let Some(group) = specs.output_group_of(&in_key) else {
+                return Err(Error::KeyNotFound {
+                    op: "UnsqueezeTransform (in keys are looked up in the done, reward and observation specs)",
+                    key: in_key.to_string(),
+                    available: specs
+                        .done_keys()
+                        .into_iter()
+                        .chain(specs.reward_keys())
+                        .chain(specs.observation_keys())
+                        .map(|k| k.to_string())
+                        .collect(),
+                });
+            };
+            let spec = specs.group(group).get_or_err(&in_key)?;
+            let new = self.unsqueeze_spec(nb, &in_key, spec)?;
+            specs.group_mut(group).set(&out_key, new)?;
+        }
+        Ok(specs)
+    }
+
+    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+        let nb = specs.batch_size().len();
+        for (in_key, out_key) in self.pairs_inv()? {
+            let Some(group) = specs.input_group_of(&in_key) else {
+                return Err(Error::KeyNotFound {
+                    op: "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
+                    key: in_key.to_string(),
+                    available: specs
+                        .action_keys()
+                        .into_iter()
+                        .chain(specs.state_keys())
+                        .map(|k| k.to_string())
+                        .collect(),
+                });
+            };
+            let spec = specs.group(group).get_or_err(&in_key)?;
+            let new = self.unsqueeze_spec(nb, &in_key, spec)?;
+            let g = specs.group_mut(group);
+            if in_key != out_key {
+                g.remove(&in_key)?;
+            }
+            g.set(&out_key, new)?;
+        }
+        Ok(specs)
+    }
+
+    fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
+        self.unsqueeze_data(&mut next, false, "UnsqueezeTransform (step)")?;
+        Ok(next)
+    }
+
+    fn reset(&mut self, _td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
+        self.unsqueeze_data(&mut reset, true, "UnsqueezeTransform (reset)")?;
+        Ok(reset)
+    }
+
+    fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        let nb = td.batch_dims();
+        for (inner, outer) in self.pairs_inv()? {
+            let v = td
+                .get(&outer)
+                .ok_or_else(|| missing_key("UnsqueezeTransform (inverse)", &td, &outer))?;
+            let p = self.squeeze_position(nb, &v.size(), &outer)?;
+            let v = v.f_squeeze_dim(p as i64)?;
+            td.set(&inner, v)?;
+        }
+        Ok(td)
+    }
+
+    fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
+        self.unsqueeze_data(&mut td, false, "UnsqueezeTransform (forward)")?;
+        Ok(td)
+    }
+}
