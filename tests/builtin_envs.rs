@@ -570,63 +570,96 @@ fn initial_states_follow_gymnasium_distribution() {
 
 // ------------------------------------------------------------------ resets
 
+/// A valid, non-terminal state for every env (row `i` is `0.01 * (i + 1)` everywhere).
+fn small_state(which: Which, batch: i64) -> Tensor {
+    let n = which.state_dim();
+    (Tensor::arange(batch, (Kind::Double, CPU)) + 1.0)
+        .f_mul_scalar(0.01)
+        .expect("mul")
+        .unsqueeze(-1)
+        .expand([batch, n], false)
+        .contiguous()
+}
+
 #[test]
 fn partial_reset_keeps_the_other_elements() {
     for which in ALL {
         for mask_shape in [&[4][..], &[4, 1]] {
-            let mut env = which.make(&[4], CPU);
-            env.set_seed(21).expect("seed");
-            let mut td = env.reset(None).expect("reset");
-            for _ in 0..3 {
-                let with_action = env.rand_action(Some(td)).expect("rand");
-                let stepped = env.step(with_action).expect("step");
-                td = env.step_mdp(&stepped).expect("step_mdp");
-            }
-            let before_state = td.get("state").expect("state").copy();
-            let before_obs = td.get("observation").expect("obs").copy();
-            let mask = Tensor::from_slice(&[true, false, true, false]).reshape(mask_shape);
-            let td = env
-                .reset(Some(td.with("_reset", mask).expect("mask")))
-                .expect("partial reset");
-            assert!(!td.contains("_reset"), "the mask is consumed");
-            let state = td.get("state").expect("state");
-            let obs = td.get("observation").expect("obs");
-            for i in [1i64, 3] {
-                assert!(
-                    state.get(i).equal(&before_state.get(i)),
-                    "{which:?}: element {i} changed"
-                );
-                assert!(
-                    obs.get(i).equal(&before_obs.get(i)),
-                    "{which:?}: obs {i} changed"
-                );
-            }
-            for i in [0i64, 2] {
-                assert!(
-                    !state.get(i).equal(&before_state.get(i)),
-                    "{which:?}: element {i} was not reset"
-                );
-                let s = f64s(&state.get(i));
-                for (v, (lo, hi)) in s.iter().zip(which.initial_ranges()) {
-                    assert!(*v >= lo && *v <= hi, "{which:?}: reset element {i} = {s:?}");
+            // `given`: the masked elements start from a state given with the mask; otherwise
+            // (no "state" in the tensordict) they are re-sampled.
+            for given in [false, true] {
+                let what = format!("{which:?} mask {mask_shape:?} given {given}");
+                let mut env = which.make(&[4], CPU);
+                env.set_seed(21).expect("seed");
+                let mut td = env.reset(None).expect("reset");
+                for _ in 0..3 {
+                    let with_action = env.rand_action(Some(td)).expect("rand");
+                    let stepped = env.step(with_action).expect("step");
+                    td = env.step_mdp(&stepped).expect("step_mdp");
                 }
+                let before_state = td.get("state").expect("state").copy();
+                let before_obs = td.get("observation").expect("obs").copy();
+                let target = small_state(which, 4);
+                let mask = Tensor::from_slice(&[true, false, true, false]).reshape(mask_shape);
+                let rows = Tensor::from_slice(&[true, false, true, false]).unsqueeze(-1);
+                let request = if given {
+                    // the current state, with the rows to reset replaced
+                    td.with("state", target.where_self(&rows, &before_state))
+                        .expect("state")
+                } else {
+                    td.exclude(&["state"])
+                };
+                let td = env
+                    .reset(Some(request.with("_reset", mask).expect("mask")))
+                    .expect("partial reset");
+                assert!(!td.contains("_reset"), "{what}: the mask is consumed");
+                let state = td.get("state").expect("state");
+                let obs = td.get("observation").expect("obs");
+                for i in [1i64, 3] {
+                    assert!(
+                        state.get(i).equal(&before_state.get(i)),
+                        "{what}: element {i} changed"
+                    );
+                    assert!(
+                        obs.get(i).equal(&before_obs.get(i)),
+                        "{what}: obs {i} changed"
+                    );
+                }
+                for i in [0i64, 2] {
+                    if given {
+                        assert!(
+                            state.get(i).equal(&target.get(i)),
+                            "{what}: element {i} is not the given state"
+                        );
+                        continue;
+                    }
+                    assert!(
+                        !state.get(i).equal(&before_state.get(i)),
+                        "{what}: element {i} was not reset"
+                    );
+                    let s = f64s(&state.get(i));
+                    for (v, (lo, hi)) in s.iter().zip(which.initial_ranges()) {
+                        assert!(*v >= lo && *v <= hi, "{what}: reset element {i} = {s:?}");
+                    }
+                }
+                // The env's own state is what the tensordict says (the next step continues
+                // from it).
+                let with_action = env.rand_action(Some(td.clone())).expect("rand");
+                let next = env.step(with_action).expect("step");
+                let mut fresh = which.make(&[4], CPU);
+                let replay = fresh
+                    .reset(Some(state_td(&[4], state.copy())))
+                    .expect("reset from state")
+                    .with("action", next.get("action").expect("action").copy())
+                    .expect("action");
+                let replay = fresh.step(replay).expect("step");
+                assert!(
+                    next.get(("next", "state"))
+                        .expect("state")
+                        .equal(replay.get(("next", "state")).expect("state")),
+                    "{what}: the env's state after the partial reset differs from the returned one"
+                );
             }
-            // The env's own state is what the tensordict says (the next step continues from it).
-            let with_action = env.rand_action(Some(td.clone())).expect("rand");
-            let next = env.step(with_action).expect("step");
-            let mut fresh = which.make(&[4], CPU);
-            let replay = fresh
-                .reset(Some(state_td(&[4], state.copy())))
-                .expect("reset from state")
-                .with("action", next.get("action").expect("action").copy())
-                .expect("action");
-            let replay = fresh.step(replay).expect("step");
-            assert!(
-                next.get(("next", "state"))
-                    .expect("state")
-                    .equal(replay.get(("next", "state")).expect("state")),
-                "{which:?}: the env's state after the partial reset differs from the returned one"
-            );
         }
     }
 }
@@ -670,18 +703,57 @@ fn reset_to_a_given_state() {
             )))
             .expect_err("integer state");
         assert!(matches!(err, Error::DtypeMismatch { .. }), "{err}");
-        // With a "_reset" mask a carried-over state is ignored: masked elements are re-sampled.
-        env.set_seed(0).expect("seed");
-        let far = Tensor::full([3, n], 0.3, (Kind::Double, CPU));
-        let td = state_td(&[3], far.copy())
-            .with("_reset", Tensor::from_slice(&[true, false, true]))
+        // With a "_reset" mask, the masked elements start from the given state (its other rows
+        // are not read) and nothing is sampled; the others keep their state.
+        let target = small_state(which, 3);
+        let rows = Tensor::from_slice(&[true, false, true]);
+        let garbage = target.where_self(&rows.unsqueeze(-1), &target.full_like(1e9));
+        let expected = target.where_self(&rows.unsqueeze(-1), &given);
+        let mut a = which.make(&[3], CPU);
+        a.reset(Some(state_td(&[3], given.copy()))).expect("reset");
+        a.set_seed(5).expect("seed");
+        let masked = state_td(&[3], garbage)
+            .with("_reset", rows.copy())
             .expect("mask");
-        let td = env.reset(Some(td)).expect("partial reset");
-        let s = td.get("state").expect("state");
-        assert!(!s.get(0).equal(&far.get(0)) && !s.get(2).equal(&far.get(2)));
+        let ta = a.reset(Some(masked)).expect("partial reset");
+        for i in [0i64, 2] {
+            assert!(
+                ta.get("state").expect("state").get(i).equal(&target.get(i)),
+                "{which:?}: element {i} is not the given state"
+            );
+        }
+        // the env's own state is `expected`: stepping it equals stepping an env reset to it
+        let mut b = which.make(&[3], CPU);
+        let tb = b.reset(Some(state_td(&[3], expected))).expect("reset");
+        let act = b
+            .rand_action(None)
+            .expect("rand")
+            .get("action")
+            .expect("action")
+            .copy();
+        let sa = a
+            .step(ta.with("action", act.copy()).expect("action"))
+            .expect("step");
+        let sb = b
+            .step(tb.with("action", act).expect("action"))
+            .expect("step");
         assert!(
-            s.get(1).equal(&far.get(1)),
-            "unmasked keeps the given value"
+            sa.get(("next", "state"))
+                .expect("state")
+                .equal(sb.get(("next", "state")).expect("state")),
+            "{which:?}: the env's state after a masked reset to a given state"
+        );
+        // no sample was drawn: the next full reset is the seed's first draw
+        let drawn = a.reset(None).expect("reset");
+        let mut seeded = which.make(&[3], CPU);
+        seeded.set_seed(5).expect("seed");
+        let first = seeded.reset(None).expect("reset");
+        assert!(
+            drawn
+                .get("state")
+                .expect("state")
+                .equal(first.get("state").expect("state")),
+            "{which:?}: a masked reset to a given state drew samples"
         );
     }
 }

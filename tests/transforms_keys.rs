@@ -514,61 +514,43 @@ fn build_env(
             Ok(b) => b,
             Err(e) => return Ok(Err(e)),
         };
+        // As the recorder: append, then (ObservationNorm without statistics) init_stats on the
+        // appended transform, from rollouts of the env up to it.
         let r = match built {
-            Built::T(t) => {
-                // What the transform resolves at attach (the recorder reads it back from Python).
-                if d["class"].as_str() == Some("DoubleToFloat") {
-                    let mut probe = DoubleToFloat::new();
-                    if let Ok(Some(k)) = opt_keys(&d["in_keys"]) {
-                        probe = probe.with_in_keys(k);
-                    }
-                    if let Ok(Some(k)) = opt_keys(&d["in_keys_inv"]) {
-                        probe = probe.with_in_keys_inv(k);
-                    }
-                    if probe.attach(env.specs()).is_ok() {
-                        extra.push((
-                            format!("{i}.in_keys"),
-                            probe.in_keys().unwrap_or_default(),
-                            None,
-                        ));
-                        extra.push((
-                            format!("{i}.in_keys_inv"),
-                            probe.in_keys_inv().unwrap_or_default(),
-                            None,
-                        ));
-                    }
-                }
-                if d["class"].as_str() == Some("CatTensors") {
-                    let mut probe = CatTensors::new(opt_keys(&d["in_keys"])?.unwrap_or_default())
-                        .with_sort(d["sort"].as_bool().unwrap_or(true));
-                    let _ = probe.attach(env.specs());
-                    extra.push((
-                        format!("{i}.in_keys"),
-                        probe.in_keys().unwrap_or_default(),
-                        None,
-                    ));
-                }
-                if d["class"].as_str() == Some("ObservationNorm") {
-                    if let (Some(l), Some(s)) = (d["loc"].as_f64(), d["scale"].as_f64()) {
-                        extra.push((format!("{i}.loc"), vec![], Some(Tensor::from(l as f32))));
-                        extra.push((format!("{i}.scale"), vec![], Some(Tensor::from(s as f32))));
-                    }
-                }
-                env.append_boxed(t)
-            }
-            Built::Init(mut t, init) => match t.init_stats_with(&mut env, &init) {
-                Ok(()) => {
-                    if let (Some(l), Some(s)) = (t.loc(), t.scale()) {
-                        extra.push((format!("{i}.loc"), vec![], Some(l.shallow_clone())));
-                        extra.push((format!("{i}.scale"), vec![], Some(s.shallow_clone())));
-                    }
-                    env.append(*t)
-                }
-                Err(e) => Err(e),
-            },
+            Built::T(t) => env.append_boxed(t),
+            Built::Init(t, init) => env
+                .append_boxed(t)
+                .and_then(|()| ObservationNorm::init_stats_at(&mut env, i, &init)),
         };
         if let Err(e) = r {
             return Ok(Err(e));
+        }
+        // What the transform resolved (the recorder reads it back from the appended transform).
+        let ts = env.transform();
+        if let Some(t) = ts.get_as::<DTypeCast>(i) {
+            extra.push((
+                format!("{i}.in_keys"),
+                t.in_keys().unwrap_or_default(),
+                None,
+            ));
+            extra.push((
+                format!("{i}.in_keys_inv"),
+                t.in_keys_inv().unwrap_or_default(),
+                None,
+            ));
+        }
+        if let Some(t) = ts.get_as::<CatTensors>(i) {
+            extra.push((
+                format!("{i}.in_keys"),
+                t.in_keys().unwrap_or_default(),
+                None,
+            ));
+        }
+        if let Some(t) = ts.get_as::<ObservationNorm>(i) {
+            if let (Some(l), Some(s)) = (t.loc(), t.scale()) {
+                extra.push((format!("{i}.loc"), vec![], Some(l.shallow_clone())));
+                extra.push((format!("{i}.scale"), vec![], Some(s.shallow_clone())));
+            }
         }
     }
     Ok(Ok((env, before)))
@@ -609,7 +591,7 @@ fn replay_env(case: &Case) -> std::result::Result<(), String> {
     }
     let (mut env, before) = built.map_err(|e| format!("building the env failed: {e}"))?;
     let e = &case.expect;
-    // key lists (compared as sets: see the note on key order in the report of this suite)
+    // key lists, in order: TorchRL sorts them by depth, then by dot-joined name
     let specs = env.specs().clone();
     for (name, got) in [
         ("observation", specs.observation_keys()),
@@ -618,9 +600,11 @@ fn replay_env(case: &Case) -> std::result::Result<(), String> {
         ("action", specs.action_keys()),
         ("state", specs.state_keys()),
     ] {
-        let want = sorted(keys_from_json(&e["keys"][name])?);
-        if sorted(got.clone()) != want {
-            return Err(format!("{name} keys {got:?}, expected {want:?}"));
+        let want = keys_from_json(&e["keys"][name])?;
+        if got != want {
+            return Err(format!(
+                "{name} keys {got:?}, expected {want:?} (in this order)"
+            ));
         }
     }
     for (name, c) in [
@@ -663,11 +647,7 @@ fn replay_env(case: &Case) -> std::result::Result<(), String> {
         }
         check_leaves(&traj, &e["rollout"]["leaves"], "rollout")?;
     }
-    // Cases whose rollout hits a core issue (see `rename_nested_reward_rollout`).
-    const NO_ROLLOUT: &[&str] = &["rename_forward_nested_reward"];
-    if e["python_check_env_specs"].as_bool() == Some(true)
-        && !NO_ROLLOUT.contains(&case.name.as_str())
-    {
+    if e["python_check_env_specs"].as_bool() == Some(true) {
         check_env_specs(&mut env, Some(0)).map_err(|e| format!("check_env_specs: {e}"))?;
     }
     if env.base().specs() != &before {
@@ -701,7 +681,10 @@ fn replay_init_stats_error(case: &Case) -> std::result::Result<(), String> {
         (Some(l), Some(s)) => ObservationNorm::new(l, s, keys),
         _ => ObservationNorm::uninitialized(keys),
     };
-    let r = t.and_then(|mut t| t.init_stats_with(&mut env, &init));
+    // As the recorder: the transform is in the env, then init_stats is called on it.
+    let r = t
+        .and_then(|t| env.append(t))
+        .and_then(|()| ObservationNorm::init_stats_at(&mut env, 0, &init));
     check_error(case, r)
 }
 
@@ -884,7 +867,7 @@ fn full_stack_specs_check() -> Result<()> {
             .with(SelectTransform::new(["vec"]))?;
         check_env_specs(&mut env, Some(0))?;
         assert!(env.base().specs() == &before);
-        assert_eq!(sorted(env.observation_keys()), [k("vec")]);
+        assert_eq!(env.observation_keys(), [k("vec")]);
         assert_eq!(env.done_keys(), [k("done")]);
         let traj = rollout_half(&mut env, 3)?;
         let v = traj.get_or_err(("next", "vec"))?;
@@ -1083,15 +1066,168 @@ fn observation_norm_rejects_bad_scales() -> Result<()> {
 }
 
 #[test]
-fn observation_norm_uninitialized_is_refused() -> Result<()> {
-    let env = TransformedEnv::new(base(&EnvCfg::new(Kind::Float))?)?;
-    let msg = err_text(env.with(ObservationNorm::uninitialized(["observation"])?));
-    assert!(msg.contains("init_stats"), "{msg}");
+fn observation_norm_appended_uninitialized() -> Result<()> {
+    // appending is allowed (TorchRL's way); the specs are left as they are until the
+    // statistics are known, and the env cannot be reset or stepped
+    let cfg = EnvCfg::new(Kind::Float).bounds(0.0, 10.0);
+    let mut env =
+        TransformedEnv::new(base(&cfg)?)?.with(ObservationNorm::uninitialized(["observation"])?)?;
+    assert_eq!(env.specs(), env.base().specs());
+    let msg = err_text(env.reset(None));
+    assert!(
+        msg.contains("have not been initialized") && msg.contains("init_stats_at"),
+        "{msg}"
+    );
+    assert!(env
+        .transform()
+        .iter()
+        .any(|t| t.name().contains("uninitialized")));
+    // the keys and dtypes are still checked at append
+    let msg = err_text(
+        TransformedEnv::new(base(&EnvCfg::new(Kind::Float))?)?
+            .with(ObservationNorm::uninitialized(["nope"])?),
+    );
+    assert!(msg.contains("\"nope\""), "{msg}");
+    let msg = err_text(
+        TransformedEnv::new(base(&EnvCfg::new(Kind::Int64))?)?
+            .with(ObservationNorm::uninitialized(["observation"])?),
+    );
+    assert!(msg.contains("floating"), "{msg}");
+    // standalone
     let mut t = ObservationNorm::uninitialized(["observation"])?;
     assert!(!t.is_initialized());
     assert!(t.name().contains("uninitialized"));
     let td = TensorDict::new([])?.with("observation", Tensor::from_slice(&[1.0f32]))?;
     assert!(err_text(t.forward(td)).contains("have not been initialized"));
+    Ok(())
+}
+
+/// The statistics of a norm read back from the env.
+fn norm_stats(env: &TransformedEnv<KeysEnv>, i: usize) -> (Vec<f64>, Vec<f64>) {
+    let n = env.transform().get_as::<ObservationNorm>(i);
+    (
+        n.and_then(|n| n.loc()).map(values).unwrap_or_default(),
+        n.and_then(|n| n.scale()).map(values).unwrap_or_default(),
+    )
+}
+
+#[test]
+fn observation_norm_init_stats_at() -> Result<()> {
+    let std0 = (55.0f64 / 6.0).sqrt(); // observations 0..9
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-5;
+    // index 0, TorchRL's recorded values (obsnorm_init_stats): loc -1.4863, scale 0.3303; a
+    // Bounded observation gets its mapped bounds once the statistics are known
+    let cfg = EnvCfg::new(Kind::Float).bounds(0.0, 10.0);
+    let mut env =
+        TransformedEnv::new(base(&cfg)?)?.with(ObservationNorm::uninitialized(["observation"])?)?;
+    ObservationNorm::init_stats_at(&mut env, 0, &InitStats::new(10))?;
+    let (loc, scale) = norm_stats(&env, 0);
+    assert!(
+        close(loc[0], -4.5 / std0) && close(scale[0], 1.0 / std0),
+        "{loc:?} {scale:?}"
+    );
+    let name = env.transform().get(0).map(|t| t.name()).unwrap_or_default();
+    assert!(
+        name.starts_with("ObservationNorm(loc=-1.4863, scale=0.3303"),
+        "{name}"
+    );
+    let TensorSpec::Bounded(b) = env.specs().observation.get_or_err("observation")? else {
+        panic!("not Bounded");
+    };
+    assert!(close(values(b.low())[0], -4.5 / std0));
+    assert!(close(values(b.high())[0], 5.5 / std0));
+    check_env_specs(&mut env, Some(0))?;
+    let traj = rollout_half(&mut env, 3)?;
+    assert!(close(
+        values(traj.get_or_err("observation")?)[0],
+        -4.5 / std0
+    ));
+    // already initialized
+    let msg = err_text(ObservationNorm::init_stats_at(
+        &mut env,
+        0,
+        &InitStats::new(10),
+    ));
+    assert!(msg.contains("are already initialized"), "{msg}");
+
+    // index 1: the rollouts see the transform before (x -> 2x + 1: 1, 3, .., 19, mean 10, std
+    // 2 std0), not the ones after (CatTensors removes "observation", so rolling out the whole
+    // env could not find it)
+    let mut env = TransformedEnv::new(base(&EnvCfg::new(Kind::Float))?)?
+        .with(ObservationNorm::new(1.0, 2.0, ["observation"])?)?
+        .with(ObservationNorm::uninitialized(["observation"])?)?
+        .with(CatTensors::new(["observation", "b"]).with_out_key("vec"))?;
+    let keys_before = env.observation_keys();
+    ObservationNorm::init_stats_at(&mut env, 1, &InitStats::new(10))?;
+    assert_eq!(env.transform().len(), 3);
+    assert_eq!(env.observation_keys(), keys_before);
+    let (loc, scale) = norm_stats(&env, 1);
+    let s1 = 1.0 / (2.0 * std0);
+    assert!(
+        close(scale[0], s1) && close(loc[0], -10.0 * s1),
+        "{loc:?} {scale:?}"
+    );
+    // the whole stack runs: "vec" = [b, b, normalised observation]; first root x = 0 -> 1 ->
+    // (1 - 10) / (2 std0)
+    let traj = rollout_half(&mut env, 2)?;
+    let v = values(traj.get_or_err("vec")?);
+    assert!(close(v[2], -9.0 * s1), "{v:?}");
+    check_env_specs(&mut env, Some(0))?;
+
+    // errors leave the env as it was, and the transform uninitialised
+    let mut env = TransformedEnv::new(base(&EnvCfg::new(Kind::Float))?)?
+        .with(ObservationNorm::uninitialized(["observation"])?)?
+        .with(ObservationNorm::uninitialized(["b"])?)?
+        .with(UnsqueezeTransform::new(-1, ["a"]))?;
+    let specs = env.specs().clone();
+    let unchanged = |env: &TransformedEnv<KeysEnv>| {
+        env.transform().len() == 3
+            && env.specs() == &specs
+            && env.transform().get_as::<UnsqueezeTransform>(2).is_some()
+            && (0..2).all(|i| {
+                env.transform()
+                    .get_as::<ObservationNorm>(i)
+                    .is_some_and(|n| !n.is_initialized())
+            })
+    };
+    let msg = err_text(ObservationNorm::init_stats_at(
+        &mut env,
+        1,
+        &InitStats::new(10),
+    ));
+    assert!(msg.contains("initialized in the right order"), "{msg}");
+    assert!(msg.contains("index 0"), "{msg}");
+    assert!(unchanged(&env));
+    let msg = err_text(ObservationNorm::init_stats_at(
+        &mut env,
+        2,
+        &InitStats::new(10),
+    ));
+    assert!(msg.contains("UnsqueezeTransform") && msg.contains("not an ObservationNorm"));
+    let msg = err_text(ObservationNorm::init_stats_at(
+        &mut env,
+        3,
+        &InitStats::new(10),
+    ));
+    assert!(msg.contains("transforms of the env"), "{msg}");
+    // one frame: a NaN standard deviation, found after the rollouts
+    let msg = err_text(ObservationNorm::init_stats_at(
+        &mut env,
+        0,
+        &InitStats::new(1),
+    ));
+    assert!(msg.contains("non-finite"), "{msg}");
+    assert!(unchanged(&env));
+    // then in order: both initialised, the env runs
+    ObservationNorm::init_stats_at(&mut env, 0, &InitStats::new(10))?;
+    ObservationNorm::init_stats_at(&mut env, 1, &InitStats::new(10))?;
+    check_env_specs(&mut env, Some(0))?;
+    // "b" = count on its 2 features: its statistics are those of 0..9 too
+    let (loc, scale) = norm_stats(&env, 1);
+    assert!(
+        close(loc[0], -4.5 / std0) && close(scale[1], 1.0 / std0),
+        "{loc:?} {scale:?}"
+    );
     Ok(())
 }
 
@@ -1253,10 +1389,16 @@ fn cat_tensors_edge_cases() -> Result<()> {
         Some(vec![k("b"), k("a")])
     );
     let cfg = EnvCfg::new(Kind::Float);
-    // lazy: every observation leaf with one feature dim, sorted
-    let mut lazy = CatTensors::lazy();
-    lazy.attach(base(&cfg.clone().batch(&[4]))?.specs())?;
-    assert_eq!(lazy.in_keys(), Some(vec![k("a"), k("b"), k("observation")]));
+    // lazy: every observation leaf with one feature dim, sorted (read from the appended
+    // transform)
+    assert_eq!(CatTensors::lazy().in_keys(), None);
+    let env = TransformedEnv::new(base(&cfg.clone().batch(&[4]))?)?.with(CatTensors::lazy())?;
+    assert_eq!(
+        env.transform()
+            .get_as::<CatTensors>(0)
+            .and_then(|t| t.in_keys()),
+        Some(vec![k("a"), k("b"), k("observation")])
+    );
     let msg = err_text(TransformedEnv::new(base(&cfg)?)?.with(CatTensors::lazy().with_dim(0)));
     assert!(msg.contains("dim = -1"), "{msg}");
     // output spec: Unbounded, sizes summed, first dtype; inputs deleted
@@ -1339,7 +1481,7 @@ fn rename_edge_cases() -> Result<()> {
         ["r", "term"],
     )?)?;
     assert_eq!(env.reward_keys(), [k("r")]);
-    assert_eq!(sorted(env.done_keys()), [k("done"), k("term")]);
+    assert_eq!(env.done_keys(), [k("done"), k("term")]);
     // the inverse renames the parent's copy only: the caller keeps its key
     let mut env = TransformedEnv::new(base(&cfg)?)?
         .with(RenameTransform::inverse(["action"], [("agent", "action")])?)?;
@@ -1462,10 +1604,10 @@ fn transforms_register_new_keys_and_have_names() -> Result<()> {
         .with(RenameTransform::new(["observation"], ["o"])?)?
         .with(UnsqueezeTransform::new(-1, ["o"]).with_out_keys(["o2"]))?
         .with(ObservationNorm::new(0.0, 1.0, ["o2"])?.with_out_keys(["o3"]))?;
-    let obs = sorted(env.observation_keys());
+    // by depth, then by name (TorchRL's order)
     assert_eq!(
-        obs,
-        [NestedKey::from(("deep", "v")), k("o"), k("o2"), k("o3")]
+        env.observation_keys(),
+        [k("o"), k("o2"), k("o3"), NestedKey::from(("deep", "v"))]
     );
     let names: Vec<String> = env.transform().iter().map(|t| t.name()).collect();
     assert!(
@@ -1488,24 +1630,50 @@ fn transforms_register_new_keys_and_have_names() -> Result<()> {
     Ok(())
 }
 
-/// TorchRL's case of §4.4: renaming `"reward"` to `("nested", "reward")` keeps it a reward.
-/// The key lists are replayed in `reference_cases`; the rollout needs a core fix: `step_mdp`
-/// (src/envs/utils.rs) drops the nested reward but keeps the emptied `"nested"` level at the
-/// root, which the reset root does not have, so the steps cannot be stacked. TorchRL's
-/// `step_mdp` does not create that level.
+/// TorchRL's case of §4.4: renaming `"reward"` to `("nested", "reward")` keeps it a reward
+/// (the key lists are replayed by `rename_forward_nested_reward` in `reference_cases`), and the
+/// env rolls out: `step_mdp` drops the nested reward together with the `"nested"` level it
+/// empties, so every root has the reset root's structure.
 #[test]
-#[ignore = "core issue: step_mdp keeps the level emptied by dropping a nested reward"]
 fn rename_nested_reward_rollout() -> Result<()> {
-    let mut env = TransformedEnv::new(base(&EnvCfg::new(Kind::Float).max_steps(2))?)?.with(
-        RenameTransform::new([k("reward")], [NestedKey::from(("nested", "reward"))])?,
-    )?;
-    assert_eq!(env.reward_keys(), [NestedKey::from(("nested", "reward"))]);
-    let traj = rollout_half(&mut env, 3)?;
-    assert_eq!(
-        traj.get_or_err(("next", "nested", "reward"))?.size(),
-        [2, 1]
-    );
-    check_env_specs(&mut env, Some(0))
+    for b in [vec![], vec![4]] {
+        let cfg = EnvCfg::new(Kind::Float).max_steps(2).batch(&b);
+        let mut env = TransformedEnv::new(base(&cfg)?)?.with(RenameTransform::new(
+            [k("reward")],
+            [NestedKey::from(("nested", "reward"))],
+        )?)?;
+        assert_eq!(env.reward_keys(), [NestedKey::from(("nested", "reward"))]);
+        let traj = rollout_half(&mut env, 3)?;
+        // done at the second step: the rollout stops there
+        let t: Vec<i64> = [b.as_slice(), &[2]].concat();
+        assert_eq!(traj.batch_size(), t.as_slice());
+        let n = b.first().copied().unwrap_or(1) as usize;
+        let reward = traj.get_or_err(("next", "nested", "reward"))?;
+        assert_eq!(reward.size(), [t.as_slice(), &[1]].concat());
+        assert_eq!(values(reward), vec![0.5; 2 * n]);
+        assert_eq!(
+            values(traj.get_or_err("observation")?),
+            [0.0, 1.0].repeat(n)
+        );
+        assert_eq!(
+            values(traj.get_or_err(("next", "observation"))?),
+            [1.0, 2.0].repeat(n)
+        );
+        assert!(!traj.contains("reward") && !traj.contains(("next", "reward")));
+        assert!(
+            !traj.contains("nested"),
+            "the root of a step has no \"nested\" level"
+        );
+        // the root after a step has the reset root's keys
+        let td = env.reset(None)?;
+        let reset_keys = sorted(td.keys(true, true));
+        let with_action = env.rand_action(Some(td))?;
+        let stepped = env.step(with_action)?;
+        let root = env.step_mdp(&stepped)?.exclude(&["action"]);
+        assert_eq!(sorted(root.keys(true, true)), reset_keys);
+        check_env_specs(&mut env, Some(0))?;
+    }
+    Ok(())
 }
 
 /// Adds a float64 state entry `"hidden"` (state spec, reset and step outputs) and checks that

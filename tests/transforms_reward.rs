@@ -123,56 +123,6 @@ fn factories() -> Vec<(&'static str, Factory)> {
     ]
 }
 
-/// `check_env_specs`, tolerating one known core issue (see the report): `check.rs` drops
-/// `("next", state key)` entries before the key-set comparison, as TorchRL does, but then also
-/// checks the last step's containment on that filtered rollout, where TorchRL uses the full one.
-/// A key that is both an observation and a state (RewardSum, StepCounter, TensorDictPrimer all
-/// register theirs in both, as TorchRL does) is then reported missing from `"next"`. When that is
-/// the failure, this runs the part of the check the core could not (containment of every
-/// observation leaf of the last `"next"`, on full rollouts) and passes if it holds.
-fn check_env_specs_tolerant<E: EnvBase>(env: &mut TransformedEnv<E>) -> torchrl::Result<()> {
-    let err = match check_env_specs(env, Some(0)) {
-        Ok(()) => return Ok(()),
-        Err(e) => e,
-    };
-    let msg = err.to_string();
-    let known = msg
-        .contains("the observation spec declares it but the last step has no such entry")
-        && env
-            .specs()
-            .state_keys()
-            .iter()
-            .any(|k| msg.contains(&format!("key {}", k.prefixed("next"))));
-    if !known {
-        return Err(err);
-    }
-    let specs = env.specs().clone();
-    for break_when_any_done in [true, false] {
-        let cfg = RolloutConfig {
-            break_when_any_done: Some(break_when_any_done),
-            ..Default::default()
-        };
-        let traj = env.rollout(3, None, &cfg)?;
-        let nb = specs.batch_size().len();
-        let mut idx: Vec<torchrl::BatchIndex> =
-            (0..nb).map(|_| torchrl::BatchIndex::full()).collect();
-        idx.push(torchrl::BatchIndex::Int(-1));
-        let last = traj.index(&idx)?;
-        let next = last
-            .get_dict("next")
-            .cloned()
-            .unwrap_or_else(|| last.empty());
-        for (k, leaf) in specs.observation.leaves() {
-            let v = next.get_or_err(&k)?;
-            leaf.check(
-                &torchrl::Entry::Tensor(v.shallow_clone()),
-                k.prefixed("next"),
-            )?;
-        }
-    }
-    Ok(())
-}
-
 #[test]
 fn check_env_specs_every_transform() {
     let mut failures = Vec::new();
@@ -181,7 +131,7 @@ fn check_env_specs_every_transform() {
             for (name, make) in factories() {
                 let r = (|| -> torchrl::Result<()> {
                     let mut env = env_with(&batch, max_steps, make(&batch)?)?;
-                    check_env_specs_tolerant(&mut env)
+                    check_env_specs(&mut env, Some(0))
                 })();
                 if let Err(e) = r {
                     failures.push(format!("{name} batch={batch:?} max_steps={max_steps}: {e}"));
@@ -500,11 +450,9 @@ fn replay(case: &Value) -> R<()> {
     check_rollout(&traj, expect)
 }
 
-/// Cases whose rollout cannot be replayed because of a core limitation (see the report):
-/// `EnvBase::step_mdp` drops reward keys from the next root even when they are also state keys
-/// (TorchRL keeps them: `reward_keys_filt = reward_keys - state_keys`), so `RewardSum` with
-/// `reward_spec=true` loses its running sum between steps. Their specs are still compared.
-const SPEC_ONLY: &[&str] = &["reward_sum_reward_spec"];
+/// `RewardSum::with_reward_spec(true)`: replayed in full by [`reward_sum_reward_spec_rollout`]
+/// (which also runs it through `check_env_specs` and a non-stop rollout).
+const REPLAYED_SEPARATELY: &[&str] = &["reward_sum_reward_spec"];
 
 #[test]
 fn reference_cases_from_torchrl() {
@@ -514,8 +462,8 @@ fn reference_cases_from_torchrl() {
     let mut failures = Vec::new();
     for case in cases {
         let name = case["name"].as_str().unwrap_or("?");
-        let r = if SPEC_ONLY.contains(&name) {
-            build_env(case).and_then(|env| check_specs(&env, &case["expect"]))
+        let r = if REPLAYED_SEPARATELY.contains(&name) {
+            Ok(())
         } else {
             replay(case)
         };
@@ -530,6 +478,40 @@ fn reference_cases_from_torchrl() {
         cases.len(),
         failures.join("\n")
     );
+}
+
+/// TorchRL's `RewardSum(reward_spec=True)` case, replayed in full (specs and every rollout
+/// value: `episode_reward` 0, 1, 2, 3 at the roots, 1, 2, 3, 4 under `"next"`), then
+/// `check_env_specs` at batch `[]` and `[4]` and a non-stop rollout across a reset.
+#[test]
+fn reward_sum_reward_spec_rollout() -> torchrl::Result<()> {
+    let root = load();
+    let cases = root["cases"].as_array().expect("cases");
+    let mut seen = 0;
+    for case in cases {
+        let name = case["name"].as_str().unwrap_or("?");
+        if REPLAYED_SEPARATELY.contains(&name) {
+            seen += 1;
+            if let Err(e) = replay(case) {
+                panic!("{name}: {e}");
+            }
+        }
+    }
+    assert_eq!(seen, REPLAYED_SEPARATELY.len());
+    for batch in [vec![], vec![4]] {
+        let mut env = env_with(
+            &batch,
+            3,
+            vec![Box::new(RewardSum::new().with_reward_spec(true))],
+        )?;
+        check_env_specs(&mut env, Some(0))?;
+        // CountingEnv(3) is done at the third step and reset: the sum starts again.
+        let traj = env.rollout(5, None, &RolloutConfig::no_break())?;
+        let sums = floats(traj.get_or_err(("next", "episode_reward"))?);
+        let per_env: Vec<f64> = sums.iter().take(5).copied().collect();
+        assert_eq!(per_env, vec![1.0, 2.0, 3.0, 1.0, 2.0], "batch {batch:?}");
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------------ hand-derived edge cases
@@ -1041,6 +1023,62 @@ fn tensordict_primer_behaviour() -> torchrl::Result<()> {
 }
 
 #[test]
+fn tensordict_primer_is_seeded_by_the_env() -> torchrl::Result<()> {
+    let make = || -> torchrl::Result<TransformedEnv<CountingEnv>> {
+        env_with(
+            &[2],
+            10,
+            vec![
+                Box::new(StepCounter::new()),
+                Box::new(
+                    TensorDictPrimer::new()
+                        .with_primer("n", Bounded::new(0.0, 1.0, [3])?)
+                        .with_expand_specs(true)
+                        .with_random(true),
+                ),
+            ],
+        )
+    };
+    let draw = |env: &mut TransformedEnv<CountingEnv>| -> torchrl::Result<Vec<f64>> {
+        Ok(floats(env.reset(None)?.get_or_err("n")?))
+    };
+    let (mut e1, mut e2) = (make()?, make()?);
+    e1.set_seed(11)?;
+    e2.set_seed(11)?;
+    let v1 = draw(&mut e1)?;
+    assert_eq!(v1, draw(&mut e2)?, "same env seed, same primer values");
+    assert_ne!(v1, draw(&mut e1)?, "consecutive resets draw new values");
+    e1.set_seed(11)?;
+    assert_eq!(draw(&mut e1)?, v1, "re-seeding the env replays the primer");
+    e1.set_seed(12)?;
+    assert_ne!(draw(&mut e1)?, v1, "another seed, other values");
+    // the env seed reaches the primer, not only the base env: a seed given at construction is
+    // replaced
+    let mut e3 = make()?;
+    e3.set_seed(11)?;
+    e3.transform_mut()
+        .get_as_mut::<TensorDictPrimer>(1)
+        .map(|p| p.set_seed(99))
+        .transpose()?;
+    assert_ne!(draw(&mut e3)?, v1);
+    // Transform::set_seed on the transform itself is with_seed
+    let primer = |p: TensorDictPrimer| -> torchrl::Result<Vec<f64>> {
+        let mut p = p
+            .with_primer("n", Bounded::new(0.0, 1.0, [3])?)
+            .with_expand_specs(true)
+            .with_random(true);
+        Ok(floats(p.forward(TensorDict::new([2])?)?.get_or_err("n")?))
+    };
+    let mut reseeded = TensorDictPrimer::new().with_seed(1);
+    reseeded.set_seed(5)?;
+    assert_eq!(
+        primer(reseeded)?,
+        primer(TensorDictPrimer::new().with_seed(5))?
+    );
+    Ok(())
+}
+
+#[test]
 fn action_clamp_inverse() -> torchrl::Result<()> {
     let mut env = env_with(&[3], 10, vec![Box::new(ActionClamp::new())])?;
     assert_eq!(
@@ -1158,7 +1196,7 @@ fn pendulum_step_counter_and_full_stack() -> torchrl::Result<()> {
         assert!(floats(inner.get_or_err("action")?)
             .iter()
             .all(|a| *a == 2.0));
-        check_env_specs_tolerant(&mut env)?;
+        check_env_specs(&mut env, Some(0))?;
     }
     Ok(())
 }
@@ -1184,7 +1222,7 @@ fn cuda_full_stack_when_available() -> torchrl::Result<()> {
             )?
             .with(ActionClamp::new())?
             .with(RewardClipping::new(-10.0, 10.0)?)?;
-        check_env_specs_tolerant(&mut env)?;
+        check_env_specs(&mut env, Some(0))?;
         let traj = env.rollout(5, None, &RolloutConfig::no_break())?;
         for (k, t) in traj.leaves() {
             assert_eq!(t.device(), dev, "{k} is on {:?}", t.device());

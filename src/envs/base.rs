@@ -299,10 +299,18 @@ pub trait EnvBase: Send {
             exclude_action: false,
             ..Default::default()
         };
+        // Reward keys that are also state keys (an episode sum registered as a reward) carry
+        // over to the next step, as in TorchRL.
+        let state = specs.state_keys();
+        let rewards: Vec<NestedKey> = specs
+            .reward_keys()
+            .into_iter()
+            .filter(|k| !state.contains(k))
+            .collect();
         step_mdp(
             td,
             &opts,
-            &specs.reward_keys(),
+            &rewards,
             &specs.done_keys(),
             &specs.action_keys(),
         )

@@ -26,9 +26,9 @@
 //! **State.** The observation *is* gymnasium's state, rounded to float32; the state itself is
 //! kept in float64, as gymnasium keeps it, and written as `"state"` by every reset and step
 //! (in the state spec, not the observation spec). `reset` with a tensordict holding `"state"`
-//! (`[*B, 4]`, any float dtype) and **no** `"_reset"` entry starts from it; with a `"_reset"`
-//! mask only the masked elements are reset, to fresh samples (see
-//! [`PendulumEnv`](super::PendulumEnv) for why a carried-over `"state"` is then ignored).
+//! (`[*B, 4]`, any float dtype) starts from it; with a `"_reset"` mask only the masked elements
+//! are reset, to the given `"state"` or, without one, to fresh samples (see
+//! [`PendulumEnv`](super::PendulumEnv)).
 //!
 //! ```
 //! use tch::{Device, Tensor};
@@ -57,7 +57,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, ActionKind, ResetPlan, STATE_KEY};
+use super::pendulum::{read_action, reset_plan, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Categorical, OneHot, TensorSpec, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -189,25 +189,17 @@ impl EnvBase for CartPoleEnv {
         let op = "CartPoleEnv::reset";
         let batch = self.core.specs().batch_size().to_vec();
         let device = self.core.specs().device();
-        match reset_plan(op, td, &batch, 4, device)? {
-            ResetPlan::Given(s) => {
-                self.state = s;
-                self.was_terminated = self.was_terminated.f_zeros_like()?;
-            }
-            ResetPlan::Sample(mask) => {
-                let fresh = Self::sample(&mut self.core_mut().generator, &batch, device)?;
-                match mask {
-                    Some(m) => {
-                        self.state = fresh.f_where_self(&m, &self.state)?;
-                        self.was_terminated = self.was_terminated.f_masked_fill(&m, 0i64)?;
-                    }
-                    None => {
-                        self.state = fresh;
-                        self.was_terminated = self.was_terminated.f_zeros_like()?;
-                    }
-                }
-            }
-        }
+        let plan = reset_plan(op, td, &batch, 4, device)?;
+        let fresh = if plan.needs_sample() {
+            Some(Self::sample(&mut self.core.generator, &batch, device)?)
+        } else {
+            None
+        };
+        self.state = plan.new_state(&self.state, fresh)?;
+        self.was_terminated = match &plan.mask {
+            Some(m) => self.was_terminated.f_masked_fill(m, 0i64)?,
+            None => self.was_terminated.f_zeros_like()?,
+        };
         let terminated = self.was_terminated.f_zeros_like()?;
         self.output(terminated, None)
     }

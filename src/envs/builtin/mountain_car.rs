@@ -25,9 +25,8 @@
 //! by every reset and step) holds it in float64: gymnasium's reset draws a float64 position
 //! and each step stores the state as float32, and so does this env (the values after a step
 //! are float32 values). `reset` with a tensordict holding `"state"` (`[*B, 2]`, any float
-//! dtype) and **no** `"_reset"` entry starts from it; with a `"_reset"` mask only the masked
-//! elements are reset, to fresh samples (see [`PendulumEnv`](super::PendulumEnv) for why a
-//! carried-over `"state"` is then ignored).
+//! dtype) starts from it; with a `"_reset"` mask only the masked elements are reset, to the
+//! given `"state"` or, without one, to fresh samples (see [`PendulumEnv`](super::PendulumEnv)).
 //!
 //! ```
 //! use tch::{Device, Tensor};
@@ -51,7 +50,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, ActionKind, ResetPlan, STATE_KEY};
+use super::pendulum::{read_action, reset_plan, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -139,16 +138,13 @@ impl EnvBase for MountainCarContinuousEnv {
         let op = "MountainCarContinuousEnv::reset";
         let batch = self.core.specs().batch_size().to_vec();
         let device = self.core.specs().device();
-        match reset_plan(op, td, &batch, 2, device)? {
-            ResetPlan::Given(s) => self.state = s,
-            ResetPlan::Sample(mask) => {
-                let fresh = Self::sample(&mut self.core_mut().generator, &batch, device)?;
-                self.state = match mask {
-                    Some(m) => fresh.f_where_self(&m, &self.state)?,
-                    None => fresh,
-                };
-            }
-        }
+        let plan = reset_plan(op, td, &batch, 2, device)?;
+        let fresh = if plan.needs_sample() {
+            Some(Self::sample(&mut self.core.generator, &batch, device)?)
+        } else {
+            None
+        };
+        self.state = plan.new_state(&self.state, fresh)?;
         let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
         let terminated = Tensor::f_zeros(&b1, (Kind::Bool, device))?;
         self.output(terminated, None)

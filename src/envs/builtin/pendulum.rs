@@ -29,10 +29,13 @@
 //! rollout step holds the state that step started from.
 //!
 //! **Resetting to a given state.** `reset` with a tensordict holding `"state"` (`[*B, 2]`, any
-//! float dtype) and **no** `"_reset"` entry starts from that state instead of sampling. With a
-//! `"_reset"` mask only the masked elements are reset, always to fresh samples (a `"state"`
-//! in the tensordict is then the current state carried over from the previous step, as in
-//! `step_and_maybe_reset`, and is ignored); the other elements keep their state.
+//! float dtype) starts from that state instead of sampling. A `"_reset"` mask selects the
+//! elements to reset: they start from the given `"state"` (its other elements are not read),
+//! or from fresh samples when the tensordict has no `"state"`; the other elements keep their
+//! state. The non-stop rollout loop (`step_and_maybe_reset`) hands the env only the masks, so
+//! done elements get fresh samples there; to re-sample some elements yourself, pass the mask
+//! without a `"state"` (a root returned by `step_mdp` carries the current state, which would
+//! otherwise be the state those elements are reset to).
 //!
 //! ```
 //! use tch::{Device, Tensor};
@@ -150,16 +153,13 @@ impl EnvBase for PendulumEnv {
         let op = "PendulumEnv::reset";
         let batch = self.core.specs().batch_size().to_vec();
         let device = self.core.specs().device();
-        match reset_plan(op, td, &batch, 2, device)? {
-            ResetPlan::Given(s) => self.state = s,
-            ResetPlan::Sample(mask) => {
-                let fresh = Self::sample(&mut self.core_mut().generator, &batch, device)?;
-                self.state = match mask {
-                    Some(m) => fresh.f_where_self(&m, &self.state)?,
-                    None => fresh,
-                };
-            }
-        }
+        let plan = reset_plan(op, td, &batch, 2, device)?;
+        let fresh = if plan.needs_sample() {
+            Some(Self::sample(&mut self.core.generator, &batch, device)?)
+        } else {
+            None
+        };
+        self.state = plan.new_state(&self.state, fresh)?;
         self.output(None)
     }
 
@@ -259,18 +259,48 @@ pub(super) fn read_action(
     Ok(a.f_to_device(device)?.f_to_kind(target)?)
 }
 
-/// How a reset sets the state.
-pub(super) enum ResetPlan {
-    /// Start from this state (`[*B, n]`, float64, on the env's device; a fresh copy).
-    Given(Tensor),
-    /// Sample a fresh state; with a mask (`[*B, 1]` bool), only for the masked elements.
-    Sample(Option<Tensor>),
+/// How a reset sets the state: the elements it selects (those of the `"_reset"` mask, or all of
+/// them without one) start from the given state when there is one, else from fresh samples;
+/// the other elements keep their state.
+pub(super) struct ResetPlan {
+    /// `[*B, 1]` bool on the env's device; `None`: every element.
+    pub(super) mask: Option<Tensor>,
+    /// `[*B, n]` float64 on the env's device (a fresh copy); `None`: sample.
+    pub(super) state: Option<Tensor>,
 }
 
-/// Decides how to reset from the tensordict given to `reset`: a `"_reset"` entry (shape
-/// `[*B]` or `[*B, ...]`, reduced with `any` over the trailing dims) selects elements to
-/// re-sample; otherwise a `"state"` entry of shape `[*B, state_dim]` (any float dtype) is the
-/// state to start from; otherwise every element is sampled.
+impl ResetPlan {
+    /// Whether the env must draw fresh samples (no state was given).
+    pub(super) fn needs_sample(&self) -> bool {
+        self.state.is_none()
+    }
+
+    /// The state after the reset: the given state (or `fresh`, required when none was given)
+    /// where the plan selects, `current` elsewhere.
+    pub(super) fn new_state(&self, current: &Tensor, fresh: Option<Tensor>) -> Result<Tensor> {
+        let target = match (&self.state, fresh) {
+            (Some(s), _) => s.shallow_clone(),
+            (None, Some(f)) => f,
+            (None, None) => {
+                return Err(Error::invalid(
+                    "reset",
+                    "internal: no state given and no fresh sample drawn",
+                ))
+            }
+        };
+        Ok(match &self.mask {
+            Some(m) => target.f_where_self(m, current)?,
+            None => target,
+        })
+    }
+}
+
+/// Decides how to reset from the tensordict given to `reset`. A `"_reset"` entry (shape `[*B]`
+/// or `[*B, ...]`, reduced with `any` over the trailing dims) selects the elements to reset
+/// (all of them without one); a `"state"` entry of shape `[*B, state_dim]` (any float dtype)
+/// is the state those elements start from (its other elements are not read); without it they
+/// are sampled. `step_and_maybe_reset` hands the env only the masks, so the current state it
+/// carries is never mistaken for a state to reset to.
 pub(super) fn reset_plan(
     op: &'static str,
     td: Option<&TensorDict>,
@@ -279,26 +309,32 @@ pub(super) fn reset_plan(
     device: Device,
 ) -> Result<ResetPlan> {
     let Some(td) = td else {
-        return Ok(ResetPlan::Sample(None));
+        return Ok(ResetPlan {
+            mask: None,
+            state: None,
+        });
     };
-    if let Some(m) = td.get("_reset") {
-        let size = m.size();
-        if size.get(..batch.len()) != Some(batch) {
-            return Err(Error::ShapeMismatch {
-                op,
-                key: NestedKey::from("_reset").to_string(),
-                expected: batch.to_vec(),
-                actual: size,
-            });
+    let mask = match td.get("_reset") {
+        Some(m) => {
+            let size = m.size();
+            if size.get(..batch.len()) != Some(batch) {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    key: NestedKey::from("_reset").to_string(),
+                    expected: batch.to_vec(),
+                    actual: size,
+                });
+            }
+            let mut m = m.f_to_device(device)?.f_to_kind(Kind::Bool)?;
+            while m.dim() > batch.len() {
+                m = m.f_any_dim(-1, false)?;
+            }
+            Some(m.f_unsqueeze(-1)?)
         }
-        let mut m = m.f_to_device(device)?.f_to_kind(Kind::Bool)?;
-        while m.dim() > batch.len() {
-            m = m.f_any_dim(-1, false)?;
-        }
-        return Ok(ResetPlan::Sample(Some(m.f_unsqueeze(-1)?)));
-    }
+        None => None,
+    };
     let Some(s) = td.get(STATE_KEY) else {
-        return Ok(ResetPlan::Sample(None));
+        return Ok(ResetPlan { mask, state: None });
     };
     let key = NestedKey::from(STATE_KEY).to_string();
     let shape: Vec<i64> = [batch, &[state_dim]].concat();
@@ -318,9 +354,12 @@ pub(super) fn reset_plan(
             actual: s.kind(),
         });
     }
-    Ok(ResetPlan::Given(
-        s.f_to_device(device)?
-            .f_to_kind(Kind::Double)?
-            .f_detach_copy()?,
-    ))
+    let state = s
+        .f_to_device(device)?
+        .f_to_kind(Kind::Double)?
+        .f_detach_copy()?;
+    Ok(ResetPlan {
+        mask,
+        state: Some(state),
+    })
 }

@@ -14,8 +14,16 @@
 //!   so a float32 observation stays float32 whatever the statistics' dtype.
 //! - **Statistics.** Give them to [`ObservationNorm::new`] (scalars) or
 //!   [`ObservationNorm::from_tensors`], or build the transform with
-//!   [`ObservationNorm::uninitialized`] and call [`ObservationNorm::init_stats`] with the env it
-//!   will be appended to **before** appending it (see below).
+//!   [`ObservationNorm::uninitialized`] and compute them from rollouts, either way:
+//!   - TorchRL's way: append it, then call [`ObservationNorm::init_stats_at`] with the env and
+//!     its index there; the rollouts run on the env *up to* the transform (the base env and the
+//!     transforms before it), as TorchRL's `env.transform[i].init_stats(...)` does;
+//!   - or call [`ObservationNorm::init_stats`] with the env it will be appended to, then append
+//!     it.
+//!
+//!   Until it has statistics, an appended `ObservationNorm` leaves the specs as they are (only
+//!   the dtypes are checked; a `Bounded` spec gets its mapped bounds once the statistics are
+//!   known) and its data hooks error, so the env cannot be reset or stepped.
 //!
 //! **Differences from TorchRL**, on purpose:
 //! - a non-positive (or non-finite) `scale` passed by the user is an error; TorchRL silently
@@ -23,18 +31,16 @@
 //!   scales are used as given; `eps` only floors the standard deviations computed by
 //!   [`ObservationNorm::init_stats`] (a constant feature gets scale `1/eps`, or `eps` with
 //!   `standard_normal`, exactly as in TorchRL);
-//! - `init_stats` takes the parent env as an argument. TorchRL reaches it through the
-//!   transform's `parent`; here a transform inside a [`TransformedEnv`](super::TransformedEnv) is
-//!   a boxed trait object, so the statistics are computed first and the initialised transform is
-//!   then appended. Appending an uninitialised `ObservationNorm` is refused, which also makes
-//!   TorchRL's "initialized in the wrong order" error impossible: every normaliser already in
-//!   the env has its statistics;
+//! - `init_stats` takes the parent env as an argument, and `init_stats_at` the env and the
+//!   transform's index: TorchRL reaches the parent through the transform's `parent`, which a
+//!   boxed transform here does not have. `init_stats_at` raises TorchRL's "initialized in the
+//!   right order" error when an `ObservationNorm` before the index has no statistics yet;
 //! - TorchRL's "mixed initialized and uninitialized loc and scale" error cannot happen: the
 //!   constructors take both statistics or none.
 //!
 //! ```
 //! use torchrl::envs::builtin::CountingEnv;
-//! use torchrl::envs::transforms::{ObservationNorm, TransformedEnv};
+//! use torchrl::envs::transforms::{InitStats, ObservationNorm, TransformedEnv};
 //! use torchrl::{EnvBase, RolloutConfig};
 //! # fn main() -> torchrl::Result<()> {
 //! let base = CountingEnv::new(100, &[])?;
@@ -45,19 +51,25 @@
 //! assert_eq!(traj.get_or_err(("next", "observation"))?.double_value(&[2, 0]), 7.0);
 //! assert_eq!(traj.get_or_err("observation")?.double_value(&[0, 0]), 1.0);
 //!
-//! // statistics from 10 frames of the env the transform is about to join
+//! // TorchRL's way: append, then compute the statistics from 10 frames of the env up to it
+//! let mut env = TransformedEnv::new(CountingEnv::new(100, &[])?)?
+//!     .with(ObservationNorm::uninitialized(["observation"])?)?;
+//! ObservationNorm::init_stats_at(&mut env, 0, &InitStats::new(10))?;
+//! let norm = env.transform().get_as::<ObservationNorm>(0);
+//! let scale = norm.and_then(|n| n.scale()).map(|s| s.double_value(&[])).unwrap_or(0.0);
+//! assert!((scale - 0.3303).abs() < 1e-4); // 1 / std(0..9)
+//!
+//! // or compute them from the env the transform is about to join, then append it
 //! let mut env = TransformedEnv::new(CountingEnv::new(100, &[])?)?;
 //! let mut norm = ObservationNorm::uninitialized(["observation"])?;
 //! norm.init_stats(&mut env, 10)?;
-//! let scale = norm.scale().map(|s| s.double_value(&[])).unwrap_or(0.0);
-//! assert!((scale - 0.3303).abs() < 1e-4); // 1 / std(0..9)
 //! env.append(norm)?;
 //! # Ok(()) }
 //! ```
 
 use tch::{Kind, Tensor};
 
-use super::Transform;
+use super::{Transform, TransformedEnv};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
@@ -277,7 +289,8 @@ impl ObservationNorm {
         Self::build(collect_keys(in_keys), Some(loc), Some(scale), eps)
     }
 
-    /// No statistics yet: call [`ObservationNorm::init_stats`] before appending the transform.
+    /// No statistics yet: append the transform and call [`ObservationNorm::init_stats_at`], or
+    /// call [`ObservationNorm::init_stats`] before appending it.
     pub fn uninitialized<K: Into<NestedKey>>(in_keys: impl IntoIterator<Item = K>) -> Result<Self> {
         Self::build(collect_keys(in_keys), None, None, 1e-6)
     }
@@ -365,7 +378,8 @@ impl ObservationNorm {
                 OP,
                 format!(
                     "ObservationNorm on {}: loc/scale have not been initialized; pass them to the \
-                     constructor or call init_stats",
+                     constructor or call init_stats (ObservationNorm::init_stats_at for a \
+                     transform already in an env)",
                     fmt_key_list(&self.in_keys)
                 ),
             )),
@@ -423,6 +437,10 @@ impl ObservationNorm {
                 ),
                 ))
             }
+        }
+        if !self.is_initialized() {
+            // Appended before its statistics: the spec is mapped once they are known.
+            return Ok(spec.clone());
         }
         match spec {
             TensorSpec::Bounded(b) => {
@@ -482,6 +500,118 @@ impl ObservationNorm {
         parent: &mut E,
         cfg: &InitStats,
     ) -> Result<()> {
+        let (cat_dim, key) = self.check_init(cfg)?;
+        self.compute_stats(parent, cfg, cat_dim, &key)
+    }
+
+    /// TorchRL's `env.transform[index].init_stats(...)`: computes the statistics of the
+    /// uninitialised `ObservationNorm` at `index` of `env` from rollouts of the env **up to**
+    /// that transform (its base env and the transforms before `index`), as
+    /// [`ObservationNorm::init_stats_with`] does, then recomputes the env's specs (a `Bounded`
+    /// observation now gets its mapped bounds).
+    ///
+    /// How: the transforms from `index` on are taken out of the env and its specs recomputed,
+    /// which leaves exactly the parent env TorchRL rolls out (for `index == 0`, the base env
+    /// behind a transparent wrapper); the statistics are computed on it, then the transforms are
+    /// put back in their places and the whole stack is attached again. The base env is stepped
+    /// and the transforms before `index` see the rollouts, as in TorchRL.
+    ///
+    /// Errors (the env is then as before and the transform stays uninitialised): no
+    /// `ObservationNorm` at `index`; an `ObservationNorm` before `index` without statistics
+    /// (TorchRL's "initialized in the right order" error: initialise them first to last); the
+    /// errors of [`ObservationNorm::init_stats_with`]; a later transform that cannot be attached
+    /// to the normalised specs.
+    ///
+    /// ```
+    /// use torchrl::envs::builtin::CountingEnv;
+    /// use torchrl::envs::transforms::{InitStats, ObservationNorm, StepCounter, TransformedEnv};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let mut env = TransformedEnv::new(CountingEnv::new(100, &[])?)?
+    ///     .with(StepCounter::new())?
+    ///     .with(ObservationNorm::uninitialized(["observation"])?)?;
+    /// ObservationNorm::init_stats_at(&mut env, 1, &InitStats::new(10))?;
+    /// assert!(env.transform().get_as::<ObservationNorm>(1).is_some_and(|n| n.is_initialized()));
+    /// # Ok(()) }
+    /// ```
+    pub fn init_stats_at<E: EnvBase>(
+        env: &mut TransformedEnv<E>,
+        index: usize,
+        cfg: &InitStats,
+    ) -> Result<()> {
+        let op = "ObservationNorm::init_stats_at";
+        let len = env.transform().len();
+        let Some(norm) = env.transform().get_as::<ObservationNorm>(index) else {
+            return Err(match env.transform().get(index) {
+                None => Error::IndexOutOfRange {
+                    op,
+                    index: index as i64,
+                    what: "transforms of the env".into(),
+                    size: len as i64,
+                },
+                Some(t) => Error::invalid(
+                    op,
+                    format!(
+                        "the transform at index {index} is {}, not an ObservationNorm",
+                        t.name()
+                    ),
+                ),
+            });
+        };
+        let (cat_dim, key) = norm.check_init(cfg)?;
+        if let Some(j) = (0..index).find(|j| {
+            env.transform()
+                .get_as::<ObservationNorm>(*j)
+                .is_some_and(|n| !n.is_initialized())
+        }) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "ObservationNorms need to be initialized in the right order: trying to \
+                     initialize the ObservationNorm at index {index} while the parent \
+                     ObservationNorm at index {j} is still uninitialized"
+                ),
+            ));
+        }
+        // Take out the transforms from `index` on; what is left is the parent env.
+        let mut tail: Vec<Box<dyn Transform>> = Vec::with_capacity(len - index);
+        for i in (index..len).rev() {
+            match env.transform_mut().remove(i) {
+                Ok(t) => tail.push(t),
+                Err(_) => break,
+            }
+        }
+        tail.reverse();
+        let computed = env.refresh_specs().and_then(|()| {
+            match tail
+                .first_mut()
+                .and_then(|t| (**t).as_any_mut().downcast_mut::<ObservationNorm>())
+            {
+                Some(norm) => norm.compute_stats(env, cfg, cat_dim, &key),
+                None => Err(Error::invalid(op, "internal: the transform moved")),
+            }
+        });
+        // Put them back, and attach the whole stack again.
+        for t in tail {
+            env.transform_mut().push_boxed(t);
+        }
+        if let Err(e) = computed {
+            env.refresh_specs()?;
+            return Err(e);
+        }
+        if let Err(e) = env.refresh_specs() {
+            if let Some(norm) = env.transform_mut().get_as_mut::<ObservationNorm>(index) {
+                norm.loc = None;
+                norm.scale = None;
+            }
+            env.refresh_specs()?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Validates `cfg` against the transform (TorchRL's checks, in its order); returns the dim
+    /// to concatenate along and the key to read.
+    fn check_init(&self, cfg: &InitStats) -> Result<(i64, NestedKey)> {
         let cat_dim = match (cfg.cat_dim, cfg.reduce_dim.as_slice()) {
             (_, []) => {
                 return Err(Error::invalid(
@@ -552,14 +682,25 @@ impl ObservationNorm {
             (None, Some(k)) => k.clone(),
             (None, None) => return Err(Error::invalid(OP, "init_stats: no key")),
         };
+        Ok((cat_dim, key))
+    }
+
+    /// Runs the rollouts of `parent` and sets `loc` and `scale` (after [`Self::check_init`]).
+    fn compute_stats<E: EnvBase + ?Sized>(
+        &mut self,
+        parent: &mut E,
+        cfg: &InitStats,
+        cat_dim: i64,
+        key: &NestedKey,
+    ) -> Result<()> {
         let mut collected = 0usize;
         let mut data: Vec<Tensor> = Vec::new();
         while collected < cfg.num_iter {
             let td = parent.rollout(cfg.num_iter, None, &RolloutConfig::default())?;
             collected += td.numel().max(0) as usize;
             let v = td
-                .get(&key)
-                .ok_or_else(|| missing_key("ObservationNorm::init_stats", &td, &key))?;
+                .get(key)
+                .ok_or_else(|| missing_key("ObservationNorm::init_stats", &td, key))?;
             if !is_float(v.kind()) {
                 return Err(Error::invalid(
                     OP,
@@ -702,17 +843,6 @@ impl Transform for ObservationNorm {
     }
 
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
-        if !self.is_initialized() {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "ObservationNorm on {} has no loc/scale yet: call init_stats(&mut env, num_iter) \
-                     with the env it is about to join, then append it (or pass loc and scale to the \
-                     constructor)",
-                    fmt_key_list(&self.in_keys)
-                ),
-            ));
-        }
         for (k, _) in self.pairs()? {
             if !parent.observation.contains(&k) {
                 return Err(Error::KeyNotFound {

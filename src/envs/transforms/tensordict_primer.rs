@@ -7,11 +7,13 @@
 //!   `"_reset"` mask of the parent's reset group, or all of them without a mask): a constant
 //!   (zeros by default, see [`TensorDictPrimer::with_default_value`]) or, with
 //!   [`TensorDictPrimer::with_random`], a sample of the spec drawn from the transform's own
-//!   seeded [`Generator`] (env seeding does not reach transforms; use
-//!   [`TensorDictPrimer::with_seed`]);
-//! - at each step, copies the value from the input tensordict into `"next"` when the parent did
-//!   not write it; a value preset under the input's `"next"` (a policy that updates the entry)
-//!   is used instead, as in TorchRL.
+//!   [`Generator`], seeded with [`TensorDictPrimer::with_seed`] and re-seeded by
+//!   [`Transform::set_seed`] (which `TransformedEnv::set_seed` calls, so seeding the env makes
+//!   the primers reproducible too);
+//! - at each step, copies the value from the input tensordict into `"next"` when nothing wrote
+//!   it there. A value preset under the input's `"next"` (a policy that updates the entry) is
+//!   already in `"next"` when the transforms run (the env keeps preset `"next"` entries the
+//!   step did not produce, as TorchRL does), so it wins.
 //!
 //! **Shapes.** As everywhere in this crate, a spec leaf's shape is `[*batch, *feature]`: a primer
 //! spec must start with the env's batch size, or the transform errors when it joins the env,
@@ -111,7 +113,8 @@ impl TensorDictPrimer {
         self
     }
 
-    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0).
+    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
+    /// the env it joins re-seeds it, see [`Transform::set_seed`]).
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.generator = Generator::new(seed);
         self
@@ -334,10 +337,9 @@ impl Transform for TensorDictPrimer {
             if next.get_entry(&r.key).is_some() {
                 continue;
             }
-            // A value preset under the input's "next" wins (TorchRL merges preset "next" entries
-            // before the transforms run); else the value at time t is carried.
-            let preset = td.get(r.key.prefixed("next"));
-            let prev = preset.or_else(|| td.get(&r.key)).ok_or_else(|| {
+            // Not produced by the step nor preset under the input's "next" (the env merges those
+            // before the transforms run): the value at time t is carried.
+            let prev = td.get(&r.key).ok_or_else(|| {
                 Error::invalid(
                     op,
                     format!(
@@ -376,6 +378,11 @@ impl Transform for TensorDictPrimer {
             reset.set(&key, value)?;
         }
         Ok(reset)
+    }
+
+    fn set_seed(&mut self, seed: u64) -> Result<()> {
+        self.generator = Generator::new(seed);
+        Ok(())
     }
 
     fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
