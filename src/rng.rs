@@ -68,10 +68,23 @@ pub(crate) fn build<T: Element>(
     kind: Kind,
     device: Device,
 ) -> Result<Tensor> {
-    Ok(Tensor::f_from_slice(data)?
-        .f_reshape(shape)?
-        .f_to_kind(kind)?
-        .f_to_device(device)?)
+    let t = Tensor::f_from_slice(data)?;
+    // Skip the ops that would be no-ops (each costs a dispatcher round trip).
+    let t = if t.size() == shape {
+        t
+    } else {
+        t.f_reshape(shape)?
+    };
+    let t = if t.kind() == kind {
+        t
+    } else {
+        t.f_to_kind(kind)?
+    };
+    Ok(if device == Device::Cpu {
+        t
+    } else {
+        t.f_to_device(device)?
+    })
 }
 
 /// Reads a tensor's values (any device) into a row-major `Vec`.

@@ -43,7 +43,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::utils::{any_of, complete_done, reshape_rewards, step_mdp, StepMdpOptions};
-use super::EnvSpecs;
+use super::{EnvKeys, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{stack, NestedKey, TensorDict};
@@ -54,6 +54,7 @@ use crate::tensordict::{stack, NestedKey, TensorDict};
 #[derive(Clone, Debug)]
 pub struct EnvCore {
     specs: EnvSpecs,
+    keys: EnvKeys,
     /// The env's random number generator (reseeded by [`EnvBase::set_seed`]).
     pub generator: Generator,
     /// Allow `done` to be true right after a reset (default false: an error).
@@ -63,8 +64,10 @@ pub struct EnvCore {
 impl EnvCore {
     /// Finalizes `specs` (done completion, validation, locking) and seeds the generator with 0.
     pub fn new(specs: EnvSpecs) -> Result<Self> {
+        let specs = specs.finalize()?;
         Ok(EnvCore {
-            specs: specs.finalize()?,
+            keys: EnvKeys::from_specs(&specs),
+            specs,
             generator: Generator::new(0),
             allow_done_after_reset: false,
         })
@@ -78,11 +81,23 @@ impl EnvCore {
     /// Replaces the specs (finalized again). For envs whose specs change over time.
     pub fn set_specs(&mut self, specs: EnvSpecs) -> Result<()> {
         self.specs = specs.finalize()?;
+        self.keys = EnvKeys::from_specs(&self.specs);
         Ok(())
+    }
+
+    /// The env's key lists, derived from the specs once.
+    pub fn keys(&self) -> &EnvKeys {
+        &self.keys
+    }
+
+    /// Samples the action spec with the env's generator.
+    pub(crate) fn sample_actions(&mut self) -> Result<TensorDict> {
+        self.specs.action.rand(&mut self.generator, &[])
     }
 
     pub(crate) fn new_unfinalized(specs: EnvSpecs) -> Self {
         EnvCore {
+            keys: EnvKeys::from_specs(&specs),
             specs,
             generator: Generator::new(0),
             allow_done_after_reset: false,
@@ -90,6 +105,7 @@ impl EnvCore {
     }
 
     pub(crate) fn replace_specs(&mut self, specs: EnvSpecs) {
+        self.keys = EnvKeys::from_specs(&specs);
         self.specs = specs;
     }
 }
@@ -177,27 +193,27 @@ pub trait EnvBase: Send {
 
     /// Action leaf keys.
     fn action_keys(&self) -> Vec<NestedKey> {
-        self.specs().action_keys()
+        self.core().keys().action.clone()
     }
     /// Reward leaf keys.
     fn reward_keys(&self) -> Vec<NestedKey> {
-        self.specs().reward_keys()
+        self.core().keys().reward.clone()
     }
     /// Done leaf keys.
     fn done_keys(&self) -> Vec<NestedKey> {
-        self.specs().done_keys()
+        self.core().keys().done.clone()
     }
     /// Observation leaf keys.
     fn observation_keys(&self) -> Vec<NestedKey> {
-        self.specs().observation_keys()
+        self.core().keys().observation.clone()
     }
     /// State leaf keys.
     fn state_keys(&self) -> Vec<NestedKey> {
-        self.specs().state_keys()
+        self.core().keys().state.clone()
     }
     /// `"_reset"` keys, one per done group.
     fn reset_keys(&self) -> Vec<NestedKey> {
-        self.specs().reset_keys()
+        self.core().keys().reset.clone()
     }
 
     /// [`EnvBase::step_impl`] followed by reward reshaping and done completion: the next
@@ -213,8 +229,9 @@ pub trait EnvBase: Send {
                 actual: next.batch_size().to_vec(),
             });
         }
-        reshape_rewards(&mut next, specs)?;
-        complete_done(&mut next, specs)?;
+        let keys = self.core().keys();
+        reshape_rewards(&mut next, keys)?;
+        complete_done(&mut next, keys)?;
         Ok(next)
     }
 
@@ -230,9 +247,9 @@ pub trait EnvBase: Send {
                 actual: out.batch_size().to_vec(),
             });
         }
-        complete_done(&mut out, specs)?;
+        complete_done(&mut out, self.core().keys())?;
         if let Some(prev) = td {
-            out = merge_partial_reset(prev, out, specs)?;
+            out = merge_partial_reset(prev, out, self.core())?;
         }
         Ok(out)
     }
@@ -246,17 +263,17 @@ pub trait EnvBase: Send {
             check_batch("reset", t, self.specs())?;
         }
         let reset = self.reset_next(td.as_ref())?;
-        let specs = self.specs();
-        if !self.core().allow_done_after_reset {
-            check_not_done_after_reset(&reset, td.as_ref(), specs)?;
+        let core = self.core();
+        if !core.allow_done_after_reset {
+            check_not_done_after_reset(&reset, td.as_ref(), core)?;
         }
         let mut out = match td {
             Some(t) => {
-                let mut drop: Vec<NestedKey> = specs.reset_keys();
+                let mut drop: Vec<NestedKey> = core.keys().reset.clone();
                 drop.push("next".into());
                 t.exclude(&drop)
             }
-            None => TensorDict::new(specs.batch_size())?,
+            None => TensorDict::new(core.specs().batch_size())?,
         };
         out.update(&reset)?;
         Ok(out)
@@ -266,14 +283,15 @@ pub trait EnvBase: Send {
     /// `maybe_reset`: the env sees only the masks (so it cannot mistake the current data for a
     /// state to reset to), and the other elements keep their values from `root`.
     fn maybe_reset(&mut self, root: TensorDict) -> Result<TensorDict> {
-        let specs = self.specs().clone();
-        let masks = root.select(&specs.reset_keys(), false)?;
+        let reset_keys = self.core().keys().reset.clone();
+        let masks = root.select(&reset_keys, false)?;
         let fresh = self.reset_next(Some(&masks))?;
-        let merged = merge_partial_reset(&root, fresh, &specs)?;
-        if !self.core().allow_done_after_reset {
-            check_not_done_after_reset(&merged, Some(&masks), &specs)?;
+        let core = self.core();
+        let merged = merge_partial_reset(&root, fresh, core)?;
+        if !core.allow_done_after_reset {
+            check_not_done_after_reset(&merged, Some(&masks), core)?;
         }
-        let mut out = root.exclude(&specs.reset_keys());
+        let mut out = root.exclude(&reset_keys);
         out.update(&merged)?;
         Ok(out)
     }
@@ -294,48 +312,21 @@ pub trait EnvBase: Send {
     /// The root of the next step: `"next"` content plus other root entries; rewards dropped,
     /// actions kept (TorchRL's `env.step_mdp`).
     fn step_mdp(&self, td: &TensorDict) -> Result<TensorDict> {
-        let specs = self.specs();
+        let keys = self.core().keys();
         let opts = StepMdpOptions {
             exclude_action: false,
             ..Default::default()
         };
         // Reward keys that are also state keys (an episode sum registered as a reward) carry
-        // over to the next step, as in TorchRL.
-        let state = specs.state_keys();
-        let rewards: Vec<NestedKey> = specs
-            .reward_keys()
-            .into_iter()
-            .filter(|k| !state.contains(k))
-            .collect();
-        step_mdp(
-            td,
-            &opts,
-            &rewards,
-            &specs.done_keys(),
-            &specs.action_keys(),
-        )
+        // over to the next step, as in TorchRL: `mdp_rewards` leaves them out.
+        step_mdp(td, &opts, &keys.mdp_rewards, &keys.done, &keys.action)
     }
 
     /// Steps, builds the next root, and resets the batch elements that are done (partial
     /// reset). Returns `(stepped td with "next", next root)`.
     fn step_and_maybe_reset(&mut self, td: TensorDict) -> Result<(TensorDict, TensorDict)> {
         let td = self.step(td)?;
-        let mut root = self.step_mdp(&td)?;
-        let prefixes = self.specs().done_group_prefixes();
-        let mut any = false;
-        for p in &prefixes {
-            if let Some(done) = root.get(p.join("done")) {
-                if done.numel() > 0 && done.f_any()?.int64_value(&[]) != 0 {
-                    any = true;
-                    let mask = done.f_to_kind(Kind::Bool)?;
-                    root.set(p.join("_reset"), mask)?;
-                }
-            }
-        }
-        if any {
-            root = self.maybe_reset(root)?;
-        }
-        Ok((td, root))
+        self.step_and_maybe_reset_prestepped(td)
     }
 
     /// Samples actions from the action spec with the env's generator and writes them into `td`
@@ -345,9 +336,9 @@ pub trait EnvBase: Send {
             Some(t) => t,
             None => TensorDict::new(self.specs().batch_size())?,
         };
-        let spec = self.specs().action.clone();
-        let actions = spec.rand(&mut self.core_mut().generator, &[])?;
-        td.update(&actions)?;
+        let actions = self.core_mut().sample_actions()?;
+        // Samples are valid by construction: set the leaves directly (no staged update).
+        actions.for_each_leaf(&mut |path, t| td.set(path, t.shallow_clone()))?;
         Ok(td)
     }
 
@@ -407,12 +398,7 @@ pub trait EnvBase: Send {
                 "set_truncated is true but the env has no truncated done key (add one, e.g. with StepCounter)",
             ));
         }
-        let done_keys = specs.done_keys();
-        let stop_keys: Vec<NestedKey> = done_keys
-            .iter()
-            .filter(|k| matches!(k.last(), Some("done") | Some("truncated")))
-            .cloned()
-            .collect();
+        let stop_keys = self.core().keys().stop.clone();
         let nb = specs.batch_size().len();
         let mut steps: Vec<TensorDict> = Vec::with_capacity(max_steps);
         // For break_when_all_done: which batch elements have finished at least once.
@@ -489,12 +475,12 @@ pub trait EnvBase: Send {
     ) -> Result<(TensorDict, TensorDict)> {
         let mut root = self.step_mdp(&td)?;
         let mut any = false;
-        for p in self.specs().done_group_prefixes() {
-            if let Some(done) = root.get(p.join("done")) {
+        for g in &self.core().keys().groups {
+            if let Some(done) = root.get(&g.done) {
                 if done.numel() > 0 && done.f_any()?.int64_value(&[]) != 0 {
                     any = true;
                     let mask = done.f_to_kind(Kind::Bool)?;
-                    root.set(p.join("_reset"), mask)?;
+                    root.set(&g.reset, mask)?;
                 }
             }
         }
@@ -559,13 +545,13 @@ fn done_mask(td: &TensorDict, keys: &[NestedKey], nb: usize) -> Result<Tensor> {
 fn check_not_done_after_reset(
     reset: &TensorDict,
     td: Option<&TensorDict>,
-    specs: &EnvSpecs,
+    core: &EnvCore,
 ) -> Result<()> {
-    let nb = specs.batch_size().len();
-    for k in specs.done_keys() {
-        let Some(v) = reset.get(&k) else { continue };
+    let nb = core.specs().batch_size().len();
+    for k in &core.keys().done {
+        let Some(v) = reset.get(k) else { continue };
         let v = v.f_to_kind(Kind::Bool)?;
-        let hit = match td.and_then(|t| reset_mask_for(t, &k)) {
+        let hit = match td.and_then(|t| reset_mask_for(t, k)) {
             Some(m) => {
                 let m = batch_mask(&m, nb, v.dim())?.f_to_device(v.device())?;
                 v.f_logical_and(&m)?
@@ -621,12 +607,8 @@ fn mark_truncated(td: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
 }
 
 /// Keeps `prev`'s values where the reset mask of a key's done group is false.
-fn merge_partial_reset(
-    prev: &TensorDict,
-    reset: TensorDict,
-    specs: &EnvSpecs,
-) -> Result<TensorDict> {
-    let nb = specs.batch_size().len();
+fn merge_partial_reset(prev: &TensorDict, reset: TensorDict, core: &EnvCore) -> Result<TensorDict> {
+    let nb = core.specs().batch_size().len();
     let mut out = reset.clone();
     for (k, new) in reset.leaves() {
         let Some(mask) = reset_mask_for(prev, &k).or_else(|| {

@@ -8,11 +8,13 @@ pub mod batched;
 pub mod builtin;
 mod check;
 mod env_specs;
+mod keys;
 pub mod transforms;
 mod utils;
 
 pub use base::{EnvBase, EnvCore, Policy, RolloutConfig};
 pub use check::check_env_specs;
 pub use env_specs::{EnvSpecs, SpecGroup};
+pub use keys::EnvKeys;
 pub use transforms::{Compose, Transform, TransformedEnv};
 pub use utils::{step_mdp, StepMdpOptions};

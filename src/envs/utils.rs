@@ -2,8 +2,9 @@
 
 use tch::Tensor;
 
-use super::EnvSpecs;
+use super::EnvKeys;
 use crate::error::{Error, Result};
+use crate::tensordict::leading_dims_are;
 use crate::tensordict::{Entry, NestedKey, TensorDict};
 
 /// Options of [`step_mdp`], TorchRL's defaults except where noted.
@@ -69,21 +70,28 @@ pub fn step_mdp(
     }
     let mut out = next.exclude(&excluded);
     // Levels emptied by the exclusion go too (TorchRL's step_mdp never creates them), so the
-    // next root has the same structure as a reset output.
-    prune_emptied(&mut out, next);
+    // next root has the same structure as a reset output. Only nested keys can empty a level.
+    if excluded.iter().any(|k| k.len() > 1) {
+        prune_emptied(&mut out, next);
+    }
     if opts.keep_other {
         let mut root_excl = excluded.clone();
         if opts.exclude_action {
             root_excl.extend(action_keys);
         }
-        for (k, e) in td.items(true, true) {
-            if k.first() == Some("next") || out.contains(&k) || root_excl.contains(&&k) {
-                continue;
+        let mut carried: Vec<(Vec<&str>, Tensor)> = Vec::new();
+        td.for_each_leaf(&mut |path, t| {
+            let skip = path.first() == Some(&"next")
+                || path.last() == Some(&"_reset")
+                || out.contains(path)
+                || root_excl.iter().any(|k| k.parts().eq(path.iter().copied()));
+            if !skip {
+                carried.push((path.to_vec(), t.shallow_clone()));
             }
-            if k.first() == Some("_reset") || k.last() == Some("_reset") {
-                continue;
-            }
-            out.set(&k, e.clone())?;
+            Ok(())
+        })?;
+        for (path, t) in carried {
+            out.set(&path[..], t)?;
         }
     }
     Ok(out)
@@ -104,24 +112,20 @@ fn prune_emptied(out: &mut TensorDict, before: &TensorDict) {
 }
 
 /// Views each reward to its spec's shape (a scalar-per-env reward becomes `[*batch, 1]`).
-pub(crate) fn reshape_rewards(next: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
-    for key in specs.reward_keys() {
-        let Some(spec) = specs.reward.get(&key) else {
-            continue;
-        };
-        let Some(r) = next.get(&key) else { continue };
-        let want = spec.shape();
-        if r.size() != want {
+pub(crate) fn reshape_rewards(next: &mut TensorDict, keys: &EnvKeys) -> Result<()> {
+    for (key, want) in &keys.reward_shapes {
+        let Some(r) = next.get(key) else { continue };
+        if !leading_dims_are(r, want) || r.dim() != want.len() {
             if r.numel() as i64 != want.iter().product::<i64>() {
                 return Err(Error::ShapeMismatch {
                     op: "step (reward reshape)",
                     key: key.to_string(),
-                    expected: want.to_vec(),
+                    expected: want.clone(),
                     actual: r.size(),
                 });
             }
-            let v = r.f_reshape(want)?;
-            next.set(&key, v)?;
+            let v = r.f_reshape(want.as_slice())?;
+            next.set(key, v)?;
         }
     }
     Ok(())
@@ -134,41 +138,40 @@ fn any_true(t: &Tensor) -> Result<bool> {
 /// Completes the done entries of `td` per done group, with TorchRL's rules: only `done` ⇒
 /// `terminated = done`; only `terminated` ⇒ `done = terminated | truncated`; `done` and
 /// `truncated` without `terminated` is an error; other missing done leaves are zeros.
-pub(crate) fn complete_done(td: &mut TensorDict, specs: &EnvSpecs) -> Result<()> {
-    for prefix in specs.done_group_prefixes() {
-        let (dk, tk, trk) = (
-            prefix.join("done"),
-            prefix.join("terminated"),
-            prefix.join("truncated"),
+pub(crate) fn complete_done(td: &mut TensorDict, keys: &EnvKeys) -> Result<()> {
+    for g in &keys.groups {
+        let (d, t, tr) = (
+            td.get(&g.done).is_some(),
+            td.get(&g.terminated).is_some(),
+            td.get(&g.truncated).is_some(),
         );
-        let has = |k: &NestedKey| td.get(k).is_some();
-        let (d, t, tr) = (has(&dk), has(&tk), has(&trk));
         if d && !t {
             if tr {
                 return Err(Error::invalid(
                     "step",
                     format!(
-                        "cannot infer {tk} when only {dk} and {trk} are present; return {tk} too"
+                        "cannot infer {} when only {} and {} are present; return {} too",
+                        g.terminated, g.done, g.truncated, g.terminated
                     ),
                 ));
             }
-            if specs.done.contains(&tk) {
-                let v = td.get_or_err(&dk)?.shallow_clone();
-                td.set(&tk, v)?;
+            if g.has_terminated {
+                let v = td.get_or_err(&g.done)?.shallow_clone();
+                td.set(&g.terminated, v)?;
             }
-        } else if t && !d && specs.done.contains(&dk) {
-            let term = td.get_or_err(&tk)?;
-            let v = match td.get(&trk) {
+        } else if t && !d && g.has_done {
+            let term = td.get_or_err(&g.terminated)?;
+            let v = match td.get(&g.truncated) {
                 Some(trunc) => term.f_logical_or(trunc)?,
                 None => term.shallow_clone(),
             };
-            td.set(&dk, v)?;
+            td.set(&g.done, v)?;
         }
     }
-    for (k, spec) in specs.done.leaves() {
-        if td.get(&k).is_none() {
+    for (k, spec) in &keys.done_specs {
+        if td.get(k).is_none() {
             if let Entry::Tensor(z) = spec.zero(&[])? {
-                td.set(&k, z)?;
+                td.set(k, z)?;
             }
         }
     }

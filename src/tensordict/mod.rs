@@ -23,6 +23,7 @@
 //! ```
 
 mod display;
+pub(crate) mod host;
 mod index;
 mod io;
 mod key;
@@ -42,7 +43,7 @@ pub(crate) use key::display_segments;
 pub use key::{AsKey, NestedKey, Segments};
 pub use shape::{cat, stack};
 
-pub(crate) type Map<V> = IndexMap<String, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
 pub(crate) type Dims = SmallVec<[i64; 4]>;
 
 /// One value in a [`TensorDict`]: a leaf tensor or a nested tensordict.
@@ -495,7 +496,8 @@ impl TensorDict {
         let value = cur.validate(op, segs, value)?;
         for seg in &prefix[depth..] {
             let level = cur.empty();
-            cur.entries.insert((*seg).to_string(), Entry::Dict(level));
+            cur.entries
+                .insert(std::sync::Arc::from(*seg), Entry::Dict(level));
             cur = match cur.entries.last_mut() {
                 Some((_, Entry::Dict(d))) => d,
                 _ => return Ok(()),
@@ -504,7 +506,7 @@ impl TensorDict {
         match cur.entry_at_mut(last) {
             Some(slot) => *slot = value,
             None => {
-                cur.entries.insert((*last).to_string(), value);
+                cur.entries.insert(std::sync::Arc::from(*last), value);
             }
         }
         Ok(())
@@ -575,15 +577,13 @@ impl TensorDict {
         for (k, v) in &other.entries {
             path.push(k);
             match v {
-                Entry::Dict(sub)
-                    if matches!(self.entries.get(k.as_str()), Some(Entry::Dict(_))) =>
-                {
-                    if let Some(Entry::Dict(mine)) = self.entries.get_mut(k.as_str()) {
+                Entry::Dict(sub) if matches!(self.entries.get(&**k), Some(Entry::Dict(_))) => {
+                    if let Some(Entry::Dict(mine)) = self.entries.get_mut(&**k) {
                         mine.update_inner(sub, path)?;
                     }
                 }
                 _ => {
-                    self.set_segments("update", &[k.as_str()], v.clone())
+                    self.set_segments("update", &[&**k], v.clone())
                         .map_err(|e| rekey(e, path))?;
                 }
             }
@@ -680,7 +680,7 @@ impl TensorDict {
         out: &mut Vec<(NestedKey, &'a Entry)>,
     ) {
         for (k, e) in &self.entries {
-            let key = prefix.join(k.as_str());
+            let key = prefix.join(&**k);
             match e {
                 Entry::Tensor(_) => out.push((key, e)),
                 Entry::Dict(d) => {
@@ -693,6 +693,31 @@ impl TensorDict {
                 }
             }
         }
+    }
+
+    /// Calls `f(path, tensor)` for every leaf, in order, with the path as borrowed segments
+    /// (no key is allocated: this is the walk for hot paths).
+    pub(crate) fn for_each_leaf<'a, F>(&'a self, f: &mut F) -> Result<()>
+    where
+        F: FnMut(&[&'a str], &'a Tensor) -> Result<()>,
+    {
+        let mut path: Vec<&'a str> = Vec::with_capacity(4);
+        self.for_each_leaf_rec(&mut path, f)
+    }
+
+    fn for_each_leaf_rec<'a, F>(&'a self, path: &mut Vec<&'a str>, f: &mut F) -> Result<()>
+    where
+        F: FnMut(&[&'a str], &'a Tensor) -> Result<()>,
+    {
+        for (k, e) in &self.entries {
+            path.push(&**k);
+            match e {
+                Entry::Tensor(t) => f(path, t)?,
+                Entry::Dict(d) => d.for_each_leaf_rec(path, f)?,
+            }
+            path.pop();
+        }
+        Ok(())
     }
 
     /// Every leaf tensor with its full key, in order.
@@ -714,13 +739,14 @@ impl TensorDict {
         let mut out = self.empty();
         for (k, t) in self.leaves() {
             let name = k.parts().collect::<Vec<_>>().join(sep);
-            if out.entries.contains_key(&name) {
+            if out.entries.contains_key(name.as_str()) {
                 return Err(Error::KeyExists {
                     op: "flatten_keys",
                     key: display_segments(&[&name]),
                 });
             }
-            out.entries.insert(name, Entry::Tensor(t.shallow_clone()));
+            out.entries
+                .insert(std::sync::Arc::from(name), Entry::Tensor(t.shallow_clone()));
         }
         Ok(out)
     }

@@ -358,12 +358,26 @@ impl TensorDict {
 
 /// Checks the structure of `tds` for stack/cat: same key sets at every level, nested level
 /// batch extensions equal, and returns nothing on success.
+/// True when `a` and `b` have the same keys at every level, with leaves and levels in the
+/// same places (allocation-free; the detailed error is built only on a mismatch).
+fn same_structure(a: &TensorDict, b: &TensorDict) -> bool {
+    a.entries.len() == b.entries.len()
+        && a.entries.iter().all(|(k, e)| match (e, b.entries.get(k)) {
+            (Entry::Tensor(_), Some(Entry::Tensor(_))) => true,
+            (Entry::Dict(x), Some(Entry::Dict(y))) => same_structure(x, y),
+            _ => false,
+        })
+}
+
 fn check_structure(
     op: &'static str,
     first: &TensorDict,
     other: &TensorDict,
     i: usize,
 ) -> Result<()> {
+    if same_structure(first, other) {
+        return Ok(());
+    }
     let a: Vec<NestedKey> = first.keys(true, false);
     let b: Vec<NestedKey> = other.keys(true, false);
     if a.len() != b.len() || a.iter().any(|k| !b.contains(k)) {
@@ -446,7 +460,7 @@ fn stack_level<T: Borrow<TensorDict>>(
         device: first.device,
     };
     for (k, e) in &first.entries {
-        path.push(k.clone());
+        path.push(k.to_string());
         let ne = match e {
             Entry::Tensor(t0) => {
                 let shape0 = t0.size();

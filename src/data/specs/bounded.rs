@@ -38,6 +38,9 @@ pub struct Bounded {
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
+    /// `Some((low, high))` when the bounds are the same scalars everywhere (the common case for
+    /// action specs): `rand` then samples without reading the bound tensors back.
+    pub(crate) constant: Option<(f64, f64)>,
 }
 
 impl Clone for Bounded {
@@ -49,6 +52,7 @@ impl Clone for Bounded {
             shape: self.shape.clone(),
             dtype: self.dtype,
             device: self.device,
+            constant: self.constant,
         }
     }
 }
@@ -109,6 +113,7 @@ impl Bounded {
             shape: shape.to_vec(),
             dtype: Kind::Float,
             device: Device::Cpu,
+            constant: Some((low, high)),
         })
     }
 
@@ -150,6 +155,7 @@ impl Bounded {
             high,
             shape,
             device,
+            constant: None,
         })
     }
 
@@ -159,6 +165,9 @@ impl Bounded {
         self.low = self.low.f_to_kind(dtype)?;
         self.high = self.high.f_to_kind(dtype)?;
         self.dtype = dtype;
+        if !is_float_kind(dtype) {
+            self.constant = None;
+        }
         Ok(self)
     }
 
@@ -202,6 +211,9 @@ impl Bounded {
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
         let full = concat(shape, &self.shape);
+        if let (Some((l, h)), true) = (self.constant, is_float_kind(self.dtype)) {
+            return gen.uniform(&full, l, h, self.dtype, self.device);
+        }
         let low = self.low.f_expand(full.as_slice(), false)?;
         let high = self.high.f_expand(full.as_slice(), false)?;
         gen.uniform_tensor(&low, &high)
@@ -335,6 +347,7 @@ impl Bounded {
             shape: shape.to_vec(),
             dtype: self.dtype,
             device: self.device,
+            constant: self.constant,
         })
     }
 
@@ -349,6 +362,7 @@ impl Bounded {
                 shape,
                 dtype: self.dtype,
                 device: self.device,
+                constant: self.constant,
             }),
             _ => Err(Error::invalid(
                 "index",
@@ -374,6 +388,7 @@ impl Bounded {
             shape,
             dtype: self.dtype,
             device: self.device,
+            constant: self.constant,
         })
     }
 
@@ -386,6 +401,7 @@ impl Bounded {
             shape,
             dtype: self.dtype,
             device: self.device,
+            constant: self.constant,
         })
     }
 
@@ -397,8 +413,16 @@ impl Bounded {
             shape: self.shape.clone(),
             dtype: self.dtype,
             device,
+            constant: self.constant,
         })
     }
+}
+
+fn is_float_kind(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
+    )
 }
 
 /// Errors when `low > high` (or either is NaN) anywhere, naming the first position.

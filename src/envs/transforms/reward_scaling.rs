@@ -125,7 +125,12 @@ impl RewardScaling {
         Ok(if self.standard_normal {
             r.f_sub_scalar(self.loc)?.f_div_scalar(self.scale)?
         } else {
-            r.f_mul_scalar(self.scale)?.f_add_scalar(self.loc)?
+            let scaled = r.f_mul_scalar(self.scale)?;
+            if self.loc == 0.0 {
+                scaled
+            } else {
+                scaled.f_add_scalar(self.loc)?
+            }
         })
     }
 
