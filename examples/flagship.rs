@@ -5,10 +5,53 @@
 //! Run with `scripts/demo.sh` (or `cargo run --release --example flagship`).
 
 use tch::{Device, Kind, Tensor};
+use torchrl::envs::builtin::PendulumEnv;
+use torchrl::envs::transforms::{RewardScaling, RewardSum, StepCounter};
+use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig, TransformedEnv};
 use torchrl::specs::{Bounded, Categorical, Composite, Unbounded};
 use torchrl::{Generator, TensorDict};
 
+fn pendulum() -> torchrl::Result<()> {
+    let mut env = TransformedEnv::new(PendulumEnv::new(&[], Device::Cpu)?)?
+        .with(RewardScaling::new(0.0, 0.1)?)?
+        .with(StepCounter::new().with_max_steps(200)?)?
+        .with(RewardSum::new())?;
+    println!(
+        "== transformed Pendulum ==\n{}",
+        env.transform()
+            .iter()
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!("done keys: {:?}", env.done_keys());
+    check_env_specs(&mut env, Some(0))?;
+    println!("check_env_specs: ok");
+
+    env.set_seed(0)?;
+    let traj = env.rollout(1000, None, &RolloutConfig::default())?;
+    println!("== rollout of random torques (stops at the 200-step truncation) ==\n{traj}");
+    let steps = traj.batch_size()[0];
+    let ret = traj
+        .get_or_err(("next", "episode_reward"))?
+        .double_value(&[steps - 1, 0]);
+    let count = traj
+        .get_or_err(("next", "step_count"))?
+        .int64_value(&[steps - 1, 0]);
+    let truncated = traj
+        .get_or_err(("next", "truncated"))?
+        .int64_value(&[steps - 1, 0])
+        != 0;
+    println!("steps: {steps}, last step_count: {count}, truncated: {truncated}, episode return (scaled): {ret:.3}");
+    Ok(())
+}
+
 fn main() -> torchrl::Result<()> {
+    pendulum()?;
+    specs_and_tensordicts()
+}
+
+fn specs_and_tensordicts() -> torchrl::Result<()> {
     let batch = [4];
     let f32s = (Kind::Float, Device::Cpu);
 

@@ -5,6 +5,9 @@
 //! - [`TensorDict`]: a nested, keyed container of tensors sharing leading batch dims.
 //! - [`data::specs`]: `TensorSpec`s (`Unbounded`, `Bounded`, `Categorical`, `OneHot`, …, and
 //!   `Composite`) that describe what an environment reads and writes.
+//! - [`envs`]: the [`EnvBase`] trait, [`check_env_specs`], built-in environments
+//!   ([`envs::builtin`]), batched environments ([`envs::batched`]) and transforms
+//!   ([`envs::transforms`]) composed in a [`TransformedEnv`].
 //! - [`Error`] / [`Result`]: every fallible operation returns a `Result` whose error names the
 //!   key, shapes, dtypes and what was expected.
 //!
@@ -34,6 +37,11 @@ pub use error::{Error, Result};
 pub use rng::Generator;
 pub use tch;
 pub use tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+
+/// The README's example, compiled and run as a doc test so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 /// The most used items, for `use torchrl::prelude::*`.
 pub mod prelude {
