@@ -28,6 +28,7 @@
 pub mod data;
 pub mod envs;
 pub mod error;
+pub mod modules;
 pub mod rng;
 pub mod tensordict;
 
