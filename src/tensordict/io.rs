@@ -158,7 +158,15 @@ impl TensorDict {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tensordict".into());
-        let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
+        // Unique per call (process, thread, counter): concurrent saves to one path must not
+        // share, and truncate, one temporary file.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_file_name(format!(
+            ".{file_name}.tmp-{}-{:?}-{n}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&bytes)?;
@@ -261,12 +269,17 @@ impl TensorDict {
                 st.len()
             )));
         }
+        let mut names = std::collections::HashSet::new();
         for l in leaves {
             let k = key(l.get("key"))?;
             let name = l
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad("a leaf has no name".into()))?;
+            // With as many leaves as tensors, unique names mean every tensor is used once.
+            if !names.insert(name) {
+                return Err(bad(format!("tensor {name:?} is named by two leaves")));
+            }
             let view = st
                 .tensor(name)
                 .map_err(|e| bad(format!("leaf {name}: {e}")))?;
@@ -294,6 +307,19 @@ impl TensorDict {
                 Item::Leaf(_) => None,
             })
             .collect();
+        // Every parent of an entry must be a declared level: a loader that invented levels
+        // would accept layouts `save` never writes (e.g. a key renamed by a flipped byte).
+        for (_, k, _) in &items {
+            for i in 1..k.len() {
+                if !level_batch.contains_key(&k[..i]) {
+                    return Err(bad(format!(
+                        "{} sits under {}, which the layout does not declare as a level",
+                        NestedKey::from(k.clone()),
+                        NestedKey::from(k[..i].to_vec())
+                    )));
+                }
+            }
+        }
         for (_, k, item) in items {
             // Parent levels first, with their recorded batch sizes.
             for i in 1..k.len() {

@@ -119,7 +119,10 @@ impl ParallelEnv {
         op: &'static str,
         cmds: Vec<Option<Cmd>>,
     ) -> Result<Vec<Option<Reply>>> {
+        // Send to every selected worker first, remembering failures: every command that went out
+        // must have its reply read below, or later calls would read stale replies.
         let mut sent = Vec::with_capacity(cmds.len());
+        let mut first_err: Option<Error> = None;
         for (i, (w, cmd)) in self.workers.iter_mut().zip(cmds).enumerate() {
             let Some(cmd) = cmd else {
                 sent.push(false);
@@ -127,17 +130,16 @@ impl ParallelEnv {
             };
             let ok = w.tx.as_ref().is_some_and(|tx| tx.send(cmd).is_ok());
             if !ok {
-                return Err(Error::Worker {
+                first_err.get_or_insert(Error::Worker {
                     op,
                     index: i,
                     message: "the worker is gone (its env panicked or it was shut down earlier)"
                         .into(),
                 });
             }
-            sent.push(true);
+            sent.push(ok);
         }
         let mut out = Vec::with_capacity(sent.len());
-        let mut first_err: Option<Error> = None;
         for (i, (w, was_sent)) in self.workers.iter().zip(sent).enumerate() {
             if !was_sent {
                 out.push(None);
