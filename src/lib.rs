@@ -29,6 +29,7 @@ pub mod data;
 pub mod envs;
 pub mod error;
 pub mod modules;
+pub mod objectives;
 pub mod rng;
 pub mod tensordict;
 

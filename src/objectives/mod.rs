@@ -1,0 +1,42 @@
+//! Losses and value estimators (TorchRL's `torchrl.objectives`).
+//!
+//! - [`common`]: the [`LossModule`] trait, typed outputs ([`LossOutput`]), [`Reduction`], and
+//!   the keys machinery: keys structs ([`AcceptedKeys`], [`accepted_keys!`](crate::accepted_keys))
+//!   settable by name with TorchRL's `set_keys` rules, and their forwarding to a value
+//!   estimator.
+//! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
+//!   [`reward_model_loss`]).
+//! - [`value`]: value estimators ([`value::Gae`], [`value::TdLambdaEstimator`]) and their
+//!   functional forms.
+//!
+//! ```
+//! use tch::Tensor;
+//! use torchrl::objectives::{LossModule, RewardModelLoss};
+//! use torchrl::{NestedKey, TensorDict};
+//! # fn main() -> torchrl::Result<()> {
+//! let mut loss = RewardModelLoss::new();
+//! // a dataset that names the sides differently
+//! loss.set_keys(&[("chosen", Some("chosen_data".into())), ("rejected", Some("rejected_data".into()))])?;
+//! assert_eq!(loss.in_keys(), &[NestedKey::from("chosen_data"), NestedKey::from("rejected_data")]);
+//! let td = TensorDict::new([2])?
+//!     .with(("chosen_data", "score"), Tensor::from_slice(&[1.0f32, 2.0]))?
+//!     .with(("rejected_data", "score"), Tensor::from_slice(&[0.0f32, 3.0]))?;
+//! let out = loss.forward(&td)?;
+//! assert_eq!(out.accuracy.double_value(&[]), 0.5);
+//! assert!(loss.set_keys(&[("reward", None)]).is_err()); // not a key of this loss
+//! # Ok(()) }
+//! ```
+
+pub mod common;
+pub mod reward_model;
+pub mod value;
+
+pub use common::{
+    forward_value_estimator_keys, set_estimator_keys, set_loss_keys, AcceptedKeys, LossModule,
+    LossOutput, Reduction, VALUE_ESTIMATOR_KEYS,
+};
+pub use reward_model::{
+    reward_model_loss, RewardModelKeys, RewardModelLoss, RewardModelLossOutput, ScoreFn,
+    ScoreNetwork,
+};
+pub use value::{Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork};

@@ -1,0 +1,461 @@
+//! The Bradley-Terry reward-model loss for RLHF: [`reward_model_loss`] (the function) and
+//! [`RewardModelLoss`] (the loss module), ported from TorchRL's `torchrl.objectives.llm.reward`
+//! (pytorch/rl PR #3923).
+//!
+//! A reward model scores a (prompt, response) pair with one scalar. Trained on pairs in which
+//! an annotator preferred the `chosen` response to the `rejected` one, it minimises
+//! `-log σ(r_chosen - r_rejected)`: small when the chosen response scores higher.
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! // Precomputed scores under "score" in each sub-tensordict (no score network).
+//! let chosen = Tensor::from_slice(&[1.0f32, 0.5, -0.3]).set_requires_grad(true);
+//! let rejected = Tensor::from_slice(&[0.0f32, 1.0, -0.3]).set_requires_grad(true);
+//! let td = TensorDict::new([3])?
+//!     .with(("chosen", "score"), chosen.shallow_clone())?
+//!     .with(("rejected", "score"), rejected.shallow_clone())?;
+//!
+//! let loss_fn = RewardModelLoss::new().with_center_coeff(0.01)?;
+//! let out = loss_fn.forward(&td)?;
+//! // mean of -logsigmoid([1, -0.5, 0]) and 0.01 * mean(c² + r²)
+//! assert!((out.loss_reward_model.double_value(&[]) - 0.6601619508).abs() < 1e-6);
+//! assert!((out.loss_center.as_ref().map_or(0.0, |t| t.double_value(&[])) - 0.0081).abs() < 1e-7);
+//! assert!((out.accuracy.double_value(&[]) - 1.0 / 3.0).abs() < 1e-7); // the tie counts as wrong
+//! out.total_loss()?.backward();
+//! assert_eq!(chosen.grad().size(), vec![3]);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
+
+use super::common::{LossModule, LossOutput, Reduction};
+
+/// The Bradley-Terry pairwise reward-model loss, `-log σ(chosen_scores - rejected_scores)`.
+///
+/// Small when the reward model scores the chosen response above the rejected one, large
+/// otherwise. Differentiable in both score tensors.
+///
+/// # Shapes
+/// - `chosen_scores`, `rejected_scores`: `[B]` (any shape, as long as both are the same).
+/// - output: `[]` for [`Reduction::Mean`] and [`Reduction::Sum`], the inputs' shape for
+///   [`Reduction::None`].
+///
+/// # Errors
+/// When the shapes differ. TorchRL refuses them rather than broadcast: `[B]` against `[B, 1]`
+/// would silently become a `[B, B]` all-pairs loss. (An invalid reduction name is refused when
+/// parsing a [`Reduction`].)
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::{reward_model_loss, Reduction};
+/// let c = Tensor::from_slice(&[2.0f64, 0.0]);
+/// let r = Tensor::from_slice(&[1.0f64, 0.0]);
+/// let per_pair = reward_model_loss(&c, &r, Reduction::None)?;
+/// assert!((per_pair.double_value(&[0]) - 0.31326168751822286).abs() < 1e-12); // -ln σ(1)
+/// assert!((per_pair.double_value(&[1]) - std::f64::consts::LN_2).abs() < 1e-12);
+/// assert!(reward_model_loss(&c, &r.unsqueeze(-1), Reduction::Mean).is_err());
+/// # Ok::<(), torchrl::Error>(())
+/// ```
+pub fn reward_model_loss(
+    chosen_scores: &Tensor,
+    rejected_scores: &Tensor,
+    reduction: Reduction,
+) -> Result<Tensor> {
+    let (cs, rs) = (chosen_scores.size(), rejected_scores.size());
+    if cs != rs {
+        return Err(Error::invalid(
+            "reward_model_loss",
+            format!(
+                "chosen_scores and rejected_scores must have the same shape, got {} vs {}. \
+                 Mismatched shapes (e.g. [B] vs [B, 1]) would broadcast to an all-pairs loss.",
+                ShapeFmt(&cs),
+                ShapeFmt(&rs)
+            ),
+        ));
+    }
+    let loss = chosen_scores
+        .f_sub(rejected_scores)?
+        .f_log_sigmoid()?
+        .f_neg()?;
+    reduction.apply(&loss)
+}
+
+/// The output of [`RewardModelLoss`]: TorchRL's `RewardModelLossOutput`.
+///
+/// The differentiable total is the sum of the `loss_*` fields
+/// ([`LossOutput::total_loss`]); `accuracy` is a detached diagnostic.
+///
+/// # Shapes
+/// Every field is `[]` under [`Reduction::Mean`] / [`Reduction::Sum`]; under
+/// [`Reduction::None`] the `loss_*` fields are `[B]` (the squeezed score shape) and `accuracy`
+/// stays `[]`.
+#[derive(Debug)]
+pub struct RewardModelLossOutput {
+    /// The Bradley-Terry pairwise loss.
+    pub loss_reward_model: Tensor,
+    /// `center_coeff * reduce(chosen² + rejected²)`; `None` unless a centring coefficient is
+    /// set on the loss (a coefficient of `0.0` gives a zero term, not `None`).
+    pub loss_center: Option<Tensor>,
+    /// The fraction of pairs whose chosen score is strictly above the rejected one (a tie
+    /// counts as wrong); `float32`, detached. (TorchRL's field is optional, but its `forward`
+    /// always sets it, so here it is always present.)
+    pub accuracy: Tensor,
+}
+
+impl LossOutput for RewardModelLossOutput {
+    fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut terms = vec![("loss_reward_model", &self.loss_reward_model)];
+        if let Some(c) = &self.loss_center {
+            terms.push(("loss_center", c));
+        }
+        terms
+    }
+
+    fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![("accuracy", &self.accuracy)]
+    }
+}
+
+crate::accepted_keys! {
+    /// The keys of [`RewardModelLoss`] (TorchRL's `RewardModelLoss._AcceptedKeys`).
+    pub struct RewardModelKeys {
+        /// The input key of the chosen response's sub-tensordict. Defaults to `"chosen"`.
+        chosen: "chosen",
+        /// The input key of the rejected response's sub-tensordict. Defaults to `"rejected"`.
+        rejected: "rejected",
+        /// The key, inside each sub-tensordict, of the per-sequence scalar score: read directly
+        /// when there is no score network; with a score network, the network's output key is
+        /// chosen by the rule in [`RewardModelLoss`]. Defaults to `"score"`.
+        score: "score",
+    }
+}
+
+/// A network that writes a per-sequence score into a (chosen or rejected) sub-tensordict:
+/// the `score_network` of [`RewardModelLoss`] (a TorchRL `TensorDictModule`).
+///
+/// Build one from a closure with [`ScoreFn`].
+pub trait ScoreNetwork {
+    /// The keys the network writes; [`RewardModelLoss`] picks its score among them.
+    fn out_keys(&self) -> &[NestedKey];
+
+    /// Reads the sub-tensordict's inputs and writes the outputs into it.
+    fn forward(&self, td: &mut TensorDict) -> Result<()>;
+}
+
+/// A [`ScoreNetwork`] made of a closure and its declared output keys.
+///
+/// ```
+/// use torchrl::objectives::{ScoreFn, ScoreNetwork};
+/// use torchrl::TensorDict;
+/// use tch::{Kind, Tensor};
+/// // score = the mean of the features
+/// let net = ScoreFn::new(["score"], |td: &mut TensorDict| {
+///     let s = td.get_or_err("features")?.f_mean_dim(-1, false, None::<Kind>)?;
+///     td.set("score", s)
+/// });
+/// let mut td = TensorDict::new([2])?.with("features", Tensor::ones([2, 4], (Kind::Float, tch::Device::Cpu)))?;
+/// net.forward(&mut td)?;
+/// assert_eq!(td.get_or_err("score")?.size(), vec![2]);
+/// # Ok::<(), torchrl::Error>(())
+/// ```
+pub struct ScoreFn<F> {
+    out_keys: Vec<NestedKey>,
+    f: F,
+}
+
+impl<F> ScoreFn<F>
+where
+    F: Fn(&mut TensorDict) -> Result<()>,
+{
+    /// A score network that runs `f` and declares `out_keys` as what it writes.
+    pub fn new<K: Into<NestedKey>>(out_keys: impl IntoIterator<Item = K>, f: F) -> Self {
+        ScoreFn {
+            out_keys: out_keys.into_iter().map(Into::into).collect(),
+            f,
+        }
+    }
+}
+
+impl<F> ScoreNetwork for ScoreFn<F>
+where
+    F: Fn(&mut TensorDict) -> Result<()>,
+{
+    fn out_keys(&self) -> &[NestedKey] {
+        &self.out_keys
+    }
+
+    fn forward(&self, td: &mut TensorDict) -> Result<()> {
+        (self.f)(td)
+    }
+}
+
+impl<F> fmt::Debug for ScoreFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScoreFn")
+            .field("out_keys", &self.out_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bradley-Terry reward-model training loss for RLHF (TorchRL's `RewardModelLoss`).
+///
+/// Trains a scalar reward model from pairwise preferences: for each prompt, a `chosen`
+/// response (preferred by an annotator) and a `rejected` one; the model is pushed to score the
+/// chosen one higher. The loss is model-agnostic: the optional [`ScoreNetwork`] maps a
+/// sub-tensordict (e.g. `input_ids` / `attention_mask`) to one score per sequence, and the same
+/// network (shared weights) scores both sides.
+///
+/// What [`forward`](LossModule::forward) does, step by step:
+/// 1. For each side (`chosen`, then `rejected`, keys from [`RewardModelKeys`]): take the
+///    sub-tensordict (an error names the missing key and the available ones). With a score
+///    network, run it on a shallow copy (the input is not modified) and read the score under
+///    - the configured `score` key if the network declares it among its `out_keys`, otherwise
+///    - the default `"score"` if declared, otherwise
+///    - the network's only output key if it has exactly one, otherwise an error.
+///
+///    Without a network, read the precomputed score under the `score` key. A trailing
+///    singleton dim is squeezed (`[B, 1]` → `[B]`).
+/// 2. `loss_reward_model = reward_model_loss(chosen, rejected, reduction)` (shapes must match).
+/// 3. With a centring coefficient `c`: `loss_center = c * reduce(chosen² + rejected²)`, which
+///    keeps the scores from drifting to large magnitudes.
+/// 4. `accuracy = mean(chosen > rejected)`, detached, `float32`.
+///
+/// # Shapes
+/// - input: a tensordict of batch size `[B]` with `chosen` and `rejected` sub-tensordicts
+///   (batch size `[B]`), holding `score` (`[B]` or `[B, 1]`) or the network's inputs.
+/// - output: see [`RewardModelLossOutput`].
+///
+/// # Keys
+/// `chosen`, `rejected`, `score`, settable with [`LossModule::set_keys`] (nested keys
+/// allowed); `in_keys()` is `[chosen, rejected]`.
+pub struct RewardModelLoss {
+    score_network: Option<Box<dyn ScoreNetwork + Send>>,
+    reduction: Reduction,
+    center_coeff: Option<f64>,
+    keys: RewardModelKeys,
+    in_keys: Vec<NestedKey>,
+}
+
+impl Default for RewardModelLoss {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for RewardModelLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RewardModelLoss")
+            .field(
+                "score_network",
+                &self.score_network.as_ref().map(|n| n.out_keys().to_vec()),
+            )
+            .field("reduction", &self.reduction)
+            .field("center_coeff", &self.center_coeff)
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl RewardModelLoss {
+    /// A loss with no score network (scores are read precomputed), [`Reduction::Mean`] and no
+    /// centring term: TorchRL's `RewardModelLoss()` defaults.
+    pub fn new() -> Self {
+        let keys = RewardModelKeys::default();
+        let in_keys = Self::compute_in_keys(&keys);
+        RewardModelLoss {
+            score_network: None,
+            reduction: Reduction::Mean,
+            center_coeff: None,
+            keys,
+            in_keys,
+        }
+    }
+
+    /// Sets the score network applied to both sub-tensordicts.
+    pub fn with_score_network(mut self, network: impl ScoreNetwork + Send + 'static) -> Self {
+        self.score_network = Some(Box::new(network));
+        self
+    }
+
+    /// Sets the reduction (default [`Reduction::Mean`]); parse a name with
+    /// `"sum".parse::<Reduction>()`.
+    pub fn with_reduction(mut self, reduction: Reduction) -> Self {
+        self.reduction = reduction;
+        self
+    }
+
+    /// Enables the centring term `center_coeff * reduce(chosen² + rejected²)`.
+    ///
+    /// Errors when `center_coeff` is negative (or NaN): TorchRL's
+    /// `ValueError("center_coeff must be non-negative.")`.
+    pub fn with_center_coeff(mut self, center_coeff: f64) -> Result<Self> {
+        if center_coeff.is_nan() || center_coeff < 0.0 {
+            return Err(Error::invalid(
+                "RewardModelLoss",
+                format!("center_coeff must be non-negative, got {center_coeff}"),
+            ));
+        }
+        self.center_coeff = Some(center_coeff);
+        Ok(self)
+    }
+
+    /// Builder form of [`LossModule::set_tensor_keys`].
+    pub fn with_keys(mut self, keys: RewardModelKeys) -> Self {
+        self.in_keys = Self::compute_in_keys(&keys);
+        self.keys = keys;
+        self
+    }
+
+    /// The reduction.
+    pub fn reduction(&self) -> Reduction {
+        self.reduction
+    }
+
+    /// The centring coefficient, `None` when the centring term is disabled.
+    pub fn center_coeff(&self) -> Option<f64> {
+        self.center_coeff
+    }
+
+    /// The score network, if any.
+    pub fn score_network(&self) -> Option<&(dyn ScoreNetwork + Send)> {
+        self.score_network.as_deref()
+    }
+
+    fn compute_in_keys(keys: &RewardModelKeys) -> Vec<NestedKey> {
+        vec![keys.chosen.clone(), keys.rejected.clone()]
+    }
+
+    /// The key under which the score network's score is read (the seed's `_score` rule).
+    fn network_score_key(&self, network: &dyn ScoreNetwork) -> Result<NestedKey> {
+        let out_keys = network.out_keys();
+        if out_keys.contains(&self.keys.score) {
+            return Ok(self.keys.score.clone());
+        }
+        let default = RewardModelKeys::default().score;
+        if out_keys.contains(&default) {
+            return Ok(default);
+        }
+        match out_keys {
+            [only] => Ok(only.clone()),
+            _ => Err(Error::invalid(
+                "RewardModelLoss",
+                format!(
+                    "Could not identify the score_network output key: expected {} among [{}]",
+                    self.keys.score,
+                    out_keys
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// Runs the score network (if any) on the sub-tensordict at `key` and returns its
+    /// per-sequence score, with a trailing singleton dim squeezed.
+    fn score(&self, td: &TensorDict, key: &NestedKey) -> Result<Tensor> {
+        let sub = match td.get_entry(key) {
+            Some(Entry::Dict(d)) => d,
+            Some(Entry::Tensor(_)) => {
+                return Err(Error::WrongEntryKind {
+                    op: "RewardModelLoss",
+                    key: key.to_string(),
+                    expected: "a sub-tensordict",
+                    found: "a tensor",
+                })
+            }
+            None => return Err(td.lookup_error("RewardModelLoss", &key.segments())),
+        };
+        let (scored, score_key, op) = match &self.score_network {
+            Some(net) => {
+                let mut scored = sub.clone();
+                net.forward(&mut scored)?;
+                let score_key = self.network_score_key(net.as_ref())?;
+                (scored, score_key, "RewardModelLoss (score network output)")
+            }
+            None => (
+                sub.clone(),
+                self.keys.score.clone(),
+                "RewardModelLoss (no score network: scores must be precomputed)",
+            ),
+        };
+        let Some(score) = scored.get(&score_key) else {
+            let available = scored
+                .keys(true, false)
+                .into_iter()
+                .map(|k| k.prefixed(key).to_string())
+                .collect();
+            return Err(Error::KeyNotFound {
+                op,
+                key: key.join(&score_key).to_string(),
+                available,
+            });
+        };
+        let size = score.size();
+        if size.len() > 1 && size.last() == Some(&1) {
+            Ok(score.f_squeeze_dim(-1)?)
+        } else {
+            Ok(score.shallow_clone())
+        }
+    }
+}
+
+impl LossModule for RewardModelLoss {
+    type Keys = RewardModelKeys;
+    type Output = RewardModelLossOutput;
+
+    fn name(&self) -> &'static str {
+        "RewardModelLoss"
+    }
+
+    fn tensor_keys(&self) -> &RewardModelKeys {
+        &self.keys
+    }
+
+    fn set_tensor_keys(&mut self, keys: RewardModelKeys) -> Result<()> {
+        self.in_keys = Self::compute_in_keys(&keys);
+        self.keys = keys;
+        Ok(())
+    }
+
+    fn in_keys(&self) -> &[NestedKey] {
+        &self.in_keys
+    }
+
+    fn forward(&self, td: &TensorDict) -> Result<RewardModelLossOutput> {
+        let chosen = self.score(td, &self.keys.chosen)?;
+        let rejected = self.score(td, &self.keys.rejected)?;
+        let loss_reward_model = reward_model_loss(&chosen, &rejected, self.reduction)?;
+        let loss_center = match self.center_coeff {
+            Some(coeff) => {
+                let center = chosen
+                    .f_pow_tensor_scalar(2)?
+                    .f_add(&rejected.f_pow_tensor_scalar(2)?)?;
+                Some(self.reduction.apply(&center)?.f_mul_scalar(coeff)?)
+            }
+            None => None,
+        };
+        let accuracy = {
+            let _guard = tch::no_grad_guard();
+            chosen
+                .f_gt_tensor(&rejected)?
+                .f_to_kind(Kind::Float)?
+                .f_mean(None)?
+                .f_detach()?
+        };
+        Ok(RewardModelLossOutput {
+            loss_reward_model,
+            loss_center,
+            accuracy,
+        })
+    }
+}

@@ -1,0 +1,131 @@
+//! Generalized advantage estimation as a tensordict module: [`Gae`] (TorchRL's `GAE`).
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::objectives::value::{Gae, ValueEstimator, ValueNetwork};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! // V(s) = 2·obs, a 4-step truncated trajectory (done, not terminated, at the end)
+//! let obs = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0]).view([4, 1]);
+//! let mut td = TensorDict::new([4])?
+//!     .with("obs", obs.shallow_clone())?
+//!     .with(("next", "obs"), obs.f_add_scalar(1.0)?)?
+//!     .with(("next", "reward"), Tensor::zeros([4, 1], (Kind::Float, tch::Device::Cpu)))?
+//!     .with(("next", "done"), Tensor::from_slice(&[false, false, false, true]).view([4, 1]))?
+//!     .with(("next", "terminated"), Tensor::zeros([4, 1], (Kind::Bool, tch::Device::Cpu)))?;
+//! let net = ValueNetwork::new(["obs"], |td: &TensorDict| Ok(td.get_or_err("obs")?.f_mul_scalar(2.0)?));
+//! let gae = Gae::new(1.0, 1.0)?.with_value_network(net);
+//! gae.forward(&mut td)?;
+//! // γ=λ=1, no reward, bootstrapped at truncation: A_t = V(s_4) - V(s_t) = 8 - 2t
+//! let adv = Vec::<f32>::try_from(td.get_or_err("advantage")?.view([-1]))?;
+//! assert_eq!(adv, vec![8.0, 6.0, 4.0, 2.0]);
+//! assert!(td.contains(("next", "state_value"))); // the network's values are written back
+//! # Ok(()) }
+//! ```
+
+use tch::Tensor;
+
+use crate::error::Result;
+use crate::tensordict::{NestedKey, TensorDict};
+
+use super::functional::{gae_time_last, standardize};
+use super::{estimator_builders, Estimate, EstimatorCore, ValueEstimator, ValueEstimatorKeys};
+
+/// Generalized advantage estimation (Schulman et al. 2016), TorchRL's `GAE`.
+///
+/// - `delta_t = r_t + γ_t·(1 - terminated_t)·V(s_{t+1}) - V(s_t)`
+/// - `A_t = delta_t + γ_t·λ·(1 - done_t)·A_{t+1}`
+/// - `value_target = A + V(s_t)` (computed before any standardisation)
+/// - with `average_gae`, `A ← (A - mean(A)) / max(std(A), 1e-4)` over every element
+///
+/// where `γ_t = γ^steps_to_next_obs` when that entry is present and `γ` otherwise.
+///
+/// # Shapes
+/// - input: a tensordict of batch size `[*B, T]` (time at the last batch dim unless set with
+///   [`with_time_dim`](Gae::with_time_dim)); value, next value, `("next", reward)`,
+///   `("next", done)` and `("next", terminated)` all of one shape `[*B, T, *F]` (typically
+///   `[*B, T, 1]`).
+/// - output: `advantage` and `value_target`, `[*B, T, *F]`.
+#[derive(Debug)]
+pub struct Gae {
+    core: EstimatorCore,
+    average_gae: bool,
+}
+
+estimator_builders!(Gae);
+
+impl Gae {
+    /// GAE with discount `gamma` and trace decay `lmbda`, no value network (precomputed
+    /// values are read), no standardisation, not differentiable.
+    ///
+    /// Errors when `gamma` or `lmbda` is not finite.
+    pub fn new(gamma: f64, lmbda: f64) -> Result<Self> {
+        Ok(Gae {
+            core: EstimatorCore::new("GAE", gamma, lmbda)?,
+            average_gae: false,
+        })
+    }
+
+    /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
+    pub fn with_average_gae(mut self, average_gae: bool) -> Self {
+        self.average_gae = average_gae;
+        self
+    }
+
+    /// Whether the advantages are standardised.
+    pub fn average_gae(&self) -> bool {
+        self.average_gae
+    }
+
+    /// `(advantage, value_target)` and the value writes, without touching `td`.
+    fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
+        let _guard = (!self.core.differentiable).then(tch::no_grad_guard);
+        let x = self.core.inputs(td)?;
+        let (adv, target) = gae_time_last(
+            &x.gamma(self.core.gamma),
+            self.core.lmbda,
+            &x.value,
+            &x.next_value,
+            &x.reward,
+            &x.done,
+            &x.terminated,
+        )?;
+        let adv = if self.average_gae {
+            standardize(&adv)?
+        } else {
+            adv
+        };
+        Ok(Estimate {
+            advantage: x.restore(&adv)?,
+            value_target: x.restore(&target)?,
+            writes: self.core.value_writes(&x),
+        })
+    }
+}
+
+impl ValueEstimator for Gae {
+    fn name(&self) -> &'static str {
+        self.core.name
+    }
+
+    fn tensor_keys(&self) -> &ValueEstimatorKeys {
+        &self.core.keys
+    }
+
+    fn set_tensor_keys(&mut self, keys: ValueEstimatorKeys) -> Result<()> {
+        self.core.keys = keys;
+        Ok(())
+    }
+
+    fn in_keys(&self) -> Vec<NestedKey> {
+        self.core.in_keys()
+    }
+
+    fn forward(&self, td: &mut TensorDict) -> Result<()> {
+        self.estimate(td)?.write_into(td, &self.core.keys)
+    }
+
+    fn value_estimate(&self, td: &TensorDict) -> Result<Tensor> {
+        Ok(self.estimate(td)?.value_target)
+    }
+}

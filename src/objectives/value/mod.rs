@@ -1,0 +1,502 @@
+//! Value estimators: [`Gae`] (generalized advantage estimation) and [`TdLambdaEstimator`]
+//! (TD(λ) value targets), behind the [`ValueEstimator`] trait, plus their
+//! [`functional`] forms (TorchRL's `torchrl.objectives.value`).
+//!
+//! An estimator reads a `[*B, T]` tensordict laid out as [`EnvBase::rollout`] produces it
+//! (time is the last batch dim unless set otherwise), and writes `advantage` and
+//! `value_target` into it:
+//!
+//! | read | from |
+//! |---|---|
+//! | `V(s_t)`, `V(s_{t+1})` | the [`ValueNetwork`] run on `td` and on `td["next"]` (the results are also written under `value` and `("next", value)`), or, without a network, precomputed `value` and `("next", value)` entries |
+//! | reward, done, terminated | `("next", reward)`, `("next", done)`, `("next", terminated)` (terminated defaults to done) |
+//! | `steps_to_next_obs` (optional) | the root; when present the discount is `γ^steps` |
+//!
+//! A step that is done but not terminated (a truncation) bootstraps from the next state's value;
+//! a terminated step does not. Key names are settable ([`ValueEstimator::set_keys`]) with
+//! TorchRL's estimator rules: an unknown name and a `None` value are both errors.
+//!
+//! The estimate runs under `no_grad` unless the estimator is made `differentiable`, and the
+//! next-state value from a network is always detached (TorchRL's defaults).
+//!
+//! [`EnvBase::rollout`]: crate::EnvBase::rollout
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::objectives::value::{Gae, ValueEstimator};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! let f = (Kind::Float, tch::Device::Cpu);
+//! // one trajectory of 3 steps; the episode terminates at the last step
+//! let mut td = TensorDict::new([1, 3])?
+//!     .with("state_value", Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([1, 3, 1]))?
+//!     .with(("next", "state_value"), Tensor::from_slice(&[2.0f32, 3.0, 4.0]).view([1, 3, 1]))?
+//!     .with(("next", "reward"), Tensor::ones([1, 3, 1], f))?
+//!     .with(("next", "done"), Tensor::from_slice(&[false, false, true]).view([1, 3, 1]))?;
+//! let gae = Gae::new(0.9, 0.8)?;
+//! gae.forward(&mut td)?;
+//! let adv = td.get_or_err("advantage")?;
+//! assert!((adv.double_value(&[0, 0, 0]) - 1.9872).abs() < 1e-5);
+//! assert!((adv.double_value(&[0, 2, 0]) + 2.0).abs() < 1e-6);
+//! assert!(td.contains("value_target"));
+//! # Ok(()) }
+//! ```
+
+pub mod functional;
+mod gae;
+mod td_lambda;
+
+use std::fmt;
+
+use tch::Tensor;
+
+use crate::error::{Error, Result};
+use crate::tensordict::{AsKey, NestedKey, TensorDict};
+
+use super::common::{set_estimator_keys, AcceptedKeys};
+use functional::{check_same_shape, resolve_dim, Gamma};
+
+pub use gae::Gae;
+pub use td_lambda::TdLambdaEstimator;
+
+crate::accepted_keys! {
+    /// The keys of a value estimator (TorchRL's `ValueEstimatorBase._AcceptedKeys`).
+    pub struct ValueEstimatorKeys {
+        /// Where the advantage is written. Defaults to `"advantage"`.
+        advantage: "advantage",
+        /// Where the value target (the return the critic regresses to) is written. Defaults
+        /// to `"value_target"`.
+        value_target: "value_target",
+        /// Where the state value is read (or written, with a value network); the next state's
+        /// value is under `("next", value)`. Defaults to `"state_value"`.
+        value: "state_value",
+        /// The reward, read under `"next"`. Defaults to `"reward"`.
+        reward: "reward",
+        /// The done flag (end of a trajectory, truncation included), read under `"next"`.
+        /// Defaults to `"done"`.
+        done: "done",
+        /// The terminated flag (end of the episode, no bootstrap), read under `"next"`; when
+        /// absent, `done` is used. Defaults to `"terminated"`.
+        terminated: "terminated",
+        /// The number of env steps to the next observation (multi-step returns), read at the
+        /// root when present: the discount becomes `γ^steps`. Defaults to
+        /// `"steps_to_next_obs"`.
+        steps_to_next_obs: "steps_to_next_obs",
+        /// The sampled action's log-probability. Not read by GAE or TD(λ); accepted so that
+        /// key sets match TorchRL's (whose default, with `composite_lp_aggregate()` off, is
+        /// `"action_log_prob"`).
+        sample_log_prob: "action_log_prob",
+    }
+}
+
+/// A value estimator: computes advantages and value targets over the time dim of a
+/// tensordict, with settable keys (TorchRL's `ValueEstimatorBase`).
+pub trait ValueEstimator {
+    /// The estimator's name, used in error messages (`"GAE"`).
+    fn name(&self) -> &'static str;
+
+    /// The current keys.
+    fn tensor_keys(&self) -> &ValueEstimatorKeys;
+
+    /// Replaces every key at once.
+    fn set_tensor_keys(&mut self, keys: ValueEstimatorKeys) -> Result<()>;
+
+    /// Whether `name` is one of this estimator's keys (what a loss may forward to it).
+    fn accepts_key(&self, name: &str) -> bool {
+        ValueEstimatorKeys::NAMES.contains(&name)
+    }
+
+    /// Sets keys by name with TorchRL's estimator rules (see
+    /// [`set_estimator_keys`]): an unknown name and a
+    /// `None` value are errors. On error nothing changes.
+    fn set_keys(&mut self, pairs: &[(&str, Option<NestedKey>)]) -> Result<()> {
+        let mut keys = self.tensor_keys().clone();
+        set_estimator_keys(&mut keys, pairs, self.name())?;
+        self.set_tensor_keys(keys)
+    }
+
+    /// The entries [`forward`](ValueEstimator::forward) reads.
+    fn in_keys(&self) -> Vec<NestedKey>;
+
+    /// The entries [`forward`](ValueEstimator::forward) writes: `[advantage, value_target]`.
+    fn out_keys(&self) -> Vec<NestedKey> {
+        let k = self.tensor_keys();
+        vec![k.advantage.clone(), k.value_target.clone()]
+    }
+
+    /// Computes the estimate and writes `advantage` and `value_target` into `td` (and, with a
+    /// value network, `value` and `("next", value)`). On error `td` is unchanged.
+    fn forward(&self, td: &mut TensorDict) -> Result<()>;
+
+    /// The value target alone (nothing is written).
+    fn value_estimate(&self, td: &TensorDict) -> Result<Tensor>;
+}
+
+/// The state-value network of an estimator: a function from a `[*B, T]` tensordict to the
+/// values `[*B, T, *F]` (usually `[*B, T, 1]`), with the keys it reads.
+///
+/// It is called twice per estimate: on the tensordict and on its `"next"` sub-tensordict.
+///
+/// ```
+/// use torchrl::objectives::value::ValueNetwork;
+/// use torchrl::TensorDict;
+/// // V(s) = the sum of the observation's features
+/// let net = ValueNetwork::new(["observation"], |td: &TensorDict| {
+///     Ok(td.get_or_err("observation")?.f_sum_dim_intlist(-1, true, None::<tch::Kind>)?)
+/// });
+/// assert_eq!(net.in_keys(), &[torchrl::NestedKey::from("observation")]);
+/// ```
+pub struct ValueNetwork {
+    in_keys: Vec<NestedKey>,
+    f: Box<ValueFn>,
+}
+
+/// The function inside a [`ValueNetwork`].
+type ValueFn = dyn Fn(&TensorDict) -> Result<Tensor> + Send;
+
+impl ValueNetwork {
+    /// A value network that runs `f` and reads `in_keys`.
+    pub fn new<K, F>(in_keys: impl IntoIterator<Item = K>, f: F) -> Self
+    where
+        K: Into<NestedKey>,
+        F: Fn(&TensorDict) -> Result<Tensor> + Send + 'static,
+    {
+        ValueNetwork {
+            in_keys: in_keys.into_iter().map(Into::into).collect(),
+            f: Box::new(f),
+        }
+    }
+
+    /// The keys the network reads.
+    pub fn in_keys(&self) -> &[NestedKey] {
+        &self.in_keys
+    }
+
+    /// Runs the network on `td`.
+    pub fn call(&self, td: &TensorDict) -> Result<Tensor> {
+        (self.f)(td)
+    }
+}
+
+impl fmt::Debug for ValueNetwork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ValueNetwork")
+            .field("in_keys", &self.in_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What GAE and TD(λ) share: hyper-parameters, keys, the optional value network, and the
+/// reading of a tensordict into time-last tensors.
+#[derive(Debug)]
+pub(crate) struct EstimatorCore {
+    pub(crate) name: &'static str,
+    pub(crate) gamma: f64,
+    pub(crate) lmbda: f64,
+    pub(crate) keys: ValueEstimatorKeys,
+    pub(crate) value_network: Option<ValueNetwork>,
+    pub(crate) differentiable: bool,
+    pub(crate) time_dim: Option<i64>,
+}
+
+/// An estimate, time dims in place, plus the value entries to write back.
+pub(crate) struct Estimate {
+    pub(crate) advantage: Tensor,
+    pub(crate) value_target: Tensor,
+    /// `(value, V(s_t))` and `(("next", value), V(s_{t+1}))` when a network produced them.
+    pub(crate) writes: Vec<(NestedKey, Tensor)>,
+}
+
+impl Estimate {
+    /// Writes the value entries, `advantage` and `value_target` into `td`, all at once.
+    pub(crate) fn write_into(self, td: &mut TensorDict, keys: &ValueEstimatorKeys) -> Result<()> {
+        let mut staged = td.clone();
+        for (k, v) in self.writes {
+            staged.set(&k, v)?;
+        }
+        staged.set(&keys.advantage, self.advantage)?;
+        staged.set(&keys.value_target, self.value_target)?;
+        *td = staged;
+        Ok(())
+    }
+}
+
+/// The inputs of an estimate, with the time dim moved last.
+pub(crate) struct Inputs {
+    /// `V(s_t)` as given (time not moved), to write back.
+    pub(crate) value_raw: Tensor,
+    /// `V(s_{t+1})` as given (time not moved), to write back.
+    pub(crate) next_value_raw: Tensor,
+    pub(crate) value: Tensor,
+    pub(crate) next_value: Tensor,
+    pub(crate) reward: Tensor,
+    pub(crate) done: Tensor,
+    pub(crate) terminated: Tensor,
+    /// `γ^steps_to_next_obs`, time last, when that entry is present.
+    pub(crate) gamma_steps: Option<Tensor>,
+    /// The time dim in the tensors' dims.
+    pub(crate) time_dim: i64,
+}
+
+impl Inputs {
+    pub(crate) fn gamma(&self, gamma: f64) -> Gamma<'_> {
+        match &self.gamma_steps {
+            Some(g) => Gamma::PerStep(g),
+            None => Gamma::Scalar(gamma),
+        }
+    }
+
+    /// Moves the time dim of an output back in place.
+    pub(crate) fn restore(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.f_movedim_int(-1, self.time_dim)?.f_contiguous()?)
+    }
+}
+
+impl EstimatorCore {
+    pub(crate) fn new(name: &'static str, gamma: f64, lmbda: f64) -> Result<Self> {
+        if !gamma.is_finite() || !lmbda.is_finite() {
+            return Err(Error::invalid(
+                name,
+                format!("gamma and lmbda must be finite, got gamma={gamma}, lmbda={lmbda}"),
+            ));
+        }
+        Ok(EstimatorCore {
+            name,
+            gamma,
+            lmbda,
+            keys: ValueEstimatorKeys::default(),
+            value_network: None,
+            differentiable: false,
+            time_dim: None,
+        })
+    }
+
+    /// TorchRL's estimator `in_keys`: the network's keys at the root, the next reward, done
+    /// and terminated, and the network's keys under `"next"`. Without a network, the
+    /// precomputed value entries stand in for the network's keys.
+    pub(crate) fn in_keys(&self) -> Vec<NestedKey> {
+        let net_keys: Vec<NestedKey> = match &self.value_network {
+            Some(net) => net.in_keys().to_vec(),
+            None => vec![self.keys.value.clone()],
+        };
+        let mut keys = net_keys.clone();
+        for k in [&self.keys.reward, &self.keys.done, &self.keys.terminated] {
+            keys.push(k.prefixed("next"));
+        }
+        keys.extend(net_keys.iter().map(|k| k.prefixed("next")));
+        keys
+    }
+
+    /// The index of the time dim among `td`'s batch dims (and the leaves' dims).
+    fn time_dim(&self, td: &TensorDict) -> Result<i64> {
+        let nb = td.batch_dims();
+        if nb == 0 {
+            return Err(Error::invalid(
+                self.name,
+                "expected a tensordict with at least one batch dim (time), got batch size []",
+            ));
+        }
+        let nb_i = i64::try_from(nb).unwrap_or(i64::MAX);
+        match self.time_dim {
+            None => Ok(nb_i - 1),
+            Some(d) => {
+                let r = if d < 0 { d + nb_i } else { d };
+                if r < 0 || r >= nb_i {
+                    return Err(Error::IndexOutOfRange {
+                        op: self.name,
+                        index: d,
+                        what: "the tensordict's batch dims (time_dim)".into(),
+                        size: nb_i,
+                    });
+                }
+                Ok(r)
+            }
+        }
+    }
+
+    fn leaf<'a>(&self, td: &'a TensorDict, key: impl AsKey) -> Result<&'a Tensor> {
+        let segs = key.segments();
+        td.get(&segs[..])
+            .ok_or_else(|| td.lookup_error(self.name, &segs))
+    }
+
+    /// `(V(s_t), V(s_{t+1}))`: from the network (next detached) or precomputed entries.
+    fn values(&self, td: &TensorDict) -> Result<(Tensor, Tensor)> {
+        match &self.value_network {
+            Some(net) => {
+                let next = td.get_dict("next").ok_or_else(|| {
+                    Error::invalid(
+                        self.name,
+                        format!(
+                            "the value network needs the \"next\" sub-tensordict, absent; \
+                             keys: [{}]",
+                            keys_list(td)
+                        ),
+                    )
+                })?;
+                let value = net.call(td)?;
+                let next_value = net.call(next)?.f_detach()?;
+                Ok((value, next_value))
+            }
+            None => {
+                let value = td.get(&self.keys.value).ok_or_else(|| {
+                    Error::invalid(
+                        self.name,
+                        format!(
+                            "the tensor with key {} is missing, and no value network was \
+                             provided; keys: [{}]",
+                            self.keys.value,
+                            keys_list(td)
+                        ),
+                    )
+                })?;
+                let next_key = self.keys.value.prefixed("next");
+                let next_value = td.get(&next_key).ok_or_else(|| {
+                    Error::invalid(
+                        self.name,
+                        format!(
+                            "the tensor with key {next_key} is missing, and no value network \
+                             was provided; keys: [{}]",
+                            keys_list(td)
+                        ),
+                    )
+                })?;
+                Ok((value.shallow_clone(), next_value.shallow_clone()))
+            }
+        }
+    }
+
+    /// Reads everything an estimate needs, checks shapes, and moves time last.
+    pub(crate) fn inputs(&self, td: &TensorDict) -> Result<Inputs> {
+        let tdim = self.time_dim(td)?;
+        let (value, next_value) = self.values(td)?;
+        let reward = self.leaf(td, self.keys.reward.prefixed("next"))?;
+        let done = self.leaf(td, self.keys.done.prefixed("next"))?;
+        let terminated = td
+            .get(self.keys.terminated.prefixed("next"))
+            .unwrap_or(done);
+        let shape = check_same_shape(
+            self.name,
+            &[
+                ("value", &value),
+                ("next value", &next_value),
+                ("reward", reward),
+                ("done", done),
+                ("terminated", terminated),
+            ],
+        )?;
+        let time_dim = resolve_dim(self.name, tdim, shape.len())?;
+        let last = |t: &Tensor| -> Result<Tensor> { Ok(t.f_movedim_int(time_dim, -1)?) };
+        let gamma_steps = match td.get(&self.keys.steps_to_next_obs) {
+            Some(steps) => {
+                let steps = steps.f_view_as(reward).map_err(|e| {
+                    Error::invalid(
+                        self.name,
+                        format!(
+                            "{} must have as many elements as the reward ({e})",
+                            self.keys.steps_to_next_obs
+                        ),
+                    )
+                })?;
+                let g = Tensor::f_pow_scalar(self.gamma, &steps)?.f_to_kind(value.kind())?;
+                Some(last(&g)?)
+            }
+            None => None,
+        };
+        Ok(Inputs {
+            value: last(&value)?,
+            next_value: last(&next_value)?,
+            reward: last(reward)?,
+            done: last(done)?,
+            terminated: last(terminated)?,
+            value_raw: value,
+            next_value_raw: next_value,
+            gamma_steps,
+            time_dim,
+        })
+    }
+
+    /// The value entries to write back (only when a network produced them).
+    pub(crate) fn value_writes(&self, inputs: &Inputs) -> Vec<(NestedKey, Tensor)> {
+        if self.value_network.is_none() {
+            return Vec::new();
+        }
+        vec![
+            (self.keys.value.clone(), inputs.value_raw.shallow_clone()),
+            (
+                self.keys.value.prefixed("next"),
+                inputs.next_value_raw.shallow_clone(),
+            ),
+        ]
+    }
+}
+
+fn keys_list(td: &TensorDict) -> String {
+    td.keys(true, true)
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The builder methods and getters GAE and TD(λ) share.
+macro_rules! estimator_builders {
+    ($ty:ident) => {
+        impl $ty {
+            /// Sets the state-value network, called on the tensordict and on its `"next"`
+            /// sub-tensordict; without one, precomputed `value` and `("next", value)` entries
+            /// are read.
+            pub fn with_value_network(
+                mut self,
+                network: $crate::objectives::value::ValueNetwork,
+            ) -> Self {
+                self.core.value_network = Some(network);
+                self
+            }
+
+            /// Whether gradients flow through the estimate (default `false`: it runs under
+            /// `no_grad`). The next-state value from a network is detached either way.
+            pub fn with_differentiable(mut self, differentiable: bool) -> Self {
+                self.core.differentiable = differentiable;
+                self
+            }
+
+            /// The time dim among the tensordict's batch dims (negative counts from the end);
+            /// default: the last batch dim.
+            pub fn with_time_dim(mut self, time_dim: i64) -> Self {
+                self.core.time_dim = Some(time_dim);
+                self
+            }
+
+            /// Builder form of [`ValueEstimator::set_tensor_keys`](crate::objectives::value::ValueEstimator::set_tensor_keys).
+            pub fn with_keys(
+                mut self,
+                keys: $crate::objectives::value::ValueEstimatorKeys,
+            ) -> Self {
+                self.core.keys = keys;
+                self
+            }
+
+            /// The discount γ.
+            pub fn gamma(&self) -> f64 {
+                self.core.gamma
+            }
+
+            /// The trace decay λ.
+            pub fn lmbda(&self) -> f64 {
+                self.core.lmbda
+            }
+
+            /// The value network, if any.
+            pub fn value_network(&self) -> Option<&$crate::objectives::value::ValueNetwork> {
+                self.core.value_network.as_ref()
+            }
+
+            /// Whether gradients flow through the estimate.
+            pub fn differentiable(&self) -> bool {
+                self.core.differentiable
+            }
+        }
+    };
+}
+pub(crate) use estimator_builders;

@@ -1,0 +1,126 @@
+//! TD(λ) value targets as a tensordict module: [`TdLambdaEstimator`] (TorchRL's
+//! `TDLambdaEstimator`).
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::objectives::value::{TdLambdaEstimator, ValueEstimator};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! let f = (Kind::Double, tch::Device::Cpu);
+//! // λ = 1 and no termination: the target is the discounted return bootstrapped at the end
+//! let mut td = TensorDict::new([3])?
+//!     .with("state_value", Tensor::zeros([3, 1], f))?
+//!     .with(("next", "state_value"), Tensor::full([3, 1], 10.0, f))?
+//!     .with(("next", "reward"), Tensor::ones([3, 1], f))?
+//!     .with(("next", "done"), Tensor::zeros([3, 1], (Kind::Bool, tch::Device::Cpu)))?;
+//! TdLambdaEstimator::new(0.5, 1.0)?.forward(&mut td)?;
+//! let target = Vec::<f64>::try_from(td.get_or_err("value_target")?.view([-1]))?;
+//! // G_2 = 1 + 0.5·10 = 6, G_1 = 1 + 0.5·6 = 4, G_0 = 1 + 0.5·4 = 3
+//! assert_eq!(target, vec![3.0, 4.0, 6.0]);
+//! # Ok(()) }
+//! ```
+
+use tch::Tensor;
+
+use crate::error::Result;
+use crate::tensordict::{NestedKey, TensorDict};
+
+use super::functional::{standardize, td_lambda_time_last};
+use super::{estimator_builders, Estimate, EstimatorCore, ValueEstimator, ValueEstimatorKeys};
+
+/// TD(λ) estimator, TorchRL's `TDLambdaEstimator`.
+///
+/// - `value_target_t = G_t = r_t + γ_t·[(1-λ)·V'_t + λ·(done_t ? V'_t : G_{t+1})]`, with
+///   `V'_t = (1 - terminated_t)·V(s_{t+1})` and `G_T = V'_{T-1}` after the last step;
+/// - `advantage = value_target - V(s_t)`;
+/// - with `average_rewards`, the rewards are first standardised:
+///   `r ← (r - mean(r)) / max(std(r), 1e-4)`.
+///
+/// where `γ_t = γ^steps_to_next_obs` when that entry is present and `γ` otherwise.
+///
+/// # Shapes
+/// As [`Gae`](super::Gae): a `[*B, T]` tensordict, inputs and outputs `[*B, T, *F]`.
+#[derive(Debug)]
+pub struct TdLambdaEstimator {
+    core: EstimatorCore,
+    average_rewards: bool,
+}
+
+estimator_builders!(TdLambdaEstimator);
+
+impl TdLambdaEstimator {
+    /// TD(λ) with discount `gamma` and trace decay `lmbda`, no value network (precomputed
+    /// values are read), no reward standardisation, not differentiable.
+    ///
+    /// Errors when `gamma` or `lmbda` is not finite.
+    pub fn new(gamma: f64, lmbda: f64) -> Result<Self> {
+        Ok(TdLambdaEstimator {
+            core: EstimatorCore::new("TDLambdaEstimator", gamma, lmbda)?,
+            average_rewards: false,
+        })
+    }
+
+    /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
+    /// `false`).
+    pub fn with_average_rewards(mut self, average_rewards: bool) -> Self {
+        self.average_rewards = average_rewards;
+        self
+    }
+
+    /// Whether the rewards are standardised.
+    pub fn average_rewards(&self) -> bool {
+        self.average_rewards
+    }
+
+    /// `(advantage, value_target)` and the value writes, without touching `td`.
+    fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
+        let _guard = (!self.core.differentiable).then(tch::no_grad_guard);
+        let x = self.core.inputs(td)?;
+        let reward = if self.average_rewards {
+            standardize(&x.reward)?
+        } else {
+            x.reward.shallow_clone()
+        };
+        let target = td_lambda_time_last(
+            &x.gamma(self.core.gamma),
+            self.core.lmbda,
+            &x.next_value,
+            &reward,
+            &x.done,
+            &x.terminated,
+        )?;
+        let adv = target.f_sub(&x.value)?;
+        Ok(Estimate {
+            advantage: x.restore(&adv)?,
+            value_target: x.restore(&target)?,
+            writes: self.core.value_writes(&x),
+        })
+    }
+}
+
+impl ValueEstimator for TdLambdaEstimator {
+    fn name(&self) -> &'static str {
+        self.core.name
+    }
+
+    fn tensor_keys(&self) -> &ValueEstimatorKeys {
+        &self.core.keys
+    }
+
+    fn set_tensor_keys(&mut self, keys: ValueEstimatorKeys) -> Result<()> {
+        self.core.keys = keys;
+        Ok(())
+    }
+
+    fn in_keys(&self) -> Vec<NestedKey> {
+        self.core.in_keys()
+    }
+
+    fn forward(&self, td: &mut TensorDict) -> Result<()> {
+        self.estimate(td)?.write_into(td, &self.core.keys)
+    }
+
+    fn value_estimate(&self, td: &TensorDict) -> Result<Tensor> {
+        Ok(self.estimate(td)?.value_target)
+    }
+}
