@@ -1,4 +1,6 @@
-//! Policy building blocks: probability distributions over actions ([`distributions`]).
+//! Policy building blocks: [`TensorDictModule`]s that read and write tensordict keys,
+//! [`TensorDictSequential`], models ([`MLP`], [`ValueOperator`]), probability distributions over
+//! actions ([`distributions`]) and the [`ProbabilisticActor`] that joins them.
 //!
 //! ```
 //! use tch::{Kind, Tensor};
@@ -13,4 +15,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod actors;
 pub mod distributions;
+pub mod models;
+pub mod module;
+pub mod sequential;
+
+pub use actors::{DistributionBuilder, ExplorationType, NormalParamExtractor, ProbabilisticActor};
+pub use models::{MlpConfig, ValueOperator, MLP};
+pub use module::{from_fn, TdModule, TensorDictModule};
+pub use sequential::TensorDictSequential;
