@@ -66,6 +66,11 @@ pub use select::SelectTransform;
 pub use unsqueeze::UnsqueezeTransform;
 // end key, dtype and normalisation transforms
 
+// KL reward
+mod kl_reward;
+pub use kl_reward::{DistributionSource, KLRewardTransform, DEFAULT_LOG_PROB_KEY};
+// end KL reward
+
 pub use compose::Compose;
 pub use transformed_env::TransformedEnv;
 
