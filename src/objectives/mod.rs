@@ -4,6 +4,7 @@
 //!   the keys machinery: keys structs ([`AcceptedKeys`], [`accepted_keys!`](crate::accepted_keys))
 //!   settable by name with TorchRL's `set_keys` rules, and their forwarding to a value
 //!   estimator.
+//! - [`ppo`]: PPO's clipped-surrogate loss ([`ClipPPOLoss`]).
 //! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
 //!   [`reward_model_loss`]).
 //! - [`value`]: value estimators ([`value::Gae`], [`value::TdLambdaEstimator`]) and their
@@ -28,6 +29,7 @@
 //! ```
 
 pub mod common;
+pub mod ppo;
 pub mod reward_model;
 pub mod value;
 
@@ -35,6 +37,7 @@ pub use common::{
     forward_value_estimator_keys, set_estimator_keys, set_loss_keys, AcceptedKeys, LossModule,
     LossOutput, Reduction, VALUE_ESTIMATOR_KEYS,
 };
+pub use ppo::{ClipPPOLoss, CriticLossType, PpoKeys, PpoLossOutput};
 pub use reward_model::{
     reward_model_loss, RewardModelKeys, RewardModelLoss, RewardModelLossOutput, ScoreFn,
     ScoreNetwork,
