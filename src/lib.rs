@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod collectors;
 pub mod data;
 pub mod envs;
 pub mod error;

@@ -1,3 +1,4 @@
-//! Data description and storage: tensor specs (and, later, replay buffers).
+//! Data description and storage: tensor specs and replay buffers.
 
+pub mod replay;
 pub mod specs;

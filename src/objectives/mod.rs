@@ -29,6 +29,7 @@
 //! ```
 
 pub mod common;
+pub mod optim;
 pub mod ppo;
 pub mod reward_model;
 pub mod value;

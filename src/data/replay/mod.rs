@@ -1,0 +1,34 @@
+//! Replay buffers (TorchRL's `torchrl.data.replay_buffers`): a fixed-capacity tensordict
+//! storage written round-robin, and samplers that pick the indices of a batch.
+//!
+//! - [`ReplayBuffer`]: `extend` with any tensordict (its batch dims are flattened into
+//!   transitions), `sample(batch_size)`, `len`, `clear`; FIFO overwrite once full.
+//! - [`RandomSampler`]: uniform, with replacement, seeded.
+//! - [`SamplerWithoutReplacement`]: epoch-style (a fresh permutation per pass, optionally
+//!   dropping the last partial minibatch), what PPO's minibatch loops use.
+//!
+//! ```
+//! use tch::Tensor;
+//! use torchrl::data::replay::{ReplayBuffer, SamplerWithoutReplacement};
+//! use torchrl::TensorDict;
+//! # fn main() -> torchrl::Result<()> {
+//! let mut rb = ReplayBuffer::with_sampler(100, SamplerWithoutReplacement::new(0, true))?;
+//! let batch = TensorDict::new([2, 8])?.with("obs", Tensor::arange(16, (tch::Kind::Float, tch::Device::Cpu)).reshape([2, 8, 1]))?;
+//! rb.extend(&batch)?; // 16 transitions
+//! assert_eq!(rb.len(), 16);
+//! let mut seen = Vec::new();
+//! for _ in 0..4 {
+//!     let mb = rb.sample(4)?;
+//!     assert_eq!(mb.batch_size(), &[4]);
+//!     seen.extend(Vec::<f32>::try_from(mb.get_or_err("obs")?.reshape([-1]))?);
+//! }
+//! seen.sort_by(f32::total_cmp);
+//! assert_eq!(seen, (0..16).map(|i| i as f32).collect::<Vec<_>>()); // one epoch: each once
+//! # Ok(()) }
+//! ```
+
+pub mod buffer;
+pub mod samplers;
+
+pub use buffer::ReplayBuffer;
+pub use samplers::{RandomSampler, Sampler, SamplerWithoutReplacement};
