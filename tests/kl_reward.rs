@@ -76,7 +76,10 @@ fn check_env_specs_passes_for_reward_and_other_out_keys() {
         let mut env = env_with(kl);
         check_env_specs(&mut env, Some(0)).unwrap_or_else(|e| panic!("out={out:?}: {e}"));
         // The transform never alters its base env's specs.
-        assert!(env.base().specs() == &base_before, "out={out:?}: base specs changed");
+        assert!(
+            env.base().specs() == &base_before,
+            "out={out:?}: base specs changed"
+        );
         match out {
             None => {
                 let leaf = env.specs().reward.get("reward").unwrap();
