@@ -43,15 +43,36 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Number of elements of `shape`, or an error for a negative dim.
-fn numel(op: &'static str, shape: &[i64]) -> Result<usize> {
+/// Number of elements of `shape`, or an error for a negative dim or a count that overflows.
+pub(crate) fn numel(op: &'static str, shape: &[i64]) -> Result<usize> {
     if shape.iter().any(|d| *d < 0) {
         return Err(Error::invalid(
             op,
             format!("shape {} has a negative dimension", ShapeFmt(shape)),
         ));
     }
-    Ok(shape.iter().product::<i64>() as usize)
+    shape
+        .iter()
+        .try_fold(1usize, |acc, d| acc.checked_mul(usize::try_from(*d).ok()?))
+        .ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!("shape {} has too many elements to sample", ShapeFmt(shape)),
+            )
+        })
+}
+
+/// An empty `Vec` with room for `n` values, or an error when that much memory cannot be had
+/// (`Vec::with_capacity` would abort the process instead).
+pub(crate) fn alloc<T>(op: &'static str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| {
+        Error::invalid(
+            op,
+            format!("cannot allocate room for {n} sampled values: {e}"),
+        )
+    })?;
+    Ok(v)
 }
 
 fn is_float(kind: Kind) -> bool {
@@ -88,12 +109,20 @@ pub(crate) fn build<T: Element>(
 }
 
 /// Reads a tensor's values (any device) into a row-major `Vec`.
-pub(crate) fn read<T: Element + Copy>(t: &Tensor) -> Result<Vec<T>> {
+///
+/// The buffer is reserved fallibly: an expanded tensor may have far more elements than memory
+/// (tch's `Vec::try_from` would abort the process on the failed allocation).
+pub(crate) fn read<T: Element + Copy + Default>(t: &Tensor) -> Result<Vec<T>> {
     let flat = t
         .f_to_device(Device::Cpu)?
         .f_to_kind(T::KIND)?
-        .f_reshape([-1])?;
-    Ok(Vec::<T>::try_from(&flat)?)
+        .f_reshape([-1])?
+        .f_contiguous()?;
+    let n = flat.numel();
+    let mut v: Vec<T> = alloc("read", n)?;
+    v.resize(n, T::default());
+    flat.f_copy_data(&mut v, n)?;
+    Ok(v)
 }
 
 impl Generator {
@@ -190,9 +219,8 @@ impl Generator {
                 format!("bounds must be finite with low <= high, got low={low}, high={high}"),
             ));
         }
-        let data: Vec<f64> = (0..n)
-            .map(|_| (low + self.next_f64() * (high - low)).min(high))
-            .collect();
+        let mut data: Vec<f64> = alloc(op, n)?;
+        data.extend((0..n).map(|_| (low + self.next_f64() * (high - low)).min(high)));
         build(&data, shape, kind, device)
     }
 
@@ -219,7 +247,7 @@ impl Generator {
                 format!("mean must be finite and std finite and >= 0, got mean={mean}, std={std}"),
             ));
         }
-        let mut data = Vec::with_capacity(n + 1);
+        let mut data = alloc(op, n.saturating_add(1))?;
         while data.len() < n {
             let (a, b) = self.normal_pair();
             data.push(mean + std * a);
@@ -247,9 +275,8 @@ impl Generator {
                 format!("empty range: low={low} must be < high={high_exclusive}"),
             ));
         }
-        let data: Vec<i64> = (0..n)
-            .map(|_| self.int_inclusive(low, high_exclusive - 1))
-            .collect();
+        let mut data: Vec<i64> = alloc(op, n)?;
+        data.extend((0..n).map(|_| self.int_inclusive(low, high_exclusive - 1)));
         build(&data, shape, kind, device)
     }
 
@@ -322,7 +349,11 @@ impl Generator {
             return Err(Error::invalid(op, format!("n must be >= 1, got {n}")));
         }
         let data: Vec<i64> = match mask {
-            None => (0..rows).map(|_| self.below(n as u64) as i64).collect(),
+            None => {
+                let mut data = alloc(op, rows)?;
+                data.extend((0..rows).map(|_| self.below(n as u64) as i64));
+                data
+            }
             Some(mask) => {
                 if mask.kind() != Kind::Bool {
                     return Err(Error::DtypeMismatch {
@@ -345,7 +376,7 @@ impl Generator {
                     )
                 })?;
                 let allowed = read::<bool>(&expanded)?;
-                let mut out = Vec::with_capacity(rows);
+                let mut out = alloc(op, rows)?;
                 for (r, row) in allowed.chunks(n as usize).enumerate() {
                     let count = row.iter().filter(|b| **b).count() as u64;
                     if count == 0 {

@@ -237,13 +237,17 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                 let size = batch[src];
                 let s = norm_bound(*start, size, 0);
                 let e = norm_bound(*end, size, size).max(s);
-                let len = (e - s + step - 1) / step;
+                // ceil((e - s) / step) without overflow for huge steps.
+                let len = if e > s { (e - s - 1) / step + 1 } else { 0 };
                 if !(s == 0 && e == size && *step == 1) {
+                    // A slice of at most one element is passed with step 1: libtorch computes
+                    // the length as `end - start + step - 1`, which overflows for huge steps.
+                    let (end, step) = if len <= 1 { (s + len, 1) } else { (e, *step) };
                     steps.push(Step::Slice {
                         dim,
                         start: s,
-                        end: e,
-                        step: *step,
+                        end,
+                        step,
                     });
                 }
                 out_batch.push(len);
@@ -272,6 +276,23 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                         expected: Kind::Bool,
                         actual: m.kind(),
                     });
+                }
+                if k == 0 {
+                    // A 0-d mask consumes no dim and inserts one of size 1 (true) or 0 (false),
+                    // as in PyTorch: a new axis, sliced to nothing when false.
+                    let keep = m.f_to_kind(Kind::Int64)?.f_int64_value(&[])? != 0;
+                    steps.push(Step::Unsqueeze { dim });
+                    if !keep {
+                        steps.push(Step::Slice {
+                            dim,
+                            start: 0,
+                            end: 0,
+                            step: 1,
+                        });
+                    }
+                    out_batch.push(i64::from(keep));
+                    dim += 1;
+                    continue;
                 }
                 if actual != expected {
                     return Err(Error::ShapeMismatch {
@@ -389,6 +410,15 @@ pub(crate) fn write_plan(
 ) -> Result<()> {
     // Basic steps are views; an advanced step (mask/gather) must be the last one.
     let mut view = dest.shallow_clone();
+    // `copy_` (basic indices) casts the value to the destination's dtype; `index_put_` (masks
+    // and index tensors) requires equal dtypes, so cast here for the same behaviour.
+    let cast;
+    let value = if value.kind() == dest.kind() {
+        value
+    } else {
+        cast = value.f_to_kind(dest.kind())?;
+        &cast
+    };
     let n = plan.steps.len();
     for (i, step) in plan.steps.iter().enumerate() {
         match step {

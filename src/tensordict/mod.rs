@@ -41,6 +41,7 @@ use crate::error::{Error, Result};
 pub use index::BatchIndex;
 pub(crate) use key::display_segments;
 pub use key::{AsKey, NestedKey, Segments};
+pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
 pub use shape::{cat, stack};
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
@@ -221,9 +222,13 @@ impl TensorDict {
         self.batch_size.len()
     }
 
-    /// Product of the batch size.
+    /// Product of the batch size (`i64::MAX` when it overflows: a tensordict without leaves
+    /// may have any batch size).
     pub fn numel(&self) -> i64 {
-        self.batch_size.iter().product()
+        self.batch_size
+            .iter()
+            .try_fold(1i64, |acc, d| acc.checked_mul(*d))
+            .unwrap_or(i64::MAX)
     }
 
     /// The device, if the tensordict has one.
@@ -273,6 +278,15 @@ impl TensorDict {
     /// (`[3, 4]` → `[3]`) is always allowed when the new size is a prefix.
     pub fn set_batch_size(&mut self, batch_size: impl AsRef<[i64]>) -> Result<()> {
         let bs = batch_size.as_ref();
+        if let Some(d) = bs.iter().find(|d| **d < 0) {
+            return Err(Error::invalid(
+                "set_batch_size",
+                format!(
+                    "batch size {} has a negative dimension {d}",
+                    crate::error::ShapeFmt(bs)
+                ),
+            ));
+        }
         for (k, e) in &self.entries {
             let shape = match e {
                 Entry::Tensor(t) => t.size(),
@@ -532,7 +546,18 @@ impl TensorDict {
         }
         let _guard = tch::no_grad_guard();
         let mut dest = dest.shallow_clone();
-        dest.f_copy_(value)?;
+        dest.f_copy_(value).map_err(|e| {
+            Error::invalid(
+                "set_",
+                format!(
+                    "cannot copy a value of dtype {:?} into key {} (shape {}, dtype {:?}): {e}",
+                    value.kind(),
+                    display_segments(&segs),
+                    crate::error::ShapeFmt(&expected),
+                    dest.kind()
+                ),
+            )
+        })?;
         Ok(())
     }
 
@@ -650,7 +675,9 @@ impl TensorDict {
         let value = staged
             .pop(&old[..])
             .map_err(|_| self.lookup_error("rename_key", &old))?;
-        staged.set(&new[..], value).map_err(|e| rekey(e, &new))?;
+        staged
+            .set_segments("rename_key", &new, value)
+            .map_err(|e| rekey(e, &new))?;
         *self = staged;
         Ok(())
     }

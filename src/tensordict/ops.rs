@@ -15,7 +15,7 @@
 
 use tch::{Device, Kind, Scalar, Tensor};
 
-use super::{display_segments, starts_with, Entry, Map, TensorDict};
+use super::{display_segments, starts_with, AsKey, Entry, Map, TensorDict};
 use crate::error::{Error, Result};
 
 impl TensorDict {
@@ -164,9 +164,25 @@ impl TensorDict {
         Ok(())
     }
 
-    /// Fills the leaf at `key` with `value`, in place.
-    pub fn fill_(&self, key: impl super::AsKey, value: impl Into<Scalar>) -> Result<()> {
-        let t = self.get_or_err(key)?;
+    /// Fills the leaf at `key` with `value`, in place. Errors (naming the key) when the leaf's
+    /// dtype cannot hold the value (e.g. 300 for `Uint8`, 1e39 or NaN for an integer dtype).
+    pub fn fill_(&self, key: impl AsKey, value: impl Into<Scalar>) -> Result<()> {
+        let segs = key.segments();
+        let t = self.get_or_err(&segs[..])?;
+        let value: Scalar = value.into();
+        // libtorch refuses values the dtype cannot hold, and tch panics (instead of returning
+        // the error) when an op taking a `Scalar` fails: check first.
+        let v = value.to_float()?;
+        if !fits_kind(v, t.kind()) {
+            return Err(Error::invalid(
+                "fill_",
+                format!(
+                    "cannot fill key {} (dtype {:?}) with {v}: the dtype cannot hold it",
+                    display_segments(&segs),
+                    t.kind()
+                ),
+            ));
+        }
         let _guard = tch::no_grad_guard();
         let mut t = t.shallow_clone();
         let _ = t.f_fill_(value)?;
@@ -202,5 +218,170 @@ impl TensorDict {
             }
         }
         Ok(false)
+    }
+}
+
+// ------------------------------------------------------------------ scalar helpers
+//
+// tch's fallible ops that take a `Scalar` argument (`f_full`, `f_clamp`, `f_fill_`,
+// `f_masked_fill`, ...) panic instead of returning the error when libtorch raises one: the
+// temporary `Scalar` is dropped, and its destructor unwraps the pending error. libtorch raises
+// for values a dtype cannot hold (`full(1e39)` as float32, `clamp(0, 300)` on uint8). These
+// helpers take `f64` values, never hand libtorch a value it would refuse, and return errors.
+
+/// The range of values a kind holds: `(min, max, integral)`; `None` for kinds without one
+/// (complex, quantized).
+pub(crate) fn kind_range(kind: Kind) -> Option<(f64, f64, bool)> {
+    Some(match kind {
+        Kind::Bool => (0.0, 1.0, true),
+        Kind::Uint8 => (0.0, 255.0, true),
+        Kind::Int8 => (-128.0, 127.0, true),
+        Kind::Int16 => (-32768.0, 32767.0, true),
+        Kind::Int => (-2147483648.0, 2147483647.0, true),
+        // 2^63 - 1 is not an f64; the largest f64 below 2^63.
+        Kind::Int64 => (-9223372036854775808.0, 9223372036854774784.0, true),
+        Kind::Half => (-65504.0, 65504.0, false),
+        Kind::BFloat16 => (-3.3895313892515355e38, 3.3895313892515355e38, false),
+        Kind::Float => (f64::from(f32::MIN), f64::from(f32::MAX), false),
+        Kind::Double => (f64::MIN, f64::MAX, false),
+        _ => return None,
+    })
+}
+
+/// True when a `kind` tensor can hold `v` as libtorch's checked conversion sees it: any value
+/// (including NaN and ±inf) for bool, finite values in range for integers (fractions are
+/// truncated), values in the finite range or non-finite for floats.
+pub(crate) fn fits_kind(v: f64, kind: Kind) -> bool {
+    match (kind, kind_range(kind)) {
+        (Kind::Bool, _) => true,
+        (_, Some((lo, hi, true))) => v.is_finite() && v.trunc() >= lo && v.trunc() <= hi,
+        (_, Some((lo, hi, false))) => !v.is_finite() || (v >= lo && v <= hi),
+        (_, None) => false,
+    }
+}
+
+/// A 0-d tensor of `kind` holding `v` (a cast: no range check).
+fn scalar_tensor(v: f64, kind: Kind, device: Device) -> Result<Tensor> {
+    let t = Tensor::f_from_slice(&[v])?.f_reshape([0i64; 0])?;
+    let t = if kind == Kind::Double {
+        t
+    } else {
+        t.f_to_kind(kind)?
+    };
+    Ok(if device == Device::Cpu {
+        t
+    } else {
+        t.f_to_device(device)?
+    })
+}
+
+/// `Tensor::full(shape, value)` without the tch panic: for a floating kind a value beyond its
+/// range becomes ±inf (IEEE rounding, as a cast), for an integer or bool kind a value it cannot
+/// hold (NaN, ±inf, out of range) is an error naming `op`, the value and the dtype.
+pub(crate) fn full_f64(
+    op: &'static str,
+    shape: &[i64],
+    value: f64,
+    kind: Kind,
+    device: Device,
+) -> Result<Tensor> {
+    let float = matches!(kind_range(kind), Some((_, _, false)));
+    if !float && !fits_kind(value, kind) {
+        return Err(Error::invalid(
+            op,
+            format!("the value {value} does not fit dtype {kind:?}"),
+        ));
+    }
+    if let Some(d) = shape.iter().find(|d| **d < 0) {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "shape {} has a negative dimension {d}",
+                crate::error::ShapeFmt(shape)
+            ),
+        ));
+    }
+    Ok(scalar_tensor(value, kind, device)?
+        .f_expand(shape, false)?
+        .f_contiguous()?)
+}
+
+/// `t.clamp(lo, hi)` with `f64` bounds (`None`: unbounded on that side) without the tch panic.
+/// Bounds beyond the dtype's range are brought into it (for a floating dtype they round to
+/// ±inf; for an integer dtype `lo` is rounded up and `hi` down, then clipped to the range).
+/// Errors on a NaN bound, on a bool tensor, and on integer bounds that leave no value of the
+/// dtype (e.g. `[300, 400]` for uint8).
+pub(crate) fn clamp_f64(
+    op: &'static str,
+    t: &Tensor,
+    lo: Option<f64>,
+    hi: Option<f64>,
+) -> Result<Tensor> {
+    let kind = t.kind();
+    if lo.is_some_and(f64::is_nan) || hi.is_some_and(f64::is_nan) {
+        return Err(Error::invalid(
+            op,
+            format!("clamp bounds must not be NaN, got [{lo:?}, {hi:?}]"),
+        ));
+    }
+    let Some((min, max, integral)) = kind_range(kind).filter(|_| kind != Kind::Bool) else {
+        return Err(Error::invalid(
+            op,
+            format!("cannot clamp a tensor of dtype {kind:?}"),
+        ));
+    };
+    let (lo, hi) = if integral {
+        let lo = lo.map(f64::ceil);
+        let hi = hi.map(f64::floor);
+        if lo.is_some_and(|l| l > max) || hi.is_some_and(|h| h < min) {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "clamp bounds [{lo:?}, {hi:?}] leave no value of dtype {kind:?} (range [{min}, {max}])"
+                ),
+            ));
+        }
+        (lo.map(|l| l.max(min)), hi.map(|h| h.min(max)))
+    } else {
+        (lo, hi)
+    };
+    let device = t.device();
+    let lo = lo.map(|v| scalar_tensor(v, kind, device)).transpose()?;
+    let hi = hi.map(|v| scalar_tensor(v, kind, device)).transpose()?;
+    if lo.is_none() && hi.is_none() {
+        return Ok(t.shallow_clone());
+    }
+    Ok(t.f_clamp_tensor(lo.as_ref(), hi.as_ref())?)
+}
+
+#[cfg(test)]
+mod scalar_tests {
+    use super::*;
+
+    #[test]
+    fn full_and_clamp_never_hand_libtorch_a_value_it_refuses() {
+        let cpu = Device::Cpu;
+        let t = full_f64("t", &[2], 1e39, Kind::Float, cpu).unwrap();
+        assert!(t.double_value(&[0]).is_infinite());
+        assert!(full_f64("t", &[2], 300.0, Kind::Uint8, cpu).is_err());
+        assert!(full_f64("t", &[2], f64::NAN, Kind::Int64, cpu).is_err());
+        assert_eq!(
+            full_f64("t", &[], 7.0, Kind::Int, cpu)
+                .unwrap()
+                .int64_value(&[]),
+            7
+        );
+        let u = Tensor::from_slice(&[0u8, 200, 255]);
+        let c = clamp_f64("t", &u, Some(1.0), Some(300.0)).unwrap();
+        assert_eq!(Vec::<u8>::try_from(&c).unwrap(), vec![1, 200, 255]);
+        assert!(clamp_f64("t", &u, Some(300.0), Some(400.0)).is_err());
+        let f = Tensor::from_slice(&[0.0f32, 5.0]);
+        let c = clamp_f64("t", &f, Some(1e39), None).unwrap();
+        assert!(c.double_value(&[0]).is_infinite());
+        let h = Tensor::from_slice(&[0.0f32, 5.0]).to_kind(Kind::Half);
+        assert!(clamp_f64("t", &h, Some(-1e5), Some(1e5)).is_ok());
+        assert!(clamp_f64("t", &f, Some(f64::NAN), None).is_err());
+        assert!(fits_kind(-128.0, Kind::Int8) && !fits_kind(128.0, Kind::Int8));
+        assert!(!fits_kind(9223372036854775808.0, Kind::Int64));
     }
 }

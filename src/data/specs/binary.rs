@@ -24,7 +24,8 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{self, concat, is_float, lead};
+use super::categorical::project_classes;
+use super::common::{self, concat, lead};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -173,14 +174,11 @@ impl Binary {
                 ),
             });
         }
-        let mut v = value.shallow_clone();
-        if is_float(v.kind()) {
-            v = v.f_round()?;
+        if value.kind() == Kind::Bool {
+            return Ok(value.f_to_kind(self.dtype)?);
         }
-        if v.kind() == Kind::Bool {
-            return Ok(v.f_to_kind(self.dtype)?);
-        }
-        Ok(v.f_clamp(0, 1)?.f_to_kind(self.dtype)?)
+        // Rounded and clamped to {0, 1}; NaN becomes 0.
+        Ok(project_classes(value, &[2])?.f_to_kind(self.dtype)?)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check).

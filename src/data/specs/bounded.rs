@@ -29,7 +29,7 @@ use super::common::{self, concat, is_float, to_dev};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::{AsKey, BatchIndex};
+use crate::tensordict::{fits_kind, full_f64, AsKey, BatchIndex};
 
 /// A spec for values within elementwise bounds `low <= x <= high`.
 pub struct Bounded {
@@ -106,10 +106,11 @@ impl Bounded {
                 format!("low must be <= high, got low={low}, high={high}"),
             ));
         }
-        let opts = (Kind::Float, Device::Cpu);
+        // Bounds beyond float32's range round to ±inf (as a cast does; libtorch's `full`
+        // refuses them).
         Ok(Bounded {
-            low: Tensor::f_full(shape, low, opts)?,
-            high: Tensor::f_full(shape, high, opts)?,
+            low: full_f64(op, shape, low, Kind::Float, Device::Cpu)?,
+            high: full_f64(op, shape, high, Kind::Float, Device::Cpu)?,
             shape: shape.to_vec(),
             dtype: Kind::Float,
             device: Device::Cpu,
@@ -160,10 +161,39 @@ impl Bounded {
     }
 
     /// Casts the bounds to `dtype` (float bounds are truncated for integer dtypes).
+    ///
+    /// Errors for an integer or bool dtype when a bound is not finite or does not fit the dtype
+    /// (a cast would wrap it, e.g. `-1` to `255` for `Uint8`, leaving `low > high`).
     pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("Bounded::with_dtype", dtype)?;
+        let op = "Bounded::with_dtype";
+        common::check_kind(op, dtype)?;
+        if !is_float_kind(dtype) && self.low.numel() > 0 {
+            let (lo, _) = common::min_max(&self.low)?.unwrap_or((0.0, 0.0));
+            let (_, hi) = common::min_max(&self.high)?.unwrap_or((0.0, 0.0));
+            for (name, v) in [("low", lo), ("high", hi)] {
+                if !fits_kind(v, dtype) || (dtype == Kind::Bool && !(0.0..2.0).contains(&v)) {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "cannot cast the bounds of {self} to {dtype:?}: {name}={} does not \
+                             fit the dtype",
+                            common::fmt_scalar(v, self.dtype)
+                        ),
+                    ));
+                }
+            }
+        }
         self.low = self.low.f_to_kind(dtype)?;
         self.high = self.high.f_to_kind(dtype)?;
+        if is_float_kind(dtype) && dtype != self.dtype && self.constant.is_some() {
+            // Sample between the bounds as this dtype stores them (a float32 0.3 is not the
+            // float64 0.3; samples between the two would fall outside the cast bounds).
+            let first =
+                |t: &Tensor| -> Result<f64> { Ok(t.f_reshape([-1])?.f_double_value(&[0])?) };
+            if self.low.numel() > 0 {
+                self.constant = Some((first(&self.low)?, first(&self.high)?));
+            }
+        }
         self.dtype = dtype;
         if !is_float_kind(dtype) {
             self.constant = None;
@@ -321,16 +351,40 @@ impl Bounded {
         let (low, high) = (to_dev(&self.low, dev)?, to_dev(&self.high, dev)?);
         let mut v = value.shallow_clone();
         if !is_float(self.dtype) && is_float(v.kind()) {
-            v = v.f_round()?;
+            // NaN and values beyond the integer range have no integer cast: replace NaN by low
+            // and clamp while still floating, then round and cast.
+            let (lo, hi) = (low.f_to_kind(v.kind())?, high.f_to_kind(v.kind())?);
+            let nan = v.f_isnan()?;
+            v = lo
+                .f_expand_as(&v)?
+                .f_where_self(&nan, &v)?
+                .f_clamp_tensor(Some(&lo), Some(&hi))?
+                .f_round()?;
         }
-        if v.kind() != self.dtype {
-            v = v.f_to_kind(self.dtype)?;
+        // libtorch has no clamp for bool: work in int64 for a bool spec.
+        let work = if self.dtype == Kind::Bool {
+            Kind::Int64
+        } else {
+            self.dtype
+        };
+        let (low, high) = if work == self.dtype {
+            (low, high)
+        } else {
+            (low.f_to_kind(work)?, high.f_to_kind(work)?)
+        };
+        if v.kind() != work {
+            v = v.f_to_kind(work)?;
         }
-        if is_float(self.dtype) {
+        if is_float(work) {
             let nan = v.f_isnan()?;
             v = low.f_expand_as(&v)?.f_where_self(&nan, &v)?;
         }
-        Ok(v.f_clamp_tensor(Some(&low), Some(&high))?)
+        let v = v.f_clamp_tensor(Some(&low), Some(&high))?;
+        Ok(if work == self.dtype {
+            v
+        } else {
+            v.f_to_kind(self.dtype)?
+        })
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).

@@ -64,6 +64,17 @@ impl PartialEq for Categorical {
     }
 }
 
+/// `0 <= value < n`, elementwise, compared in int64 (or float64 for floating values): libtorch
+/// casts a scalar operand to the tensor's dtype, so `int8 < 128` would compare with -128.
+pub(crate) fn in_class_range(value: &Tensor, n: i64) -> Result<Tensor> {
+    let wide = match value.kind() {
+        Kind::Int64 | Kind::Double => value.shallow_clone(),
+        k if is_float(k) => value.f_to_kind(Kind::Double)?,
+        _ => value.f_to_kind(Kind::Int64)?,
+    };
+    Ok(wide.f_ge(0)?.f_logical_and(&wide.f_lt(n)?)?)
+}
+
 /// Checks `0 <= v < n` (and the mask) for class values; shared by the categorical specs.
 pub(crate) fn class_violation(
     value: &Tensor,
@@ -75,7 +86,7 @@ pub(crate) fn class_violation(
         return Ok(None);
     }
     let vshape = value.size();
-    let ok = value.f_ge(0)?.f_logical_and(&value.f_lt(n)?)?;
+    let ok = in_class_range(value, n)?;
     if !common::all_true(&ok)? {
         let (count, first) = common::first_false(&ok)?;
         let first = first.unwrap_or(0);
@@ -119,6 +130,61 @@ pub(crate) fn class_violation(
         }
     }
     Ok(None)
+}
+
+/// The largest `n` for which every class `0..n` is exactly representable in `kind`.
+fn max_classes(kind: Kind) -> i64 {
+    match kind {
+        Kind::Bool => 2,
+        Kind::Uint8 => 256,
+        Kind::Int8 => 128,
+        Kind::Int16 => 32768,
+        Kind::Int => 1 << 31,
+        Kind::Half => (1 << 11) + 1,
+        Kind::BFloat16 => (1 << 8) + 1,
+        Kind::Float => (1 << 24) + 1,
+        Kind::Double => (1 << 53) + 1,
+        _ => i64::MAX,
+    }
+}
+
+/// Errors when `kind` cannot hold every class in `0..n` exactly (a cast would wrap or round
+/// a class out of range, so that samples and projections would not be in the spec).
+pub(crate) fn check_classes_fit(op: &'static str, n: i64, kind: Kind) -> Result<()> {
+    let max = max_classes(kind);
+    ensure!(
+        n <= max,
+        op,
+        "{n} classes do not fit dtype {kind:?}, which holds the classes 0..{max} exactly"
+    );
+    Ok(())
+}
+
+/// Class indices (int64) from arbitrary values: floats are rounded, NaN becomes class 0 (as
+/// a Bounded spec projects NaN to `low`), and entry `i` along the last dim is clamped to
+/// `[0, nvec[i] - 1]` (`nvec` of length 1 applies to every entry).
+pub(crate) fn project_classes(value: &Tensor, nvec: &[i64]) -> Result<Tensor> {
+    let mut v = value.shallow_clone();
+    let maxes: Vec<i64> = nvec.iter().map(|n| n - 1).collect();
+    // One bound for every entry is a 0-d tensor, so that clamping never grows a 0-d value.
+    let bshape: Vec<i64> = if maxes.len() == 1 {
+        vec![]
+    } else {
+        vec![maxes.len() as i64]
+    };
+    if is_float(v.kind()) {
+        // Clamp while floating: ±inf and huge values have no integer cast.
+        let hi = build(&maxes, &bshape, Kind::Double, v.device())?.f_to_kind(v.kind())?;
+        let lo = hi.f_zeros_like()?;
+        v = v
+            .f_nan_to_num(0.0, None, None)?
+            .f_round()?
+            .f_clamp_tensor(Some(&lo), Some(&hi))?;
+    }
+    let v = v.f_to_kind(Kind::Int64)?;
+    let hi = build(&maxes, &bshape, Kind::Int64, v.device())?;
+    let lo = hi.f_zeros_like()?;
+    Ok(v.f_clamp_tensor(Some(&lo), Some(&hi))?)
 }
 
 /// Replaces classes the mask forbids by the nearest allowed class (ties: the lower one).
@@ -184,9 +250,12 @@ impl Categorical {
         Ok(self)
     }
 
-    /// Sets the dtype (any integer, bool or floating kind).
+    /// Sets the dtype (any integer, bool or floating kind that holds every class `0..n`
+    /// exactly: e.g. at most 128 classes for `Int8`, 2 for `Bool`, 2049 for `Half`).
     pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("Categorical::with_dtype", dtype)?;
+        let op = "Categorical::with_dtype";
+        common::check_kind(op, dtype)?;
+        check_classes_fit(op, self.n, dtype)?;
         self.dtype = dtype;
         Ok(self)
     }
@@ -308,11 +377,8 @@ impl Categorical {
                 ),
             });
         }
-        let mut v = value.shallow_clone();
-        if is_float(v.kind()) {
-            v = v.f_round()?;
-        }
-        v = v.f_clamp(0, self.n - 1)?.f_to_kind(self.dtype)?;
+        let v = project_classes(value, &[self.n])?;
+        let mut v = v.f_to_kind(self.dtype)?;
         if let Some(m) = &self.mask {
             v = nearest_allowed(&v, self.n, &to_dev(m, v.device())?)?;
         }
@@ -412,7 +478,7 @@ impl Categorical {
 /// One-hot encodes integer classes in `[0, n)` as bool `[..., n]`.
 pub(crate) fn to_one_hot(value: &Tensor, n: i64) -> Result<Tensor> {
     if value.numel() > 0 {
-        let ok = value.f_ge(0)?.f_logical_and(&value.f_lt(n)?)?;
+        let ok = in_class_range(value, n)?;
         if !common::all_true(&ok)? {
             let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
             return Err(Error::invalid(

@@ -62,6 +62,23 @@ pub(crate) fn check_shape(op: &'static str, shape: &[i64]) -> Result<()> {
     Ok(())
 }
 
+/// The number of elements of `shape`, or an error when it overflows (a spec's shape may be
+/// huge; its tensors are never built then).
+pub(crate) fn checked_numel(op: &'static str, shape: &[i64]) -> Result<i64> {
+    shape
+        .iter()
+        .try_fold(1i64, |acc, d| acc.checked_mul(*d))
+        .ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "shape {} has more elements than an i64 counts",
+                    ShapeFmt(shape)
+                ),
+            )
+        })
+}
+
 /// `[*a, *b]`.
 pub(crate) fn concat(a: &[i64], b: &[i64]) -> Vec<i64> {
     let mut out = Vec::with_capacity(a.len() + b.len());

@@ -24,7 +24,8 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{self, concat, is_float, lead};
+use super::categorical::{check_classes_fit, project_classes};
+use super::common::{self, concat, lead};
 use super::multi_one_hot::MultiOneHot;
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
@@ -82,9 +83,13 @@ impl MultiCategorical {
         Ok(self)
     }
 
-    /// Sets the dtype.
+    /// Sets the dtype, which must hold every class of every entry exactly (see
+    /// [`Categorical::with_dtype`](super::Categorical::with_dtype)).
     pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("MultiCategorical::with_dtype", dtype)?;
+        let op = "MultiCategorical::with_dtype";
+        common::check_kind(op, dtype)?;
+        let max = self.nvec.iter().copied().max().unwrap_or(1);
+        check_classes_fit(op, max, dtype)?;
         self.dtype = dtype;
         Ok(self)
     }
@@ -122,8 +127,9 @@ impl MultiCategorical {
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
         let full = concat(shape, &self.shape);
-        let rows: i64 = concat(shape, lead(&self.shape)).iter().product();
-        let mut data = Vec::with_capacity((rows as usize) * self.nvec.len());
+        let rows = crate::rng::numel("rand", &concat(shape, lead(&self.shape)))?;
+        let total = crate::rng::numel("rand", &full)?;
+        let mut data = crate::rng::alloc("rand", total)?;
         for _ in 0..rows {
             for n in &self.nvec {
                 data.push(gen.below(*n as u64) as i64);
@@ -211,18 +217,7 @@ impl MultiCategorical {
                 ),
             });
         }
-        let mut v = value.shallow_clone();
-        if is_float(v.kind()) {
-            v = v.f_round()?;
-        }
-        if v.kind() == Kind::Bool {
-            v = v.f_to_kind(Kind::Int64)?;
-        }
-        let maxes: Vec<i64> = self.nvec.iter().map(|n| n - 1).collect();
-        let hi = build(&maxes, &[maxes.len() as i64], v.kind(), v.device())?;
-        let lo = hi.f_zeros_like()?;
-        Ok(v.f_clamp_tensor(Some(&lo), Some(&hi))?
-            .f_to_kind(self.dtype)?)
+        Ok(project_classes(value, &self.nvec)?.f_to_kind(self.dtype)?)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check).

@@ -43,9 +43,16 @@ pub struct MultiOneHot {
 impl MultiOneHot {
     /// Groups of widths `nvec`: shape `[sum(nvec)]`, dtype `Bool`, on the CPU.
     pub fn new(nvec: Vec<i64>) -> Result<Self> {
-        check_nvec("MultiOneHot::new", &nvec)?;
+        let op = "MultiOneHot::new";
+        check_nvec(op, &nvec)?;
+        let total = nvec
+            .iter()
+            .try_fold(0i64, |acc, n| acc.checked_add(*n))
+            .ok_or_else(|| {
+                Error::invalid(op, format!("sum(nvec) overflows i64 for nvec={nvec:?}"))
+            })?;
         Ok(MultiOneHot {
-            shape: vec![nvec.iter().sum()],
+            shape: vec![total],
             nvec,
             dtype: Kind::Bool,
             device: Device::Cpu,
@@ -111,9 +118,10 @@ impl MultiOneHot {
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
         let full = concat(shape, &self.shape);
-        let rows: i64 = concat(shape, lead(&self.shape)).iter().product();
         let total = self.total() as usize;
-        let mut data = vec![false; rows as usize * total];
+        let n = crate::rng::numel("rand", &full)?;
+        let mut data = crate::rng::alloc("rand", n)?;
+        data.resize(n, false);
         for row in data.chunks_mut(total.max(1)) {
             let mut offset = 0usize;
             for n in &self.nvec {
@@ -209,7 +217,9 @@ impl MultiOneHot {
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         let rows = lead(&self.shape);
         let k = self.nvec.len();
-        let count = rows.iter().product::<i64>() as usize * k;
+        let count = (common::checked_numel("encode", rows)? as usize)
+            .checked_mul(k)
+            .ok_or_else(|| Error::invalid("encode", "too many class indices"))?;
         if values.len() != count {
             return Err(Error::invalid(
                 "encode",
@@ -221,7 +231,11 @@ impl MultiOneHot {
             ));
         }
         let total = self.total() as usize;
-        let mut data = vec![false; count / k.max(1) * total];
+        let n = (count / k.max(1))
+            .checked_mul(total)
+            .ok_or_else(|| Error::invalid("encode", "the encoded values have too many elements"))?;
+        let mut data = crate::rng::alloc("encode", n)?;
+        data.resize(n, false);
         for (r, chunk) in values.chunks(k.max(1)).enumerate() {
             let mut offset = 0usize;
             for (v, n) in chunk.iter().zip(&self.nvec) {

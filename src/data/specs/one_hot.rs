@@ -98,7 +98,11 @@ pub(crate) fn project_one_hot(
     mask: Option<&Tensor>,
     kind: Kind,
 ) -> Result<Tensor> {
-    let mut scores = value.f_to_kind(Kind::Double)?;
+    // NaN scores lose to every number, ±inf become the extreme finite values: a masked-out
+    // class (-inf below) then never wins, even against -inf or NaN scores.
+    let mut scores = value
+        .f_to_kind(Kind::Double)?
+        .f_nan_to_num(-f64::MAX, f64::MAX, -f64::MAX)?;
     if let Some(m) = mask {
         let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
         let rows_ok = m
@@ -313,7 +317,7 @@ impl OneHot {
     /// class indices.
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         let rows = lead(&self.shape);
-        let count: i64 = rows.iter().product();
+        let count = common::checked_numel("encode", rows)?;
         if values.len() as i64 != count {
             return Err(Error::invalid(
                 "encode",

@@ -102,9 +102,9 @@ impl Unbounded {
             k if is_float(k) => gen.normal(&full, 0.0, 1.0, k, device),
             Kind::Bool => gen.randint(&full, 0, 2, kind, device),
             Kind::Int64 => {
-                common::check_shape("rand", &full)?;
-                let n: i64 = full.iter().product();
-                let data: Vec<i64> = (0..n).map(|_| (gen.next_u64() >> 1) as i64).collect();
+                let n = crate::rng::numel("rand", &full)?;
+                let mut data: Vec<i64> = crate::rng::alloc("rand", n)?;
+                data.extend((0..n).map(|_| (gen.next_u64() >> 1) as i64));
                 build(&data, &full, kind, device)
             }
             _ => {
@@ -231,7 +231,7 @@ pub(crate) fn encode_plain(
     device: Device,
     values: &[f64],
 ) -> Result<Tensor> {
-    let n: i64 = shape.iter().product();
+    let n = common::checked_numel("encode", shape)?;
     if values.len() as i64 != n {
         return Err(Error::invalid(
             "encode",

@@ -167,8 +167,31 @@ impl Transform for ActionClamp {
         for (key, low, high) in &self.bounds {
             let Some(a) = td.get(key) else { continue };
             let (kind, device) = (a.kind(), a.device());
-            let low = low.f_to_device(device)?.f_to_kind(kind)?;
-            let high = high.f_to_device(device)?.f_to_kind(kind)?;
+            // Bounds cast to another float dtype stay ordered; to or from an integer dtype
+            // they could wrap (-2 as uint8 is 254): such an action is refused, naming the key.
+            if kind != low.kind() && !(is_float(kind) && is_float(low.kind())) {
+                return Err(Error::DtypeMismatch {
+                    op,
+                    key: key.to_string(),
+                    expected: low.kind(),
+                    actual: kind,
+                });
+            }
+            // The bounds broadcast to the action's shape, never the reverse (clamping would
+            // otherwise silently grow the action).
+            let shape = a.size();
+            let fit = |t: &Tensor| -> Result<Tensor> {
+                t.f_to_device(device)?
+                    .f_to_kind(kind)?
+                    .f_broadcast_to(shape.as_slice())
+                    .map_err(|_| Error::ShapeMismatch {
+                        op,
+                        key: key.to_string(),
+                        expected: low.size(),
+                        actual: shape.clone(),
+                    })
+            };
+            let (low, high) = (fit(low)?, fit(high)?);
             let mut a = a.shallow_clone();
             if is_float(kind) {
                 let nan = a.f_isnan()?;
@@ -188,8 +211,7 @@ impl Transform for ActionClamp {
                         }
                     }
                     NanPolicy::Low => {
-                        let low_b = low.f_expand_as(&a)?;
-                        a = low_b.f_where_self(&nan, &a)?;
+                        a = low.f_where_self(&nan, &a)?;
                     }
                 }
             }

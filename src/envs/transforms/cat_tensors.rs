@@ -284,6 +284,24 @@ impl Transform for CatTensors {
                 ),
             ));
         }
+        // A key the env also reads back as a state (RewardSum's episode sum) cannot be deleted:
+        // the state spec would still promise it and the next step would lose its value.
+        let states: Vec<NestedKey> = self
+            .to_delete(&keys)
+            .into_iter()
+            .filter(|k| parent.state.contains(k))
+            .collect();
+        if !states.is_empty() {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "{}: keys {} are also in the state spec (inputs the env reads back, such as \
+                     RewardSum's episode sums) and cannot be deleted; use with_del_keys(false)",
+                    self.name(),
+                    fmt_key_list(&states)
+                ),
+            ));
+        }
         if !keys.contains(&self.out_key) {
             if let Some(g) = parent.output_group_of(&self.out_key) {
                 return Err(Error::invalid(

@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::reward_sum::check_done_groups;
 use super::Transform;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -85,6 +86,24 @@ impl Transform for ExcludeTransform {
             return Ok(specs);
         }
         for k in &self.keys {
+            // The env reads state keys back at the next step (StepCounter's counts, RewardSum's
+            // sums): removing them from the outputs would break the following step.
+            let states: Vec<NestedKey> = specs
+                .state_keys()
+                .into_iter()
+                .filter(|s| s.len() >= k.len() && s.parts().zip(k.parts()).all(|(a, b)| a == b))
+                .collect();
+            if !states.is_empty() {
+                return Err(Error::invalid(
+                    "ExcludeTransform",
+                    format!(
+                        "{}: key {k} is (or holds) the state key(s) {}, which the env reads back at \
+                         the next step; they cannot be excluded from its outputs",
+                        self.name(),
+                        fmt_key_list(&states)
+                    ),
+                ));
+            }
             let mut found = false;
             for g in [SpecGroup::Done, SpecGroup::Reward, SpecGroup::Observation] {
                 if specs.group(g).contains(k) {
@@ -107,6 +126,7 @@ impl Transform for ExcludeTransform {
                 });
             }
         }
+        check_done_groups("ExcludeTransform", &self.name(), &specs)?;
         Ok(specs)
     }
 

@@ -69,11 +69,12 @@
 
 use tch::{Kind, Tensor};
 
+use super::reward_sum::refuse_state_keys;
 use super::{Transform, TransformedEnv};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{clamp_f64, NestedKey, TensorDict};
 
 const OP: &str = "ObservationNorm";
 
@@ -765,7 +766,7 @@ impl ObservationNorm {
             }
         }
         if !self.standard_normal {
-            scale = scale.f_clamp_min(self.eps)?.f_reciprocal()?;
+            scale = clamp_f64(OP, &scale, Some(self.eps), None)?.f_reciprocal()?;
             loc = loc.f_neg()?.f_mul(&scale)?;
         }
         if !all_true(&loc.f_isfinite()?)? {
@@ -786,7 +787,7 @@ impl ObservationNorm {
                 ),
             ));
         }
-        self.scale = Some(scale.f_clamp_min(self.eps)?);
+        self.scale = Some(clamp_f64(OP, &scale, Some(self.eps), None)?);
         self.loc = Some(loc);
         Ok(())
     }
@@ -843,7 +844,14 @@ impl Transform for ObservationNorm {
     }
 
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
-        for (k, _) in self.pairs()? {
+        let pairs = self.pairs()?;
+        refuse_state_keys(
+            OP,
+            &self.name(),
+            parent,
+            pairs.iter().filter(|(i, o)| i == o).map(|(i, _)| i),
+        )?;
+        for (k, _) in pairs {
             if !parent.observation.contains(&k) {
                 return Err(Error::KeyNotFound {
                     op: "ObservationNorm (in keys are looked up in the observation spec)",

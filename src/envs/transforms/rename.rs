@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::reward_sum::check_done_groups;
 use super::Transform;
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
@@ -277,10 +278,33 @@ impl Transform for RenameTransform {
                     available: output_keys(&specs),
                 });
             }
+            // A state key (StepCounter's count, RewardSum's sum) is read back by the env at the
+            // next step under its name: renaming it away would break that step.
+            if !self.create_copy {
+                let states: Vec<NestedKey> = specs
+                    .state_keys()
+                    .into_iter()
+                    .filter(|s| {
+                        s.len() >= from.len() && s.parts().zip(from.parts()).all(|(a, b)| a == b)
+                    })
+                    .collect();
+                if !states.is_empty() {
+                    return Err(Error::invalid(
+                        OP,
+                        format!(
+                            "{}: {from} is (or holds) the state key(s) {}, which the env reads \
+                             back at the next step; copy it instead (with_create_copy(true))",
+                            self.name(),
+                            fmt_key_list(&states)
+                        ),
+                    ));
+                }
+            }
             for g in holders {
                 move_spec(specs.group_mut(g), from, to, self.create_copy)?;
             }
         }
+        check_done_groups(OP, &self.name(), &specs)?;
         Ok(specs)
     }
 
@@ -308,10 +332,33 @@ impl Transform for RenameTransform {
                     available: input_keys(&specs),
                 });
             }
+            // A state key (StepCounter's count, RewardSum's sum) is read back by the env at the
+            // next step under its name: renaming it away would break that step.
+            if !self.create_copy {
+                let states: Vec<NestedKey> = specs
+                    .state_keys()
+                    .into_iter()
+                    .filter(|s| {
+                        s.len() >= from.len() && s.parts().zip(from.parts()).all(|(a, b)| a == b)
+                    })
+                    .collect();
+                if !states.is_empty() {
+                    return Err(Error::invalid(
+                        OP,
+                        format!(
+                            "{}: {from} is (or holds) the state key(s) {}, which the env reads \
+                             back at the next step; copy it instead (with_create_copy(true))",
+                            self.name(),
+                            fmt_key_list(&states)
+                        ),
+                    ));
+                }
+            }
             for g in holders {
                 move_spec(specs.group_mut(g), from, to, self.create_copy)?;
             }
         }
+        check_done_groups(OP, &self.name(), &specs)?;
         Ok(specs)
     }
 

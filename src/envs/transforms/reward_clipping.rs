@@ -23,13 +23,11 @@
 //! # Ok(()) }
 //! ```
 
-use tch::Tensor;
-
 use super::reward_sum::fmt_keys;
 use super::Transform;
 use crate::data::specs::{Bounded, Composite, TensorSpec};
 use crate::error::{Error, Result};
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{clamp_f64, full_f64, NestedKey, TensorDict};
 
 /// Clamps rewards into `[clamp_min, clamp_max]`. See the module docs.
 #[derive(Clone, Debug)]
@@ -107,7 +105,14 @@ impl RewardClipping {
                     ),
                 )
             })?;
-            let v = r.f_clamp(self.clamp_min, self.clamp_max)?;
+            // f64 bounds beyond the reward's dtype are brought into its range (tch's
+            // `f_clamp` panics on them).
+            let v = clamp_f64(op, r, Some(self.clamp_min), Some(self.clamp_max)).map_err(|e| {
+                Error::invalid(
+                    op,
+                    format!("{}: cannot clip the reward {input}: {e}", self.name()),
+                )
+            })?;
             td.set(&output, v)?;
         }
         Ok(td)
@@ -170,10 +175,10 @@ impl Transform for RewardClipping {
                     ))
                 }
             };
-            let opts = (u.dtype(), u.device());
+            let (kind, device) = (u.dtype(), u.device());
             let bounded = Bounded::from_tensors(
-                Tensor::f_full(u.shape(), self.clamp_min, opts)?,
-                Tensor::f_full(u.shape(), self.clamp_max, opts)?,
+                full_f64(op, u.shape(), self.clamp_min, kind, device)?,
+                full_f64(op, u.shape(), self.clamp_max, kind, device)?,
             )?;
             spec.set(&output, bounded)?;
         }

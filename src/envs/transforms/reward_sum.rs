@@ -4,7 +4,9 @@
 //! transform joins it), the transform writes `episode_<k>` (same prefix, last segment renamed):
 //! at reset it is zero (or kept, for batch elements whose `"_reset"` mask is false), and every
 //! step adds the step's reward to the value it had at time `t`. The episode spec is a clone of
-//! the reward leaf's spec, registered in the observation spec (or in the reward spec with
+//! the reward leaf's spec when it is Unbounded, and an Unbounded spec of the same shape and dtype
+//! otherwise (TorchRL clones a Bounded reward spec too, but a sum leaves the bounds); it is
+//! registered in the observation spec (or in the reward spec with
 //! [`RewardSum::with_reward_spec`]) and always in the state spec, as in TorchRL.
 //!
 //! Each reward key is paired with the done group that owns it (the deepest done group whose
@@ -37,7 +39,7 @@
 use tch::{Kind, Tensor};
 
 use super::Transform;
-use crate::data::specs::{Composite, TensorSpec};
+use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{NestedKey, TensorDict};
@@ -67,6 +69,62 @@ pub(super) fn parent_of(key: &NestedKey) -> NestedKey {
 /// The key with its last segment replaced by `leaf`.
 pub(super) fn replace_last(key: &NestedKey, leaf: &str) -> NestedKey {
     parent_of(key).join(leaf)
+}
+
+/// Errors when a transform would rewrite, in place, an output entry that is also a state key
+/// (StepCounter's counts, RewardSum's sums): the env reads state keys back at the next step, so
+/// the rewritten value (renamed, reshaped, normalised, deleted) would feed the next step.
+/// `keys` are the in keys the transform rewrites in place.
+pub(super) fn refuse_state_keys<'a>(
+    op: &'static str,
+    who: &str,
+    specs: &EnvSpecs,
+    keys: impl IntoIterator<Item = &'a NestedKey>,
+) -> Result<()> {
+    let state = specs.state_keys();
+    for k in keys {
+        let hit: Vec<NestedKey> = state
+            .iter()
+            .filter(|s| starts_with(s, k))
+            .cloned()
+            .collect();
+        if !hit.is_empty() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{who}: {k} is (or holds) the state key(s) {}, which the env reads back at the \
+                     next step; it cannot be rewritten in place (write to another out key)",
+                    fmt_keys(&hit)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Errors when a done group of `specs` holds `"done"` and `"truncated"` but no `"terminated"`
+/// (what a transform leaves after renaming or removing `"terminated"` next to a truncation):
+/// done completion refuses such data at every step, so the transform is refused when it joins.
+pub(super) fn check_done_groups(op: &'static str, who: &str, specs: &EnvSpecs) -> Result<()> {
+    for k in specs.done_keys() {
+        if k.last() != Some("truncated") {
+            continue;
+        }
+        let group = parent_of(&k);
+        if specs.done.contains(group.join("done")) && !specs.done.contains(group.join("terminated"))
+        {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{who}: the done group of {k} would hold \"done\" and \"truncated\" but no \
+                     \"terminated\" (done keys: {}); terminations could no longer be told from \
+                     truncations",
+                    fmt_keys(&specs.done_keys())
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The done groups that govern resets (TorchRL's `_filtered_reset_keys`), as prefixes: every
@@ -153,6 +211,28 @@ pub(super) fn expand_right(
         m = m.f_unsqueeze(-1)?;
     }
     Ok(m.f_expand(shape, false)?)
+}
+
+/// The spec of an episode sum of rewards with spec `reward`: the reward spec itself when it is
+/// Unbounded (TorchRL clones it), an Unbounded spec of the same shape, dtype and device
+/// otherwise. A sum of bounded rewards leaves the bounds after a few steps (TorchRL's clone of
+/// a Bounded reward spec describes values the sum does not keep).
+fn episode_spec(reward: TensorSpec) -> Result<TensorSpec> {
+    match reward {
+        TensorSpec::Unbounded(_) | TensorSpec::Composite(_) | TensorSpec::NonTensor(_) => {
+            Ok(reward)
+        }
+        other => {
+            let dtype = other.dtype().unwrap_or(tch::Kind::Float);
+            let mut u = Unbounded::new()
+                .with_shape(other.shape())?
+                .with_dtype(dtype)?;
+            if let Some(d) = other.device() {
+                u = u.with_device(d)?;
+            }
+            Ok(u.into())
+        }
+    }
 }
 
 /// Sets `spec` at `key` in `target`, creating the missing intermediate levels as empty copies of
@@ -301,7 +381,7 @@ impl RewardSum {
                         ),
                     )
                 })?;
-                Ok((s.output.clone(), spec))
+                Ok((s.output.clone(), episode_spec(spec)?))
             })
             .collect()
     }

@@ -28,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::reward_sum::check_done_groups;
 use super::Transform;
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
@@ -176,6 +177,7 @@ impl Transform for SelectTransform {
         if !self.keep_dones {
             self.prune(&mut specs.done)?;
         }
+        check_done_groups("SelectTransform", &self.name(), &specs)?;
         Ok(specs)
     }
 

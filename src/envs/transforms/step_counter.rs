@@ -204,6 +204,25 @@ impl Transform for StepCounter {
                 }
             }
         }
+        if self.max_steps.is_some() {
+            // With truncations, "done" alone cannot tell them from terminations: done
+            // completion needs "terminated" in the group (it refuses "done" and "truncated"
+            // without it at every step).
+            for g in &groups {
+                let terminated = g.root.join("terminated");
+                if !parent.done.contains(&terminated) {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "the done group of {} has no {terminated} entry (done keys: {}); \
+                             truncating its episodes needs one (was it renamed or excluded?)",
+                            g.done,
+                            fmt_keys(&parent.done_keys())
+                        ),
+                    ));
+                }
+            }
+        }
         self.device = parent.device();
         self.groups = groups;
         Ok(())

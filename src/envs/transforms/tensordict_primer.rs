@@ -54,7 +54,7 @@ use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::{BatchIndex, Entry, NestedKey, TensorDict};
+use crate::tensordict::{full_f64, BatchIndex, Entry, NestedKey, TensorDict};
 
 /// A primer resolved against an env: its spec with and without the batch dims.
 #[derive(Clone, Debug)]
@@ -167,11 +167,10 @@ impl TensorDictPrimer {
         })?;
         let device = spec.device().unwrap_or(self.device);
         let full: Vec<i64> = [shape, spec.shape()].concat();
-        Ok(Tensor::f_full(
-            full.as_slice(),
-            self.default_value,
-            (kind, device),
-        )?)
+        // libtorch refuses a value the dtype cannot hold (and tch panics on that error).
+        full_f64(op, &full, self.default_value, kind, device).map_err(|e| {
+            Error::invalid(op, format!("cannot build the default value of {key}: {e}"))
+        })
     }
 
     fn not_attached(&self, op: &'static str) -> Error {

@@ -31,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::reward_sum::refuse_state_keys;
 use super::Transform;
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
@@ -282,7 +283,14 @@ impl Transform for UnsqueezeTransform {
 
     fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
         let nb = specs.batch_size().len();
-        for (in_key, out_key) in self.pairs()? {
+        let pairs = self.pairs()?;
+        refuse_state_keys(
+            OP,
+            &self.name(),
+            &specs,
+            pairs.iter().filter(|(i, o)| i == o).map(|(i, _)| i),
+        )?;
+        for (in_key, out_key) in pairs {
             let Some(group) = specs.output_group_of(&in_key) else {
                 return Err(Error::KeyNotFound {
                     op: "UnsqueezeTransform (in keys are looked up in the done, reward and observation specs)",
