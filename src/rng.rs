@@ -26,6 +26,7 @@
 use tch::{kind::Element, Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::Elements;
 
 /// A seedable, deterministic pseudo-random generator (xoshiro256**, seeded with SplitMix64).
 ///
@@ -118,7 +119,7 @@ pub(crate) fn read<T: Element + Copy + Default>(t: &Tensor) -> Result<Vec<T>> {
         .f_to_kind(T::KIND)?
         .f_reshape([-1])?
         .f_contiguous()?;
-    let n = flat.numel();
+    let n = flat.elements();
     let mut v: Vec<T> = alloc("read", n)?;
     v.resize(n, T::default());
     flat.f_copy_data(&mut v, n)?;

@@ -4,6 +4,7 @@ use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo};
 
 use tch::{Kind, Tensor};
 
+use super::Elements;
 use crate::error::{Error, Result, ShapeFmt};
 
 /// One index item over batch dims, like one element of a Python index tuple.
@@ -330,7 +331,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                 let size = batch[src];
                 let flat = t.f_reshape([-1])?.f_to_kind(Kind::Int64)?;
                 let wrapped = flat.f_remainder(size.max(1))?;
-                if flat.numel() > 0 {
+                if flat.elements() > 0 {
                     let lo = flat.f_min()?.int64_value(&[]);
                     let hi = flat.f_max()?.int64_value(&[]);
                     for v in [lo, hi] {

@@ -31,7 +31,7 @@ use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-use super::{Entry, NestedKey, TensorDict};
+use super::{Elements, Entry, NestedKey, TensorDict};
 use crate::error::{Error, Result};
 
 const LAYOUT_KEY: &str = "torchrl.layout";
@@ -121,7 +121,7 @@ impl TensorDict {
                         Error::invalid(op, format!("key {k}: dtype {:?} cannot be saved", t.kind()))
                     })?;
                     let c = t.f_to_device(Device::Cpu)?.f_contiguous()?;
-                    let numel = c.numel();
+                    let numel = c.elements();
                     let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
                     c.f_copy_data_u8(&mut bytes, numel)?;
                     let shape = c.size().iter().map(|d| *d as usize).collect();

@@ -147,6 +147,25 @@ pub(crate) fn check_key<'a>(op: &'static str, segs: &Segments<'a>) -> Result<()>
     Ok(())
 }
 
+/// `Tensor::numel` without its overflow: tch multiplies the dims in order, which overflows (a
+/// panic in debug builds) for a shape with no elements such as `[2, i64::MAX, 0]`.
+pub(crate) trait Elements {
+    /// The number of elements (`usize::MAX` when it does not fit).
+    fn elements(&self) -> usize;
+}
+
+impl Elements for Tensor {
+    fn elements(&self) -> usize {
+        let size = self.size();
+        if size.contains(&0) {
+            return 0;
+        }
+        size.iter()
+            .try_fold(1usize, |acc, d| acc.checked_mul(usize::try_from(*d).ok()?))
+            .unwrap_or(usize::MAX)
+    }
+}
+
 pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
     shape.len() >= prefix.len() && shape[..prefix.len()] == *prefix
 }

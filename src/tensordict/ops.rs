@@ -15,7 +15,7 @@
 
 use tch::{Device, Kind, Scalar, Tensor};
 
-use super::{display_segments, starts_with, AsKey, Entry, Map, TensorDict};
+use super::{display_segments, starts_with, AsKey, Elements, Entry, Map, TensorDict};
 use crate::error::{Error, Result};
 
 impl TensorDict {
@@ -203,7 +203,7 @@ impl TensorDict {
     /// True when every element of every leaf is non-zero (true for no leaves).
     pub fn all(&self) -> Result<bool> {
         for (_, t) in self.leaves() {
-            if t.numel() > 0 && t.f_all()?.int64_value(&[]) == 0 {
+            if t.elements() > 0 && t.f_all()?.int64_value(&[]) == 0 {
                 return Ok(false);
             }
         }
@@ -213,7 +213,7 @@ impl TensorDict {
     /// True when any element of any leaf is non-zero.
     pub fn any(&self) -> Result<bool> {
         for (_, t) in self.leaves() {
-            if t.numel() > 0 && t.f_any()?.int64_value(&[]) != 0 {
+            if t.elements() > 0 && t.f_any()?.int64_value(&[]) != 0 {
                 return Ok(true);
             }
         }

@@ -29,7 +29,7 @@ use super::common::{self, concat, lead};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::{AsKey, BatchIndex};
+use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for vectors of 0/1 values.
 #[derive(Clone, PartialEq)]
@@ -125,14 +125,14 @@ impl Binary {
         if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
             return Ok(Some(r));
         }
-        if value.numel() > 0 && !common::all_binary(value)? {
+        if value.elements() > 0 && !common::all_binary(value)? {
             let ok = value.f_eq(0)?.f_logical_or(&value.f_eq(1)?)?;
             let (count, first) = common::first_false(&ok)?;
             let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
             return Ok(Some(format!(
                 "not binary: {count} of {} values are not 0 or 1 (value min={lo}, max={hi}); \
                  first at index {:?}",
-                value.numel(),
+                value.elements(),
                 common::unravel(first.unwrap_or(0), &value.size())
             )));
         }

@@ -29,7 +29,7 @@ use super::common::{self, concat, is_float, to_dev};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::{fits_kind, full_f64, AsKey, BatchIndex};
+use crate::tensordict::{fits_kind, full_f64, AsKey, BatchIndex, Elements};
 
 /// A spec for values within elementwise bounds `low <= x <= high`.
 pub struct Bounded {
@@ -167,7 +167,7 @@ impl Bounded {
     pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
         let op = "Bounded::with_dtype";
         common::check_kind(op, dtype)?;
-        if !is_float_kind(dtype) && self.low.numel() > 0 {
+        if !is_float_kind(dtype) && self.low.elements() > 0 {
             let (lo, _) = common::min_max(&self.low)?.unwrap_or((0.0, 0.0));
             let (_, hi) = common::min_max(&self.high)?.unwrap_or((0.0, 0.0));
             for (name, v) in [("low", lo), ("high", hi)] {
@@ -190,7 +190,7 @@ impl Bounded {
             // float64 0.3; samples between the two would fall outside the cast bounds).
             let first =
                 |t: &Tensor| -> Result<f64> { Ok(t.f_reshape([-1])?.f_double_value(&[0])?) };
-            if self.low.numel() > 0 {
+            if self.low.elements() > 0 {
                 self.constant = Some((first(&self.low)?, first(&self.high)?));
             }
         }
@@ -263,7 +263,7 @@ impl Bounded {
         if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
             return Ok(Some(r));
         }
-        if value.numel() == 0 {
+        if value.elements() == 0 {
             return Ok(None);
         }
         let dev = value.device();
@@ -302,7 +302,7 @@ impl Bounded {
         Ok(Some(format!(
             "out of bounds: {count} of {} values outside [low, high] ({range}; spec low={}, high={}); \
              first at index {:?} (value shape {}): {} {side}",
-            value.numel(),
+            value.elements(),
             common::fmt_bound(&self.low),
             common::fmt_bound(&self.high),
             common::unravel(first, &vshape),
@@ -481,7 +481,7 @@ fn is_float_kind(kind: Kind) -> bool {
 
 /// Errors when `low > high` (or either is NaN) anywhere, naming the first position.
 fn check_ordered(op: &'static str, low: &Tensor, high: &Tensor, shape: &[i64]) -> Result<()> {
-    if low.numel() == 0 {
+    if low.elements() == 0 {
         return Ok(());
     }
     let ok = low.f_le_tensor(high)?;

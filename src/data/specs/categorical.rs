@@ -29,7 +29,7 @@ use super::one_hot::OneHot;
 use super::unbounded::encode_plain;
 use crate::error::{ensure, Error, Result, ShapeFmt};
 use crate::rng::{build, read, Generator};
-use crate::tensordict::{AsKey, BatchIndex};
+use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for class indices in `[0, n)`.
 pub struct Categorical {
@@ -82,7 +82,7 @@ pub(crate) fn class_violation(
     mask: Option<&Tensor>,
     kind: Kind,
 ) -> Result<Option<String>> {
-    if value.numel() == 0 {
+    if value.elements() == 0 {
         return Ok(None);
     }
     let vshape = value.size();
@@ -102,7 +102,7 @@ pub(crate) fn class_violation(
         return Ok(Some(format!(
             "out of range: {count} of {} values outside [0, {}] ({range}); first at index {:?} \
              (value shape {}): {}",
-            value.numel(),
+            value.elements(),
             n - 1,
             common::unravel(first, &vshape),
             ShapeFmt(&vshape),
@@ -123,7 +123,7 @@ pub(crate) fn class_violation(
             return Ok(Some(format!(
                 "masked class: {count} of {} values select a class the mask forbids; first at \
                  index {:?} (value shape {}): class {class}",
-                value.numel(),
+                value.elements(),
                 common::unravel(first, &vshape),
                 ShapeFmt(&vshape)
             )));
@@ -477,7 +477,7 @@ impl Categorical {
 
 /// One-hot encodes integer classes in `[0, n)` as bool `[..., n]`.
 pub(crate) fn to_one_hot(value: &Tensor, n: i64) -> Result<Tensor> {
-    if value.numel() > 0 {
+    if value.elements() > 0 {
         let ok = in_class_range(value, n)?;
         if !common::all_true(&ok)? {
             let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));

@@ -19,7 +19,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{BatchIndex, TensorDict};
+use crate::tensordict::{BatchIndex, Elements, TensorDict};
 
 /// True for floating-point kinds.
 pub(crate) fn is_float(kind: Kind) -> bool {
@@ -318,7 +318,7 @@ pub(crate) fn all_true(t: &Tensor) -> Result<bool> {
 
 /// Min and max of a tensor (as f64), `None` when empty.
 pub(crate) fn min_max(t: &Tensor) -> Result<Option<(f64, f64)>> {
-    if t.numel() == 0 {
+    if t.elements() == 0 {
         return Ok(None);
     }
     let d = t.f_to_kind(Kind::Double)?;
@@ -425,7 +425,7 @@ pub(crate) fn prepare_mask(
             actual: mask.kind(),
         });
     }
-    let m = if mask.numel() as i64 == n && mask.size().as_slice() != [n] && mask.dim() <= 1 {
+    let m = if mask.elements() as i64 == n && mask.size().as_slice() != [n] && mask.dim() <= 1 {
         mask.f_reshape([n])?
     } else {
         mask.shallow_clone()

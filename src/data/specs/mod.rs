@@ -28,7 +28,11 @@
 //! **Projection** changes a value only when it is not in the spec, and casts it to the spec's
 //! dtype, so that `is_in(project(x))` holds whenever `x`'s shape fits (TorchRL keeps the value's
 //! dtype). It never reshapes. Discrete specs project deterministically (nearest allowed class,
-//! argmax), where TorchRL samples at random.
+//! argmax), where TorchRL samples at random. NaN has no nearest value: it projects to the lowest
+//! one (`low` for [`Bounded`], class 0 for [`Categorical`], [`MultiCategorical`] and
+//! [`Binary`]), and a NaN score never wins the argmax of [`OneHot`] / [`MultiOneHot`]; ±inf
+//! clamp to the bounds. Only [`NonTensor`] (and a mask allowing no class) refuses with an
+//! error.
 //!
 //! **Sampling** draws on the CPU from a seedable [`Generator`] and moves the result to the spec's
 //! device: the same seed gives bit-identical samples on every device.

@@ -30,7 +30,7 @@ use super::multi_one_hot::MultiOneHot;
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
-use crate::tensordict::{AsKey, BatchIndex};
+use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for vectors of class indices with per-entry cardinalities `nvec`.
 #[derive(Clone, PartialEq)]
@@ -152,7 +152,7 @@ impl MultiCategorical {
         if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
             return Ok(Some(r));
         }
-        if value.numel() == 0 {
+        if value.elements() == 0 {
             return Ok(None);
         }
         let nv = self.nvec_tensor(value.device())?;
@@ -175,7 +175,7 @@ impl MultiCategorical {
         Ok(Some(format!(
             "out of range: {count} of {} values outside [0, nvec[i]) for nvec={:?}; first at index \
              {idx:?} (value shape {}): {} not in [0, {n})",
-            value.numel(),
+            value.elements(),
             self.nvec,
             ShapeFmt(&vshape),
             common::fmt_scalar(v, self.dtype)

@@ -28,7 +28,7 @@ use super::categorical::Categorical;
 use super::common::{self, concat, lead, to_dev};
 use crate::error::{ensure, Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
-use crate::tensordict::{AsKey, BatchIndex};
+use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for one-hot encoded classes.
 pub struct OneHot {
@@ -65,7 +65,7 @@ impl PartialEq for OneHot {
 
 /// The reason a value is not one-hot along its last dim (values in {0, 1}, one 1 per row).
 pub(crate) fn one_hot_violation(value: &Tensor, what: &str) -> Result<Option<String>> {
-    if value.numel() == 0 {
+    if value.elements() == 0 {
         return Ok(None);
     }
     if !common::all_binary(value)? {
@@ -83,7 +83,7 @@ pub(crate) fn one_hot_violation(value: &Tensor, what: &str) -> Result<Option<Str
         return Ok(Some(format!(
             "not {what}: {count} of {} rows do not have exactly one 1 along the last dim; first at \
              index {:?} (value shape {}) has {s}",
-            sums.numel(),
+            sums.elements(),
             common::unravel(first, &sums.size()),
             ShapeFmt(&value.size())
         )));
@@ -255,7 +255,7 @@ impl OneHot {
         if let Some(r) = one_hot_violation(value, "one-hot")? {
             return Ok(Some(r));
         }
-        if let (Some(m), true) = (&self.mask, value.numel() > 0) {
+        if let (Some(m), true) = (&self.mask, value.elements() > 0) {
             let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
             let hot_allowed = value
                 .f_ne(0)?

@@ -37,7 +37,7 @@ use super::Transform;
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{Elements, NestedKey, TensorDict};
 
 /// What [`ActionClamp`] does with NaN actions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -205,7 +205,7 @@ impl Transform for ActionClamp {
                                     "the action {key} holds {n} NaN value(s) (of {}); a NaN action \
                                      cannot be clamped into its bounds (fix the policy, or use \
                                      NanPolicy::Low to replace NaN by the lower bound)",
-                                    a.numel()
+                                    a.elements()
                                 ),
                             ));
                         }

@@ -74,7 +74,7 @@ use super::{Transform, TransformedEnv};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{clamp_f64, NestedKey, TensorDict};
+use crate::tensordict::{clamp_f64, Elements, NestedKey, TensorDict};
 
 const OP: &str = "ObservationNorm";
 
@@ -195,7 +195,7 @@ fn first_value(t: &Tensor) -> f64 {
 }
 
 fn all_true(t: &Tensor) -> Result<bool> {
-    Ok(t.numel() == 0 || t.f_all()?.f_int64_value(&[])? != 0)
+    Ok(t.elements() == 0 || t.f_all()?.f_int64_value(&[])? != 0)
 }
 
 /// `finfo(kind).eps` for floating kinds, TorchRL's default `eps` for tensor scales.
@@ -819,7 +819,7 @@ impl Transform for ObservationNorm {
     fn name(&self) -> String {
         let keys = fmt_key_list(&self.in_keys);
         match (&self.loc, &self.scale) {
-            (Some(l), Some(s)) if l.numel() == 1 && s.numel() == 1 => format!(
+            (Some(l), Some(s)) if l.elements() == 1 && s.elements() == 1 => format!(
                 "ObservationNorm(loc={:.4}, scale={:.4}, keys={keys}{})",
                 first_value(l),
                 first_value(s),

@@ -188,7 +188,30 @@ impl Transform for RewardScaling {
                 )
             })?;
             match &leaf {
-                TensorSpec::Unbounded(u) if !u.is_discrete() => {}
+                TensorSpec::Unbounded(u) if !u.is_discrete() => {
+                    // In the reward's dtype, loc and scale must stay finite and scale non-zero:
+                    // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
+                    let kind = u.dtype();
+                    let cast = |v: f64| -> Result<f64> {
+                        Ok(Tensor::f_from_slice(&[v])?
+                            .f_to_kind(kind)?
+                            .f_double_value(&[0])?)
+                    };
+                    let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
+                    if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
+                        return Err(Error::invalid(
+                            op,
+                            format!(
+                                "{}: loc={} and scale={} must be finite (and scale > 0) in the \
+                                 reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
+                                 {loc} and {scale}",
+                                self.name(),
+                                self.loc,
+                                self.scale
+                            ),
+                        ));
+                    }
+                }
                 TensorSpec::Unbounded(u) => {
                     return Err(Error::invalid(
                         op,
