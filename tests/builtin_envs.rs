@@ -17,7 +17,8 @@ use tch::{Device, Kind, Tensor};
 use torchrl::envs::builtin::{
     ActionEncoding, CartPoleEnv, CountingEnv, MountainCarContinuousEnv, PendulumEnv,
 };
-use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig};
+use torchrl::envs::transforms::RewardScaling;
+use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig, TransformedEnv};
 use torchrl::{Error, Generator, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -979,5 +980,265 @@ fn envs_run_on_cuda_when_available() {
             "{which:?} on CUDA:\n{}",
             failures.join("\n")
         );
+    }
+}
+
+// ------------------------------------------------------------------ Pendulum step paths
+
+/// Largest absolute difference between two tensors (NaN counts as a mismatch: the comparison
+/// with a tolerance fails).
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size(), "shapes differ");
+    if a.numel() == 0 {
+        return 0.0;
+    }
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+/// `n` Pendulum start states: gymnasium's range and wound-up angles, exact odd multiples of π
+/// (where `angle_normalize` wraps), speeds at and beyond the ±8 clip, and far-off angles.
+fn pendulum_states(n: i64, gen: &mut Generator) -> Tensor {
+    let th = gen
+        .uniform(&[n, 1], -60.0, 60.0, Kind::Double, CPU)
+        .expect("uniform");
+    let thdot = gen
+        .uniform(&[n, 1], -10.0, 10.0, Kind::Double, CPU)
+        .expect("uniform");
+    let states = Tensor::cat(&[th, thdot], -1);
+    let pi = std::f64::consts::PI;
+    let special = [
+        [pi, 0.0],
+        [-pi, 0.0],
+        [3.0 * pi, 8.0],
+        [-3.0 * pi, -8.0],
+        [0.0, 0.0],
+        [2.0 * pi, 8.5],
+        [-2.0 * pi, -8.5],
+        [1e6, 1.0],
+        [-1e6, -1.0],
+        [pi.next_up(), 7.9],
+        [(-pi).next_down(), -7.9],
+    ];
+    for (i, s) in special.iter().enumerate() {
+        states.get(i as i64).copy_(&Tensor::from_slice(s));
+    }
+    states
+}
+
+/// `n` torques, beyond the ±2 clip too, with the clip points themselves.
+fn pendulum_actions(n: i64, gen: &mut Generator) -> Tensor {
+    let a = gen
+        .uniform(&[n, 1], -3.0, 3.0, Kind::Float, CPU)
+        .expect("uniform");
+    for (i, v) in [2.0f32, -2.0, 2.5, -2.5, 0.0].iter().enumerate() {
+        a.get(i as i64).copy_(&Tensor::from_slice(&[*v]));
+    }
+    a
+}
+
+/// Per step, `("next", "state")`, `("next", "observation")` and `("next", "reward")` of a
+/// Pendulum of `len` elements started from `states[lo..lo + len]` and stepped with the same
+/// rows of `actions`.
+fn pendulum_steps(
+    states: &Tensor,
+    actions: &[Tensor],
+    lo: i64,
+    len: i64,
+) -> Vec<(Tensor, Tensor, Tensor)> {
+    let mut env = PendulumEnv::new(&[len], CPU).expect("env");
+    let start = TensorDict::new([len])
+        .expect("td")
+        .with("state", states.narrow(0, lo, len))
+        .expect("set");
+    let mut td = env.reset(Some(start)).expect("reset");
+    let mut out = Vec::new();
+    for a in actions {
+        let stepped = env
+            .step(td.with("action", a.narrow(0, lo, len)).expect("set"))
+            .expect("step");
+        let get = |k: &str| stepped.get(("next", k)).expect("next entry").copy();
+        out.push((get("state"), get("observation"), get("reward")));
+        td = env.step_mdp(&stepped).expect("step_mdp");
+    }
+    out
+}
+
+#[test]
+fn pendulum_tensor_step_matches_host_step() {
+    // CPU batches above `HOST_PATH_MAX` (32768 pendulums, src/envs/builtin/pendulum.rs) step
+    // with tensor ops; smaller ones on host values, with libtorch's vectorized sin/cos above
+    // 64 pendulums and libm's up to 64. Several steps, so the host step's cached sin θ is used
+    // too.
+    const BIG: i64 = 40_000;
+    let mut gen = Generator::new(11);
+    let states = pendulum_states(BIG, &mut gen);
+    let actions: Vec<Tensor> = (0..5).map(|_| pendulum_actions(BIG, &mut gen)).collect();
+    let tensor = pendulum_steps(&states, &actions, 0, BIG);
+    for (lo, len) in [(0, 20_000), (20_000, 20_000), (0, 65), (0, 64), (7, 1)] {
+        let host = pendulum_steps(&states, &actions, lo, len);
+        for (t, ((ts, to, tr), (hs, ho, hr))) in tensor.iter().zip(&host).enumerate() {
+            let (ts, to, tr) = (
+                ts.narrow(0, lo, len),
+                to.narrow(0, lo, len),
+                tr.narrow(0, lo, len),
+            );
+            let (ds, d_o, dr) = (max_diff(&ts, hs), max_diff(&to, ho), max_diff(&tr, hr));
+            assert!(
+                ds <= 1e-9 && d_o <= 1e-6 && dr <= 1e-6,
+                "host batch {len} at {lo}, step {t}: state off by {ds:e}, observation by \
+                 {d_o:e}, reward by {dr:e}"
+            );
+            assert_eq!(
+                (hs.kind(), ho.kind(), hr.kind()),
+                (Kind::Double, Kind::Float, Kind::Float)
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------ rollout stacking
+
+#[test]
+fn rollout_stacks_like_a_plain_stack() {
+    // W2's setup, smaller: a batched Pendulum with RewardScaling, no auto reset. The stack
+    // copies each step's root observation/state/done/terminated from the previous step's
+    // "next" entries (the same tensors) instead of stacking them again; the result must be
+    // what stacking every leaf of the steps gives.
+    let make = || {
+        TransformedEnv::new(PendulumEnv::new(&[300], CPU).expect("env"))
+            .expect("transformed")
+            .with(RewardScaling::new(0.0, 0.1).expect("transform"))
+            .expect("with")
+    };
+    let steps_n = 30;
+    let mut env = make();
+    env.set_seed(5).expect("seed");
+    let cfg = RolloutConfig {
+        auto_reset: Some(false),
+        break_when_any_done: Some(false),
+        tensordict: Some(env.reset(None).expect("reset")),
+        ..Default::default()
+    };
+    let traj = env.rollout(steps_n, None, &cfg).expect("rollout");
+    // The same steps by hand.
+    let mut env = make();
+    env.set_seed(5).expect("seed");
+    let mut td = env.reset(None).expect("reset");
+    let mut steps = Vec::new();
+    for _ in 0..steps_n {
+        td = env.rand_action(Some(td)).expect("rand_action");
+        let (stepped, root) = env.step_and_maybe_reset(td).expect("step");
+        steps.push(stepped);
+        td = root;
+    }
+    assert_eq!(traj.batch_size(), &[300, steps_n as i64]);
+    assert_eq!(traj.keys(true, false), steps[0].keys(true, false));
+    for (key, got) in traj.leaves() {
+        let parts: Vec<Tensor> = steps
+            .iter()
+            .map(|s| s.get(&key).expect("leaf").shallow_clone())
+            .collect();
+        let want = Tensor::stack(&parts, 1);
+        assert!(got.is_contiguous(), "{key} is not contiguous");
+        assert_eq!(
+            (got.size(), got.kind()),
+            (want.size(), want.kind()),
+            "{key}"
+        );
+        assert!(got.equal(&want), "{key} differs from a plain stack");
+    }
+    // Copied leaves are tensors of their own.
+    let done = traj.get("done").expect("done").shallow_clone();
+    let _ = done.shallow_clone().fill_(1);
+    for key in [("next", "done"), ("next", "terminated")] {
+        assert_eq!(
+            bools(traj.get(key).expect("flag")),
+            vec![false; 300 * steps_n]
+        );
+    }
+    assert_eq!(
+        bools(traj.get("terminated").expect("flag")),
+        vec![false; 300 * steps_n]
+    );
+}
+
+#[test]
+fn stack_copies_only_leaves_that_are_the_same_views() {
+    // Tensordicts shaped like rollout steps: "prev" is the previous input's "x" (a shift),
+    // "alias" is "x" itself (a copy). The look-alikes must be stacked as usual: a transposed
+    // view of the same memory, a leaf whose first input has another dtype, leaves that
+    // require grad, and a shift that breaks at the last input.
+    let n = 5;
+    let x: Vec<Tensor> = (0..n)
+        .map(|i| Tensor::arange(9, (Kind::Float, CPU)).view([3, 3]) * (i + 1) as f64)
+        .collect();
+    let g: Vec<Tensor> = (0..n)
+        .map(|i| (Tensor::ones([3, 3], (Kind::Float, CPU)) * i as f64).set_requires_grad(true))
+        .collect();
+    let fresh = || Tensor::full([3, 3], -1.0, (Kind::Float, CPU));
+    let tds: Vec<TensorDict> = (0..n)
+        .map(|i| {
+            let prev = |v: &Vec<Tensor>| {
+                if i == 0 {
+                    fresh()
+                } else {
+                    v[i - 1].shallow_clone()
+                }
+            };
+            let mixed = if i == 0 {
+                Tensor::full([3, 3], 0.1, (Kind::Double, CPU))
+            } else {
+                x[i - 1].shallow_clone()
+            };
+            let broken = if i == n - 1 { fresh() } else { prev(&x) };
+            TensorDict::new([3])
+                .expect("td")
+                .with("x", x[i].shallow_clone())
+                .expect("set")
+                .with(("sub", "prev"), prev(&x))
+                .expect("set")
+                .with("alias", x[i].shallow_clone())
+                .expect("set")
+                .with("transposed", x[i].tr())
+                .expect("set")
+                .with("mixed", mixed)
+                .expect("set")
+                .with("g", g[i].shallow_clone())
+                .expect("set")
+                .with("g_prev", prev(&g))
+                .expect("set")
+                .with("broken", broken)
+                .expect("set")
+        })
+        .collect();
+    for dim in [0, 1, -1] {
+        let got = torchrl::stack(&tds, dim).expect("stack");
+        let d = if dim < 0 { dim + 2 } else { dim };
+        for key in got.keys(true, true) {
+            let parts: Vec<Tensor> = tds
+                .iter()
+                .map(|t| t.get(&key).expect("leaf").shallow_clone())
+                .collect();
+            let want = Tensor::stack(&parts, d);
+            let t = got.get(&key).expect("leaf");
+            assert_eq!(
+                (t.size(), t.kind()),
+                (want.size(), want.kind()),
+                "{key}, dim {dim}"
+            );
+            assert!(t.is_contiguous(), "{key}, dim {dim}: not contiguous");
+            assert_eq!(t.requires_grad(), want.requires_grad(), "{key}, dim {dim}");
+            assert!(
+                t.equal(&want),
+                "{key}, dim {dim}: differs from a plain stack"
+            );
+        }
+        // The copy does not share memory with its source.
+        let alias = got.get("alias").expect("alias").shallow_clone();
+        let _ = alias.shallow_clone().fill_(7.0);
+        assert!(!got.get("x").expect("x").equal(&alias));
     }
 }

@@ -81,8 +81,11 @@ const L: f64 = 1.0;
 /// Gymnasium's `Pendulum-v1`, batched. See the module docs.
 pub struct PendulumEnv {
     core: EnvCore,
-    /// `[*B, 2]` float64: `[θ, θ̇]`.
+    /// `[*B, 2]` float64: `[θ, θ̇]`. Never written in place (each step and reset sets a new
+    /// tensor), so the host mirror in `host` stays valid until the state is replaced.
     state: Tensor,
+    /// The host step's mirror of `state` (`None` until a host step, and after a reset).
+    host: Option<HostState>,
 }
 
 impl PendulumEnv {
@@ -108,7 +111,11 @@ impl PendulumEnv {
             .with_device(device)?;
         let core = EnvCore::new(specs)?;
         let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
-        Ok(PendulumEnv { core, state })
+        Ok(PendulumEnv {
+            core,
+            state,
+            host: None,
+        })
     }
 
     /// The current state `[θ, θ̇]` (`[*B, 2]`, float64), a copy.
@@ -142,50 +149,241 @@ impl PendulumEnv {
 }
 
 impl PendulumEnv {
-    /// The step for small batches on the CPU: the same arithmetic as the tensor path (float64
-    /// dynamics, gymnasium's float32 rounding points), done on host values. One read of the
-    /// actions and the state and four tensor constructions replace ~25 libtorch ops, whose
-    /// fixed per-op cost (about 1.5 µs each here) dominates a step of a handful of pendulums.
+    /// The step on host values (CPU batches up to [`HOST_PATH_MAX`]): the same arithmetic as
+    /// the tensor path (float64 dynamics, gymnasium's float32 rounding points) on plain `f64`s.
+    /// One read of the actions and five tensor constructions replace ~25 libtorch ops, whose
+    /// fixed cost (1–2 µs each) dominates a step up to thousands of pendulums: at 1024
+    /// pendulums this step takes ~25 µs, the tensor step ~45 µs.
+    ///
+    /// The trigonometry is one [`sin_cos`] of the new angles (the observation needs both; the
+    /// sines are kept in [`HostState`] for the next step's `sin θ`) and the angle
+    /// normalisation avoids `fmod` ([`rem_tau`]).
     fn step_host(&mut self, action: &Tensor) -> Result<TensorDict> {
-        let specs = self.core.specs();
-        let batch = specs.batch_size().to_vec();
-        let u: Vec<f32> = Vec::<f32>::try_from(action.f_reshape([-1])?)?;
-        let st: Vec<f64> = Vec::<f64>::try_from(self.state.f_reshape([-1])?)?;
-        let n = u.len();
+        let batch = self.core.specs().batch_size().to_vec();
+        let n = action.numel();
+        let u: Vec<f32> = read_host(action, n)?;
+        let prev = match self.host.take() {
+            Some(h) => h,
+            None => HostState::read(&self.state)?,
+        };
         let mut state = Vec::with_capacity(2 * n);
-        let mut obs = Vec::with_capacity(3 * n);
-        let mut reward = Vec::with_capacity(n);
-        for (ui, s) in u.iter().zip(st.chunks_exact(2)) {
+        let mut new_th = Vec::with_capacity(n);
+        // The float32 outputs are written as bytes for `Tensor::f_from_data_size`.
+        let mut reward = vec![0u8; 4 * n];
+        let rows = u
+            .iter()
+            .zip(prev.state.chunks_exact(2))
+            .zip(&prev.sin_th)
+            .zip(reward.chunks_exact_mut(4));
+        for (((ui, s), sin_th), r) in rows {
             let [th, thdot] = [s[0], s[1]];
+            // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
             let ui = ui.clamp(-MAX_TORQUE as f32, MAX_TORQUE as f32);
             let torque_term = f64::from(ui * (3.0 / (M * L * L)) as f32);
             let torque_cost = f64::from(ui * ui * 0.001f32);
-            let norm = (th + PI).rem_euclid(2.0 * PI) - PI;
+            let norm = rem_tau(th + PI) - PI;
             let cost = norm * norm + thdot * thdot * 0.1 + torque_cost;
-            let accel = th.sin() * (3.0 * G / (2.0 * L)) + torque_term;
-            let new_thdot = (thdot + accel * DT).clamp(-MAX_SPEED, MAX_SPEED);
-            let new_th = th + new_thdot * DT;
-            state.extend_from_slice(&[new_th, new_thdot]);
-            obs.extend_from_slice(&[new_th.cos() as f32, new_th.sin() as f32, new_thdot as f32]);
-            reward.push(-cost as f32);
+            let accel = sin_th * (3.0 * G / (2.0 * L)) + torque_term;
+            let thdot = (thdot + accel * DT).clamp(-MAX_SPEED, MAX_SPEED);
+            let th = th + thdot * DT;
+            state.extend_from_slice(&[th, thdot]);
+            new_th.push(th);
+            r.copy_from_slice(&(-cost as f32).to_ne_bytes());
+        }
+        let (sin, cos) = sin_cos(&new_th)?;
+        let mut obs = vec![0u8; 12 * n];
+        let rows = obs
+            .chunks_exact_mut(12)
+            .zip(&cos)
+            .zip(&sin)
+            .zip(state.chunks_exact(2));
+        for (((o, c), s), st) in rows {
+            o[..4].copy_from_slice(&(*c as f32).to_ne_bytes());
+            o[4..8].copy_from_slice(&(*s as f32).to_ne_bytes());
+            o[8..].copy_from_slice(&(st[1] as f32).to_ne_bytes());
         }
         let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
         let b2: Vec<i64> = [batch.as_slice(), &[2]].concat();
         let b3: Vec<i64> = [batch.as_slice(), &[3]].concat();
-        self.state = host_tensor(&state, &b2)?;
+        // Two tensors from one set of bytes: the returned state must not alias the env's.
+        let state_bytes = f64_bytes(&state);
+        self.state = Tensor::f_from_data_size(&state_bytes, &b2, Kind::Double)?;
+        self.host = Some(HostState { state, sin_th: sin });
         let done = host_tensor(&vec![false; n], &b1)?;
         TensorDict::new(&batch)?
-            .with("observation", host_tensor(&obs, &b3)?)?
-            .with(STATE_KEY, host_tensor(&state, &b2)?)?
+            .with(
+                "observation",
+                Tensor::f_from_data_size(&obs, &b3, Kind::Float)?,
+            )?
+            .with(
+                STATE_KEY,
+                Tensor::f_from_data_size(&state_bytes, &b2, Kind::Double)?,
+            )?
             .with("done", done.shallow_clone())?
             .with("terminated", done)?
-            .with("reward", host_tensor(&reward, &b1)?)
+            .with(
+                "reward",
+                Tensor::f_from_data_size(&reward, &b1, Kind::Float)?,
+            )
+    }
+
+    /// The step with tensor ops (other devices, and CPU batches above [`HOST_PATH_MAX`]).
+    ///
+    /// Written for few ops (each costs 1–2 µs at 1024 pendulums on the CPU, more than its
+    /// arithmetic): in-place ops on fresh buffers, the float32 → float64 casts left to type
+    /// promotion (exact, as the explicit casts were), the negated cost built from negated
+    /// terms (IEEE negation is exact, so `-(0.1 θ̇²) - norm²` is `-(norm² + 0.1 θ̇²)` bit for
+    /// bit) and written to the float32 reward by its last op, and the new state and
+    /// observation columns written in place by `out=` ops instead of `cat`s.
+    fn step_tensor(&mut self, a: &Tensor) -> Result<TensorDict> {
+        let specs = self.core.specs();
+        let batch = specs.batch_size();
+        let dev = specs.device();
+        let b1: Vec<i64> = [batch, &[1]].concat();
+        let b2: Vec<i64> = [batch, &[2]].concat();
+        let b3: Vec<i64> = [batch, &[3]].concat();
+        // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
+        let u = a.f_clamp(-MAX_TORQUE, MAX_TORQUE)?;
+        let torque_term = u.f_mul_scalar(3.0 / (M * L * L))?;
+        let torque_cost = u.f_square()?.f_mul_scalar_(0.001)?;
+        let th = self.state.f_narrow(-1, 0, 1)?;
+        let thdot = self.state.f_narrow(-1, 1, 1)?;
+        // angle_normalize(th) = ((th + pi) % (2 pi)) - pi
+        let norm = th
+            .f_add_scalar(PI)?
+            .f_remainder_(2.0 * PI)?
+            .f_sub_scalar_(PI)?;
+        // reward = -(norm² + 0.1 θ̇² + 0.001 u²) = (-(0.1 θ̇²) - norm²) - 0.001 u², in float64
+        // and rounded once to float32 by the `sub_out` into the float32 buffer.
+        let reward = thdot
+            .f_square()?
+            .f_mul_scalar_(-0.1)?
+            .f_sub_(&norm.f_square()?)?
+            .f_sub_out(
+                &Tensor::f_empty(b1.as_slice(), (Kind::Float, dev))?,
+                &torque_cost,
+            )?;
+        // new θ̇ = clip(θ̇ + (15 sin θ + 3u) dt, -8, 8), written into the new state's column.
+        let state = Tensor::f_empty(b2.as_slice(), (Kind::Double, dev))?;
+        let new_thdot = th
+            .f_sin()?
+            .f_mul_scalar_(3.0 * G / (2.0 * L))?
+            .f_add_(&torque_term)?
+            .f_mul_scalar_(DT)?
+            .f_add_(&thdot)?
+            .f_clamp_out(&state.f_narrow(-1, 1, 1)?, -MAX_SPEED, MAX_SPEED)?;
+        let new_th = th.f_add_out(&state.f_narrow(-1, 0, 1)?, &new_thdot.f_mul_scalar(DT)?)?;
+        // observation = [cos θ, sin θ, θ̇] in float64, then one cast to float32.
+        let obs = Tensor::f_empty(b3.as_slice(), (Kind::Double, dev))?;
+        let _ = new_th.f_cos_out(&obs.f_narrow(-1, 0, 1)?)?;
+        let _ = new_th.f_sin_out(&obs.f_narrow(-1, 1, 1)?)?;
+        obs.f_narrow(-1, 2, 1)?.f_copy_(&new_thdot)?;
+        let done = Tensor::f_zeros(b1.as_slice(), (Kind::Bool, dev))?;
+        let td = TensorDict::new(batch)?
+            .with("observation", obs.f_to_kind(Kind::Float)?)?
+            .with(STATE_KEY, state.f_detach_copy()?)?
+            .with("done", done.shallow_clone())?
+            .with("terminated", done)?
+            .with("reward", reward)?;
+        self.state = state;
+        Ok(td)
     }
 }
 
-/// Batches of at most this many pendulums on the CPU step on host values (see
-/// `PendulumEnv::step_host`); larger batches and other devices step with tensor ops.
-const HOST_PATH_MAX: usize = 64;
+/// The host step's copy of the state and of `sin θ`. Valid while it mirrors
+/// [`PendulumEnv`]'s `state` tensor: the host step replaces both, and everything else that sets
+/// the state (resets, the tensor step) drops it.
+struct HostState {
+    /// `[θ₀, θ̇₀, θ₁, θ̇₁, …]`: the values of the state tensor.
+    state: Vec<f64>,
+    /// `sin θᵢ`, from the step that produced `θᵢ` (it computed `sin_cos(θᵢ)` for the
+    /// observation), so a step costs one `sin_cos` per pendulum instead of a `sin` and a
+    /// `sin_cos`.
+    sin_th: Vec<f64>,
+}
+
+impl HostState {
+    /// Reads a `[*B, 2]` float64 CPU state tensor (after a reset: once per episode).
+    fn read(state: &Tensor) -> Result<Self> {
+        let state: Vec<f64> = read_host(state, state.numel())?;
+        let th: Vec<f64> = state.iter().step_by(2).copied().collect();
+        let (sin_th, _) = sin_cos(&th)?;
+        Ok(HostState { state, sin_th })
+    }
+}
+
+/// Batches of more than this many angles take their sines and cosines from libtorch's
+/// vectorized `sin` and `cos` (MKL VML or SLEEF, ≤ 1 ulp), smaller ones from libm's `sin_cos`
+/// (≤ 1 ulp). Each batch size thus keeps the trigonometry it had when only batches of up to 64
+/// pendulums stepped on host values: the tensor step's kernels above 64 (so the host step gives
+/// the tensor step's results bit for bit there), libm up to 64. At 1024 angles with the spread
+/// of a rollout, libm costs ~12–25 ns per angle (its range reduction branches defeat the branch
+/// predictor), the two tensor ops and the copies ~5 µs in all.
+const LIBM_TRIG_MAX: usize = 64;
+
+/// `(sin θ, cos θ)` for each angle in `th` (see [`LIBM_TRIG_MAX`]).
+fn sin_cos(th: &[f64]) -> Result<(Vec<f64>, Vec<f64>)> {
+    if th.len() <= LIBM_TRIG_MAX {
+        return Ok(th.iter().map(|x| x.sin_cos()).unzip());
+    }
+    let t = Tensor::f_from_slice(th)?;
+    Ok((
+        read_host(&t.f_sin()?, th.len())?,
+        read_host(&t.f_cos()?, th.len())?,
+    ))
+}
+
+/// The `n` values of a CPU tensor of dtype `T`, in row-major order. One copy; unlike
+/// `Vec::try_from`, no `reshape` and no `to_kind` op (~0.5 µs each).
+fn read_host<T: tch::kind::Element + Copy>(t: &Tensor, n: usize) -> Result<Vec<T>> {
+    let mut out = vec![T::ZERO; n];
+    t.f_copy_data(&mut out, n)?;
+    Ok(out)
+}
+
+/// `x.rem_euclid(2π)`, which is gymnasium's `x % (2 * pi)` and torch's `remainder`: the exact
+/// `f = fmod(x, 2π)`, plus 2π (rounded) when `f < 0`. `%` on `f64` is compiler-builtins'
+/// bit-by-bit software `fmod` (~6 ns, the largest cost of a host step after the trigonometry);
+/// this is one division and one fused multiply-add, with the same result (up to the sign of a
+/// zero, which the caller's `- π` erases). Checked bit for bit by the tests below.
+///
+/// Why: `q = trunc(x / 2π)` from the rounded quotient is the true truncated quotient `q₀`, or
+/// (rounding is monotonic and integers are representable) one more in magnitude when `x / 2π`
+/// lies within half an ulp below the next integer, which puts `|f|` above π (for `|q| < 2^52`).
+/// `r = fma(-q, 2π, x)` rounds the exact `x - q·2π` once. With `q₀` that is `f`, representable,
+/// so `r = f`, and `r + 2π` when `r < 0` is `remainder`'s own rounded addition. With one more,
+/// `f ∓ 2π` is representable (Sterbenz), so `r` is exact: for `x ≥ 0`, `r = f - 2π < 0` and
+/// `r + 2π = f` exactly; for `x < 0`, `r = f + 2π > 0`, which is `remainder`'s result, exact.
+/// So in every case: `r + 2π` if `r < 0`, else `r`. From `|x| ≥ 2^40` on (and for non-finite
+/// `x`) it falls back to `rem_euclid`.
+fn rem_tau(x: f64) -> f64 {
+    const TAU: f64 = 2.0 * PI;
+    if x.abs() < 1_099_511_627_776.0 {
+        // `as i64` truncates toward zero in one instruction (`f64::trunc` is a libm call on
+        // baseline x86-64), exactly here (|x / 2π| < 2^38).
+        let q = (x / TAU) as i64 as f64;
+        let r = (-q).mul_add(TAU, x);
+        // A select, not a branch: the sign of `r` is random from one pendulum to the next, and
+        // a mispredicted branch here cost ~3 µs per 1024 pendulums.
+        r + if r < 0.0 { TAU } else { 0.0 }
+    } else {
+        x.rem_euclid(TAU)
+    }
+}
+
+/// The native-endian bytes of `values`, for `Tensor::f_from_data_size` (shape and dtype in the
+/// same call, no `reshape` op), written with fixed-size stores.
+fn f64_bytes(values: &[f64]) -> Vec<u8> {
+    let mut out = vec![0u8; 8 * values.len()];
+    for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
+        chunk.copy_from_slice(&v.to_ne_bytes());
+    }
+    out
+}
+
+/// CPU batches of at most this many pendulums step on host values (`PendulumEnv::step_host`);
+/// larger batches and other devices step with tensor ops (`PendulumEnv::step_tensor`).
+const HOST_PATH_MAX: usize = 32_768;
 
 impl EnvBase for PendulumEnv {
     fn core(&self) -> &EnvCore {
@@ -207,6 +405,7 @@ impl EnvBase for PendulumEnv {
             None
         };
         self.state = plan.new_state(&self.state, fresh)?;
+        self.host = None;
         self.output(None)
     }
 
@@ -216,34 +415,11 @@ impl EnvBase for PendulumEnv {
         let b1: Vec<i64> = [specs.batch_size(), &[1]].concat();
         let a = read_action(op, td, &b1, ActionKind::Continuous, specs.device())?;
         if specs.device() == Device::Cpu && a.numel() <= HOST_PATH_MAX {
-            return self.step_host(&a);
+            self.step_host(&a)
+        } else {
+            self.host = None;
+            self.step_tensor(&a)
         }
-        // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
-        let u = a.f_clamp(-MAX_TORQUE, MAX_TORQUE)?;
-        let torque_term = u.f_mul_scalar(3.0 / (M * L * L))?.f_to_kind(Kind::Double)?;
-        let torque_cost = u.f_square()?.f_mul_scalar(0.001)?.f_to_kind(Kind::Double)?;
-        let th = self.state.f_narrow(-1, 0, 1)?;
-        let thdot = self.state.f_narrow(-1, 1, 1)?;
-        // angle_normalize(th) = ((th + pi) % (2 pi)) - pi
-        let norm = th
-            .f_add_scalar(PI)?
-            .f_remainder(2.0 * PI)?
-            .f_sub_scalar(PI)?;
-        let costs = norm
-            .f_square()?
-            .f_add(&thdot.f_square()?.f_mul_scalar(0.1)?)?
-            .f_add(&torque_cost)?;
-        let accel = th
-            .f_sin()?
-            .f_mul_scalar(3.0 * G / (2.0 * L))?
-            .f_add(&torque_term)?;
-        let new_thdot = thdot
-            .f_add(&accel.f_mul_scalar(DT)?)?
-            .f_clamp(-MAX_SPEED, MAX_SPEED)?;
-        let new_th = th.f_add(&new_thdot.f_mul_scalar(DT)?)?;
-        self.state = Tensor::f_cat(&[new_th, new_thdot], -1)?;
-        let reward = costs.f_neg()?.f_to_kind(Kind::Float)?;
-        self.output(Some(reward))
     }
 }
 
@@ -412,4 +588,55 @@ pub(super) fn reset_plan(
         mask,
         state: Some(state),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `rem_tau` against `rem_euclid` (the exact `fmod` and the `remainder` rule), after the
+    /// `- π` of `angle_normalize`, bit for bit: random angles, angles within a few ulps of
+    /// multiples of 2π (where the rounded quotient is off by one), tiny and huge ones.
+    #[test]
+    fn rem_tau_is_rem_euclid() {
+        const TAU: f64 = 2.0 * PI;
+        let mut g = Generator::new(7);
+        let mut xs = vec![
+            0.0,
+            -0.0,
+            TAU,
+            -TAU,
+            PI,
+            -PI,
+            1e-300,
+            -1e-300,
+            f64::MIN_POSITIVE,
+        ];
+        xs.extend([1e12, -1e12, 1.0995e12, f64::MAX, f64::NAN, f64::INFINITY]);
+        for _ in 0..200_000 {
+            let scale = [1.0, 10.0, 100.0, 1e4, 1e8, 1e11][(g.next_u64() % 6) as usize];
+            xs.push((g.next_f64() * 2.0 - 1.0) * scale);
+        }
+        for k in (-2_000_000i64..=2_000_000).step_by(997) {
+            let m = k as f64 * TAU;
+            let mut x = m;
+            for _ in 0..4 {
+                x = x.next_up();
+                xs.push(x);
+            }
+            x = m;
+            for _ in 0..4 {
+                x = x.next_down();
+                xs.push(x);
+            }
+            xs.push(m);
+        }
+        for x in xs {
+            let (got, want) = (rem_tau(x) - PI, x.rem_euclid(TAU) - PI);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "rem_tau({x:e}) - π = {got:e}, rem_euclid gives {want:e}"
+            );
+        }
+    }
 }
