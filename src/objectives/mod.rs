@@ -4,7 +4,8 @@
 //!   the keys machinery: keys structs ([`AcceptedKeys`], [`accepted_keys!`](crate::accepted_keys))
 //!   settable by name with TorchRL's `set_keys` rules, and their forwarding to a value
 //!   estimator.
-//! - [`ppo`]: PPO's clipped-surrogate loss ([`ClipPPOLoss`]).
+//! - [`ppo`]: PPO's clipped-surrogate loss ([`ClipPPOLoss`]) and its KL-penalty variant
+//!   ([`KLPENPPOLoss`]).
 //! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
 //!   [`reward_model_loss`]).
 //! - [`value`]: value estimators ([`value::Gae`], [`value::TdLambdaEstimator`]) and their
@@ -38,7 +39,9 @@ pub use common::{
     forward_value_estimator_keys, set_estimator_keys, set_loss_keys, AcceptedKeys, LossModule,
     LossOutput, Reduction, VALUE_ESTIMATOR_KEYS,
 };
-pub use ppo::{ClipPPOLoss, CriticLossType, PpoKeys, PpoLossOutput};
+pub use ppo::{
+    ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPenPpoLossOutput, PpoKeys, PpoLossOutput,
+};
 pub use reward_model::{
     reward_model_loss, RewardModelKeys, RewardModelLoss, RewardModelLossOutput, ScoreFn,
     ScoreNetwork,

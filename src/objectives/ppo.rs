@@ -1,5 +1,9 @@
 //! Proximal policy optimisation: [`ClipPPOLoss`], TorchRL's clipped-surrogate PPO loss
-//! (`torchrl.objectives.ClipPPOLoss`, 0.14.1).
+//! (`torchrl.objectives.ClipPPOLoss`, 0.14.1), and [`KLPENPPOLoss`], its KL-penalty variant
+//! (`torchrl.objectives.KLPENPPOLoss`), which replaces the clipped surrogate with
+//! `-(exp(lw)·A - β·KL(π_old ‖ π))` and adapts `β` towards a target KL after every call.
+//! Both share everything else (advantage handling, entropy bonus, critic loss, keys, value
+//! estimator).
 //!
 //! For a batch of transitions collected by an older policy `π_old` (whose log-probabilities are
 //! stored under `sample_log_prob`), with advantages `A`:
@@ -57,13 +61,14 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::actors::ProbabilisticActor;
-use crate::modules::distributions::Distribution;
+use crate::modules::distributions::{kl_divergence, Distribution};
 use crate::modules::module::TensorDictModule;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -72,6 +77,7 @@ use super::common::{forward_value_estimator_keys, LossModule, LossOutput, Reduct
 use super::value::{Gae, ValueEstimator};
 
 const NAME: &str = "ClipPPOLoss";
+const KLPEN_NAME: &str = "KLPENPPOLoss";
 
 crate::accepted_keys! {
     /// The keys of [`ClipPPOLoss`] (TorchRL's `PPOLoss._AcceptedKeys`, 0.14.1 defaults).
@@ -114,11 +120,11 @@ pub enum CriticLossType {
 
 impl CriticLossType {
     /// The element-wise distance between `target` and `value` (same shapes required).
-    fn distance(self, target: &Tensor, value: &Tensor) -> Result<Tensor> {
+    fn distance(self, op: &'static str, target: &Tensor, value: &Tensor) -> Result<Tensor> {
         let (ts, vs) = (target.size(), value.size());
         if ts != vs {
             return Err(Error::invalid(
-                NAME,
+                op,
                 format!(
                     "the value target and the critic's value have shapes {} and {}, which \
                      are incompatible",
@@ -223,32 +229,68 @@ impl LossOutput for PpoLossOutput {
     }
 }
 
-/// TorchRL's `ClipPPOLoss` (see the [module docs](self)).
-///
-/// What [`forward`](LossModule::forward) does:
-/// 1. Reads the advantage, or runs the value estimator on a copy of the input (see
-///    [`ClipPPOLoss::make_value_estimator`]).
-/// 2. With `normalize_advantage` (and more than one element):
-///    `A ← (A - mean(A)) / max(std(A), 1e-6)` (unbiased std, every element).
-/// 3. `lw = (actor.get_dist(td).log_prob(td[action]) - td[sample_log_prob]).unsqueeze(-1)`;
-///    a `[*B, 1]` advantage is expanded over extra per-token dims of `lw`, and a broadcast
-///    that would form an outer product (a `[B]` advantage against `[B, 1]`) is an error.
-/// 4. The clipped surrogate, the entropy bonus, the critic loss and the diagnostics; each
-///    `loss_*` is reduced with the reduction, then its trailing singleton dim squeezed.
+/// The output of [`KLPENPPOLoss`] (TorchRL's output tensordict, typed).
 ///
 /// # Shapes
-/// - input: a tensordict of batch size `[*B]` with the actor's and critic's inputs, `action`,
-///   `sample_log_prob` (`[*B]`, or `[*B, A]` for a per-dimension log-prob), `advantage` and
-///   `value_target` (`[*B, 1]`), and with `clip_value` the old `value` (`[*B, 1]`).
-/// - output: see [`PpoLossOutput`].
-///
-/// # Errors
-/// A missing entry (the error names the key), a stored log-prob that requires grad, a critic
-/// that does not write `value`, value/target shape mismatch, or an outer-product broadcast.
-pub struct ClipPPOLoss {
+/// `loss_*` as in [`PpoLossOutput`]; `kl` unreduced, `[*B, 1]` (or `[*B, A, 1]`);
+/// `kl_approx` and `entropy` `[]`; `explained_variance` `[1]` for `[B, 1]` values.
+#[derive(Debug)]
+pub struct KlPenPpoLossOutput {
+    /// `-(exp(lw)·A - β·kl)`, reduced.
+    pub loss_objective: Tensor,
+    /// `-entropy_coeff · entropy`, reduced; `None` without the entropy bonus.
+    pub loss_entropy: Option<Tensor>,
+    /// `critic_coeff · distance`, reduced; `None` without a critic (or with `critic_coeff = 0`).
+    pub loss_critic: Option<Tensor>,
+    /// `KL(π_old ‖ π)` per sample (detached, not reduced).
+    pub kl: Tensor,
+    /// `mean(log π_old - log π)` (detached).
+    pub kl_approx: Tensor,
+    /// The mean entropy (detached); `None` without the entropy bonus.
+    pub entropy: Option<Tensor>,
+    /// The fraction of values clipped by `clip_value` (detached); `None` without it.
+    pub value_clip_fraction: Option<Tensor>,
+    /// `1 - var(target - V) / (var(target) + eps)` over dim 0 (detached); `None` without a
+    /// critic loss.
+    pub explained_variance: Option<Tensor>,
+    /// The β this call used (the loss's β has since been adapted). Not one of TorchRL's
+    /// outputs, so not in [`metrics`](LossOutput::metrics).
+    pub beta: f64,
+}
+
+impl LossOutput for KlPenPpoLossOutput {
+    fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut terms = vec![("loss_objective", &self.loss_objective)];
+        if let Some(t) = &self.loss_entropy {
+            terms.push(("loss_entropy", t));
+        }
+        if let Some(t) = &self.loss_critic {
+            terms.push(("loss_critic", t));
+        }
+        terms
+    }
+
+    fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut m = vec![("kl", &self.kl), ("kl_approx", &self.kl_approx)];
+        if let Some(t) = &self.entropy {
+            m.push(("entropy", t));
+        }
+        if let Some(t) = &self.value_clip_fraction {
+            m.push(("value_clip_fraction", t));
+        }
+        if let Some(t) = &self.explained_variance {
+            m.push(("explained_variance", t));
+        }
+        m
+    }
+}
+
+/// The state and the settings every PPO loss shares (TorchRL's `PPOLoss` base): the networks,
+/// the entropy and critic terms, advantage handling, keys and the value estimator.
+struct PpoBase {
+    name: &'static str,
     actor: ProbabilisticActor,
     critic: Option<Box<dyn TensorDictModule>>,
-    clip_epsilon: f64,
     entropy_bonus: bool,
     entropy_coeff: f64,
     samples_mc_entropy: i64,
@@ -261,67 +303,27 @@ pub struct ClipPPOLoss {
     in_keys: Vec<NestedKey>,
     value_estimator: Option<Box<dyn ValueEstimator + Send>>,
     gen: Mutex<Generator>,
+    /// Whether the distribution's parameter keys are inputs (KLPEN reads the behaviour
+    /// policy's parameters from the data).
+    reads_dist_params: bool,
 }
 
-impl fmt::Debug for ClipPPOLoss {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(NAME)
-            .field("actor", &self.actor)
-            .field("critic", &self.critic.as_ref().map(|c| c.out_keys()))
-            .field("clip_epsilon", &self.clip_epsilon)
-            .field("entropy_bonus", &self.entropy_bonus)
-            .field("entropy_coeff", &self.entropy_coeff)
-            .field("critic_coeff", &self.critic_coeff)
-            .field("loss_critic_type", &self.loss_critic_type)
-            .field("clip_value", &self.clip_value)
-            .field("normalize_advantage", &self.normalize_advantage)
-            .field("reduction", &self.reduction)
-            .field("keys", &self.keys)
-            .field(
-                "value_estimator",
-                &self.value_estimator.as_ref().map(|e| e.name()),
-            )
-            .finish_non_exhaustive()
-    }
-}
-
-fn bad(message: impl Into<String>) -> Error {
-    Error::invalid(NAME, message.into())
-}
-
-fn check_coeff(what: &str, v: f64) -> Result<f64> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(bad(format!("{what} must be finite and >= 0, got {v}")))
-    }
-}
-
-impl ClipPPOLoss {
-    /// A loss with an actor and a critic (any module writing `state_value`), with TorchRL's
-    /// defaults: `clip_epsilon = 0.2`, entropy bonus on with `entropy_coeff = 0.01` (one
-    /// Monte-Carlo sample when the entropy has no closed form), `critic_coeff = 1.0`,
-    /// smooth-L1 critic loss, no value clipping, no advantage normalisation,
-    /// [`Reduction::Mean`]. The `action` and `sample_log_prob` keys are taken from the actor.
-    pub fn new(actor: ProbabilisticActor, critic: impl TensorDictModule + 'static) -> Self {
-        Self::build(actor, Some(Box::new(critic)))
-    }
-
-    /// A loss without a critic: no `loss_critic`, and the advantage must be in the input.
-    pub fn without_critic(actor: ProbabilisticActor) -> Self {
-        Self::build(actor, None)
-    }
-
-    fn build(actor: ProbabilisticActor, critic: Option<Box<dyn TensorDictModule>>) -> Self {
+impl PpoBase {
+    fn new(
+        name: &'static str,
+        actor: ProbabilisticActor,
+        critic: Option<Box<dyn TensorDictModule>>,
+        reads_dist_params: bool,
+    ) -> Self {
         let keys = PpoKeys {
             action: actor.action_key().clone(),
             sample_log_prob: actor.log_prob_key(),
             ..PpoKeys::default()
         };
-        let mut loss = ClipPPOLoss {
+        let mut base = PpoBase {
+            name,
             actor,
             critic,
-            clip_epsilon: 0.2,
             entropy_bonus: true,
             entropy_coeff: 0.01,
             samples_mc_entropy: 1,
@@ -334,146 +336,47 @@ impl ClipPPOLoss {
             in_keys: Vec::new(),
             value_estimator: None,
             gen: Mutex::new(Generator::new(0)),
+            reads_dist_params,
         };
-        loss.in_keys = loss.compute_in_keys(&loss.keys);
-        loss
+        base.in_keys = base.compute_in_keys(&base.keys);
+        base
     }
 
-    /// The clip ε: log-weights are clamped to `[ln(1-ε), ln(1+ε)]`. Errors unless
-    /// `0 < ε < 1` (ε ≥ 1 makes the lower bound `ln(≤0)`, NaN in TorchRL).
-    pub fn with_clip_epsilon(mut self, clip_epsilon: f64) -> Result<Self> {
-        if clip_epsilon.is_nan() || clip_epsilon <= 0.0 || clip_epsilon >= 1.0 {
-            return Err(bad(format!(
-                "clip_epsilon must be in (0, 1), got {clip_epsilon}"
-            )));
+    fn bad(&self, message: impl Into<String>) -> Error {
+        Error::invalid(self.name, message.into())
+    }
+
+    fn check_coeff(&self, what: &str, v: f64) -> Result<f64> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(self.bad(format!("{what} must be finite and >= 0, got {v}")))
         }
-        self.clip_epsilon = clip_epsilon;
-        Ok(self)
     }
 
-    /// Whether the entropy bonus is added (default `true`).
-    pub fn with_entropy_bonus(mut self, entropy_bonus: bool) -> Self {
-        self.entropy_bonus = entropy_bonus;
-        self
+    fn debug_fields(&self, d: &mut fmt::DebugStruct<'_, '_>) {
+        d.field("actor", &self.actor)
+            .field("critic", &self.critic.as_ref().map(|c| c.out_keys()))
+            .field("entropy_bonus", &self.entropy_bonus)
+            .field("entropy_coeff", &self.entropy_coeff)
+            .field("critic_coeff", &self.critic_coeff)
+            .field("loss_critic_type", &self.loss_critic_type)
+            .field("clip_value", &self.clip_value)
+            .field("normalize_advantage", &self.normalize_advantage)
+            .field("reduction", &self.reduction)
+            .field("keys", &self.keys)
+            .field(
+                "value_estimator",
+                &self.value_estimator.as_ref().map(|e| e.name()),
+            );
     }
 
-    /// The entropy coefficient (TorchRL's `entropy_coeff`, default 0.01). Errors when
-    /// negative or not finite.
-    pub fn with_entropy_coeff(mut self, coeff: f64) -> Result<Self> {
-        self.entropy_coeff = check_coeff("entropy_coeff", coeff)?;
-        Ok(self)
+    fn has_critic(&self) -> bool {
+        self.critic.is_some() && self.critic_coeff > 0.0
     }
 
-    /// The number of samples of the Monte-Carlo entropy estimate (default 1). Errors when
-    /// `< 1`.
-    pub fn with_samples_mc_entropy(mut self, n: i64) -> Result<Self> {
-        if n < 1 {
-            return Err(bad(format!("samples_mc_entropy must be >= 1, got {n}")));
-        }
-        self.samples_mc_entropy = n;
-        Ok(self)
-    }
-
-    /// Reseeds the generator of the Monte-Carlo entropy estimate (default seed 0).
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.gen = Mutex::new(Generator::new(seed));
-        self
-    }
-
-    /// The critic coefficient (TorchRL's `critic_coeff`, default 1.0); `0` disables the
-    /// critic loss. Errors when negative or not finite.
-    pub fn with_critic_coeff(mut self, coeff: f64) -> Result<Self> {
-        self.critic_coeff = check_coeff("critic_coeff", coeff)?;
-        Ok(self)
-    }
-
-    /// The critic's distance (default [`CriticLossType::SmoothL1`]).
-    pub fn with_loss_critic_type(mut self, t: CriticLossType) -> Self {
-        self.loss_critic_type = t;
-        self
-    }
-
-    /// Clips the value prediction to `old_value ± clip_value` and keeps the larger of the
-    /// clipped and unclipped losses (`None`, the default, disables it). TorchRL's
-    /// `clip_value=True` is `with_clip_value(Some(clip_epsilon))`. Errors unless positive and
-    /// finite.
-    pub fn with_clip_value(mut self, clip_value: Option<f64>) -> Result<Self> {
-        if let Some(v) = clip_value {
-            if !v.is_finite() || v <= 0.0 {
-                return Err(bad(format!("clip_value must be finite and > 0, got {v}")));
-            }
-        }
-        self.clip_value = clip_value;
-        Ok(self)
-    }
-
-    /// Standardises the advantage before use (default `false`).
-    pub fn with_normalize_advantage(mut self, normalize: bool) -> Self {
-        self.normalize_advantage = normalize;
-        self
-    }
-
-    /// The reduction of the `loss_*` terms (default [`Reduction::Mean`]).
-    pub fn with_reduction(mut self, reduction: Reduction) -> Self {
-        self.reduction = reduction;
-        self
-    }
-
-    /// Sets the value estimator used when the advantage is absent, and forwards the loss's
-    /// keys to it (`advantage`, `value_target`, `value`, `reward`, `done`, `terminated`,
-    /// `sample_log_prob`). Without one, a default GAE (γ = 0.99, λ = 0.95) is used.
-    pub fn make_value_estimator(
-        &mut self,
-        mut estimator: Box<dyn ValueEstimator + Send>,
-    ) -> Result<()> {
-        Self::forward_keys(&self.keys, estimator.as_mut())?;
-        self.value_estimator = Some(estimator);
-        Ok(())
-    }
-
-    /// The value estimator set with [`make_value_estimator`](Self::make_value_estimator).
-    pub fn value_estimator(&self) -> Option<&(dyn ValueEstimator + Send)> {
-        self.value_estimator.as_deref()
-    }
-
-    /// The actor.
-    pub fn actor(&self) -> &ProbabilisticActor {
-        &self.actor
-    }
-
-    /// The critic, if any.
-    pub fn critic(&self) -> Option<&dyn TensorDictModule> {
-        self.critic.as_deref()
-    }
-
-    /// The clip ε.
-    pub fn clip_epsilon(&self) -> f64 {
-        self.clip_epsilon
-    }
-
-    /// The entropy coefficient.
-    pub fn entropy_coeff(&self) -> f64 {
-        self.entropy_coeff
-    }
-
-    /// The critic coefficient.
-    pub fn critic_coeff(&self) -> f64 {
-        self.critic_coeff
-    }
-
-    /// The value-clipping radius, if any.
-    pub fn clip_value(&self) -> Option<f64> {
-        self.clip_value
-    }
-
-    /// The reduction.
-    pub fn reduction(&self) -> Reduction {
-        self.reduction
-    }
-
-    /// TorchRL's `out_keys`.
-    pub fn out_keys(&self) -> Vec<&'static str> {
-        let mut k = vec!["loss_objective", "clip_fraction"];
+    /// The `out_keys` every PPO loss shares, after its own leading ones.
+    fn out_keys(&self, mut k: Vec<&'static str>) -> Vec<&'static str> {
         if self.entropy_bonus {
             k.extend(["entropy", "loss_entropy"]);
         }
@@ -483,12 +386,7 @@ impl ClipPPOLoss {
         if self.clip_value.is_some() {
             k.push("value_clip_fraction");
         }
-        k.extend(["ESS", "kl_approx", "max_ratio", "mean_ratio"]);
         k
-    }
-
-    fn has_critic(&self) -> bool {
-        self.critic.is_some() && self.critic_coeff > 0.0
     }
 
     fn forward_keys(keys: &PpoKeys, estimator: &mut dyn ValueEstimator) -> Result<()> {
@@ -496,6 +394,30 @@ impl ClipPPOLoss {
         if estimator.accepts_key("sample_log_prob") {
             estimator.set_keys(&[("sample_log_prob", Some(keys.sample_log_prob.clone()))])?;
         }
+        Ok(())
+    }
+
+    fn make_value_estimator(
+        &mut self,
+        mut estimator: Box<dyn ValueEstimator + Send>,
+    ) -> Result<()> {
+        Self::forward_keys(&self.keys, estimator.as_mut())?;
+        self.value_estimator = Some(estimator);
+        Ok(())
+    }
+
+    fn set_tensor_keys(&mut self, keys: PpoKeys) -> Result<()> {
+        if let Some(est) = &mut self.value_estimator {
+            // validate on a scratch copy of the estimator's keys first, so an error changes
+            // nothing
+            let saved = est.tensor_keys().clone();
+            if let Err(e) = Self::forward_keys(&keys, est.as_mut()) {
+                est.set_tensor_keys(saved)?;
+                return Err(e);
+            }
+        }
+        self.in_keys = self.compute_in_keys(&keys);
+        self.keys = keys;
         Ok(())
     }
 
@@ -524,10 +446,15 @@ impl ClipPPOLoss {
         push(keys.reward.prefixed("next"));
         push(keys.done.prefixed("next"));
         push(keys.terminated.prefixed("next"));
+        if self.reads_dist_params {
+            for k in self.actor.builder().in_keys() {
+                push(k.clone());
+            }
+        }
         out
     }
 
-    fn entry<'a>(td: &'a TensorDict, key: &NestedKey) -> Result<&'a Tensor> {
+    fn entry<'a>(&self, td: &'a TensorDict, key: &NestedKey) -> Result<&'a Tensor> {
         td.get(key).ok_or_else(|| {
             let available = td
                 .keys(true, true)
@@ -535,7 +462,7 @@ impl ClipPPOLoss {
                 .map(ToString::to_string)
                 .collect();
             Error::KeyNotFound {
-                op: NAME,
+                op: self.name,
                 key: key.to_string(),
                 available,
             }
@@ -548,7 +475,7 @@ impl ClipPPOLoss {
         out.get(&self.keys.value)
             .map(Tensor::shallow_clone)
             .ok_or_else(|| {
-                bad(format!(
+                self.bad(format!(
                     "the key {} was not found in the critic output tensordict; the critic \
                      writes [{}]. Make sure the value key is accurate",
                     self.keys.value,
@@ -565,7 +492,7 @@ impl ClipPPOLoss {
     /// Computes the advantage with the value estimator on `td` (modified in place).
     fn estimate_advantage(&self, td: &mut TensorDict) -> Result<Tensor> {
         let Some(critic) = &self.critic else {
-            return Err(bad(format!(
+            return Err(self.bad(format!(
                 "the advantage ({}) is missing and there is no critic network to compute it",
                 self.keys.advantage
             )));
@@ -575,7 +502,7 @@ impl ClipPPOLoss {
             let _guard = tch::no_grad_guard();
             let v = self.critic_value(critic.as_ref(), td)?.f_detach()?;
             let next = td.get_dict("next").ok_or_else(|| {
-                bad(format!(
+                self.bad(format!(
                     "the advantage ({}) is missing and the \"next\" sub-tensordict the value \
                      estimator needs is absent",
                     self.keys.advantage
@@ -593,7 +520,79 @@ impl ClipPPOLoss {
                 gae.forward(td)?;
             }
         }
-        Ok(Self::entry(td, &self.keys.advantage)?.shallow_clone())
+        Ok(self.entry(td, &self.keys.advantage)?.shallow_clone())
+    }
+
+    /// The advantage (read, or estimated on `td`), standardised with `normalize_advantage`.
+    fn advantage(&self, td: &mut TensorDict) -> Result<Tensor> {
+        let advantage = match td.get(&self.keys.advantage) {
+            Some(a) => a.shallow_clone(),
+            None => self.estimate_advantage(td)?,
+        };
+        if self.normalize_advantage && advantage.numel() > 1 {
+            let mean = advantage.f_mean(None)?;
+            let std = advantage.f_std(true)?.f_clamp_min(1e-6)?;
+            Ok(advantage.f_sub(&mean)?.f_div(&std)?)
+        } else {
+            Ok(advantage)
+        }
+    }
+
+    /// TorchRL's `_log_weight`: `(log_weight, current distribution, kl_approx)`, the first and
+    /// last `[*B, 1]` (or `[*B, A, 1]`).
+    fn log_weight(&self, td: &TensorDict) -> Result<(Tensor, Box<dyn Distribution>, Tensor)> {
+        let prev_log_prob = self.entry(td, &self.keys.sample_log_prob)?;
+        if prev_log_prob.requires_grad() {
+            return Err(self.bad(format!(
+                "tensordict stored {} requires grad",
+                self.keys.sample_log_prob
+            )));
+        }
+        let dist = self.actor.get_dist(td)?;
+        let action = self.entry(td, &self.keys.action)?;
+        let log_prob = dist.log_prob(action)?;
+        let log_weight = log_prob.f_sub(prev_log_prob)?.f_unsqueeze(-1)?;
+        let kl_approx = prev_log_prob.f_sub(&log_prob)?.f_unsqueeze(-1)?;
+        Ok((log_weight, dist, kl_approx))
+    }
+
+    /// The advantage broadcast to the log-weight's shape (see [`broadcast_advantage`]), with
+    /// the outer-product guard.
+    fn broadcast_advantage(&self, advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor> {
+        let advantage = broadcast_advantage(advantage, log_weight)?;
+        self.check_advantage_broadcast(&advantage, log_weight)?;
+        Ok(advantage)
+    }
+
+    /// TorchRL's `_check_advantage_broadcast`: refuses a broadcast that would form an outer
+    /// product over samples.
+    fn check_advantage_broadcast(&self, advantage: &Tensor, log_weight: &Tensor) -> Result<()> {
+        let (a, l) = (advantage.size(), log_weight.size());
+        let Ok(b) = Tensor::f_broadcast_tensors(&[advantage, log_weight]) else {
+            return Ok(());
+        };
+        let Some(first) = b.first() else {
+            return Ok(());
+        };
+        let numel = |s: &[i64]| s.iter().product::<i64>();
+        if numel(&first.size()) > numel(&a).max(numel(&l)) {
+            return Err(self.bad(format!(
+                "The advantage (shape={}) and the log-weight (shape={}) would broadcast to {}, \
+                 turning the PPO objective into an outer product over samples. This usually \
+                 means the advantage is missing its trailing value dimension: reshape it to \
+                 batch shape + (1,) (e.g. advantage.unsqueeze(-1)).",
+                ShapeFmt(&a),
+                ShapeFmt(&l),
+                ShapeFmt(&first.size())
+            )));
+        }
+        Ok(())
+    }
+
+    fn lock_gen(&self) -> Result<std::sync::MutexGuard<'_, Generator>> {
+        self.gen
+            .lock()
+            .map_err(|_| self.bad("the Monte-Carlo generator lock is poisoned"))
     }
 
     /// The entropy of `dist`, `[*batch]`: analytic when available and finite, else the
@@ -605,10 +604,7 @@ impl ClipPPOLoss {
                 return Ok(h);
             }
         }
-        let mut gen = self
-            .gen
-            .lock()
-            .map_err(|_| bad("the entropy generator lock is poisoned"))?;
+        let mut gen = self.lock_gen()?;
         let n = [self.samples_mc_entropy];
         let x = if dist.has_rsample() {
             dist.rsample(&mut gen, &n)?
@@ -631,6 +627,29 @@ impl ClipPPOLoss {
         }
     }
 
+    /// `(loss_entropy, entropy)`, both `None` without the entropy bonus.
+    fn entropy_terms(&self, dist: &dyn Distribution) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        if !self.entropy_bonus {
+            return Ok((None, None));
+        }
+        let h = self.entropy(dist)?.f_unsqueeze(-1)?;
+        let mean_h = h.f_detach()?.f_mean(None)?;
+        let loss = self.reduce(&h.f_mul_scalar(-self.entropy_coeff)?)?;
+        Ok((Some(loss), Some(mean_h)))
+    }
+
+    /// `(loss_critic, value_clip_fraction, explained_variance)`; all `None` without a critic
+    /// loss.
+    fn critic_terms(&self, td: &TensorDict) -> Result<CriticTerms> {
+        match &self.critic {
+            Some(critic) if self.has_critic() => {
+                let (l, vcf, ev) = self.critic_loss(critic.as_ref(), td)?;
+                Ok((Some(self.reduce(&l)?), vcf, Some(ev)))
+            }
+            _ => Ok((None, None, None)),
+        }
+    }
+
     /// TorchRL's `loss_critic`: `(critic_coeff · distance, value_clip_fraction,
     /// explained_variance)`, unreduced.
     fn critic_loss(
@@ -638,29 +657,24 @@ impl ClipPPOLoss {
         critic: &dyn TensorDictModule,
         td: &TensorDict,
     ) -> Result<(Tensor, Option<Tensor>, Tensor)> {
-        let target = Self::entry(td, &self.keys.value_target)?;
+        let target = self.entry(td, &self.keys.value_target)?;
         let old_value = match self.clip_value {
-            Some(_) => Some(Self::entry(td, &self.keys.value)?.shallow_clone()),
+            Some(_) => Some(self.entry(td, &self.keys.value)?.shallow_clone()),
             None => None,
         };
         let value = self.critic_value(critic, td)?;
-        let mut loss = self.loss_critic_type.distance(target, &value)?;
+        let distance = |t: &Tensor, v: &Tensor| self.loss_critic_type.distance(self.name, t, v);
+        let mut loss = distance(target, &value)?;
         let mut clip_fraction = None;
         if let (Some(c), Some(old)) = (self.clip_value, &old_value) {
             let pre = value.f_sub(old)?;
             let clipped = pre.f_clamp(-c, c)?;
-            {
-                let _guard = tch::no_grad_guard();
-                clip_fraction = Some(
-                    pre.f_ne_tensor(&clipped)?
-                        .f_to_kind(value.kind())?
-                        .f_mean(None)?
-                        .f_detach()?,
-                );
-            }
+            clip_fraction = Some(detached_fraction(
+                &pre.f_ne_tensor(&clipped)?,
+                value.kind(),
+            )?);
             let value_clipped = old.f_add(&clipped)?;
-            let loss_clipped = self.loss_critic_type.distance(target, &value_clipped)?;
-            loss = loss.f_maximum(&loss_clipped)?;
+            loss = loss.f_maximum(&distance(target, &value_clipped)?)?;
         }
         let explained_variance = {
             let _guard = tch::no_grad_guard();
@@ -690,14 +704,25 @@ impl ClipPPOLoss {
     }
 }
 
+/// `(loss_critic, value_clip_fraction, explained_variance)`.
+type CriticTerms = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+/// The mean of a boolean mask as `kind`, without gradient.
+fn detached_fraction(mask: &Tensor, kind: Kind) -> Result<Tensor> {
+    let _guard = tch::no_grad_guard();
+    Ok(mask.f_to_kind(kind)?.f_mean(None)?.f_detach()?)
+}
+
 /// TorchRL's `_broadcast_advantage_to_log_weight`: a `[*B, 1]` advantage is expanded over the
 /// per-token dims of a `[*B, *T, 1]` log-weight.
 fn broadcast_advantage(advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor> {
     let (a, l) = (advantage.size(), log_weight.size());
-    if a == l || a.len() < 2 || a.last() != Some(&1) || l.last() != Some(&1) || l.len() <= a.len() {
+    let Some((&1, batch)) = a.split_last() else {
+        return Ok(advantage.shallow_clone());
+    };
+    if a == l || a.len() < 2 || l.last() != Some(&1) || l.len() <= a.len() {
         return Ok(advantage.shallow_clone());
     }
-    let batch = &a[..a.len() - 1];
     if l.get(..batch.len()) != Some(batch) {
         return Ok(advantage.shallow_clone());
     }
@@ -711,91 +736,250 @@ fn broadcast_advantage(advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor
     Ok(advantage.f_reshape(&view)?.f_expand(&expand, false)?)
 }
 
-/// TorchRL's `_check_advantage_broadcast`: refuses a broadcast that would form an outer
-/// product over samples.
-fn check_advantage_broadcast(advantage: &Tensor, log_weight: &Tensor) -> Result<()> {
-    let (a, l) = (advantage.size(), log_weight.size());
-    let Ok(b) = Tensor::f_broadcast_tensors(&[advantage, log_weight]) else {
-        return Ok(());
+/// The builder methods and accessors every PPO loss shares, delegating to `self.base`.
+macro_rules! ppo_shared_methods {
+    ($ty:ident) => {
+        /// Whether the entropy bonus is added (default `true`).
+        pub fn with_entropy_bonus(mut self, entropy_bonus: bool) -> Self {
+            self.base.entropy_bonus = entropy_bonus;
+            self
+        }
+
+        /// The entropy coefficient (TorchRL's `entropy_coeff`, default 0.01). Errors when
+        /// negative or not finite.
+        pub fn with_entropy_coeff(mut self, coeff: f64) -> Result<Self> {
+            self.base.entropy_coeff = self.base.check_coeff("entropy_coeff", coeff)?;
+            Ok(self)
+        }
+
+        /// The number of samples of the Monte-Carlo entropy estimate (default 1). Errors when
+        /// `< 1`.
+        pub fn with_samples_mc_entropy(mut self, n: i64) -> Result<Self> {
+            if n < 1 {
+                return Err(self
+                    .base
+                    .bad(format!("samples_mc_entropy must be >= 1, got {n}")));
+            }
+            self.base.samples_mc_entropy = n;
+            Ok(self)
+        }
+
+        /// Reseeds the generator of the Monte-Carlo estimates (default seed 0).
+        pub fn with_seed(mut self, seed: u64) -> Self {
+            self.base.gen = Mutex::new(Generator::new(seed));
+            self
+        }
+
+        /// The critic coefficient (TorchRL's `critic_coeff`, default 1.0); `0` disables the
+        /// critic loss. Errors when negative or not finite.
+        pub fn with_critic_coeff(mut self, coeff: f64) -> Result<Self> {
+            self.base.critic_coeff = self.base.check_coeff("critic_coeff", coeff)?;
+            Ok(self)
+        }
+
+        /// The critic's distance (default [`CriticLossType::SmoothL1`]).
+        pub fn with_loss_critic_type(mut self, t: CriticLossType) -> Self {
+            self.base.loss_critic_type = t;
+            self
+        }
+
+        /// Clips the value prediction to `old_value ± clip_value` and keeps the larger of the
+        /// clipped and unclipped losses (`None`, the default, disables it). TorchRL's
+        /// `clip_value=True` is `with_clip_value(Some(clip_epsilon))`. Errors unless positive
+        /// and finite.
+        pub fn with_clip_value(mut self, clip_value: Option<f64>) -> Result<Self> {
+            if let Some(v) = clip_value {
+                if !v.is_finite() || v <= 0.0 {
+                    return Err(self
+                        .base
+                        .bad(format!("clip_value must be finite and > 0, got {v}")));
+                }
+            }
+            self.base.clip_value = clip_value;
+            Ok(self)
+        }
+
+        /// Standardises the advantage before use (default `false`).
+        pub fn with_normalize_advantage(mut self, normalize: bool) -> Self {
+            self.base.normalize_advantage = normalize;
+            self
+        }
+
+        /// The reduction of the `loss_*` terms (default [`Reduction::Mean`]).
+        pub fn with_reduction(mut self, reduction: Reduction) -> Self {
+            self.base.reduction = reduction;
+            self
+        }
+
+        /// Sets the value estimator used when the advantage is absent, and forwards the
+        /// loss's keys to it (`advantage`, `value_target`, `value`, `reward`, `done`,
+        /// `terminated`, `sample_log_prob`). Without one, a default GAE (γ = 0.99, λ = 0.95)
+        /// is used.
+        pub fn make_value_estimator(
+            &mut self,
+            estimator: Box<dyn ValueEstimator + Send>,
+        ) -> Result<()> {
+            self.base.make_value_estimator(estimator)
+        }
+
+        /// The value estimator set with [`make_value_estimator`](Self::make_value_estimator).
+        pub fn value_estimator(&self) -> Option<&(dyn ValueEstimator + Send)> {
+            self.base.value_estimator.as_deref()
+        }
+
+        /// The actor.
+        pub fn actor(&self) -> &ProbabilisticActor {
+            &self.base.actor
+        }
+
+        /// The critic, if any.
+        pub fn critic(&self) -> Option<&dyn TensorDictModule> {
+            self.base.critic.as_deref()
+        }
+
+        /// The entropy coefficient.
+        pub fn entropy_coeff(&self) -> f64 {
+            self.base.entropy_coeff
+        }
+
+        /// The critic coefficient.
+        pub fn critic_coeff(&self) -> f64 {
+            self.base.critic_coeff
+        }
+
+        /// The value-clipping radius, if any.
+        pub fn clip_value(&self) -> Option<f64> {
+            self.base.clip_value
+        }
+
+        /// The reduction.
+        pub fn reduction(&self) -> Reduction {
+            self.base.reduction
+        }
     };
-    let Some(first) = b.first() else {
-        return Ok(());
+}
+
+/// The [`LossModule`] key plumbing every PPO loss shares, delegating to `self.base`.
+macro_rules! ppo_loss_module_keys {
+    () => {
+        type Keys = PpoKeys;
+
+        fn name(&self) -> &'static str {
+            self.base.name
+        }
+
+        fn tensor_keys(&self) -> &PpoKeys {
+            &self.base.keys
+        }
+
+        fn set_tensor_keys(&mut self, keys: PpoKeys) -> Result<()> {
+            self.base.set_tensor_keys(keys)
+        }
+
+        fn in_keys(&self) -> &[NestedKey] {
+            &self.base.in_keys
+        }
     };
-    let numel = |s: &[i64]| s.iter().product::<i64>();
-    if numel(&first.size()) > numel(&a).max(numel(&l)) {
-        return Err(bad(format!(
-            "The advantage (shape={}) and the log-weight (shape={}) would broadcast to {}, \
-             turning the PPO objective into an outer product over samples. This usually \
-             means the advantage is missing its trailing value dimension: reshape it to \
-             batch shape + (1,) (e.g. advantage.unsqueeze(-1)).",
-            ShapeFmt(&a),
-            ShapeFmt(&l),
-            ShapeFmt(&first.size())
-        )));
+}
+
+// ------------------------------------------------------------------------------ ClipPPOLoss
+
+/// TorchRL's `ClipPPOLoss` (see the [module docs](self)).
+///
+/// What [`forward`](LossModule::forward) does:
+/// 1. Reads the advantage, or runs the value estimator on a copy of the input (see
+///    [`ClipPPOLoss::make_value_estimator`]).
+/// 2. With `normalize_advantage` (and more than one element):
+///    `A ← (A - mean(A)) / max(std(A), 1e-6)` (unbiased std, every element).
+/// 3. `lw = (actor.get_dist(td).log_prob(td[action]) - td[sample_log_prob]).unsqueeze(-1)`;
+///    a `[*B, 1]` advantage is expanded over extra per-token dims of `lw`, and a broadcast
+///    that would form an outer product (a `[B]` advantage against `[B, 1]`) is an error.
+/// 4. The clipped surrogate, the entropy bonus, the critic loss and the diagnostics; each
+///    `loss_*` is reduced with the reduction, then its trailing singleton dim squeezed.
+///
+/// # Shapes
+/// - input: a tensordict of batch size `[*B]` with the actor's and critic's inputs, `action`,
+///   `sample_log_prob` (`[*B]`, or `[*B, A]` for a per-dimension log-prob), `advantage` and
+///   `value_target` (`[*B, 1]`), and with `clip_value` the old `value` (`[*B, 1]`).
+/// - output: see [`PpoLossOutput`].
+///
+/// # Errors
+/// A missing entry (the error names the key), a stored log-prob that requires grad, a critic
+/// that does not write `value`, value/target shape mismatch, or an outer-product broadcast.
+pub struct ClipPPOLoss {
+    base: PpoBase,
+    clip_epsilon: f64,
+}
+
+impl fmt::Debug for ClipPPOLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct(NAME);
+        self.base.debug_fields(&mut d);
+        d.field("clip_epsilon", &self.clip_epsilon)
+            .finish_non_exhaustive()
     }
-    Ok(())
+}
+
+impl ClipPPOLoss {
+    /// A loss with an actor and a critic (any module writing `state_value`), with TorchRL's
+    /// defaults: `clip_epsilon = 0.2`, entropy bonus on with `entropy_coeff = 0.01` (one
+    /// Monte-Carlo sample when the entropy has no closed form), `critic_coeff = 1.0`,
+    /// smooth-L1 critic loss, no value clipping, no advantage normalisation,
+    /// [`Reduction::Mean`]. The `action` and `sample_log_prob` keys are taken from the actor.
+    pub fn new(actor: ProbabilisticActor, critic: impl TensorDictModule + 'static) -> Self {
+        Self::build(actor, Some(Box::new(critic)))
+    }
+
+    /// A loss without a critic: no `loss_critic`, and the advantage must be in the input.
+    pub fn without_critic(actor: ProbabilisticActor) -> Self {
+        Self::build(actor, None)
+    }
+
+    fn build(actor: ProbabilisticActor, critic: Option<Box<dyn TensorDictModule>>) -> Self {
+        ClipPPOLoss {
+            base: PpoBase::new(NAME, actor, critic, false),
+            clip_epsilon: 0.2,
+        }
+    }
+
+    /// The clip ε: log-weights are clamped to `[ln(1-ε), ln(1+ε)]`. Errors unless
+    /// `0 < ε < 1` (ε ≥ 1 makes the lower bound `ln(≤0)`, NaN in TorchRL).
+    pub fn with_clip_epsilon(mut self, clip_epsilon: f64) -> Result<Self> {
+        if clip_epsilon.is_nan() || clip_epsilon <= 0.0 || clip_epsilon >= 1.0 {
+            return Err(self.base.bad(format!(
+                "clip_epsilon must be in (0, 1), got {clip_epsilon}"
+            )));
+        }
+        self.clip_epsilon = clip_epsilon;
+        Ok(self)
+    }
+
+    ppo_shared_methods!(ClipPPOLoss);
+
+    /// The clip ε.
+    pub fn clip_epsilon(&self) -> f64 {
+        self.clip_epsilon
+    }
+
+    /// TorchRL's `out_keys`.
+    pub fn out_keys(&self) -> Vec<&'static str> {
+        let mut k = self.base.out_keys(vec!["loss_objective", "clip_fraction"]);
+        k.extend(["ESS", "kl_approx", "max_ratio", "mean_ratio"]);
+        k
+    }
 }
 
 impl LossModule for ClipPPOLoss {
-    type Keys = PpoKeys;
     type Output = PpoLossOutput;
 
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn tensor_keys(&self) -> &PpoKeys {
-        &self.keys
-    }
-
-    fn set_tensor_keys(&mut self, keys: PpoKeys) -> Result<()> {
-        if let Some(est) = &mut self.value_estimator {
-            // validate on a scratch copy of the estimator's keys first, so an error changes
-            // nothing
-            let saved = est.tensor_keys().clone();
-            if let Err(e) = Self::forward_keys(&keys, est.as_mut()) {
-                est.set_tensor_keys(saved)?;
-                return Err(e);
-            }
-        }
-        self.in_keys = self.compute_in_keys(&keys);
-        self.keys = keys;
-        Ok(())
-    }
-
-    fn in_keys(&self) -> &[NestedKey] {
-        &self.in_keys
-    }
+    ppo_loss_module_keys!();
 
     fn forward(&self, td: &TensorDict) -> Result<PpoLossOutput> {
+        let b = &self.base;
         let mut td = td.clone();
-        let advantage = match td.get(&self.keys.advantage) {
-            Some(a) => a.shallow_clone(),
-            None => self.estimate_advantage(&mut td)?,
-        };
-        let advantage = if self.normalize_advantage && advantage.numel() > 1 {
-            let mean = advantage.f_mean(None)?;
-            let std = advantage.f_std(true)?.f_clamp_min(1e-6)?;
-            advantage.f_sub(&mean)?.f_div(&std)?
-        } else {
-            advantage
-        };
-
-        // log-weights
-        let prev_log_prob = Self::entry(&td, &self.keys.sample_log_prob)?;
-        if prev_log_prob.requires_grad() {
-            return Err(bad(format!(
-                "tensordict stored {} requires grad",
-                self.keys.sample_log_prob
-            )));
-        }
-        let dist = self.actor.get_dist(&td)?;
-        let action = Self::entry(&td, &self.keys.action)?;
-        let log_prob = dist.log_prob(action)?;
-        let log_weight = log_prob.f_sub(prev_log_prob)?.f_unsqueeze(-1)?;
-        let kl_approx = prev_log_prob.f_sub(&log_prob)?.f_unsqueeze(-1)?;
-        let advantage = broadcast_advantage(&advantage, &log_weight)?;
-        check_advantage_broadcast(&advantage, &log_weight)?;
+        let advantage = b.advantage(&mut td)?;
+        let (log_weight, dist, kl_approx) = b.log_weight(&td)?;
+        let advantage = b.broadcast_advantage(&advantage, &log_weight)?;
 
         let (ess, max_ratio, mean_ratio, kl) = {
             let _guard = tch::no_grad_guard();
@@ -820,34 +1004,16 @@ impl LossModule for ClipPPOLoss {
         let lo = (-self.clip_epsilon).ln_1p();
         let hi = self.clip_epsilon.ln_1p();
         let log_weight_clip = log_weight.f_clamp(lo, hi)?;
-        let clip_fraction = {
-            let _guard = tch::no_grad_guard();
-            log_weight_clip
-                .f_ne_tensor(&log_weight)?
-                .f_to_kind(log_weight.kind())?
-                .f_mean(None)?
-                .f_detach()?
-        };
+        let clip_fraction = detached_fraction(
+            &log_weight_clip.f_ne_tensor(&log_weight)?,
+            log_weight.kind(),
+        )?;
         let gain2 = log_weight_clip.f_exp()?.f_mul(&advantage)?;
         let (gain, _) = Tensor::f_stack(&[gain1, gain2], -1)?.f_min_dim(-1, false)?;
-        let loss_objective = self.reduce(&gain.f_neg()?)?;
+        let loss_objective = b.reduce(&gain.f_neg()?)?;
 
-        let (loss_entropy, entropy) = if self.entropy_bonus {
-            let h = self.entropy(dist.as_ref())?.f_unsqueeze(-1)?;
-            let mean_h = h.f_detach()?.f_mean(None)?;
-            let loss = self.reduce(&h.f_mul_scalar(-self.entropy_coeff)?)?;
-            (Some(loss), Some(mean_h))
-        } else {
-            (None, None)
-        };
-
-        let (loss_critic, value_clip_fraction, explained_variance) = match &self.critic {
-            Some(critic) if self.has_critic() => {
-                let (l, vcf, ev) = self.critic_loss(critic.as_ref(), &td)?;
-                (Some(self.reduce(&l)?), vcf, Some(ev))
-            }
-            _ => (None, None, None),
-        };
+        let (loss_entropy, entropy) = b.entropy_terms(dist.as_ref())?;
+        let (loss_critic, value_clip_fraction, explained_variance) = b.critic_terms(&td)?;
 
         Ok(PpoLossOutput {
             loss_objective,
@@ -861,6 +1027,293 @@ impl LossModule for ClipPPOLoss {
             mean_ratio,
             value_clip_fraction,
             explained_variance,
+        })
+    }
+}
+
+// ----------------------------------------------------------------------------- KLPENPPOLoss
+
+/// TorchRL's `KLPENPPOLoss`: PPO with an adaptive KL penalty instead of a clipped ratio (see
+/// the [module docs](self)).
+///
+/// What [`forward`](LossModule::forward) does:
+/// 1. Builds the behaviour policy's distribution `π_old` from the parameters stored in the
+///    input (the actor's distribution keys, e.g. `loc`/`scale`: TorchRL's
+///    `build_dist_from_params`); an error names them when absent.
+/// 2. Reads or estimates the advantage (optionally standardised) and computes
+///    `lw = log π(a|s) - log π_old(a|s)` exactly as [`ClipPPOLoss`] does.
+/// 3. `kl = KL(π_old ‖ π)` in closed form when the pair has one ([`kl_divergence`]: Normal,
+///    TanhNormal, Categorical, OneHotCategorical), else the Monte-Carlo estimate
+///    `mean_k (log π_old(x_k) - log π(x_k))` over `samples_mc_kl` draws `x_k ~ π_old`; then
+///    `unsqueeze(-1)`.
+/// 4. `loss_objective = reduce(-(exp(lw)·A - β·kl))` with the current `β`.
+/// 5. Adapts `β` for the next call: `β ← β·increment` if `mean(kl) > 1.5·dtarg`,
+///    `β ← β·decrement` if `mean(kl) < dtarg/1.5` (unchanged otherwise, or when the KL is NaN;
+///    TorchRL sets no bounds on β).
+/// 6. The entropy bonus and the critic loss as in [`ClipPPOLoss`].
+///
+/// `β` lives in the loss behind an atomic (forward takes `&self`); [`beta`](Self::beta)
+/// reads it and [`reset`](Self::reset) restores the initial value.
+///
+/// **Divergence from TorchRL 0.14.1** (deliberate): TorchRL updates its `beta` buffer in
+/// place (`beta.data *= increment`) after the penalty `beta * kl` entered the autograd graph,
+/// so its backward pass multiplies the KL gradient by the *updated* `β` while the reported
+/// loss used the old one. Here the gradient is the gradient of the reported loss (old `β`);
+/// values are identical.
+///
+/// # Shapes
+/// As [`ClipPPOLoss`]; `kl` is per sample, `[*B, 1]` (or `[*B, A, 1]` for a per-dimension
+/// log-prob such as [`Normal`](crate::modules::distributions::Normal)'s), not reduced.
+///
+/// # Errors
+/// Those of [`ClipPPOLoss`], plus missing distribution parameters.
+///
+/// ```
+/// use tch::{Kind, Tensor};
+/// use torchrl::modules::{from_fn, DistributionBuilder, ProbabilisticActor};
+/// use torchrl::objectives::{KLPENPPOLoss, LossModule, LossOutput};
+/// use torchrl::TensorDict;
+/// # fn main() -> torchrl::Result<()> {
+/// // a unit-variance Gaussian policy with a learnable mean `w · obs`
+/// let w = Tensor::from_slice(&[0.5f64]).set_requires_grad(true);
+/// let wc = w.shallow_clone();
+/// let net = from_fn(["observation"], ["loc", "scale"], move |x: &[&Tensor]| {
+///     Ok(vec![x[0].f_mul(&wc)?, x[0].f_ones_like()?])
+/// })?;
+/// let actor = ProbabilisticActor::new(net, DistributionBuilder::normal("loc", "scale")?);
+/// let mut loss = KLPENPPOLoss::without_critic(actor).with_entropy_bonus(false);
+///
+/// let obs = Tensor::from_slice(&[1.0f64, -1.0]).view([2, 1]);
+/// let action = Tensor::from_slice(&[0.5f64, -0.5]).view([2, 1]);
+/// // the behaviour policy: loc = 0.5·obs + 0.3 (stored), so KL = ½·0.3² per sample
+/// let old_loc = obs.f_mul_scalar(0.5)?.f_add_scalar(0.3)?;
+/// let old_lp = (action.f_sub(&old_loc)?.square() * -0.5 - 0.5 * (2.0 * std::f64::consts::PI).ln()).detach();
+/// let td = TensorDict::new([2])?
+///     .with("observation", obs)?
+///     .with("action", action)?
+///     .with("loc", old_loc)?
+///     .with("scale", Tensor::ones([2, 1], (Kind::Double, tch::Device::Cpu)))?
+///     .with("action_log_prob", old_lp)?
+///     .with("advantage", Tensor::zeros([2, 1], (Kind::Double, tch::Device::Cpu)))?;
+/// let out = loss.forward(&td)?;
+/// // zero advantage: loss_objective = β·mean(kl) with β = 1
+/// assert!((out.loss_objective.double_value(&[]) - 0.045).abs() < 1e-12);
+/// assert_eq!(out.kl.size(), vec![2, 1, 1]);
+/// assert_eq!(out.beta, 1.0);
+/// // mean(kl) = 0.045 > 1.5 · dtarg (0.01): β doubles for the next call
+/// assert_eq!(loss.beta(), 2.0);
+/// out.total_loss()?.backward();
+/// assert!(w.grad().abs().double_value(&[0]) > 0.0);
+/// loss.reset();
+/// assert_eq!(loss.beta(), 1.0);
+/// # Ok(()) }
+/// ```
+pub struct KLPENPPOLoss {
+    base: PpoBase,
+    dtarg: f64,
+    beta_init: f64,
+    /// `β` as `f64` bits.
+    beta: AtomicU64,
+    increment: f64,
+    decrement: f64,
+    samples_mc_kl: i64,
+}
+
+impl fmt::Debug for KLPENPPOLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct(KLPEN_NAME);
+        self.base.debug_fields(&mut d);
+        d.field("dtarg", &self.dtarg)
+            .field("beta", &self.beta())
+            .field("increment", &self.increment)
+            .field("decrement", &self.decrement)
+            .field("samples_mc_kl", &self.samples_mc_kl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KLPENPPOLoss {
+    /// A loss with an actor and a critic, with TorchRL's defaults: `dtarg = 0.01`,
+    /// `beta = 1.0`, `increment = 2.0`, `decrement = 0.5`, `samples_mc_kl = 1`, and the
+    /// shared PPO defaults of [`ClipPPOLoss::new`].
+    pub fn new(actor: ProbabilisticActor, critic: impl TensorDictModule + 'static) -> Self {
+        Self::build(actor, Some(Box::new(critic)))
+    }
+
+    /// A loss without a critic: no `loss_critic`, and the advantage must be in the input.
+    pub fn without_critic(actor: ProbabilisticActor) -> Self {
+        Self::build(actor, None)
+    }
+
+    fn build(actor: ProbabilisticActor, critic: Option<Box<dyn TensorDictModule>>) -> Self {
+        KLPENPPOLoss {
+            base: PpoBase::new(KLPEN_NAME, actor, critic, true),
+            dtarg: 0.01,
+            beta_init: 1.0,
+            beta: AtomicU64::new(1.0f64.to_bits()),
+            increment: 2.0,
+            decrement: 0.5,
+            samples_mc_kl: 1,
+        }
+    }
+
+    /// The target KL (TorchRL's `dtarg`, default 0.01). Errors when negative or not finite.
+    pub fn with_dtarg(mut self, dtarg: f64) -> Result<Self> {
+        self.dtarg = self.base.check_coeff("dtarg", dtarg)?;
+        Ok(self)
+    }
+
+    /// The initial KL coefficient β (default 1.0); also the value [`reset`](Self::reset)
+    /// restores. Errors when negative or not finite.
+    pub fn with_beta(mut self, beta: f64) -> Result<Self> {
+        self.beta_init = self.base.check_coeff("beta", beta)?;
+        self.beta = AtomicU64::new(self.beta_init.to_bits());
+        Ok(self)
+    }
+
+    /// The factor β is multiplied by when the KL exceeds `1.5·dtarg` (default 2.0). Errors
+    /// unless finite and `>= 1` (TorchRL: "increment should be >= 1.0").
+    pub fn with_increment(mut self, increment: f64) -> Result<Self> {
+        if !increment.is_finite() || increment < 1.0 {
+            return Err(self.base.bad(format!(
+                "increment should be >= 1.0 in KLPENPPOLoss, got {increment:.4}"
+            )));
+        }
+        self.increment = increment;
+        Ok(self)
+    }
+
+    /// The factor β is multiplied by when the KL is below `dtarg/1.5` (default 0.5). Errors
+    /// unless in `[0, 1]` (TorchRL: "decrement should be <= 1.0").
+    pub fn with_decrement(mut self, decrement: f64) -> Result<Self> {
+        if decrement.is_nan() || !(0.0..=1.0).contains(&decrement) {
+            return Err(self.base.bad(format!(
+                "decrement should be <= 1.0 (and >= 0) in KLPENPPOLoss, got {decrement:.4}"
+            )));
+        }
+        self.decrement = decrement;
+        Ok(self)
+    }
+
+    /// The number of draws of the Monte-Carlo KL estimate, used when the distribution pair has
+    /// no closed form (default 1). Errors when `< 1`.
+    pub fn with_samples_mc_kl(mut self, n: i64) -> Result<Self> {
+        if n < 1 {
+            return Err(self
+                .base
+                .bad(format!("samples_mc_kl must be >= 1, got {n}")));
+        }
+        self.samples_mc_kl = n;
+        Ok(self)
+    }
+
+    ppo_shared_methods!(KLPENPPOLoss);
+
+    /// The current KL coefficient β (the one the next forward uses).
+    pub fn beta(&self) -> f64 {
+        f64::from_bits(self.beta.load(Ordering::Relaxed))
+    }
+
+    /// Restores β to its initial value (TorchRL's `reset`).
+    pub fn reset(&self) {
+        self.beta.store(self.beta_init.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The target KL.
+    pub fn dtarg(&self) -> f64 {
+        self.dtarg
+    }
+
+    /// TorchRL's `out_keys`.
+    pub fn out_keys(&self) -> Vec<&'static str> {
+        self.base.out_keys(vec!["loss_objective", "kl"])
+    }
+
+    /// `β`'s update after a forward whose mean KL is `kl`.
+    fn adapt_beta(&self, kl: f64) {
+        let factor = if kl > self.dtarg * 1.5 {
+            self.increment
+        } else if kl < self.dtarg / 1.5 {
+            self.decrement
+        } else {
+            return;
+        };
+        self.beta
+            .store((self.beta() * factor).to_bits(), Ordering::Relaxed);
+    }
+
+    /// `KL(previous ‖ current)`, `[*B]` (or `[*B, A]`): closed form or Monte-Carlo.
+    fn kl(&self, previous: &dyn Distribution, current: &dyn Distribution) -> Result<Tensor> {
+        if let Some(kl) = kl_divergence(previous, current)? {
+            return Ok(kl);
+        }
+        let (x, previous_lp) = {
+            let mut gen = self.base.lock_gen()?;
+            let x = previous.sample(&mut gen, &[self.samples_mc_kl])?;
+            (x.shallow_clone(), previous.log_prob(&x)?)
+        };
+        let current_lp = current.log_prob(&x)?;
+        Ok(previous_lp
+            .f_sub(&current_lp)?
+            .f_mean_dim([0i64].as_slice(), false, None::<Kind>)?)
+    }
+
+    /// TorchRL's `build_dist_from_params`: the behaviour policy from the stored parameters.
+    fn previous_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>> {
+        let builder = self.base.actor.builder();
+        if let Some(missing) = builder.in_keys().iter().find(|k| td.get(*k).is_none()) {
+            return Err(self.base.bad(format!(
+                "The parameters of the distribution were not found ({missing} is missing; the \
+                 distribution reads [{}]). Make sure they are provided to KLPENPPOLoss.",
+                builder
+                    .in_keys()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        builder.build(td)
+    }
+}
+
+impl LossModule for KLPENPPOLoss {
+    type Output = KlPenPpoLossOutput;
+
+    ppo_loss_module_keys!();
+
+    fn forward(&self, td: &TensorDict) -> Result<KlPenPpoLossOutput> {
+        let b = &self.base;
+        let previous = self.previous_dist(td)?;
+        let mut td = td.clone();
+        let advantage = b.advantage(&mut td)?;
+        let (log_weight, dist, kl_approx) = b.log_weight(&td)?;
+        let advantage = b.broadcast_advantage(&advantage, &log_weight)?;
+
+        let kl = self.kl(previous.as_ref(), dist.as_ref())?.f_unsqueeze(-1)?;
+        let beta = self.beta();
+        let neg_loss = log_weight
+            .f_exp()?
+            .f_mul(&advantage)?
+            .f_sub(&kl.f_mul_scalar(beta)?)?;
+        let kl = kl.f_detach()?;
+        self.adapt_beta(kl.f_mean(None)?.f_double_value(&[])?);
+        let loss_objective = b.reduce(&neg_loss.f_neg()?)?;
+        let kl_approx = kl_approx.f_detach()?.f_mean(None)?;
+
+        let (loss_entropy, entropy) = b.entropy_terms(dist.as_ref())?;
+        let (loss_critic, value_clip_fraction, explained_variance) = b.critic_terms(&td)?;
+
+        Ok(KlPenPpoLossOutput {
+            loss_objective,
+            loss_entropy,
+            loss_critic,
+            kl,
+            kl_approx,
+            entropy,
+            value_clip_fraction,
+            explained_variance,
+            beta,
         })
     }
 }

@@ -327,6 +327,10 @@ impl Categorical {
 }
 
 impl Distribution for Categorical {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn batch_shape(&self) -> &[i64] {
         &self.batch_shape
     }

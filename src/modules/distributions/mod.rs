@@ -50,12 +50,14 @@
 // TorchRL) are rendered; the types are re-exported here.
 pub mod categorical;
 pub mod delta;
+pub mod kl;
 pub mod normal;
 pub mod one_hot_categorical;
 pub mod tanh_normal;
 
 pub use categorical::Categorical;
 pub use delta::Delta;
+pub use kl::kl_divergence;
 pub use normal::Normal;
 pub use one_hot_categorical::OneHotCategorical;
 pub use tanh_normal::TanhNormal;
@@ -121,6 +123,13 @@ pub trait Distribution {
     /// [`Distribution::mode`].
     fn deterministic_sample(&self) -> Result<Tensor> {
         self.mode()
+    }
+
+    /// The distribution as [`Any`](std::any::Any), so that [`kl_divergence`] can find the
+    /// closed form of a pair of built-in distributions. Defaults to `None` (no closed-form
+    /// KL: callers fall back to a Monte-Carlo estimate).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
     }
 }
 

@@ -157,6 +157,10 @@ impl Normal {
 }
 
 impl Distribution for Normal {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn batch_shape(&self) -> &[i64] {
         &self.batch_shape
     }

@@ -92,6 +92,10 @@ impl OneHotCategorical {
 }
 
 impl Distribution for OneHotCategorical {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn batch_shape(&self) -> &[i64] {
         self.cat.batch_shape()
     }

@@ -323,6 +323,10 @@ impl TanhNormal {
 }
 
 impl Distribution for TanhNormal {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn batch_shape(&self) -> &[i64] {
         self.shape.get(..self.split()).unwrap_or(&[])
     }
