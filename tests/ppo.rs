@@ -1,11 +1,15 @@
-//! `ClipPPOLoss` (`torchrl::objectives::ppo`).
+//! `ClipPPOLoss` and `KLPENPPOLoss` (`torchrl::objectives::ppo`).
 //!
 //! 1. Replays `specs/ppo_cases.json` (recorded by `specs/record_ppo.py` with TorchRL 0.14.1's
 //!    `ClipPPOLoss`; Python is never run): a fixed-weight MLP actor (Normal, per-dim log-prob,
 //!    or TanhNormal) and critic, a fixed batch, every loss output and the gradients of the
 //!    summed `loss_*` terms w.r.t. the eight weight tensors. Values within 1e-5, gradients
 //!    within 1e-4; shapes exact.
-//! 2. Hand-derived edge cases: ratio exactly 1, `set_keys` remaps end to end, missing keys,
+//! 2. Replays `specs/klpen_cases.json` (`specs/record_klpen.py`, TorchRL 0.14.1's
+//!    `KLPENPPOLoss`): the same networks with the behaviour policy's `loc`/`scale` in the batch,
+//!    two calls per case so that the adaptive β is checked before and after each; gradients
+//!    are those of the reported loss (see the recorder on TorchRL's in-place β update).
+//! 3. Hand-derived edge cases: ratio exactly 1, `set_keys` remaps end to end, missing keys,
 //!    the outer-product guard, the estimator path and key forwarding.
 
 use serde_json::Value;
@@ -16,7 +20,7 @@ use torchrl::modules::{
 };
 use torchrl::objectives::value::{Gae, ValueEstimator};
 use torchrl::objectives::{
-    ClipPPOLoss, CriticLossType, LossModule, LossOutput, PpoLossOutput, Reduction,
+    ClipPPOLoss, CriticLossType, KLPENPPOLoss, LossModule, LossOutput, PpoLossOutput, Reduction,
 };
 use torchrl::{NestedKey, TensorDict};
 
@@ -79,22 +83,18 @@ const WEIGHTS: [&str; 8] = [
     "critic_b2",
 ];
 
-fn replay(case: &Value) -> R<()> {
-    let name = case["name"].as_str().ok_or("name")?;
+/// The case's actor (Normal or TanhNormal on an MLP + `NormalParamExtractor`), critic, and the
+/// eight weight leaves.
+fn networks(
+    case: &Value,
+) -> R<(
+    ProbabilisticActor,
+    impl TensorDictModule + 'static,
+    Vec<Tensor>,
+)> {
     let w = &case["weights"];
     let ws: Vec<Tensor> = WEIGHTS.iter().map(|n| fetch(w, n)).collect::<R<_>>()?;
-    let (a1, ab1, a2, ab2) = (
-        ws[0].shallow_clone(),
-        ws[1].shallow_clone(),
-        ws[2].shallow_clone(),
-        ws[3].shallow_clone(),
-    );
-    let (c1, cb1, c2, cb2) = (
-        ws[4].shallow_clone(),
-        ws[5].shallow_clone(),
-        ws[6].shallow_clone(),
-        ws[7].shallow_clone(),
-    );
+    let [a1, ab1, a2, ab2, c1, cb1, c2, cb2] = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| ws[i].shallow_clone());
     let net = from_fn(["observation"], ["param"], move |x: &[&Tensor]| {
         Ok(vec![mlp(x[0], &a1, &ab1, &a2, &ab2)])
     })
@@ -112,69 +112,64 @@ fn replay(case: &Value) -> R<()> {
         Ok(vec![mlp(x[0], &c1, &cb1, &c2, &cb2)])
     })
     .map_err(|e| e.to_string())?;
+    Ok((actor, critic, ws))
+}
 
-    let kw = &case["kwargs"];
-    let mut loss = ClipPPOLoss::new(actor, critic);
-    let e = |e: torchrl::Error| e.to_string();
-    if let Some(v) = kw.get("clip_epsilon").and_then(Value::as_f64) {
-        loss = loss.with_clip_epsilon(v).map_err(e)?;
-    }
-    if let Some(v) = kw.get("entropy_bonus").and_then(Value::as_bool) {
-        loss = loss.with_entropy_bonus(v);
-    }
-    if let Some(v) = kw.get("entropy_coeff").and_then(Value::as_f64) {
-        loss = loss.with_entropy_coeff(v).map_err(e)?;
-    }
-    if let Some(v) = kw.get("critic_coeff").and_then(Value::as_f64) {
-        loss = loss.with_critic_coeff(v).map_err(e)?;
-    }
-    if let Some(v) = kw.get("loss_critic_type").and_then(Value::as_str) {
-        loss = loss.with_loss_critic_type(v.parse::<CriticLossType>().map_err(e)?);
-    }
-    if let Some(v) = kw.get("clip_value").and_then(Value::as_f64) {
-        loss = loss.with_clip_value(Some(v)).map_err(e)?;
-    }
-    if let Some(v) = kw.get("normalize_advantage").and_then(Value::as_bool) {
-        loss = loss.with_normalize_advantage(v);
-    }
-    if let Some(v) = kw.get("reduction").and_then(Value::as_str) {
-        loss = loss.with_reduction(v.parse::<Reduction>().map_err(e)?);
-    }
+/// Applies the keyword arguments every PPO loss shares to `$loss`.
+macro_rules! shared_kwargs {
+    ($loss:expr, $kw:expr) => {{
+        let (mut loss, kw) = ($loss, $kw);
+        let e = |e: torchrl::Error| e.to_string();
+        if let Some(v) = kw.get("entropy_bonus").and_then(Value::as_bool) {
+            loss = loss.with_entropy_bonus(v);
+        }
+        if let Some(v) = kw.get("entropy_coeff").and_then(Value::as_f64) {
+            loss = loss.with_entropy_coeff(v).map_err(e)?;
+        }
+        if let Some(v) = kw.get("critic_coeff").and_then(Value::as_f64) {
+            loss = loss.with_critic_coeff(v).map_err(e)?;
+        }
+        if let Some(v) = kw.get("loss_critic_type").and_then(Value::as_str) {
+            loss = loss.with_loss_critic_type(v.parse::<CriticLossType>().map_err(e)?);
+        }
+        if let Some(v) = kw.get("clip_value").and_then(Value::as_f64) {
+            loss = loss.with_clip_value(Some(v)).map_err(e)?;
+        }
+        if let Some(v) = kw.get("normalize_advantage").and_then(Value::as_bool) {
+            loss = loss.with_normalize_advantage(v);
+        }
+        if let Some(v) = kw.get("reduction").and_then(Value::as_str) {
+            loss = loss.with_reduction(v.parse::<Reduction>().map_err(e)?);
+        }
+        loss
+    }};
+}
 
-    let t = &case["td"];
-    let mut td = TensorDict::new([6]).map_err(e)?;
-    for k in [
-        "observation",
-        "action",
-        "action_log_prob",
-        "advantage",
-        "value_target",
-        "state_value",
-    ] {
-        td.set(k, tensor(&t[k])?).map_err(e)?;
+/// The recorded batch (every entry of `case["td"]`).
+fn batch(case: &Value) -> R<TensorDict> {
+    let mut td = TensorDict::new([6]).map_err(|e| e.to_string())?;
+    for (k, v) in case["td"].as_object().ok_or("td")? {
+        td.set(k.as_str(), tensor(v)?).map_err(|e| e.to_string())?;
     }
-    let out = loss.forward(&td).map_err(e)?;
-    let exp = &case["expect"];
+    Ok(td)
+}
+
+/// Every produced output equals the recorded one (and nothing is missing either way), metrics
+/// are detached, and the gradients of the summed `loss_*` terms match `exp["grads"]`.
+fn check_outputs(name: &str, out: &impl LossOutput, exp: &Value, ws: &[Tensor]) -> R<()> {
     let mut produced: Vec<(&str, &Tensor)> = out.loss_terms();
     produced.extend(out.metrics());
-    let expected_names: Vec<&String> = exp
-        .as_object()
-        .ok_or("expect")?
-        .keys()
-        .filter(|k| *k != "grads")
-        .collect();
     for (k, v) in &produced {
         let ev = exp
             .get(*k)
             .ok_or_else(|| format!("{name}: produced {k}, not recorded"))?;
         close(v, &tensor(ev)?, VALUE_TOL, &format!("{name}.{k}"))?;
     }
-    for k in expected_names {
-        if !produced.iter().any(|(p, _)| p == k) {
+    for k in exp.as_object().ok_or("expect")?.keys() {
+        if k != "grads" && !produced.iter().any(|(p, _)| p == k) {
             return Err(format!("{name}: recorded {k}, not produced"));
         }
     }
-    // metrics are detached
     for (k, v) in out.metrics() {
         if v.requires_grad() {
             return Err(format!("{name}: metric {k} requires grad"));
@@ -186,7 +181,7 @@ fn replay(case: &Value) -> R<()> {
         .fold(Tensor::from(0.0f64), |acc, (_, t)| {
             acc + t.sum(Kind::Double)
         });
-    let grads = Tensor::run_backward(&[total], &ws, false, false);
+    let grads = Tensor::run_backward(&[total], ws, false, false);
     for (i, n) in WEIGHTS.iter().enumerate() {
         close(
             &grads[i],
@@ -198,15 +193,84 @@ fn replay(case: &Value) -> R<()> {
     Ok(())
 }
 
+fn replay(case: &Value) -> R<()> {
+    let name = case["name"].as_str().ok_or("name")?;
+    let (actor, critic, ws) = networks(case)?;
+    let kw = &case["kwargs"];
+    let mut loss = shared_kwargs!(ClipPPOLoss::new(actor, critic), kw);
+    if let Some(v) = kw.get("clip_epsilon").and_then(Value::as_f64) {
+        loss = loss.with_clip_epsilon(v).map_err(|e| e.to_string())?;
+    }
+    let td = batch(case)?;
+    let out = loss.forward(&td).map_err(|e| e.to_string())?;
+    check_outputs(name, &out, &case["expect"], &ws)
+}
+
+fn load(file: &str) -> Vec<Value> {
+    let path = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("spec file");
+    let doc: Value = serde_json::from_str(&text).expect("json");
+    doc["cases"].as_array().expect("cases").clone()
+}
+
 #[test]
 fn reference_cases() {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/specs/ppo_cases.json"))
-            .expect("specs/ppo_cases.json");
-    let doc: Value = serde_json::from_str(&text).expect("json");
-    let cases = doc["cases"].as_array().expect("cases");
+    let cases = load("ppo_cases.json");
     assert!(cases.len() >= 10);
     let failures: Vec<String> = cases.iter().filter_map(|c| replay(c).err()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Two calls of one `KLPENPPOLoss` on the same batch: outputs, gradients, and β before and
+/// after each call (the adaptive update).
+fn replay_klpen(case: &Value) -> R<()> {
+    let name = case["name"].as_str().ok_or("name")?;
+    let (actor, critic, ws) = networks(case)?;
+    let kw = &case["kwargs"];
+    let e = |e: torchrl::Error| e.to_string();
+    let mut loss = shared_kwargs!(KLPENPPOLoss::new(actor, critic), kw);
+    if let Some(v) = kw.get("dtarg").and_then(Value::as_f64) {
+        loss = loss.with_dtarg(v).map_err(e)?;
+    }
+    if let Some(v) = kw.get("beta").and_then(Value::as_f64) {
+        loss = loss.with_beta(v).map_err(e)?;
+    }
+    if let Some(v) = kw.get("increment").and_then(Value::as_f64) {
+        loss = loss.with_increment(v).map_err(e)?;
+    }
+    if let Some(v) = kw.get("decrement").and_then(Value::as_f64) {
+        loss = loss.with_decrement(v).map_err(e)?;
+    }
+    let td = batch(case)?;
+    for (i, call) in case["calls"].as_array().ok_or("calls")?.iter().enumerate() {
+        let what = format!("{name}[call {i}]");
+        let beta = call["beta"].as_f64().ok_or("beta")?;
+        if (loss.beta() - beta).abs() > 1e-12 {
+            return Err(format!("{what}: beta {} before the call, recorded {beta}", loss.beta()));
+        }
+        let out = loss.forward(&td).map_err(e)?;
+        if out.beta != beta {
+            return Err(format!("{what}: the output's beta {} != {beta}", out.beta));
+        }
+        let after = call["beta_after"].as_f64().ok_or("beta_after")?;
+        if (loss.beta() - after).abs() > 1e-12 {
+            return Err(format!("{what}: beta {} after the call, recorded {after}", loss.beta()));
+        }
+        check_outputs(&what, &out, &call["expect"], &ws)?;
+    }
+    loss.reset();
+    let beta0 = kw.get("beta").and_then(Value::as_f64).unwrap_or(1.0);
+    if loss.beta() != beta0 {
+        return Err(format!("{name}: reset gives beta {}, not {beta0}", loss.beta()));
+    }
+    Ok(())
+}
+
+#[test]
+fn klpen_reference_cases() {
+    let cases = load("klpen_cases.json");
+    assert!(cases.len() >= 7);
+    let failures: Vec<String> = cases.iter().filter_map(|c| replay_klpen(c).err()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -543,4 +607,161 @@ fn critic_loss_types_parse() {
     );
     assert!("huber".parse::<CriticLossType>().is_err());
     let _ = ValueEstimator::name(&Gae::new(0.9, 0.9).expect("gae"));
+}
+
+// ------------------------------------------------------------------ KLPENPPOLoss, hand-derived
+
+/// A Normal with no closed-form KL: hides the `as_any` of the Normal it wraps.
+struct Opaque(torchrl::modules::distributions::Normal);
+
+impl torchrl::modules::distributions::Distribution for Opaque {
+    fn batch_shape(&self) -> &[i64] {
+        self.0.batch_shape()
+    }
+    fn event_shape(&self) -> &[i64] {
+        self.0.event_shape()
+    }
+    fn kind(&self) -> Kind {
+        self.0.kind()
+    }
+    fn device(&self) -> tch::Device {
+        self.0.device()
+    }
+    fn log_prob(&self, value: &Tensor) -> torchrl::Result<Tensor> {
+        self.0.log_prob(value)
+    }
+    fn sample(&self, gen: &mut torchrl::rng::Generator, s: &[i64]) -> torchrl::Result<Tensor> {
+        self.0.sample(gen, s)
+    }
+    fn has_rsample(&self) -> bool {
+        true
+    }
+    fn rsample(&self, gen: &mut torchrl::rng::Generator, s: &[i64]) -> torchrl::Result<Tensor> {
+        self.0.rsample(gen, s)
+    }
+    fn entropy(&self) -> torchrl::Result<Tensor> {
+        self.0.entropy()
+    }
+    fn mode(&self) -> torchrl::Result<Tensor> {
+        self.0.mode()
+    }
+    fn mean(&self) -> torchrl::Result<Tensor> {
+        self.0.mean()
+    }
+}
+
+/// The toy batch with the behaviour policy `loc = 0.5·obs + 0.2`, `scale = 1.5` stored.
+fn klpen_batch() -> TensorDict {
+    let mut td = toy_batch();
+    let obs = td.get("obs").expect("obs").shallow_clone();
+    td.set("loc", &obs * 0.5 + 0.2).expect("loc");
+    td.set("scale", obs.ones_like() * 1.5).expect("scale");
+    td
+}
+
+#[test]
+fn klpen_analytic_kl_and_monte_carlo_fallback() {
+    // KL(N(μ+0.2, 1.5) ‖ N(μ, 1)) = ½(2.25 + 0.04 - 1 - ln 2.25), the same for every sample
+    let expected = 0.5 * (2.25 + 0.04 - 1.0 - 2.25f64.ln());
+    let (actor, _) = toy_actor();
+    let loss = KLPENPPOLoss::new(actor, toy_critic());
+    let out = loss.forward(&klpen_batch()).expect("forward");
+    assert_eq!(out.kl.size(), vec![4, 1, 1]);
+    for i in 0..4 {
+        assert!((out.kl.double_value(&[i, 0, 0]) - expected).abs() < 1e-12);
+    }
+
+    // the same policy behind a distribution without a closed form: Monte-Carlo estimate
+    let w = Tensor::from_slice(&[0.5f64]).set_requires_grad(true);
+    let wc = w.shallow_clone();
+    let net = from_fn(["obs"], ["loc", "scale"], move |x: &[&Tensor]| {
+        Ok(vec![x[0].f_mul(&wc)?, x[0].f_ones_like()?])
+    })
+    .expect("module");
+    let builder = DistributionBuilder::custom("opaque", ["loc", "scale"], |td: &TensorDict| {
+        let n = torchrl::modules::distributions::Normal::new(
+            td.get_or_err("loc")?,
+            td.get_or_err("scale")?,
+        )?;
+        Ok(Box::new(Opaque(n)) as Box<dyn torchrl::modules::distributions::Distribution>)
+    })
+    .expect("builder");
+    let loss = KLPENPPOLoss::new(ProbabilisticActor::new(net, builder), toy_critic())
+        .with_samples_mc_kl(20_000)
+        .expect("samples")
+        .with_seed(3);
+    let out = loss.forward(&klpen_batch()).expect("forward");
+    assert_eq!(out.kl.size(), vec![4, 1, 1]);
+    let mc = out.kl.mean(Kind::Double).double_value(&[]);
+    assert!((mc - expected).abs() < 0.02, "{mc} vs {expected}");
+    // the penalty is differentiable through the current policy's log-prob
+    out.total_loss().expect("total").backward();
+    assert!(w.grad().abs().double_value(&[0]) > 0.0);
+}
+
+#[test]
+fn klpen_beta_adapts_and_resets() {
+    let (actor, _) = toy_actor();
+    // KL ≈ 0.24 per sample: above 1.5 · 0.05 → β × 3; below 0.5/1.5 → β × 0.25
+    let loss = KLPENPPOLoss::new(actor, toy_critic())
+        .with_dtarg(0.05)
+        .and_then(|l| l.with_beta(0.5))
+        .and_then(|l| l.with_increment(3.0))
+        .expect("config");
+    let td = klpen_batch();
+    let first = loss.forward(&td).expect("forward");
+    assert_eq!(first.beta, 0.5);
+    assert!((loss.beta() - 1.5).abs() < 1e-15);
+    let second = loss.forward(&td).expect("forward");
+    assert!((second.beta - 1.5).abs() < 1e-15);
+    // the objective moved by Δβ · mean(kl)
+    let kl = first.kl.mean(Kind::Double).double_value(&[]);
+    let delta = second.loss_objective.double_value(&[]) - first.loss_objective.double_value(&[]);
+    assert!((delta - 1.0 * kl).abs() < 1e-12);
+    loss.reset();
+    assert_eq!(loss.beta(), 0.5);
+
+    let (actor, _) = toy_actor();
+    let loss = KLPENPPOLoss::new(actor, toy_critic())
+        .with_dtarg(0.5)
+        .and_then(|l| l.with_decrement(0.25))
+        .expect("config");
+    loss.forward(&td).expect("forward");
+    assert_eq!(loss.beta(), 0.25);
+}
+
+#[test]
+fn klpen_config_keys_and_errors() {
+    let (actor, _) = toy_actor();
+    let loss = KLPENPPOLoss::new(actor, toy_critic());
+    assert_eq!(
+        loss.out_keys(),
+        vec!["loss_objective", "kl", "entropy", "loss_entropy", "loss_critic"]
+    );
+    // the behaviour policy's parameters are inputs
+    for k in ["loc", "scale", "action_log_prob", "obs"] {
+        assert!(loss.in_keys().contains(&NestedKey::from(k)), "{k}");
+    }
+    assert_eq!((loss.dtarg(), loss.beta()), (0.01, 1.0));
+    // missing parameters are named
+    let mut td = klpen_batch();
+    td.remove("scale");
+    let err = loss.forward(&td).expect_err("no scale").to_string();
+    assert!(err.contains("scale") && err.contains("KLPENPPOLoss"), "{err}");
+    // TorchRL's bounds on the adaptation factors
+    let (actor, _) = toy_actor();
+    assert!(KLPENPPOLoss::without_critic(actor).with_increment(0.9).is_err());
+    let (actor, _) = toy_actor();
+    assert!(KLPENPPOLoss::without_critic(actor).with_decrement(1.1).is_err());
+    let (actor, _) = toy_actor();
+    let l = KLPENPPOLoss::without_critic(actor);
+    assert!(l.with_samples_mc_kl(0).is_err());
+    let (actor, _) = toy_actor();
+    assert!(KLPENPPOLoss::without_critic(actor).with_beta(-1.0).is_err());
+    // without a critic: no loss_critic
+    let (actor, _) = toy_actor();
+    let out = KLPENPPOLoss::without_critic(actor)
+        .forward(&klpen_batch())
+        .expect("forward");
+    assert!(out.loss_critic.is_none() && out.explained_variance.is_none());
 }
