@@ -17,9 +17,8 @@
 //!
 //! CI runs `PROPTEST_CASES` cases per property (default below). Long campaign:
 //! `PROPTEST_CASES=20000 cargo test --release --test prop_tensordict --test prop_specs --test prop_envs`.
-//! Inputs that hit known bugs in files this campaign does not own are skipped (see `known_bug`
-//! and the `#[ignore]`d regression tests at the end); set `PROP_KNOWN_BUGS=1` to generate them
-//! too (and `--include-ignored` to run those tests).
+//! Every input is generated; the bugs the campaign found are fixed and pinned by the
+//! regression tests at the end of this file.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -418,16 +417,6 @@ fn bad_step_input(
     Ok(td)
 }
 
-/// Inputs that hit known bugs in files this campaign may not change (see the `#[ignore]`d
-/// regression tests at the end of this file). They are skipped unless `PROP_KNOWN_BUGS` is set.
-fn known_bug(kind: EnvKind, reset: &BadReset) -> bool {
-    if std::env::var("PROP_KNOWN_BUGS").is_ok() {
-        return false;
-    }
-    // builtin/counting.rs: a non-bool "_reset" mask panics in `f_masked_fill` (bug 4).
-    matches!((kind, reset), (EnvKind::Counting(_), BadReset::Kind(k)) if *k != Kind::Bool)
-}
-
 /// `reset` with a malformed `"_reset"` mask: `Ok` or an error, never a panic; the env works
 /// afterwards.
 fn bad_reset(env: &mut dyn EnvBase, bad: &BadReset, ctx: &str) -> Check {
@@ -468,7 +457,6 @@ fn case<E: EnvBase + 'static>(
     seed: u64,
     bad: &[BadAction],
     resets: &[BadReset],
-    kind: EnvKind,
 ) -> Check {
     let base_specs = base.specs().clone();
     let base_text = specs_text(&base_specs);
@@ -552,9 +540,7 @@ fn case<E: EnvBase + 'static>(
         }
     }
     for r in resets {
-        if !known_bug(kind, r) {
-            bad_reset(&mut env, r, &ctx)?;
-        }
+        bad_reset(&mut env, r, &ctx)?;
     }
     if env.base().specs() != &base_specs || specs_text(env.base().specs()) != base_text {
         return Err(format!(
@@ -575,8 +561,8 @@ fn run_case(
     let built = catch("building the env", || -> torchrl::Result<Check> {
         let r = resets;
         Ok(match kind {
-            EnvKind::Counting(m) => case(CountingEnv::new(m, batch)?, stack, seed, bad, r, kind),
-            EnvKind::Pendulum => case(PendulumEnv::new(batch, CPU)?, stack, seed, bad, r, kind),
+            EnvKind::Counting(m) => case(CountingEnv::new(m, batch)?, stack, seed, bad, r),
+            EnvKind::Pendulum => case(PendulumEnv::new(batch, CPU)?, stack, seed, bad, r),
             EnvKind::CartPole(cat) => {
                 let enc = if cat {
                     ActionEncoding::Categorical
@@ -589,7 +575,6 @@ fn run_case(
                     seed,
                     bad,
                     r,
-                    kind,
                 )
             }
             EnvKind::MountainCar => case(
@@ -598,7 +583,6 @@ fn run_case(
                 seed,
                 bad,
                 r,
-                kind,
             ),
         })
     })?;
@@ -791,22 +775,35 @@ fn regression_state_keys_are_not_rewritten_in_place() {
     check_env_specs(&mut env, Some(0)).unwrap();
 }
 
-/// Bug 4 (src/envs/builtin/counting.rs, not in the files this campaign may change):
-/// `CountingEnv::reset` with a `"_reset"` mask that is not bool (e.g. an int64 mask of the
-/// right shape) panics: it calls `f_masked_fill` with the mask as given, libtorch refuses a
-/// non-bool mask, and tch panics instead of returning the error (its temporary `Scalar`'s
-/// destructor unwraps the pending libtorch error). The mask should be cast to bool (as
-/// `reset_plan` does for the other built-in envs) or refused with an error naming `"_reset"`.
+/// Fixed (src/envs/builtin/counting.rs): `CountingEnv::reset` with a `"_reset"` mask that is
+/// not bool (e.g. an int64 mask of the right shape) panicked: it called `f_masked_fill` with
+/// the mask as given, libtorch refused a non-bool mask, and tch panicked instead of returning
+/// the error (its temporary `Scalar`'s destructor unwraps the pending libtorch error). The mask
+/// is now cast to bool (nonzero resets), as `reset_plan` does for the other built-in envs, and
+/// a mask with the wrong number of flags is an error naming `"_reset"`.
 #[test]
-#[ignore = "bug in src/envs/builtin/counting.rs (non-bool _reset mask panics); outside this campaign's files"]
 fn regression_counting_reset_with_int_mask() {
     let mut env = CountingEnv::new(5, &[2]).unwrap();
-    let td = TensorDict::new([2])
+    let mut root = env.reset(None).unwrap();
+    for _ in 0..2 {
+        let td = env.rand_action(Some(root)).unwrap();
+        let td = env.step(td).unwrap();
+        root = env.step_mdp(&td).unwrap();
+    }
+    let obs = root.get("observation").unwrap().reshape([-1]);
+    assert_eq!(Vec::<f32>::try_from(obs).unwrap(), vec![2.0, 2.0]);
+    let mask = Tensor::from_slice(&[0i64, 3]).reshape([2, 1]);
+    root.set("_reset", mask).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env.reset(Some(root))));
+    let out = r.expect("reset panicked").unwrap();
+    let obs = out.get("observation").unwrap().reshape([-1]);
+    assert_eq!(Vec::<f32>::try_from(obs).unwrap(), vec![2.0, 0.0]);
+    let bad = TensorDict::new([2])
         .unwrap()
-        .with("_reset", Tensor::ones([2, 1], (Kind::Int64, CPU)))
+        .with("_reset", Tensor::ones([2, 3], (Kind::Float, CPU)))
         .unwrap();
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| env.reset(Some(td)).is_ok()));
-    assert!(r.is_ok(), "reset panicked");
+    let err = env.reset(Some(bad)).unwrap_err();
+    assert!(err.to_string().contains("\"_reset\""), "{err}");
 }
 
 /// Fixed (reward_scaling.rs): `RewardScaling::new` checks that loc and scale are finite as f64,

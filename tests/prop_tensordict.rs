@@ -19,9 +19,8 @@
 //!
 //! CI runs `PROPTEST_CASES` cases per property (default below). Long campaign:
 //! `PROPTEST_CASES=20000 cargo test --release --test prop_tensordict --test prop_specs --test prop_envs`.
-//! Inputs that hit known bugs in files this campaign does not own are skipped (see `known_bug`
-//! and the `#[ignore]`d regression tests at the end); set `PROP_KNOWN_BUGS=1` to generate them
-//! too (and `--include-ignored` to run those tests).
+//! Every input is generated; the bugs the campaign found are fixed and pinned by the
+//! regression tests at the end of this file.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -831,39 +830,8 @@ fn broken(td: &TensorDict, brk: &Break) -> TensorDict {
     c
 }
 
-/// Inputs that hit known bugs in files this campaign may not change (see the `#[ignore]`d
-/// regression tests at the end of this file). They are skipped unless `PROP_KNOWN_BUGS` is set,
-/// so that CI stays green while the bugs stay documented and reproducible.
-fn known_bug(td: &TensorDict, op: &Op) -> bool {
-    if std::env::var("PROP_KNOWN_BUGS").is_ok() {
-        return false;
-    }
-    let _ = td;
-    match op {
-        // shape.rs: expand accepts negative sizes (bug 1).
-        Op::Expand { shape, .. } => shape.iter().any(|d| *d < 0),
-        // shape.rs: set_at writes leaf by leaf and can fail on a later leaf that libtorch
-        // cannot write in place (an expanded view), leaving the earlier ones written (bug 2).
-        Op::SetAt { .. } => td.values().iter().any(|t| has_overlap(t)),
-        // shape.rs: reshape/view and split add or multiply sizes unchecked (bug 3).
-        Op::Reshape { shape, .. } => shape
-            .iter()
-            .filter(|d| **d != -1)
-            .try_fold(1i64, |a, d| a.checked_mul(*d))
-            .is_none(),
-        Op::Split { sizes, .. } => sizes
-            .iter()
-            .try_fold(0i64, |a, d| a.checked_add(*d))
-            .is_none(),
-        _ => false,
-    }
-}
-
 /// Runs `op` on `td` and checks the properties; `Err` is a property violation.
 fn run(td: &mut TensorDict, op: &Op) -> Check {
-    if known_bug(td, op) {
-        return Ok(());
-    }
     match op {
         Op::Set { key, shape, kind } => {
             let s = shape_for(td, key, shape);
@@ -1340,13 +1308,6 @@ fn run(td: &mut TensorDict, op: &Op) -> Check {
 
 /// True when a tensor has a stride-0 dim of size > 1 (an expanded view: libtorch refuses to
 /// write into it in place).
-fn has_overlap(t: &Tensor) -> bool {
-    t.size()
-        .iter()
-        .zip(t.stride())
-        .any(|(n, s)| *n > 1 && s == 0)
-}
-
 fn dim_ok(dim: i64, n: usize) -> bool {
     let n = n as i64;
     (-n..n).contains(&dim)
@@ -1467,16 +1428,17 @@ proptest! {
 
 // ------------------------------------------------------------------ regressions
 
-/// Bug 1 (src/tensordict/shape.rs, not changed here): `expand` accepts negative sizes. On a
-/// tensordict without leaves `expand([-1])` succeeds with batch size `[-1]`; with a size-1
-/// batch dim `[1].expand([-1])` succeeds with batch size `[-1]` while the leaves keep size 1
-/// (libtorch reads -1 as "keep"). `expand` should reject negative sizes with an error naming
-/// the shape, like `TensorDict::new` does.
+/// Fixed (src/tensordict/shape.rs): `expand` accepted negative sizes. On a tensordict without
+/// leaves `expand([-1])` succeeded with batch size `[-1]`; with a size-1 batch dim
+/// `[1].expand([-1])` succeeded with batch size `[-1]` while the leaves kept size 1 (libtorch
+/// reads -1 as "keep"). A negative size is now an error naming the shape, as in
+/// `TensorDict::new`.
 #[test]
-#[ignore = "bug in src/tensordict/shape.rs (expand accepts negative sizes); owned by another agent"]
 fn regression_expand_rejects_negative_sizes() {
     let td = TensorDict::new([0i64; 0]).unwrap();
-    assert!(td.expand([-1]).is_err(), "batch size [-1] accepted");
+    let err = td.expand([-1]).unwrap_err();
+    assert!(err.to_string().contains("[-1]"), "{err}");
+    assert_eq!(td.expand([2, 0]).unwrap().batch_size(), &[2, 0]);
     let td = TensorDict::new([1])
         .unwrap()
         .with("a", Tensor::zeros([1, 2], (Kind::Float, CPU)))
@@ -1553,14 +1515,13 @@ fn regression_set_batch_size_rejects_negative_dims() {
     assert_eq!(td.batch_size(), &[] as &[i64]);
 }
 
-/// Bug 2 (src/tensordict/shape.rs, not changed here): `set_at` checks keys and shapes, then
-/// writes leaf by leaf; when libtorch refuses a write on a later leaf (here an expanded view,
-/// where one memory location backs several elements) the earlier leaves are already written,
-/// so the failed call leaves the tensordict half-written. The libtorch error also does not
-/// name the key. `set_at` should check that every destination can be written in place (no
-/// stride-0 dim of size > 1) before writing anything, and name the key in the error.
+/// Fixed (src/tensordict/shape.rs, index.rs): `set_at` checked keys and shapes, then wrote
+/// leaf by leaf; when libtorch refused a write on a later leaf (here an expanded view, where
+/// one memory location backs several elements) the earlier leaves were already written, so the
+/// failed call left the tensordict half-written, and libtorch's error did not name the key.
+/// `set_at` now checks every destination (no stride-0 dim of size > 1 in the written region)
+/// and prepares every argument before writing anything, and the error names the key.
 #[test]
-#[ignore = "bug in src/tensordict/shape.rs (set_at half-writes on a failing later leaf); owned by another agent"]
 fn regression_set_at_is_atomic() {
     let mut td = TensorDict::new([0i64; 0])
         .unwrap()
@@ -1581,6 +1542,47 @@ fn regression_set_at_is_atomic() {
         td.get("a").unwrap().double_value(&[0]),
         0.0,
         "a failed set_at wrote \"a\""
+    );
+    // Through a mask too (libtorch's `index_put_` would write, with a warning, several values
+    // into one memory location).
+    let mut td = TensorDict::new([2])
+        .unwrap()
+        .with("a", Tensor::zeros([2], (Kind::Float, CPU)))
+        .unwrap()
+        .with(
+            ("n", "b"),
+            Tensor::zeros([1], (Kind::Float, CPU)).expand([2], false),
+        )
+        .unwrap();
+    let mask = BatchIndex::Mask(Tensor::from_slice(&[true, true]));
+    let v = td.apply(|t| Ok(Some(t.ones_like()))).unwrap();
+    let err = td.set_at(&[mask], &v).unwrap_err();
+    assert!(err.to_string().contains(r#"("n", "b")"#), "{err}");
+    assert_eq!(
+        td.get("a")
+            .unwrap()
+            .abs()
+            .sum(Kind::Float)
+            .double_value(&[]),
+        0.0
+    );
+    // A value that shares memory with the destination is read before it is overwritten.
+    let mut td = TensorDict::new([5])
+        .unwrap()
+        .with("a", Tensor::arange(5, (Kind::Int64, CPU)))
+        .unwrap();
+    let shifted = td.index(&[(0..4).into()]).unwrap();
+    td.set_at(&[(1..5).into()], &shifted).unwrap();
+    assert_eq!(
+        Vec::<i64>::try_from(td.get("a").unwrap()).unwrap(),
+        vec![0, 0, 1, 2, 3]
+    );
+    let idx = BatchIndex::Tensor(Tensor::from_slice(&[4i64, 3]));
+    let first_two = td.index(&[(0..2).into()]).unwrap();
+    td.set_at(&[idx], &first_two).unwrap();
+    assert_eq!(
+        Vec::<i64>::try_from(td.get("a").unwrap()).unwrap(),
+        vec![0, 0, 1, 0, 0]
     );
 }
 
@@ -1626,12 +1628,12 @@ fn regression_set_inplace_error_names_key() {
     assert!(err.to_string().contains(r#"("a", "b")"#), "{err}");
 }
 
-/// Bug 3 (src/tensordict/shape.rs, not changed here): `reshape`/`view` multiply the target
-/// sizes and `split` adds the split sizes without overflow checks, so huge arguments panic in
-/// debug builds ("attempt to multiply/add with overflow") instead of returning an error. They
-/// should use `checked_mul`/`checked_add` and report the shape.
+/// Fixed (src/tensordict/shape.rs): `reshape`/`view` multiplied the target sizes and `split`
+/// added the split sizes without overflow checks, so huge arguments panicked in debug builds
+/// ("attempt to multiply/add with overflow") instead of returning an error. They now use
+/// checked arithmetic and report the shape; `cat` of tensordicts without leaves whose batch
+/// dims sum past `i64::MAX` is an error too.
 #[test]
-#[ignore = "bug in src/tensordict/shape.rs (unchecked arithmetic on reshape/split arguments); owned by another agent"]
 fn regression_reshape_and_split_overflow() {
     let td = TensorDict::new([2])
         .unwrap()
@@ -1653,6 +1655,22 @@ fn regression_reshape_and_split_overflow() {
         Some(true),
         "split([i64::MAX, 1]) must be an error, not a panic"
     );
+    let err = td.reshape([i64::MAX, 2]).unwrap_err();
+    assert!(
+        err.to_string().contains(&format!("[{}, 2]", i64::MAX)),
+        "{err}"
+    );
+    assert!(td.view([i64::MAX, -1, 2]).is_err());
+    assert_eq!(td.reshape([1, -1]).unwrap().batch_size(), &[1, 2]);
+    let parts = td.split(&[1, 1], 0).unwrap();
+    assert_eq!(parts.len(), 2);
+    assert!(td.split(&[-1, 3], 0).is_err());
+    // cat of tensordicts without leaves whose batch dims sum past i64::MAX.
+    let big = TensorDict::new([i64::MAX]).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cat(&[big.clone(), big.clone()], 0).is_err()
+    }));
+    assert_eq!(r.ok(), Some(true), "cat overflowing i64 must be an error");
 }
 
 /// Fixed (src/tensordict/mod.rs): `numel` of a huge batch size (a tensordict without leaves)

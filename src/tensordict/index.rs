@@ -402,24 +402,95 @@ pub(crate) fn apply_step(cur: &Tensor, step: &Step) -> Result<Tensor> {
     })
 }
 
-/// Writes `value` into the region of `dest` selected by `plan` (in place).
-pub(crate) fn write_plan(
+/// A write into one leaf, checked by [`prepare_write`]: running it only calls libtorch's
+/// in-place copy (`copy_` for basic indices, `index_put_` for a mask or an index tensor) on
+/// arguments that were checked to be writable, so that a caller writing several leaves can
+/// check all of them before writing any.
+pub(crate) struct PreparedWrite {
+    /// The destination region (basic steps applied), or the tensor to index into.
+    view: Tensor,
+    /// The advanced index (`None` for the leading dims), when the plan ends with one.
+    index: Option<Vec<Option<Tensor>>>,
+    /// The value, cast to the destination's dtype and moved to its device.
+    value: Tensor,
+}
+
+impl PreparedWrite {
+    /// Performs the write.
+    pub(crate) fn run(self) -> Result<()> {
+        let mut view = self.view;
+        match &self.index {
+            Some(idx) => {
+                let _ = view.f_index_put_(idx, &self.value, false)?;
+            }
+            None => {
+                view.f_copy_(&self.value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The dim of `t` in which several elements share one memory location (stride 0, size > 1),
+/// if any: libtorch refuses to write into such a tensor (an expanded view) in place.
+fn overlapping_dim(t: &Tensor) -> Option<(usize, i64)> {
+    t.size()
+        .into_iter()
+        .zip(t.stride())
+        .enumerate()
+        .find(|(_, (n, s))| *n > 1 && *s == 0)
+        .map(|(d, (n, _))| (d, n))
+}
+
+/// The byte range `[lo, hi)` that `t`'s elements occupy (`None` when it has none).
+fn byte_range(t: &Tensor) -> Option<(usize, usize)> {
+    let size = t.size();
+    if size.iter().any(|n| *n == 0) {
+        return None;
+    }
+    let es = t.f_kind().ok()?.elt_size_in_bytes() as i128;
+    let (mut lo, mut hi) = (0i128, 0i128);
+    for (n, s) in size.iter().zip(t.stride()) {
+        let reach = i128::from(n - 1) * i128::from(s) * es;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    let p = t.data_ptr() as usize as i128;
+    let lo = usize::try_from(p + lo).ok()?;
+    let hi = usize::try_from(p + hi + es).ok()?;
+    Some((lo, hi))
+}
+
+/// Whether `a` and `b` may share memory (same device, intersecting byte ranges).
+fn may_overlap(a: &Tensor, b: &Tensor) -> bool {
+    if a.device() != b.device() {
+        return false;
+    }
+    match (byte_range(a), byte_range(b)) {
+        (Some((a0, a1)), Some((b0, b1))) => a0 < b1 && b0 < a1,
+        _ => false,
+    }
+}
+
+/// Checks and prepares writing `value` into the region of `dest` (the leaf at `key`) selected
+/// by `plan`, without writing anything. The value is cast to the destination's dtype (`copy_`
+/// casts; `index_put_` requires equal dtypes, so both paths behave the same) and moved to its
+/// device; a value or index that shares memory with the destination is copied first (libtorch
+/// refuses overlapping arguments). A destination in which several elements share one memory
+/// location (an expanded view) is refused with an error naming `key`.
+pub(crate) fn prepare_write(
     op: &'static str,
+    key: &str,
     dest: &Tensor,
     plan: &Plan,
     value: &Tensor,
-) -> Result<()> {
+) -> Result<PreparedWrite> {
     // Basic steps are views; an advanced step (mask/gather) must be the last one.
     let mut view = dest.shallow_clone();
-    // `copy_` (basic indices) casts the value to the destination's dtype; `index_put_` (masks
-    // and index tensors) requires equal dtypes, so cast here for the same behaviour.
-    let cast;
-    let value = if value.kind() == dest.kind() {
-        value
-    } else {
-        cast = value.f_to_kind(dest.kind())?;
-        &cast
-    };
+    let mut index = None;
     let n = plan.steps.len();
     for (i, step) in plan.steps.iter().enumerate() {
         match step {
@@ -427,25 +498,47 @@ pub(crate) fn write_plan(
                 ensure_last(op, i, n)?;
                 let mut idx: Vec<Option<Tensor>> = (0..*dim).map(|_| None).collect();
                 idx.push(Some(mask.f_to_device(view.device())?));
-                let _ = view.f_index_put_(&idx, value, false)?;
-                return Ok(());
+                index = Some(idx);
             }
-            Step::Gather { dim, index, shape } => {
+            Step::Gather {
+                dim,
+                index: ix,
+                shape,
+            } => {
                 ensure_last(op, i, n)?;
                 let mut idx: Vec<Option<Tensor>> = (0..*dim).map(|_| None).collect();
                 idx.push(Some(
-                    index
-                        .f_reshape(shape.as_slice())?
-                        .f_to_device(view.device())?,
+                    ix.f_reshape(shape.as_slice())?.f_to_device(view.device())?,
                 ));
-                let _ = view.f_index_put_(&idx, value, false)?;
-                return Ok(());
+                index = Some(idx);
             }
             _ => view = apply_step(&view, step)?,
         }
     }
-    view.f_copy_(value)?;
-    Ok(())
+    if let Some((d, size)) = overlapping_dim(&view) {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "cannot write into key {key} in place: it is an expanded view (dim {d} of its \
+                 written region, of size {size}, has stride 0, so its elements share one memory \
+                 location); clone it first"
+            ),
+        ));
+    }
+    let mut value = value
+        .f_to_device(view.device())?
+        .f_to_kind(view.f_kind()?)?;
+    if may_overlap(&value, &view) {
+        value = value.f_detach_copy()?;
+    }
+    if let Some(idx) = index.as_mut() {
+        for t in idx.iter_mut().flatten() {
+            if may_overlap(t, &view) {
+                *t = t.f_detach_copy()?;
+            }
+        }
+    }
+    Ok(PreparedWrite { view, index, value })
 }
 
 fn ensure_last(op: &'static str, i: usize, n: usize) -> Result<()> {

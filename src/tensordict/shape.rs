@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use rustc_hash::FxHashMap;
 use tch::{Device, Kind, Tensor};
 
-use super::index::{apply_plan, resolve, write_plan, BatchIndex};
+use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
 use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
 
@@ -30,54 +30,123 @@ fn norm_dim(op: &'static str, dim: i64, ndim: usize, batch: &[i64]) -> Result<us
     let n = ndim as i64;
     let d = if dim < 0 { dim + n } else { dim };
     if d < 0 || d >= n {
-        let what = if ndim == batch.len() {
-            "batch dims"
-        } else {
-            "new-dim positions"
-        };
-        return Err(Error::IndexOutOfRange {
-            op,
-            index: dim,
-            what: format!("{what} (batch size {})", ShapeFmt(batch)),
-            size: n,
-        });
+        return Err(dim_error(op, dim, ndim, batch));
     }
     Ok(d as usize)
 }
 
-/// Resolves `-1` in a target shape given the element count.
+/// The error for a dim outside `-ndim..ndim`.
+fn dim_error(op: &'static str, dim: i64, ndim: usize, batch: &[i64]) -> Error {
+    let what = if ndim == batch.len() {
+        "batch dims"
+    } else {
+        "new-dim positions"
+    };
+    Error::IndexOutOfRange {
+        op,
+        index: dim,
+        what: format!("{what} (batch size {})", ShapeFmt(batch)),
+        size: ndim as i64,
+    }
+}
+
+/// Resolves `-1` in a target shape given the element count. The product of the sizes is
+/// computed with overflow checks: a shape whose product does not fit in `i64` is an error.
 fn infer_shape(op: &'static str, shape: &[i64], numel: i64, from: &[i64]) -> Result<Vec<i64>> {
-    let mut out = shape.to_vec();
-    let unknown: Vec<usize> = (0..out.len()).filter(|i| out[*i] == -1).collect();
-    if unknown.len() > 1 || out.iter().any(|d| *d < -1) {
+    let mut unknown = shape
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| **d == -1)
+        .map(|(i, _)| i);
+    let first_unknown = unknown.next();
+    if unknown.next().is_some() || shape.iter().any(|d| *d < -1) {
         return Err(Error::invalid(
             op,
             format!("invalid shape {}", ShapeFmt(shape)),
         ));
     }
-    let known: i64 = out.iter().filter(|d| **d != -1).product();
-    if let Some(&u) = unknown.first() {
-        if known == 0 || numel % known != 0 {
-            return Err(Error::ShapeMismatch {
+    let mismatch = || Error::ShapeMismatch {
+        op,
+        key: "<batch>".into(),
+        expected: from.to_vec(),
+        actual: shape.to_vec(),
+    };
+    let known = shape
+        .iter()
+        .filter(|d| **d != -1)
+        .try_fold(1i64, |acc, d| acc.checked_mul(*d))
+        .ok_or_else(|| {
+            Error::invalid(
                 op,
-                key: "<batch>".into(),
-                expected: from.to_vec(),
-                actual: shape.to_vec(),
-            });
+                format!(
+                    "shape {} has more elements than fit in i64 (batch size {})",
+                    ShapeFmt(shape),
+                    ShapeFmt(from)
+                ),
+            )
+        })?;
+    let mut out = shape.to_vec();
+    match first_unknown {
+        Some(u) => {
+            if known == 0 || numel % known != 0 {
+                return Err(mismatch());
+            }
+            let slot = out.get_mut(u).ok_or_else(mismatch)?;
+            *slot = numel / known;
         }
-        out[u] = numel / known;
-    } else if known != numel {
-        return Err(Error::ShapeMismatch {
-            op,
-            key: "<batch>".into(),
-            expected: from.to_vec(),
-            actual: shape.to_vec(),
-        });
+        None if known != numel => return Err(mismatch()),
+        None => {}
     }
     Ok(out)
 }
 
+/// The dims of `shape` after its first `nd`: a leaf's feature dims, or a nested level's extra
+/// batch dims. A shape with fewer than `nd` dims breaks the tensordict's invariants (every
+/// level's batch size is a prefix of its leaves' shapes): an error, not a panic.
+fn dims_after<'a>(op: &'static str, shape: &'a [i64], nd: usize) -> Result<&'a [i64]> {
+    shape.get(nd..).ok_or_else(|| {
+        Error::invalid(
+            op,
+            format!(
+                "internal: shape {} has fewer than the {nd} batch dims",
+                ShapeFmt(shape)
+            ),
+        )
+    })
+}
+
 impl TensorDict {
+    /// Normalises batch dim `dim` (negative counts from the end) and returns it with its size.
+    fn batch_dim(&self, op: &'static str, dim: i64) -> Result<(usize, i64)> {
+        let bs = &self.batch_size;
+        let d = norm_dim(op, dim, bs.len(), bs)?;
+        let size = bs
+            .get(d)
+            .copied()
+            .ok_or_else(|| dim_error(op, dim, bs.len(), bs))?;
+        Ok((d, size))
+    }
+
+    /// An empty vector with room for `count` pieces of `self` (from unbind or split): an error
+    /// naming the batch size, rather than an abort, when that much memory cannot be had (a
+    /// tensordict without leaves can have a batch dim of any size).
+    fn pieces<T>(&self, op: &'static str, count: i64) -> Result<Vec<T>> {
+        let mut v = Vec::new();
+        usize::try_from(count)
+            .ok()
+            .and_then(|n| v.try_reserve_exact(n).ok())
+            .ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    format!(
+                        "cannot allocate {count} pieces of batch size {}",
+                        ShapeFmt(&self.batch_size)
+                    ),
+                )
+            })?;
+        Ok(v)
+    }
+
     /// Rebuilds the tree with new root batch dims, mapping every leaf with `f`. Nested levels
     /// keep their extra batch dims after the new root ones.
     fn map_batch<F>(&self, new_batch: &[i64], f: &mut F) -> Result<TensorDict>
@@ -92,7 +161,7 @@ impl TensorDict {
         F: FnMut(&Tensor) -> Result<Tensor>,
     {
         let mut batch: Dims = new_root.iter().copied().collect();
-        batch.extend_from_slice(&self.batch_size[root_nd..]);
+        batch.extend_from_slice(dims_after("map_batch", &self.batch_size, root_nd)?);
         let mut out = TensorDict {
             entries: Map::default(),
             batch_size: batch,
@@ -117,8 +186,11 @@ impl TensorDict {
     }
 
     /// Writes `value` into the batch region selected by `idx` (like `td[idx] = value`). `value`
-    /// must have the indexed batch size and the same leaves with matching shapes; everything is
-    /// checked before anything is written.
+    /// must have the indexed batch size and the same leaves with matching shapes. Everything
+    /// (keys, shapes, and that every destination can be written in place) is checked before
+    /// anything is written, so a failed call leaves `self` unchanged; writing into a leaf that
+    /// is an expanded view (several elements sharing one memory location) is an error naming
+    /// its key.
     pub fn set_at(&mut self, idx: &[BatchIndex], value: &TensorDict) -> Result<()> {
         let op = "set_at";
         let plan = resolve(op, idx, &self.batch_size)?;
@@ -154,7 +226,7 @@ impl TensorDict {
                 .get(k)
                 .ok_or_else(|| self.lookup_error(op, &k.parts().collect::<Vec<_>>()))?;
             let mut expected = plan.batch.clone();
-            expected.extend_from_slice(&dest.size()[nd..]);
+            expected.extend_from_slice(dims_after(op, &dest.size(), nd)?);
             let actual = src.size();
             if actual != expected {
                 return Err(Error::ShapeMismatch {
@@ -164,25 +236,41 @@ impl TensorDict {
                     actual,
                 });
             }
-            writes.push((dest, src));
+            writes.push(prepare_write(op, &k.to_string(), dest, &plan, src)?);
         }
+        // Every destination was checked and every argument prepared: now write.
         let _guard = tch::no_grad_guard();
-        for (dest, src) in writes {
-            write_plan(op, dest, &plan, src)?;
+        for w in writes {
+            w.run()?;
         }
         Ok(())
     }
 
     /// Expands the batch dims to `shape`: the trailing dims of `shape` must equal the current
-    /// batch size, or be expanded from 1 (leaves become `[*shape, *feature_dims]`).
+    /// batch size, or be expanded from 1 (leaves become `[*shape, *feature_dims]`). Sizes are
+    /// explicit: a negative size (libtorch's "keep this dim") is an error.
     pub fn expand(&self, shape: impl AsRef<[i64]>) -> Result<TensorDict> {
         let shape = shape.as_ref();
+        if let Some(d) = shape.iter().find(|d| **d < 0) {
+            return Err(Error::invalid(
+                "expand",
+                format!(
+                    "shape {} has a negative dimension {d} (batch size {})",
+                    ShapeFmt(shape),
+                    ShapeFmt(&self.batch_size)
+                ),
+            ));
+        }
         let nd = self.batch_size.len();
-        let ok = shape.len() >= nd
-            && shape[shape.len() - nd..]
-                .iter()
-                .zip(&self.batch_size)
-                .all(|(n, o)| n == o || *o == 1);
+        let ok = shape
+            .len()
+            .checked_sub(nd)
+            .and_then(|lead| shape.get(lead..))
+            .is_some_and(|tail| {
+                tail.iter()
+                    .zip(&self.batch_size)
+                    .all(|(n, o)| n == o || *o == 1)
+            });
         if !ok {
             return Err(Error::ShapeMismatch {
                 op: "expand",
@@ -194,7 +282,7 @@ impl TensorDict {
         self.map_batch(shape, &mut |t| {
             let size = t.size();
             let mut target = shape.to_vec();
-            target.extend_from_slice(&size[nd..]);
+            target.extend_from_slice(dims_after("expand", &size, nd)?);
             Ok(t.f_expand(&target, false)?)
         })
     }
@@ -205,7 +293,7 @@ impl TensorDict {
         self.map_batch(&new, &mut |t| {
             let size = t.size();
             let mut target = new.clone();
-            target.extend_from_slice(&size[nd..]);
+            target.extend_from_slice(dims_after(op, &size, nd)?);
             Ok(if view {
                 t.f_view(target.as_slice())?
             } else {
@@ -242,19 +330,26 @@ impl TensorDict {
     pub fn squeeze(&self, dim: Option<i64>) -> Result<TensorDict> {
         let dims: Vec<usize> = match dim {
             Some(dim) => {
-                let d = norm_dim("squeeze", dim, self.batch_size.len(), &self.batch_size)?;
-                if self.batch_size[d] != 1 {
+                let (d, size) = self.batch_dim("squeeze", dim)?;
+                if size != 1 {
                     return Ok(self.clone());
                 }
                 vec![d]
             }
-            None => (0..self.batch_size.len())
-                .filter(|i| self.batch_size[*i] == 1)
+            None => self
+                .batch_size
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n == 1)
+                .map(|(i, _)| i)
                 .collect(),
         };
-        let new: Vec<i64> = (0..self.batch_size.len())
-            .filter(|i| !dims.contains(i))
-            .map(|i| self.batch_size[i])
+        let new: Vec<i64> = self
+            .batch_size
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dims.contains(i))
+            .map(|(_, n)| *n)
             .collect();
         self.map_batch(&new, &mut |t| {
             let mut cur = t.shallow_clone();
@@ -293,7 +388,15 @@ impl TensorDict {
         if sorted != (0..nd).collect::<Vec<_>>() {
             return Err(not_a_permutation());
         }
-        let new: Vec<i64> = norm.iter().map(|d| self.batch_size[*d]).collect();
+        let new = norm
+            .iter()
+            .map(|d| {
+                self.batch_size
+                    .get(*d)
+                    .copied()
+                    .ok_or_else(not_a_permutation)
+            })
+            .collect::<Result<Vec<i64>>>()?;
         self.map_batch(&new, &mut |t| {
             let mut perm: Vec<i64> = norm.iter().map(|d| *d as i64).collect();
             perm.extend((nd as i64)..(t.dim() as i64));
@@ -303,55 +406,62 @@ impl TensorDict {
 
     /// Splits along batch dim `dim` into `batch_size[dim]` tensordicts (views).
     pub fn unbind(&self, dim: i64) -> Result<Vec<TensorDict>> {
-        let d = norm_dim("unbind", dim, self.batch_size.len(), &self.batch_size)?;
-        (0..self.batch_size[d])
-            .map(|i| {
-                let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
-                idx.push(BatchIndex::Int(i));
-                self.index(&idx)
-            })
-            .collect()
+        let (d, size) = self.batch_dim("unbind", dim)?;
+        let mut out = self.pieces("unbind", size)?;
+        for i in 0..size {
+            let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
+            idx.push(BatchIndex::Int(i));
+            out.push(self.index(&idx)?);
+        }
+        Ok(out)
     }
 
     /// Splits along batch dim `dim` into pieces of the given sizes (which must sum to the dim).
     pub fn split(&self, sizes: &[i64], dim: i64) -> Result<Vec<TensorDict>> {
-        let d = norm_dim("split", dim, self.batch_size.len(), &self.batch_size)?;
-        let total: i64 = sizes.iter().sum();
-        if total != self.batch_size[d] || sizes.iter().any(|s| *s < 0) {
+        let (d, size) = self.batch_dim("split", dim)?;
+        // Checked: huge sizes must not overflow (a panic in debug builds).
+        let total = sizes.iter().try_fold(
+            0i64,
+            |acc, s| if *s < 0 { None } else { acc.checked_add(*s) },
+        );
+        if total != Some(size) {
             return Err(Error::invalid(
                 "split",
                 format!(
-                    "split sizes {sizes:?} must be non-negative and sum to batch dim {d} of size {} (batch size {})",
-                    self.batch_size[d],
+                    "split sizes {} must be non-negative and sum to batch dim {d} of size {size} (batch size {})",
+                    ShapeFmt(sizes),
                     ShapeFmt(&self.batch_size)
                 ),
             ));
         }
-        let mut start = 0;
-        sizes
-            .iter()
-            .map(|s| {
-                let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
-                idx.push(BatchIndex::slice(Some(start), Some(start + s), 1));
-                start += s;
-                self.index(&idx)
-            })
-            .collect()
+        // The sizes are non-negative and their sum fits: no partial sum overflows.
+        let mut out = self.pieces("split", sizes.len() as i64)?;
+        let mut start = 0i64;
+        for s in sizes {
+            let end = start.saturating_add(*s);
+            let mut idx: Vec<BatchIndex> = (0..d).map(|_| BatchIndex::full()).collect();
+            idx.push(BatchIndex::slice(Some(start), Some(end), 1));
+            start = end;
+            out.push(self.index(&idx)?);
+        }
+        Ok(out)
     }
 
     /// Splits along batch dim `dim` into chunks of `size` (the last may be smaller).
     pub fn chunk_by(&self, size: i64, dim: i64) -> Result<Vec<TensorDict>> {
-        let d = norm_dim("split", dim, self.batch_size.len(), &self.batch_size)?;
+        let (_, n) = self.batch_dim("split", dim)?;
         if size < 1 {
             return Err(Error::invalid(
                 "split",
                 format!("split size must be >= 1, got {size}"),
             ));
         }
-        let n = self.batch_size[d];
-        let mut sizes = vec![size; (n / size) as usize];
-        if n % size != 0 {
-            sizes.push(n % size);
+        let full = n / size;
+        let rest = n % size;
+        let mut sizes = self.pieces("split", full + i64::from(rest != 0))?;
+        sizes.resize(full as usize, size);
+        if rest != 0 {
+            sizes.push(rest);
         }
         self.split(&sizes, dim)
     }
@@ -465,27 +575,28 @@ fn stack_level<T: Borrow<TensorDict>>(
             LeafPlan::Copy(_) | LeafPlan::Shift(_) => None,
         });
     }
-    let source = |k: usize| {
-        stacked[k].as_ref().ok_or_else(|| {
-            Error::invalid("stack", "internal: a leaf derived from an unstacked one")
-        })
-    };
+    let internal = || Error::invalid("stack", "internal: a leaf derived from an unstacked one");
+    let source = |k: usize| stacked.get(k).and_then(Option::as_ref).ok_or_else(internal);
     let mut outputs = Vec::with_capacity(leaves.len());
-    for (j, plan) in plans.iter().enumerate() {
+    for (j, (leaf, plan)) in leaves.iter().zip(&plans).enumerate() {
         outputs.push(match *plan {
             LeafPlan::Stack => source(j)?.shallow_clone(),
             LeafPlan::Copy(k) => source(k)?.f_detach_copy()?,
             LeafPlan::Shift(k) => {
                 let src = source(k)?;
+                let first = leaf.inputs.first().ok_or_else(internal)?;
                 let out = src.f_empty_like()?;
-                out.f_select(dim, 0)?.f_copy_(leaves[j].inputs[0])?;
+                out.f_select(dim, 0)?.f_copy_(first)?;
                 out.f_narrow(dim, 1, n - 1)?
                     .f_copy_(&src.f_narrow(dim, 0, n - 1)?)?;
                 out
             }
         });
     }
-    build_level(tds[0], d, n, &mut outputs.into_iter())
+    let first = tds
+        .first()
+        .ok_or_else(|| Error::invalid("stack", "cannot stack an empty list of tensordicts"))?;
+    build_level(first, d, n, &mut outputs.into_iter())
 }
 
 /// One leaf of a stack: its tensor in every input, and its shape (the same in all).
@@ -523,7 +634,9 @@ fn collect_leaves<'a>(
     path: &mut Vec<String>,
     leaves: &mut Vec<Leaf<'a>>,
 ) -> Result<()> {
-    let first = tds[0];
+    let Some(first) = tds.first() else {
+        return Ok(());
+    };
     for (k, e) in &first.entries {
         path.push(k.to_string());
         match e {
@@ -561,7 +674,7 @@ fn collect_leaves<'a>(
                         _ => return Err(missing(path, i)),
                     }
                 }
-                let b0 = &subs[0].batch_size;
+                let b0 = &first_sub(&subs, path)?.batch_size;
                 if let Some((i, s)) = subs.iter().enumerate().find(|(_, s)| &s.batch_size != b0) {
                     return Err(Error::ShapeMismatch {
                         op: "stack",
@@ -586,64 +699,76 @@ fn collect_leaves<'a>(
 fn plan_leaves(leaves: &[Leaf<'_>]) -> Result<Vec<LeafPlan>> {
     let count = leaves.len();
     let n = leaves.first().map_or(0, |l| l.inputs.len());
-    let mut plans = vec![LeafPlan::Stack; count];
     if n == 0 || count < 2 {
-        return Ok(plans);
+        return Ok(vec![LeafPlan::Stack; count]);
     }
+    // The data pointer of input `i` of a leaf (every leaf has `n` inputs).
+    let ptr = |l: &Leaf<'_>, i: usize| l.inputs.get(i).map(|t| t.data_ptr() as usize);
     // Leaves by the data pointer of their first input: the candidate sources of leaf `j` share
     // it with `j`'s first input (a copy) or second input (a shift).
-    let ptr = |j: usize, i: usize| leaves[j].inputs[i].data_ptr() as usize;
     let mut by_ptr: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
-    for k in 0..count {
-        by_ptr.entry(ptr(k, 0)).or_default().push(k);
+    for (k, l) in leaves.iter().enumerate() {
+        if let Some(p) = ptr(l, 0) {
+            by_ptr.entry(p).or_default().push(k);
+        }
     }
-    let with_ptr = |p: usize, j: usize| {
-        by_ptr
-            .get(&p)
+    let shape = |k: usize| leaves.get(k).map(|l| &l.shape);
+    let by_ptr = &by_ptr;
+    let with_ptr = move |p: Option<usize>, j: usize| {
+        p.and_then(|p| by_ptr.get(&p))
             .into_iter()
             .flatten()
             .copied()
-            .filter(move |k| *k != j && leaves[*k].shape == leaves[j].shape)
+            .filter(move |k| *k != j && shape(*k) == shape(j))
     };
-    let candidates: Vec<Vec<LeafPlan>> = (0..count)
-        .map(|j| {
-            let copies = with_ptr(ptr(j, 0), j)
+    let candidates: Vec<Vec<LeafPlan>> = leaves
+        .iter()
+        .enumerate()
+        .map(|(j, l)| {
+            let copies = with_ptr(ptr(l, 0), j)
                 .filter(|k| *k < j)
                 .map(LeafPlan::Copy);
             let mut c: Vec<LeafPlan> = copies.collect();
             if n > 1 {
-                c.extend(with_ptr(ptr(j, 1), j).map(LeafPlan::Shift));
+                c.extend(with_ptr(ptr(l, 1), j).map(LeafPlan::Shift));
             }
             c
         })
         .collect();
     let mut uniform: Vec<Option<Option<(Kind, Device)>>> = vec![None; count];
-    for j in 0..count {
-        for &plan in &candidates[j] {
+    let mut plans = Vec::with_capacity(count);
+    for (j, (leaf, cands)) in leaves.iter().zip(&candidates).enumerate() {
+        let mut chosen = LeafPlan::Stack;
+        for &plan in cands {
             let (k, shift) = match plan {
                 LeafPlan::Copy(k) => (k, 0),
                 LeafPlan::Shift(k) => (k, 1),
                 LeafPlan::Stack => continue,
             };
-            if !candidates[k].is_empty() {
+            // The source must be stacked itself (no candidates of its own).
+            let (Some(source), Some(true)) = (leaves.get(k), candidates.get(k).map(Vec::is_empty))
+            else {
                 continue;
-            }
+            };
             let uj = uniform_kind(leaves, j, &mut uniform)?;
             if uj.is_none() || uj != uniform_kind(leaves, k, &mut uniform)? {
                 continue;
             }
+            // Input `i` of leaf `j` against input `i - shift` of the source, for `i` in
+            // `shift..n`.
             let mut all = true;
-            for i in shift..n {
-                if !same_view(leaves[j].inputs[i], leaves[k].inputs[i - shift])? {
+            for (a, b) in leaf.inputs.iter().skip(shift).zip(&source.inputs) {
+                if !same_view(a, b)? {
                     all = false;
                     break;
                 }
             }
             if all {
-                plans[j] = plan;
+                chosen = plan;
                 break;
             }
         }
+        plans.push(chosen);
     }
     Ok(plans)
 }
@@ -655,19 +780,23 @@ fn uniform_kind(
     j: usize,
     memo: &mut [Option<Option<(Kind, Device)>>],
 ) -> Result<Option<(Kind, Device)>> {
-    if let Some(u) = memo[j] {
-        return Ok(u);
+    if let Some(Some(u)) = memo.get(j) {
+        return Ok(*u);
     }
-    let inputs = &leaves[j].inputs;
-    let first = (inputs[0].f_kind()?, inputs[0].device());
-    let mut u = Some(first);
-    for t in inputs {
-        if t.requires_grad() || (t.f_kind()?, t.device()) != first {
+    let Some(first) = leaves.get(j).and_then(|l| l.inputs.first()) else {
+        return Ok(None);
+    };
+    let first_kind = (first.f_kind()?, first.device());
+    let mut u = Some(first_kind);
+    for t in leaves.get(j).map_or(&[][..], |l| &l.inputs[..]) {
+        if t.requires_grad() || (t.f_kind()?, t.device()) != first_kind {
             u = None;
             break;
         }
     }
-    memo[j] = Some(u);
+    if let Some(m) = memo.get_mut(j) {
+        *m = Some(u);
+    }
     Ok(u)
 }
 
@@ -705,6 +834,12 @@ fn build_level(
     Ok(out)
 }
 
+/// The first of the nested levels collected at `path` (there is one per input, and at least
+/// one input).
+fn first_sub<'a>(subs: &[&'a TensorDict], path: &[String]) -> Result<&'a TensorDict> {
+    subs.first().copied().ok_or_else(|| missing(path, 0))
+}
+
 fn display_path(path: &[String]) -> String {
     let segs: Vec<&str> = path.iter().map(String::as_str).collect();
     display_segments(&segs)
@@ -733,32 +868,55 @@ pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
     };
     let nd = first.batch_size.len();
     let d = norm_dim(op, dim, nd, &first.batch_size)?;
-    let mut total = 0;
+    let mut total = 0i64;
     for (i, td) in tds.iter().enumerate() {
         let td = td.borrow();
         let same_rank = td.batch_size.len() == nd;
-        let others_equal =
-            same_rank && (0..nd).all(|j| j == d || td.batch_size[j] == first.batch_size[j]);
-        if !others_equal {
+        let others_equal = same_rank
+            && td
+                .batch_size
+                .iter()
+                .zip(&first.batch_size)
+                .enumerate()
+                .all(|(j, (a, b))| j == d || a == b);
+        let size = td.batch_size.get(d).copied();
+        let Some(size) = size.filter(|_| others_equal) else {
             return Err(Error::ShapeMismatch {
                 op,
                 key: format!("<batch_size of tensordict {i}> (all dims but {d} must match)"),
                 expected: first.batch_size.to_vec(),
                 actual: td.batch_size.to_vec(),
             });
-        }
+        };
         if i > 0 {
             check_structure(op, first, td, i)?;
         }
-        total += td.batch_size[d];
+        // Checked: tensordicts without leaves can have batch dims of any size.
+        total = total.checked_add(size).ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "the concatenated batch dim {d} has more than i64::MAX entries (at tensordict {i}, batch size {})",
+                    ShapeFmt(&td.batch_size)
+                ),
+            )
+        })?;
     }
     cat_level(tds, d, total)
 }
 
 fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<TensorDict> {
-    let first = tds[0].borrow();
+    let Some(first) = tds.first().map(Borrow::borrow) else {
+        return Err(Error::invalid(
+            "cat",
+            "cannot concatenate an empty list of tensordicts",
+        ));
+    };
     let mut batch = first.batch_size.clone();
-    batch[d] = total;
+    match batch.get_mut(d) {
+        Some(slot) => *slot = total,
+        None => return Err(dim_error("cat", d as i64, batch.len(), &batch)),
+    }
     let mut out = TensorDict {
         entries: Map::default(),
         batch_size: batch,

@@ -20,8 +20,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
-use crate::error::Result;
-use crate::tensordict::TensorDict;
+use crate::error::{Error, Result};
+use crate::tensordict::{NestedKey, TensorDict};
 
 /// Counts steps; terminates at `max_steps`. See the module docs.
 pub struct CountingEnv {
@@ -81,9 +81,22 @@ impl EnvBase for CountingEnv {
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         match td.and_then(|t| t.get("_reset")) {
             Some(mask) => {
+                // One flag per env (of shape `[*batch]` or `[*batch, 1]`, any dtype: nonzero
+                // means reset). It is cast to bool first: libtorch refuses other masks, and tch
+                // panics on that error in `masked_fill` instead of returning it.
+                let expected = self.count.size();
+                if mask.numel() != self.count.numel() {
+                    return Err(Error::ShapeMismatch {
+                        op: "CountingEnv::reset",
+                        key: NestedKey::from("_reset").to_string(),
+                        expected,
+                        actual: mask.size(),
+                    });
+                }
                 let m = mask
-                    .f_reshape(self.count.size())?
-                    .f_to_device(self.count.device())?;
+                    .f_to_device(self.count.device())?
+                    .f_to_kind(Kind::Bool)?
+                    .f_reshape(&expected)?;
                 self.count = self.count.f_masked_fill(&m, 0.0)?;
             }
             None => self.count = self.count.f_zeros_like()?,
