@@ -208,6 +208,24 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
             "at most one mask or index tensor is supported per index",
         ));
     }
+    // Source batch dims `range` (in range: `explicit <= batch.len()` was checked; an error
+    // rather than a panic all the same).
+    let past_the_dims = |end: usize| Error::IndexOutOfRange {
+        op,
+        index: end as i64 - 1,
+        what: format!("batch dims (batch size {})", ShapeFmt(batch)),
+        size: batch.len() as i64,
+    };
+    let dims = |range: Range<usize>| {
+        let end = range.end;
+        batch.get(range).ok_or_else(|| past_the_dims(end))
+    };
+    let dim_size = |src: usize| {
+        batch
+            .get(src)
+            .copied()
+            .ok_or_else(|| past_the_dims(src + 1))
+    };
     let mut steps = Vec::new();
     let mut out_batch = Vec::new();
     let mut src = 0usize; // next source batch dim
@@ -215,7 +233,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
     for item in idx {
         match item {
             BatchIndex::Int(i) => {
-                let size = batch[src];
+                let size = dim_size(src)?;
                 let j = if *i < 0 { i + size } else { *i };
                 if j < 0 || j >= size {
                     return Err(Error::IndexOutOfRange {
@@ -235,7 +253,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                         format!("slice step must be >= 1, got {step}"),
                     ));
                 }
-                let size = batch[src];
+                let size = dim_size(src)?;
                 let s = norm_bound(*start, size, 0);
                 let e = norm_bound(*end, size, size).max(s);
                 // ceil((e - s) / step) without overflow for huge steps.
@@ -262,13 +280,13 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
             }
             BatchIndex::Ellipsis => {
                 let n = batch.len() - explicit;
-                out_batch.extend_from_slice(&batch[src..src + n]);
+                out_batch.extend_from_slice(dims(src..src + n)?);
                 src += n;
                 dim += n as i64;
             }
             BatchIndex::Mask(m) => {
                 let k = m.dim();
-                let expected = &batch[src..src + k];
+                let expected = dims(src..src + k)?;
                 let actual = m.size();
                 if m.kind() != Kind::Bool {
                     return Err(Error::DtypeMismatch {
@@ -328,7 +346,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                         actual: t.kind(),
                     });
                 }
-                let size = batch[src];
+                let size = dim_size(src)?;
                 let flat = t.f_reshape([-1])?.f_to_kind(Kind::Int64)?;
                 let wrapped = flat.f_remainder(size.max(1))?;
                 if flat.elements() > 0 {
@@ -358,7 +376,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
         }
     }
     // Dims not mentioned are kept.
-    out_batch.extend_from_slice(&batch[src..]);
+    out_batch.extend_from_slice(dims(src..batch.len())?);
     Ok(Plan {
         steps,
         batch: out_batch,
@@ -396,6 +414,15 @@ pub(crate) fn apply_step(cur: &Tensor, step: &Step) -> Result<Tensor> {
             let g = cur.f_index_select(*dim, &index.f_to_device(cur.device())?)?;
             let mut sizes = g.size();
             let d = *dim as usize;
+            if d >= sizes.len() {
+                return Err(Error::invalid(
+                    "index",
+                    format!(
+                        "internal: gather dim {d} past the dims of {}",
+                        ShapeFmt(&sizes)
+                    ),
+                ));
+            }
             sizes.splice(d..=d, shape.iter().copied());
             g.f_reshape(&sizes)?
         }
@@ -445,7 +472,7 @@ fn overlapping_dim(t: &Tensor) -> Option<(usize, i64)> {
 /// The byte range `[lo, hi)` that `t`'s elements occupy (`None` when it has none).
 fn byte_range(t: &Tensor) -> Option<(usize, usize)> {
     let size = t.size();
-    if size.iter().any(|n| *n == 0) {
+    if size.contains(&0) {
         return None;
     }
     let es = t.f_kind().ok()?.elt_size_in_bytes() as i128;

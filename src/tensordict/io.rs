@@ -310,21 +310,21 @@ impl TensorDict {
         // Every parent of an entry must be a declared level: a loader that invented levels
         // would accept layouts `save` never writes (e.g. a key renamed by a flipped byte).
         for (_, k, _) in &items {
-            for i in 1..k.len() {
-                if !level_batch.contains_key(&k[..i]) {
+            for parent in parents(k) {
+                if !level_batch.contains_key(parent) {
                     return Err(bad(format!(
                         "{} sits under {}, which the layout does not declare as a level",
                         NestedKey::from(k.clone()),
-                        NestedKey::from(k[..i].to_vec())
+                        NestedKey::from(parent.to_vec())
                     )));
                 }
             }
         }
         for (_, k, item) in items {
             // Parent levels first, with their recorded batch sizes.
-            for i in 1..k.len() {
-                if let (false, Some(bs)) = (td.contains(&k[..i]), level_batch.get(&k[..i])) {
-                    td.set(&k[..i], TensorDict::new(bs)?)
+            for parent in parents(&k) {
+                if let (false, Some(bs)) = (td.contains(parent), level_batch.get(parent)) {
+                    td.set(parent, TensorDict::new(bs)?)
                         .map_err(|e| bad(format!("inconsistent level: {e}")))?;
                 }
             }
@@ -355,4 +355,9 @@ impl TensorDict {
         }
         Ok(td)
     }
+}
+
+/// The proper prefixes of key `k` (its parent levels), shortest first.
+fn parents(k: &[String]) -> impl Iterator<Item = &[String]> {
+    (1..k.len()).filter_map(move |i| k.get(..i))
 }

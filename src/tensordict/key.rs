@@ -239,7 +239,7 @@ impl<T: AsKey> From<Vec<T>> for NestedKey {
 
 impl PartialEq<str> for NestedKey {
     fn eq(&self, other: &str) -> bool {
-        self.0.len() == 1 && &*self.0[0] == other
+        matches!(self.0.as_slice(), [only] if &**only == other)
     }
 }
 

@@ -167,7 +167,7 @@ impl Elements for Tensor {
 }
 
 pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
-    shape.len() >= prefix.len() && shape[..prefix.len()] == *prefix
+    shape.starts_with(prefix)
 }
 
 /// String equality inlined for short keys (a call to `memcmp` costs more than the comparison).
@@ -406,7 +406,7 @@ impl TensorDict {
                     let available = cur
                         .keys(true, false)
                         .into_iter()
-                        .map(|k| k.prefixed(&segs[..i]).to_string())
+                        .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
                         .collect();
                     return Error::KeyNotFound { op, key, available };
                 }
@@ -414,7 +414,7 @@ impl TensorDict {
                     return Error::NotALevel {
                         op,
                         key,
-                        at: display_segments(&segs[..=i]),
+                        at: display_segments(segs.get(..=i).unwrap_or(segs)),
                     };
                 }
                 Some(Entry::Tensor(_)) => break,
@@ -509,25 +509,27 @@ impl TensorDict {
             });
         };
         let mut cur: &mut TensorDict = self;
-        let mut depth = 0;
-        while let Some(seg) = prefix.get(depth) {
+        // The levels still to walk (then to create).
+        let mut rest = prefix;
+        while let Some((seg, tail)) = rest.split_first() {
             let Some(i) = cur.find(seg) else {
                 break;
             };
             cur = match cur.entries.get_index_mut(i) {
                 Some((_, Entry::Dict(d))) => d,
                 _ => {
+                    let depth = prefix.len() - tail.len();
                     return Err(Error::NotALevel {
                         op,
                         key: display_segments(segs),
-                        at: display_segments(&segs[..=depth]),
-                    })
+                        at: display_segments(segs.get(..depth).unwrap_or(segs)),
+                    });
                 }
             };
-            depth += 1;
+            rest = tail;
         }
         let value = cur.validate(op, segs, value)?;
-        for seg in &prefix[depth..] {
+        for seg in rest {
             let level = cur.empty();
             cur.entries
                 .insert(std::sync::Arc::from(*seg), Entry::Dict(level));
@@ -646,10 +648,10 @@ impl TensorDict {
             match self.get_entry(&segs[..]) {
                 Some(e) => {
                     // Recreate the levels on the way with their own batch sizes.
-                    for i in 1..segs.len() {
-                        if out.get_entry(&segs[..i]).is_none() {
-                            if let Some(level) = self.get_dict(&segs[..i]) {
-                                out.set_segments("select", &segs[..i], Entry::Dict(level.empty()))?;
+                    for parent in (1..segs.len()).filter_map(|i| segs.get(..i)) {
+                        if out.get_entry(parent).is_none() {
+                            if let Some(level) = self.get_dict(parent) {
+                                out.set_segments("select", parent, Entry::Dict(level.empty()))?;
                             }
                         }
                     }

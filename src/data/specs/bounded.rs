@@ -69,26 +69,21 @@ impl PartialEq for Bounded {
 
 /// Broadcasts two shapes (numpy rules), or `None`.
 fn broadcast(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
+    // Aligned from the last dim; a missing leading dim counts as 1.
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
-    for (i, o) in out.iter_mut().enumerate() {
-        let x = if i + a.len() >= n {
-            a[i + a.len() - n]
-        } else {
-            1
-        };
-        let y = if i + b.len() >= n {
-            b[i + b.len() - n]
-        } else {
-            1
-        };
-        *o = match (x, y) {
+    let (mut xs, mut ys) = (a.iter().rev(), b.iter().rev());
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let x = xs.next().copied().unwrap_or(1);
+        let y = ys.next().copied().unwrap_or(1);
+        out.push(match (x, y) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
             _ => return None,
-        };
+        });
     }
+    out.reverse();
     Some(out)
 }
 

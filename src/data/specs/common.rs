@@ -94,13 +94,13 @@ pub(crate) fn lead(shape: &[i64]) -> &[i64] {
 
 /// TorchRL's `is_in` shape rule: `broadcast(spec, value) == value`.
 pub(crate) fn shape_fits(spec: &[i64], value: &[i64]) -> bool {
-    if value.len() < spec.len() {
-        return false;
-    }
-    let off = value.len() - spec.len();
-    spec.iter()
-        .zip(&value[off..])
-        .all(|(s, v)| s == v || *s == 1)
+    trailing(value, spec.len())
+        .is_some_and(|tail| spec.iter().zip(tail).all(|(s, v)| s == v || *s == 1))
+}
+
+/// The last `n` dims of `shape`, or `None` when it has fewer.
+fn trailing(shape: &[i64], n: usize) -> Option<&[i64]> {
+    shape.get(shape.len().checked_sub(n)?..)
 }
 
 /// Formats a shape as a Python tuple, `(3, 4)`, like TorchRL's messages.
@@ -117,11 +117,8 @@ pub(crate) fn tuple_fmt(shape: &[i64]) -> String {
 /// TorchRL's expand rule: the trailing dims of `new` equal `old`, or the `old` dim is 1.
 pub(crate) fn check_expand(class: &str, old: &[i64], new: &[i64]) -> Result<()> {
     check_shape("expand", new)?;
-    let ok = new.len() >= old.len()
-        && old
-            .iter()
-            .zip(&new[new.len() - old.len()..])
-            .all(|(o, n)| o == n || *o == 1);
+    let ok = trailing(new, old.len())
+        .is_some_and(|tail| old.iter().zip(tail).all(|(o, n)| o == n || *o == 1));
     if !ok {
         return Err(Error::invalid(
             "expand",
@@ -160,13 +157,13 @@ pub(crate) fn squeezed(shape: &[i64], dim: Option<i64>) -> Result<Option<(Vec<i6
             if shape.len() <= 1 || !shape.contains(&1) {
                 return Ok(None);
             }
-            let dims: Vec<usize> = (0..shape.len()).filter(|i| shape[*i] == 1).collect();
+            let dims: Vec<usize> = size_one_dims(shape).collect();
             let new = shape.iter().copied().filter(|d| *d != 1).collect();
             Ok(Some((new, dims)))
         }
         Some(dim) => {
             let d = norm_dim("squeeze", dim, shape.len())?;
-            if shape[d] != 1 {
+            if shape.get(d) != Some(&1) {
                 return Ok(None);
             }
             let new = shape
@@ -178,6 +175,15 @@ pub(crate) fn squeezed(shape: &[i64], dim: Option<i64>) -> Result<Option<(Vec<i6
             Ok(Some((new, vec![d])))
         }
     }
+}
+
+/// The positions of the dims of size 1.
+fn size_one_dims(shape: &[i64]) -> impl Iterator<Item = usize> + '_ {
+    shape
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n == 1)
+        .map(|(i, _)| i)
 }
 
 /// The unsqueezed shape and the normalised dim (`dim` in `[-(n+1), n]`).
@@ -198,7 +204,7 @@ pub(crate) fn squeezed_protected(
     let last = shape.len().saturating_sub(1);
     match dim {
         None => {
-            let dims: Vec<usize> = (0..last).filter(|i| shape[*i] == 1).collect();
+            let dims: Vec<usize> = size_one_dims(shape).filter(|i| *i < last).collect();
             if dims.is_empty() {
                 return Ok(None);
             }

@@ -83,7 +83,7 @@ impl PartialEq for Composite {
 }
 
 fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
-    shape.len() >= prefix.len() && shape[..prefix.len()] == *prefix
+    shape.starts_with(prefix)
 }
 
 fn check_segments(op: &'static str, segs: &[&str]) -> Result<()> {
@@ -345,7 +345,7 @@ impl Composite {
                     let available = cur
                         .keys(true, false)
                         .into_iter()
-                        .map(|k| k.prefixed(&segs[..i]).to_string())
+                        .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
                         .collect();
                     return Error::KeyNotFound { op, key, available };
                 }
@@ -354,7 +354,7 @@ impl Composite {
                     return Error::NotALevel {
                         op,
                         key,
-                        at: display_segments(&segs[..=i]),
+                        at: display_segments(segs.get(..=i).unwrap_or(segs)),
                     }
                 }
                 Some(None) => {
@@ -494,7 +494,7 @@ impl Composite {
                     return Err(Error::NotALevel {
                         op,
                         key: display_segments(segs),
-                        at: display_segments(&segs[..=i]),
+                        at: display_segments(segs.get(..=i).unwrap_or(segs)),
                     })
                 }
             }
