@@ -1,15 +1,28 @@
-//! The Rust half of the side-by-side objectives benchmark W6, measured exactly as
-//! `benches/python/torchrl_baseline.py` measures it (best of 3, single-threaded libtorch):
-//! the Bradley-Terry reward-model loss (mean) and its accuracy, forward + backward, on
-//! precomputed chosen/rejected scores of batch 256 read from a tensordict, 1000 times.
+//! The Rust half of the side-by-side objectives benchmarks, measured exactly as
+//! `benches/python/torchrl_baseline.py` measures them (best of 3, single-threaded libtorch):
+//!
+//! - W6: the Bradley-Terry reward-model loss (mean) and its accuracy, forward + backward, on
+//!   precomputed chosen/rejected scores of batch 256 read from a tensordict, 1000 times.
+//! - W7: one PPO update, 100 times: `ClipPPOLoss` forward (Normal actor MLP 3→64→64→2 with a
+//!   `NormalParamExtractor`, critic MLP 3→64→64→1, smooth-L1 critic loss, entropy bonus) on a
+//!   fixed batch of 256 Pendulum-sized transitions with GAE advantages precomputed, backward of
+//!   the summed losses, one Adam step (lr 3e-4).
 //!
 //! Run: `cargo bench --bench objectives`, or `scripts/bench.sh` for the side-by-side table.
 
 use std::hint::black_box;
 use std::time::Instant;
 
+use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
-use torchrl::objectives::{reward_model_loss, Reduction};
+use torchrl::modules::{
+    from_fn, DistributionBuilder, MlpConfig, NormalParamExtractor, ProbabilisticActor,
+    TensorDictSequential, MLP,
+};
+use torchrl::objectives::value::functional::generalized_advantage_estimate;
+use torchrl::objectives::{
+    reward_model_loss_with_accuracy, ClipPPOLoss, LossModule, LossOutput, Reduction,
+};
 use torchrl::TensorDict;
 
 fn best_of(mut f: impl FnMut() -> torchrl::Result<()>, repeat: usize) -> torchrl::Result<f64> {
@@ -22,11 +35,8 @@ fn best_of(mut f: impl FnMut() -> torchrl::Result<()>, repeat: usize) -> torchrl
     Ok(best)
 }
 
-fn main() -> torchrl::Result<()> {
-    tch::set_num_threads(1);
-    tch::manual_seed(0);
-
-    // W6: Bradley-Terry loss + accuracy, forward + backward, batch 256, 1000 iterations.
+/// W6: Bradley-Terry loss + accuracy, forward + backward, batch 256, 1000 iterations.
+fn w6() -> torchrl::Result<f64> {
     let b = 256i64;
     let c = Tensor::f_randn([b], (Kind::Float, Device::Cpu))?.set_requires_grad(true);
     let r = Tensor::f_randn([b], (Kind::Float, Device::Cpu))?.set_requires_grad(true);
@@ -39,18 +49,12 @@ fn main() -> torchrl::Result<()> {
             "rejected",
             TensorDict::new([b])?.with("score", r.shallow_clone())?,
         )?;
-    let w6 = best_of(
+    let secs = best_of(
         || {
             for _ in 0..1000 {
                 let cs = data.get_or_err(("chosen", "score"))?;
                 let rs = data.get_or_err(("rejected", "score"))?;
-                let loss = reward_model_loss(cs, rs, Reduction::Mean)?;
-                let acc = {
-                    let _guard = tch::no_grad_guard();
-                    cs.f_gt_tensor(rs)?
-                        .f_to_kind(Kind::Float)?
-                        .f_mean(Kind::Float)?
-                };
+                let (loss, acc) = reward_model_loss_with_accuracy(cs, rs, Reduction::Mean)?;
                 black_box(&acc);
                 loss.f_backward()?;
             }
@@ -58,6 +62,80 @@ fn main() -> torchrl::Result<()> {
         },
         3,
     )?;
-    println!("W6_reward_model_loss_fwd_bwd\t{:.1}", 1000.0 / w6);
+    Ok(1000.0 / secs)
+}
+
+/// W7: ClipPPOLoss forward + backward + Adam step on a fixed batch of 256, 100 updates.
+fn w7() -> torchrl::Result<f64> {
+    let (b, updates) = (256i64, 100);
+    let f = (Kind::Float, Device::Cpu);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = |out| MlpConfig::new(3, out).with_depth(2).with_num_cells(64);
+    let actor_mlp = MLP::new(&(vs.root() / "actor"), &cfg(2))?;
+    let critic_mlp = MLP::new(&(vs.root() / "critic"), &cfg(1))?;
+    let net = from_fn(["observation"], ["param"], move |x: &[&Tensor]| {
+        Ok(vec![actor_mlp.forward(x[0])?])
+    })?;
+    let module = TensorDictSequential::new()
+        .with(net)
+        .with(NormalParamExtractor::new());
+    let actor = ProbabilisticActor::new(module, DistributionBuilder::normal("loc", "scale")?);
+    let critic = from_fn(["observation"], ["state_value"], move |x: &[&Tensor]| {
+        Ok(vec![critic_mlp.forward(x[0])?])
+    })?;
+    let loss = ClipPPOLoss::new(actor, critic);
+    let mut opt = nn::Adam::default().build(&vs, 3e-4)?;
+
+    // a fixed batch: one 256-step trajectory, old log-probs from the initial policy (shifted),
+    // GAE(0.99, 0.95) advantages from random values and rewards, precomputed
+    let obs = Tensor::f_randn([b, 3], f)?;
+    let action = Tensor::f_randn([b, 1], f)?.f_clamp(-2.0, 2.0)?;
+    let td = TensorDict::new([b])?
+        .with("observation", obs)?
+        .with("action", action)?;
+    let old_lp = {
+        let _guard = tch::no_grad_guard();
+        loss.actor().log_prob(&td)?
+    };
+    let old_lp = old_lp.f_add(&Tensor::f_randn(old_lp.size(), f)?.f_mul_scalar(0.1)?)?;
+    let value = Tensor::f_randn([b, 1], f)?;
+    let next_value = Tensor::f_randn([b, 1], f)?;
+    let reward = Tensor::f_randn([b, 1], f)?;
+    let done = Tensor::f_zeros([b, 1], (Kind::Bool, Device::Cpu))?;
+    let (advantage, value_target) = generalized_advantage_estimate(
+        0.99,
+        0.95,
+        &value,
+        &next_value,
+        &reward,
+        &done,
+        None,
+        -2,
+    )?;
+    let td = td
+        .with("action_log_prob", old_lp)?
+        .with("advantage", advantage)?
+        .with("value_target", value_target)?;
+
+    let secs = best_of(
+        || {
+            for _ in 0..updates {
+                let out = loss.forward(&td)?;
+                opt.zero_grad();
+                out.total_loss()?.f_backward()?;
+                opt.step();
+            }
+            Ok(())
+        },
+        3,
+    )?;
+    Ok(f64::from(updates) / secs)
+}
+
+fn main() -> torchrl::Result<()> {
+    tch::set_num_threads(1);
+    tch::manual_seed(0);
+    println!("W6_reward_model_loss_fwd_bwd\t{:.1}", w6()?);
+    println!("W7_ppo_update\t{:.1}", w7()?);
     Ok(())
 }
