@@ -102,16 +102,8 @@ fn w7() -> torchrl::Result<f64> {
     let next_value = Tensor::f_randn([b, 1], f)?;
     let reward = Tensor::f_randn([b, 1], f)?;
     let done = Tensor::f_zeros([b, 1], (Kind::Bool, Device::Cpu))?;
-    let (advantage, value_target) = generalized_advantage_estimate(
-        0.99,
-        0.95,
-        &value,
-        &next_value,
-        &reward,
-        &done,
-        None,
-        -2,
-    )?;
+    let (advantage, value_target) =
+        generalized_advantage_estimate(0.99, 0.95, &value, &next_value, &reward, &done, None, -2)?;
     let td = td
         .with("action_log_prob", old_lp)?
         .with("advantage", advantage)?

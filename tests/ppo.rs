@@ -94,7 +94,8 @@ fn networks(
 )> {
     let w = &case["weights"];
     let ws: Vec<Tensor> = WEIGHTS.iter().map(|n| fetch(w, n)).collect::<R<_>>()?;
-    let [a1, ab1, a2, ab2, c1, cb1, c2, cb2] = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| ws[i].shallow_clone());
+    let [a1, ab1, a2, ab2, c1, cb1, c2, cb2] =
+        [0, 1, 2, 3, 4, 5, 6, 7].map(|i| ws[i].shallow_clone());
     let net = from_fn(["observation"], ["param"], move |x: &[&Tensor]| {
         Ok(vec![mlp(x[0], &a1, &ab1, &a2, &ab2)])
     })
@@ -246,7 +247,10 @@ fn replay_klpen(case: &Value) -> R<()> {
         let what = format!("{name}[call {i}]");
         let beta = call["beta"].as_f64().ok_or("beta")?;
         if (loss.beta() - beta).abs() > 1e-12 {
-            return Err(format!("{what}: beta {} before the call, recorded {beta}", loss.beta()));
+            return Err(format!(
+                "{what}: beta {} before the call, recorded {beta}",
+                loss.beta()
+            ));
         }
         let out = loss.forward(&td).map_err(e)?;
         if out.beta != beta {
@@ -254,14 +258,20 @@ fn replay_klpen(case: &Value) -> R<()> {
         }
         let after = call["beta_after"].as_f64().ok_or("beta_after")?;
         if (loss.beta() - after).abs() > 1e-12 {
-            return Err(format!("{what}: beta {} after the call, recorded {after}", loss.beta()));
+            return Err(format!(
+                "{what}: beta {} after the call, recorded {after}",
+                loss.beta()
+            ));
         }
         check_outputs(&what, &out, &call["expect"], &ws)?;
     }
     loss.reset();
     let beta0 = kw.get("beta").and_then(Value::as_f64).unwrap_or(1.0);
     if loss.beta() != beta0 {
-        return Err(format!("{name}: reset gives beta {}, not {beta0}", loss.beta()));
+        return Err(format!(
+            "{name}: reset gives beta {}, not {beta0}",
+            loss.beta()
+        ));
     }
     Ok(())
 }
@@ -736,7 +746,13 @@ fn klpen_config_keys_and_errors() {
     let loss = KLPENPPOLoss::new(actor, toy_critic());
     assert_eq!(
         loss.out_keys(),
-        vec!["loss_objective", "kl", "entropy", "loss_entropy", "loss_critic"]
+        vec![
+            "loss_objective",
+            "kl",
+            "entropy",
+            "loss_entropy",
+            "loss_critic"
+        ]
     );
     // the behaviour policy's parameters are inputs
     for k in ["loc", "scale", "action_log_prob", "obs"] {
@@ -747,12 +763,19 @@ fn klpen_config_keys_and_errors() {
     let mut td = klpen_batch();
     td.remove("scale");
     let err = loss.forward(&td).expect_err("no scale").to_string();
-    assert!(err.contains("scale") && err.contains("KLPENPPOLoss"), "{err}");
+    assert!(
+        err.contains("scale") && err.contains("KLPENPPOLoss"),
+        "{err}"
+    );
     // TorchRL's bounds on the adaptation factors
     let (actor, _) = toy_actor();
-    assert!(KLPENPPOLoss::without_critic(actor).with_increment(0.9).is_err());
+    assert!(KLPENPPOLoss::without_critic(actor)
+        .with_increment(0.9)
+        .is_err());
     let (actor, _) = toy_actor();
-    assert!(KLPENPPOLoss::without_critic(actor).with_decrement(1.1).is_err());
+    assert!(KLPENPPOLoss::without_critic(actor)
+        .with_decrement(1.1)
+        .is_err());
     let (actor, _) = toy_actor();
     let l = KLPENPPOLoss::without_critic(actor);
     assert!(l.with_samples_mc_kl(0).is_err());

@@ -43,7 +43,7 @@ pub use ppo::{
     ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPenPpoLossOutput, PpoKeys, PpoLossOutput,
 };
 pub use reward_model::{
-    reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss, RewardModelLossOutput, ScoreFn,
-    ScoreNetwork,
+    reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss,
+    RewardModelLossOutput, ScoreFn, ScoreNetwork,
 };
 pub use value::{Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork};
