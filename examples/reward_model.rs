@@ -27,10 +27,28 @@ const TEST_PAIRS: i64 = 2048;
 /// The held-out accuracy the run must reach.
 const MIN_ACCURACY: f64 = 0.85;
 
-struct Config {
-    epochs: usize,
-    pairs: i64,
-    seed: u64,
+/// The run's settings (the CLI knobs).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub epochs: usize,
+    /// Training pairs.
+    pub pairs: i64,
+    pub seed: u64,
+    /// Print the per-epoch lines.
+    pub verbose: bool,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Held-out loss and accuracy before training.
+    pub initial_test_loss: f64,
+    pub initial_test_accuracy: f64,
+    /// Mean training loss and accuracy of each epoch.
+    pub epochs: Vec<(f64, f64)>,
+    /// Held-out loss and accuracy after training.
+    pub test_loss: f64,
+    pub test_accuracy: f64,
 }
 
 fn fail(message: impl Into<String>) -> Error {
@@ -41,11 +59,12 @@ fn fail(message: impl Into<String>) -> Error {
 }
 
 impl Config {
-    fn from_args() -> Result<Self> {
+    pub fn from_args() -> Result<Self> {
         let mut cfg = Config {
             epochs: 8,
             pairs: 4096,
             seed: 0,
+            verbose: true,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -114,9 +133,10 @@ impl<M: TensorDictModule> ScoreNetwork for ModuleScore<M> {
     }
 }
 
-fn main() -> Result<()> {
-    let cfg = Config::from_args()?;
+/// Trains the reward model with `cfg` and evaluates it on held-out pairs.
+pub fn run(cfg: &Config) -> Result<Summary> {
     tch::manual_seed(cfg.seed as i64); // the MLP's initialisation
+    tch::set_num_threads(1); // tiny matrices: intra-op threads only cost synchronisation
     let mut gen = Generator::new(cfg.seed);
     let true_w = gen.normal(&[FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
     let train = make_pairs(&mut gen, &true_w, cfg.pairs)?;
@@ -134,17 +154,26 @@ fn main() -> Result<()> {
     let mut loss = RewardModelLoss::new()
         .with_score_network(ModuleScore::new(scorer))
         .with_center_coeff(1e-3)?; // keeps the scores near 0
-                                   // The dataset's names and the scorer's output key, by name (TorchRL's `set_keys`).
+
+    // The dataset's names and the scorer's output key, by name (TorchRL's `set_keys`).
     loss.set_keys(&[
         ("chosen", Some("preferred".into())),
         ("rejected", Some("dispreferred".into())),
         ("score", Some("reward_score".into())),
     ])?;
-    println!("loss keys: {:?}", loss.tensor_keys());
-    println!("loss in_keys: {:?}", loss.in_keys());
-    // An unknown name is refused, and the error lists the accepted ones.
-    if let Err(e) = loss.set_keys(&[("reward", Some("r".into()))]) {
-        println!("set_keys(reward=...) refused: {e}");
+    // An unknown name is refused, the error lists the accepted ones, and nothing changes.
+    let refused = loss.set_keys(&[("reward", Some("r".into()))]);
+    if refused.is_ok() {
+        return Err(fail(
+            "set_keys accepted a name that is not a key of the loss",
+        ));
+    }
+    if cfg.verbose {
+        println!("loss keys: {:?}", loss.tensor_keys());
+        println!("loss in_keys: {:?}", loss.in_keys());
+        if let Err(e) = &refused {
+            println!("set_keys(reward = ...) refused: {e}");
+        }
     }
 
     let mut opt = nn::Adam::default().build(&vs, LR)?;
@@ -161,11 +190,14 @@ fn main() -> Result<()> {
             out.accuracy.f_double_value(&[])?,
         ))
     };
-    let (l0, a0) = eval(&loss, &test)?;
-    println!(
-        "before training: held-out loss {l0:.4}, accuracy {:.1}%",
-        100.0 * a0
-    );
+    let (initial_test_loss, initial_test_accuracy) = eval(&loss, &test)?;
+    if cfg.verbose {
+        println!(
+            "before training: held-out loss {initial_test_loss:.4}, accuracy {:.1}%",
+            100.0 * initial_test_accuracy
+        );
+    }
+    let mut epochs = Vec::with_capacity(cfg.epochs);
 
     for epoch in 1..=cfg.epochs {
         let (mut sum_loss, mut sum_acc) = (0.0, 0.0);
@@ -177,23 +209,40 @@ fn main() -> Result<()> {
             sum_acc += out.accuracy.f_double_value(&[])?;
         }
         let n = steps as f64;
-        println!(
-            "epoch {epoch:>2}/{}: train loss {:.4}, train accuracy {:.1}%",
-            cfg.epochs,
-            sum_loss / n,
-            100.0 * sum_acc / n
-        );
+        let (mean_loss, mean_acc) = (sum_loss / n, sum_acc / n);
+        if cfg.verbose {
+            println!(
+                "epoch {epoch:>2}/{}: train loss {mean_loss:.4}, train accuracy {:.1}%",
+                cfg.epochs,
+                100.0 * mean_acc
+            );
+        }
+        epochs.push((mean_loss, mean_acc));
     }
 
-    let (loss_test, acc_test) = eval(&loss, &test)?;
+    let (test_loss, test_accuracy) = eval(&loss, &test)?;
+    Ok(Summary {
+        initial_test_loss,
+        initial_test_accuracy,
+        epochs,
+        test_loss,
+        test_accuracy,
+    })
+}
+
+fn main() -> Result<()> {
+    let cfg = Config::from_args()?;
+    let s = run(&cfg)?;
     println!(
-        "held-out ({TEST_PAIRS} pairs): loss {loss_test:.4}, accuracy {:.1}%",
-        100.0 * acc_test
+        "held-out ({TEST_PAIRS} pairs): loss {:.4}, accuracy {:.1}% (before training {:.1}%)",
+        s.test_loss,
+        100.0 * s.test_accuracy,
+        100.0 * s.initial_test_accuracy
     );
-    if acc_test < MIN_ACCURACY {
+    if s.test_accuracy < MIN_ACCURACY {
         return Err(fail(format!(
             "held-out accuracy {:.1}% is below {:.0}%",
-            100.0 * acc_test,
+            100.0 * s.test_accuracy,
             100.0 * MIN_ACCURACY
         )));
     }
