@@ -200,33 +200,43 @@ pub struct PpoLossOutput {
 
 impl LossOutput for PpoLossOutput {
     fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
-        let mut terms = vec![("loss_objective", &self.loss_objective)];
-        if let Some(t) = &self.loss_entropy {
-            terms.push(("loss_entropy", t));
-        }
-        if let Some(t) = &self.loss_critic {
-            terms.push(("loss_critic", t));
-        }
-        terms
+        named_some(
+            vec![("loss_objective", &self.loss_objective)],
+            [
+                ("loss_entropy", &self.loss_entropy),
+                ("loss_critic", &self.loss_critic),
+            ],
+        )
     }
 
     fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
-        let mut m = vec![("clip_fraction", &self.clip_fraction)];
-        if let Some(t) = &self.entropy {
-            m.push(("entropy", t));
-        }
-        if let Some(t) = &self.value_clip_fraction {
-            m.push(("value_clip_fraction", t));
-        }
-        if let Some(t) = &self.explained_variance {
-            m.push(("explained_variance", t));
-        }
+        let mut m = named_some(
+            vec![("clip_fraction", &self.clip_fraction)],
+            [
+                ("entropy", &self.entropy),
+                ("value_clip_fraction", &self.value_clip_fraction),
+                ("explained_variance", &self.explained_variance),
+            ],
+        );
         m.push(("ESS", &self.ess));
         m.push(("kl_approx", &self.kl_approx));
         m.push(("max_ratio", &self.max_ratio));
         m.push(("mean_ratio", &self.mean_ratio));
         m
     }
+}
+
+/// `head` followed by the present entries of `optional`, in order.
+fn named_some<'a, const N: usize>(
+    mut head: Vec<(&'static str, &'a Tensor)>,
+    optional: [(&'static str, &'a Option<Tensor>); N],
+) -> Vec<(&'static str, &'a Tensor)> {
+    head.extend(
+        optional
+            .into_iter()
+            .filter_map(|(k, t)| t.as_ref().map(|t| (k, t))),
+    );
+    head
 }
 
 /// The output of [`KLPENPPOLoss`] (TorchRL's output tensordict, typed).
@@ -260,28 +270,24 @@ pub struct KlPenPpoLossOutput {
 
 impl LossOutput for KlPenPpoLossOutput {
     fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
-        let mut terms = vec![("loss_objective", &self.loss_objective)];
-        if let Some(t) = &self.loss_entropy {
-            terms.push(("loss_entropy", t));
-        }
-        if let Some(t) = &self.loss_critic {
-            terms.push(("loss_critic", t));
-        }
-        terms
+        named_some(
+            vec![("loss_objective", &self.loss_objective)],
+            [
+                ("loss_entropy", &self.loss_entropy),
+                ("loss_critic", &self.loss_critic),
+            ],
+        )
     }
 
     fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
-        let mut m = vec![("kl", &self.kl), ("kl_approx", &self.kl_approx)];
-        if let Some(t) = &self.entropy {
-            m.push(("entropy", t));
-        }
-        if let Some(t) = &self.value_clip_fraction {
-            m.push(("value_clip_fraction", t));
-        }
-        if let Some(t) = &self.explained_variance {
-            m.push(("explained_variance", t));
-        }
-        m
+        named_some(
+            vec![("kl", &self.kl), ("kl_approx", &self.kl_approx)],
+            [
+                ("entropy", &self.entropy),
+                ("value_clip_fraction", &self.value_clip_fraction),
+                ("explained_variance", &self.explained_variance),
+            ],
+        )
     }
 }
 
@@ -556,6 +562,22 @@ impl PpoBase {
         Ok((log_weight, dist, kl_approx))
     }
 
+    /// What every PPO forward starts with: a shallow copy of the input (the estimator may
+    /// write to it), the advantage, and the log-weight with the current distribution.
+    fn prepare(&self, td: &TensorDict) -> Result<Prepared> {
+        let mut td = td.clone();
+        let advantage = self.advantage(&mut td)?;
+        let (log_weight, dist, kl_approx) = self.log_weight(&td)?;
+        let advantage = self.broadcast_advantage(&advantage, &log_weight)?;
+        Ok(Prepared {
+            td,
+            advantage,
+            log_weight,
+            dist,
+            kl_approx,
+        })
+    }
+
     /// The advantage broadcast to the log-weight's shape (see [`broadcast_advantage`]), with
     /// the outer-product guard.
     fn broadcast_advantage(&self, advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor> {
@@ -704,6 +726,15 @@ impl PpoBase {
     }
 }
 
+/// The inputs of a PPO objective (see [`PpoBase::prepare`]).
+struct Prepared {
+    td: TensorDict,
+    advantage: Tensor,
+    log_weight: Tensor,
+    dist: Box<dyn Distribution>,
+    kl_approx: Tensor,
+}
+
 /// `(loss_critic, value_clip_fraction, explained_variance)`.
 type CriticTerms = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
@@ -738,7 +769,7 @@ fn broadcast_advantage(advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor
 
 /// The builder methods and accessors every PPO loss shares, delegating to `self.base`.
 macro_rules! ppo_shared_methods {
-    ($ty:ident) => {
+    () => {
         /// Whether the entropy bonus is added (default `true`).
         pub fn with_entropy_bonus(mut self, entropy_bonus: bool) -> Self {
             self.base.entropy_bonus = entropy_bonus;
@@ -859,6 +890,21 @@ macro_rules! ppo_shared_methods {
     };
 }
 
+/// `new` (with the given doc) and `without_critic`, both through `Self::build`.
+macro_rules! ppo_constructors {
+    ($new_doc:expr) => {
+        #[doc = $new_doc]
+        pub fn new(actor: ProbabilisticActor, critic: impl TensorDictModule + 'static) -> Self {
+            Self::build(actor, Some(Box::new(critic)))
+        }
+
+        /// A loss without a critic: no `loss_critic`, and the advantage must be in the input.
+        pub fn without_critic(actor: ProbabilisticActor) -> Self {
+            Self::build(actor, None)
+        }
+    };
+}
+
 /// The [`LossModule`] key plumbing every PPO loss shares, delegating to `self.base`.
 macro_rules! ppo_loss_module_keys {
     () => {
@@ -921,19 +967,13 @@ impl fmt::Debug for ClipPPOLoss {
 }
 
 impl ClipPPOLoss {
-    /// A loss with an actor and a critic (any module writing `state_value`), with TorchRL's
-    /// defaults: `clip_epsilon = 0.2`, entropy bonus on with `entropy_coeff = 0.01` (one
-    /// Monte-Carlo sample when the entropy has no closed form), `critic_coeff = 1.0`,
-    /// smooth-L1 critic loss, no value clipping, no advantage normalisation,
-    /// [`Reduction::Mean`]. The `action` and `sample_log_prob` keys are taken from the actor.
-    pub fn new(actor: ProbabilisticActor, critic: impl TensorDictModule + 'static) -> Self {
-        Self::build(actor, Some(Box::new(critic)))
-    }
-
-    /// A loss without a critic: no `loss_critic`, and the advantage must be in the input.
-    pub fn without_critic(actor: ProbabilisticActor) -> Self {
-        Self::build(actor, None)
-    }
+    ppo_constructors!(
+        "A loss with an actor and a critic (any module writing `state_value`), with TorchRL's \
+         defaults: `clip_epsilon = 0.2`, entropy bonus on with `entropy_coeff = 0.01` (one \
+         Monte-Carlo sample when the entropy has no closed form), `critic_coeff = 1.0`, \
+         smooth-L1 critic loss, no value clipping, no advantage normalisation, \
+         [`Reduction::Mean`]. The `action` and `sample_log_prob` keys are taken from the actor."
+    );
 
     fn build(actor: ProbabilisticActor, critic: Option<Box<dyn TensorDictModule>>) -> Self {
         ClipPPOLoss {
@@ -954,7 +994,7 @@ impl ClipPPOLoss {
         Ok(self)
     }
 
-    ppo_shared_methods!(ClipPPOLoss);
+    ppo_shared_methods!();
 
     /// The clip ε.
     pub fn clip_epsilon(&self) -> f64 {
@@ -976,10 +1016,13 @@ impl LossModule for ClipPPOLoss {
 
     fn forward(&self, td: &TensorDict) -> Result<PpoLossOutput> {
         let b = &self.base;
-        let mut td = td.clone();
-        let advantage = b.advantage(&mut td)?;
-        let (log_weight, dist, kl_approx) = b.log_weight(&td)?;
-        let advantage = b.broadcast_advantage(&advantage, &log_weight)?;
+        let Prepared {
+            td,
+            advantage,
+            log_weight,
+            dist,
+            kl_approx,
+        } = b.prepare(td)?;
 
         let (ess, max_ratio, mean_ratio, kl) = {
             let _guard = tch::no_grad_guard();
@@ -1133,17 +1176,11 @@ impl fmt::Debug for KLPENPPOLoss {
 }
 
 impl KLPENPPOLoss {
-    /// A loss with an actor and a critic, with TorchRL's defaults: `dtarg = 0.01`,
-    /// `beta = 1.0`, `increment = 2.0`, `decrement = 0.5`, `samples_mc_kl = 1`, and the
-    /// shared PPO defaults of [`ClipPPOLoss::new`].
-    pub fn new(actor: ProbabilisticActor, critic: impl TensorDictModule + 'static) -> Self {
-        Self::build(actor, Some(Box::new(critic)))
-    }
-
-    /// A loss without a critic: no `loss_critic`, and the advantage must be in the input.
-    pub fn without_critic(actor: ProbabilisticActor) -> Self {
-        Self::build(actor, None)
-    }
+    ppo_constructors!(
+        "A loss with an actor and a critic, with TorchRL's defaults: `dtarg = 0.01`, \
+         `beta = 1.0`, `increment = 2.0`, `decrement = 0.5`, `samples_mc_kl = 1`, and the \
+         shared PPO defaults of [`ClipPPOLoss::new`]."
+    );
 
     fn build(actor: ProbabilisticActor, critic: Option<Box<dyn TensorDictModule>>) -> Self {
         KLPENPPOLoss {
@@ -1207,7 +1244,7 @@ impl KLPENPPOLoss {
         Ok(self)
     }
 
-    ppo_shared_methods!(KLPENPPOLoss);
+    ppo_shared_methods!();
 
     /// The current KL coefficient β (the one the next forward uses).
     pub fn beta(&self) -> f64 {
@@ -1285,10 +1322,8 @@ impl LossModule for KLPENPPOLoss {
     fn forward(&self, td: &TensorDict) -> Result<KlPenPpoLossOutput> {
         let b = &self.base;
         let previous = self.previous_dist(td)?;
-        let mut td = td.clone();
-        let advantage = b.advantage(&mut td)?;
-        let (log_weight, dist, kl_approx) = b.log_weight(&td)?;
-        let advantage = b.broadcast_advantage(&advantage, &log_weight)?;
+        let p = b.prepare(td)?;
+        let (td, advantage, log_weight, dist) = (p.td, p.advantage, p.log_weight, p.dist);
 
         let kl = self.kl(previous.as_ref(), dist.as_ref())?.f_unsqueeze(-1)?;
         let beta = self.beta();
@@ -1299,7 +1334,7 @@ impl LossModule for KLPENPPOLoss {
         let kl = kl.f_detach()?;
         self.adapt_beta(kl.f_mean(None)?.f_double_value(&[])?);
         let loss_objective = b.reduce(&neg_loss.f_neg()?)?;
-        let kl_approx = kl_approx.f_detach()?.f_mean(None)?;
+        let kl_approx = p.kl_approx.f_detach()?.f_mean(None)?;
 
         let (loss_entropy, entropy) = b.entropy_terms(dist.as_ref())?;
         let (loss_critic, value_clip_fraction, explained_variance) = b.critic_terms(&td)?;
