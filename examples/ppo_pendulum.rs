@@ -233,7 +233,7 @@ fn deterministic(actor: &ProbabilisticActor) -> impl FnMut(TensorDict) -> Result
 
 fn progress(iter: usize, iters: usize, frames: i64, ret: f64, reward: f64, start: Instant) {
     const WIDTH: usize = 24;
-    let filled = (WIDTH * iter).div_ceil(iters.max(1)).min(WIDTH);
+    let filled = (WIDTH * iter / iters.max(1)).min(WIDTH);
     let bar: String = "#".repeat(filled) + &".".repeat(WIDTH - filled);
     print!(
         "\r[{bar}] iter {iter:>3}/{iters} | frames {frames:>7} | episode return {ret:>8.1} | \
