@@ -18,6 +18,9 @@
 //!   with one reduction (`scale > 0`, `probs >= 0`, a masked row keeps a class, `high > low`),
 //!   and return a [`crate::Error`] that names the argument and its shape. Such checks read a
 //!   few booleans back from the device.
+//! - **KL divergence**: [`kl_divergence`] gives `KL(p ‖ q)` in closed form for the pairs torch
+//!   registers (Normal, TanhNormal with equal bounds, Categorical, OneHotCategorical), and
+//!   `None` otherwise (see [`kl`]).
 //!
 //! ```
 //! use tch::{Kind, Tensor};
