@@ -21,7 +21,7 @@ use tch::{Device, Kind, Tensor};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::{Error, Result};
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{Elements, NestedKey, TensorDict};
 
 /// Counts steps; terminates at `max_steps`. See the module docs.
 pub struct CountingEnv {
@@ -85,7 +85,7 @@ impl EnvBase for CountingEnv {
                 // means reset). It is cast to bool first: libtorch refuses other masks, and tch
                 // panics on that error in `masked_fill` instead of returning it.
                 let expected = self.count.size();
-                if mask.numel() != self.count.numel() {
+                if mask.elements() != self.count.elements() {
                     return Err(Error::ShapeMismatch {
                         op: "CountingEnv::reset",
                         key: NestedKey::from("_reset").to_string(),
