@@ -1242,3 +1242,35 @@ fn stack_copies_only_leaves_that_are_the_same_views() {
         assert!(!got.get("x").expect("x").equal(&alias));
     }
 }
+
+#[test]
+fn pendulum_state_after_host_steps_is_the_last_returned_state() {
+    // The host step keeps the state as host values only; `state()` builds it on demand and
+    // must be the "state" the last step returned, a tensor of its own.
+    for n in [3i64, 1024] {
+        let mut env = PendulumEnv::new(&[n], CPU).expect("env");
+        env.set_seed(11).expect("seed");
+        let mut td = env.reset(None).expect("reset");
+        assert!(env
+            .state()
+            .expect("state")
+            .equal(td.get("state").expect("state")));
+        for _ in 0..3 {
+            td = env.rand_action(Some(td)).expect("rand");
+            let stepped = env.step(td).expect("step");
+            let returned = stepped.get(("next", "state")).expect("next state").copy();
+            let state = env.state().expect("state");
+            assert_eq!(state.size(), vec![n, 2]);
+            assert!(
+                state.equal(&returned),
+                "batch {n}: state() differs from the step's"
+            );
+            let _ = state.shallow_clone().fill_(0.0);
+            assert!(
+                env.state().expect("state").equal(&returned),
+                "state() aliases the env"
+            );
+            td = env.step_mdp(&stepped).expect("step_mdp");
+        }
+    }
+}

@@ -42,7 +42,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::utils::{any_of, complete_done, reshape_rewards, step_mdp, StepMdpOptions};
+use super::utils::{any_of, any_true, complete_done, reshape_rewards, step_mdp, StepMdpOptions};
 use super::{EnvKeys, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
@@ -477,7 +477,7 @@ pub trait EnvBase: Send {
         let mut any = false;
         for g in &self.core().keys().groups {
             if let Some(done) = root.get(&g.done) {
-                if done.numel() > 0 && done.f_any()?.int64_value(&[]) != 0 {
+                if any_true(done)? {
                     any = true;
                     let mask = done.f_to_kind(Kind::Bool)?;
                     root.set(&g.reset, mask)?;

@@ -81,11 +81,18 @@ const L: f64 = 1.0;
 /// Gymnasium's `Pendulum-v1`, batched. See the module docs.
 pub struct PendulumEnv {
     core: EnvCore,
-    /// `[*B, 2]` float64: `[θ, θ̇]`. Never written in place (each step and reset sets a new
-    /// tensor), so the host mirror in `host` stays valid until the state is replaced.
-    state: Tensor,
-    /// The host step's mirror of `state` (`None` until a host step, and after a reset).
-    host: Option<HostState>,
+    /// `[θ, θ̇]`: a tensor after a reset or a tensor step, host values after a host step.
+    state: State,
+}
+
+/// Where the current state `[θ, θ̇]` lives. The host step keeps it as host values only (a
+/// state tensor per step that nothing reads would cost a tensor construction); a tensor is
+/// built from them when something needs one ([`PendulumEnv::state_tensor`]).
+enum State {
+    /// `[*B, 2]` float64. Never written in place (each step and reset sets a new tensor).
+    Tensor(Tensor),
+    /// The host step's state.
+    Host(HostState),
 }
 
 impl PendulumEnv {
@@ -113,14 +120,25 @@ impl PendulumEnv {
         let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
         Ok(PendulumEnv {
             core,
-            state,
-            host: None,
+            state: State::Tensor(state),
         })
     }
 
     /// The current state `[θ, θ̇]` (`[*B, 2]`, float64), a copy.
     pub fn state(&self) -> Result<Tensor> {
-        Ok(self.state.f_detach_copy()?)
+        match &self.state {
+            State::Tensor(t) => Ok(t.f_detach_copy()?),
+            State::Host(h) => h.tensor(self.core.specs().batch_size()),
+        }
+    }
+
+    /// The current state as a tensor (`[*B, 2]` float64, shared with the env: not to be written
+    /// in place), built from the host values after a host step.
+    fn state_tensor(&self) -> Result<Tensor> {
+        match &self.state {
+            State::Tensor(t) => Ok(t.shallow_clone()),
+            State::Host(h) => h.tensor(self.core.specs().batch_size()),
+        }
     }
 
     /// Gymnasium's initial distribution: `θ ~ U[-π, π)`, `θ̇ ~ U[-1, 1)`.
@@ -132,13 +150,14 @@ impl PendulumEnv {
     }
 
     fn output(&self, reward: Option<Tensor>) -> Result<TensorDict> {
-        let th = self.state.f_narrow(-1, 0, 1)?;
-        let thdot = self.state.f_narrow(-1, 1, 1)?;
+        let state = self.state_tensor()?;
+        let th = state.f_narrow(-1, 0, 1)?;
+        let thdot = state.f_narrow(-1, 1, 1)?;
         let obs = Tensor::f_cat(&[th.f_cos()?, th.f_sin()?, thdot], -1)?.f_to_kind(Kind::Float)?;
         let done = Tensor::f_zeros(th.size(), (Kind::Bool, th.device()))?;
         let mut td = TensorDict::new(self.core.specs().batch_size())?
             .with("observation", obs)?
-            .with(STATE_KEY, self.state.f_detach_copy()?)?
+            .with(STATE_KEY, state.f_detach_copy()?)?
             .with("done", done.shallow_clone())?
             .with("terminated", done)?;
         if let Some(r) = reward {
@@ -162,9 +181,13 @@ impl PendulumEnv {
         let batch = self.core.specs().batch_size().to_vec();
         let n = action.numel();
         let u: Vec<f32> = read_host(action, n)?;
-        let prev = match self.host.take() {
-            Some(h) => h,
-            None => HostState::read(&self.state)?,
+        let read;
+        let prev = match &self.state {
+            State::Host(h) => h,
+            State::Tensor(t) => {
+                read = HostState::read(t)?;
+                &read
+            }
         };
         let mut state = Vec::with_capacity(2 * n);
         let mut new_th = Vec::with_capacity(n);
@@ -176,7 +199,7 @@ impl PendulumEnv {
             .zip(&prev.sin_th)
             .zip(reward.chunks_exact_mut(4));
         for (((ui, s), sin_th), r) in rows {
-            let [th, thdot] = [s[0], s[1]];
+            let &[th, thdot] = s else { continue };
             // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
             let ui = ui.clamp(-MAX_TORQUE as f32, MAX_TORQUE as f32);
             let torque_term = f64::from(ui * (3.0 / (M * L * L)) as f32);
@@ -198,17 +221,22 @@ impl PendulumEnv {
             .zip(&sin)
             .zip(state.chunks_exact(2));
         for (((o, c), s), st) in rows {
-            o[..4].copy_from_slice(&(*c as f32).to_ne_bytes());
-            o[4..8].copy_from_slice(&(*s as f32).to_ne_bytes());
-            o[8..].copy_from_slice(&(st[1] as f32).to_ne_bytes());
+            let (Some((oc, rest)), Some(&thdot)) = (o.split_first_chunk_mut::<4>(), st.get(1))
+            else {
+                continue;
+            };
+            let Some((os, ot)) = rest.split_first_chunk_mut::<4>() else {
+                continue;
+            };
+            *oc = (*c as f32).to_ne_bytes();
+            *os = (*s as f32).to_ne_bytes();
+            ot.copy_from_slice(&(thdot as f32).to_ne_bytes());
         }
+        let state_bytes = f64_bytes(&state);
         let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
         let b2: Vec<i64> = [batch.as_slice(), &[2]].concat();
         let b3: Vec<i64> = [batch.as_slice(), &[3]].concat();
-        // Two tensors from one set of bytes: the returned state must not alias the env's.
-        let state_bytes = f64_bytes(&state);
-        self.state = Tensor::f_from_data_size(&state_bytes, &b2, Kind::Double)?;
-        self.host = Some(HostState { state, sin_th: sin });
+        self.state = State::Host(HostState { state, sin_th: sin });
         let done = host_tensor(&vec![false; n], &b1)?;
         TensorDict::new(&batch)?
             .with(
@@ -246,8 +274,9 @@ impl PendulumEnv {
         let u = a.f_clamp(-MAX_TORQUE, MAX_TORQUE)?;
         let torque_term = u.f_mul_scalar(3.0 / (M * L * L))?;
         let torque_cost = u.f_square()?.f_mul_scalar_(0.001)?;
-        let th = self.state.f_narrow(-1, 0, 1)?;
-        let thdot = self.state.f_narrow(-1, 1, 1)?;
+        let current = self.state_tensor()?;
+        let th = current.f_narrow(-1, 0, 1)?;
+        let thdot = current.f_narrow(-1, 1, 1)?;
         // angle_normalize(th) = ((th + pi) % (2 pi)) - pi
         let norm = th
             .f_add_scalar(PI)?
@@ -285,7 +314,7 @@ impl PendulumEnv {
             .with("done", done.shallow_clone())?
             .with("terminated", done)?
             .with("reward", reward)?;
-        self.state = state;
+        self.state = State::Tensor(state);
         Ok(td)
     }
 }
@@ -303,6 +332,16 @@ struct HostState {
 }
 
 impl HostState {
+    /// The state as a fresh `[*B, 2]` float64 CPU tensor.
+    fn tensor(&self, batch: &[i64]) -> Result<Tensor> {
+        let shape: Vec<i64> = [batch, &[2]].concat();
+        Ok(Tensor::f_from_data_size(
+            &f64_bytes(&self.state),
+            &shape,
+            Kind::Double,
+        )?)
+    }
+
     /// Reads a `[*B, 2]` float64 CPU state tensor (after a reset: once per episode).
     fn read(state: &Tensor) -> Result<Self> {
         let state: Vec<f64> = read_host(state, state.numel())?;
@@ -404,8 +443,8 @@ impl EnvBase for PendulumEnv {
         } else {
             None
         };
-        self.state = plan.new_state(&self.state, fresh)?;
-        self.host = None;
+        let current = self.state_tensor()?;
+        self.state = State::Tensor(plan.new_state(&current, fresh)?);
         self.output(None)
     }
 
@@ -417,7 +456,6 @@ impl EnvBase for PendulumEnv {
         if specs.device() == Device::Cpu && a.numel() <= HOST_PATH_MAX {
             self.step_host(&a)
         } else {
-            self.host = None;
             self.step_tensor(&a)
         }
     }
