@@ -14,10 +14,10 @@
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use torchrl::data::replay::{ReplayBuffer, SamplerWithoutReplacement};
-use torchrl::modules::{MlpConfig, TdModule, TensorDictModule, MLP};
+use torchrl::modules::{MlpConfig, TdModule, MLP};
 use torchrl::objectives::optim::step_with_grad_norm;
-use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss, ScoreNetwork};
-use torchrl::{Error, Generator, NestedKey, Result, TensorDict};
+use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss, ScoreModule};
+use torchrl::{Error, Generator, Result, TensorDict};
 
 const FEATURES: i64 = 16;
 const MINIBATCH: i64 = 128;
@@ -108,31 +108,6 @@ fn make_pairs(gen: &mut Generator, true_w: &Tensor, n: i64) -> Result<TensorDict
         .with(("dispreferred", "features"), dispreferred)
 }
 
-/// Any [`TensorDictModule`] as the loss's score network: it runs on each side's
-/// sub-tensordict and writes its out key there.
-struct ModuleScore<M> {
-    module: M,
-    out_keys: Vec<NestedKey>,
-}
-
-impl<M: TensorDictModule> ModuleScore<M> {
-    fn new(module: M) -> Self {
-        let out_keys = module.out_keys();
-        ModuleScore { module, out_keys }
-    }
-}
-
-impl<M: TensorDictModule> ScoreNetwork for ModuleScore<M> {
-    fn out_keys(&self) -> &[NestedKey] {
-        &self.out_keys
-    }
-
-    fn forward(&self, td: &mut TensorDict) -> Result<()> {
-        *td = self.module.forward(td.clone())?; // a shallow copy: tensors are shared
-        Ok(())
-    }
-}
-
 /// Trains the reward model with `cfg` and evaluates it on held-out pairs.
 pub fn run(cfg: &Config) -> Result<Summary> {
     tch::manual_seed(cfg.seed as i64); // the MLP's initialisation
@@ -152,7 +127,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let scorer = TdModule::new(mlp, ["features"], ["reward_score"])?;
 
     let mut loss = RewardModelLoss::new()
-        .with_score_network(ModuleScore::new(scorer))
+        .with_score_network(ScoreModule::new(scorer))
         .with_center_coeff(1e-3)?; // keeps the scores near 0
 
     // The dataset's names and the scorer's output key, by name (TorchRL's `set_keys`).

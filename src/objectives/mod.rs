@@ -44,6 +44,6 @@ pub use ppo::{
 };
 pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss,
-    RewardModelLossOutput, ScoreFn, ScoreNetwork,
+    RewardModelLossOutput, ScoreFn, ScoreModule, ScoreNetwork,
 };
 pub use value::{Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork};

@@ -34,6 +34,7 @@ use std::fmt;
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::TensorDictModule;
 use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
 
 use super::common::{LossModule, LossOutput, Reduction};
@@ -249,6 +250,66 @@ where
 impl<F> fmt::Debug for ScoreFn<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScoreFn")
+            .field("out_keys", &self.out_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Any [`TensorDictModule`] as a [`ScoreNetwork`]: it runs on each side's sub-tensordict and
+/// writes its out keys there (its `out_keys()` are read once, at construction).
+///
+/// ```
+/// use tch::{nn, Device, Kind, Tensor};
+/// use torchrl::modules::{TdModule, MLP, MlpConfig};
+/// use torchrl::objectives::{LossModule, RewardModelLoss, ScoreModule};
+/// use torchrl::TensorDict;
+/// # fn main() -> torchrl::Result<()> {
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let mlp = MLP::new(&vs.root(), &MlpConfig::new(4, 1).with_depth(1).with_num_cells(8))?;
+/// let scorer = TdModule::new(mlp, ["features"], ["score"])?;
+/// let loss = RewardModelLoss::new().with_score_network(ScoreModule::new(scorer));
+/// let x = |v: f32| Tensor::full([2, 4], f64::from(v), (Kind::Float, Device::Cpu));
+/// let td = TensorDict::new([2])?
+///     .with(("chosen", "features"), x(1.0))?
+///     .with(("rejected", "features"), x(-1.0))?;
+/// let out = loss.forward(&td)?;
+/// assert_eq!(out.loss_reward_model.size(), Vec::<i64>::new());
+/// assert!(out.loss_reward_model.double_value(&[]) > 0.0); // -log σ(·) is positive
+/// # Ok(()) }
+/// ```
+pub struct ScoreModule<M> {
+    module: M,
+    out_keys: Vec<NestedKey>,
+}
+
+impl<M: TensorDictModule> ScoreModule<M> {
+    /// Wraps `module`; the loss looks for its score among `module.out_keys()`.
+    pub fn new(module: M) -> Self {
+        let out_keys = module.out_keys();
+        ScoreModule { module, out_keys }
+    }
+
+    /// The wrapped module.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+}
+
+impl<M: TensorDictModule> ScoreNetwork for ScoreModule<M> {
+    fn out_keys(&self) -> &[NestedKey] {
+        &self.out_keys
+    }
+
+    fn forward(&self, td: &mut TensorDict) -> Result<()> {
+        // A shallow copy in, the module's output back: tensors are shared, not copied.
+        *td = self.module.forward(td.clone())?;
+        Ok(())
+    }
+}
+
+impl<M> fmt::Debug for ScoreModule<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScoreModule")
             .field("out_keys", &self.out_keys)
             .finish_non_exhaustive()
     }
