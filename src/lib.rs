@@ -24,6 +24,17 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// The lint gate (docs/reliability.md): no unwrap, expect, panic or panicking index in library
+// code. Unit tests (`cfg(test)`) may use them.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 pub mod collectors;
 pub mod data;
