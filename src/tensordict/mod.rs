@@ -24,6 +24,7 @@
 
 mod display;
 pub(crate) mod host;
+mod host_stack;
 mod index;
 mod io;
 mod key;

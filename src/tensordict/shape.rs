@@ -20,6 +20,7 @@ use std::borrow::Borrow;
 use rustc_hash::FxHashMap;
 use tch::{Device, Kind, Tensor};
 
+use super::host_stack::stack_host;
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
 use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
@@ -571,7 +572,10 @@ fn stack_level<T: Borrow<TensorDict>>(
     let mut stacked: Vec<Option<Tensor>> = Vec::with_capacity(leaves.len());
     for (leaf, plan) in leaves.iter().zip(&plans) {
         stacked.push(match plan {
-            LeafPlan::Stack => Some(Tensor::f_stack(&leaf.inputs, dim)?),
+            LeafPlan::Stack => Some(match stack_host(&leaf.inputs, d)? {
+                Some(t) => t,
+                None => Tensor::f_stack(&leaf.inputs, dim)?,
+            }),
             LeafPlan::Copy(_) | LeafPlan::Shift(_) => None,
         });
     }
