@@ -158,7 +158,11 @@ mod tests {
                 for dim in 1..=shape.len() {
                     let got = stack_host(&refs, dim).unwrap().expect("plain inputs");
                     let want = Tensor::stack(&inputs, dim as i64);
-                    assert_eq!(got.size(), want.size(), "{shape:?} {kind:?} n={n} dim={dim}");
+                    assert_eq!(
+                        got.size(),
+                        want.size(),
+                        "{shape:?} {kind:?} n={n} dim={dim}"
+                    );
                     assert_eq!(got.kind(), want.kind());
                     assert!(got.is_contiguous());
                     assert!(got.equal(&want), "{shape:?} {kind:?} n={n} dim={dim}");
@@ -172,7 +176,10 @@ mod tests {
         let a = Tensor::ones([4, 2], (Kind::Float, Device::Cpu));
         let t = a.t_copy().transpose(0, 1); // not contiguous
         assert!(stack_host(&[&a, &a], 0).unwrap().is_none(), "dim 0");
-        assert!(stack_host(&[&t, &t], 1).unwrap().is_none(), "non-contiguous");
+        assert!(
+            stack_host(&[&t, &t], 1).unwrap().is_none(),
+            "non-contiguous"
+        );
         let g = a.copy().set_requires_grad(true);
         assert!(stack_host(&[&g, &g], 1).unwrap().is_none(), "requires grad");
         let d = a.to_kind(Kind::Double);
