@@ -4,8 +4,10 @@
 //! positions before `d` it copies one small block from each input (`outer × n` `memcpy` calls
 //! of a few bytes). A rollout of 1024 batched envs stacks 200 steps of `[1024, k]` leaves
 //! along dim 1: 204,800 blocks of 4–16 bytes per leaf, ≈ 12–24 µs per step in all. Here the
-//! same copy runs in blocks of rows that fit the L2 cache, with the block size known at
-//! compile time for the common widths, in about a third of that.
+//! same copy runs in blocks of rows that fit the L2 cache, with the row width known at
+//! compile time for the common widths: about half of `cat`'s time for 1–4-byte rows (rewards,
+//! actions, flags), ≈ 0.75× for 16-byte rows and on par for 12-byte rows (measured with
+//! 200 inputs of `[1024, k]`).
 //!
 //! Only plain data is handled: CPU, contiguous, one dtype, no autograd, no conjugate or
 //! negative views; everything else (and an empty result) returns `None` for the caller to use
@@ -72,41 +74,26 @@ pub(crate) fn stack_host(inputs: &[&Tensor], dim: usize) -> Result<Option<Tensor
         .iter()
         .map(|t| unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, outer * inner) })
         .collect();
+    // Literal widths: `copy_blocks` is inlined at each arm with its width a constant, so the
+    // common row sizes copy with a couple of moves instead of a `memcpy` call.
     match inner {
-        1 => copy_blocks::<1>(dst, &srcs),
-        2 => copy_blocks::<2>(dst, &srcs),
-        4 => copy_blocks::<4>(dst, &srcs),
-        8 => copy_blocks::<8>(dst, &srcs),
-        12 => copy_blocks::<12>(dst, &srcs),
-        16 => copy_blocks::<16>(dst, &srcs),
-        24 => copy_blocks::<24>(dst, &srcs),
-        32 => copy_blocks::<32>(dst, &srcs),
-        _ => copy_blocks_dyn(dst, &srcs, inner),
+        1 => copy_blocks(dst, &srcs, 1),
+        2 => copy_blocks(dst, &srcs, 2),
+        4 => copy_blocks(dst, &srcs, 4),
+        8 => copy_blocks(dst, &srcs, 8),
+        12 => copy_blocks(dst, &srcs, 12),
+        16 => copy_blocks(dst, &srcs, 16),
+        24 => copy_blocks(dst, &srcs, 24),
+        32 => copy_blocks(dst, &srcs, 32),
+        width => copy_blocks(dst, &srcs, width),
     }
     Ok(Some(out))
 }
 
-/// `dst[(b·n + t)·S ..][..S] = srcs[t][b·S ..][..S]` for every row `b` and input `t`, a block
-/// of rows at a time; `S` is a compile-time width, so each copy is a couple of moves.
-fn copy_blocks<const S: usize>(dst: &mut [u8], srcs: &[&[u8]]) {
-    let n = srcs.len();
-    let rows = (BLOCK_BYTES / (S * n)).max(1);
-    for (bi, dblock) in dst.chunks_mut(rows * n * S).enumerate() {
-        for (t, src) in srcs.iter().enumerate() {
-            let Some(sblock) = src.chunks(rows * S).nth(bi) else {
-                continue;
-            };
-            for (drow, srow) in dblock.chunks_exact_mut(n * S).zip(sblock.chunks_exact(S)) {
-                if let Some(d) = drow.chunks_exact_mut(S).nth(t) {
-                    d.copy_from_slice(srow);
-                }
-            }
-        }
-    }
-}
-
-/// [`copy_blocks`] for a width known at run time.
-fn copy_blocks_dyn(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
+/// `dst[(b·n + t)·w ..][..w] = srcs[t][b·w ..][..w]` for every row `b` and input `t` (`w` the
+/// row width in bytes), a block of rows at a time.
+#[inline(always)]
+fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
     let n = srcs.len();
     let rows = (BLOCK_BYTES / (width * n)).max(1);
     for (bi, dblock) in dst.chunks_mut(rows * n * width).enumerate() {
@@ -114,10 +101,10 @@ fn copy_blocks_dyn(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
             let Some(sblock) = src.chunks(rows * width).nth(bi) else {
                 continue;
             };
-            for (drow, srow) in dblock
+            let rows = dblock
                 .chunks_exact_mut(n * width)
-                .zip(sblock.chunks_exact(width))
-            {
+                .zip(sblock.chunks_exact(width));
+            for (drow, srow) in rows {
                 if let Some(d) = drow.chunks_exact_mut(width).nth(t) {
                     d.copy_from_slice(srow);
                 }
