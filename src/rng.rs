@@ -109,6 +109,28 @@ pub(crate) fn build<T: Element>(
     })
 }
 
+/// [`build`] for float64 host values: a float32 or float64 result is made in one libtorch call
+/// (shape and dtype included) from host-converted bytes, instead of a float64 tensor, a
+/// `reshape` and a `to_kind` (each a dispatcher round trip and, for the cast, an extra
+/// buffer). The cast to float32 rounds to nearest-even, as libtorch's does, so the values are
+/// the same bit for bit.
+pub(crate) fn build_f64(data: &[f64], shape: &[i64], kind: Kind, device: Device) -> Result<Tensor> {
+    let bytes: Vec<u8> = match kind {
+        Kind::Float => data
+            .iter()
+            .flat_map(|v| (*v as f32).to_ne_bytes())
+            .collect(),
+        Kind::Double => data.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        _ => return build(data, shape, kind, device),
+    };
+    let t = Tensor::f_from_data_size(&bytes, shape, kind)?;
+    Ok(if device == Device::Cpu {
+        t
+    } else {
+        t.f_to_device(device)?
+    })
+}
+
 /// Reads a tensor's values (any device) into a row-major `Vec`.
 ///
 /// The buffer is reserved fallibly: an expanded tensor may have far more elements than memory
@@ -222,7 +244,7 @@ impl Generator {
         }
         let mut data: Vec<f64> = alloc(op, n)?;
         data.extend((0..n).map(|_| (low + self.next_f64() * (high - low)).min(high)));
-        build(&data, shape, kind, device)
+        build_f64(&data, shape, kind, device)
     }
 
     /// Normal samples with the given `mean` and `std` (Box-Muller) of a floating `kind`.
@@ -255,7 +277,7 @@ impl Generator {
             data.push(mean + std * b);
         }
         data.truncate(n);
-        build(&data, shape, kind, device)
+        build_f64(&data, shape, kind, device)
     }
 
     /// Uniform integers in `[low, high_exclusive)`, cast to `kind` (which may be a float or bool
@@ -497,5 +519,28 @@ mod tests {
         let ok = Tensor::from_slice(&[1i64, 1]);
         assert!(g.uniform_tensor(&bad, &ok).is_err());
         assert!(g.uniform_tensor(&ok, &Tensor::from_slice(&[1i64])).is_err());
+    }
+
+    /// The one-call float32 path gives libtorch's float64 → float32 cast bit for bit, in the
+    /// requested shape.
+    #[test]
+    fn float32_samples_equal_libtorch_cast() {
+        for shape in [&[1024i64, 1][..], &[3, 5], &[]] {
+            let (mut a, mut b) = (Generator::new(11), Generator::new(11));
+            let f = a
+                .uniform(shape, -2.0, 2.0, Kind::Float, Device::Cpu)
+                .unwrap();
+            let d = b
+                .uniform(shape, -2.0, 2.0, Kind::Double, Device::Cpu)
+                .unwrap();
+            assert_eq!(f.size(), shape.to_vec());
+            assert_eq!(f.kind(), Kind::Float);
+            assert!(f.equal(&d.to_kind(Kind::Float)));
+            let f = a.normal(shape, 0.5, 3.0, Kind::Float, Device::Cpu).unwrap();
+            let d = b
+                .normal(shape, 0.5, 3.0, Kind::Double, Device::Cpu)
+                .unwrap();
+            assert!(f.equal(&d.to_kind(Kind::Float)));
+        }
     }
 }
