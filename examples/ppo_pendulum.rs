@@ -29,7 +29,7 @@ use torchrl::modules::{
     TdModule, TensorDictModule, TensorDictSequential, ValueOperator, MLP,
 };
 use torchrl::objectives::optim::step_with_grad_norm;
-use torchrl::objectives::value::{Gae, ValueEstimator};
+use torchrl::objectives::value::Gae;
 use torchrl::objectives::{ClipPPOLoss, CriticLossType, LossModule, LossOutput};
 use torchrl::{EnvBase, Error, Generator, Result, RolloutConfig, TensorDict, TransformedEnv};
 
@@ -275,14 +275,14 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let vs = nn::VarStore::new(Device::Cpu);
     let actor = make_actor(&vs.root().sub("actor"), &env, cfg.seed)?;
     let critic = make_critic(&vs.root().sub("critic"), obs_dim)?;
-    let loss = ClipPPOLoss::new(actor, critic)
+    let mut loss = ClipPPOLoss::new(actor, critic)
         .with_clip_epsilon(CLIP_EPSILON)?
         .with_entropy_coeff(ENTROPY_COEFF)?
         .with_critic_coeff(0.5)?
         .with_loss_critic_type(CriticLossType::L2)
         .with_normalize_advantage(true)
         .with_seed(cfg.seed);
-    let gae = Gae::new(GAMMA, LMBDA)?;
+    loss.make_value_estimator(Box::new(Gae::new(GAMMA, LMBDA)?))?;
     let mut opt = nn::Adam::default().build(&vs, LR)?;
 
     // An eval env with the same observation statistics; the baselines' scores.
@@ -311,9 +311,6 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         frames_per_batch,
         SamplerWithoutReplacement::new(cfg.seed, true),
     )?;
-    let critic = loss
-        .critic()
-        .ok_or_else(|| fail("the loss has no critic"))?;
 
     if !cfg.quiet {
         println!(
@@ -346,20 +343,10 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             .f_double_value(&[])?
             / REWARD_SCALE;
 
-        // GAE over the whole batch (time is the last batch dim). With no value network it
-        // reads precomputed values: the critic writes `state_value` at the root and in "next".
-        let mut batch = {
-            let _guard = tch::no_grad_guard();
-            let next = batch
-                .get_dict("next")
-                .ok_or_else(|| fail("a batch without \"next\""))?
-                .clone();
-            let next = critic.forward(next)?;
-            let mut batch = critic.forward(batch)?;
-            batch.set("next", next)?;
-            batch
-        };
-        gae.forward(&mut batch)?; // writes "advantage" and "value_target"
+        // GAE over the whole batch (time is the last batch dim), with the loss's critic
+        // under no_grad: writes "state_value" (root and "next"), "advantage", "value_target".
+        let mut batch = batch;
+        loss.compute_advantage(&mut batch)?;
 
         // Epochs of minibatches: the sampler hands out each transition once per epoch.
         buffer.clear();

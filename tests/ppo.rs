@@ -788,3 +788,39 @@ fn klpen_config_keys_and_errors() {
         .expect("forward");
     assert!(out.loss_critic.is_none() && out.explained_variance.is_none());
 }
+
+/// `compute_advantage` on a 3-step trajectory: the critic `V = 2·obs` at the root and in
+/// "next", then GAE with γ = λ = 0.5, derived by hand:
+/// δ = r + γ·V'·(1 − terminated) − V = [1 + 2 − 2, 1 + 3 − 4, 1 − 6] = [1, 0, −5];
+/// A₂ = −5, A₁ = 0 + 0.25·(−5) = −1.25, A₀ = 1 + 0.25·(−1.25) = 0.6875;
+/// value_target = A + V = [2.6875, 2.75, 1].
+#[test]
+fn compute_advantage_runs_the_critic_and_the_estimator() {
+    let (actor, _) = toy_actor();
+    let mut loss = ClipPPOLoss::new(actor, toy_critic());
+    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae")))
+        .expect("estimator");
+    let col = |v: &[f64]| Tensor::from_slice(v).view([-1, 1]);
+    let flags = |v: &[bool]| Tensor::from_slice(v).view([-1, 1]);
+    let mut td = TensorDict::new([3])
+        .and_then(|t| t.with("obs", col(&[1.0, 2.0, 3.0])))
+        .and_then(|t| t.with(("next", "obs"), col(&[2.0, 3.0, 4.0])))
+        .and_then(|t| t.with(("next", "reward"), col(&[1.0, 1.0, 1.0])))
+        .and_then(|t| t.with(("next", "done"), flags(&[false, false, true])))
+        .and_then(|t| t.with(("next", "terminated"), flags(&[false, false, true])))
+        .expect("td");
+    loss.compute_advantage(&mut td).expect("advantage");
+    let get = |k: &[&str]| -> Vec<f64> {
+        Vec::<f64>::try_from(td.get(k).expect("entry").view([-1])).expect("values")
+    };
+    assert_eq!(get(&["state_value"]), vec![2.0, 4.0, 6.0]);
+    assert_eq!(get(&["next", "state_value"]), vec![4.0, 6.0, 8.0]);
+    assert_eq!(get(&["advantage"]), vec![0.6875, -1.25, -5.0]);
+    assert_eq!(get(&["value_target"]), vec![2.6875, 2.75, 1.0]);
+    // Without "next" the error says what is missing.
+    let mut bare = TensorDict::new([3])
+        .and_then(|t| t.with("obs", col(&[1.0, 2.0, 3.0])))
+        .expect("td");
+    let err = loss.compute_advantage(&mut bare).expect_err("no next");
+    assert!(err.to_string().contains("\"next\""), "{err}");
+}

@@ -858,6 +858,16 @@ macro_rules! ppo_shared_methods {
             self.base.value_estimator.as_deref()
         }
 
+        /// Computes the advantage on a whole batch in place (TorchRL's
+        /// `loss.value_estimator(td)`): the critic's values, under `no_grad`, under the
+        /// `value` key at the root and in `"next"`, then the value estimator (default GAE,
+        /// γ = 0.99, λ = 0.95) writes `advantage` and `value_target`. Run it on the collected
+        /// `[*B, T]` batch before cutting it into minibatches. Errors without a critic or
+        /// without `"next"`.
+        pub fn compute_advantage(&self, td: &mut TensorDict) -> Result<()> {
+            self.base.estimate_advantage(td).map(drop)
+        }
+
         /// The actor.
         pub fn actor(&self) -> &ProbabilisticActor {
             &self.base.actor
