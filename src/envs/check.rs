@@ -9,18 +9,9 @@
 use super::EnvBase;
 use crate::data::specs::Composite;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 use crate::RolloutConfig;
-
-fn fmt_keys(keys: &[NestedKey]) -> String {
-    format!(
-        "[{}]",
-        keys.iter()
-            .map(|k| k.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
 
 fn spec_err(key: String, spec: String, reason: String) -> Error {
     Error::NotInSpec {
@@ -76,8 +67,8 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
             format!(
                 "the keys of the specs and the data do not match:\n- in the rollout but in no spec: {}\n\
                  - in the specs but not in the rollout: {}",
-                fmt_keys(&only_real),
-                fmt_keys(&only_fake)
+                fmt_key_list(&only_real),
+                fmt_key_list(&only_fake)
             ),
         ));
     }

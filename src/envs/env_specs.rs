@@ -293,10 +293,7 @@ impl EnvSpecs {
                 .done
                 .leaves()
                 .into_iter()
-                .filter(|(k, _)| {
-                    k.len() == prefix.len() + 1
-                        && k.parts().zip(prefix.parts()).all(|(a, b)| a == b)
-                })
+                .filter(|(k, _)| k.len() == prefix.len() + 1 && k.starts_with(&prefix))
                 .map(|(k, s)| (k, s.shape().to_vec()))
                 .collect();
             if let Some((k0, s0)) = leaves.first() {

@@ -90,10 +90,11 @@ use tch::{Kind, Tensor};
 use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
-use super::module::{fmt_keys, read_input, to_keys, write_outputs, TensorDictModule};
+use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{AsKey, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ exploration
@@ -132,7 +133,7 @@ pub struct DistributionBuilder {
 
 impl fmt::Debug for DistributionBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}(in_keys={})", self.name, fmt_keys(&self.in_keys))
+        write!(f, "{}(in_keys={})", self.name, fmt_key_list(&self.in_keys))
     }
 }
 
@@ -599,8 +600,8 @@ impl fmt::Debug for ProbabilisticActor {
         write!(
             f,
             "ProbabilisticActor(in_keys={}, out_keys={}, distribution={:?}, exploration={:?})",
-            fmt_keys(&self.in_keys()),
-            fmt_keys(&self.out_keys()),
+            fmt_key_list(&self.in_keys()),
+            fmt_key_list(&self.out_keys()),
             self.builder,
             self.exploration
         )

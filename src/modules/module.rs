@@ -52,6 +52,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::Tensor;
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{check_key, leading_dims_are, AsKey, NestedKey, TensorDict};
 
 /// A computation that reads `in_keys` from a [`TensorDict`] and writes `out_keys` into it
@@ -122,12 +123,6 @@ pub(crate) fn to_keys<K: AsKey>(
         .collect()
 }
 
-/// Formats keys as `["a", ("b", "c")]`.
-pub(crate) fn fmt_keys(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
-    format!("[{}]", names.join(", "))
-}
-
 /// The leaf at `key`, or the lookup error of `td` (naming the key and the available keys)
 /// under `op`.
 pub(crate) fn read_input<'a>(
@@ -181,7 +176,7 @@ pub(crate) fn write_outputs(
                 "the module returned {} output(s) for {} out key(s) {}",
                 outputs.len(),
                 keys.len(),
-                fmt_keys(keys)
+                fmt_key_list(keys)
             ),
         ));
     }
@@ -228,8 +223,8 @@ impl<F> fmt::Debug for FnModule<F> {
         write!(
             f,
             "FnModule(in_keys={}, out_keys={})",
-            fmt_keys(&self.in_keys),
-            fmt_keys(&self.out_keys)
+            fmt_key_list(&self.in_keys),
+            fmt_key_list(&self.out_keys)
         )
     }
 }
@@ -340,8 +335,8 @@ impl<M> fmt::Debug for TdModule<M> {
         write!(
             f,
             "TdModule(in_keys={}, out_keys={}, train={})",
-            fmt_keys(&self.in_keys),
-            fmt_keys(&self.out_keys),
+            fmt_key_list(&self.in_keys),
+            fmt_key_list(&self.out_keys),
             self.train
         )
     }
@@ -363,8 +358,8 @@ impl<M: TensorModule> TdModule<M> {
                 format!(
                     "a TdModule needs at least one in key and one out key, got in_keys={} and \
                      out_keys={}",
-                    fmt_keys(&in_keys),
-                    fmt_keys(&out_keys)
+                    fmt_key_list(&in_keys),
+                    fmt_key_list(&out_keys)
                 ),
             ));
         }
@@ -386,7 +381,7 @@ impl<M: TensorModule> TdModule<M> {
                 "TdModule::with_split_sizes",
                 format!(
                     "expected one positive size per out key {}, got {sizes:?}",
-                    fmt_keys(&self.out_keys)
+                    fmt_key_list(&self.out_keys)
                 ),
             ));
         }
@@ -434,7 +429,7 @@ impl<M: TensorModule> TdModule<M> {
                 format!(
                     "cannot split the output of shape {} into out keys {}: {why}",
                     ShapeFmt(&out.size()),
-                    fmt_keys(&self.out_keys)
+                    fmt_key_list(&self.out_keys)
                 ),
             )
         };

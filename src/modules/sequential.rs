@@ -35,8 +35,9 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use super::module::{fmt_keys, to_keys, TensorDictModule};
+use super::module::{to_keys, TensorDictModule};
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{AsKey, NestedKey, TensorDict};
 
 /// Modules run in order on one tensordict (see the [module docs](self)).
@@ -52,8 +53,8 @@ impl fmt::Debug for TensorDictSequential {
             f,
             "TensorDictSequential({} modules, in_keys={}, out_keys={})",
             self.modules.len(),
-            fmt_keys(&self.in_keys()),
-            fmt_keys(&self.out_keys())
+            fmt_key_list(&self.in_keys()),
+            fmt_key_list(&self.out_keys())
         )
     }
 }

@@ -169,6 +169,20 @@ impl NestedKey {
     pub fn first(&self) -> Option<&str> {
         self.0.first().map(|s| &**s)
     }
+
+    /// True when `prefix` is this key or a level above it (segment-wise, not string-wise).
+    ///
+    /// ```
+    /// use torchrl::NestedKey;
+    /// let k = NestedKey::from(("next", "reward"));
+    /// assert!(k.starts_with(&NestedKey::from("next")));
+    /// assert!(k.starts_with(&k));
+    /// assert!(!k.starts_with(&NestedKey::from("ne")));
+    /// assert!(!NestedKey::from("next").starts_with(&k));
+    /// ```
+    pub fn starts_with(&self, prefix: &NestedKey) -> bool {
+        self.0.len() >= prefix.0.len() && self.0.iter().zip(&prefix.0).all(|(a, b)| a == b)
+    }
 }
 
 /// Displays segments the way [`NestedKey`] does.
@@ -247,6 +261,19 @@ impl PartialEq<&str> for NestedKey {
     fn eq(&self, other: &&str) -> bool {
         self == *other
     }
+}
+
+/// Formats keys as `["a", ("b", "c")]`, for error messages.
+pub(crate) fn fmt_key_list(keys: &[NestedKey]) -> String {
+    let names: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    format!("[{}]", names.join(", "))
+}
+
+/// Keys from anything convertible into [`NestedKey`]s.
+pub(crate) fn collect_keys<K: Into<NestedKey>>(
+    keys: impl IntoIterator<Item = K>,
+) -> Vec<NestedKey> {
+    keys.into_iter().map(Into::into).collect()
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
 pub use index::BatchIndex;
-pub(crate) use key::display_segments;
+pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
 pub use shape::{cat, stack};

@@ -32,11 +32,11 @@
 
 use tch::{Kind, Tensor};
 
-use super::reward_sum::fmt_keys;
 use super::Transform;
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{Elements, NestedKey, TensorDict};
 
 /// What [`ActionClamp`] does with NaN actions.
@@ -93,7 +93,7 @@ impl Transform for ActionClamp {
     fn name(&self) -> String {
         format!(
             "ActionClamp(keys={}, nan={:?})",
-            fmt_keys(&self.keys()),
+            fmt_key_list(&self.keys()),
             self.nan
         )
     }
@@ -115,7 +115,7 @@ impl Transform for ActionClamp {
                         op,
                         format!(
                             "the parent's action spec has no Bounded leaf to clamp (action keys: {})",
-                            fmt_keys(&parent.action_keys())
+                            fmt_key_list(&parent.action_keys())
                         ),
                     ));
                 }
@@ -143,7 +143,7 @@ impl Transform for ActionClamp {
                         op,
                         format!(
                             "the key {key} is not in the action spec (action keys: {})",
-                            fmt_keys(&parent.action_keys())
+                            fmt_key_list(&parent.action_keys())
                         ),
                     ))
                 }

@@ -40,6 +40,7 @@ use super::Transform;
 use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 const OP: &str = "CatTensors";
@@ -53,11 +54,6 @@ pub struct CatTensors {
     sort: bool,
     /// Keys found by [`CatTensors::lazy`] at attach.
     found: Option<Vec<NestedKey>>,
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
 }
 
 /// TorchRL's `_sort_keys`: a nested key sorts as its segments joined with `"_-|-_"`.

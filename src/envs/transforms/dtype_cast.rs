@@ -43,10 +43,11 @@
 
 use tch::Kind;
 
-use super::Transform;
+use super::{added_keys, key_pairs, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::tensordict::{collect_keys, fmt_key_list};
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Casts entries from dtype `from` to dtype `to` on the way out of the env, and back on the way
@@ -83,15 +84,6 @@ impl DoubleToFloat {
     pub fn new() -> DTypeCast {
         DTypeCast::new(Kind::Double, Kind::Float)
     }
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
-}
-
-fn collect_keys<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Vec<NestedKey> {
-    keys.into_iter().map(Into::into).collect()
 }
 
 /// The spec with another dtype (a `Bounded` spec's bounds are cast too).
@@ -218,30 +210,6 @@ impl DTypeCast {
         "DTypeCast"
     }
 
-    /// Pairs `ins` with `outs` (default: the same keys), checking the lengths.
-    fn pairs(
-        &self,
-        ins: Vec<NestedKey>,
-        outs: &Option<Vec<NestedKey>>,
-        what: &str,
-    ) -> Result<Vec<(NestedKey, NestedKey)>> {
-        match outs {
-            None => Ok(ins.into_iter().map(|k| (k.clone(), k)).collect()),
-            Some(o) if o.len() == ins.len() => Ok(ins.into_iter().zip(o.iter().cloned()).collect()),
-            Some(o) => Err(Error::invalid(
-                self.op(),
-                format!(
-                    "{}: {} in keys {} but {} out keys {}; give one out key per in key",
-                    self.name(),
-                    ins.len(),
-                    fmt_key_list(&ins),
-                    o.len(),
-                    fmt_key_list(o),
-                ) + what,
-            )),
-        }
-    }
-
     /// Resolves the key pairs against the parent's specs (`None`: no parent, explicit keys
     /// only).
     fn resolve(&self, parent: Option<&EnvSpecs>) -> Result<Resolved> {
@@ -311,8 +279,14 @@ impl DTypeCast {
             }
             (None, None, None) => return Err(no_parent()),
         };
-        let forward = self.pairs(fwd_in, &self.out_keys, "")?;
-        let inverse = self.pairs(inv_in, &self.out_keys_inv, " (inverse keys)")?;
+        let forward = key_pairs(op, &self.name(), &fwd_in, self.out_keys.as_deref(), "")?;
+        let inverse = key_pairs(
+            op,
+            &self.name(),
+            &inv_in,
+            self.out_keys_inv.as_deref(),
+            "inverse ",
+        )?;
         let state = match parent {
             Some(p) => inverse
                 .iter()
@@ -426,15 +400,10 @@ impl Transform for DTypeCast {
     }
 
     fn new_output_keys(&self) -> Vec<NestedKey> {
-        match &self.resolved {
-            Some(r) => r
-                .forward
-                .iter()
-                .filter(|(i, o)| i != o)
-                .map(|(_, o)| o.clone())
-                .collect(),
-            None => Vec::new(),
-        }
+        self.resolved
+            .as_ref()
+            .map(|r| added_keys(&r.forward))
+            .unwrap_or_default()
     }
 
     fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {

@@ -30,17 +30,13 @@ use super::reward_sum::check_done_groups;
 use super::Transform;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Removes entries from the env's outputs (or, inverse, its inputs). See the module docs.
 pub struct ExcludeTransform {
     keys: Vec<NestedKey>,
     inverse: bool,
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
 }
 
 impl ExcludeTransform {
@@ -91,7 +87,7 @@ impl Transform for ExcludeTransform {
             let states: Vec<NestedKey> = specs
                 .state_keys()
                 .into_iter()
-                .filter(|s| s.len() >= k.len() && s.parts().zip(k.parts()).all(|(a, b)| a == b))
+                .filter(|s| s.starts_with(k))
                 .collect();
             if !states.is_empty() {
                 return Err(Error::invalid(

@@ -84,13 +84,13 @@ use std::fmt;
 use tch::nn::{Path, VarStore};
 use tch::{Kind, Tensor};
 
-use super::reward_sum::fmt_keys;
 use super::Transform;
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::distributions::Distribution;
 use crate::modules::ProbabilisticActor;
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
 
 /// What [`KLRewardTransform`] needs from a policy: its in keys and the distribution it gives
@@ -404,8 +404,8 @@ impl KLRewardTransform {
                         "the in key {} is in neither the observation spec (keys: {}) nor the \
                          reward spec (keys: {})",
                         self.in_key,
-                        fmt_keys(&specs.observation.keys(true, true)),
-                        fmt_keys(&specs.reward.keys(true, true))
+                        fmt_key_list(&specs.observation.keys(true, true)),
+                        fmt_key_list(&specs.reward.keys(true, true))
                     ),
                 )
             })
@@ -421,7 +421,7 @@ fn one_key<K: AsKey>(what: &str, keys: impl IntoIterator<Item = K>) -> Result<Ne
             OP,
             format!(
                 "Only one in_key/out_key is allowed, got {what}={} ({} keys)",
-                fmt_keys(&keys),
+                fmt_key_list(&keys),
                 keys.len()
             ),
         )),
@@ -440,7 +440,7 @@ fn reward_key(specs: &EnvSpecs) -> Result<NestedKey> {
             format!(
                 "couldn't find the reward key: expected one reward key or \"reward\" among them, \
                  got {}",
-                fmt_keys(&keys)
+                fmt_key_list(&keys)
             ),
         )),
     }
@@ -451,7 +451,7 @@ fn missing(td: &TensorDict, key: &NestedKey, what: &str) -> Error {
         OP,
         format!(
             "the {what} key {key} is not in the data (keys: {})",
-            fmt_keys(&td.keys(true, true))
+            fmt_key_list(&td.keys(true, true))
         ),
     )
 }
@@ -488,7 +488,7 @@ impl Transform for KLRewardTransform {
                         format!(
                             "more than one action key found ({}); pass the action key with \
                              KLRewardTransform::with_action_key",
-                            fmt_keys(&keys)
+                            fmt_key_list(&keys)
                         ),
                     ))
                 }

@@ -76,8 +76,43 @@ pub use transformed_env::TransformedEnv;
 
 use super::EnvSpecs;
 use crate::data::specs::Composite;
-use crate::error::Result;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::error::{Error, Result};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+
+/// Pairs each in key with its out key (with itself when there are no out keys). When the
+/// counts differ: an error under `op` naming the transform (`name`) and both lists; `what`
+/// qualifies the keys in the message (`""` or `"inverse "`).
+pub(crate) fn key_pairs(
+    op: &'static str,
+    name: &str,
+    ins: &[NestedKey],
+    outs: Option<&[NestedKey]>,
+    what: &str,
+) -> Result<Vec<(NestedKey, NestedKey)>> {
+    match outs {
+        None => Ok(ins.iter().map(|k| (k.clone(), k.clone())).collect()),
+        Some(o) if o.len() == ins.len() => Ok(ins.iter().cloned().zip(o.iter().cloned()).collect()),
+        Some(o) => Err(Error::invalid(
+            op,
+            format!(
+                "{name}: {} {what}in keys {} but {} {what}out keys {}; give one out key per in key",
+                ins.len(),
+                fmt_key_list(ins),
+                o.len(),
+                fmt_key_list(o)
+            ),
+        )),
+    }
+}
+
+/// The out keys of `pairs` that are not their own in key: the entries a transform adds.
+pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
+    pairs
+        .iter()
+        .filter(|(i, o)| i != o)
+        .map(|(_, o)| o.clone())
+        .collect()
+}
 
 /// Access to a transform's concrete type once it is boxed in a [`Compose`] (see
 /// [`Compose::get_as`]). Implemented for every `'static` type; never implement it by hand.

@@ -70,11 +70,12 @@
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
-use super::{Transform, TransformedEnv};
+use super::{added_keys, key_pairs, Transform, TransformedEnv};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{clamp_f64, Elements, NestedKey, TensorDict};
+use crate::tensordict::{collect_keys, fmt_key_list};
 
 const OP: &str = "ObservationNorm";
 
@@ -151,15 +152,6 @@ fn is_float(kind: Kind) -> bool {
         kind,
         Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
     )
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
-}
-
-fn collect_keys<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Vec<NestedKey> {
-    keys.into_iter().map(Into::into).collect()
 }
 
 fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
@@ -360,15 +352,22 @@ impl ObservationNorm {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        pair_up(&self.name(), &self.in_keys, &self.out_keys, "")
+        key_pairs(
+            OP,
+            &self.name(),
+            &self.in_keys,
+            self.out_keys.as_deref(),
+            "",
+        )
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        pair_up(
+        key_pairs(
+            OP,
             &self.name(),
             &self.in_keys_inv,
-            &self.out_keys_inv,
-            " (inverse keys)",
+            self.out_keys_inv.as_deref(),
+            "inverse ",
         )
     }
 
@@ -793,28 +792,6 @@ impl ObservationNorm {
     }
 }
 
-fn pair_up(
-    name: &str,
-    ins: &[NestedKey],
-    outs: &Option<Vec<NestedKey>>,
-    what: &str,
-) -> Result<Vec<(NestedKey, NestedKey)>> {
-    match outs {
-        None => Ok(ins.iter().map(|k| (k.clone(), k.clone())).collect()),
-        Some(o) if o.len() == ins.len() => Ok(ins.iter().cloned().zip(o.iter().cloned()).collect()),
-        Some(o) => Err(Error::invalid(
-            OP,
-            format!(
-                "{name}: {} in keys {} but {} out keys {}{what}; give one out key per in key",
-                ins.len(),
-                fmt_key_list(ins),
-                o.len(),
-                fmt_key_list(o)
-            ),
-        )),
-    }
-}
-
 impl Transform for ObservationNorm {
     fn name(&self) -> String {
         let keys = fmt_key_list(&self.in_keys);
@@ -882,14 +859,7 @@ impl Transform for ObservationNorm {
     }
 
     fn new_output_keys(&self) -> Vec<NestedKey> {
-        self.pairs()
-            .map(|p| {
-                p.into_iter()
-                    .filter(|(i, o)| i != o)
-                    .map(|(_, o)| o)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
     fn transform_observation_spec(

@@ -40,6 +40,7 @@ use super::Transform;
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::tensordict::{collect_keys, fmt_key_list};
 use crate::tensordict::{NestedKey, TensorDict};
 
 const OP: &str = "RenameTransform";
@@ -51,15 +52,6 @@ pub struct RenameTransform {
     in_keys_inv: Vec<NestedKey>,
     out_keys_inv: Vec<NestedKey>,
     create_copy: bool,
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
-}
-
-fn collect_keys<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Vec<NestedKey> {
-    keys.into_iter().map(Into::into).collect()
 }
 
 /// Length, duplicate and overlap checks for one pair of key lists.
@@ -227,6 +219,80 @@ impl RenameTransform {
     fn forward_pairs(&self) -> impl Iterator<Item = (&NestedKey, &NestedKey)> {
         self.in_keys.iter().zip(self.out_keys.iter())
     }
+
+    /// Moves (or copies) the specs of each `from` key to its `to` key within `side`'s groups:
+    /// refuses a `to` that exists, a `from` that does not, and renaming a state key away.
+    fn rename_specs(
+        &self,
+        mut specs: EnvSpecs,
+        pairs: &[(&NestedKey, &NestedKey)],
+        side: &Side,
+    ) -> Result<EnvSpecs> {
+        for &(from, to) in pairs {
+            if let Some(g) = side.groups.iter().find(|g| specs.group(**g).contains(to)) {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                        "{}: {} {to} already exists in the {g} spec; {}",
+                        self.name(),
+                        side.out_key,
+                        side.on_collision
+                    ),
+                ));
+            }
+            let holders: Vec<SpecGroup> = side
+                .groups
+                .iter()
+                .copied()
+                .filter(|g| specs.group(*g).contains(from))
+                .collect();
+            if holders.is_empty() {
+                return Err(Error::KeyNotFound {
+                    op: side.lookup,
+                    key: from.to_string(),
+                    available: (side.available)(&specs),
+                });
+            }
+            // A state key (StepCounter's count, RewardSum's sum) is read back by the env at the
+            // next step under its name: renaming it away would break that step.
+            if !self.create_copy {
+                let states: Vec<NestedKey> = specs
+                    .state_keys()
+                    .into_iter()
+                    .filter(|s| s.starts_with(from))
+                    .collect();
+                if !states.is_empty() {
+                    return Err(Error::invalid(
+                        OP,
+                        format!(
+                            "{}: {from} is (or holds) the state key(s) {}, which the env reads \
+                             back at the next step; copy it instead (with_create_copy(true))",
+                            self.name(),
+                            fmt_key_list(&states)
+                        ),
+                    ));
+                }
+            }
+            for g in holders {
+                move_spec(specs.group_mut(g), from, to, self.create_copy)?;
+            }
+        }
+        check_done_groups(OP, &self.name(), &specs)?;
+        Ok(specs)
+    }
+}
+
+/// The spec groups one direction of a rename works on, and its wording in errors.
+struct Side {
+    groups: &'static [SpecGroup],
+    /// What the `to` keys are called ("out key", "inverse out key").
+    out_key: &'static str,
+    /// The advice when a `to` key exists already.
+    on_collision: &'static str,
+    /// The `op` of the error for a missing `from` key (where it was looked up).
+    lookup: &'static str,
+    /// The keys to list when a `from` key is missing.
+    available: fn(&EnvSpecs) -> Vec<String>,
 }
 
 impl Transform for RenameTransform {
@@ -253,113 +319,30 @@ impl Transform for RenameTransform {
         self.out_keys.clone()
     }
 
-    fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
-        let groups = [SpecGroup::Done, SpecGroup::Reward, SpecGroup::Observation];
-        for (from, to) in self.forward_pairs() {
-            if let Some(g) = groups.iter().find(|g| specs.group(**g).contains(to)) {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "{}: out key {to} already exists in the {g} spec; rename it away first or \
-                         choose another name",
-                        self.name()
-                    ),
-                ));
-            }
-            let holders: Vec<SpecGroup> = groups
-                .iter()
-                .copied()
-                .filter(|g| specs.group(*g).contains(from))
-                .collect();
-            if holders.is_empty() {
-                return Err(Error::KeyNotFound {
-                    op: "RenameTransform (in keys are looked up in the done, reward and observation specs)",
-                    key: from.to_string(),
-                    available: output_keys(&specs),
-                });
-            }
-            // A state key (StepCounter's count, RewardSum's sum) is read back by the env at the
-            // next step under its name: renaming it away would break that step.
-            if !self.create_copy {
-                let states: Vec<NestedKey> = specs
-                    .state_keys()
-                    .into_iter()
-                    .filter(|s| {
-                        s.len() >= from.len() && s.parts().zip(from.parts()).all(|(a, b)| a == b)
-                    })
-                    .collect();
-                if !states.is_empty() {
-                    return Err(Error::invalid(
-                        OP,
-                        format!(
-                            "{}: {from} is (or holds) the state key(s) {}, which the env reads \
-                             back at the next step; copy it instead (with_create_copy(true))",
-                            self.name(),
-                            fmt_key_list(&states)
-                        ),
-                    ));
-                }
-            }
-            for g in holders {
-                move_spec(specs.group_mut(g), from, to, self.create_copy)?;
-            }
-        }
-        check_done_groups(OP, &self.name(), &specs)?;
-        Ok(specs)
+    fn transform_output_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        let side = Side {
+            groups: &[SpecGroup::Done, SpecGroup::Reward, SpecGroup::Observation],
+            out_key: "out key",
+            on_collision: "rename it away first or choose another name",
+            lookup:
+                "RenameTransform (in keys are looked up in the done, reward and observation specs)",
+            available: output_keys,
+        };
+        let pairs: Vec<(&NestedKey, &NestedKey)> = self.forward_pairs().collect();
+        self.rename_specs(specs, &pairs, &side)
     }
 
-    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
-        let groups = [SpecGroup::Action, SpecGroup::State];
-        for (from, to) in self.in_keys_inv.iter().zip(&self.out_keys_inv) {
-            if let Some(g) = groups.iter().find(|g| specs.group(**g).contains(to)) {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "{}: inverse out key {to} already exists in the {g} spec; choose another name",
-                        self.name()
-                    ),
-                ));
-            }
-            let holders: Vec<SpecGroup> = groups
-                .iter()
-                .copied()
-                .filter(|g| specs.group(*g).contains(from))
-                .collect();
-            if holders.is_empty() {
-                return Err(Error::KeyNotFound {
-                    op: "RenameTransform (inverse in keys are looked up in the action and state specs)",
-                    key: from.to_string(),
-                    available: input_keys(&specs),
-                });
-            }
-            // A state key (StepCounter's count, RewardSum's sum) is read back by the env at the
-            // next step under its name: renaming it away would break that step.
-            if !self.create_copy {
-                let states: Vec<NestedKey> = specs
-                    .state_keys()
-                    .into_iter()
-                    .filter(|s| {
-                        s.len() >= from.len() && s.parts().zip(from.parts()).all(|(a, b)| a == b)
-                    })
-                    .collect();
-                if !states.is_empty() {
-                    return Err(Error::invalid(
-                        OP,
-                        format!(
-                            "{}: {from} is (or holds) the state key(s) {}, which the env reads \
-                             back at the next step; copy it instead (with_create_copy(true))",
-                            self.name(),
-                            fmt_key_list(&states)
-                        ),
-                    ));
-                }
-            }
-            for g in holders {
-                move_spec(specs.group_mut(g), from, to, self.create_copy)?;
-            }
-        }
-        check_done_groups(OP, &self.name(), &specs)?;
-        Ok(specs)
+    fn transform_input_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        let side = Side {
+            groups: &[SpecGroup::Action, SpecGroup::State],
+            out_key: "inverse out key",
+            on_collision: "choose another name",
+            lookup: "RenameTransform (inverse in keys are looked up in the action and state specs)",
+            available: input_keys,
+        };
+        let pairs: Vec<(&NestedKey, &NestedKey)> =
+            self.in_keys_inv.iter().zip(&self.out_keys_inv).collect();
+        self.rename_specs(specs, &pairs, &side)
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {

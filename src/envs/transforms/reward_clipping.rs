@@ -23,10 +23,10 @@
 //! # Ok(()) }
 //! ```
 
-use super::reward_sum::fmt_keys;
-use super::Transform;
+use super::{added_keys, key_pairs, Transform};
 use crate::data::specs::{Bounded, Composite, TensorSpec};
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{clamp_f64, full_f64, NestedKey, TensorDict};
 
 /// Clamps rewards into `[clamp_min, clamp_max]`. See the module docs.
@@ -74,23 +74,13 @@ impl RewardClipping {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        let outs = self.out_keys.as_ref().unwrap_or(&self.in_keys);
-        if outs.len() != self.in_keys.len() {
-            return Err(Error::invalid(
-                "RewardClipping",
-                format!(
-                    "expected one out key per in key, got in keys {} and out keys {}",
-                    fmt_keys(&self.in_keys),
-                    fmt_keys(outs)
-                ),
-            ));
-        }
-        Ok(self
-            .in_keys
-            .iter()
-            .cloned()
-            .zip(outs.iter().cloned())
-            .collect())
+        key_pairs(
+            "RewardClipping",
+            &self.name(),
+            &self.in_keys,
+            self.out_keys.as_deref(),
+            "",
+        )
     }
 
     fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
@@ -101,7 +91,7 @@ impl RewardClipping {
                     format!(
                         "{}: the reward {input} is missing (keys: {})",
                         self.name(),
-                        fmt_keys(&td.keys(true, true))
+                        fmt_key_list(&td.keys(true, true))
                     ),
                 )
             })?;
@@ -125,19 +115,12 @@ impl Transform for RewardClipping {
             "RewardClipping(clamp_min={:.4}, clamp_max={:.4}, keys={})",
             self.clamp_min,
             self.clamp_max,
-            fmt_keys(&self.in_keys)
+            fmt_key_list(&self.in_keys)
         )
     }
 
     fn new_output_keys(&self) -> Vec<NestedKey> {
-        self.pairs()
-            .map(|p| {
-                p.into_iter()
-                    .filter(|(i, o)| i != o)
-                    .map(|(_, o)| o)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
     fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
@@ -148,7 +131,7 @@ impl Transform for RewardClipping {
                     op,
                     format!(
                         "the in key {input} is not in the reward spec (reward keys: {})",
-                        fmt_keys(&spec.keys(true, true))
+                        fmt_key_list(&spec.keys(true, true))
                     ),
                 )
             })?;

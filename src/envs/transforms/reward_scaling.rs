@@ -31,10 +31,10 @@
 
 use tch::Tensor;
 
-use super::reward_sum::fmt_keys;
-use super::Transform;
+use super::{added_keys, key_pairs, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// `reward * scale + loc` (or `(reward - loc) / scale`). See the module docs.
@@ -102,23 +102,13 @@ impl RewardScaling {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        let outs = self.out_keys.as_ref().unwrap_or(&self.in_keys);
-        if outs.len() != self.in_keys.len() {
-            return Err(Error::invalid(
-                "RewardScaling",
-                format!(
-                    "expected one out key per in key, got in keys {} and out keys {}",
-                    fmt_keys(&self.in_keys),
-                    fmt_keys(outs)
-                ),
-            ));
-        }
-        Ok(self
-            .in_keys
-            .iter()
-            .cloned()
-            .zip(outs.iter().cloned())
-            .collect())
+        key_pairs(
+            "RewardScaling",
+            &self.name(),
+            &self.in_keys,
+            self.out_keys.as_deref(),
+            "",
+        )
     }
 
     fn apply(&self, r: &Tensor) -> Result<Tensor> {
@@ -142,7 +132,7 @@ impl RewardScaling {
                     format!(
                         "{}: the reward {input} is missing (keys: {})",
                         self.name(),
-                        fmt_keys(&td.keys(true, true))
+                        fmt_key_list(&td.keys(true, true))
                     ),
                 )
             })?;
@@ -160,19 +150,12 @@ impl Transform for RewardScaling {
             self.loc,
             self.scale,
             self.standard_normal,
-            fmt_keys(&self.in_keys)
+            fmt_key_list(&self.in_keys)
         )
     }
 
     fn new_output_keys(&self) -> Vec<NestedKey> {
-        self.pairs()
-            .map(|p| {
-                p.into_iter()
-                    .filter(|(i, o)| i != o)
-                    .map(|(_, o)| o)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
     fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
@@ -183,7 +166,7 @@ impl Transform for RewardScaling {
                     op,
                     format!(
                         "the in key {input} is not in the reward spec (reward keys: {})",
-                        fmt_keys(&spec.keys(true, true))
+                        fmt_key_list(&spec.keys(true, true))
                     ),
                 )
             })?;

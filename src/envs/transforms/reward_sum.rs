@@ -42,21 +42,11 @@ use super::Transform;
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ helpers shared by the
 // reward & episode transforms (step_counter, init_tracker, tensordict_primer)
-
-/// Formats keys as `["a", ("b", "c")]`.
-pub(super) fn fmt_keys(keys: &[NestedKey]) -> String {
-    let parts: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", parts.join(", "))
-}
-
-/// True when `prefix` is a (not necessarily proper) prefix of `key`.
-pub(super) fn starts_with(key: &NestedKey, prefix: &NestedKey) -> bool {
-    key.len() >= prefix.len() && key.parts().zip(prefix.parts()).all(|(a, b)| a == b)
-}
 
 /// The key without its last segment (`[]` for a one-segment key).
 pub(super) fn parent_of(key: &NestedKey) -> NestedKey {
@@ -83,18 +73,14 @@ pub(super) fn refuse_state_keys<'a>(
 ) -> Result<()> {
     let state = specs.state_keys();
     for k in keys {
-        let hit: Vec<NestedKey> = state
-            .iter()
-            .filter(|s| starts_with(s, k))
-            .cloned()
-            .collect();
+        let hit: Vec<NestedKey> = state.iter().filter(|s| s.starts_with(k)).cloned().collect();
         if !hit.is_empty() {
             return Err(Error::invalid(
                 op,
                 format!(
                     "{who}: {k} is (or holds) the state key(s) {}, which the env reads back at the \
                      next step; it cannot be rewritten in place (write to another out key)",
-                    fmt_keys(&hit)
+                    fmt_key_list(&hit)
                 ),
             ));
         }
@@ -119,7 +105,7 @@ pub(super) fn check_done_groups(op: &'static str, who: &str, specs: &EnvSpecs) -
                     "{who}: the done group of {k} would hold \"done\" and \"truncated\" but no \
                      \"terminated\" (done keys: {}); terminations could no longer be told from \
                      truncations",
-                    fmt_keys(&specs.done_keys())
+                    fmt_key_list(&specs.done_keys())
                 ),
             ));
         }
@@ -132,7 +118,7 @@ pub(super) fn check_done_groups(op: &'static str, who: &str, specs: &EnvSpecs) -
 pub(super) fn reset_roots(specs: &EnvSpecs) -> Vec<NestedKey> {
     let all = specs.done_group_prefixes();
     all.iter()
-        .filter(|p| !all.iter().any(|q| q.len() < p.len() && starts_with(p, q)))
+        .filter(|p| !all.iter().any(|q| q.len() < p.len() && p.starts_with(q)))
         .cloned()
         .collect()
 }
@@ -151,14 +137,14 @@ pub(super) fn done_shape(
         .done
         .leaves()
         .into_iter()
-        .find(|(k, _)| k.len() == prefix.len() + 1 && starts_with(k, prefix))
+        .find(|(k, _)| k.len() == prefix.len() + 1 && k.starts_with(prefix))
         .map(|(_, s)| s.shape().to_vec())
         .ok_or_else(|| {
             Error::invalid(
                 op,
                 format!(
                     "the done spec has no leaf in the group at prefix {prefix:?} (done keys: {})",
-                    fmt_keys(&specs.done_keys())
+                    fmt_key_list(&specs.done_keys())
                 ),
             )
         })
@@ -353,8 +339,8 @@ impl RewardSum {
                         format!(
                             "RewardSum expects the same number of input and output keys, got in keys \
                              {} and out keys {}",
-                            fmt_keys(ins),
-                            fmt_keys(outs)
+                            fmt_key_list(ins),
+                            fmt_key_list(outs)
                         ),
                     ));
                 }
@@ -377,7 +363,7 @@ impl RewardSum {
                         format!(
                             "in key {} is not in the reward spec (reward keys: {})",
                             s.input,
-                            fmt_keys(&specs.reward_keys())
+                            fmt_key_list(&specs.reward_keys())
                         ),
                     )
                 })?;
@@ -404,8 +390,8 @@ impl Transform for RewardSum {
                 let (i, o): (Vec<NestedKey>, Vec<NestedKey>) = p.into_iter().unzip();
                 format!(
                     "RewardSum(in_keys={}, out_keys={})",
-                    fmt_keys(&i),
-                    fmt_keys(&o)
+                    fmt_key_list(&i),
+                    fmt_key_list(&o)
                 )
             }
             Err(_) => "RewardSum(<mismatched keys>)".into(),
@@ -435,8 +421,8 @@ impl Transform for RewardSum {
                         format!(
                             "got reset keys {} for in keys {}: give one reset key for all, or one \
                              per in key",
-                            fmt_keys(keys),
-                            fmt_keys(&ins)
+                            fmt_key_list(keys),
+                            fmt_key_list(&ins)
                         ),
                     ));
                 }
@@ -460,7 +446,7 @@ impl Transform for RewardSum {
                     op,
                     format!(
                         "the in key {input} is not in the reward spec (reward keys: {})",
-                        fmt_keys(&parent.reward_keys())
+                        fmt_key_list(&parent.reward_keys())
                     ),
                 )
             })?;
@@ -494,7 +480,7 @@ impl Transform for RewardSum {
                 Some(r) => r.get(i).or_else(|| r.first()).cloned().unwrap_or_default(),
                 None => roots
                     .iter()
-                    .filter(|r| r.len() < input.len() && starts_with(input, r))
+                    .filter(|r| r.len() < input.len() && input.starts_with(r))
                     .max_by_key(|r| r.len())
                     .cloned()
                     .ok_or_else(|| {
@@ -503,7 +489,7 @@ impl Transform for RewardSum {
                             format!(
                                 "could not match the reward key {input} with a done group (reset \
                                  keys: {}); pass the reset keys with RewardSum::with_reset_keys",
-                                fmt_keys(&parent.reset_keys())
+                                fmt_key_list(&parent.reset_keys())
                             ),
                         )
                     })?,
@@ -554,7 +540,7 @@ impl Transform for RewardSum {
                     format!(
                         "the reward {} is missing from the step's output (keys: {})",
                         s.input,
-                        fmt_keys(&next.keys(true, true))
+                        fmt_key_list(&next.keys(true, true))
                     ),
                 )
             })?;

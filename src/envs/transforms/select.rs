@@ -33,6 +33,7 @@ use super::Transform;
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Keeps only the selected entries (plus rewards, dones and states). See the module docs.
@@ -42,16 +43,6 @@ pub struct SelectTransform {
     keep_dones: bool,
     /// Everything kept in the data, computed at attach.
     kept: Option<Vec<NestedKey>>,
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
-}
-
-/// True when `prefix` is `key` or a level above it.
-fn covers(prefix: &NestedKey, key: &NestedKey) -> bool {
-    prefix.len() <= key.len() && prefix.parts().zip(key.parts()).all(|(a, b)| a == b)
 }
 
 impl SelectTransform {
@@ -85,7 +76,7 @@ impl SelectTransform {
     }
 
     fn selected(&self, key: &NestedKey) -> bool {
-        self.keys.iter().any(|s| covers(s, key))
+        self.keys.iter().any(|s| key.starts_with(s))
     }
 
     /// Removes the leaves of `c` that are not selected.

@@ -38,11 +38,12 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::reward_sum::{done_shape, expand_right, fmt_keys, reset_mask, reset_roots};
+use super::reward_sum::{done_shape, expand_right, reset_mask, reset_roots};
 use super::Transform;
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// The keys of one done group, resolved when the transform joins an env.
@@ -217,7 +218,7 @@ impl Transform for StepCounter {
                             "the done group of {} has no {terminated} entry (done keys: {}); \
                              truncating its episodes needs one (was it renamed or excluded?)",
                             g.done,
-                            fmt_keys(&parent.done_keys())
+                            fmt_key_list(&parent.done_keys())
                         ),
                     ));
                 }
@@ -273,7 +274,7 @@ impl Transform for StepCounter {
                         "the step count {} is missing from the input tensordict (keys: {}); step \
                          from the tensordict returned by reset or by the previous step",
                         g.step_count,
-                        fmt_keys(&td.keys(true, true))
+                        fmt_key_list(&td.keys(true, true))
                     ),
                 )
             })?;

@@ -48,12 +48,13 @@
 
 use tch::{Device, Tensor};
 
-use super::reward_sum::{expand_right, fmt_keys, parent_of, reset_mask, reset_roots};
+use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
 use super::Transform;
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{full_f64, BatchIndex, Entry, NestedKey, TensorDict};
 
 /// A primer resolved against an env: its spec with and without the batch dims.
@@ -191,7 +192,10 @@ impl Transform for TensorDictPrimer {
         } else {
             format!("default_value={}", self.default_value)
         };
-        format!("TensorDictPrimer(keys={}, {value})", fmt_keys(&self.keys()))
+        format!(
+            "TensorDictPrimer(keys={}, {value})",
+            fmt_key_list(&self.keys())
+        )
     }
 
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
@@ -276,7 +280,7 @@ impl Transform for TensorDictPrimer {
                             "the parent env has {} reset groups ({}); choose one with \
                              TensorDictPrimer::with_reset_key",
                             roots.len(),
-                            fmt_keys(&parent.reset_keys())
+                            fmt_key_list(&parent.reset_keys())
                         ),
                     ))
                 }
@@ -345,7 +349,7 @@ impl Transform for TensorDictPrimer {
                         "the primer {} is missing from the input tensordict (keys: {}); step from \
                          the tensordict returned by reset or by the previous step",
                         r.key,
-                        fmt_keys(&td.keys(true, true))
+                        fmt_key_list(&td.keys(true, true))
                     ),
                 )
             })?;

@@ -32,10 +32,11 @@
 //! ```
 
 use super::reward_sum::refuse_state_keys;
-use super::Transform;
+use super::{added_keys, key_pairs, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{collect_keys, fmt_key_list};
 use crate::tensordict::{NestedKey, TensorDict};
 
 const OP: &str = "UnsqueezeTransform";
@@ -47,15 +48,6 @@ pub struct UnsqueezeTransform {
     out_keys: Option<Vec<NestedKey>>,
     in_keys_inv: Vec<NestedKey>,
     out_keys_inv: Option<Vec<NestedKey>>,
-}
-
-fn fmt_key_list(keys: &[NestedKey]) -> String {
-    let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-    format!("[{}]", names.join(", "))
-}
-
-fn collect_keys<K: Into<NestedKey>>(keys: impl IntoIterator<Item = K>) -> Vec<NestedKey> {
-    keys.into_iter().map(Into::into).collect()
 }
 
 fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
@@ -118,37 +110,24 @@ impl UnsqueezeTransform {
         self.dim
     }
 
-    fn pair_up(
-        &self,
-        ins: &[NestedKey],
-        outs: &Option<Vec<NestedKey>>,
-        what: &str,
-    ) -> Result<Vec<(NestedKey, NestedKey)>> {
-        match outs {
-            None => Ok(ins.iter().map(|k| (k.clone(), k.clone())).collect()),
-            Some(o) if o.len() == ins.len() => {
-                Ok(ins.iter().cloned().zip(o.iter().cloned()).collect())
-            }
-            Some(o) => Err(Error::invalid(
-                OP,
-                format!(
-                    "{}: {} {what}in keys {} but {} {what}out keys {}; give one out key per in key",
-                    self.name(),
-                    ins.len(),
-                    fmt_key_list(ins),
-                    o.len(),
-                    fmt_key_list(o)
-                ),
-            )),
-        }
-    }
-
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        self.pair_up(&self.in_keys, &self.out_keys, "")
+        key_pairs(
+            OP,
+            &self.name(),
+            &self.in_keys,
+            self.out_keys.as_deref(),
+            "",
+        )
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        self.pair_up(&self.in_keys_inv, &self.out_keys_inv, "inverse ")
+        key_pairs(
+            OP,
+            &self.name(),
+            &self.in_keys_inv,
+            self.out_keys_inv.as_deref(),
+            "inverse ",
+        )
     }
 
     /// Where the new dim goes in a shape of `ndim` dims (before unsqueezing) whose first `nb`
@@ -271,14 +250,7 @@ impl Transform for UnsqueezeTransform {
     }
 
     fn new_output_keys(&self) -> Vec<NestedKey> {
-        self.pairs()
-            .map(|p| {
-                p.into_iter()
-                    .filter(|(i, o)| i != o)
-                    .map(|(_, o)| o)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
     fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {

@@ -29,7 +29,8 @@ use std::fmt;
 
 use super::mlp::MLP;
 use crate::error::{Error, Result};
-use crate::modules::module::{fmt_keys, to_keys, TdModule, TensorDictModule, TensorModule};
+use crate::modules::module::{to_keys, TdModule, TensorDictModule, TensorModule};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{AsKey, NestedKey, TensorDict};
 
 /// TorchRL's `ValueOperator` (see the [module docs](self)).
@@ -122,7 +123,10 @@ impl<M: TensorModule> ValueOperator<M> {
         self.inner.out_keys.first().ok_or_else(|| {
             Error::invalid(
                 "ValueOperator::out_key",
-                format!("no out key (out_keys = {})", fmt_keys(&self.inner.out_keys)),
+                format!(
+                    "no out key (out_keys = {})",
+                    fmt_key_list(&self.inner.out_keys)
+                ),
             )
         })
     }
