@@ -57,7 +57,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, ActionKind, STATE_KEY};
+use super::pendulum::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Categorical, OneHot, TensorSpec, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -164,15 +164,12 @@ impl CartPoleEnv {
     }
 
     fn output(&self, terminated: Tensor, reward: Option<Tensor>) -> Result<TensorDict> {
-        let mut td = TensorDict::new(self.core.specs().batch_size())?
-            .with("observation", self.state.f_to_kind(Kind::Float)?)?
-            .with(STATE_KEY, self.state.f_detach_copy()?)?
-            .with("done", terminated.shallow_clone())?
-            .with("terminated", terminated)?;
-        if let Some(r) = reward {
-            td.set("reward", r)?;
-        }
-        Ok(td)
+        state_output(
+            self.core.specs().batch_size(),
+            &self.state,
+            terminated,
+            reward,
+        )
     }
 }
 
@@ -190,12 +187,8 @@ impl EnvBase for CartPoleEnv {
         let batch = self.core.specs().batch_size().to_vec();
         let device = self.core.specs().device();
         let plan = reset_plan(op, td, &batch, 4, device)?;
-        let fresh = if plan.needs_sample() {
-            Some(Self::sample(&mut self.core.generator, &batch, device)?)
-        } else {
-            None
-        };
-        self.state = plan.new_state(&self.state, fresh)?;
+        let gen = &mut self.core.generator;
+        self.state = plan.new_state(&self.state, || Self::sample(gen, &batch, device))?;
         self.was_terminated = match &plan.mask {
             Some(m) => self.was_terminated.f_masked_fill(m, 0i64)?,
             None => self.was_terminated.f_zeros_like()?,

@@ -50,7 +50,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, ActionKind, STATE_KEY};
+use super::pendulum::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -113,15 +113,12 @@ impl MountainCarContinuousEnv {
     }
 
     fn output(&self, terminated: Tensor, reward: Option<Tensor>) -> Result<TensorDict> {
-        let mut td = TensorDict::new(self.core.specs().batch_size())?
-            .with("observation", self.state.f_to_kind(Kind::Float)?)?
-            .with(STATE_KEY, self.state.f_detach_copy()?)?
-            .with("done", terminated.shallow_clone())?
-            .with("terminated", terminated)?;
-        if let Some(r) = reward {
-            td.set("reward", r)?;
-        }
-        Ok(td)
+        state_output(
+            self.core.specs().batch_size(),
+            &self.state,
+            terminated,
+            reward,
+        )
     }
 }
 
@@ -139,12 +136,8 @@ impl EnvBase for MountainCarContinuousEnv {
         let batch = self.core.specs().batch_size().to_vec();
         let device = self.core.specs().device();
         let plan = reset_plan(op, td, &batch, 2, device)?;
-        let fresh = if plan.needs_sample() {
-            Some(Self::sample(&mut self.core.generator, &batch, device)?)
-        } else {
-            None
-        };
-        self.state = plan.new_state(&self.state, fresh)?;
+        let gen = &mut self.core.generator;
+        self.state = plan.new_state(&self.state, || Self::sample(gen, &batch, device))?;
         let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
         let terminated = Tensor::f_zeros(&b1, (Kind::Bool, device))?;
         self.output(terminated, None)

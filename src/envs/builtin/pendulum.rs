@@ -438,13 +438,9 @@ impl EnvBase for PendulumEnv {
         let batch = self.core.specs().batch_size().to_vec();
         let device = self.core.specs().device();
         let plan = reset_plan(op, td, &batch, 2, device)?;
-        let fresh = if plan.needs_sample() {
-            Some(Self::sample(&mut self.core.generator, &batch, device)?)
-        } else {
-            None
-        };
         let current = self.state_tensor()?;
-        self.state = State::Tensor(plan.new_state(&current, fresh)?);
+        let gen = &mut self.core.generator;
+        self.state = State::Tensor(plan.new_state(&current, || Self::sample(gen, &batch, device))?);
         self.output(None)
     }
 
@@ -534,29 +530,42 @@ pub(super) struct ResetPlan {
 }
 
 impl ResetPlan {
-    /// Whether the env must draw fresh samples (no state was given).
-    pub(super) fn needs_sample(&self) -> bool {
-        self.state.is_none()
-    }
-
-    /// The state after the reset: the given state (or `fresh`, required when none was given)
-    /// where the plan selects, `current` elsewhere.
-    pub(super) fn new_state(&self, current: &Tensor, fresh: Option<Tensor>) -> Result<Tensor> {
-        let target = match (&self.state, fresh) {
-            (Some(s), _) => s.shallow_clone(),
-            (None, Some(f)) => f,
-            (None, None) => {
-                return Err(Error::invalid(
-                    "reset",
-                    "internal: no state given and no fresh sample drawn",
-                ))
-            }
+    /// The state after the reset: the given state (or a fresh one from `sample`, called only
+    /// when no state was given) where the plan selects, `current` elsewhere.
+    pub(super) fn new_state(
+        &self,
+        current: &Tensor,
+        sample: impl FnOnce() -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let target = match &self.state {
+            Some(s) => s.shallow_clone(),
+            None => sample()?,
         };
         Ok(match &self.mask {
             Some(m) => target.f_where_self(m, current)?,
             None => target,
         })
     }
+}
+
+/// The outputs of an env whose observation is its float64 physical state cast to float32
+/// (CartPole, MountainCarContinuous): observation, state (a copy), done = terminated, and the
+/// reward when given (a step; a reset has none).
+pub(super) fn state_output(
+    batch: &[i64],
+    state: &Tensor,
+    terminated: Tensor,
+    reward: Option<Tensor>,
+) -> Result<TensorDict> {
+    let mut td = TensorDict::new(batch)?
+        .with("observation", state.f_to_kind(Kind::Float)?)?
+        .with(STATE_KEY, state.f_detach_copy()?)?
+        .with("done", terminated.shallow_clone())?
+        .with("terminated", terminated)?;
+    if let Some(r) = reward {
+        td.set("reward", r)?;
+    }
+    Ok(td)
 }
 
 /// Decides how to reset from the tensordict given to `reset`. A `"_reset"` entry (shape `[*B]`
