@@ -23,13 +23,11 @@
 //! # Ok(()) }
 //! ```
 
-use tch::Tensor;
-
 use crate::error::Result;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::TensorDict;
 
 use super::functional::{gae_time_last, standardize};
-use super::{estimator_builders, Estimate, EstimatorCore, ValueEstimator, ValueEstimatorKeys};
+use super::{estimator_builders, Estimate, EstimatorCore};
 
 /// Generalized advantage estimation (Schulman et al. 2016), TorchRL's `GAE`.
 ///
@@ -100,32 +98,5 @@ impl Gae {
             value_target: x.restore(&target)?,
             writes: self.core.value_writes(&x),
         })
-    }
-}
-
-impl ValueEstimator for Gae {
-    fn name(&self) -> &'static str {
-        self.core.name
-    }
-
-    fn tensor_keys(&self) -> &ValueEstimatorKeys {
-        &self.core.keys
-    }
-
-    fn set_tensor_keys(&mut self, keys: ValueEstimatorKeys) -> Result<()> {
-        self.core.keys = keys;
-        Ok(())
-    }
-
-    fn in_keys(&self) -> Vec<NestedKey> {
-        self.core.in_keys()
-    }
-
-    fn forward(&self, td: &mut TensorDict) -> Result<()> {
-        self.estimate(td)?.write_into(td, &self.core.keys)
-    }
-
-    fn value_estimate(&self, td: &TensorDict) -> Result<Tensor> {
-        Ok(self.estimate(td)?.value_target)
     }
 }

@@ -439,7 +439,8 @@ fn keys_list(td: &TensorDict) -> String {
         .join(", ")
 }
 
-/// The builder methods and getters GAE and TD(λ) share.
+/// The builder methods, getters and [`ValueEstimator`] impl GAE and TD(λ) share (each
+/// provides `estimate`).
 macro_rules! estimator_builders {
     ($ty:ident) => {
         impl $ty {
@@ -495,6 +496,42 @@ macro_rules! estimator_builders {
             /// Whether gradients flow through the estimate.
             pub fn differentiable(&self) -> bool {
                 self.core.differentiable
+            }
+        }
+
+        impl $crate::objectives::value::ValueEstimator for $ty {
+            fn name(&self) -> &'static str {
+                self.core.name
+            }
+
+            fn tensor_keys(&self) -> &$crate::objectives::value::ValueEstimatorKeys {
+                &self.core.keys
+            }
+
+            fn set_tensor_keys(
+                &mut self,
+                keys: $crate::objectives::value::ValueEstimatorKeys,
+            ) -> $crate::error::Result<()> {
+                self.core.keys = keys;
+                Ok(())
+            }
+
+            fn in_keys(&self) -> Vec<$crate::tensordict::NestedKey> {
+                self.core.in_keys()
+            }
+
+            fn forward(
+                &self,
+                td: &mut $crate::tensordict::TensorDict,
+            ) -> $crate::error::Result<()> {
+                self.estimate(td)?.write_into(td, &self.core.keys)
+            }
+
+            fn value_estimate(
+                &self,
+                td: &$crate::tensordict::TensorDict,
+            ) -> $crate::error::Result<tch::Tensor> {
+                Ok(self.estimate(td)?.value_target)
             }
         }
     };

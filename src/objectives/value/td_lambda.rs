@@ -20,13 +20,11 @@
 //! # Ok(()) }
 //! ```
 
-use tch::Tensor;
-
 use crate::error::Result;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::TensorDict;
 
 use super::functional::{standardize, td_lambda_time_last};
-use super::{estimator_builders, Estimate, EstimatorCore, ValueEstimator, ValueEstimatorKeys};
+use super::{estimator_builders, Estimate, EstimatorCore};
 
 /// TD(λ) estimator, TorchRL's `TDLambdaEstimator`.
 ///
@@ -95,32 +93,5 @@ impl TdLambdaEstimator {
             value_target: x.restore(&target)?,
             writes: self.core.value_writes(&x),
         })
-    }
-}
-
-impl ValueEstimator for TdLambdaEstimator {
-    fn name(&self) -> &'static str {
-        self.core.name
-    }
-
-    fn tensor_keys(&self) -> &ValueEstimatorKeys {
-        &self.core.keys
-    }
-
-    fn set_tensor_keys(&mut self, keys: ValueEstimatorKeys) -> Result<()> {
-        self.core.keys = keys;
-        Ok(())
-    }
-
-    fn in_keys(&self) -> Vec<NestedKey> {
-        self.core.in_keys()
-    }
-
-    fn forward(&self, td: &mut TensorDict) -> Result<()> {
-        self.estimate(td)?.write_into(td, &self.core.keys)
-    }
-
-    fn value_estimate(&self, td: &TensorDict) -> Result<Tensor> {
-        Ok(self.estimate(td)?.value_target)
     }
 }
