@@ -9,8 +9,7 @@
 use super::EnvBase;
 use crate::data::specs::Composite;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 use crate::RolloutConfig;
 
 fn spec_err(key: String, spec: String, reason: String) -> Error {

@@ -4,8 +4,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::EnvKeys;
 use crate::error::{Error, Result};
-use crate::tensordict::leading_dims_are;
-use crate::tensordict::{Entry, NestedKey, TensorDict};
+use crate::tensordict::{leading_dims_are, Entry, NestedKey, TensorDict};
 
 /// Options of [`step_mdp`], TorchRL's defaults except where noted.
 #[derive(Clone, Debug)]

@@ -94,8 +94,7 @@ use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{AsKey, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ exploration
 

@@ -52,8 +52,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::Tensor;
 
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{check_key, leading_dims_are, AsKey, NestedKey, TensorDict};
+use crate::tensordict::{check_key, fmt_key_list, leading_dims_are, AsKey, NestedKey, TensorDict};
 
 /// A computation that reads `in_keys` from a [`TensorDict`] and writes `out_keys` into it
 /// (tensordict.nn's `TensorDictModuleBase`).

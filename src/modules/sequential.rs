@@ -37,8 +37,7 @@ use std::fmt;
 
 use super::module::{to_keys, TensorDictModule};
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{AsKey, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 
 /// Modules run in order on one tensordict (see the [module docs](self)).
 #[derive(Default)]

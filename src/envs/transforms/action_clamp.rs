@@ -36,8 +36,7 @@ use super::Transform;
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{Elements, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, Elements, NestedKey, TensorDict};
 
 /// What [`ActionClamp`] does with NaN actions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -40,8 +40,7 @@ use super::Transform;
 use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 const OP: &str = "CatTensors";
 

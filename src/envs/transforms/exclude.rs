@@ -30,8 +30,7 @@ use super::reward_sum::check_done_groups;
 use super::Transform;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// Removes entries from the env's outputs (or, inverse, its inputs). See the module docs.
 pub struct ExcludeTransform {

@@ -90,8 +90,7 @@ use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::distributions::Distribution;
 use crate::modules::ProbabilisticActor;
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, AsKey, Entry, NestedKey, TensorDict};
 
 /// What [`KLRewardTransform`] needs from a policy: its in keys and the distribution it gives
 /// for a tensordict. Implemented for [`ProbabilisticActor`]; implement it for any other

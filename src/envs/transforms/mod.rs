@@ -105,6 +105,44 @@ pub(crate) fn key_pairs(
     }
 }
 
+/// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
+/// that only handles those; the errors name the key and the spec found, and `only` says what
+/// the transform does instead (e.g. "it only clips Unbounded rewards").
+pub(crate) fn float_unbounded_reward(
+    op: &'static str,
+    who: &str,
+    only: &str,
+    spec: &Composite,
+    input: &NestedKey,
+) -> Result<crate::data::specs::Unbounded> {
+    use crate::data::specs::TensorSpec;
+    match spec.get(input) {
+        Some(TensorSpec::Unbounded(u)) if !u.is_discrete() => Ok(u.clone()),
+        Some(leaf @ TensorSpec::Unbounded(u)) => Err(Error::invalid(
+            op,
+            format!(
+                "{who} needs a floating-point reward, but the reward spec of {input} has dtype \
+                 {:?} ({leaf})",
+                u.dtype()
+            ),
+        )),
+        Some(other) => Err(Error::invalid(
+            op,
+            format!(
+                "{who} is not implemented for the {} reward spec of {input} ({other}); {only}",
+                other.class_name()
+            ),
+        )),
+        None => Err(Error::invalid(
+            op,
+            format!(
+                "the in key {input} is not in the reward spec (reward keys: {})",
+                fmt_key_list(&spec.keys(true, true))
+            ),
+        )),
+    }
+}
+
 /// The out keys of `pairs` that are not their own in key: the entries a transform adds.
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs

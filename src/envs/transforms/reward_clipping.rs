@@ -23,11 +23,10 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, key_pairs, Transform};
-use crate::data::specs::{Bounded, Composite, TensorSpec};
+use super::{added_keys, float_unbounded_reward, key_pairs, Transform};
+use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{clamp_f64, full_f64, NestedKey, TensorDict};
+use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
 
 /// Clamps rewards into `[clamp_min, clamp_max]`. See the module docs.
 #[derive(Clone, Debug)]
@@ -126,38 +125,13 @@ impl Transform for RewardClipping {
     fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
         let op = "RewardClipping::transform_reward_spec";
         for (input, output) in self.pairs()? {
-            let leaf = spec.get(&input).cloned().ok_or_else(|| {
-                Error::invalid(
-                    op,
-                    format!(
-                        "the in key {input} is not in the reward spec (reward keys: {})",
-                        fmt_key_list(&spec.keys(true, true))
-                    ),
-                )
-            })?;
-            let u = match &leaf {
-                TensorSpec::Unbounded(u) if !u.is_discrete() => u,
-                TensorSpec::Unbounded(u) => {
-                    return Err(Error::invalid(
-                        op,
-                        format!(
-                            "RewardClipping needs a floating-point reward, but the reward spec of \
-                             {input} has dtype {:?} ({leaf})",
-                            u.dtype()
-                        ),
-                    ))
-                }
-                other => {
-                    return Err(Error::invalid(
-                        op,
-                        format!(
-                            "RewardClipping is not implemented for the {} reward spec of {input} \
-                             ({other}); it only clips Unbounded rewards",
-                            other.class_name()
-                        ),
-                    ))
-                }
-            };
+            let u = float_unbounded_reward(
+                op,
+                "RewardClipping",
+                "it only clips Unbounded rewards",
+                &spec,
+                &input,
+            )?;
             let (kind, device) = (u.dtype(), u.device());
             let bounded = Bounded::from_tensors(
                 full_f64(op, u.shape(), self.clamp_min, kind, device)?,

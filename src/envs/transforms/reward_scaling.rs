@@ -31,11 +31,10 @@
 
 use tch::Tensor;
 
-use super::{added_keys, key_pairs, Transform};
-use crate::data::specs::{Composite, TensorSpec};
+use super::{added_keys, float_unbounded_reward, key_pairs, Transform};
+use crate::data::specs::Composite;
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// `reward * scale + loc` (or `(reward - loc) / scale`). See the module docs.
 #[derive(Clone, Debug)]
@@ -161,64 +160,38 @@ impl Transform for RewardScaling {
     fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
         let op = "RewardScaling::transform_reward_spec";
         for (input, output) in self.pairs()? {
-            let leaf = spec.get(&input).cloned().ok_or_else(|| {
-                Error::invalid(
+            let u = float_unbounded_reward(
+                op,
+                "RewardScaling",
+                "it only scales Unbounded rewards (an affine map of a bounded reward would need \
+                 new bounds)",
+                &spec,
+                &input,
+            )?;
+            // In the reward's dtype, loc and scale must stay finite and scale non-zero:
+            // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
+            let kind = u.dtype();
+            let cast = |v: f64| -> Result<f64> {
+                Ok(Tensor::f_from_slice(&[v])?
+                    .f_to_kind(kind)?
+                    .f_double_value(&[0])?)
+            };
+            let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
+            if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
+                return Err(Error::invalid(
                     op,
                     format!(
-                        "the in key {input} is not in the reward spec (reward keys: {})",
-                        fmt_key_list(&spec.keys(true, true))
+                        "{}: loc={} and scale={} must be finite (and scale > 0) in the \
+                         reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
+                         {loc} and {scale}",
+                        self.name(),
+                        self.loc,
+                        self.scale
                     ),
-                )
-            })?;
-            match &leaf {
-                TensorSpec::Unbounded(u) if !u.is_discrete() => {
-                    // In the reward's dtype, loc and scale must stay finite and scale non-zero:
-                    // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
-                    let kind = u.dtype();
-                    let cast = |v: f64| -> Result<f64> {
-                        Ok(Tensor::f_from_slice(&[v])?
-                            .f_to_kind(kind)?
-                            .f_double_value(&[0])?)
-                    };
-                    let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
-                    if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
-                        return Err(Error::invalid(
-                            op,
-                            format!(
-                                "{}: loc={} and scale={} must be finite (and scale > 0) in the \
-                                 reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
-                                 {loc} and {scale}",
-                                self.name(),
-                                self.loc,
-                                self.scale
-                            ),
-                        ));
-                    }
-                }
-                TensorSpec::Unbounded(u) => {
-                    return Err(Error::invalid(
-                        op,
-                        format!(
-                            "RewardScaling needs a floating-point reward, but the reward spec of \
-                             {input} has dtype {:?} ({leaf})",
-                            u.dtype()
-                        ),
-                    ))
-                }
-                other => {
-                    return Err(Error::invalid(
-                        op,
-                        format!(
-                            "RewardScaling is not implemented for the {} reward spec of {input} \
-                             ({other}); it only scales Unbounded rewards (an affine map of a \
-                             bounded reward would need new bounds)",
-                            other.class_name()
-                        ),
-                    ))
-                }
+                ));
             }
             if output != input {
-                spec.set(&output, leaf)?;
+                spec.set(&output, u)?;
             }
         }
         Ok(spec)

@@ -42,8 +42,7 @@ use super::Transform;
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ helpers shared by the
 // reward & episode transforms (step_counter, init_tracker, tensordict_primer)

@@ -33,8 +33,7 @@ use super::Transform;
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// Keeps only the selected entries (plus rewards, dones and states). See the module docs.
 pub struct SelectTransform {

@@ -43,8 +43,7 @@ use super::Transform;
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// The keys of one done group, resolved when the transform joins an env.
 #[derive(Clone, Debug)]

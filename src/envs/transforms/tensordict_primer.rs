@@ -54,8 +54,7 @@ use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{full_f64, BatchIndex, Entry, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, full_f64, BatchIndex, Entry, NestedKey, TensorDict};
 
 /// A primer resolved against an env: its spec with and without the batch dims.
 #[derive(Clone, Debug)]

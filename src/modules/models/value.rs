@@ -30,8 +30,7 @@ use std::fmt;
 use super::mlp::MLP;
 use crate::error::{Error, Result};
 use crate::modules::module::{to_keys, TdModule, TensorDictModule, TensorModule};
-use crate::tensordict::fmt_key_list;
-use crate::tensordict::{AsKey, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 
 /// TorchRL's `ValueOperator` (see the [module docs](self)).
 pub struct ValueOperator<M = MLP> {
