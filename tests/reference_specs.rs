@@ -212,36 +212,6 @@ enum Outcome {
     RandIsIn { is_in: bool, sample: Entry },
 }
 
-/// Why a case produced no outcome.
-enum RunError {
-    /// The case file is not in the documented format (or needs an argument Rust lacks).
-    Bad(String),
-    /// The library returned an error: the outcome of an error case.
-    Lib(Error),
-}
-
-impl From<Error> for RunError {
-    fn from(value: Error) -> Self {
-        RunError::Lib(value)
-    }
-}
-
-impl From<String> for RunError {
-    fn from(value: String) -> Self {
-        RunError::Bad(value)
-    }
-}
-
-impl From<&str> for RunError {
-    fn from(value: &str) -> Self {
-        RunError::Bad(value.to_string())
-    }
-}
-
-fn text(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
-
 /// A spec argument. Decoding it must succeed: only `construct` records constructor errors.
 fn spec_arg(case: &Case, name: &str) -> Result<TensorSpec, String> {
     spec_from_json(case.arg(name)?).map_err(|e| format!("argument {name:?}: {e}"))

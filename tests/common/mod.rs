@@ -1471,3 +1471,34 @@ impl From<&str> for DecodeError {
         DecodeError::Format(value.to_string())
     }
 }
+
+/// Why a reference case produced no outcome.
+pub enum RunError {
+    /// The case file is not in the documented format (or needs an argument Rust lacks).
+    Bad(String),
+    /// The library returned an error: the outcome of an error case.
+    Lib(torchrl::Error),
+}
+
+impl From<torchrl::Error> for RunError {
+    fn from(value: torchrl::Error) -> Self {
+        RunError::Lib(value)
+    }
+}
+
+impl From<String> for RunError {
+    fn from(value: String) -> Self {
+        RunError::Bad(value)
+    }
+}
+
+impl From<&str> for RunError {
+    fn from(value: &str) -> Self {
+        RunError::Bad(value.to_string())
+    }
+}
+
+/// `e` as text (for `map_err`).
+pub fn text(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
