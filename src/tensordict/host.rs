@@ -2,7 +2,10 @@
 //! hot paths of small environments where each extra op (a `reshape`, a `to_kind`) costs about
 //! as much as the arithmetic.
 
-use tch::{Kind, Tensor};
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 
@@ -10,43 +13,61 @@ use crate::error::Result;
 pub(crate) trait HostScalar: Copy {
     /// The libtorch dtype.
     const KIND: Kind;
-    /// Appends the native-endian bytes of `self`.
-    fn put(self, out: &mut Vec<u8>);
 }
 
 impl HostScalar for f32 {
     const KIND: Kind = Kind::Float;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_ne_bytes());
-    }
 }
 
 impl HostScalar for f64 {
     const KIND: Kind = Kind::Double;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_ne_bytes());
-    }
 }
 
 impl HostScalar for bool {
     const KIND: Kind = Kind::Bool;
-    fn put(self, out: &mut Vec<u8>) {
-        out.push(u8::from(self));
-    }
 }
 
 impl HostScalar for i64 {
     const KIND: Kind = Kind::Int64;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_ne_bytes());
-    }
 }
 
-/// A CPU tensor of `shape` holding `values` (row-major); errors when the counts differ.
-pub(crate) fn host_tensor<T: HostScalar>(values: &[T], shape: &[i64]) -> Result<Tensor> {
-    let mut bytes = Vec::with_capacity(values.len() * T::KIND.elt_size_in_bytes());
-    for v in values {
-        v.put(&mut bytes);
+/// A fresh CPU tensor whose elements are written on the host, in place: no intermediate
+/// `Vec`, no copy. [`HostOut::slots`] hands out the (uninitialised) elements; the caller writes
+/// every one of them before taking the tensor with [`HostOut::into_tensor`].
+pub(crate) struct HostOut<T: HostScalar> {
+    tensor: Tensor,
+    len: usize,
+    _elem: PhantomData<T>,
+}
+
+impl<T: HostScalar> HostOut<T> {
+    /// An uninitialised contiguous CPU tensor of `shape` and dtype `T::KIND`.
+    pub(crate) fn new(shape: &[i64]) -> Result<Self> {
+        let tensor = Tensor::f_empty(shape, (T::KIND, Device::Cpu))?;
+        let len = tensor.numel();
+        Ok(HostOut {
+            tensor,
+            len,
+            _elem: PhantomData,
+        })
     }
-    Ok(Tensor::f_from_data_size(&bytes, shape, T::KIND)?)
+
+    /// The tensor's elements in row-major order, to be written.
+    pub(crate) fn slots(&mut self) -> &mut [MaybeUninit<T>] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `tensor` is a contiguous CPU tensor of `len` elements of `T::KIND`, whose
+        // layout is `T`'s (`HostScalar`), allocated by `new` and owned by `self` alone (never
+        // handed out before `into_tensor` consumes `self`), so nothing else reads or writes it
+        // while this borrow of `self` lives; `MaybeUninit` makes no claim about the contents.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.tensor.data_ptr() as *mut MaybeUninit<T>, self.len)
+        }
+    }
+
+    /// The tensor, once every slot is written.
+    pub(crate) fn into_tensor(self) -> Tensor {
+        self.tensor
+    }
 }

@@ -1,4 +1,5 @@
-//! `stack` along a dim after the first, for CPU tensors, as a blocked copy on the host.
+//! `stack` along a dim after the first, for CPU tensors, as blocked copies on the host into one
+//! consolidated allocation.
 //!
 //! libtorch stacks along dim `d > 0` with `cat`'s serial kernel: for each of the `outer`
 //! positions before `d` it copies one small block from each input (`outer × n` `memcpy` calls
@@ -9,85 +10,277 @@
 //! actions, flags), ≈ 0.75× for 16-byte rows and on par for 12-byte rows (measured with
 //! 200 inputs of `[1024, k]`).
 //!
-//! Only plain data is handled: CPU, contiguous, one dtype, no autograd, no conjugate or
-//! negative views; everything else (and an empty result) returns `None` for the caller to use
-//! `Tensor::stack`.
+//! **One allocation.** All the leaves a stack computes here are views into one byte buffer
+//! (each leaf contiguous, 64-byte aligned, with its own dtype and shape), like tensordict's
+//! `consolidate()`. A rollout's outputs are megabytes: allocated leaf by leaf, each is a
+//! separate `mmap` (or a piece of a heap top that glibc trims when it is freed), and every
+//! rollout pays a page fault per 4 KiB of fresh memory (≈ 40 % of a 1024-pendulum rollout on
+//! the team's machine). One buffer of the whole size is one `mmap`; when it is freed, glibc
+//! raises its mmap and trim thresholds to that size and keeps later buffers of that size in
+//! its heap, so the rollouts after the first two reuse warm pages. The cost for users: the
+//! buffer lives until the last of its leaves is dropped.
+//!
+//! Only plain data is handled: CPU, contiguous, one dtype without quantization, no autograd,
+//! no conjugate or negative views; everything else (and an empty result) is left to the caller
+//! (`Tensor::stack`).
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Output bytes per block of rows: small enough to stay in L2 while every input is read.
 const BLOCK_BYTES: usize = 128 * 1024;
 
-/// `Tensor::stack(inputs, dim)` for `dim ≥ 1`, or `None` when the inputs are not plain
-/// contiguous CPU data of one dtype and shape (the caller then uses `Tensor::stack`).
-pub(crate) fn stack_host(inputs: &[&Tensor], dim: usize) -> Result<Option<Tensor>> {
-    let Some(first) = inputs.first() else {
-        return Ok(None);
-    };
+/// Alignment of each leaf in the consolidated buffer (libtorch's own CPU alignment).
+const ALIGN: usize = 64;
+
+/// The byte layout of a stacked leaf: `outer` rows, each of `n` blocks of `inner` bytes (one
+/// block per input), and its dtype and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Layout {
+    outer: usize,
+    inner: usize,
+    n: usize,
+    kind: Kind,
+    shape: Vec<i64>,
+}
+
+impl Layout {
+    fn bytes(&self) -> usize {
+        self.outer * self.n * self.inner
+    }
+}
+
+/// What a leaf of a consolidated stack is computed from.
+pub(crate) enum Source<'a> {
+    /// The stack of these inputs.
+    Stack(&'a [&'a Tensor]),
+    /// A copy of the job with this index (same layout).
+    Copy(usize),
+    /// The job with this index shifted by one along the stack dim (same layout): this tensor
+    /// (an input-shaped plain tensor) first, then that job's blocks but the last.
+    Shift(usize, &'a Tensor),
+}
+
+/// The kinds the consolidated buffer can hold (plain element types: a byte buffer viewed as
+/// any of them).
+fn plain_kind(kind: Kind) -> bool {
+    use Kind::*;
+    matches!(
+        kind,
+        Uint8
+            | Int8
+            | Int16
+            | Int
+            | Int64
+            | Half
+            | Float
+            | Double
+            | ComplexHalf
+            | ComplexFloat
+            | ComplexDouble
+            | Bool
+            | BFloat16
+    )
+}
+
+/// Whether `t` is plain CPU data of `kind` and `shape`.
+pub(crate) fn is_plain(t: &Tensor, kind: Kind, shape: &[i64]) -> bool {
+    t.device() == Device::Cpu
+        && t.kind() == kind
+        && t.size() == shape
+        && t.is_contiguous()
+        && !t.requires_grad()
+        && !t.is_conj()
+        && !t.is_neg()
+}
+
+/// The layout of `Tensor::stack(inputs, dim)` for `dim ≥ 1`, or `None` when the inputs are not
+/// plain contiguous CPU data of one dtype and shape, or the result would be empty.
+pub(crate) fn layout(inputs: &[&Tensor], dim: usize) -> Option<Layout> {
+    let first = inputs.first()?;
     let shape = first.size();
     let kind = first.kind();
-    if dim == 0 || dim > shape.len() || first.device() != Device::Cpu {
-        return Ok(None);
+    if dim == 0 || dim > shape.len() || !plain_kind(kind) {
+        return None;
     }
-    let plain = |t: &Tensor| {
-        t.device() == Device::Cpu
-            && t.kind() == kind
-            && t.size() == shape
-            && t.is_contiguous()
-            && !t.requires_grad()
-            && !t.is_conj()
-            && !t.is_neg()
-    };
-    if !inputs.iter().all(|t| plain(t)) {
-        return Ok(None);
+    if !inputs.iter().all(|t| is_plain(t, kind, &shape)) {
+        return None;
     }
-    let dims: Vec<usize> = match shape.iter().map(|d| usize::try_from(*d).ok()).collect() {
-        Some(d) => d,
-        None => return Ok(None),
-    };
+    let dims: Vec<usize> = shape
+        .iter()
+        .map(|d| usize::try_from(*d).ok())
+        .collect::<Option<_>>()?;
     let (before, after) = dims.split_at(dim);
-    let outer = before.iter().try_fold(1usize, |a, d| a.checked_mul(*d));
+    let outer = before.iter().try_fold(1usize, |a, d| a.checked_mul(*d))?;
     let inner = after
         .iter()
-        .try_fold(kind.elt_size_in_bytes(), |a, d| a.checked_mul(*d));
+        .try_fold(kind.elt_size_in_bytes(), |a, d| a.checked_mul(*d))?;
     let n = inputs.len();
-    let (Some(outer), Some(inner)) = (outer, inner) else {
-        return Ok(None);
-    };
-    let Some(total) = outer.checked_mul(inner).and_then(|b| b.checked_mul(n)) else {
-        return Ok(None);
-    };
-    if total == 0 {
-        return Ok(None);
+    let total = outer.checked_mul(inner)?.checked_mul(n)?;
+    if total == 0 || total > isize::MAX as usize / 2 {
+        return None;
     }
-    let mut out_shape = shape.clone();
-    out_shape.insert(dim, n as i64);
-    let out = Tensor::f_empty(out_shape.as_slice(), (kind, Device::Cpu))?;
-    // SAFETY: `out` is a fresh contiguous CPU tensor of `total` bytes that nothing else refers
-    // to; each input is a contiguous CPU tensor of `outer * inner` bytes (checked above) that
-    // is only read, and none of them is `out`. The slices do not outlive this call, during
-    // which `out` and the inputs are borrowed (so not dropped or resized).
-    let dst = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, total) };
-    let srcs: Vec<&[u8]> = inputs
-        .iter()
-        .map(|t| unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, outer * inner) })
-        .collect();
+    let mut out_shape = shape;
+    out_shape.insert(dim, i64::try_from(n).ok()?);
+    Some(Layout {
+        outer,
+        inner,
+        n,
+        kind,
+        shape: out_shape,
+    })
+}
+
+/// Computes every job (a layout from [`layout`] and its source) into one consolidated buffer and
+/// returns one contiguous tensor per job, in order. `Copy` and `Shift` jobs must name a `Stack`
+/// job of the same layout, and a `Shift`'s first tensor must be plain with the inputs' dtype
+/// and shape.
+pub(crate) fn stack_consolidated(jobs: &[(Layout, Source<'_>)]) -> Result<Vec<Tensor>> {
+    let internal = |what: &str| Error::invalid("stack", format!("internal: {what}"));
+    let mut offsets = Vec::with_capacity(jobs.len());
+    let mut total = 0usize;
+    for (l, _) in jobs {
+        let start = total
+            .checked_next_multiple_of(ALIGN)
+            .ok_or_else(|| internal("buffer size overflow"))?;
+        offsets.push(start);
+        total = start
+            .checked_add(l.bytes())
+            .ok_or_else(|| internal("buffer size overflow"))?;
+    }
+    let size = i64::try_from(total).map_err(|_| internal("buffer size overflow"))?;
+    let buf = Tensor::f_empty([size], (Kind::Uint8, Device::Cpu))?;
+    if total > 0 {
+        // SAFETY: `buf` is a fresh contiguous CPU buffer of `total` bytes that nothing else
+        // refers to yet (the views below are made after this slice's last use). The inputs are
+        // plain contiguous CPU tensors (checked by `layout` / `is_plain`), only read, none of
+        // them `buf`; they and `buf` are borrowed or owned for the whole call, so neither
+        // dropped nor resized while the slices live.
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf.data_ptr() as *mut u8, total) };
+        let mut regions = split_regions(dst, jobs, &offsets)?;
+        for ((l, src), region) in jobs.iter().zip(regions.iter_mut()) {
+            if let Source::Stack(inputs) = src {
+                let srcs: Vec<&[u8]> = inputs.iter().map(|t| unsafe { bytes_of(t) }).collect();
+                copy_stack(region, &srcs, l.inner);
+            }
+        }
+        for (j, (l, src)) in jobs.iter().enumerate() {
+            match src {
+                Source::Stack(_) => {}
+                Source::Copy(k) => {
+                    let (from, to) = pair(&mut regions, *k, j)?;
+                    to.copy_from_slice(from);
+                }
+                Source::Shift(k, first) => {
+                    // SAFETY: as above; `first` is plain (checked by the caller).
+                    let first = unsafe { bytes_of(first) };
+                    let (from, to) = pair(&mut regions, *k, j)?;
+                    shift_blocks(to, from, first, l);
+                }
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(jobs.len());
+    for ((l, _), &off) in jobs.iter().zip(&offsets) {
+        let (off, bytes) = (off as i64, l.bytes() as i64);
+        out.push(
+            buf.f_narrow(0, off, bytes)?
+                .f_view_dtype(l.kind)?
+                .f_view(l.shape.as_slice())?,
+        );
+    }
+    Ok(out)
+}
+
+/// The bytes of a plain contiguous CPU tensor.
+///
+/// # Safety
+/// `t` must be contiguous CPU data; the slice must not outlive `t` nor overlap a live `&mut`.
+unsafe fn bytes_of(t: &Tensor) -> &[u8] {
+    let n = t.numel() * t.kind().elt_size_in_bytes();
+    std::slice::from_raw_parts(t.data_ptr() as *const u8, n)
+}
+
+/// `dst`'s disjoint regions, one per job, at `offsets`.
+fn split_regions<'b>(
+    mut dst: &'b mut [u8],
+    jobs: &[(Layout, Source<'_>)],
+    offsets: &[usize],
+) -> Result<Vec<&'b mut [u8]>> {
+    let mut regions = Vec::with_capacity(jobs.len());
+    let mut pos = 0;
+    for ((l, _), &off) in jobs.iter().zip(offsets) {
+        let rest = std::mem::take(&mut dst);
+        let (_, rest) = rest
+            .split_at_mut_checked(off - pos)
+            .ok_or_else(|| Error::invalid("stack", "internal: buffer region"))?;
+        let (region, rest) = rest
+            .split_at_mut_checked(l.bytes())
+            .ok_or_else(|| Error::invalid("stack", "internal: buffer region"))?;
+        regions.push(region);
+        dst = rest;
+        pos = off + l.bytes();
+    }
+    Ok(regions)
+}
+
+/// Region `from` (read) and region `to` (written), `from != to`.
+fn pair<'r>(
+    regions: &'r mut [&mut [u8]],
+    from: usize,
+    to: usize,
+) -> Result<(&'r [u8], &'r mut [u8])> {
+    let bad = || {
+        Error::invalid(
+            "stack",
+            "internal: a leaf derived from itself or a missing leaf",
+        )
+    };
+    if from == to {
+        return Err(bad());
+    }
+    let (lo, hi) = regions.split_at_mut(from.max(to));
+    let (a, b) = (
+        lo.get_mut(from.min(to)).ok_or_else(bad)?,
+        hi.first_mut().ok_or_else(bad)?,
+    );
+    Ok(if from < to {
+        (&**a, &mut **b)
+    } else {
+        (&**b, &mut **a)
+    })
+}
+
+/// For each of the `outer` rows: `first`'s block, then `src`'s blocks but the last.
+fn shift_blocks(dst: &mut [u8], src: &[u8], first: &[u8], l: &Layout) {
+    let row = l.n * l.inner;
+    let rows = dst.chunks_exact_mut(row).zip(src.chunks_exact(row));
+    for ((d, s), f) in rows.zip(first.chunks_exact(l.inner)) {
+        let (head, tail) = d.split_at_mut(l.inner);
+        head.copy_from_slice(f);
+        if let Some(s) = s.get(..row - l.inner) {
+            tail.copy_from_slice(s);
+        }
+    }
+}
+
+/// `dst[(b·n + t)·w ..][..w] = srcs[t][b·w ..][..w]` for every row `b` and input `t` (`w` the
+/// row width in bytes, `n` the number of inputs).
+fn copy_stack(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
     // Literal widths: `copy_blocks` is inlined at each arm with its width a constant, so the
     // common row sizes copy with a couple of moves instead of a `memcpy` call.
-    match inner {
-        1 => copy_blocks(dst, &srcs, 1),
-        2 => copy_blocks(dst, &srcs, 2),
-        4 => copy_blocks(dst, &srcs, 4),
-        8 => copy_blocks(dst, &srcs, 8),
-        12 => copy_blocks(dst, &srcs, 12),
-        16 => copy_blocks(dst, &srcs, 16),
-        24 => copy_blocks(dst, &srcs, 24),
-        32 => copy_blocks(dst, &srcs, 32),
-        width => copy_blocks(dst, &srcs, width),
+    match width {
+        1 => copy_blocks(dst, srcs, 1),
+        2 => copy_blocks(dst, srcs, 2),
+        4 => copy_blocks(dst, srcs, 4),
+        8 => copy_blocks(dst, srcs, 8),
+        12 => copy_blocks(dst, srcs, 12),
+        16 => copy_blocks(dst, srcs, 16),
+        24 => copy_blocks(dst, srcs, 24),
+        32 => copy_blocks(dst, srcs, 32),
+        width => copy_blocks(dst, srcs, width),
     }
-    Ok(Some(out))
 }
 
 /// `dst[(b·n + t)·w ..][..w] = srcs[t][b·w ..][..w]` for every row `b` and input `t` (`w` the
@@ -116,7 +309,12 @@ fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::Kind;
+
+    fn stack(inputs: &[&Tensor], dim: usize) -> Tensor {
+        let l = layout(inputs, dim).expect("plain inputs");
+        let mut out = stack_consolidated(&[(l, Source::Stack(inputs))]).unwrap();
+        out.pop().unwrap()
+    }
 
     /// Equal to `Tensor::stack` (values, shape, dtype, contiguity) over dims, dtypes and
     /// widths, including widths without a compile-time kernel and more rows than one block.
@@ -143,7 +341,7 @@ mod tests {
                     .collect();
                 let refs: Vec<&Tensor> = inputs.iter().collect();
                 for dim in 1..=shape.len() {
-                    let got = stack_host(&refs, dim).unwrap().expect("plain inputs");
+                    let got = stack(&refs, dim);
                     let want = Tensor::stack(&inputs, dim as i64);
                     assert_eq!(
                         got.size(),
@@ -158,21 +356,60 @@ mod tests {
         }
     }
 
+    /// Several leaves of different dtypes in one buffer, each aligned, plus a copy and a shift:
+    /// equal to `Tensor::stack` of the same inputs, and writing one leaf leaves the others alone.
+    #[test]
+    fn consolidated_jobs_match_separate_stacks() {
+        let n = 5;
+        let obs: Vec<Tensor> = (0..n)
+            .map(|i| Tensor::rand([6, 3], (Kind::Float, Device::Cpu)) + i as f64)
+            .collect();
+        let done: Vec<Tensor> = (0..n)
+            .map(|i| Tensor::from_slice(&[i % 2 == 0, true, false]).view([3, 1]))
+            .collect();
+        let done6: Vec<Tensor> = done.iter().map(|d| d.repeat([2, 1])).collect();
+        let first = Tensor::rand([6, 3], (Kind::Float, Device::Cpu));
+        let o: Vec<&Tensor> = obs.iter().collect();
+        let d: Vec<&Tensor> = done6.iter().collect();
+        let lo = layout(&o, 1).unwrap();
+        let ld = layout(&d, 1).unwrap();
+        let jobs = vec![
+            (ld.clone(), Source::Stack(&d)),
+            (lo.clone(), Source::Shift(2, &first)),
+            (lo.clone(), Source::Stack(&o)),
+            (ld, Source::Copy(0)),
+        ];
+        let mut out = stack_consolidated(&jobs).unwrap();
+        let want_o = Tensor::stack(&obs, 1);
+        let want_d = Tensor::stack(&done6, 1);
+        let mut shifted: Vec<Tensor> = vec![first.shallow_clone()];
+        shifted.extend(obs.iter().take(n - 1).map(|t| t.shallow_clone()));
+        let want_s = Tensor::stack(&shifted, 1);
+        assert!(out[0].equal(&want_d));
+        assert!(out[1].equal(&want_s));
+        assert!(out[2].equal(&want_o));
+        assert!(out[3].equal(&want_d));
+        for t in &out {
+            assert!(t.is_contiguous());
+            assert_eq!(t.data_ptr() as usize % ALIGN, 0);
+        }
+        let _ = out[3].fill_(0);
+        assert!(out[0].equal(&want_d), "a copy is its own memory");
+        assert!(out[2].equal(&want_o));
+    }
+
     #[test]
     fn declines_what_it_does_not_handle() {
         let a = Tensor::ones([4, 2], (Kind::Float, Device::Cpu));
         let t = a.t_copy().transpose(0, 1); // not contiguous
-        assert!(stack_host(&[&a, &a], 0).unwrap().is_none(), "dim 0");
-        assert!(
-            stack_host(&[&t, &t], 1).unwrap().is_none(),
-            "non-contiguous"
-        );
+        assert!(layout(&[&a, &a], 0).is_none(), "dim 0");
+        assert!(layout(&[&t, &t], 1).is_none(), "non-contiguous");
         let g = a.copy().set_requires_grad(true);
-        assert!(stack_host(&[&g, &g], 1).unwrap().is_none(), "requires grad");
+        assert!(layout(&[&g, &g], 1).is_none(), "requires grad");
         let d = a.to_kind(Kind::Double);
-        assert!(stack_host(&[&a, &d], 1).unwrap().is_none(), "mixed dtypes");
+        assert!(layout(&[&a, &d], 1).is_none(), "mixed dtypes");
         let e = Tensor::ones([0, 2], (Kind::Float, Device::Cpu));
-        assert!(stack_host(&[&e, &e], 1).unwrap().is_none(), "empty");
-        assert!(stack_host(&[], 1).unwrap().is_none(), "no inputs");
+        assert!(layout(&[&e, &e], 1).is_none(), "empty");
+        assert!(layout(&[], 1).is_none(), "no inputs");
     }
 }

@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use rustc_hash::FxHashMap;
 use tch::{Device, Kind, Tensor};
 
-use super::host_stack::stack_host;
+use super::host_stack::{self, Layout, Source};
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
 use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
@@ -530,6 +530,33 @@ fn check_structure(
 ///
 /// TorchRL's strict dense stack: the batch sizes must be equal, the key sets identical and the
 /// leaf shapes equal; each failure names the tensordict and key at fault. The result is dense.
+///
+/// Along a dim after the first, the leaves whose inputs are plain CPU data (contiguous, no
+/// autograd) are computed on the host into **one allocation**: each such leaf of the result is
+/// a contiguous view into a shared buffer, as after tensordict's `consolidate()`. Rollouts
+/// return megabytes this way with one `malloc` instead of one per leaf (see
+/// `docs/performance.md`); the buffer is freed when the last of these leaves is dropped.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::{stack, TensorDict};
+/// # fn main() -> torchrl::Result<()> {
+/// let step = |r: f32| -> torchrl::Result<TensorDict> {
+///     TensorDict::new([2])?
+///         .with("reward", Tensor::from_slice(&[r, r + 1.0]).view([2, 1]))?
+///         .with("done", Tensor::from_slice(&[false, r > 5.0]).view([2, 1]))
+/// };
+/// // Two steps of a batch of 2, stacked along a time dim after the batch dim.
+/// let traj = stack(&[step(0.0)?, step(10.0)?], 1)?;
+/// assert_eq!(traj.batch_size(), &[2, 2]);
+/// let r = traj.get_or_err("reward")?;
+/// assert_eq!(r.size(), vec![2, 2, 1]);
+/// assert_eq!(r.double_value(&[1, 0, 0]), 1.0); // batch element 1, step 0
+/// assert_eq!(r.double_value(&[1, 1, 0]), 11.0); // batch element 1, step 1
+/// assert!(r.is_contiguous());
+/// assert!(traj.get_or_err("done")?.int64_value(&[1, 1, 0]) == 1);
+/// # Ok(()) }
+/// ```
 pub fn stack<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
     let op = "stack";
     let first = match tds.first() {
@@ -569,22 +596,20 @@ fn stack_level<T: Borrow<TensorDict>>(
     let plans = plan_leaves(&leaves)?;
     let dim = d as i64;
     let n = tds.len() as i64;
-    let mut stacked: Vec<Option<Tensor>> = Vec::with_capacity(leaves.len());
-    for (leaf, plan) in leaves.iter().zip(&plans) {
-        stacked.push(match plan {
-            LeafPlan::Stack => Some(match stack_host(&leaf.inputs, d)? {
-                Some(t) => t,
-                None => Tensor::f_stack(&leaf.inputs, dim)?,
-            }),
-            LeafPlan::Copy(_) | LeafPlan::Shift(_) => None,
-        });
+    let mut outputs: Vec<Option<Tensor>> = consolidated_leaves(&leaves, &plans, d)?;
+    for (leaf, (plan, out)) in leaves.iter().zip(plans.iter().zip(outputs.iter_mut())) {
+        if out.is_none() && *plan == LeafPlan::Stack {
+            *out = Some(Tensor::f_stack(&leaf.inputs, dim)?);
+        }
     }
     let internal = || Error::invalid("stack", "internal: a leaf derived from an unstacked one");
-    let source = |k: usize| stacked.get(k).and_then(Option::as_ref).ok_or_else(internal);
-    let mut outputs = Vec::with_capacity(leaves.len());
     for (j, (leaf, plan)) in leaves.iter().zip(&plans).enumerate() {
-        outputs.push(match *plan {
-            LeafPlan::Stack => source(j)?.shallow_clone(),
+        if outputs.get(j).is_some_and(Option::is_some) {
+            continue;
+        }
+        let source = |k: usize| outputs.get(k).and_then(Option::as_ref).ok_or_else(internal);
+        let derived = match *plan {
+            LeafPlan::Stack => return Err(internal()),
             LeafPlan::Copy(k) => source(k)?.f_detach_copy()?,
             LeafPlan::Shift(k) => {
                 let src = source(k)?;
@@ -595,12 +620,85 @@ fn stack_level<T: Borrow<TensorDict>>(
                     .f_copy_(&src.f_narrow(dim, 0, n - 1)?)?;
                 out
             }
-        });
+        };
+        if let Some(o) = outputs.get_mut(j) {
+            *o = Some(derived);
+        }
     }
+    let mut outputs = outputs
+        .into_iter()
+        .map(|o| o.ok_or_else(internal))
+        .collect::<Result<Vec<Tensor>>>()?
+        .into_iter();
     let first = tds
         .first()
         .ok_or_else(|| Error::invalid("stack", "cannot stack an empty list of tensordicts"))?;
-    build_level(first, d, n, &mut outputs.into_iter())
+    build_level(first, d, n, &mut outputs)
+}
+
+/// The leaves that [`host_stack`](super::host_stack) computes, in one consolidated buffer
+/// (`None` for the others): the stacked leaves whose inputs are plain CPU data (along a dim
+/// after the first), and the copies and shifts of those whose first input is plain too.
+fn consolidated_leaves(
+    leaves: &[Leaf<'_>],
+    plans: &[LeafPlan],
+    d: usize,
+) -> Result<Vec<Option<Tensor>>> {
+    let layouts: Vec<Option<Layout>> = leaves
+        .iter()
+        .zip(plans)
+        .map(|(leaf, plan)| match plan {
+            LeafPlan::Stack => host_stack::layout(&leaf.inputs, d),
+            _ => None,
+        })
+        .collect();
+    let mut jobs = Vec::new();
+    let mut job_of = vec![None; leaves.len()];
+    for (j, ((leaf, plan), l)) in leaves.iter().zip(plans).zip(&layouts).enumerate() {
+        let job = match (plan, l) {
+            (LeafPlan::Stack, Some(l)) => Some((l.clone(), Source::Stack(&leaf.inputs[..]))),
+            (LeafPlan::Copy(k) | LeafPlan::Shift(k), _) => {
+                let (Some(Some(l)), Some(first)) = (layouts.get(*k), leaf.inputs.first()) else {
+                    continue;
+                };
+                match plan {
+                    LeafPlan::Copy(_) => Some((l.clone(), Source::Copy(*k))),
+                    _ if host_stack::is_plain(first, first.kind(), &leaf.shape) => {
+                        Some((l.clone(), Source::Shift(*k, first)))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let (Some(job), Some(slot)) = (job, job_of.get_mut(j)) {
+            *slot = Some(jobs.len());
+            jobs.push(job);
+        }
+    }
+    let mut out: Vec<Option<Tensor>> = (0..leaves.len()).map(|_| None).collect();
+    if jobs.is_empty() {
+        return Ok(out);
+    }
+    // Sources name leaves; the host stack names jobs.
+    let remap = |k: usize| job_of.get(k).copied().flatten();
+    for (_, src) in jobs.iter_mut() {
+        match src {
+            Source::Copy(k) | Source::Shift(k, _) => {
+                *k = remap(*k).ok_or_else(|| {
+                    Error::invalid("stack", "internal: a leaf derived from an unstacked one")
+                })?
+            }
+            Source::Stack(_) => {}
+        }
+    }
+    let mut tensors = host_stack::stack_consolidated(&jobs)?.into_iter();
+    for (slot, job) in out.iter_mut().zip(&job_of) {
+        if job.is_some() {
+            *slot = tensors.next();
+        }
+    }
+    Ok(out)
 }
 
 /// One leaf of a stack: its tensor in every input, and its shape (the same in all).

@@ -61,6 +61,7 @@
 //! ```
 
 use std::f64::consts::PI;
+use std::mem::MaybeUninit;
 
 use tch::{Device, Kind, Tensor};
 
@@ -68,7 +69,7 @@ use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
-use crate::tensordict::host::host_tensor;
+use crate::tensordict::host::HostOut;
 use crate::tensordict::{NestedKey, TensorDict};
 
 const MAX_SPEED: f64 = 8.0;
@@ -189,70 +190,57 @@ impl PendulumEnv {
                 &read
             }
         };
-        let mut state = Vec::with_capacity(2 * n);
-        let mut new_th = Vec::with_capacity(n);
-        // The float32 outputs are written as bytes for `Tensor::f_from_data_size`.
-        let mut reward = vec![0u8; 4 * n];
-        let rows = u
-            .iter()
-            .zip(prev.state.chunks_exact(2))
-            .zip(&prev.sin_th)
-            .zip(reward.chunks_exact_mut(4));
-        for (((ui, s), sin_th), r) in rows {
-            let &[th, thdot] = s else { continue };
-            // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
-            let ui = ui.clamp(-MAX_TORQUE as f32, MAX_TORQUE as f32);
-            let torque_term = f64::from(ui * (3.0 / (M * L * L)) as f32);
-            let torque_cost = f64::from(ui * ui * 0.001f32);
-            let norm = rem_tau(th + PI) - PI;
-            let cost = norm * norm + thdot * thdot * 0.1 + torque_cost;
-            let accel = sin_th * (3.0 * G / (2.0 * L)) + torque_term;
-            let thdot = (thdot + accel * DT).clamp(-MAX_SPEED, MAX_SPEED);
-            let th = th + thdot * DT;
-            state.extend_from_slice(&[th, thdot]);
-            new_th.push(th);
-            r.copy_from_slice(&(-cost as f32).to_ne_bytes());
+        if prev.state.len() != 2 * n || prev.sin_th.len() != n {
+            return Err(Error::invalid(
+                "PendulumEnv::step",
+                format!(
+                    "internal: {n} actions for a state of {} values",
+                    prev.state.len()
+                ),
+            ));
         }
-        let (sin, cos) = sin_cos(&new_th)?;
-        let mut obs = vec![0u8; 12 * n];
-        let rows = obs
-            .chunks_exact_mut(12)
-            .zip(&cos)
-            .zip(&sin)
-            .zip(state.chunks_exact(2));
-        for (((o, c), s), st) in rows {
-            let (Some((oc, rest)), Some(&thdot)) = (o.split_first_chunk_mut::<4>(), st.get(1))
-            else {
-                continue;
-            };
-            let Some((os, ot)) = rest.split_first_chunk_mut::<4>() else {
-                continue;
-            };
-            *oc = (*c as f32).to_ne_bytes();
-            *os = (*s as f32).to_ne_bytes();
-            ot.copy_from_slice(&(thdot as f32).to_ne_bytes());
-        }
-        let state_bytes = f64_bytes(&state);
         let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
         let b2: Vec<i64> = [batch.as_slice(), &[2]].concat();
         let b3: Vec<i64> = [batch.as_slice(), &[3]].concat();
+        // Every output below has exactly `n` rows (the lengths were checked above), so each
+        // zip writes every slot of its `HostOut`.
+        let mut state = vec![0.0f64; 2 * n];
+        let mut new_th = vec![0.0f64; n];
+        let mut reward = HostOut::<f32>::new(&b1)?;
+        dynamics(
+            &u,
+            &prev.state,
+            &prev.sin_th,
+            &mut state,
+            &mut new_th,
+            reward.slots(),
+        );
+        let mut state_out = HostOut::<f64>::new(&b2)?;
+        for (o, v) in state_out.slots().iter_mut().zip(&state) {
+            o.write(*v);
+        }
+        let (sin, cos) = sin_cos(&new_th)?;
+        let mut obs = HostOut::<f32>::new(&b3)?;
+        let rows = obs
+            .slots()
+            .chunks_exact_mut(3)
+            .zip(cos.iter().zip(&sin))
+            .zip(state.chunks_exact(2));
+        for ((o, (c, s)), st) in rows {
+            if let ([oc, os, ot], [_, thdot]) = (o, st) {
+                oc.write(*c as f32);
+                os.write(*s as f32);
+                ot.write(*thdot as f32);
+            }
+        }
         self.state = State::Host(HostState { state, sin_th: sin });
-        let done = host_tensor(&vec![false; n], &b1)?;
+        let done = Tensor::f_zeros(b1.as_slice(), (Kind::Bool, Device::Cpu))?;
         TensorDict::new(&batch)?
-            .with(
-                "observation",
-                Tensor::f_from_data_size(&obs, &b3, Kind::Float)?,
-            )?
-            .with(
-                STATE_KEY,
-                Tensor::f_from_data_size(&state_bytes, &b2, Kind::Double)?,
-            )?
+            .with("observation", obs.into_tensor())?
+            .with(STATE_KEY, state_out.into_tensor())?
             .with("done", done.shallow_clone())?
             .with("terminated", done)?
-            .with(
-                "reward",
-                Tensor::f_from_data_size(&reward, &b1, Kind::Float)?,
-            )
+            .with("reward", reward.into_tensor())
     }
 
     /// The step with tensor ops (other devices, and CPU batches above [`HOST_PATH_MAX`]).
@@ -316,6 +304,114 @@ impl PendulumEnv {
             .with("reward", reward)?;
         self.state = State::Tensor(state);
         Ok(td)
+    }
+}
+
+/// The per-pendulum arithmetic of a host step: from the torques `u`, the state `[θ, θ̇]` pairs
+/// `prev` and their `sin θ`, writes the new state pairs, the new angles and the rewards (all
+/// slices of one length in pendulums; shorter ones stop the loop).
+///
+/// On x86-64 CPUs with AVX2 and FMA (checked at run time), and angles where [`rem_tau`] needs no
+/// fallback, the loop runs in a copy compiled for those features: the fused multiply-add is one
+/// instruction there (elsewhere a call into compiler-builtins' software-dispatched `fma`, which
+/// keeps the loop scalar and spills), and the loop vectorizes. The results are the same bit for
+/// bit: every operation is IEEE-exact or correctly rounded in both, and truncation by
+/// `round` or by an integer conversion agree on these angles (checked by the tests below).
+fn dynamics(
+    u: &[f32],
+    prev: &[f64],
+    sin_th: &[f64],
+    state: &mut [f64],
+    new_th: &mut [f64],
+    reward: &mut [MaybeUninit<f32>],
+) {
+    // |θ + π| < 2^40 for every angle (false for NaN): rem_tau's fast path applies throughout.
+    // A fold with `&`, not `all`: no early exit, so it vectorizes.
+    let small = prev
+        .iter()
+        .step_by(2)
+        .fold(true, |ok, th| ok & (th.abs() < REM_TAU_FAST_MAX / 2.0));
+    #[cfg(target_arch = "x86_64")]
+    if small
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU supports AVX2 and FMA, checked just above.
+        unsafe { dynamics_avx2_fma(u, prev, sin_th, state, new_th, reward) };
+        return;
+    }
+    if small {
+        dynamics_kernel(
+            u,
+            prev,
+            sin_th,
+            state,
+            new_th,
+            reward,
+            rem_tau_small::<false>,
+        );
+    } else {
+        dynamics_kernel(u, prev, sin_th, state, new_th, reward, rem_tau);
+    }
+}
+
+/// [`dynamics_kernel`] compiled with AVX2 and FMA (for angles on `rem_tau`'s fast path).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dynamics_avx2_fma(
+    u: &[f32],
+    prev: &[f64],
+    sin_th: &[f64],
+    state: &mut [f64],
+    new_th: &mut [f64],
+    reward: &mut [MaybeUninit<f32>],
+) {
+    dynamics_kernel(
+        u,
+        prev,
+        sin_th,
+        state,
+        new_th,
+        reward,
+        rem_tau_small::<true>,
+    );
+}
+
+/// The loop of [`dynamics`], with the angle remainder `rem` (inlined into each caller).
+#[inline(always)]
+fn dynamics_kernel(
+    u: &[f32],
+    prev: &[f64],
+    sin_th: &[f64],
+    state: &mut [f64],
+    new_th: &mut [f64],
+    reward: &mut [MaybeUninit<f32>],
+    rem: impl Fn(f64) -> f64,
+) {
+    let rows = u
+        .iter()
+        .zip(prev.chunks_exact(2))
+        .zip(sin_th)
+        .zip(state.chunks_exact_mut(2))
+        .zip(new_th.iter_mut())
+        .zip(reward.iter_mut());
+    for (((((ui, s), sin_th), st), nt), r) in rows {
+        let (&[th, thdot], [st_th, st_thdot]) = (s, st) else {
+            continue;
+        };
+        // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
+        let ui = ui.clamp(-MAX_TORQUE as f32, MAX_TORQUE as f32);
+        let torque_term = f64::from(ui * (3.0 / (M * L * L)) as f32);
+        let torque_cost = f64::from(ui * ui * 0.001f32);
+        let norm = rem(th + PI) - PI;
+        let cost = norm * norm + thdot * thdot * 0.1 + torque_cost;
+        let accel = sin_th * (3.0 * G / (2.0 * L)) + torque_term;
+        let thdot = (thdot + accel * DT).clamp(-MAX_SPEED, MAX_SPEED);
+        let th = th + thdot * DT;
+        *st_th = th;
+        *st_thdot = thdot;
+        *nt = th;
+        r.write(-cost as f32);
     }
 }
 
@@ -396,18 +492,34 @@ fn read_host<T: tch::kind::Element + Copy>(t: &Tensor, n: usize) -> Result<Vec<T
 /// So in every case: `r + 2π` if `r < 0`, else `r`. From `|x| ≥ 2^40` on (and for non-finite
 /// `x`) it falls back to `rem_euclid`.
 fn rem_tau(x: f64) -> f64 {
-    const TAU: f64 = 2.0 * PI;
-    if x.abs() < 1_099_511_627_776.0 {
-        // `as i64` truncates toward zero in one instruction (`f64::trunc` is a libm call on
-        // baseline x86-64), exactly here (|x / 2π| < 2^38).
-        let q = (x / TAU) as i64 as f64;
-        let r = (-q).mul_add(TAU, x);
-        // A select, not a branch: the sign of `r` is random from one pendulum to the next, and
-        // a mispredicted branch here cost ~3 µs per 1024 pendulums.
-        r + if r < 0.0 { TAU } else { 0.0 }
+    if x.abs() < REM_TAU_FAST_MAX {
+        rem_tau_small::<false>(x)
     } else {
         x.rem_euclid(TAU)
     }
+}
+
+/// Below this magnitude [`rem_tau`] takes its division-and-`fma` path.
+const REM_TAU_FAST_MAX: f64 = 1_099_511_627_776.0;
+
+const TAU: f64 = 2.0 * PI;
+
+/// [`rem_tau`] for `|x| < REM_TAU_FAST_MAX`. The quotient is truncated by `f64::trunc` when
+/// `ROUND` (one instruction where SSE4.1 is enabled) or by `as i64` (one instruction on
+/// baseline x86-64, where `trunc` is a libm call); both are exact here (`|x / 2π| < 2^38`)
+/// and give the same `r` (the sign of a zero quotient cannot reach the result: `fma(±0, 2π, x)`
+/// is `x`, and for `x = ±0` both give `+0` after the final addition).
+#[inline(always)]
+fn rem_tau_small<const ROUND: bool>(x: f64) -> f64 {
+    let q = if ROUND {
+        (x / TAU).trunc()
+    } else {
+        (x / TAU) as i64 as f64
+    };
+    let r = (-q).mul_add(TAU, x);
+    // A select, not a branch: the sign of `r` is random from one pendulum to the next, and
+    // a mispredicted branch here cost ~3 µs per 1024 pendulums.
+    r + if r < 0.0 { TAU } else { 0.0 }
 }
 
 /// The native-endian bytes of `values`, for `Tensor::f_from_data_size` (shape and dtype in the
@@ -641,12 +753,80 @@ pub(super) fn reset_plan(
 mod tests {
     use super::*;
 
+    /// Runs `kernel` (or `dynamics` when `None`) on `(u, prev)`; returns the new state pairs,
+    /// angles and rewards as bits.
+    fn run_dynamics(
+        u: &[f32],
+        prev: &[f64],
+        kernel: Option<fn(f64) -> f64>,
+    ) -> (Vec<u64>, Vec<u64>, Vec<i64>) {
+        let n = u.len();
+        let sin_th: Vec<f64> = prev.iter().step_by(2).map(|th| th.sin()).collect();
+        let (mut state, mut th) = (vec![0.0; 2 * n], vec![0.0; n]);
+        let mut reward = HostOut::<f32>::new(&[n as i64]).unwrap();
+        match kernel {
+            None => dynamics(u, prev, &sin_th, &mut state, &mut th, reward.slots()),
+            Some(rem) => {
+                dynamics_kernel(u, prev, &sin_th, &mut state, &mut th, reward.slots(), rem)
+            }
+        }
+        let r = reward.into_tensor().view_dtype(Kind::Int);
+        let r: Vec<i64> = (0..n).map(|i| r.int64_value(&[i as i64])).collect();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect();
+        (bits(&state), bits(&th), r)
+    }
+
+    /// The host step's loop gives the same bits on every path: the AVX2/FMA copy (where the CPU
+    /// has it), the portable loop with `rem_tau`'s fast path, and the general `rem_tau`; on
+    /// rollout-like states, angles within ulps of multiples of 2π and out-of-range torques. A
+    /// huge or NaN angle sends the whole batch to the general path, with the same results.
+    #[test]
+    fn dynamics_paths_agree_bit_for_bit() {
+        let mut g = Generator::new(3);
+        let n = 4099;
+        let mut prev = Vec::with_capacity(2 * n);
+        let mut u = Vec::with_capacity(n);
+        for i in 0..n {
+            let th = match i % 4 {
+                0 => (g.next_f64() * 2.0 - 1.0) * 60.0,
+                1 => {
+                    let m = ((g.next_u64() % 41) as f64 - 20.0) * TAU - PI;
+                    let mut x = m;
+                    for _ in 0..(g.next_u64() % 5) {
+                        x = if i % 8 == 1 {
+                            x.next_up()
+                        } else {
+                            x.next_down()
+                        };
+                    }
+                    x
+                }
+                2 => (g.next_f64() * 2.0 - 1.0) * 1e-300,
+                _ => (g.next_f64() * 2.0 - 1.0) * 4.0,
+            };
+            prev.extend([th, (g.next_f64() * 2.0 - 1.0) * 9.0]);
+            u.push(((g.next_f64() * 2.0 - 1.0) * 3.0) as f32);
+        }
+        let fast = run_dynamics(&u, &prev, None);
+        assert_eq!(fast, run_dynamics(&u, &prev, Some(rem_tau_small::<false>)));
+        assert_eq!(fast, run_dynamics(&u, &prev, Some(rem_tau)));
+        let mut g2 = Generator::new(4);
+        for odd in [1e15, f64::NAN] {
+            let mut p = prev.clone();
+            p[2 * (g2.next_u64() as usize % n)] = odd;
+            assert_eq!(
+                run_dynamics(&u, &p, None),
+                run_dynamics(&u, &p, Some(rem_tau)),
+                "with an angle of {odd}"
+            );
+        }
+    }
+
     /// `rem_tau` against `rem_euclid` (the exact `fmod` and the `remainder` rule), after the
     /// `- π` of `angle_normalize`, bit for bit: random angles, angles within a few ulps of
     /// multiples of 2π (where the rounded quotient is off by one), tiny and huge ones.
     #[test]
     fn rem_tau_is_rem_euclid() {
-        const TAU: f64 = 2.0 * PI;
         let mut g = Generator::new(7);
         let mut xs = vec![
             0.0,

@@ -279,14 +279,8 @@ impl DTypeCast {
             }
             (None, None, None) => return Err(no_parent()),
         };
-        let forward = key_pairs(op, &self.name(), &fwd_in, self.out_keys.as_deref(), "")?;
-        let inverse = key_pairs(
-            op,
-            &self.name(),
-            &inv_in,
-            self.out_keys_inv.as_deref(),
-            "inverse ",
-        )?;
+        let forward = key_pairs(op, self, &fwd_in, self.out_keys.as_deref(), "")?;
+        let inverse = key_pairs(op, self, &inv_in, self.out_keys_inv.as_deref(), "inverse ")?;
         let state = match parent {
             Some(p) => inverse
                 .iter()

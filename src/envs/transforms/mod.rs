@@ -80,11 +80,12 @@ use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// Pairs each in key with its out key (with itself when there are no out keys). When the
-/// counts differ: an error under `op` naming the transform (`name`) and both lists; `what`
+/// counts differ: an error under `op` naming the transform (`who`; its name is only formatted
+/// for the error, since this runs every step) and both lists; `what`
 /// qualifies the keys in the message (`""` or `"inverse "`).
 pub(crate) fn key_pairs(
     op: &'static str,
-    name: &str,
+    who: &dyn Transform,
     ins: &[NestedKey],
     outs: Option<&[NestedKey]>,
     what: &str,
@@ -95,7 +96,8 @@ pub(crate) fn key_pairs(
         Some(o) => Err(Error::invalid(
             op,
             format!(
-                "{name}: {} {what}in keys {} but {} {what}out keys {}; give one out key per in key",
+                "{}: {} {what}in keys {} but {} {what}out keys {}; give one out key per in key",
+                who.name(),
                 ins.len(),
                 fmt_key_list(ins),
                 o.len(),

@@ -352,19 +352,13 @@ impl ObservationNorm {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            OP,
-            &self.name(),
-            &self.in_keys,
-            self.out_keys.as_deref(),
-            "",
-        )
+        key_pairs(OP, self, &self.in_keys, self.out_keys.as_deref(), "")
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
         key_pairs(
             OP,
-            &self.name(),
+            self,
             &self.in_keys_inv,
             self.out_keys_inv.as_deref(),
             "inverse ",

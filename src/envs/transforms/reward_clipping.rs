@@ -75,7 +75,7 @@ impl RewardClipping {
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
         key_pairs(
             "RewardClipping",
-            &self.name(),
+            self,
             &self.in_keys,
             self.out_keys.as_deref(),
             "",

@@ -103,7 +103,7 @@ impl RewardScaling {
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
         key_pairs(
             "RewardScaling",
-            &self.name(),
+            self,
             &self.in_keys,
             self.out_keys.as_deref(),
             "",
