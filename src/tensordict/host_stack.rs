@@ -27,6 +27,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
+use crate::tensordict::TensorDict;
 
 /// Output bytes per block of rows: small enough to stay in L2 while every input is read.
 const BLOCK_BYTES: usize = 128 * 1024;
@@ -136,7 +137,10 @@ pub(crate) fn layout(inputs: &[&Tensor], dim: usize) -> Option<Layout> {
 /// returns one contiguous tensor per job, in order. `Copy` and `Shift` jobs must name a `Stack`
 /// job of the same layout, and a `Shift`'s first tensor must be plain with the inputs' dtype
 /// and shape.
-pub(crate) fn stack_consolidated(jobs: &[(Layout, Source<'_>)]) -> Result<Vec<Tensor>> {
+pub(crate) fn stack_consolidated(
+    jobs: &[(Layout, Source<'_>)],
+    reserve: Option<Reserve>,
+) -> Result<Vec<Tensor>> {
     let internal = |what: &str| Error::invalid("stack", format!("internal: {what}"));
     let mut offsets = Vec::with_capacity(jobs.len());
     let mut total = 0usize;
@@ -150,10 +154,14 @@ pub(crate) fn stack_consolidated(jobs: &[(Layout, Source<'_>)]) -> Result<Vec<Te
             .ok_or_else(|| internal("buffer size overflow"))?;
     }
     let size = i64::try_from(total).map_err(|_| internal("buffer size overflow"))?;
-    let buf = Tensor::f_empty([size], (Kind::Uint8, Device::Cpu))?;
+    let buf = match reserve {
+        Some(Reserve(buf, len)) if len >= total => buf,
+        _ => Tensor::f_empty([size], (Kind::Uint8, Device::Cpu))?,
+    };
     if total > 0 {
-        // SAFETY: `buf` is a fresh contiguous CPU buffer of `total` bytes that nothing else
-        // refers to yet (the views below are made after this slice's last use). The inputs are
+        // SAFETY: `buf` is a fresh contiguous CPU buffer of at least `total` bytes that nothing
+        // else refers to yet (a new one, or a `Reserve`, which only ever has one handle); the
+        // views below are made after this slice's last use. The inputs are
         // plain contiguous CPU tensors (checked by `layout` / `is_plain`), only read, none of
         // them `buf`; they and `buf` are borrowed or owned for the whole call, so neither
         // dropped nor resized while the slices live.
@@ -191,6 +199,43 @@ pub(crate) fn stack_consolidated(jobs: &[(Layout, Source<'_>)]) -> Result<Vec<Te
         );
     }
     Ok(out)
+}
+
+/// Memory set aside for a consolidated stack: a fresh contiguous CPU byte buffer (and its
+/// length) with a single handle, owned by whoever asked for it until it is handed to the stack.
+pub(crate) struct Reserve(Tensor, usize);
+
+/// A buffer big enough for stacking `n` tensordicts shaped like `td` along a dim after the
+/// first, when all their leaves are plain CPU data (`None` when no leaf is).
+///
+/// Why: a rollout allocates its steps' tensors first and the stack's buffer last. Freed
+/// together, they leave a free region of exactly their size, and the next rollout's steps,
+/// plus the small allocations it keeps, take slightly more of it than before: the buffer no
+/// longer fits, the heap grows, and that rollout pays a page fault per 4 KiB of the buffer
+/// again. Taken at the first step, the buffer is placed first, and only the small overflow
+/// of the steps grows the heap.
+pub(crate) fn reserve(td: &TensorDict, n: usize) -> Result<Option<Reserve>> {
+    let mut total = Some(0usize);
+    td.for_each_leaf(&mut |_, t| {
+        let kind = t.kind();
+        if plain_kind(kind) && is_plain(t, kind, &t.size()) {
+            let bytes = t
+                .numel()
+                .checked_mul(kind.elt_size_in_bytes())
+                .and_then(|b| b.checked_mul(n))
+                .and_then(|b| b.checked_next_multiple_of(ALIGN));
+            total = total.zip(bytes).and_then(|(a, b)| a.checked_add(b));
+        }
+        Ok(())
+    })?;
+    let Some(total) = total.filter(|t| *t > 0) else {
+        return Ok(None);
+    };
+    let Ok(size) = i64::try_from(total) else {
+        return Ok(None);
+    };
+    let buf = Tensor::f_empty([size], (Kind::Uint8, Device::Cpu))?;
+    Ok(Some(Reserve(buf, total)))
 }
 
 /// The bytes of a plain contiguous CPU tensor.
@@ -312,7 +357,7 @@ mod tests {
 
     fn stack(inputs: &[&Tensor], dim: usize) -> Tensor {
         let l = layout(inputs, dim).expect("plain inputs");
-        let mut out = stack_consolidated(&[(l, Source::Stack(inputs))]).unwrap();
+        let mut out = stack_consolidated(&[(l, Source::Stack(inputs))], None).unwrap();
         out.pop().unwrap()
     }
 
@@ -379,7 +424,7 @@ mod tests {
             (lo.clone(), Source::Stack(&o)),
             (ld, Source::Copy(0)),
         ];
-        let mut out = stack_consolidated(&jobs).unwrap();
+        let mut out = stack_consolidated(&jobs, None).unwrap();
         let want_o = Tensor::stack(&obs, 1);
         let want_d = Tensor::stack(&done6, 1);
         let mut shifted: Vec<Tensor> = vec![first.shallow_clone()];

@@ -39,10 +39,12 @@ use smallvec::SmallVec;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
+pub(crate) use host_stack::reserve as reserve_stack;
 pub use index::BatchIndex;
 pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
+pub(crate) use shape::stack_reserved;
 pub use shape::{cat, stack};
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;

@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use rustc_hash::FxHashMap;
 use tch::{Device, Kind, Tensor};
 
-use super::host_stack::{self, Layout, Source};
+use super::host_stack::{self, Layout, Reserve, Source};
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
 use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
@@ -558,6 +558,16 @@ fn check_structure(
 /// # Ok(()) }
 /// ```
 pub fn stack<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
+    stack_reserved(tds, dim, None)
+}
+
+/// [`stack`], with the consolidated buffer taken from `reserve` when it is big enough (see
+/// [`host_stack::reserve`]).
+pub(crate) fn stack_reserved<T: Borrow<TensorDict>>(
+    tds: &[T],
+    dim: i64,
+    reserve: Option<Reserve>,
+) -> Result<TensorDict> {
     let op = "stack";
     let first = match tds.first() {
         Some(f) => f.borrow(),
@@ -582,13 +592,14 @@ pub fn stack<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
         }
         check_structure(op, first, td, i)?;
     }
-    stack_level(tds, d, &mut Vec::new())
+    stack_level(tds, d, &mut Vec::new(), reserve)
 }
 
 fn stack_level<T: Borrow<TensorDict>>(
     tds: &[T],
     d: usize,
     path: &mut Vec<String>,
+    reserve: Option<Reserve>,
 ) -> Result<TensorDict> {
     let tds: Vec<&TensorDict> = tds.iter().map(|t| t.borrow()).collect();
     let mut leaves = Vec::new();
@@ -596,7 +607,7 @@ fn stack_level<T: Borrow<TensorDict>>(
     let plans = plan_leaves(&leaves)?;
     let dim = d as i64;
     let n = tds.len() as i64;
-    let mut outputs: Vec<Option<Tensor>> = consolidated_leaves(&leaves, &plans, d)?;
+    let mut outputs: Vec<Option<Tensor>> = consolidated_leaves(&leaves, &plans, d, reserve)?;
     for (leaf, (plan, out)) in leaves.iter().zip(plans.iter().zip(outputs.iter_mut())) {
         if out.is_none() && *plan == LeafPlan::Stack {
             *out = Some(Tensor::f_stack(&leaf.inputs, dim)?);
@@ -643,6 +654,7 @@ fn consolidated_leaves(
     leaves: &[Leaf<'_>],
     plans: &[LeafPlan],
     d: usize,
+    reserve: Option<Reserve>,
 ) -> Result<Vec<Option<Tensor>>> {
     let layouts: Vec<Option<Layout>> = leaves
         .iter()
@@ -692,7 +704,7 @@ fn consolidated_leaves(
             Source::Stack(_) => {}
         }
     }
-    let mut tensors = host_stack::stack_consolidated(&jobs)?.into_iter();
+    let mut tensors = host_stack::stack_consolidated(&jobs, reserve)?.into_iter();
     for (slot, job) in out.iter_mut().zip(&job_of) {
         if job.is_some() {
             *slot = tensors.next();

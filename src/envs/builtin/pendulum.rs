@@ -84,6 +84,59 @@ pub struct PendulumEnv {
     core: EnvCore,
     /// `[θ, θ̇]`: a tensor after a reset or a tensor step, host values after a host step.
     state: State,
+    /// Buffers the host step reuses from one step to the next (no allocation per step).
+    spare: Spare,
+}
+
+/// The host step's reusable vectors (states, sines, cosines), taken with [`Spare::take`] and
+/// given back with [`Spare::put`]. Filled when the env is built (for batches on the host path)
+/// and kept across resets, so that rollouts allocate none of them: long-lived vectors allocated
+/// in the middle of a rollout would split the free memory that the next rollout's steps and
+/// stack reuse, and the stack would then take fresh pages (a page fault per 4 KiB).
+#[derive(Default)]
+struct Spare {
+    pool: Vec<Vec<f64>>,
+}
+
+impl Spare {
+    /// Vectors for two host states of `n` pendulums (the current one and the next) and the
+    /// cosines.
+    fn for_batch(n: usize) -> Self {
+        let sizes = [2 * n, 2 * n, n, n, n];
+        Spare {
+            pool: sizes.iter().map(|&len| vec![0.0; len]).collect(),
+        }
+    }
+
+    /// A vector of `len` values (their contents unspecified): the smallest pooled one that
+    /// holds them, or a new one.
+    fn take(&mut self, len: usize) -> Vec<f64> {
+        let best = self
+            .pool
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        let mut v = best.map(|i| self.pool.swap_remove(i)).unwrap_or_default();
+        v.resize(len, 0.0);
+        v
+    }
+
+    /// Gives a vector back (at most 8 are kept).
+    fn put(&mut self, v: Vec<f64>) {
+        if self.pool.len() < 8 {
+            self.pool.push(v);
+        }
+    }
+
+    /// Keeps the vectors of a replaced host state.
+    fn recycle(&mut self, old: State) {
+        if let State::Host(h) = old {
+            self.put(h.state);
+            self.put(h.sin_th);
+        }
+    }
 }
 
 /// Where the current state `[θ, θ̇]` lives. The host step keeps it as host values only (a
@@ -119,9 +172,15 @@ impl PendulumEnv {
             .with_device(device)?;
         let core = EnvCore::new(specs)?;
         let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
+        let n = batch_size.iter().product::<i64>().max(0) as usize;
         Ok(PendulumEnv {
             core,
             state: State::Tensor(state),
+            spare: if device == Device::Cpu && n <= HOST_PATH_MAX {
+                Spare::for_batch(n)
+            } else {
+                Spare::default()
+            },
         })
     }
 
@@ -182,13 +241,10 @@ impl PendulumEnv {
         let batch = self.core.specs().batch_size().to_vec();
         let n = action.numel();
         let u: Vec<f32> = read_host(action, n)?;
-        let read;
+        let mut read = None;
         let prev = match &self.state {
             State::Host(h) => h,
-            State::Tensor(t) => {
-                read = HostState::read(t)?;
-                &read
-            }
+            State::Tensor(t) => &*read.insert(HostState::read(t, &mut self.spare)?),
         };
         if prev.state.len() != 2 * n || prev.sin_th.len() != n {
             return Err(Error::invalid(
@@ -203,37 +259,32 @@ impl PendulumEnv {
         let b2: Vec<i64> = [batch.as_slice(), &[2]].concat();
         let b3: Vec<i64> = [batch.as_slice(), &[3]].concat();
         // Every output below has exactly `n` rows (the lengths were checked above), so each
-        // zip writes every slot of its `HostOut`.
-        let mut state = vec![0.0f64; 2 * n];
-        let mut new_th = vec![0.0f64; n];
+        // loop writes every slot of its `HostOut`.
+        let mut state = self.spare.take(2 * n);
         let mut reward = HostOut::<f32>::new(&b1)?;
-        dynamics(
+        let mut state_out = HostOut::<f64>::new(&b2)?;
+        host_kernels().dynamics(
             &u,
             &prev.state,
             &prev.sin_th,
             &mut state,
-            &mut new_th,
+            state_out.slots(),
             reward.slots(),
         );
-        let mut state_out = HostOut::<f64>::new(&b2)?;
-        for (o, v) in state_out.slots().iter_mut().zip(&state) {
-            o.write(*v);
-        }
-        let (sin, cos) = sin_cos(&new_th)?;
+        let mut sin = self.spare.take(n);
+        let mut cos = self.spare.take(n);
+        sin_cos(&state, &mut sin, &mut cos)?;
         let mut obs = HostOut::<f32>::new(&b3)?;
-        let rows = obs
-            .slots()
-            .chunks_exact_mut(3)
-            .zip(cos.iter().zip(&sin))
-            .zip(state.chunks_exact(2));
-        for ((o, (c, s)), st) in rows {
-            if let ([oc, os, ot], [_, thdot]) = (o, st) {
-                oc.write(*c as f32);
-                os.write(*s as f32);
-                ot.write(*thdot as f32);
-            }
+        host_kernels().observe(&cos, &sin, &state, obs.slots());
+        self.spare.put(cos);
+        let old = std::mem::replace(
+            &mut self.state,
+            State::Host(HostState { state, sin_th: sin }),
+        );
+        self.spare.recycle(old);
+        if let Some(r) = read {
+            self.spare.recycle(State::Host(r));
         }
-        self.state = State::Host(HostState { state, sin_th: sin });
         let done = Tensor::f_zeros(b1.as_slice(), (Kind::Bool, Device::Cpu))?;
         TensorDict::new(&batch)?
             .with("observation", obs.into_tensor())?
@@ -302,60 +353,72 @@ impl PendulumEnv {
             .with("done", done.shallow_clone())?
             .with("terminated", done)?
             .with("reward", reward)?;
-        self.state = State::Tensor(state);
+        let old = std::mem::replace(&mut self.state, State::Tensor(state));
+        self.spare.recycle(old);
         Ok(td)
     }
 }
 
-/// The per-pendulum arithmetic of a host step: from the torques `u`, the state `[θ, θ̇]` pairs
-/// `prev` and their `sin θ`, writes the new state pairs, the new angles and the rewards (all
-/// slices of one length in pendulums; shorter ones stop the loop).
-///
-/// On x86-64 CPUs with AVX2 and FMA (checked at run time), and angles where [`rem_tau`] needs no
-/// fallback, the loop runs in a copy compiled for those features: the fused multiply-add is one
-/// instruction there (elsewhere a call into compiler-builtins' software-dispatched `fma`, which
-/// keeps the loop scalar and spills), and the loop vectorizes. The results are the same bit for
-/// bit: every operation is IEEE-exact or correctly rounded in both, and truncation by
-/// `round` or by an integer conversion agree on these angles (checked by the tests below).
-fn dynamics(
-    u: &[f32],
-    prev: &[f64],
-    sin_th: &[f64],
-    state: &mut [f64],
-    new_th: &mut [f64],
-    reward: &mut [MaybeUninit<f32>],
-) {
-    // |θ + π| < 2^40 for every angle (false for NaN): rem_tau's fast path applies throughout.
-    // A fold with `&`, not `all`: no early exit, so it vectorizes.
-    let small = prev
-        .iter()
-        .step_by(2)
-        .fold(true, |ok, th| ok & (th.abs() < REM_TAU_FAST_MAX / 2.0));
+/// The host step's two loops, compiled for the CPU at hand (see [`host_kernels`]).
+#[derive(Clone, Copy)]
+enum HostKernels {
+    /// Baseline x86-64 (or another architecture).
+    Portable,
+    /// x86-64 with AVX2 and FMA, detected at run time.
     #[cfg(target_arch = "x86_64")]
-    if small
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
-        // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-        unsafe { dynamics_avx2_fma(u, prev, sin_th, state, new_th, reward) };
-        return;
+    Avx2Fma,
+}
+
+/// The host kernels for this CPU: on x86-64 CPUs with AVX2 and FMA, copies of the loops
+/// compiled for those features, where the fused multiply-add of [`rem_tau`] is one instruction
+/// (elsewhere a call into compiler-builtins' software-dispatched `fma`, which keeps the loop
+/// scalar and spills) and the loops vectorize. The results are the same bit for bit: every
+/// operation is IEEE-exact or correctly rounded in both, and truncation by `round` or by an
+/// integer conversion agree where they are used (checked by the tests below).
+fn host_kernels() -> HostKernels {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return HostKernels::Avx2Fma;
     }
-    if small {
-        dynamics_kernel(
-            u,
-            prev,
-            sin_th,
-            state,
-            new_th,
-            reward,
-            rem_tau_small::<false>,
-        );
-    } else {
-        dynamics_kernel(u, prev, sin_th, state, new_th, reward, rem_tau);
+    HostKernels::Portable
+}
+
+impl HostKernels {
+    /// The per-pendulum arithmetic of a host step: from the torques `u`, the state `[θ, θ̇]`
+    /// pairs `prev` and their `sin θ`, writes the new state pairs (into `state` and `out`) and
+    /// the rewards (all of one length in pendulums; shorter ones stop the loop).
+    fn dynamics(
+        self,
+        u: &[f32],
+        prev: &[f64],
+        sin_th: &[f64],
+        state: &mut [f64],
+        out: &mut [MaybeUninit<f64>],
+        reward: &mut [MaybeUninit<f32>],
+    ) {
+        match self {
+            HostKernels::Portable => dynamics_any::<false>(u, prev, sin_th, state, out, reward),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2Fma` is only built after detecting AVX2 and FMA (`host_kernels`).
+            HostKernels::Avx2Fma => unsafe {
+                dynamics_avx2_fma(u, prev, sin_th, state, out, reward)
+            },
+        }
+    }
+
+    /// Writes the observations `[cos θ, sin θ, θ̇]` as float32 rows, from the cosines, sines
+    /// and state pairs.
+    fn observe(self, cos: &[f64], sin: &[f64], state: &[f64], obs: &mut [MaybeUninit<f32>]) {
+        match self {
+            HostKernels::Portable => observe_any(cos, sin, state, obs),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `dynamics`.
+            HostKernels::Avx2Fma => unsafe { observe_avx2(cos, sin, state, obs) },
+        }
     }
 }
 
-/// [`dynamics_kernel`] compiled with AVX2 and FMA (for angles on `rem_tau`'s fast path).
+/// [`dynamics_any`] compiled with AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn dynamics_avx2_fma(
@@ -363,28 +426,52 @@ fn dynamics_avx2_fma(
     prev: &[f64],
     sin_th: &[f64],
     state: &mut [f64],
-    new_th: &mut [f64],
+    out: &mut [MaybeUninit<f64>],
     reward: &mut [MaybeUninit<f32>],
 ) {
-    dynamics_kernel(
-        u,
-        prev,
-        sin_th,
-        state,
-        new_th,
-        reward,
-        rem_tau_small::<true>,
-    );
+    dynamics_any::<true>(u, prev, sin_th, state, out, reward);
 }
 
-/// The loop of [`dynamics`], with the angle remainder `rem` (inlined into each caller).
+/// [`observe_any`] compiled with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn observe_avx2(cos: &[f64], sin: &[f64], state: &[f64], obs: &mut [MaybeUninit<f32>]) {
+    observe_any(cos, sin, state, obs);
+}
+
+/// The loop of [`HostKernels::dynamics`]: on `rem_tau`'s fast path when every angle allows it
+/// (truncating with `f64::trunc` when `ROUND`, one instruction where SSE4.1 is enabled), else
+/// with the general [`rem_tau`].
+#[inline(always)]
+fn dynamics_any<const ROUND: bool>(
+    u: &[f32],
+    prev: &[f64],
+    sin_th: &[f64],
+    state: &mut [f64],
+    out: &mut [MaybeUninit<f64>],
+    reward: &mut [MaybeUninit<f32>],
+) {
+    // |θ + π| < 2^40 for every angle (false for NaN): rem_tau's fast path applies throughout.
+    // Checked on the velocities too (bounded by 8 after a step) and with a fold, not `all`: a
+    // contiguous loop without early exit vectorizes.
+    let small = prev
+        .iter()
+        .fold(true, |ok, x| ok & (x.abs() < REM_TAU_FAST_MAX / 2.0));
+    if small {
+        dynamics_kernel(u, prev, sin_th, state, out, reward, rem_tau_small::<ROUND>);
+    } else {
+        dynamics_kernel(u, prev, sin_th, state, out, reward, rem_tau);
+    }
+}
+
+/// The loop of [`HostKernels::dynamics`], with the angle remainder `rem`.
 #[inline(always)]
 fn dynamics_kernel(
     u: &[f32],
     prev: &[f64],
     sin_th: &[f64],
     state: &mut [f64],
-    new_th: &mut [f64],
+    out: &mut [MaybeUninit<f64>],
     reward: &mut [MaybeUninit<f32>],
     rem: impl Fn(f64) -> f64,
 ) {
@@ -393,10 +480,10 @@ fn dynamics_kernel(
         .zip(prev.chunks_exact(2))
         .zip(sin_th)
         .zip(state.chunks_exact_mut(2))
-        .zip(new_th.iter_mut())
+        .zip(out.chunks_exact_mut(2))
         .zip(reward.iter_mut());
-    for (((((ui, s), sin_th), st), nt), r) in rows {
-        let (&[th, thdot], [st_th, st_thdot]) = (s, st) else {
+    for (((((ui, s), sin_th), st), o), r) in rows {
+        let (&[th, thdot], [st_th, st_thdot], [o_th, o_thdot]) = (s, st, o) else {
             continue;
         };
         // gymnasium: u = clip(u, -2, 2) is float32, and so are 3.0 * u and 0.001 * u**2.
@@ -410,8 +497,25 @@ fn dynamics_kernel(
         let th = th + thdot * DT;
         *st_th = th;
         *st_thdot = thdot;
-        *nt = th;
+        o_th.write(th);
+        o_thdot.write(thdot);
         r.write(-cost as f32);
+    }
+}
+
+/// The loop of [`HostKernels::observe`].
+#[inline(always)]
+fn observe_any(cos: &[f64], sin: &[f64], state: &[f64], obs: &mut [MaybeUninit<f32>]) {
+    let rows = obs
+        .chunks_exact_mut(3)
+        .zip(cos.iter().zip(sin))
+        .zip(state.chunks_exact(2));
+    for ((o, (c, s)), st) in rows {
+        if let ([oc, os, ot], [_, thdot]) = (o, st) {
+            oc.write(*c as f32);
+            os.write(*s as f32);
+            ot.write(*thdot as f32);
+        }
     }
 }
 
@@ -439,10 +543,16 @@ impl HostState {
     }
 
     /// Reads a `[*B, 2]` float64 CPU state tensor (after a reset: once per episode).
-    fn read(state: &Tensor) -> Result<Self> {
-        let state: Vec<f64> = read_host(state, state.numel())?;
-        let th: Vec<f64> = state.iter().step_by(2).copied().collect();
-        let (sin_th, _) = sin_cos(&th)?;
+    /// (Its vectors come from `spare`.)
+    fn read(t: &Tensor, spare: &mut Spare) -> Result<Self> {
+        let numel = t.numel();
+        let n = numel / 2;
+        let mut state = spare.take(numel);
+        t.f_copy_data(&mut state, numel)?;
+        let mut sin_th = spare.take(n);
+        let mut cos = spare.take(n);
+        sin_cos(&state, &mut sin_th, &mut cos)?;
+        spare.put(cos);
         Ok(HostState { state, sin_th })
     }
 }
@@ -456,16 +566,37 @@ impl HostState {
 /// predictor), the two tensor ops and the copies ~5 µs in all.
 const LIBM_TRIG_MAX: usize = 64;
 
-/// `(sin θ, cos θ)` for each angle in `th` (see [`LIBM_TRIG_MAX`]).
-fn sin_cos(th: &[f64]) -> Result<(Vec<f64>, Vec<f64>)> {
-    if th.len() <= LIBM_TRIG_MAX {
-        return Ok(th.iter().map(|x| x.sin_cos()).unzip());
+/// `sin θ` and `cos θ` of the angles of the state pairs `state` (`[θ₀, θ̇₀, θ₁, …]`), into
+/// `sin` and `cos` (one per pendulum; see [`LIBM_TRIG_MAX`]).
+fn sin_cos(state: &[f64], sin: &mut [f64], cos: &mut [f64]) -> Result<()> {
+    let n = sin.len();
+    if n <= LIBM_TRIG_MAX {
+        let rows = sin
+            .iter_mut()
+            .zip(cos.iter_mut())
+            .zip(state.iter().step_by(2));
+        for ((s, c), th) in rows {
+            (*s, *c) = th.sin_cos();
+        }
+        return Ok(());
     }
-    let t = Tensor::f_from_slice(th)?;
-    Ok((
-        read_host(&t.f_sin()?, th.len())?,
-        read_host(&t.f_cos()?, th.len())?,
-    ))
+    if state.len() != 2 * n || cos.len() != n {
+        return Err(Error::invalid(
+            "PendulumEnv::step",
+            format!("internal: {} state values for {n} pendulums", state.len()),
+        ));
+    }
+    let mut th = HostOut::<f64>::new(&[n as i64])?;
+    // Every slot is written: `n` slots, `n` pairs (checked above).
+    for (o, pair) in th.slots().iter_mut().zip(state.chunks_exact(2)) {
+        if let [t, _] = pair {
+            o.write(*t);
+        }
+    }
+    let th = th.into_tensor();
+    th.f_sin()?.f_copy_data(sin, n)?;
+    th.f_cos()?.f_copy_data(cos, n)?;
+    Ok(())
 }
 
 /// The `n` values of a CPU tensor of dtype `T`, in row-major order. One copy; unlike
@@ -552,7 +683,9 @@ impl EnvBase for PendulumEnv {
         let plan = reset_plan(op, td, &batch, 2, device)?;
         let current = self.state_tensor()?;
         let gen = &mut self.core.generator;
-        self.state = State::Tensor(plan.new_state(&current, || Self::sample(gen, &batch, device))?);
+        let new = State::Tensor(plan.new_state(&current, || Self::sample(gen, &batch, device))?);
+        let old = std::mem::replace(&mut self.state, new);
+        self.spare.recycle(old);
         self.output(None)
     }
 
@@ -753,35 +886,60 @@ pub(super) fn reset_plan(
 mod tests {
     use super::*;
 
-    /// Runs `kernel` (or `dynamics` when `None`) on `(u, prev)`; returns the new state pairs,
-    /// angles and rewards as bits.
-    fn run_dynamics(
-        u: &[f32],
-        prev: &[f64],
-        kernel: Option<fn(f64) -> f64>,
-    ) -> (Vec<u64>, Vec<u64>, Vec<i64>) {
+    type Outputs = (Vec<u64>, Vec<u64>, Vec<i64>, Vec<i64>);
+
+    /// Runs a host step's loops the way `how` says on `(u, prev)`; returns the new state pairs
+    /// (kept and written out), rewards and observations, as bits.
+    fn run_host(u: &[f32], prev: &[f64], how: Option<HostKernels>) -> Outputs {
         let n = u.len();
         let sin_th: Vec<f64> = prev.iter().step_by(2).map(|th| th.sin()).collect();
-        let (mut state, mut th) = (vec![0.0; 2 * n], vec![0.0; n]);
+        let mut state = vec![0.0; 2 * n];
+        let mut out = HostOut::<f64>::new(&[n as i64, 2]).unwrap();
         let mut reward = HostOut::<f32>::new(&[n as i64]).unwrap();
-        match kernel {
-            None => dynamics(u, prev, &sin_th, &mut state, &mut th, reward.slots()),
-            Some(rem) => {
-                dynamics_kernel(u, prev, &sin_th, &mut state, &mut th, reward.slots(), rem)
-            }
+        match how {
+            Some(k) => k.dynamics(u, prev, &sin_th, &mut state, out.slots(), reward.slots()),
+            None => dynamics_kernel(
+                u,
+                prev,
+                &sin_th,
+                &mut state,
+                out.slots(),
+                reward.slots(),
+                rem_tau,
+            ),
         }
-        let r = reward.into_tensor().view_dtype(Kind::Int);
-        let r: Vec<i64> = (0..n).map(|i| r.int64_value(&[i as i64])).collect();
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect();
-        (bits(&state), bits(&th), r)
+        let (mut sin, mut cos) = (vec![0.0; n], vec![0.0; n]);
+        sin_cos(&state, &mut sin, &mut cos).unwrap();
+        let mut obs = HostOut::<f32>::new(&[n as i64, 3]).unwrap();
+        match how {
+            Some(k) => k.observe(&cos, &sin, &state, obs.slots()),
+            None => observe_any(&cos, &sin, &state, obs.slots()),
+        }
+        let ints = |t: Tensor, kind: Kind| -> Vec<i64> {
+            let t = t.view_dtype(kind).flatten(0, -1);
+            (0..t.numel() as i64).map(|i| t.int64_value(&[i])).collect()
+        };
+        let out = ints(out.into_tensor(), Kind::Int64);
+        assert_eq!(
+            out,
+            state.iter().map(|x| x.to_bits() as i64).collect::<Vec<_>>(),
+            "the state written out is the state kept"
+        );
+        (
+            state.iter().map(|x| x.to_bits()).collect(),
+            out.iter().map(|x| *x as u64).collect(),
+            ints(reward.into_tensor(), Kind::Int),
+            ints(obs.into_tensor(), Kind::Int),
+        )
     }
 
-    /// The host step's loop gives the same bits on every path: the AVX2/FMA copy (where the CPU
-    /// has it), the portable loop with `rem_tau`'s fast path, and the general `rem_tau`; on
-    /// rollout-like states, angles within ulps of multiples of 2π and out-of-range torques. A
-    /// huge or NaN angle sends the whole batch to the general path, with the same results.
+    /// The host step's loops give the same bits on every path: the AVX2/FMA copies (where the
+    /// CPU has them), the portable loops with `rem_tau`'s fast path, and the general `rem_tau`;
+    /// on rollout-like states, angles within ulps of multiples of 2π, tiny angles and
+    /// out-of-range torques. A huge or NaN angle sends the whole batch to the general path,
+    /// with the same results.
     #[test]
-    fn dynamics_paths_agree_bit_for_bit() {
+    fn host_kernels_agree_bit_for_bit() {
         let mut g = Generator::new(3);
         let n = 4099;
         let mut prev = Vec::with_capacity(2 * n);
@@ -807,18 +965,20 @@ mod tests {
             prev.extend([th, (g.next_f64() * 2.0 - 1.0) * 9.0]);
             u.push(((g.next_f64() * 2.0 - 1.0) * 3.0) as f32);
         }
-        let fast = run_dynamics(&u, &prev, None);
-        assert_eq!(fast, run_dynamics(&u, &prev, Some(rem_tau_small::<false>)));
-        assert_eq!(fast, run_dynamics(&u, &prev, Some(rem_tau)));
+        let general = run_host(&u, &prev, None);
+        assert_eq!(run_host(&u, &prev, Some(HostKernels::Portable)), general);
+        assert_eq!(run_host(&u, &prev, Some(host_kernels())), general);
         let mut g2 = Generator::new(4);
         for odd in [1e15, f64::NAN] {
             let mut p = prev.clone();
             p[2 * (g2.next_u64() as usize % n)] = odd;
+            let general = run_host(&u, &p, None);
             assert_eq!(
-                run_dynamics(&u, &p, None),
-                run_dynamics(&u, &p, Some(rem_tau)),
-                "with an angle of {odd}"
+                run_host(&u, &p, Some(HostKernels::Portable)),
+                general,
+                "{odd}"
             );
+            assert_eq!(run_host(&u, &p, Some(host_kernels())), general, "{odd}");
         }
     }
 
