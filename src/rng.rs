@@ -26,6 +26,7 @@
 use tch::{kind::Element, Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::host::HostOut;
 use crate::tensordict::Elements;
 
 /// A seedable, deterministic pseudo-random generator (xoshiro256**, seeded with SplitMix64).
@@ -242,8 +243,28 @@ impl Generator {
                 format!("bounds must be finite with low <= high, got low={low}, high={high}"),
             ));
         }
+        let mut draw = || (low + self.next_f64() * (high - low)).min(high);
+        // On the CPU, float32 and float64 samples are written straight into the tensor (the
+        // same values as `build_f64`: the float32 cast rounds to nearest-even).
+        match (device, kind) {
+            (Device::Cpu, Kind::Float) => {
+                let mut out = HostOut::<f32>::new(shape)?;
+                for o in out.slots() {
+                    o.write(draw() as f32);
+                }
+                return Ok(out.into_tensor());
+            }
+            (Device::Cpu, Kind::Double) => {
+                let mut out = HostOut::<f64>::new(shape)?;
+                for o in out.slots() {
+                    o.write(draw());
+                }
+                return Ok(out.into_tensor());
+            }
+            _ => {}
+        }
         let mut data: Vec<f64> = alloc(op, n)?;
-        data.extend((0..n).map(|_| (low + self.next_f64() * (high - low)).min(high)));
+        data.extend((0..n).map(|_| draw()));
         build_f64(&data, shape, kind, device)
     }
 
@@ -430,6 +451,24 @@ impl Generator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CPU float32/float64 samples (written in place) are the stream's `low + u (high - low)`,
+    /// rounded to float32 at the end, in row-major order: the values the generic path gives.
+    #[test]
+    fn uniform_values_follow_the_stream() {
+        for kind in [Kind::Float, Kind::Double, Kind::Half] {
+            let mut g = Generator::new(17);
+            let mut manual = g.clone();
+            let t = g.uniform(&[4, 3], -2.0, 5.0, kind, Device::Cpu).unwrap();
+            assert_eq!((t.size(), t.kind()), (vec![4, 3], kind));
+            let want: Vec<f64> = (0..12)
+                .map(|_| (-2.0 + manual.next_f64() * 7.0).min(5.0))
+                .collect();
+            let want = Tensor::from_slice(&want).view([4, 3]).to_kind(kind);
+            assert!(t.equal(&want), "{kind:?}");
+            assert_eq!(g.next_u64(), manual.next_u64(), "same draws consumed");
+        }
+    }
 
     #[test]
     fn xoshiro_reference_values() {

@@ -8,6 +8,7 @@ use std::mem::MaybeUninit;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
+use crate::tensordict::Elements;
 
 /// A host scalar type with a matching libtorch dtype.
 pub(crate) trait HostScalar: Copy {
@@ -44,7 +45,7 @@ impl<T: HostScalar> HostOut<T> {
     /// An uninitialised contiguous CPU tensor of `shape` and dtype `T::KIND`.
     pub(crate) fn new(shape: &[i64]) -> Result<Self> {
         let tensor = Tensor::f_empty(shape, (T::KIND, Device::Cpu))?;
-        let len = tensor.numel();
+        let len = tensor.elements();
         Ok(HostOut {
             tensor,
             len,

@@ -26,7 +26,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::tensordict::TensorDict;
+use crate::tensordict::{Elements, TensorDict};
 
 /// Alignment of each leaf in the consolidated buffer (libtorch's own CPU alignment).
 const ALIGN: usize = 64;
@@ -216,7 +216,7 @@ pub(crate) fn reserve(td: &TensorDict, n: usize) -> Result<Option<Reserve>> {
         let kind = t.kind();
         if plain_kind(kind) && is_plain(t, kind, &t.size()) {
             let bytes = t
-                .numel()
+                .elements()
                 .checked_mul(kind.elt_size_in_bytes())
                 .and_then(|b| b.checked_mul(n))
                 .and_then(|b| b.checked_next_multiple_of(ALIGN));
@@ -297,7 +297,10 @@ fn prefault(_addr: usize, _len: usize) {}
 /// # Safety
 /// `t` must be contiguous CPU data; the slice must not outlive `t` nor overlap a live `&mut`.
 unsafe fn bytes_of(t: &Tensor) -> &[u8] {
-    let n = t.numel() * t.kind().elt_size_in_bytes();
+    let n = t
+        .elements()
+        .checked_mul(t.kind().elt_size_in_bytes())
+        .unwrap_or(0);
     std::slice::from_raw_parts(t.data_ptr() as *const u8, n)
 }
 
