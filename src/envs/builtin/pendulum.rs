@@ -263,14 +263,14 @@ impl PendulumEnv {
         let mut state = self.spare.take(2 * n);
         let mut reward = HostOut::<f32>::new(&b1)?;
         let mut state_out = HostOut::<f64>::new(&b2)?;
-        host_kernels().dynamics(
-            &u,
-            &prev.state,
-            &prev.sin_th,
-            &mut state,
-            state_out.slots(),
-            reward.slots(),
-        );
+        host_kernels().dynamics(DynamicsIo {
+            u: &u,
+            prev: &prev.state,
+            sin_th: &prev.sin_th,
+            state: &mut state,
+            out: state_out.slots(),
+            reward: reward.slots(),
+        });
         let mut sin = self.spare.take(n);
         let mut cos = self.spare.take(n);
         sin_cos(&state, &mut sin, &mut cos)?;
@@ -359,6 +359,18 @@ impl PendulumEnv {
     }
 }
 
+/// The slices of [`HostKernels::dynamics`], one row per pendulum: the torques `u`, the state
+/// pairs `prev` `[θ, θ̇]` and their `sin θ` in; the new state pairs (kept in `state`, written
+/// out to `out`) and the rewards out. Shorter slices stop the loop.
+struct DynamicsIo<'a> {
+    u: &'a [f32],
+    prev: &'a [f64],
+    sin_th: &'a [f64],
+    state: &'a mut [f64],
+    out: &'a mut [MaybeUninit<f64>],
+    reward: &'a mut [MaybeUninit<f32>],
+}
+
 /// The host step's two loops, compiled for the CPU at hand (see [`host_kernels`]).
 #[derive(Clone, Copy)]
 enum HostKernels {
@@ -384,25 +396,13 @@ fn host_kernels() -> HostKernels {
 }
 
 impl HostKernels {
-    /// The per-pendulum arithmetic of a host step: from the torques `u`, the state `[θ, θ̇]`
-    /// pairs `prev` and their `sin θ`, writes the new state pairs (into `state` and `out`) and
-    /// the rewards (all of one length in pendulums; shorter ones stop the loop).
-    fn dynamics(
-        self,
-        u: &[f32],
-        prev: &[f64],
-        sin_th: &[f64],
-        state: &mut [f64],
-        out: &mut [MaybeUninit<f64>],
-        reward: &mut [MaybeUninit<f32>],
-    ) {
+    /// The per-pendulum arithmetic of a host step (see [`DynamicsIo`]).
+    fn dynamics(self, io: DynamicsIo<'_>) {
         match self {
-            HostKernels::Portable => dynamics_any::<false>(u, prev, sin_th, state, out, reward),
+            HostKernels::Portable => dynamics_any::<false>(io),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx2Fma` is only built after detecting AVX2 and FMA (`host_kernels`).
-            HostKernels::Avx2Fma => unsafe {
-                dynamics_avx2_fma(u, prev, sin_th, state, out, reward)
-            },
+            HostKernels::Avx2Fma => unsafe { dynamics_avx2_fma(io) },
         }
     }
 
@@ -421,15 +421,8 @@ impl HostKernels {
 /// [`dynamics_any`] compiled with AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn dynamics_avx2_fma(
-    u: &[f32],
-    prev: &[f64],
-    sin_th: &[f64],
-    state: &mut [f64],
-    out: &mut [MaybeUninit<f64>],
-    reward: &mut [MaybeUninit<f32>],
-) {
-    dynamics_any::<true>(u, prev, sin_th, state, out, reward);
+fn dynamics_avx2_fma(io: DynamicsIo<'_>) {
+    dynamics_any::<true>(io);
 }
 
 /// [`observe_any`] compiled with AVX2.
@@ -443,45 +436,31 @@ fn observe_avx2(cos: &[f64], sin: &[f64], state: &[f64], obs: &mut [MaybeUninit<
 /// (truncating with `f64::trunc` when `ROUND`, one instruction where SSE4.1 is enabled), else
 /// with the general [`rem_tau`].
 #[inline(always)]
-fn dynamics_any<const ROUND: bool>(
-    u: &[f32],
-    prev: &[f64],
-    sin_th: &[f64],
-    state: &mut [f64],
-    out: &mut [MaybeUninit<f64>],
-    reward: &mut [MaybeUninit<f32>],
-) {
+fn dynamics_any<const ROUND: bool>(io: DynamicsIo<'_>) {
     // |θ + π| < 2^40 for every angle (false for NaN): rem_tau's fast path applies throughout.
     // Checked on the velocities too (bounded by 8 after a step) and with a fold, not `all`: a
     // contiguous loop without early exit vectorizes.
-    let small = prev
+    let small = io
+        .prev
         .iter()
         .fold(true, |ok, x| ok & (x.abs() < REM_TAU_FAST_MAX / 2.0));
     if small {
-        dynamics_kernel(u, prev, sin_th, state, out, reward, rem_tau_small::<ROUND>);
+        dynamics_kernel(io, rem_tau_small::<ROUND>);
     } else {
-        dynamics_kernel(u, prev, sin_th, state, out, reward, rem_tau);
+        dynamics_kernel(io, rem_tau);
     }
 }
 
 /// The loop of [`HostKernels::dynamics`], with the angle remainder `rem`.
 #[inline(always)]
-fn dynamics_kernel(
-    u: &[f32],
-    prev: &[f64],
-    sin_th: &[f64],
-    state: &mut [f64],
-    out: &mut [MaybeUninit<f64>],
-    reward: &mut [MaybeUninit<f32>],
-    rem: impl Fn(f64) -> f64,
-) {
-    let rows = u
-        .iter()
-        .zip(prev.chunks_exact(2))
-        .zip(sin_th)
-        .zip(state.chunks_exact_mut(2))
-        .zip(out.chunks_exact_mut(2))
-        .zip(reward.iter_mut());
+fn dynamics_kernel(io: DynamicsIo<'_>, rem: impl Fn(f64) -> f64) {
+    let rows =
+        io.u.iter()
+            .zip(io.prev.chunks_exact(2))
+            .zip(io.sin_th)
+            .zip(io.state.chunks_exact_mut(2))
+            .zip(io.out.chunks_exact_mut(2))
+            .zip(io.reward.iter_mut());
     for (((((ui, s), sin_th), st), o), r) in rows {
         let (&[th, thdot], [st_th, st_thdot], [o_th, o_thdot]) = (s, st, o) else {
             continue;
@@ -896,17 +875,17 @@ mod tests {
         let mut state = vec![0.0; 2 * n];
         let mut out = HostOut::<f64>::new(&[n as i64, 2]).unwrap();
         let mut reward = HostOut::<f32>::new(&[n as i64]).unwrap();
+        let io = DynamicsIo {
+            u,
+            prev,
+            sin_th: &sin_th,
+            state: &mut state,
+            out: out.slots(),
+            reward: reward.slots(),
+        };
         match how {
-            Some(k) => k.dynamics(u, prev, &sin_th, &mut state, out.slots(), reward.slots()),
-            None => dynamics_kernel(
-                u,
-                prev,
-                &sin_th,
-                &mut state,
-                out.slots(),
-                reward.slots(),
-                rem_tau,
-            ),
+            Some(k) => k.dynamics(io),
+            None => dynamics_kernel(io, rem_tau),
         }
         let (mut sin, mut cos) = (vec![0.0; n], vec![0.0; n]);
         sin_cos(&state, &mut sin, &mut cos).unwrap();
