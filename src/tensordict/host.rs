@@ -1,6 +1,6 @@
-//! Building small CPU tensors from host values in one libtorch call (shape included), for the
-//! hot paths of small environments where each extra op (a `reshape`, a `to_kind`) costs about
-//! as much as the arithmetic.
+//! Writing CPU tensors from host values in place, for the hot paths of environments and
+//! samplers where a `Vec`, a copy into a new tensor, or an extra op (a `reshape`, a `to_kind`)
+//! costs about as much as the arithmetic.
 
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::Result;
 use crate::tensordict::Elements;
 
-/// A host scalar type with a matching libtorch dtype.
+/// A host scalar type with a matching libtorch dtype of the same size and layout.
 pub(crate) trait HostScalar: Copy {
     /// The libtorch dtype.
     const KIND: Kind;
@@ -22,14 +22,6 @@ impl HostScalar for f32 {
 
 impl HostScalar for f64 {
     const KIND: Kind = Kind::Double;
-}
-
-impl HostScalar for bool {
-    const KIND: Kind = Kind::Bool;
-}
-
-impl HostScalar for i64 {
-    const KIND: Kind = Kind::Int64;
 }
 
 /// A fresh CPU tensor whose elements are written on the host, in place: no intermediate
