@@ -64,3 +64,64 @@ impl<T: HostScalar> HostOut<T> {
         self.tensor
     }
 }
+
+/// A CPU scratch tensor owned by one Rust value and never handed out: the target of libtorch
+/// `out=` ops ([`HostBuf::out`]) and read or written on the host in place. Created zeroed, and
+/// only ever written with values of `T` (by the host or by libtorch ops of dtype `T::KIND`),
+/// so its elements are always initialised.
+pub(crate) struct HostBuf<T: HostScalar> {
+    tensor: Tensor,
+    len: usize,
+    _elem: PhantomData<T>,
+}
+
+impl<T: HostScalar> HostBuf<T> {
+    /// A zeroed contiguous CPU tensor of `len` elements.
+    pub(crate) fn zeros(len: usize) -> Result<Self> {
+        let size = i64::try_from(len).unwrap_or(i64::MAX);
+        let tensor = Tensor::f_zeros([size], (T::KIND, Device::Cpu))?;
+        Ok(HostBuf {
+            len: tensor.elements(),
+            tensor,
+            _elem: PhantomData,
+        })
+    }
+
+    /// The number of elements.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The elements.
+    pub(crate) fn as_slice(&self) -> &[T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `tensor` is a contiguous CPU tensor of `len` initialised elements of
+        // `T::KIND` (zeroed, then only written with `T` values), with `T`'s layout; it is
+        // written only through `as_mut_slice` and `out`, which take `&mut self`, so not while
+        // this shared borrow lives.
+        unsafe { std::slice::from_raw_parts(self.tensor.data_ptr() as *const T, self.len) }
+    }
+
+    /// The elements, to be written.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.tensor.data_ptr() as *mut T, self.len) }
+    }
+
+    /// The tensor as an input of libtorch ops (read only: never pass it as an `out` argument;
+    /// use [`HostBuf::out`]).
+    pub(crate) fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// The tensor as the `out` argument of a libtorch op of dtype `T::KIND` and the same
+    /// number of elements (`&mut self`: no slice of it is alive while libtorch writes it).
+    pub(crate) fn out(&mut self) -> &Tensor {
+        &self.tensor
+    }
+}

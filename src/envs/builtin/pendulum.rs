@@ -69,7 +69,7 @@ use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
-use crate::tensordict::host::HostOut;
+use crate::tensordict::host::{HostBuf, HostOut};
 use crate::tensordict::{NestedKey, TensorDict};
 
 const MAX_SPEED: f64 = 8.0;
@@ -96,6 +96,10 @@ pub struct PendulumEnv {
 #[derive(Default)]
 struct Spare {
     pool: Vec<Vec<f64>>,
+    /// The torques read from the actions.
+    u: Vec<f32>,
+    /// The scratch tensors of the libtorch `sin` / `cos` (batches above [`LIBM_TRIG_MAX`]).
+    trig: Option<Trig>,
 }
 
 impl Spare {
@@ -105,6 +109,8 @@ impl Spare {
         let sizes = [2 * n, 2 * n, n, n, n];
         Spare {
             pool: sizes.iter().map(|&len| vec![0.0; len]).collect(),
+            u: vec![0.0; n],
+            trig: None,
         }
     }
 
@@ -240,7 +246,9 @@ impl PendulumEnv {
     fn step_host(&mut self, action: &Tensor) -> Result<TensorDict> {
         let batch = self.core.specs().batch_size().to_vec();
         let n = action.numel();
-        let u: Vec<f32> = read_host(action, n)?;
+        let mut u = std::mem::take(&mut self.spare.u);
+        u.resize(n, 0.0);
+        action.f_copy_data(&mut u, n)?;
         let mut read = None;
         let prev = match &self.state {
             State::Host(h) => h,
@@ -273,10 +281,11 @@ impl PendulumEnv {
         });
         let mut sin = self.spare.take(n);
         let mut cos = self.spare.take(n);
-        sin_cos(&state, &mut sin, &mut cos)?;
+        sin_cos(&state, &mut sin, &mut cos, &mut self.spare.trig)?;
         let mut obs = HostOut::<f32>::new(&b3)?;
         host_kernels().observe(&cos, &sin, &state, obs.slots());
         self.spare.put(cos);
+        self.spare.u = u;
         let old = std::mem::replace(
             &mut self.state,
             State::Host(HostState { state, sin_th: sin }),
@@ -530,7 +539,7 @@ impl HostState {
         t.f_copy_data(&mut state, numel)?;
         let mut sin_th = spare.take(n);
         let mut cos = spare.take(n);
-        sin_cos(&state, &mut sin_th, &mut cos)?;
+        sin_cos(&state, &mut sin_th, &mut cos, &mut spare.trig)?;
         spare.put(cos);
         Ok(HostState { state, sin_th })
     }
@@ -547,7 +556,7 @@ const LIBM_TRIG_MAX: usize = 64;
 
 /// `sin θ` and `cos θ` of the angles of the state pairs `state` (`[θ₀, θ̇₀, θ₁, …]`), into
 /// `sin` and `cos` (one per pendulum; see [`LIBM_TRIG_MAX`]).
-fn sin_cos(state: &[f64], sin: &mut [f64], cos: &mut [f64]) -> Result<()> {
+fn sin_cos(state: &[f64], sin: &mut [f64], cos: &mut [f64], trig: &mut Option<Trig>) -> Result<()> {
     let n = sin.len();
     if n <= LIBM_TRIG_MAX {
         let rows = sin
@@ -565,25 +574,32 @@ fn sin_cos(state: &[f64], sin: &mut [f64], cos: &mut [f64]) -> Result<()> {
             format!("internal: {} state values for {n} pendulums", state.len()),
         ));
     }
-    let mut th = HostOut::<f64>::new(&[n as i64])?;
-    // Every slot is written: `n` slots, `n` pairs (checked above).
-    for (o, pair) in th.slots().iter_mut().zip(state.chunks_exact(2)) {
-        if let [t, _] = pair {
-            o.write(*t);
+    let t = match trig {
+        Some(t) if t.th.len() == n => t,
+        _ => trig.insert(Trig {
+            th: HostBuf::zeros(n)?,
+            sin: HostBuf::zeros(n)?,
+            cos: HostBuf::zeros(n)?,
+        }),
+    };
+    for (o, pair) in t.th.as_mut_slice().iter_mut().zip(state.chunks_exact(2)) {
+        if let [th, _] = pair {
+            *o = *th;
         }
     }
-    let th = th.into_tensor();
-    th.f_sin()?.f_copy_data(sin, n)?;
-    th.f_cos()?.f_copy_data(cos, n)?;
+    let _ = t.th.tensor().f_sin_out(t.sin.out())?;
+    let _ = t.th.tensor().f_cos_out(t.cos.out())?;
+    sin.copy_from_slice(t.sin.as_slice());
+    cos.copy_from_slice(t.cos.as_slice());
     Ok(())
 }
 
-/// The `n` values of a CPU tensor of dtype `T`, in row-major order. One copy; unlike
-/// `Vec::try_from`, no `reshape` and no `to_kind` op (~0.5 µs each).
-fn read_host<T: tch::kind::Element + Copy>(t: &Tensor, n: usize) -> Result<Vec<T>> {
-    let mut out = vec![T::ZERO; n];
-    t.f_copy_data(&mut out, n)?;
-    Ok(out)
+/// The scratch tensors of [`sin_cos`]'s libtorch path (angles in, sines and cosines out),
+/// kept by the env from one step to the next.
+struct Trig {
+    th: HostBuf<f64>,
+    sin: HostBuf<f64>,
+    cos: HostBuf<f64>,
 }
 
 /// `x.rem_euclid(2π)`, which is gymnasium's `x % (2 * pi)` and torch's `remainder`: the exact
@@ -888,7 +904,7 @@ mod tests {
             None => dynamics_kernel(io, rem_tau),
         }
         let (mut sin, mut cos) = (vec![0.0; n], vec![0.0; n]);
-        sin_cos(&state, &mut sin, &mut cos).unwrap();
+        sin_cos(&state, &mut sin, &mut cos, &mut None).unwrap();
         let mut obs = HostOut::<f32>::new(&[n as i64, 3]).unwrap();
         match how {
             Some(k) => k.observe(&cos, &sin, &state, obs.slots()),
