@@ -162,27 +162,39 @@ pub(crate) fn stack_consolidated(
         // them `buf`; they and `buf` are borrowed or owned for the whole call, so neither
         // dropped nor resized while the slices live.
         let dst = unsafe { std::slice::from_raw_parts_mut(buf.data_ptr() as *mut u8, total) };
-        let mut regions = split_regions(dst, jobs, &offsets)?;
-        for ((l, src), region) in jobs.iter().zip(regions.iter_mut()) {
-            if let Source::Stack(inputs) = src {
-                let srcs: Vec<&[u8]> = inputs.iter().map(|t| unsafe { bytes_of(t) }).collect();
-                copy_stack(region, &srcs, l.inner);
-            }
-        }
+        let regions = split_regions(dst, jobs, &offsets)?;
+        let mut slots: Vec<Option<&mut [u8]>> = regions.into_iter().map(Some).collect();
+        let taken = || Error::invalid("stack", "internal: a leaf derived twice or from a copy");
         for (j, (l, src)) in jobs.iter().enumerate() {
-            match src {
-                Source::Stack(_) => {}
-                Source::Copy(k) => {
-                    let (from, to) = pair(&mut regions, *k, j)?;
-                    to.copy_from_slice(from);
-                }
-                Source::Shift(k, first) => {
+            let Source::Stack(inputs) = src else {
+                continue;
+            };
+            let row = l.n * l.inner;
+            let dst = slots.get_mut(j).and_then(Option::take).ok_or_else(taken)?;
+            // The leaves copied or shifted from this one, written row by row right after
+            // each of its rows (a `memcpy` from a row still in L1).
+            let mut derived = Vec::new();
+            for (k, (_, s)) in jobs.iter().enumerate() {
+                let first = match s {
+                    Source::Copy(x) if *x == j => None,
                     // SAFETY: as above; `first` is plain (checked by the caller).
-                    let first = unsafe { bytes_of(first) };
-                    let (from, to) = pair(&mut regions, *k, j)?;
-                    shift_blocks(to, from, first, l);
-                }
+                    Source::Shift(x, first) if *x == j => Some(unsafe { bytes_of(first) }),
+                    _ => continue,
+                };
+                let region = slots.get_mut(k).and_then(Option::take).ok_or_else(taken)?;
+                derived.push(Derived {
+                    rows: region.chunks_exact_mut(row),
+                    first: first.map(|f| f.chunks_exact(l.inner)),
+                });
             }
+            let srcs: Vec<&[u8]> = inputs.iter().map(|t| unsafe { bytes_of(t) }).collect();
+            copy_stack(dst, &srcs, l.inner, &mut derived);
+        }
+        if slots.iter().any(Option::is_some) {
+            return Err(Error::invalid(
+                "stack",
+                "internal: a leaf derived from a leaf that is not stacked",
+            ));
         }
     }
     let mut out = Vec::with_capacity(jobs.len());
@@ -327,78 +339,65 @@ fn split_regions<'b>(
     Ok(regions)
 }
 
-/// Region `from` (read) and region `to` (written), `from != to`.
-fn pair<'r>(
-    regions: &'r mut [&mut [u8]],
-    from: usize,
-    to: usize,
-) -> Result<(&'r [u8], &'r mut [u8])> {
-    let bad = || {
-        Error::invalid(
-            "stack",
-            "internal: a leaf derived from itself or a missing leaf",
-        )
-    };
-    if from == to {
-        return Err(bad());
-    }
-    let (lo, hi) = regions.split_at_mut(from.max(to));
-    let (a, b) = (
-        lo.get_mut(from.min(to)).ok_or_else(bad)?,
-        hi.first_mut().ok_or_else(bad)?,
-    );
-    Ok(if from < to {
-        (&**a, &mut **b)
-    } else {
-        (&**b, &mut **a)
-    })
+/// A leaf computed from the rows of another leaf's stack: a copy (no `first`), or a shift by
+/// one input: `first`'s block, then the row but its last block.
+struct Derived<'a, 'b> {
+    rows: std::slice::ChunksExactMut<'b, u8>,
+    first: Option<std::slice::ChunksExact<'a, u8>>,
 }
 
-/// For each of the `outer` rows: `first`'s block, then `src`'s blocks but the last.
-fn shift_blocks(dst: &mut [u8], src: &[u8], first: &[u8], l: &Layout) {
-    let row = l.n * l.inner;
-    let rows = dst.chunks_exact_mut(row).zip(src.chunks_exact(row));
-    for ((d, s), f) in rows.zip(first.chunks_exact(l.inner)) {
-        let (head, tail) = d.split_at_mut(l.inner);
-        head.copy_from_slice(f);
-        if let Some(s) = s.get(..row - l.inner) {
-            tail.copy_from_slice(s);
-        }
-    }
-}
-
-/// `dst[(b·n + t)·w ..][..w] = srcs[t][b·w ..][..w]` for every row `b` and input `t` (`w` the
-/// row width in bytes, `n` the number of inputs).
-fn copy_stack(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
-    // Literal widths: `copy_blocks` is inlined at each arm with its width a constant, so the
-    // common row sizes copy with a couple of moves instead of a `memcpy` call.
+/// [`copy_blocks`] with the row width a literal for the common widths: inlined at each arm
+/// with its width a constant, the copies are a couple of moves instead of `memcpy` calls.
+fn copy_stack(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Derived<'_, '_>]) {
     match width {
-        1 => copy_blocks(dst, srcs, 1),
-        2 => copy_blocks(dst, srcs, 2),
-        4 => copy_blocks(dst, srcs, 4),
-        8 => copy_blocks(dst, srcs, 8),
-        12 => copy_blocks(dst, srcs, 12),
-        16 => copy_blocks(dst, srcs, 16),
-        24 => copy_blocks(dst, srcs, 24),
-        32 => copy_blocks(dst, srcs, 32),
-        width => copy_blocks(dst, srcs, width),
+        1 => copy_blocks(dst, srcs, 1, derived),
+        2 => copy_blocks(dst, srcs, 2, derived),
+        4 => copy_blocks(dst, srcs, 4, derived),
+        8 => copy_blocks(dst, srcs, 8, derived),
+        12 => copy_blocks(dst, srcs, 12, derived),
+        16 => copy_blocks(dst, srcs, 16, derived),
+        24 => copy_blocks(dst, srcs, 24, derived),
+        32 => copy_blocks(dst, srcs, 32, derived),
+        width => copy_blocks(dst, srcs, width, derived),
     }
 }
 
 /// `dst[(b·n + t)·w ..][..w] = srcs[t][b·w ..][..w]` for every row `b` and input `t` (`w` the
 /// row width in bytes), in the output's order: each output row is written whole, front to
-/// back, from one block of each input. In a rollout the inputs were written long before
-/// (out of L2) and the output is megabytes: writing the output sequentially (full cache lines,
-/// prefetch-friendly) with scattered reads of the inputs measured 1.3–2× faster than blocks of
-/// rows that write one column of every row per input.
+/// back, from one block of each input, and the `derived` leaves' rows right after it. In a
+/// rollout the inputs were written long before (out of L2) and the output is megabytes:
+/// writing the output sequentially (full cache lines, prefetch-friendly) with scattered reads
+/// of the inputs measured 1.3–2× faster than blocks of rows that write one column of every
+/// row per input, and deriving the copied and shifted leaves from each row while it is in L1
+/// faster than copying them from the finished stack.
 #[inline(always)]
-fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize) {
+fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Derived<'_, '_>]) {
     let n = srcs.len();
-    for (b, drow) in dst.chunks_exact_mut(n * width).enumerate() {
+    let row = n * width;
+    for (b, drow) in dst.chunks_exact_mut(row).enumerate() {
         let at = b * width..(b + 1) * width;
         for (d, src) in drow.chunks_exact_mut(width).zip(srcs) {
             if let Some(s) = src.get(at.clone()) {
                 d.copy_from_slice(s);
+            }
+        }
+        for der in derived.iter_mut() {
+            let Some(out) = der.rows.next() else {
+                continue;
+            };
+            match der.first.as_mut().map(Iterator::next) {
+                None => out.copy_from_slice(drow),
+                Some(first) => {
+                    let parts = (
+                        out.split_at_mut_checked(width),
+                        first,
+                        drow.get(..row - width),
+                    );
+                    if let (Some((head, tail)), Some(f), Some(body)) = parts {
+                        head.copy_from_slice(f);
+                        tail.copy_from_slice(body);
+                    }
+                }
             }
         }
     }
