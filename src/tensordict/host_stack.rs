@@ -221,7 +221,7 @@ pub(crate) struct Reserve(Tensor, usize);
 /// team's VM). A rollout reserves its buffer at its first step, before the steps' tensors, and
 /// with a slack that makes it fit where the previous one was ([`reserve_slack`]): measured
 /// on the W2 benchmark, no process re-faulted its buffer after the second rollout in 80 runs,
-/// against 12 in 40 with neither.
+/// against 12 in 40 without the slack.
 pub(crate) fn reserve(td: &TensorDict, n: usize) -> Result<Option<Reserve>> {
     let mut total = Some(0usize);
     td.for_each_leaf(&mut |_, t| {
