@@ -271,7 +271,8 @@ impl PendulumEnv {
         let mut state = self.spare.take(2 * n);
         let mut reward = HostOut::<f32>::new(&b1)?;
         let mut state_out = HostOut::<f64>::new(&b2)?;
-        host_kernels().dynamics(DynamicsIo {
+        let kernels = host_kernels();
+        kernels.dynamics(DynamicsIo {
             u: &u,
             prev: &prev.state,
             sin_th: &prev.sin_th,
@@ -283,7 +284,7 @@ impl PendulumEnv {
         let mut cos = self.spare.take(n);
         sin_cos(&state, &mut sin, &mut cos, &mut self.spare.trig)?;
         let mut obs = HostOut::<f32>::new(&b3)?;
-        host_kernels().observe(&cos, &sin, &state, obs.slots());
+        kernels.observe(&cos, &sin, &state, obs.slots());
         self.spare.put(cos);
         self.spare.u = u;
         let old = std::mem::replace(
