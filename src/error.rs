@@ -250,6 +250,45 @@ pub enum Error {
         message: String,
     },
 
+    /// A value (a tensor at a key, a field of a call) is not what the operation requires.
+    #[error("{op}: {what} {key}: expected {expected}, got {got}")]
+    InvalidValue {
+        /// The operation that failed.
+        op: &'static str,
+        /// What the key names (`"key"`, `"argument"`, `"field"`, `"token id"`).
+        what: &'static str,
+        /// The key, argument or field involved, as printed (`"reward"`, `("next", "obs")`).
+        key: String,
+        /// What was required.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
+    /// A configuration field is out of its range or inconsistent with another field; raised
+    /// when a config is built or checked, before any computation.
+    #[error("{op}: invalid config field {field}: expected {expected}, got {got}")]
+    InvalidConfig {
+        /// The config or builder that refused the value.
+        op: &'static str,
+        /// The field.
+        field: &'static str,
+        /// What is accepted.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
+    /// An inner error, with where it happened (which transform, which step, which stage).
+    /// Built with [`Error::context`] or [`ResultExt::context`]; [`Error::root`] reaches the
+    /// innermost error, [`Error::contexts`] lists the layers from the outermost.
+    #[error("{context}: {source}")]
+    Context {
+        /// Where the inner error happened.
+        context: String,
+        /// The inner error.
+        #[source]
+        source: Box<Error>,
+    },
+
     // === libtorch ===
     /// An error raised by libtorch through `tch`.
     #[error("libtorch error: {0}")]
@@ -263,6 +302,78 @@ impl fmt::Debug for Error {
 }
 
 impl Error {
+    /// Wraps this error with where it happened (candle's `Error::Context`): the message reads
+    /// `"{context}: {inner message}"`, and [`Error::root`] still reaches the inner error.
+    ///
+    /// ```
+    /// use torchrl::{Error, TensorDict};
+    /// let td = TensorDict::new([2]).unwrap();
+    /// let err = td.get_or_err("obs").unwrap_err().context("RewardScaling (transform 1)");
+    /// assert!(err.to_string().starts_with("RewardScaling (transform 1): "));
+    /// assert!(matches!(err.root(), Error::KeyNotFound { .. }));
+    /// assert_eq!(err.contexts(), vec!["RewardScaling (transform 1)"]);
+    /// ```
+    pub fn context(self, context: impl Into<String>) -> Self {
+        Error::Context {
+            context: context.into(),
+            source: Box::new(self),
+        }
+    }
+
+    /// The innermost error under any [`Error::Context`] layers (the error itself when it has
+    /// none).
+    pub fn root(&self) -> &Error {
+        let mut e = self;
+        while let Error::Context { source, .. } = e {
+            e = source;
+        }
+        e
+    }
+
+    /// The context layers, outermost first (empty when the error has none).
+    pub fn contexts(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut e = self;
+        while let Error::Context { context, source } = e {
+            out.push(context.as_str());
+            e = source;
+        }
+        out
+    }
+
+    /// Shorthand for [`Error::InvalidValue`] on a key.
+    #[allow(dead_code)] // sites migrate from `Error::invalid` file by file
+    pub(crate) fn value(
+        op: &'static str,
+        key: impl fmt::Display,
+        expected: impl Into<String>,
+        got: impl Into<String>,
+    ) -> Self {
+        Error::InvalidValue {
+            op,
+            what: "key",
+            key: key.to_string(),
+            expected: expected.into(),
+            got: got.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidConfig`].
+    #[allow(dead_code)] // sites migrate from `Error::invalid` file by file
+    pub(crate) fn config(
+        op: &'static str,
+        field: &'static str,
+        expected: impl Into<String>,
+        got: impl fmt::Display,
+    ) -> Self {
+        Error::InvalidConfig {
+            op,
+            field,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
+
     /// Shorthand for [`Error::InvalidArgument`].
     pub(crate) fn invalid(op: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument {
@@ -281,3 +392,31 @@ macro_rules! ensure {
     };
 }
 pub(crate) use ensure;
+
+/// Adds context to the error of a [`Result`] on its way up (as candle's and anyhow's
+/// `Context`): `env.step(td).context("step 17")?`.
+///
+/// ```
+/// use torchrl::error::ResultExt;
+/// use torchrl::{Error, TensorDict};
+/// let td = TensorDict::new([2]).unwrap();
+/// let err = td.get_or_err("obs").with_context(|| format!("step {}", 3)).unwrap_err();
+/// assert!(err.to_string().starts_with("step 3: "));
+/// assert!(matches!(err.root(), Error::KeyNotFound { .. }));
+/// ```
+pub trait ResultExt<T> {
+    /// Wraps an error with `context`.
+    fn context(self, context: impl Into<String>) -> Result<T>;
+    /// Wraps an error with the context `f` returns (built only on error).
+    fn with_context<S: Into<String>>(self, f: impl FnOnce() -> S) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> ResultExt<T> for std::result::Result<T, E> {
+    fn context(self, context: impl Into<String>) -> Result<T> {
+        self.map_err(|e| e.into().context(context))
+    }
+
+    fn with_context<S: Into<String>>(self, f: impl FnOnce() -> S) -> Result<T> {
+        self.map_err(|e| e.into().context(f()))
+    }
+}

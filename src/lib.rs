@@ -40,6 +40,7 @@ pub mod collectors;
 pub mod data;
 pub mod envs;
 pub mod error;
+pub mod kind;
 pub mod modules;
 pub mod objectives;
 pub mod rng;

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::kind::is_float;
 use tch::{kind::Element, Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
@@ -75,13 +76,6 @@ pub(crate) fn alloc<T>(op: &'static str, n: usize) -> Result<Vec<T>> {
         )
     })?;
     Ok(v)
-}
-
-fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
-    )
 }
 
 /// Builds a tensor from row-major data, then casts and moves it.

@@ -162,7 +162,7 @@ impl Bounded {
     pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
         let op = "Bounded::with_dtype";
         common::check_kind(op, dtype)?;
-        if !is_float_kind(dtype) && self.low.elements() > 0 {
+        if !is_float(dtype) && self.low.elements() > 0 {
             let (lo, _) = common::min_max(&self.low)?.unwrap_or((0.0, 0.0));
             let (_, hi) = common::min_max(&self.high)?.unwrap_or((0.0, 0.0));
             for (name, v) in [("low", lo), ("high", hi)] {
@@ -180,7 +180,7 @@ impl Bounded {
         }
         self.low = self.low.f_to_kind(dtype)?;
         self.high = self.high.f_to_kind(dtype)?;
-        if is_float_kind(dtype) && dtype != self.dtype && self.constant.is_some() {
+        if is_float(dtype) && dtype != self.dtype && self.constant.is_some() {
             // Sample between the bounds as this dtype stores them (a float32 0.3 is not the
             // float64 0.3; samples between the two would fall outside the cast bounds).
             let first =
@@ -190,7 +190,7 @@ impl Bounded {
             }
         }
         self.dtype = dtype;
-        if !is_float_kind(dtype) {
+        if !is_float(dtype) {
             self.constant = None;
         }
         Ok(self)
@@ -236,7 +236,7 @@ impl Bounded {
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
         let full = concat(shape, &self.shape);
-        if let (Some((l, h)), true) = (self.constant, is_float_kind(self.dtype)) {
+        if let (Some((l, h)), true) = (self.constant, is_float(self.dtype)) {
             return gen.uniform(&full, l, h, self.dtype, self.device);
         }
         let low = self.low.f_expand(full.as_slice(), false)?;
@@ -465,13 +465,6 @@ impl Bounded {
             constant: self.constant,
         })
     }
-}
-
-fn is_float_kind(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
-    )
 }
 
 /// Errors when `low > high` (or either is NaN) anywhere, naming the first position.

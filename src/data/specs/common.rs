@@ -21,13 +21,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{BatchIndex, Elements, TensorDict};
 
-/// True for floating-point kinds.
-pub(crate) fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
-    )
-}
+pub(crate) use crate::kind::is_float;
 
 /// Errors for kinds a spec cannot describe (complex, quantized, float8).
 pub(crate) fn check_kind(op: &'static str, kind: Kind) -> Result<()> {

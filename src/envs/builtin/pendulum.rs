@@ -60,6 +60,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::kind::is_float;
 use std::f64::consts::PI;
 use std::mem::MaybeUninit;
 
@@ -710,13 +711,6 @@ pub(super) enum ActionKind {
     Continuous,
     /// Any integer or bool dtype, cast to int64.
     Discrete,
-}
-
-fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
-    )
 }
 
 fn is_integral(kind: Kind) -> bool {

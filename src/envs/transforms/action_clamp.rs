@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::Transform;
@@ -82,10 +83,6 @@ impl ActionClamp {
             None => self.bounds.iter().map(|(k, _, _)| k.clone()).collect(),
         }
     }
-}
-
-fn is_float(k: Kind) -> bool {
-    matches!(k, Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double)
 }
 
 impl Transform for ActionClamp {

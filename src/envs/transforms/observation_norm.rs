@@ -67,6 +67,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
@@ -145,13 +146,6 @@ impl InitStats {
         self.keep_dims = dims.into();
         self
     }
-}
-
-fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
-    )
 }
 
 fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {

@@ -141,13 +141,7 @@ pub trait Distribution {
 /// `0.5 * ln(2π)`.
 pub(crate) const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
 
-/// True for the floating kinds.
-pub(crate) fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
-    )
-}
+pub(crate) use crate::kind::is_float;
 
 /// True for the integer kinds (bool excluded).
 pub(crate) fn is_integer(kind: Kind) -> bool {

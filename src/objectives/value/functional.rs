@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
@@ -98,13 +99,6 @@ fn shift_left(x: &Tensor, s: i64, n: i64) -> Result<Tensor> {
 /// `1.0` where `flag` is set (true / non-zero), `0.0` elsewhere, in `kind`.
 pub(crate) fn flag01(flag: &Tensor, kind: Kind) -> Result<Tensor> {
     Ok(flag.f_ne(0)?.f_to_kind(kind)?)
-}
-
-fn is_float(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Float | Kind::Double | Kind::Half | Kind::BFloat16
-    )
 }
 
 /// Checks that every named tensor has the shape of the first one and that the first is a
