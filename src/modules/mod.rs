@@ -17,6 +17,7 @@
 
 pub mod actors;
 pub mod distributions;
+pub mod llm;
 pub mod models;
 pub mod module;
 pub mod sequential;

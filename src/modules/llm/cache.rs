@@ -1,0 +1,122 @@
+//! [`KvCache`]: the keys and values of past tokens, per block, held outside the model (as
+//! candle does), so that a `&self` model serves many generations at once, each with its own
+//! cache.
+//!
+//! A cache starts empty, grows by the tokens of every forward it is passed to, and knows how
+//! many rows (the batch) it holds. [`KvCache::index_select`] keeps some rows (drop finished
+//! sequences, or reorder them).
+//!
+//! ```
+//! use tch::{nn::VarStore, Device, Tensor};
+//! use torchrl::modules::llm::{Gpt2Config, Gpt2Input, Gpt2Model, KvCache};
+//! # fn main() -> torchrl::Result<()> {
+//! let vs = VarStore::new(Device::Cpu);
+//! let cfg = Gpt2Config::new(20).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(16);
+//! let model = Gpt2Model::new(&vs.root(), &cfg)?;
+//! let mut cache = KvCache::new(&cfg);
+//! assert!(cache.is_empty());
+//! let ids = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).view([2, 3]);
+//! model.forward(&Gpt2Input::new(&ids), Some(&mut cache))?;
+//! assert_eq!((cache.len(), cache.batch_size()), (3, Some(2)));
+//! cache.index_select(&Tensor::from_slice(&[1i64]))?; // keep row 1 only
+//! assert_eq!(cache.batch_size(), Some(1));
+//! // a cache of 1 row refuses a batch of 2
+//! assert!(model.forward(&Gpt2Input::new(&ids.narrow(1, 0, 1)), Some(&mut cache)).is_err());
+//! # Ok(()) }
+//! ```
+
+use tch::Tensor;
+
+use super::config::Gpt2Config;
+use crate::error::{Error, Result};
+
+/// Per-block keys and values `[B, n_head, P, head_dim]` of the `P` tokens seen so far.
+#[derive(Debug)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: i64,
+    rows: Option<i64>,
+}
+
+impl KvCache {
+    /// An empty cache for a model of `config`'s depth.
+    pub fn new(config: &Gpt2Config) -> Self {
+        KvCache::with_layers(usize::try_from(config.n_layer).unwrap_or(0))
+    }
+
+    /// An empty cache for `n_layer` blocks.
+    pub fn with_layers(n_layer: usize) -> Self {
+        KvCache {
+            layers: (0..n_layer).map(|_| None).collect(),
+            len: 0,
+            rows: None,
+        }
+    }
+
+    /// The number of cached tokens `P`.
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+
+    /// Whether no token is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The number of rows held, once a forward filled the cache.
+    pub fn batch_size(&self) -> Option<i64> {
+        self.rows
+    }
+
+    /// The number of blocks the cache is for.
+    pub fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Empties the cache (keeps its depth).
+    pub fn clear(&mut self) {
+        self.layers.iter_mut().for_each(|l| *l = None);
+        self.len = 0;
+        self.rows = None;
+    }
+
+    /// Keeps the rows at `index` (int64, 1-D), in that order.
+    pub fn index_select(&mut self, index: &Tensor) -> Result<()> {
+        let n = index.size();
+        if n.len() != 1 {
+            return Err(Error::value(
+                "KvCache::index_select",
+                "index",
+                "a 1-D int64 tensor of row indices",
+                format!("shape {n:?}"),
+            ));
+        }
+        let mut new = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            new.push(match l {
+                Some((k, v)) => Some((k.f_index_select(0, index)?, v.f_index_select(0, index)?)),
+                None => None,
+            });
+        }
+        self.layers = new;
+        if self.rows.is_some() {
+            self.rows = n.first().copied();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn slot(&mut self, layer: usize) -> Result<&mut Option<(Tensor, Tensor)>> {
+        let n = self.layers.len();
+        self.layers.get_mut(layer).ok_or_else(|| {
+            Error::invalid(
+                "KvCache",
+                format!("block {layer} is past the cache's {n} layers"),
+            )
+        })
+    }
+
+    pub(crate) fn advance(&mut self, t: i64, rows: i64) {
+        self.len += t;
+        self.rows = Some(rows);
+    }
+}

@@ -1,0 +1,366 @@
+//! [`Gpt2Config`]: the shape of a GPT-2 model, read from and written to Hugging Face's
+//! `config.json` (the `transformers` field names), built in burn's style
+//! (`Gpt2Config::new(vocab).with_*()`), checked before any tensor is made.
+//!
+//! ```
+//! use torchrl::modules::llm::{Gpt2Activation, Gpt2Config};
+//! let cfg = Gpt2Config::new(259).with_n_layer(4).with_n_embd(128).with_n_head(4);
+//! cfg.validate()?;
+//! assert_eq!(cfg.inner_dim(), 512); // n_inner defaults to 4 * n_embd
+//! assert_eq!(cfg.activation()?, Gpt2Activation::GeluNew);
+//! // a width that does not split into the heads is refused, naming the fields
+//! let err = Gpt2Config::new(259).with_n_embd(130).with_n_head(4).validate().unwrap_err();
+//! assert!(err.to_string().contains("n_embd"), "{err}");
+//! # Ok::<(), torchrl::Error>(())
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The activation of GPT-2's MLP (`activation_function` in `config.json`, `transformers`'
+/// `ACT2FN` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gpt2Activation {
+    /// `"gelu_new"` / `"gelu_pytorch_tanh"` / `"gelu_fast"`: the tanh approximation of GELU
+    /// (GPT-2's default).
+    GeluNew,
+    /// `"gelu"`: the exact, erf-based GELU.
+    Gelu,
+    /// `"relu"`.
+    Relu,
+    /// `"silu"` / `"swish"`: `x · sigmoid(x)`.
+    Silu,
+    /// `"quick_gelu"`: `x · sigmoid(1.702 x)`.
+    QuickGelu,
+}
+
+impl Gpt2Activation {
+    /// The activation for a `transformers` name, or `None` for a name not supported here.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Gpt2Activation::GeluNew,
+            "gelu" => Gpt2Activation::Gelu,
+            "relu" => Gpt2Activation::Relu,
+            "silu" | "swish" => Gpt2Activation::Silu,
+            "quick_gelu" => Gpt2Activation::QuickGelu,
+            _ => return None,
+        })
+    }
+}
+
+/// The names [`Gpt2Activation::from_name`] accepts, for error messages.
+const ACTIVATION_NAMES: &str =
+    "gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish, quick_gelu";
+
+fn default_n_positions() -> i64 {
+    1024
+}
+fn default_n_embd() -> i64 {
+    768
+}
+fn default_n_layer() -> i64 {
+    12
+}
+fn default_n_head() -> i64 {
+    12
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_activation() -> String {
+    "gelu_new".to_string()
+}
+fn default_init_range() -> f64 {
+    0.02
+}
+fn default_true() -> bool {
+    true
+}
+
+/// A GPT-2 configuration, with `transformers`' `GPT2Config` field names and defaults
+/// (GPT-2 small: 12 layers × 768 wide, 12 heads, 1024 positions; the vocabulary is required).
+///
+/// Fields of `config.json` that do not change the forward pass in evaluation (dropouts,
+/// summary settings, `architectures`, …) are accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpt2Config {
+    /// Vocabulary size (rows of the token embedding and of the tied LM head).
+    pub vocab_size: i64,
+    /// Context length (rows of the position embedding).
+    #[serde(default = "default_n_positions")]
+    pub n_positions: i64,
+    /// Width of the residual stream.
+    #[serde(default = "default_n_embd")]
+    pub n_embd: i64,
+    /// Number of transformer blocks.
+    #[serde(default = "default_n_layer")]
+    pub n_layer: i64,
+    /// Number of attention heads (`n_embd` must be a multiple of it).
+    #[serde(default = "default_n_head")]
+    pub n_head: i64,
+    /// Width of the MLP's hidden layer; `None` means `4 * n_embd`.
+    #[serde(default)]
+    pub n_inner: Option<i64>,
+    /// Layer-norm epsilon.
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    /// The MLP activation's `transformers` name (see [`Gpt2Activation::from_name`]).
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+    /// Standard deviation of the random initialisation (embeddings and projections).
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
+    /// Divide attention scores by `sqrt(head_dim)` (GPT-2 does).
+    #[serde(default = "default_true")]
+    pub scale_attn_weights: bool,
+    /// Also divide the scores of block `i` by `i + 1` (off in GPT-2).
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// Beginning-of-sequence token id, if the checkpoint names one.
+    #[serde(default)]
+    pub bos_token_id: Option<i64>,
+    /// End-of-sequence token id, if the checkpoint names one.
+    #[serde(default)]
+    pub eos_token_id: Option<i64>,
+    /// Padding token id, if the checkpoint names one.
+    #[serde(default)]
+    pub pad_token_id: Option<i64>,
+    /// Whether the LM head shares the token embedding (GPT-2 ties them; only `true` is
+    /// supported).
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    /// `"gpt2"`, as `transformers` writes it.
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
+}
+
+fn default_model_type() -> String {
+    "gpt2".to_string()
+}
+
+impl Default for Gpt2Config {
+    /// GPT-2 small with GPT-2's vocabulary (50257).
+    fn default() -> Self {
+        Gpt2Config::new(50257)
+    }
+}
+
+impl Gpt2Config {
+    /// GPT-2 small's shape with the given vocabulary size.
+    pub fn new(vocab_size: i64) -> Self {
+        Gpt2Config {
+            vocab_size,
+            n_positions: default_n_positions(),
+            n_embd: default_n_embd(),
+            n_layer: default_n_layer(),
+            n_head: default_n_head(),
+            n_inner: None,
+            layer_norm_epsilon: default_eps(),
+            activation_function: default_activation(),
+            initializer_range: default_init_range(),
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            bos_token_id: None,
+            eos_token_id: None,
+            pad_token_id: None,
+            tie_word_embeddings: true,
+            model_type: default_model_type(),
+        }
+    }
+
+    /// Sets the context length.
+    pub fn with_n_positions(mut self, n: i64) -> Self {
+        self.n_positions = n;
+        self
+    }
+    /// Sets the width.
+    pub fn with_n_embd(mut self, n: i64) -> Self {
+        self.n_embd = n;
+        self
+    }
+    /// Sets the number of blocks.
+    pub fn with_n_layer(mut self, n: i64) -> Self {
+        self.n_layer = n;
+        self
+    }
+    /// Sets the number of heads.
+    pub fn with_n_head(mut self, n: i64) -> Self {
+        self.n_head = n;
+        self
+    }
+    /// Sets the MLP's hidden width.
+    pub fn with_n_inner(mut self, n: i64) -> Self {
+        self.n_inner = Some(n);
+        self
+    }
+    /// Sets the layer-norm epsilon.
+    pub fn with_layer_norm_epsilon(mut self, eps: f64) -> Self {
+        self.layer_norm_epsilon = eps;
+        self
+    }
+    /// Sets the activation by its `transformers` name.
+    pub fn with_activation_function(mut self, name: impl Into<String>) -> Self {
+        self.activation_function = name.into();
+        self
+    }
+    /// Sets the initialisation's standard deviation.
+    pub fn with_initializer_range(mut self, std: f64) -> Self {
+        self.initializer_range = std;
+        self
+    }
+    /// Sets the EOS id.
+    pub fn with_eos_token_id(mut self, id: i64) -> Self {
+        self.eos_token_id = Some(id);
+        self
+    }
+    /// Sets the padding id.
+    pub fn with_pad_token_id(mut self, id: i64) -> Self {
+        self.pad_token_id = Some(id);
+        self
+    }
+    /// Sets the BOS id.
+    pub fn with_bos_token_id(mut self, id: i64) -> Self {
+        self.bos_token_id = Some(id);
+        self
+    }
+
+    /// The MLP's hidden width (`n_inner`, or `4 * n_embd`).
+    pub fn inner_dim(&self) -> i64 {
+        self.n_inner.unwrap_or(4 * self.n_embd)
+    }
+
+    /// The width of one attention head.
+    pub fn head_dim(&self) -> i64 {
+        if self.n_head > 0 {
+            self.n_embd / self.n_head
+        } else {
+            0
+        }
+    }
+
+    /// The activation, or an error naming the unsupported name.
+    pub fn activation(&self) -> Result<Gpt2Activation> {
+        Gpt2Activation::from_name(&self.activation_function).ok_or_else(|| {
+            Error::config(
+                "Gpt2Config",
+                "activation_function",
+                format!("one of {ACTIVATION_NAMES}"),
+                format!("{:?}", self.activation_function),
+            )
+        })
+    }
+
+    /// Checks every field (positive sizes, `n_embd` divisible by `n_head`, a finite positive
+    /// epsilon, a known activation, tied embeddings, token ids inside the vocabulary).
+    pub fn validate(&self) -> Result<()> {
+        let op = "Gpt2Config";
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("n_positions", self.n_positions),
+            ("n_embd", self.n_embd),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_inner", self.inner_dim()),
+        ];
+        for (field, v) in positive {
+            if v <= 0 {
+                return Err(Error::config(op, field, "a positive size", v));
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(Error::config(
+                op,
+                "n_embd",
+                format!("a multiple of n_head = {}", self.n_head),
+                self.n_embd,
+            ));
+        }
+        if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0) {
+            return Err(Error::config(
+                op,
+                "layer_norm_epsilon",
+                "a finite positive number",
+                self.layer_norm_epsilon,
+            ));
+        }
+        if !(self.initializer_range.is_finite() && self.initializer_range >= 0.0) {
+            return Err(Error::config(
+                op,
+                "initializer_range",
+                "a finite number >= 0",
+                self.initializer_range,
+            ));
+        }
+        if !self.tie_word_embeddings {
+            return Err(Error::config(
+                op,
+                "tie_word_embeddings",
+                "true (GPT-2's LM head is the token embedding)",
+                false,
+            ));
+        }
+        if self.model_type != "gpt2" {
+            return Err(Error::config(
+                op,
+                "model_type",
+                "\"gpt2\"",
+                format!("{:?}", self.model_type),
+            ));
+        }
+        for (field, id) in [
+            ("bos_token_id", self.bos_token_id),
+            ("eos_token_id", self.eos_token_id),
+            ("pad_token_id", self.pad_token_id),
+        ] {
+            if let Some(id) = id {
+                if !(0..self.vocab_size).contains(&id) {
+                    return Err(Error::config(
+                        op,
+                        field,
+                        format!("a token id in [0, {})", self.vocab_size),
+                        id,
+                    ));
+                }
+            }
+        }
+        self.activation().map(|_| ())
+    }
+
+    /// Reads a `transformers` `config.json` and validates it.
+    pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self> {
+        let op = "Gpt2Config::from_json_file";
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            op,
+            path: path.display().to_string(),
+            source,
+        })?;
+        let cfg: Gpt2Config = serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
+            op,
+            path: path.display().to_string(),
+            reason: format!("not a GPT-2 config.json: {e}"),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The config as `transformers` writes it (`config.json`), with `architectures` set to
+    /// `["GPT2LMHeadModel"]`.
+    pub fn to_json_string(&self) -> Result<String> {
+        let mut value = serde_json::to_value(self).map_err(|e| {
+            Error::invalid("Gpt2Config::to_json_string", format!("serialisation: {e}"))
+        })?;
+        if let serde_json::Value::Object(map) = &mut value {
+            map.insert(
+                "architectures".to_string(),
+                serde_json::Value::from(vec!["GPT2LMHeadModel"]),
+            );
+        }
+        serde_json::to_string_pretty(&value).map_err(|e| {
+            Error::invalid("Gpt2Config::to_json_string", format!("serialisation: {e}"))
+        })
+    }
+}

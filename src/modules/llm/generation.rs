@@ -1,0 +1,539 @@
+//! Batched generation for [`Gpt2Model`]: greedy or sampled decoding with a KV cache,
+//! `transformers`' options (temperature, top-k, top-p, `max_new_tokens`, `min_new_tokens`,
+//! EOS and pad ids) and trlX's per-token logit mask.
+//!
+//! **How a step decides** (the order of `transformers`' logits processors): the last
+//! position's logits; the logit mask (trlX's `[vocab, vocab]` bool table, `true` = forbidden,
+//! indexed by each row's last token) and `min_new_tokens` (EOS forbidden until that many tokens
+//! were generated) in every mode; then, when sampling, temperature, top-k and top-p; then the
+//! argmax (greedy) or a draw. A row that produced EOS is finished: it receives the pad id from
+//! then on, and generation stops as soon as every row is finished (or after
+//! `max_new_tokens`).
+//!
+//! **Sampling** happens on the tensors' device: the uniforms of every step are drawn up front
+//! from a seeded [`Generator`] (one host-to-device copy), and each step inverts the
+//! categorical CDF with `searchsorted`. The same seed gives the same tokens; the all-finished
+//! check reads one flag per step on the CPU and one per 8 steps on other devices (a few
+//! extra steps of padding are then computed and trimmed, with identical results).
+//!
+//! **Log-probs**: [`GenerationOutput::log_probs`] holds each generated token's log-probability
+//! under the model's distribution at the sampling temperature (`log_softmax(logits / T)`,
+//! before the mask, top-k and top-p: the distribution PPO and the KL penalty compare); 0 where
+//! the response mask is 0.
+//!
+//! # Shapes
+//! prompt `[B, P]` (left-padded, with its mask); `sequences` `[B, P + G]`; `response`,
+//! `response_mask`, `log_probs` `[B, G]`, `G ≤ max_new_tokens`; `attention_mask` `[B, P + G]`.
+//!
+//! ```
+//! use tch::{nn::VarStore, Device, Kind, Tensor};
+//! use torchrl::modules::llm::{generate, GenerationConfig, Gpt2Config, Gpt2Model};
+//! use torchrl::Generator;
+//! # fn main() -> torchrl::Result<()> {
+//! tch::manual_seed(0);
+//! let vs = VarStore::new(Device::Cpu);
+//! let cfg = Gpt2Config::new(30).with_n_layer(2).with_n_embd(16).with_n_head(2).with_n_positions(32);
+//! let model = Gpt2Model::new(&vs.root(), &cfg)?;
+//! let prompt = Tensor::from_slice(&[0i64, 5, 6, 7, 8, 9]).view([2, 3]);
+//! let mask = Tensor::from_slice(&[0i64, 1, 1, 1, 1, 1]).view([2, 3]); // row 0 left-padded
+//! let gen_cfg = GenerationConfig::new(6).with_do_sample(true).with_top_k(10).with_pad_token_id(0);
+//! let out = generate(&model, &prompt, Some(&mask), &gen_cfg, &mut Generator::new(7))?;
+//! assert_eq!(out.sequences.size(), vec![2, 9]);
+//! assert_eq!(out.log_probs.size(), vec![2, 6]);
+//! // seeded: the same seed gives the same tokens
+//! let again = generate(&model, &prompt, Some(&mask), &gen_cfg, &mut Generator::new(7))?;
+//! assert!(out.sequences.equal(&again.sequences));
+//! // a token id outside the vocabulary is an error, before any compute
+//! assert!(generate(&model, &(prompt + 100), None, &gen_cfg, &mut Generator::new(7)).is_err());
+//! # Ok(()) }
+//! ```
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::cache::KvCache;
+use super::gpt2::{ForwardOptions, Gpt2Input, Gpt2Model};
+use crate::error::{Error, Result, ShapeFmt};
+use crate::rng::Generator;
+
+/// How to generate (`transformers`' `GenerationConfig` names and defaults: greedy, 20 new
+/// tokens, temperature 1, top-k 50 and top-p 1 when sampling).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationConfig {
+    /// The most tokens generated per row.
+    pub max_new_tokens: i64,
+    /// EOS is forbidden until this many tokens were generated.
+    #[serde(default)]
+    pub min_new_tokens: i64,
+    /// Sample (`true`) or take the argmax (`false`).
+    #[serde(default)]
+    pub do_sample: bool,
+    /// Divides the logits when sampling (must be > 0).
+    #[serde(default = "one")]
+    pub temperature: f64,
+    /// Keep the `top_k` highest-scoring tokens when sampling (0: all).
+    #[serde(default = "fifty")]
+    pub top_k: i64,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` when sampling (1: all).
+    #[serde(default = "one")]
+    pub top_p: f64,
+    /// The end-of-sequence id: a row that produces it is finished.
+    #[serde(default)]
+    pub eos_token_id: Option<i64>,
+    /// The id written after a row finished (defaults to the EOS id, as `transformers` does).
+    #[serde(default)]
+    pub pad_token_id: Option<i64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn fifty() -> i64 {
+    50
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        GenerationConfig::new(20)
+    }
+}
+
+impl GenerationConfig {
+    /// Greedy decoding of up to `max_new_tokens` tokens, `transformers`' other defaults.
+    pub fn new(max_new_tokens: i64) -> Self {
+        GenerationConfig {
+            max_new_tokens,
+            min_new_tokens: 0,
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 50,
+            top_p: 1.0,
+            eos_token_id: None,
+            pad_token_id: None,
+        }
+    }
+
+    /// Sampling from the model's full distribution (top-k 0, top-p 1, temperature 1): what
+    /// RLHF rollouts want, so that the sampled tokens' log-probs are the policy's (TRL's PPO
+    /// settings; top-k / top-p truncation is a known cause of negative KL).
+    pub fn rlhf_sampling(max_new_tokens: i64) -> Self {
+        GenerationConfig::new(max_new_tokens)
+            .with_do_sample(true)
+            .with_top_k(0)
+    }
+
+    /// Sets `min_new_tokens`.
+    pub fn with_min_new_tokens(mut self, n: i64) -> Self {
+        self.min_new_tokens = n;
+        self
+    }
+    /// Sets `do_sample`.
+    pub fn with_do_sample(mut self, sample: bool) -> Self {
+        self.do_sample = sample;
+        self
+    }
+    /// Sets the temperature.
+    pub fn with_temperature(mut self, t: f64) -> Self {
+        self.temperature = t;
+        self
+    }
+    /// Sets top-k (0 disables it).
+    pub fn with_top_k(mut self, k: i64) -> Self {
+        self.top_k = k;
+        self
+    }
+    /// Sets top-p (1 disables it).
+    pub fn with_top_p(mut self, p: f64) -> Self {
+        self.top_p = p;
+        self
+    }
+    /// Sets the EOS id.
+    pub fn with_eos_token_id(mut self, id: i64) -> Self {
+        self.eos_token_id = Some(id);
+        self
+    }
+    /// Sets the pad id.
+    pub fn with_pad_token_id(mut self, id: i64) -> Self {
+        self.pad_token_id = Some(id);
+        self
+    }
+
+    /// The pad id used: `pad_token_id`, else `eos_token_id`, else 0.
+    pub fn pad_id(&self) -> i64 {
+        self.pad_token_id.or(self.eos_token_id).unwrap_or(0)
+    }
+
+    /// Checks the fields on their own and against a vocabulary of `vocab` tokens.
+    pub fn validate(&self, vocab: i64) -> Result<()> {
+        let op = "GenerationConfig";
+        if self.max_new_tokens < 0 {
+            return Err(Error::config(
+                op,
+                "max_new_tokens",
+                ">= 0",
+                self.max_new_tokens,
+            ));
+        }
+        if !(0..=self.max_new_tokens).contains(&self.min_new_tokens) {
+            return Err(Error::config(
+                op,
+                "min_new_tokens",
+                format!("in [0, max_new_tokens = {}]", self.max_new_tokens),
+                self.min_new_tokens,
+            ));
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return Err(Error::config(
+                op,
+                "temperature",
+                "a finite number > 0 (greedy decoding is do_sample = false)",
+                self.temperature,
+            ));
+        }
+        if self.top_k < 0 {
+            return Err(Error::config(
+                op,
+                "top_k",
+                ">= 0 (0 disables it)",
+                self.top_k,
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::config(op, "top_p", "in (0, 1]", self.top_p));
+        }
+        for (field, id) in [
+            ("eos_token_id", self.eos_token_id),
+            ("pad_token_id", self.pad_token_id),
+        ] {
+            if let Some(id) = id {
+                if !(0..vocab).contains(&id) {
+                    return Err(Error::config(
+                        op,
+                        field,
+                        format!("a token id in [0, {vocab})"),
+                        id,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// trlX's logit mask: a `[vocab, vocab]` bool table whose row `i` marks the tokens that may
+/// not follow token `i`.
+#[derive(Debug)]
+pub struct LogitMask(Tensor);
+
+impl LogitMask {
+    /// Wraps a `[vocab, vocab]` bool (or 0/1 integer) table.
+    pub fn new(table: Tensor) -> Result<Self> {
+        let size = table.size();
+        if size.len() != 2 || size.first() != size.get(1) {
+            return Err(Error::value(
+                "LogitMask::new",
+                "table",
+                "a square [vocab, vocab] table",
+                format!("shape {}", ShapeFmt(&size)),
+            ));
+        }
+        Ok(LogitMask(table.f_to_kind(Kind::Bool)?))
+    }
+
+    /// The table.
+    pub fn table(&self) -> &Tensor {
+        &self.0
+    }
+
+    /// The forbidden-next-token rows for `last` `[B]`: `[B, vocab]`.
+    pub fn forbidden(&self, last: &Tensor) -> Result<Tensor> {
+        Ok(self.0.f_index_select(0, last)?)
+    }
+}
+
+/// What [`generate`] returns. See the [module docs](self) for shapes.
+#[derive(Debug)]
+pub struct GenerationOutput {
+    /// Prompt and response, `[B, P + G]`.
+    pub sequences: Tensor,
+    /// The generated part, `[B, G]` (pad id after a row finished).
+    pub response: Tensor,
+    /// `true` for generated tokens up to and including EOS, `[B, G]`.
+    pub response_mask: Tensor,
+    /// The log-probability of each generated token (see the [module docs](self)), float32,
+    /// 0 where the response mask is `false`, `[B, G]`.
+    pub log_probs: Tensor,
+    /// The prompt's mask followed by the response mask, int64 `[B, P + G]`: what a later
+    /// forward over `sequences` should attend to (`tokens != pad` is wrong when pad == EOS).
+    pub attention_mask: Tensor,
+}
+
+/// Extra inputs of a generation step beyond the config.
+#[derive(Debug, Default)]
+pub struct GenerateOptions<'a> {
+    /// trlX's logit mask.
+    pub logit_mask: Option<&'a LogitMask>,
+}
+
+/// Generates continuations of `prompt` `[B, P]` (int64, left-padded, `attention_mask` 1 on
+/// real tokens; `None`: no padding). See the [module docs](self).
+pub fn generate(
+    model: &Gpt2Model,
+    prompt: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &GenerationConfig,
+    rng: &mut Generator,
+) -> Result<GenerationOutput> {
+    generate_with(
+        model,
+        prompt,
+        attention_mask,
+        config,
+        &GenerateOptions::default(),
+        rng,
+    )
+}
+
+/// [`generate`] with a logit mask.
+pub fn generate_with(
+    model: &Gpt2Model,
+    prompt: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &GenerationConfig,
+    options: &GenerateOptions<'_>,
+    rng: &mut Generator,
+) -> Result<GenerationOutput> {
+    let _guard = tch::no_grad_guard();
+    let op = "generate";
+    let vocab = model.config().vocab_size;
+    config.validate(vocab)?;
+    let size = prompt.size();
+    let [b, p] = <[i64; 2]>::try_from(size.as_slice()).map_err(|_| {
+        Error::value(
+            op,
+            "prompt",
+            "shape [batch, prompt_len]",
+            ShapeFmt(&size).to_string(),
+        )
+    })?;
+    if p == 0 {
+        return Err(Error::value(
+            op,
+            "prompt",
+            "at least one token per row",
+            "0 tokens",
+        ));
+    }
+    let n_pos = model.config().n_positions;
+    if p + config.max_new_tokens > n_pos {
+        return Err(Error::config(
+            op,
+            "max_new_tokens",
+            format!("prompt length {p} + max_new_tokens <= n_positions = {n_pos}"),
+            config.max_new_tokens,
+        ));
+    }
+    if let Some(m) = options.logit_mask {
+        if m.table().size() != [vocab, vocab] {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: "logit_mask".into(),
+                expected: vec![vocab, vocab],
+                actual: m.table().size(),
+            });
+        }
+    }
+    let device = model.device();
+    let prompt = prompt.f_to_device(device)?;
+    let mut mask = match attention_mask {
+        Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
+        None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
+    };
+    let mut cache = KvCache::new(model.config());
+    let logits_only = ForwardOptions::default();
+    let first = model.forward_with(
+        &Gpt2Input::new(&prompt).with_attention_mask(&mask),
+        Some(&mut cache),
+        logits_only,
+    )?;
+    let mut last_logits = first.logits()?.f_select(1, p - 1)?;
+    let mut positions = super::gpt2::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
+    let mut last_token = prompt.f_select(1, p - 1)?;
+
+    let steps = config.max_new_tokens;
+    let uniforms = if config.do_sample && steps > 0 {
+        Some(rng.uniform(&[steps, b], 0.0, 1.0, Kind::Double, device)?)
+    } else {
+        None
+    };
+    let pad = Tensor::f_full([b], config.pad_id(), (Kind::Int64, device))?;
+    let mut unfinished = Tensor::f_ones([b], (Kind::Bool, device))?;
+    let mut tokens = Vec::with_capacity(usize::try_from(steps).unwrap_or(0));
+    let mut live = Vec::with_capacity(tokens.capacity());
+    let mut log_probs = Vec::with_capacity(tokens.capacity());
+    let check_every = if device == Device::Cpu { 1 } else { 8 };
+    let ones = Tensor::f_ones([b, 1], (Kind::Int64, device))?;
+    for step in 0..steps {
+        let logits = last_logits.f_to_kind(Kind::Float)?;
+        let scaled = if config.do_sample && config.temperature != 1.0 {
+            logits.f_div_scalar(config.temperature)?
+        } else {
+            logits
+        };
+        let logp = scaled.f_log_softmax(-1, None::<Kind>)?;
+        let scores = process(&scaled, config, options, &last_token, step, vocab)?;
+        let next = match &uniforms {
+            None => scores.f_argmax(-1, false)?,
+            Some(u) => sample_rows(&scores, &u.f_select(0, step)?)?,
+        };
+        let lp = logp
+            .f_gather(-1, &next.f_unsqueeze(-1)?, false)?
+            .f_squeeze_dim(-1)?;
+        let next = next.f_where_self(&unfinished, &pad)?;
+        log_probs.push(lp.f_mul(&unfinished.f_to_kind(Kind::Float)?)?);
+        live.push(unfinished.shallow_clone());
+        tokens.push(next.shallow_clone());
+        if let Some(eos) = config.eos_token_id {
+            unfinished = unfinished.f_logical_and(&next.f_ne(eos)?)?;
+        }
+        if step + 1 == steps {
+            break;
+        }
+        if (step + 1) % check_every == 0 && !bool::try_from(unfinished.f_any()?)? {
+            break;
+        }
+        // transformers extends the mask with ones, finished rows included
+        mask = Tensor::f_cat(&[&mask, &ones], 1)?;
+        positions = positions.f_add_scalar(1)?;
+        let ids = next.f_unsqueeze(1)?;
+        let out = model.forward_unchecked(
+            &Gpt2Input::new(&ids)
+                .with_attention_mask(&mask)
+                .with_position_ids(&positions),
+            Some(&mut cache),
+            logits_only,
+        )?;
+        last_logits = out.logits()?.f_select(1, 0)?;
+        last_token = next;
+    }
+    finish(
+        prompt,
+        attention_mask_or_ones(attention_mask, b, p, device)?,
+        tokens,
+        live,
+        log_probs,
+        b,
+        device,
+    )
+}
+
+fn attention_mask_or_ones(m: Option<&Tensor>, b: i64, p: i64, device: Device) -> Result<Tensor> {
+    Ok(match m {
+        Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
+        None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
+    })
+}
+
+/// Stacks the per-step outputs and trims steps after every row finished (from the lazy
+/// all-finished check on accelerators).
+fn finish(
+    prompt: Tensor,
+    prompt_mask: Tensor,
+    tokens: Vec<Tensor>,
+    live: Vec<Tensor>,
+    log_probs: Vec<Tensor>,
+    b: i64,
+    device: Device,
+) -> Result<GenerationOutput> {
+    let (response, response_mask, log_probs) = if tokens.is_empty() {
+        (
+            Tensor::f_zeros([b, 0], (Kind::Int64, device))?,
+            Tensor::f_zeros([b, 0], (Kind::Bool, device))?,
+            Tensor::f_zeros([b, 0], (Kind::Float, device))?,
+        )
+    } else {
+        let response_mask = Tensor::f_stack(&live, 1)?;
+        // steps in which no row was live are trailing padding: drop them
+        let any_live = response_mask.f_any_dim(0, false)?;
+        let g = i64::try_from(any_live.f_sum(Kind::Int64)?)?.max(1);
+        (
+            Tensor::f_stack(&tokens, 1)?.f_narrow(1, 0, g)?,
+            response_mask.f_narrow(1, 0, g)?,
+            Tensor::f_stack(&log_probs, 1)?.f_narrow(1, 0, g)?,
+        )
+    };
+    let sequences = Tensor::f_cat(&[&prompt, &response], 1)?;
+    let attention_mask = Tensor::f_cat(&[&prompt_mask, &response_mask.f_to_kind(Kind::Int64)?], 1)?;
+    Ok(GenerationOutput {
+        sequences,
+        response,
+        response_mask,
+        log_probs,
+        attention_mask,
+    })
+}
+
+/// The scores a step chooses from: masks always, temperature-scaled warpers when sampling.
+fn process(
+    scaled: &Tensor,
+    config: &GenerationConfig,
+    options: &GenerateOptions<'_>,
+    last_token: &Tensor,
+    step: i64,
+    vocab: i64,
+) -> Result<Tensor> {
+    let neg_inf = f64::NEG_INFINITY;
+    let mut scores = scaled.shallow_clone();
+    if let Some(m) = options.logit_mask {
+        scores = scores.f_masked_fill(&m.forbidden(last_token)?, neg_inf)?;
+    }
+    if let Some(eos) = config.eos_token_id {
+        if step < config.min_new_tokens {
+            let idx = Tensor::f_from_slice(&[eos])?.f_to_device(scores.device())?;
+            scores = scores.f_index_fill(1, &idx, neg_inf)?;
+        }
+    }
+    if config.do_sample {
+        if config.top_k > 0 && config.top_k < vocab {
+            scores = top_k_filter(&scores, config.top_k)?;
+        }
+        if config.top_p < 1.0 {
+            scores = top_p_filter(&scores, config.top_p)?;
+        }
+    }
+    Ok(scores)
+}
+
+/// Scores below the k-th largest of each row become `-inf`.
+pub(crate) fn top_k_filter(scores: &Tensor, k: i64) -> Result<Tensor> {
+    let (values, _) = scores.f_topk(k, -1, true, true)?;
+    let kth = values.f_narrow(-1, k - 1, 1)?;
+    Ok(scores.f_masked_fill(&scores.f_lt_tensor(&kth)?, f64::NEG_INFINITY)?)
+}
+
+/// `transformers`' top-p: sort ascending, drop the tokens whose cumulative probability is at
+/// most `1 - p` (always keeping the most likely one).
+fn top_p_filter(scores: &Tensor, p: f64) -> Result<Tensor> {
+    let (sorted, order) = scores.f_sort(-1, false)?;
+    let cum = sorted
+        .f_softmax(-1, None::<Kind>)?
+        .f_cumsum(-1, None::<Kind>)?;
+    let vocab = scores.size().last().copied().unwrap_or(0);
+    let mut remove = cum.f_le(1.0 - p)?;
+    let _ = remove.f_narrow(-1, vocab - 1, 1)?.f_fill_(0)?;
+    let remove = remove.f_scatter(-1, &order, &remove)?;
+    Ok(scores.f_masked_fill(&remove, f64::NEG_INFINITY)?)
+}
+
+/// One draw per row from `softmax(scores)` by inverting the CDF at `u` `[B]` in `[0, 1)`: the
+/// first token whose cumulative probability exceeds `u` times the total (so a token of
+/// probability 0 is never drawn).
+fn sample_rows(scores: &Tensor, u: &Tensor) -> Result<Tensor> {
+    let probs = scores.f_softmax(-1, None::<Kind>)?;
+    let cdf = probs.f_cumsum(-1, Kind::Double)?;
+    let vocab = cdf.size().last().copied().unwrap_or(1);
+    let total = cdf.f_narrow(-1, vocab - 1, 1)?;
+    let target = u.f_unsqueeze(-1)?.f_mul(&total)?;
+    let idx = target.f_searchsorted(&cdf, false, true, "right", None::<Tensor>)?;
+    Ok(idx.f_clamp_max(vocab - 1)?.f_squeeze_dim(-1)?)
+}

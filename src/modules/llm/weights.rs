@@ -1,0 +1,264 @@
+//! Hugging Face GPT-2 checkpoints: a folder with `config.json` and `model.safetensors`, as
+//! `transformers`' `save_pretrained` writes it, read and written by `transformers`' parameter
+//! names.
+//!
+//! Loading checks the whole file before changing any parameter: a missing, extra or
+//! mis-shaped tensor is an [`Error::InvalidFile`] that names every one of them. Names with or
+//! without the `transformer.` prefix (`GPT2LMHeadModel` / `GPT2Model`) are accepted; the
+//! attention buffers older `transformers` saved (`attn.bias`, `attn.masked_bias`) are skipped,
+//! and `lm_head.weight`, tied to the token embedding, is checked for shape and skipped. Values
+//! are cast to the model's dtype and device. Saving writes to temporary files and renames them,
+//! so a crash never leaves half a checkpoint.
+//!
+//! ```
+//! use tch::{nn::VarStore, Device, Tensor};
+//! use torchrl::modules::llm::{Gpt2Config, Gpt2Input, Gpt2Model};
+//! # fn main() -> torchrl::Result<()> {
+//! let dir = std::env::temp_dir().join(format!("torchrl-doc-gpt2-{}", std::process::id()));
+//! let cfg = Gpt2Config::new(30).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(8);
+//! let vs = VarStore::new(Device::Cpu);
+//! let model = Gpt2Model::new(&vs.root(), &cfg)?;
+//! model.save_pretrained(&dir)?;
+//! let vs2 = VarStore::new(Device::Cpu);
+//! let loaded = Gpt2Model::from_pretrained(&vs2.root(), &dir)?;
+//! let ids = Tensor::from_slice(&[3i64, 4, 5]).view([1, 3]);
+//! let a = model.forward(&Gpt2Input::new(&ids), None)?.logits()?;
+//! let b = loaded.forward(&Gpt2Input::new(&ids), None)?.logits()?;
+//! assert!(a.equal(&b));
+//! // a checkpoint of another shape is refused, naming the tensors
+//! let small = Gpt2Config::new(30).with_n_layer(1).with_n_embd(4).with_n_head(2).with_n_positions(8);
+//! let vs3 = VarStore::new(Device::Cpu);
+//! let err = Gpt2Model::new(&vs3.root(), &small)?
+//!     .load_safetensors(dir.join("model.safetensors")).unwrap_err();
+//! assert!(err.to_string().contains("transformer.wte.weight"), "{err}");
+//! std::fs::remove_dir_all(&dir).ok();
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path as FsPath;
+
+use tch::{nn::Path, Device, Tensor};
+
+use super::config::Gpt2Config;
+use super::gpt2::Gpt2Model;
+use crate::error::{Error, Result, ShapeFmt};
+
+/// The checkpoint's file names inside a model folder.
+pub const CONFIG_FILE: &str = "config.json";
+/// The weights' file name inside a model folder.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// `name` as a `GPT2LMHeadModel` parameter name.
+fn canonical(name: &str) -> String {
+    if name.starts_with("transformer.") || name.starts_with("lm_head.") {
+        name.to_string()
+    } else {
+        format!("transformer.{name}")
+    }
+}
+
+fn is_buffer(name: &str) -> bool {
+    name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")
+}
+
+fn list(names: &[String]) -> String {
+    const SHOWN: usize = 6;
+    let mut s = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        s.push_str(&format!(", … ({} in all)", names.len()));
+    }
+    s
+}
+
+/// Checks `given` against `expected` (name → shape) and returns the reasons it does not fit.
+pub(crate) fn fit_report(
+    expected: &BTreeMap<String, Vec<i64>>,
+    given: &BTreeMap<String, Vec<i64>>,
+) -> Vec<String> {
+    let mut missing = Vec::new();
+    let mut misshaped = Vec::new();
+    for (name, shape) in expected {
+        match given.get(name) {
+            None => missing.push(name.clone()),
+            Some(s) if s != shape => misshaped.push(format!(
+                "{name} (expected {}, got {})",
+                ShapeFmt(shape),
+                ShapeFmt(s)
+            )),
+            Some(_) => {}
+        }
+    }
+    let extra: Vec<String> = given
+        .keys()
+        .filter(|k| !expected.contains_key(*k))
+        .cloned()
+        .collect();
+    let mut reasons = Vec::new();
+    if !missing.is_empty() {
+        reasons.push(format!("missing tensors: {}", list(&missing)));
+    }
+    if !extra.is_empty() {
+        reasons.push(format!("unexpected tensors: {}", list(&extra)));
+    }
+    if !misshaped.is_empty() {
+        reasons.push(format!("mis-shaped tensors: {}", list(&misshaped)));
+    }
+    reasons
+}
+
+/// Reads a safetensors file into `(name, tensor)` pairs, errors naming the file.
+pub(crate) fn read_tensors(op: &'static str, file: &FsPath) -> Result<Vec<(String, Tensor)>> {
+    if !file.exists() {
+        return Err(Error::Io {
+            op,
+            path: file.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        });
+    }
+    Tensor::read_safetensors(file).map_err(|e| Error::InvalidFile {
+        op,
+        path: file.display().to_string(),
+        reason: format!("not a safetensors file: {e}"),
+    })
+}
+
+/// Copies `tensors` into `params` by name after checking that names and shapes match exactly.
+pub(crate) fn load_into(
+    op: &'static str,
+    file: &FsPath,
+    params: &[(String, &Tensor)],
+    tensors: Vec<(String, Tensor)>,
+    tied: Option<(&str, &Tensor)>,
+) -> Result<()> {
+    let expected: BTreeMap<String, Vec<i64>> =
+        params.iter().map(|(n, p)| (n.clone(), p.size())).collect();
+    let mut given = BTreeMap::new();
+    let mut values = BTreeMap::new();
+    let mut tied_shape_error = None;
+    for (name, t) in tensors {
+        let name = canonical(&name);
+        if is_buffer(&name) {
+            continue;
+        }
+        if let Some((tied_name, tied_to)) = tied {
+            if name == tied_name {
+                if t.size() != tied_to.size() {
+                    tied_shape_error = Some(format!(
+                        "{name} (tied to the token embedding: expected {}, got {})",
+                        ShapeFmt(&tied_to.size()),
+                        ShapeFmt(&t.size())
+                    ));
+                }
+                continue;
+            }
+        }
+        given.insert(name.clone(), t.size());
+        values.insert(name, t);
+    }
+    let mut reasons = fit_report(&expected, &given);
+    reasons.extend(tied_shape_error);
+    if !reasons.is_empty() {
+        return Err(Error::InvalidFile {
+            op,
+            path: file.display().to_string(),
+            reason: format!("does not fit the model: {}", reasons.join("; ")),
+        });
+    }
+    let _guard = tch::no_grad_guard();
+    for (name, p) in params {
+        if let Some(src) = values.get(name) {
+            let mut dst = p.shallow_clone();
+            dst.f_copy_(&src.f_to_kind(p.kind())?.f_to_device(p.device())?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `(name, tensor)` pairs to `file` through a temporary file and a rename.
+pub(crate) fn write_tensors(
+    op: &'static str,
+    file: &FsPath,
+    params: &[(String, &Tensor)],
+) -> Result<()> {
+    let cpu: Vec<(String, Tensor)> = params
+        .iter()
+        .map(|(n, p)| {
+            Ok((
+                n.clone(),
+                p.f_detach()?.f_to_device(Device::Cpu)?.f_contiguous()?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let tmp = file.with_extension("safetensors.tmp");
+    Tensor::write_safetensors(&cpu, &tmp).map_err(|e| Error::InvalidFile {
+        op,
+        path: tmp.display().to_string(),
+        reason: format!("could not write safetensors: {e}"),
+    })?;
+    std::fs::rename(&tmp, file).map_err(|source| Error::Io {
+        op,
+        path: file.display().to_string(),
+        source,
+    })
+}
+
+/// Writes `text` to `file` through a temporary file and a rename.
+pub(crate) fn write_text(op: &'static str, file: &FsPath, text: &str) -> Result<()> {
+    let tmp = file.with_extension("json.tmp");
+    let io = |source| Error::Io {
+        op,
+        path: file.display().to_string(),
+        source,
+    };
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, file).map_err(io)
+}
+
+impl Gpt2Model {
+    /// Builds a model from a `transformers` folder (`config.json` + `model.safetensors`), its
+    /// variables under `path` (on the path's device; set the dtype on the `VarStore`
+    /// afterwards, or before with `VarStore::set_kind` on an empty store).
+    pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let config = Gpt2Config::from_json_file(dir.join(CONFIG_FILE))?;
+        let model = Gpt2Model::new(path, &config)?;
+        model.load_safetensors(dir.join(WEIGHTS_FILE))?;
+        Ok(model)
+    }
+
+    /// Loads `transformers`-named weights from a safetensors file into this model (see the
+    /// [module docs](self) for the checks; nothing changes unless every tensor fits).
+    pub fn load_safetensors(&self, file: impl AsRef<FsPath>) -> Result<()> {
+        let op = "Gpt2Model::load_safetensors";
+        let file = file.as_ref();
+        let tensors = read_tensors(op, file)?;
+        let params = self.named_parameters();
+        load_into(
+            op,
+            file,
+            &params,
+            tensors,
+            Some(("lm_head.weight", self.wte())),
+        )
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), in the
+    /// layout `transformers`' `GPT2LMHeadModel.from_pretrained` reads.
+    pub fn save_pretrained(&self, dir: impl AsRef<FsPath>) -> Result<()> {
+        let op = "Gpt2Model::save_pretrained";
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            op,
+            path: dir.display().to_string(),
+            source,
+        })?;
+        write_tensors(op, &dir.join(WEIGHTS_FILE), &self.named_parameters())?;
+        write_text(op, &dir.join(CONFIG_FILE), &self.config().to_json_string()?)
+    }
+}
