@@ -26,6 +26,10 @@ margin is at least 2e-3, so that a float32 port within 1e-4 must pick the same t
 It also trains a small byte-level BPE tokenizer (deterministic) on a fixed corpus, saves it as
 ``specs/tokenizer/tokenizer.json`` and records the ids of a few strings (and their decoding)
 into ``specs/tokenizer_cases.json``.
+
+Finally ``specs/gpt2/score_v90/`` holds a ``GPT2ForSequenceClassification(num_labels=1)`` reward
+model, with its scores for a right-padded and a left-padded batch (``score``: read at each
+row's last non-pad token; pad id 0 never occurs inside a row).
 """
 
 import json
@@ -172,10 +176,42 @@ def record_tokenizer():
             "pad": tok.token_to_id("<pad>"), "cases": cases}
 
 
+def record_score_model():
+    """A GPT2ForSequenceClassification(num_labels=1) reward model and its scores."""
+    from transformers import GPT2ForSequenceClassification
+    torch.manual_seed(2)
+    cfg = GPT2Config(vocab_size=90, n_positions=24, n_embd=16, n_layer=2, n_head=2,
+                     initializer_range=0.1, pad_token_id=PAD, num_labels=1)
+    cfg._attn_implementation = "eager"
+    model = GPT2ForSequenceClassification(cfg).eval()
+    out_dir = os.path.join(ROOT, "gpt2", "score_v90")
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    with torch.no_grad():
+        for case, mask in (
+            ("score_right_pad", [[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]),
+            ("score_left_pad", [[0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
+        ):
+            mask = torch.tensor(mask)
+            ids = torch.randint(3, 90, (3, 6), generator=g).masked_fill(mask == 0, PAD)
+            kw = {}
+            if case == "score_left_pad":
+                kw["position_ids"] = position_ids_for(mask)
+            scores = model(input_ids=ids, attention_mask=mask, **kw).logits.squeeze(-1)
+            cases.append({"name": f"score_v90/{case}", "op": "score",
+                          "args": {"input_ids": tensor_json(ids), "attention_mask": tensor_json(mask),
+                                   "position_ids": tensor_json(kw["position_ids"]) if kw else None},
+                          "expect": {"scores": tensor_json(scores)}})
+    return cases
+
+
 def main():
     cases = []
     for name, spec in MODELS.items():
         cases.extend(record_model(name, spec))
+    cases.extend(record_score_model())
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "python": sys.version.split()[0]}
     with open(os.path.join(ROOT, "gpt2_cases.json"), "w") as f:

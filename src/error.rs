@@ -226,8 +226,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A file is not a valid tensordict file (corrupt, truncated or foreign).
-    #[error("{op}: {path} is not a valid tensordict file: {reason}")]
+    /// A file is not valid for the operation (a corrupt, truncated or foreign tensordict file;
+    /// a checkpoint that does not fit the model).
+    #[error("{op}: {path} is not valid here: {reason}")]
     InvalidFile {
         /// The operation that failed.
         op: &'static str,

@@ -519,7 +519,7 @@ fn top_p_filter(scores: &Tensor, p: f64) -> Result<Tensor> {
         .f_softmax(-1, None::<Kind>)?
         .f_cumsum(-1, None::<Kind>)?;
     let vocab = scores.size().last().copied().unwrap_or(0);
-    let mut remove = cum.f_le(1.0 - p)?;
+    let remove = cum.f_le(1.0 - p)?;
     let _ = remove.f_narrow(-1, vocab - 1, 1)?.f_fill_(0)?;
     let remove = remove.f_scatter(-1, &order, &remove)?;
     Ok(scores.f_masked_fill(&remove, f64::NEG_INFINITY)?)

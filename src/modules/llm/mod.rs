@@ -21,6 +21,7 @@ pub mod cache;
 pub mod config;
 pub mod generation;
 pub mod gpt2;
+pub mod heads;
 pub mod weights;
 
 pub use cache::KvCache;
@@ -29,3 +30,8 @@ pub use generation::{
     generate, generate_with, GenerateOptions, GenerationConfig, GenerationOutput, LogitMask,
 };
 pub use gpt2::{position_ids_from_mask, ForwardOptions, Gpt2Input, Gpt2Model, Gpt2Output};
+pub use heads::{
+    batched_index_select, last_token_index, token_log_probs, CausalLmWithHydraValueHead,
+    CausalLmWithIlqlHeads, CausalLmWithValueHead, Gpt2ScoreModel, HydraOutput, IlqlHeads,
+    IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch, ValueOutput,
+};

@@ -51,10 +51,11 @@ pub const WEIGHTS_FILE: &str = "model.safetensors";
 
 /// `name` as a `GPT2LMHeadModel` parameter name.
 fn canonical(name: &str) -> String {
-    if name.starts_with("transformer.") || name.starts_with("lm_head.") {
-        name.to_string()
-    } else {
+    const TRUNK: [&str; 4] = ["wte.", "wpe.", "h.", "ln_f."];
+    if TRUNK.iter().any(|p| name.starts_with(p)) {
         format!("transformer.{name}")
+    } else {
+        name.to_string()
     }
 }
 
