@@ -501,3 +501,89 @@ fn runs_in_half_precision_formats() {
         .with_n_head(2);
     assert!(cfg.validate().is_ok());
 }
+
+#[test]
+fn hf_tokenizer_matches_recorded_ids() {
+    use torchrl::modules::llm::{
+        BatchEncodeOptions, ByteTokenizer, HfTokenizer, PaddingSide, SpecialTokens, TextTokenizer,
+    };
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "specs"].iter().collect();
+    let text = std::fs::read_to_string(dir.join("tokenizer_cases.json")).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let tok = HfTokenizer::from_file(dir.join("tokenizer").join("tokenizer.json")).unwrap();
+    assert_eq!(tok.vocab_size(), cases["vocab_size"].as_i64().unwrap());
+    assert_eq!(tok.eos_token_id(), cases["eos"].as_i64());
+    assert_eq!(tok.pad_token_id(), cases["pad"].as_i64());
+    let mut rows = Vec::new();
+    for c in cases["cases"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<i64> = c["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        assert_eq!(tok.encode(text).unwrap(), want, "{text:?}");
+        assert_eq!(
+            tok.decode(&want, SpecialTokens::Keep).unwrap(),
+            c["decoded"].as_str().unwrap()
+        );
+        rows.push((text, want));
+    }
+    // batch encode, left-padded with the pad id, and back
+    let texts: Vec<&str> = rows.iter().map(|(t, _)| *t).collect();
+    let batch = tok
+        .batch_encode(&texts, &BatchEncodeOptions::default())
+        .unwrap();
+    let width = rows.iter().map(|(_, ids)| ids.len()).max().unwrap();
+    assert_eq!(
+        batch.input_ids.size(),
+        vec![rows.len() as i64, width as i64]
+    );
+    for (i, (_, ids)) in rows.iter().enumerate() {
+        let row = Vec::<i64>::try_from(batch.input_ids.get(i as i64)).unwrap();
+        let pad = width - ids.len();
+        assert!(row[..pad]
+            .iter()
+            .all(|&t| t == cases["pad"].as_i64().unwrap()));
+        assert_eq!(&row[pad..], ids.as_slice());
+    }
+    let back = tok
+        .batch_decode(
+            &batch.input_ids,
+            Some(&batch.attention_mask),
+            SpecialTokens::Keep,
+        )
+        .unwrap();
+    assert_eq!(back[0], "the cat sat");
+    // right padding with truncation keeps the first tokens
+    let opts = BatchEncodeOptions {
+        padding_side: PaddingSide::Right,
+        max_length: Some(2),
+        ..Default::default()
+    };
+    let b = tok.batch_encode(&["the cat sat"], &opts).unwrap();
+    assert_eq!(
+        Vec::<i64>::try_from(b.input_ids.view([-1])).unwrap(),
+        rows[0].1[..2].to_vec()
+    );
+    // errors: a missing file, a bad file, an unknown token, an id past the vocabulary
+    assert!(HfTokenizer::from_file(dir.join("nope.json")).is_err());
+    assert!(HfTokenizer::from_file(dir.join("gpt2_cases.json")).is_err());
+    assert!(
+        HfTokenizer::from_file(dir.join("tokenizer").join("tokenizer.json"))
+            .unwrap()
+            .with_eos_token("<nope>")
+            .is_err()
+    );
+    assert!(tok.decode(&[320], SpecialTokens::Keep).is_err());
+    // the byte tokenizer round-trips any UTF-8
+    let bt = ByteTokenizer::new();
+    let s = "héllo wörld 42 ✓";
+    assert_eq!(
+        bt.decode(&bt.encode(s).unwrap(), SpecialTokens::Skip)
+            .unwrap(),
+        s
+    );
+    assert_eq!(bt.encode("é").unwrap(), vec![0xc3, 0xa9]);
+}

@@ -22,6 +22,7 @@ pub mod config;
 pub mod generation;
 pub mod gpt2;
 pub mod heads;
+pub mod tokenizer;
 pub mod weights;
 
 pub use cache::KvCache;
@@ -34,4 +35,8 @@ pub use heads::{
     batched_index_select, last_token_index, token_log_probs, CausalLmWithHydraValueHead,
     CausalLmWithIlqlHeads, CausalLmWithValueHead, Gpt2ScoreModel, HydraOutput, IlqlHeads,
     IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch, ValueOutput,
+};
+pub use tokenizer::{
+    BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide, SpecialTokens,
+    TextTokenizer,
 };

@@ -30,7 +30,9 @@
 //! let vs3 = VarStore::new(Device::Cpu);
 //! let err = Gpt2Model::new(&vs3.root(), &small)?
 //!     .load_safetensors(dir.join("model.safetensors")).unwrap_err();
-//! assert!(err.to_string().contains("transformer.wte.weight"), "{err}");
+//! let msg = err.to_string();
+//! assert!(msg.contains("mis-shaped tensors") && msg.contains("(16 in all)"), "{msg}");
+//! assert!(msg.contains("transformer.h.0.ln_1.weight (expected [4], got [8])"), "{msg}");
 //! std::fs::remove_dir_all(&dir).ok();
 //! # Ok(()) }
 //! ```

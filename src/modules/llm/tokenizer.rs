@@ -1,0 +1,413 @@
+//! Tokenizers for the GPT policy: the [`TextTokenizer`] trait (encode, decode, special
+//! tokens, batch encoding with left padding), a byte-level [`ByteTokenizer`] that needs no
+//! files, and [`HfTokenizer`] for Hugging Face `tokenizer.json` files through the
+//! `tokenizers` crate.
+//!
+//! ```
+//! use torchrl::modules::llm::{BatchEncodeOptions, ByteTokenizer, SpecialTokens, TextTokenizer};
+//! # fn main() -> torchrl::Result<()> {
+//! let tok = ByteTokenizer::new();
+//! assert_eq!(tok.vocab_size(), 259);
+//! assert_eq!(tok.encode("hi")?, vec![104, 105]);
+//! assert_eq!(tok.encode("hi<|endoftext|>")?, vec![104, 105, 256]);
+//! // left-padded batch: pads first, mask 0 on them
+//! let batch = tok.batch_encode(&["a", "abc"], &BatchEncodeOptions::default())?;
+//! assert_eq!(Vec::<i64>::try_from(batch.input_ids.view([-1]))?, vec![257, 257, 97, 97, 98, 99]);
+//! assert_eq!(Vec::<i64>::try_from(batch.attention_mask.view([-1]))?, vec![0, 0, 1, 1, 1, 1]);
+//! let texts = tok.batch_decode(&batch.input_ids, Some(&batch.attention_mask), SpecialTokens::Skip)?;
+//! assert_eq!(texts, vec!["a".to_string(), "abc".to_string()]);
+//! // an id outside the vocabulary is an error
+//! assert!(tok.decode(&[300], SpecialTokens::Keep).is_err());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Whether decoding writes special tokens out or drops them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpecialTokens {
+    /// Write them (`"<|endoftext|>"`).
+    #[default]
+    Keep,
+    /// Drop them (`skip_special_tokens=True`).
+    Skip,
+}
+
+/// Which side gets the padding of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PaddingSide {
+    /// Pads before the tokens (what generation wants: trlX's and TorchRL's prompts).
+    #[default]
+    Left,
+    /// Pads after the tokens.
+    Right,
+}
+
+/// Options of [`TextTokenizer::batch_encode`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BatchEncodeOptions {
+    /// Where the padding goes.
+    pub padding_side: PaddingSide,
+    /// Keep at most this many tokens per text (the last ones with left padding, the first
+    /// ones with right padding); `None`: no truncation.
+    pub max_length: Option<usize>,
+    /// Prepend the BOS id (when the tokenizer has one).
+    pub add_bos: bool,
+    /// Append the EOS id (when the tokenizer has one).
+    pub add_eos: bool,
+}
+
+/// A batch of encoded texts.
+#[derive(Debug)]
+pub struct Encoded {
+    /// `[B, T]` int64, padded with the pad id.
+    pub input_ids: Tensor,
+    /// `[B, T]` int64, 1 on real tokens.
+    pub attention_mask: Tensor,
+}
+
+/// Text ↔ token ids.
+pub trait TextTokenizer: Send {
+    /// The ids of `text` (special-token strings inside it are recognised).
+    fn encode(&self, text: &str) -> Result<Vec<i64>>;
+    /// The text of `ids`.
+    fn decode(&self, ids: &[i64], special: SpecialTokens) -> Result<String>;
+    /// The number of ids.
+    fn vocab_size(&self) -> i64;
+    /// The end-of-sequence id, if any.
+    fn eos_token_id(&self) -> Option<i64>;
+    /// The padding id, if any.
+    fn pad_token_id(&self) -> Option<i64>;
+    /// The beginning-of-sequence id, if any.
+    fn bos_token_id(&self) -> Option<i64>;
+
+    /// Encodes `texts` into one padded batch on the CPU (pad id: the tokenizer's, else its
+    /// EOS, else 0).
+    fn batch_encode(&self, texts: &[&str], options: &BatchEncodeOptions) -> Result<Encoded> {
+        let pad = self.pad_token_id().or(self.eos_token_id()).unwrap_or(0);
+        let mut rows = Vec::with_capacity(texts.len());
+        for text in texts {
+            let mut ids = Vec::new();
+            if options.add_bos {
+                ids.extend(self.bos_token_id());
+            }
+            ids.extend(self.encode(text)?);
+            if options.add_eos {
+                ids.extend(self.eos_token_id());
+            }
+            if let Some(max) = options.max_length {
+                if ids.len() > max {
+                    ids = match options.padding_side {
+                        PaddingSide::Left => ids.split_off(ids.len() - max),
+                        PaddingSide::Right => {
+                            ids.truncate(max);
+                            ids
+                        }
+                    };
+                }
+            }
+            rows.push(ids);
+        }
+        let width = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows.len() * width);
+        let mut mask = Vec::with_capacity(rows.len() * width);
+        for row in &rows {
+            let n_pad = width - row.len();
+            let pads = std::iter::repeat_n(pad, n_pad);
+            let zeros = std::iter::repeat_n(0i64, n_pad);
+            let ones = std::iter::repeat_n(1i64, row.len());
+            match options.padding_side {
+                PaddingSide::Left => {
+                    ids.extend(pads.chain(row.iter().copied()));
+                    mask.extend(zeros.chain(ones));
+                }
+                PaddingSide::Right => {
+                    ids.extend(row.iter().copied().chain(pads));
+                    mask.extend(ones.chain(zeros));
+                }
+            }
+        }
+        let shape = [rows.len() as i64, width as i64];
+        Ok(Encoded {
+            input_ids: Tensor::f_from_slice(&ids)?.f_view(shape)?,
+            attention_mask: Tensor::f_from_slice(&mask)?.f_view(shape)?,
+        })
+    }
+
+    /// Decodes each row of `ids` `[B, T]`, keeping only the tokens where `mask` is 1.
+    fn batch_decode(
+        &self,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+        special: SpecialTokens,
+    ) -> Result<Vec<String>> {
+        let size = ids.size();
+        if size.len() != 2 {
+            return Err(Error::value(
+                "batch_decode",
+                "ids",
+                "shape [batch, time]",
+                format!("shape {size:?}"),
+            ));
+        }
+        let rows: Vec<Vec<i64>> =
+            Vec::<Vec<i64>>::try_from(&ids.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?)?;
+        let masks: Option<Vec<Vec<i64>>> = match mask {
+            Some(m) => {
+                if m.size() != size {
+                    return Err(Error::ShapeMismatch {
+                        op: "batch_decode",
+                        key: "mask".into(),
+                        expected: size,
+                        actual: m.size(),
+                    });
+                }
+                Some(Vec::<Vec<i64>>::try_from(
+                    &m.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?,
+                )?)
+            }
+            None => None,
+        };
+        rows.iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let kept: Vec<i64> = match masks.as_ref().and_then(|m| m.get(i)) {
+                    Some(m) => row
+                        .iter()
+                        .zip(m)
+                        .filter(|(_, &k)| k != 0)
+                        .map(|(&t, _)| t)
+                        .collect(),
+                    None => row.clone(),
+                };
+                self.decode(&kept, special)
+            })
+            .collect()
+    }
+}
+
+fn check_ids(op: &'static str, ids: &[i64], vocab: i64) -> Result<()> {
+    match ids.iter().find(|&&id| !(0..vocab).contains(&id)) {
+        Some(bad) => Err(Error::value(
+            op,
+            "ids",
+            format!("token ids in [0, {vocab})"),
+            format!("id {bad}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+// ------------------------------------------------------------------ bytes
+
+/// One token per byte (ids 0–255) plus three special tokens: `<|endoftext|>` (256, EOS),
+/// `<|pad|>` (257, padding) and `<|bos|>` (258). Vocabulary 259. Decoding turns the bytes
+/// back into text (invalid UTF-8 becomes U+FFFD).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    /// The EOS id.
+    pub const EOS: i64 = 256;
+    /// The pad id.
+    pub const PAD: i64 = 257;
+    /// The BOS id.
+    pub const BOS: i64 = 258;
+    const SPECIALS: [(&'static str, i64); 3] = [
+        ("<|endoftext|>", Self::EOS),
+        ("<|pad|>", Self::PAD),
+        ("<|bos|>", Self::BOS),
+    ];
+
+    /// The tokenizer.
+    pub fn new() -> Self {
+        ByteTokenizer
+    }
+}
+
+impl TextTokenizer for ByteTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<i64>> {
+        let mut out = Vec::with_capacity(text.len());
+        let mut rest = text;
+        'outer: while !rest.is_empty() {
+            for (s, id) in Self::SPECIALS {
+                if let Some(after) = rest.strip_prefix(s) {
+                    out.push(id);
+                    rest = after;
+                    continue 'outer;
+                }
+            }
+            let mut chars = rest.chars();
+            if let Some(c) = chars.next() {
+                let mut buf = [0u8; 4];
+                out.extend(c.encode_utf8(&mut buf).bytes().map(i64::from));
+            }
+            rest = chars.as_str();
+        }
+        Ok(out)
+    }
+
+    fn decode(&self, ids: &[i64], special: SpecialTokens) -> Result<String> {
+        check_ids("ByteTokenizer::decode", ids, 259)?;
+        let mut text = String::new();
+        let mut bytes = Vec::new();
+        for &id in ids {
+            match u8::try_from(id) {
+                Ok(b) => bytes.push(b),
+                Err(_) => {
+                    text.push_str(&String::from_utf8_lossy(&bytes));
+                    bytes.clear();
+                    if special == SpecialTokens::Keep {
+                        if let Some((s, _)) = Self::SPECIALS.iter().find(|(_, i)| *i == id) {
+                            text.push_str(s);
+                        }
+                    }
+                }
+            }
+        }
+        text.push_str(&String::from_utf8_lossy(&bytes));
+        Ok(text)
+    }
+
+    fn vocab_size(&self) -> i64 {
+        259
+    }
+    fn eos_token_id(&self) -> Option<i64> {
+        Some(Self::EOS)
+    }
+    fn pad_token_id(&self) -> Option<i64> {
+        Some(Self::PAD)
+    }
+    fn bos_token_id(&self) -> Option<i64> {
+        Some(Self::BOS)
+    }
+}
+
+// ------------------------------------------------------------------ Hugging Face
+
+/// A Hugging Face `tokenizer.json` (BPE, byte-level, WordPiece, …) through the `tokenizers`
+/// crate. The EOS id defaults to the token `<|endoftext|>` and the pad id to `<pad>` (then
+/// `<|pad|>`, then none) when the file has them; set others with [`HfTokenizer::with_eos_token`]
+/// and [`HfTokenizer::with_pad_token`].
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Option<i64>,
+    pad: Option<i64>,
+    bos: Option<i64>,
+}
+
+impl fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("eos", &self.eos)
+            .field("pad", &self.pad)
+            .field("bos", &self.bos)
+            .finish()
+    }
+}
+
+impl HfTokenizer {
+    /// Reads a `tokenizer.json`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let op = "HfTokenizer::from_file";
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(Error::Io {
+                op,
+                path: path.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::InvalidFile {
+            op,
+            path: path.display().to_string(),
+            reason: format!("not a tokenizer.json: {e}"),
+        })?;
+        let id = |s: &str| inner.token_to_id(s).map(i64::from);
+        let eos = id("<|endoftext|>").or_else(|| id("</s>"));
+        let pad = id("<pad>").or_else(|| id("<|pad|>"));
+        let bos = id("<s>").or_else(|| id("<|bos|>"));
+        Ok(HfTokenizer {
+            inner,
+            eos,
+            pad,
+            bos,
+        })
+    }
+
+    fn token_id(&self, op: &'static str, token: &str) -> Result<i64> {
+        self.inner.token_to_id(token).map(i64::from).ok_or_else(|| {
+            Error::value(
+                op,
+                "token",
+                "a token of the vocabulary",
+                format!("{token:?}"),
+            )
+        })
+    }
+
+    /// Sets the EOS token by its string.
+    pub fn with_eos_token(mut self, token: &str) -> Result<Self> {
+        self.eos = Some(self.token_id("HfTokenizer::with_eos_token", token)?);
+        Ok(self)
+    }
+
+    /// Sets the pad token by its string.
+    pub fn with_pad_token(mut self, token: &str) -> Result<Self> {
+        self.pad = Some(self.token_id("HfTokenizer::with_pad_token", token)?);
+        Ok(self)
+    }
+
+    /// Sets the BOS token by its string.
+    pub fn with_bos_token(mut self, token: &str) -> Result<Self> {
+        self.bos = Some(self.token_id("HfTokenizer::with_bos_token", token)?);
+        Ok(self)
+    }
+
+    /// The wrapped `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+impl TextTokenizer for HfTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<i64>> {
+        let enc = self.inner.encode(text, false).map_err(|e| {
+            Error::value(
+                "HfTokenizer::encode",
+                "text",
+                "text the tokenizer can encode",
+                e.to_string(),
+            )
+        })?;
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
+    fn decode(&self, ids: &[i64], special: SpecialTokens) -> Result<String> {
+        let op = "HfTokenizer::decode";
+        check_ids(op, ids, self.vocab_size())?;
+        let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect();
+        self.inner
+            .decode(&ids, special == SpecialTokens::Skip)
+            .map_err(|e| Error::value(op, "ids", "ids the tokenizer can decode", e.to_string()))
+    }
+
+    fn vocab_size(&self) -> i64 {
+        self.inner.get_vocab_size(true) as i64
+    }
+    fn eos_token_id(&self) -> Option<i64> {
+        self.eos
+    }
+    fn pad_token_id(&self) -> Option<i64> {
+        self.pad
+    }
+    fn bos_token_id(&self) -> Option<i64> {
+        self.bos
+    }
+}
