@@ -39,7 +39,12 @@ fn tokens_per_s(cfg: &Gpt2Config, batch: i64, prompt: i64, new: i64) -> torchrl:
     tch::manual_seed(0);
     let vs = VarStore::new(Device::Cpu);
     let model = Gpt2Model::new(&vs.root(), cfg)?;
-    let ids = Tensor::f_randint_low(3, cfg.vocab_size, [batch, prompt], (Kind::Int64, Device::Cpu))?;
+    let ids = Tensor::f_randint_low(
+        3,
+        cfg.vocab_size,
+        [batch, prompt],
+        (Kind::Int64, Device::Cpu),
+    )?;
     let gen_cfg = GenerationConfig::rlhf_sampling(new);
     let mut rng = Generator::new(0);
     // warm-up (allocator, kernels)

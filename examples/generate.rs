@@ -58,11 +58,15 @@ fn parse() -> Result<Args, String> {
             "--prompt" => a.prompts.push(value()?),
             "--batch" => a.batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
             "--max-new-tokens" => {
-                a.max_new_tokens = value()?.parse().map_err(|e| format!("--max-new-tokens: {e}"))?
+                a.max_new_tokens = value()?
+                    .parse()
+                    .map_err(|e| format!("--max-new-tokens: {e}"))?
             }
             "--greedy" => a.greedy = true,
             "--temperature" => {
-                a.temperature = value()?.parse().map_err(|e| format!("--temperature: {e}"))?
+                a.temperature = value()?
+                    .parse()
+                    .map_err(|e| format!("--temperature: {e}"))?
             }
             "--top-k" => a.top_k = value()?.parse().map_err(|e| format!("--top-k: {e}"))?,
             "--top-p" => a.top_p = value()?.parse().map_err(|e| format!("--top-p: {e}"))?,
@@ -136,7 +140,8 @@ fn main() -> torchrl::Result<()> {
     )?;
     let secs = t0.elapsed().as_secs_f64();
     let n_tokens = i64::try_from(out.response_mask.sum(tch::Kind::Int64))?;
-    let responses = tokenizer.batch_decode(&out.response, Some(&out.response_mask), SpecialTokens::Skip)?;
+    let responses =
+        tokenizer.batch_decode(&out.response, Some(&out.response_mask), SpecialTokens::Skip)?;
     for (prompt, response) in texts.iter().zip(&responses) {
         println!("{prompt:?} -> {response:?}");
     }

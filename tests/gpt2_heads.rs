@@ -102,6 +102,10 @@ fn hydra_reference_equals_policy_at_init_and_stays_the_reference_while_training(
             hydra.full_copy_parameter_bytes(),
         );
         if k > 0 {
+            // per block: 2 norms (64) + c_attn (816) + attn c_proj (272) + c_fc (1088) + mlp
+            // c_proj (1040) = 3280 parameters; plus ln_f (32); the LM head is the shared,
+            // frozen embedding
+            assert_eq!(r, (3280 * k + 32) * 4, "k={k}");
             assert!(r < full, "k={k}: {r} vs {full}");
         } else {
             assert_eq!(r, full);
