@@ -46,7 +46,7 @@ use super::utils::{any_of, any_true, complete_done, reshape_rewards, step_mdp, S
 use super::{EnvKeys, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
-use crate::tensordict::{reserve_stack, stack_reserved, NestedKey, TensorDict};
+use crate::tensordict::{NestedKey, StackReserve, TensorDict};
 
 /// The state every environment carries: its (finalized, locked) specs, a seedable generator
 /// for random actions and initial states, and flags. Embed one in your env and return it from
@@ -403,7 +403,7 @@ pub trait EnvBase: Send {
         let mut steps: Vec<TensorDict> = Vec::with_capacity(max_steps);
         // For break_when_all_done: which batch elements have finished at least once.
         let mut finished: Option<Tensor> = None;
-        let mut reserve = None;
+        let mut reserve = StackReserve::none();
         for i in 0..max_steps {
             td = match policy.as_mut() {
                 Some(p) => p(td)?,
@@ -448,8 +448,8 @@ pub trait EnvBase: Send {
                 }
                 let (stepped, root) = self.step_and_maybe_reset(td)?;
                 if i == 0 {
-                    // Every step is kept: the stack's buffer is known now (see `reserve_stack`).
-                    reserve = reserve_stack(&stepped, max_steps)?;
+                    // Every step is kept: the stack's buffer is known now (see `StackReserve`).
+                    reserve = StackReserve::new(&stepped, max_steps)?;
                 }
                 steps.push(stepped);
                 td = root;
@@ -458,8 +458,7 @@ pub trait EnvBase: Send {
         if steps.is_empty() {
             return Err(Error::invalid("rollout", "max_steps must be at least 1"));
         }
-        let reserve = reserve.filter(|_| steps.len() == max_steps);
-        stack_reserved(&steps, nb as i64, reserve).map_err(|e| match e {
+        reserve.stack(&steps, nb as i64).map_err(|e| match e {
             Error::KeySetMismatch { only_first, only_second, .. } => Error::invalid(
                 "rollout",
                 format!(

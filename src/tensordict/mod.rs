@@ -23,8 +23,6 @@
 //! ```
 
 mod display;
-pub(crate) mod host;
-mod host_stack;
 mod index;
 mod io;
 mod key;
@@ -39,13 +37,15 @@ use smallvec::SmallVec;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
-pub(crate) use host_stack::reserve as reserve_stack;
+// The host helpers' old home: `crate::tensordict::host::HostOut` still names them.
+pub(crate) use crate::host;
+pub(crate) use crate::host::ffi::leading_dims_are;
+pub(crate) use crate::host::Elements;
 pub use index::BatchIndex;
 pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
-pub(crate) use shape::stack_reserved;
-pub use shape::{cat, stack};
+pub use shape::{cat, stack, StackReserve};
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
 pub(crate) type Dims = SmallVec<[i64; 4]>;
@@ -150,25 +150,6 @@ pub(crate) fn check_key<'a>(op: &'static str, segs: &Segments<'a>) -> Result<()>
     Ok(())
 }
 
-/// `Tensor::numel` without its overflow: tch multiplies the dims in order, which overflows (a
-/// panic in debug builds) for a shape with no elements such as `[2, i64::MAX, 0]`.
-pub(crate) trait Elements {
-    /// The number of elements (`usize::MAX` when it does not fit).
-    fn elements(&self) -> usize;
-}
-
-impl Elements for Tensor {
-    fn elements(&self) -> usize {
-        let size = self.size();
-        if size.contains(&0) {
-            return 0;
-        }
-        size.iter()
-            .try_fold(1usize, |acc, d| acc.checked_mul(usize::try_from(*d).ok()?))
-            .unwrap_or(usize::MAX)
-    }
-}
-
 pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
     shape.starts_with(prefix)
 }
@@ -177,26 +158,6 @@ pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
 #[inline]
 fn short_str_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
-}
-
-/// True when `t`'s leading dims equal `prefix`, without allocating (this check runs on every
-/// `set`, and `Tensor::size` allocates a `Vec`).
-pub(crate) fn leading_dims_are(t: &Tensor, prefix: &[i64]) -> bool {
-    let dim = t.dim();
-    if dim < prefix.len() {
-        return false;
-    }
-    if prefix.is_empty() {
-        return true;
-    }
-    let mut buf = [0i64; 8];
-    if dim > buf.len() {
-        return starts_with(&t.size(), prefix);
-    }
-    // SAFETY: `t` is a live, defined tensor (`dim()` above succeeded on it), and `at_shape`
-    // writes exactly `dim` <= 8 values into `buf`.
-    unsafe { torch_sys::at_shape(t.as_ptr() as *mut torch_sys::C_tensor, buf.as_mut_ptr()) };
-    buf.get(..prefix.len()) == Some(prefix)
 }
 
 impl TensorDict {

@@ -57,7 +57,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
+use super::common::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Categorical, OneHot, TensorSpec, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;

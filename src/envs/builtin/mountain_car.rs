@@ -50,7 +50,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
+use super::common::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
