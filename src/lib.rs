@@ -68,5 +68,7 @@ pub mod prelude {
     pub use crate::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
     pub use crate::error::{Error, Result};
     pub use crate::rng::Generator;
-    pub use crate::tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+    pub use crate::tensordict::{
+        cat, stack, AsKey, BatchIndex, Entry, IfExists, KeysOptions, NestedKey, Strict, TensorDict,
+    };
 }

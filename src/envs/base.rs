@@ -46,7 +46,7 @@ use super::utils::{any_of, any_true, complete_done, reshape_rewards, step_mdp, S
 use super::{EnvKeys, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
-use crate::tensordict::{NestedKey, StackReserve, TensorDict};
+use crate::tensordict::{KeysOptions, NestedKey, StackReserve, Strict, TensorDict};
 
 /// The state every environment carries: its (finalized, locked) specs, a seedable generator
 /// for random actions and initial states, and flags. Embed one in your env and return it from
@@ -284,7 +284,7 @@ pub trait EnvBase: Send {
     /// state to reset to), and the other elements keep their values from `root`.
     fn maybe_reset(&mut self, root: TensorDict) -> Result<TensorDict> {
         let reset_keys = self.core().keys().reset.clone();
-        let masks = root.select(&reset_keys, false)?;
+        let masks = root.select(&reset_keys, Strict::No)?;
         let fresh = self.reset_next(Some(&masks))?;
         let core = self.core();
         let merged = merge_partial_reset(&root, fresh, core)?;
@@ -589,7 +589,7 @@ fn batch_mask(mask: &Tensor, nb: usize, leaf_dim: usize) -> Result<Tensor> {
 
 /// Adds to `next` the leaves of `preset` it does not have.
 pub(crate) fn merge_missing(next: &mut TensorDict, preset: &TensorDict) -> Result<()> {
-    for (k, e) in preset.items(true, true) {
+    for (k, e) in preset.items(KeysOptions::nested_leaves()) {
         if !next.contains(&k) {
             next.set(&k, e.clone())?;
         }

@@ -9,7 +9,7 @@
 use super::EnvBase;
 use crate::data::specs::Composite;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 use crate::RolloutConfig;
 
 fn spec_err(key: String, spec: String, reason: String) -> Error {
@@ -56,8 +56,8 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
     let real = full.exclude(&state_next);
     let fake = fake.exclude(&state_next);
 
-    let rk = real.keys(true, true);
-    let fk = fake.keys(true, true);
+    let rk = real.keys(KeysOptions::nested_leaves());
+    let fk = fake.keys(KeysOptions::nested_leaves());
     let only_real: Vec<NestedKey> = rk.iter().filter(|k| !fk.contains(k)).cloned().collect();
     let only_fake: Vec<NestedKey> = fk.iter().filter(|k| !rk.contains(k)).cloned().collect();
     if !only_real.is_empty() || !only_fake.is_empty() {

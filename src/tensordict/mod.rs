@@ -27,6 +27,7 @@ mod index;
 mod io;
 mod key;
 mod ops;
+mod options;
 mod shape;
 
 use std::hash::BuildHasherDefault;
@@ -45,6 +46,7 @@ pub use index::BatchIndex;
 pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
+pub use options::{IfExists, KeysOptions, Strict};
 pub use shape::{cat, stack, StackReserve};
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
@@ -368,7 +370,7 @@ impl TensorDict {
             match cur.entries.get(*seg) {
                 None => {
                     let available = cur
-                        .keys(true, false)
+                        .keys(KeysOptions::nested())
                         .into_iter()
                         .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
                         .collect();
@@ -602,9 +604,9 @@ impl TensorDict {
         Ok(())
     }
 
-    /// A new tensordict with only `keys` (and the levels that lead to them). With `strict`, a
-    /// missing key is an error; otherwise it is skipped.
-    pub fn select<K: AsKey>(&self, keys: &[K], strict: bool) -> Result<TensorDict> {
+    /// A new tensordict with only `keys` (and the levels that lead to them). With
+    /// [`Strict::Yes`], a missing key is an error; with [`Strict::No`] it is skipped.
+    pub fn select<K: AsKey>(&self, keys: &[K], strict: Strict) -> Result<TensorDict> {
         let mut out = self.empty();
         for key in keys {
             let segs = key.segments();
@@ -621,7 +623,7 @@ impl TensorDict {
                     }
                     out.set_segments("select", &segs, e.clone())?;
                 }
-                None if strict => return Err(self.lookup_error("select", &segs)),
+                None if strict == Strict::Yes => return Err(self.lookup_error("select", &segs)),
                 None => {}
             }
         }
@@ -638,9 +640,15 @@ impl TensorDict {
         out
     }
 
-    /// Moves the entry at `old` to `new` (across levels allowed). With `safe`, an existing `new`
-    /// is an error; otherwise it is replaced. On error nothing changes.
-    pub fn rename_key(&mut self, old: impl AsKey, new: impl AsKey, safe: bool) -> Result<()> {
+    /// Moves the entry at `old` to `new` (across levels allowed). An existing `new` is an error
+    /// with [`IfExists::Error`] (TorchRL's `safe=True`) and replaced with
+    /// [`IfExists::Overwrite`]. On error nothing changes.
+    pub fn rename_key(
+        &mut self,
+        old: impl AsKey,
+        new: impl AsKey,
+        if_exists: IfExists,
+    ) -> Result<()> {
         let (old, new) = (old.segments(), new.segments());
         check_key("rename_key", &old)?;
         check_key("rename_key", &new)?;
@@ -650,7 +658,7 @@ impl TensorDict {
                 None => Err(self.lookup_error("rename_key", &old)),
             };
         }
-        if safe && self.contains(&new[..]) {
+        if if_exists == IfExists::Error && self.contains(&new[..]) {
             return Err(Error::KeyExists {
                 op: "rename_key",
                 key: display_segments(&new),
@@ -667,20 +675,21 @@ impl TensorDict {
         Ok(())
     }
 
-    /// Keys, in insertion order. With `include_nested`, keys of nested levels are listed too
-    /// (a level's own key comes after its children's, as in TorchRL); with `leaves_only`, levels
-    /// themselves are left out.
-    pub fn keys(&self, include_nested: bool, leaves_only: bool) -> Vec<NestedKey> {
-        self.items(include_nested, leaves_only)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect()
+    /// Keys, in insertion order. With [`KeysOptions::nested`], keys of nested levels are listed
+    /// too (a level's own key comes after its children's, as in TorchRL); with
+    /// [`KeysOptions::leaves_only`], levels themselves are left out.
+    pub fn keys(&self, options: KeysOptions) -> Vec<NestedKey> {
+        self.items(options).into_iter().map(|(k, _)| k).collect()
     }
 
     /// `(key, entry)` pairs with the same rules as [`TensorDict::keys`].
-    pub fn items(&self, include_nested: bool, leaves_only: bool) -> Vec<(NestedKey, &Entry)> {
+    pub fn items(&self, options: KeysOptions) -> Vec<(NestedKey, &Entry)> {
         let mut out = Vec::new();
-        self.visit(&NestedKey::default(), include_nested, leaves_only, &mut out);
+        let KeysOptions {
+            nested,
+            leaves_only,
+        } = options;
+        self.visit(&NestedKey::default(), nested, leaves_only, &mut out);
         out
     }
 
@@ -734,7 +743,7 @@ impl TensorDict {
 
     /// Every leaf tensor with its full key, in order.
     pub fn leaves(&self) -> Vec<(NestedKey, &Tensor)> {
-        self.items(true, true)
+        self.items(KeysOptions::nested_leaves())
             .into_iter()
             .filter_map(|(k, e)| e.as_tensor().map(|t| (k, t)))
             .collect()
@@ -832,9 +841,13 @@ mod tests {
             .unwrap()
             .with(("b", "c"), z(&[1]))
             .unwrap();
-        let keys: Vec<String> = td.keys(true, false).iter().map(|k| k.to_string()).collect();
+        let keys: Vec<String> = td
+            .keys(KeysOptions::nested())
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
         assert_eq!(keys, vec![r#""a""#, r#"("b", "c")"#, r#""b""#]);
-        assert_eq!(td.keys(true, true).len(), 2);
-        assert_eq!(td.keys(false, true).len(), 1);
+        assert_eq!(td.keys(KeysOptions::nested_leaves()).len(), 2);
+        assert_eq!(td.keys(KeysOptions::top_level_leaves()).len(), 1);
     }
 }

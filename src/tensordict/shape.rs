@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use tch::Tensor;
 
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
-use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
+use super::{display_segments, Dims, Entry, KeysOptions, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::host::stack::Reserve;
 use crate::host::stack_plan::{self, Leaf};
@@ -490,8 +490,8 @@ fn check_structure(
     if same_structure(first, other) {
         return Ok(());
     }
-    let a: Vec<NestedKey> = first.keys(true, false);
-    let b: Vec<NestedKey> = other.keys(true, false);
+    let a: Vec<NestedKey> = first.keys(KeysOptions::nested());
+    let b: Vec<NestedKey> = other.keys(KeysOptions::nested());
     if a.len() != b.len() || a.iter().any(|k| !b.contains(k)) {
         return Err(Error::KeySetMismatch {
             op,
@@ -507,7 +507,7 @@ fn check_structure(
                 .collect(),
         });
     }
-    for (k, e) in first.items(true, false) {
+    for (k, e) in first.items(KeysOptions::nested()) {
         let o = other.get_entry(&k);
         match (e, o) {
             (Entry::Tensor(_), Some(Entry::Tensor(_))) | (Entry::Dict(_), Some(Entry::Dict(_))) => {

@@ -4,17 +4,17 @@
 //!
 //! ```
 //! use tch::{Device, Tensor};
-//! use torchrl::envs::builtin::CartPoleEnv;
+//! use torchrl::envs::builtin::MountainCarContinuousEnv;
 //! use torchrl::envs::EnvBase;
 //! use torchrl::TensorDict;
 //! # fn main() -> torchrl::Result<()> {
 //! // Every classic-control env resets to a given `"state"` through these helpers.
-//! let mut env = CartPoleEnv::new(&[], Device::Cpu)?;
-//! let start = TensorDict::new([])?.with("state", Tensor::from_slice(&[0.0f64, 0.0, 0.01, 0.0]))?;
+//! let mut env = MountainCarContinuousEnv::new(&[], Device::Cpu)?;
+//! let start = TensorDict::new([])?.with("state", Tensor::from_slice(&[-0.5f64, 0.0]))?;
 //! let td = env.reset(Some(start))?;
-//! assert_eq!(td.get_or_err("state")?.double_value(&[2]), 0.01);
-//! // An action of the wrong shape is refused.
-//! assert!(env.step(td.with("action", Tensor::from_slice(&[0i64, 1]))?).is_err());
+//! assert_eq!(td.get_or_err("state")?.double_value(&[0]), -0.5);
+//! // An action of the wrong shape (`[2]` instead of `[1]`) is refused.
+//! assert!(env.step(td.with("action", Tensor::from_slice(&[0.0f32, 1.0]))?).is_err());
 //! # Ok(()) }
 //! ```
 
