@@ -5,6 +5,7 @@ use tch::Tensor;
 
 /// True when `t`'s leading dims equal `prefix`, without allocating (this check runs on every
 /// `TensorDict::set`, and `Tensor::size` allocates a `Vec`).
+#[inline]
 pub(crate) fn leading_dims_are(t: &Tensor, prefix: &[i64]) -> bool {
     let dim = t.dim();
     if dim < prefix.len() {

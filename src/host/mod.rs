@@ -57,6 +57,7 @@ pub(crate) trait Elements {
 }
 
 impl Elements for Tensor {
+    #[inline]
     fn elements(&self) -> usize {
         let size = self.size();
         if size.contains(&0) {

@@ -51,6 +51,7 @@ pub(crate) enum HostKernels {
 /// scalar and spills) and the loops vectorize. The results are the same bit for bit: every
 /// operation is IEEE-exact or correctly rounded in both, and truncation by `round` or by an
 /// integer conversion agree where they are used (checked by the tests below).
+#[inline]
 pub(crate) fn host_kernels() -> HostKernels {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
@@ -70,6 +71,7 @@ impl HostKernels {
     /// The per-pendulum arithmetic of a host step (see [`DynamicsIo`]). Errors, writing
     /// nothing, when the slices are not `n` torques, `2n` state values in and out, `n` sines
     /// and `n` rewards.
+    #[inline]
     pub(crate) fn dynamics(self, io: DynamicsIo<'_>) -> Result<()> {
         let n = io.u.len();
         let pairs = [io.prev.len(), io.state.len(), io.out.len()];
@@ -88,6 +90,7 @@ impl HostKernels {
     /// Writes the observations `[cos θ, sin θ, θ̇]` as float32 rows, from the cosines, sines
     /// and state pairs. Errors, writing nothing, unless there are `n` cosines and sines, `2n`
     /// state values and `3n` observation slots.
+    #[inline]
     pub(crate) fn observe(
         self,
         cos: &[f64],
