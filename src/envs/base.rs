@@ -48,6 +48,22 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{KeysOptions, NestedKey, StackReserve, Strict, TensorDict};
 
+/// `EnvBase::core` and `EnvBase::core_mut` for an env that keeps its [`EnvCore`] in a field
+/// named `core`, written once here instead of in every env: `env_core_field!();` inside the
+/// `impl EnvBase`.
+macro_rules! env_core_field {
+    () => {
+        fn core(&self) -> &$crate::envs::EnvCore {
+            &self.core
+        }
+
+        fn core_mut(&mut self) -> &mut $crate::envs::EnvCore {
+            &mut self.core
+        }
+    };
+}
+pub(crate) use env_core_field;
+
 /// The state every environment carries: its (finalized, locked) specs, a seedable generator
 /// for random actions and initial states, and flags. Embed one in your env and return it from
 /// [`EnvBase::core`] / [`EnvBase::core_mut`].

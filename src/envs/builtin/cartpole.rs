@@ -57,7 +57,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
+use super::common::{read_action, reset_state, state_output, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Categorical, OneHot, TensorSpec, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -174,22 +174,13 @@ impl CartPoleEnv {
 }
 
 impl EnvBase for CartPoleEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let op = "CartPoleEnv::reset";
-        let batch = self.core.specs().batch_size().to_vec();
-        let device = self.core.specs().device();
-        let plan = reset_plan(op, td, &batch, 4, device)?;
-        let gen = &mut self.core.generator;
-        self.state = plan.new_state(&self.state, || Self::sample(gen, &batch, device))?;
-        self.was_terminated = match &plan.mask {
+        let (state, mask) = reset_state(op, &mut self.core, td, 4, &self.state, Self::sample)?;
+        self.state = state;
+        self.was_terminated = match &mask {
             Some(m) => self.was_terminated.f_masked_fill(m, 0i64)?,
             None => self.was_terminated.f_zeros_like()?,
         };

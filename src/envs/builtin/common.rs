@@ -20,8 +20,10 @@
 
 use tch::{Device, Kind, Tensor};
 
+use crate::envs::EnvCore;
 use crate::error::{Error, Result};
 use crate::kind::is_float;
+use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// The state-spec key under which the classic-control envs read and write their state.
@@ -80,17 +82,17 @@ pub(super) fn read_action(
 /// How a reset sets the state: the elements it selects (those of the `"_reset"` mask, or all of
 /// them without one) start from the given state when there is one, else from fresh samples;
 /// the other elements keep their state.
-pub(super) struct ResetPlan {
+struct ResetPlan {
     /// `[*B, 1]` bool on the env's device; `None`: every element.
-    pub(super) mask: Option<Tensor>,
+    mask: Option<Tensor>,
     /// `[*B, n]` float64 on the env's device (a fresh copy); `None`: sample.
-    pub(super) state: Option<Tensor>,
+    state: Option<Tensor>,
 }
 
 impl ResetPlan {
     /// The state after the reset: the given state (or a fresh one from `sample`, called only
     /// when no state was given) where the plan selects, `current` elsewhere.
-    pub(super) fn new_state(
+    fn new_state(
         &self,
         current: &Tensor,
         sample: impl FnOnce() -> Result<Tensor>,
@@ -106,18 +108,18 @@ impl ResetPlan {
     }
 }
 
-/// The outputs of an env whose observation is its float64 physical state cast to float32
-/// (CartPole, MountainCarContinuous): observation, state (a copy), done = terminated, and the
-/// reward when given (a step; a reset has none).
-pub(super) fn state_output(
+/// The outputs of a classic-control env's reset or step: `observation`, `state`, `done` and
+/// `terminated` (the same tensor), and the reward when given (a step; a reset has none).
+pub(super) fn env_output(
     batch: &[i64],
-    state: &Tensor,
+    observation: Tensor,
+    state: Tensor,
     terminated: Tensor,
     reward: Option<Tensor>,
 ) -> Result<TensorDict> {
     let mut td = TensorDict::new(batch)?
-        .with("observation", state.f_to_kind(Kind::Float)?)?
-        .with(STATE_KEY, state.f_detach_copy()?)?
+        .with("observation", observation)?
+        .with(STATE_KEY, state)?
         .with("done", terminated.shallow_clone())?
         .with("terminated", terminated)?;
     if let Some(r) = reward {
@@ -126,13 +128,51 @@ pub(super) fn state_output(
     Ok(td)
 }
 
+/// [`env_output`] for an env whose observation is its float64 physical state cast to float32
+/// (CartPole, MountainCarContinuous); the state is a copy.
+pub(super) fn state_output(
+    batch: &[i64],
+    state: &Tensor,
+    terminated: Tensor,
+    reward: Option<Tensor>,
+) -> Result<TensorDict> {
+    let observation = state.f_to_kind(Kind::Float)?;
+    env_output(
+        batch,
+        observation,
+        state.f_detach_copy()?,
+        terminated,
+        reward,
+    )
+}
+
+/// The state after a reset of an env with `state_dim` state variables per element and the
+/// current state `current`, following [`reset_plan`] (the elements it selects start from the
+/// given state or from `sample(generator, batch, device)`, the others keep theirs), and the
+/// plan's mask (`None`: every element was reset).
+pub(super) fn reset_state(
+    op: &'static str,
+    core: &mut EnvCore,
+    td: Option<&TensorDict>,
+    state_dim: i64,
+    current: &Tensor,
+    sample: fn(&mut Generator, &[i64], Device) -> Result<Tensor>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let batch = core.specs().batch_size().to_vec();
+    let device = core.specs().device();
+    let plan = reset_plan(op, td, &batch, state_dim, device)?;
+    let gen = &mut core.generator;
+    let state = plan.new_state(current, || sample(gen, &batch, device))?;
+    Ok((state, plan.mask))
+}
+
 /// Decides how to reset from the tensordict given to `reset`. A `"_reset"` entry (shape `[*B]`
 /// or `[*B, ...]`, reduced with `any` over the trailing dims) selects the elements to reset
 /// (all of them without one); a `"state"` entry of shape `[*B, state_dim]` (any float dtype)
 /// is the state those elements start from (its other elements are not read); without it they
 /// are sampled. `step_and_maybe_reset` hands the env only the masks, so the current state it
 /// carries is never mistaken for a state to reset to.
-pub(super) fn reset_plan(
+fn reset_plan(
     op: &'static str,
     td: Option<&TensorDict>,
     batch: &[i64],

@@ -50,7 +50,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
+use super::common::{read_action, reset_state, state_output, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -123,23 +123,15 @@ impl MountainCarContinuousEnv {
 }
 
 impl EnvBase for MountainCarContinuousEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let op = "MountainCarContinuousEnv::reset";
-        let batch = self.core.specs().batch_size().to_vec();
-        let device = self.core.specs().device();
-        let plan = reset_plan(op, td, &batch, 2, device)?;
-        let gen = &mut self.core.generator;
-        self.state = plan.new_state(&self.state, || Self::sample(gen, &batch, device))?;
-        let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
-        let terminated = Tensor::f_zeros(&b1, (Kind::Bool, device))?;
+        let (state, _) = reset_state(op, &mut self.core, td, 2, &self.state, Self::sample)?;
+        self.state = state;
+        let specs = self.core.specs();
+        let b1: Vec<i64> = [specs.batch_size(), &[1]].concat();
+        let terminated = Tensor::f_zeros(&b1, (Kind::Bool, specs.device()))?;
         self.output(terminated, None)
     }
 

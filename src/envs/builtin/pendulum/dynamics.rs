@@ -5,7 +5,8 @@ use std::f64::consts::PI;
 
 use tch::{Kind, Tensor};
 
-use super::{PendulumEnv, State, STATE_KEY};
+use super::super::common::env_output;
+use super::{PendulumEnv, State};
 use crate::error::Result;
 use crate::host::pendulum::{DT, G, L, M, MAX_SPEED, MAX_TORQUE};
 use crate::tensordict::TensorDict;
@@ -64,12 +65,8 @@ impl PendulumEnv {
         let _ = new_th.f_sin_out(&obs.f_narrow(-1, 1, 1)?)?;
         obs.f_narrow(-1, 2, 1)?.f_copy_(&new_thdot)?;
         let done = Tensor::f_zeros(b1.as_slice(), (Kind::Bool, dev))?;
-        let td = TensorDict::new(batch)?
-            .with("observation", obs.f_to_kind(Kind::Float)?)?
-            .with(STATE_KEY, state.f_detach_copy()?)?
-            .with("done", done.shallow_clone())?
-            .with("terminated", done)?
-            .with("reward", reward)?;
+        let obs = obs.f_to_kind(Kind::Float)?;
+        let td = env_output(batch, obs, state.f_detach_copy()?, done, Some(reward))?;
         let old = std::mem::replace(&mut self.state, State::Tensor(state));
         self.spare.recycle(old);
         Ok(td)

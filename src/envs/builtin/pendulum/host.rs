@@ -4,7 +4,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{PendulumEnv, State, STATE_KEY};
+use super::super::common::env_output;
+use super::{PendulumEnv, State};
 use crate::error::{Error, Result};
 use crate::host::pendulum::{host_kernels, DynamicsIo};
 use crate::host::{HostBuf, HostOut};
@@ -130,12 +131,8 @@ impl PendulumEnv {
             self.spare.recycle(State::Host(r));
         }
         let done = Tensor::f_zeros(b1.as_slice(), (Kind::Bool, Device::Cpu))?;
-        TensorDict::new(&batch)?
-            .with("observation", obs.into_tensor())?
-            .with(STATE_KEY, state_out.into_tensor())?
-            .with("done", done.shallow_clone())?
-            .with("terminated", done)?
-            .with("reward", reward.into_tensor())
+        let (obs, state_out) = (obs.into_tensor(), state_out.into_tensor());
+        env_output(&batch, obs, state_out, done, Some(reward.into_tensor()))
     }
 }
 

@@ -67,7 +67,7 @@ use std::f64::consts::PI;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{read_action, reset_plan, ActionKind, STATE_KEY};
+use super::common::{env_output, read_action, reset_state, ActionKind, STATE_KEY};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -161,15 +161,8 @@ impl PendulumEnv {
         let thdot = state.f_narrow(-1, 1, 1)?;
         let obs = Tensor::f_cat(&[th.f_cos()?, th.f_sin()?, thdot], -1)?.f_to_kind(Kind::Float)?;
         let done = Tensor::f_zeros(th.size(), (Kind::Bool, th.device()))?;
-        let mut td = TensorDict::new(self.core.specs().batch_size())?
-            .with("observation", obs)?
-            .with(STATE_KEY, state.f_detach_copy()?)?
-            .with("done", done.shallow_clone())?
-            .with("terminated", done)?;
-        if let Some(r) = reward {
-            td.set("reward", r)?;
-        }
-        Ok(td)
+        let batch = self.core.specs().batch_size();
+        env_output(batch, obs, state.f_detach_copy()?, done, reward)
     }
 }
 
@@ -178,23 +171,13 @@ impl PendulumEnv {
 const HOST_PATH_MAX: usize = 32_768;
 
 impl EnvBase for PendulumEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let op = "PendulumEnv::reset";
-        let batch = self.core.specs().batch_size().to_vec();
-        let device = self.core.specs().device();
-        let plan = reset_plan(op, td, &batch, 2, device)?;
         let current = self.state_tensor()?;
-        let gen = &mut self.core.generator;
-        let new = State::Tensor(plan.new_state(&current, || Self::sample(gen, &batch, device))?);
-        let old = std::mem::replace(&mut self.state, new);
+        let (state, _) = reset_state(op, &mut self.core, td, 2, &current, Self::sample)?;
+        let old = std::mem::replace(&mut self.state, State::Tensor(state));
         self.spare.recycle(old);
         self.output(None)
     }
