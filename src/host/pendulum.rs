@@ -199,8 +199,8 @@ pub(crate) fn observe_any(cos: &[f64], sin: &[f64], state: &[f64], obs: &mut [Ma
 
 /// `x.rem_euclid(2π)`, which is gymnasium's `x % (2 * pi)` and torch's `remainder`: the exact
 /// `f = fmod(x, 2π)`, plus 2π (rounded) when `f < 0`. `%` on `f64` is compiler-builtins'
-/// bit-by-bit software `fmod` (~6 ns, the largest cost of a host step after the trigonometry);
-/// this is one division and one fused multiply-add, with the same result (up to the sign of a
+/// bit-by-bit software `fmod` (the largest cost of a host step after the trigonometry); this
+/// is one division and one fused multiply-add, with the same result (up to the sign of a
 /// zero, which the caller's `- π` erases). Checked bit for bit by the tests below.
 ///
 /// Why: `q = trunc(x / 2π)` from the rounded quotient is the true truncated quotient `q₀`, or

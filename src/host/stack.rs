@@ -3,25 +3,22 @@
 //!
 //! libtorch stacks along dim `d > 0` with `cat`'s serial kernel: for each of the `outer`
 //! positions before `d` it copies one small block from each input (`outer × n` `memcpy` calls
-//! of a few bytes). A rollout of 1024 batched envs stacks 200 steps of `[1024, k]` leaves
-//! along dim 1: 204,800 blocks of 4–16 bytes per leaf, ≈ 12–24 µs per step in all. Here the
-//! same copy writes the output front to back, with the row width known at compile time for
-//! the common widths: 0.55–0.65× of `cat`'s time for 200 inputs of `[1024, k]` (k = 1, 2, 3
-//! floats; measured in cache, best of 5).
+//! of a few bytes; a rollout of 1024 batched envs stacks 200 steps of `[1024, k]` leaves
+//! along dim 1). Here the same copy writes the output front to back, with the row width known
+//! at compile time for the common widths.
 //!
 //! **One allocation.** All the leaves a stack computes here are views into one byte buffer
 //! (each leaf contiguous, 64-byte aligned, with its own dtype and shape), like tensordict's
 //! `consolidate()`. A rollout's outputs are megabytes: allocated leaf by leaf, each is a
 //! separate `mmap` (or a piece of a heap top that glibc trims when it is freed), and every
-//! rollout pays a page fault per 4 KiB of fresh memory (≈ 40 % of a 1024-pendulum rollout on
-//! the team's machine). One buffer of the whole size is one `mmap`; when it is freed, glibc
+//! rollout pays a page fault per 4 KiB of fresh memory. One buffer of the whole size is one `mmap`; when it is freed, glibc
 //! raises its mmap and trim thresholds to that size and keeps later buffers of that size in
 //! its heap, so the rollouts after the first two reuse warm pages. The cost for users: the
 //! buffer lives until the last of its leaves is dropped.
 //!
 //! Only plain data is handled: CPU, contiguous, one dtype without quantization, no autograd,
 //! no conjugate or negative views; everything else (and an empty result) is left to the caller
-//! (`Tensor::stack`).
+//! (`Tensor::stack`). What each of these choices measured: `docs/performance.md` (W2).
 
 use tch::{Device, Kind, Tensor};
 
@@ -332,10 +329,9 @@ fn copy_stack(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Deriv
 /// row width in bytes), in the output's order: each output row is written whole, front to
 /// back, from one block of each input, and the `derived` leaves' rows right after it. In a
 /// rollout the inputs were written long before (out of L2) and the output is megabytes:
-/// writing the output sequentially (full cache lines, prefetch-friendly) with scattered reads
-/// of the inputs measured 1.3–2× faster than blocks of rows that write one column of every
-/// row per input, and deriving the copied and shifted leaves from each row while it is in L1
-/// faster than copying them from the finished stack.
+/// the output is written sequentially (full cache lines, prefetch-friendly) with scattered
+/// reads of the inputs, and the copied and shifted leaves are derived from each row while it
+/// is in L1 (`docs/performance.md`, W2, step 4).
 #[inline(always)]
 fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Derived<'_, '_>]) {
     let n = srcs.len();

@@ -134,14 +134,12 @@ pub(crate) struct Leaf<'a> {
 
 /// How a leaf of a stack is computed.
 ///
-/// `Tensor::stack` along a dim after the batch dims copies one small block per (row, input):
-/// ~2 ns each, ~25 µs per step of a 200-step rollout of 1024 pendulums (10 leaves), the
-/// largest cost of that rollout after the steps themselves. Copying an already stacked leaf is
-/// one bulk copy. So a leaf whose inputs are, input by input, views of another leaf's inputs
+/// `Tensor::stack` along a dim after the batch dims copies one small block per (row, input);
+/// copying an already stacked leaf is one bulk copy. So a leaf whose inputs are, input by input, views of another leaf's inputs
 /// is copied from that leaf's stack. In a rollout, each step's root `observation`, `state`,
 /// `done` and `terminated` are the previous step's `"next"` tensors (moved there by
-/// `step_mdp`), and `terminated` is often the very tensor of `done`: 5 of the 10 leaves, which
-/// brings that stack from ~25 µs to ~12 µs per step. The values are those of the stack:
+/// `step_mdp`), and `terminated` is often the very tensor of `done`: 5 of a Pendulum
+/// rollout's 10 leaves (timings in `docs/performance.md`). The values are those of the stack:
 /// the same memory viewed the same way, at the time of the stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LeafPlan {

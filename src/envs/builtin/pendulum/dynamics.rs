@@ -14,7 +14,7 @@ use crate::tensordict::TensorDict;
 impl PendulumEnv {
     /// The step with tensor ops (other devices, and CPU batches above [`HOST_PATH_MAX`]).
     ///
-    /// Written for few ops (each costs 1–2 µs at 1024 pendulums on the CPU, more than its
+    /// Written for few ops (at 1024 pendulums on the CPU each op's fixed cost is more than its
     /// arithmetic): in-place ops on fresh buffers, the float32 → float64 casts left to type
     /// promotion (exact, as the explicit casts were), the negated cost built from negated
     /// terms (IEEE negation is exact, so `-(0.1 θ̇²) - norm²` is `-(norm² + 0.1 θ̇²)` bit for

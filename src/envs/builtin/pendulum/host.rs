@@ -72,12 +72,12 @@ impl PendulumEnv {
     /// The step on host values (CPU batches up to [`HOST_PATH_MAX`]): the same arithmetic as
     /// the tensor path (float64 dynamics, gymnasium's float32 rounding points) on plain `f64`s.
     /// One read of the actions and five tensor constructions replace ~25 libtorch ops, whose
-    /// fixed cost (1–2 µs each) dominates a step up to thousands of pendulums: at 1024
-    /// pendulums this step takes ~25 µs, the tensor step ~45 µs.
+    /// fixed cost per op dominates a step up to thousands of pendulums (timings in
+    /// `docs/performance.md`).
     ///
     /// The trigonometry is one [`sin_cos`] of the new angles (the observation needs both; the
     /// sines are kept in [`HostState`] for the next step's `sin θ`) and the angle
-    /// normalisation avoids `fmod` ([`rem_tau`]).
+    /// normalisation avoids `fmod` ([`rem_tau`](crate::host::pendulum::rem_tau)).
     pub(super) fn step_host(&mut self, action: &Tensor) -> Result<TensorDict> {
         let batch = self.core.specs().batch_size().to_vec();
         let n = action.numel();
@@ -178,9 +178,9 @@ impl HostState {
 /// vectorized `sin` and `cos` (MKL VML or SLEEF, ≤ 1 ulp), smaller ones from libm's `sin_cos`
 /// (≤ 1 ulp). Each batch size thus keeps the trigonometry it had when only batches of up to 64
 /// pendulums stepped on host values: the tensor step's kernels above 64 (so the host step gives
-/// the tensor step's results bit for bit there), libm up to 64. At 1024 angles with the spread
-/// of a rollout, libm costs ~12–25 ns per angle (its range reduction branches defeat the branch
-/// predictor), the two tensor ops and the copies ~5 µs in all.
+/// the tensor step's results bit for bit there), libm up to 64. For large batches libm is the
+/// slower of the two (its range reduction branches defeat the branch predictor on a
+/// rollout's spread of angles; `docs/performance.md`).
 const LIBM_TRIG_MAX: usize = 64;
 
 /// `sin θ` and `cos θ` of the angles of the state pairs `state` (`[θ₀, θ̇₀, θ₁, …]`), into
