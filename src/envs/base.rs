@@ -147,9 +147,11 @@ impl RolloutConfig {
     /// `(break_when_any_done, break_when_all_done)` after TorchRL's defaulting rules.
     pub fn breaks(&self) -> Result<(bool, bool)> {
         match (self.break_when_any_done, self.break_when_all_done) {
-            (Some(true), Some(true)) => Err(Error::invalid(
+            (Some(true), Some(true)) => Err(Error::config(
                 "rollout",
-                "break_when_any_done and break_when_all_done cannot both be true",
+                "break_when_all_done",
+                "not Some(true) together with break_when_any_done = Some(true) (they cannot both be true)",
+                "Some(true)",
             )),
             (None, None) => Ok((true, false)),
             (any, all) => Ok((any.unwrap_or(false), all.unwrap_or(false))),
@@ -397,9 +399,11 @@ pub trait EnvBase: Send {
             (None, true) => self.reset(None)?,
             (Some(t), false) => t.clone(),
             (None, false) => {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     "rollout",
-                    "auto_reset=false needs a start tensordict (RolloutConfig::tensordict)",
+                    "tensordict",
+                    "a start tensordict when auto_reset = Some(false)",
+                    "None",
                 ))
             }
         };
@@ -409,9 +413,11 @@ pub trait EnvBase: Send {
             .filter(|k| k.last() == Some("truncated"))
             .collect();
         if cfg.set_truncated && truncated_keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "rollout",
-                "set_truncated is true but the env has no truncated done key (add one, e.g. with StepCounter)",
+                "set_truncated",
+                "false for an env without a truncated done key (add one, e.g. with StepCounter)",
+                true,
             ));
         }
         let stop_keys = self.core().keys().stop.clone();
@@ -472,7 +478,12 @@ pub trait EnvBase: Send {
             }
         }
         if steps.is_empty() {
-            return Err(Error::invalid("rollout", "max_steps must be at least 1"));
+            return Err(Error::config(
+                "rollout",
+                "max_steps",
+                "at least 1",
+                max_steps,
+            ));
         }
         reserve.stack(&steps, nb as i64).map_err(|e| match e {
             Error::KeySetMismatch { only_first, only_second, .. } => Error::invalid(
