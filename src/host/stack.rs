@@ -234,12 +234,15 @@ pub(crate) struct Reserve(Tensor, usize);
 /// earlier rollout used is fresh memory, a page fault per 4 KiB. A rollout reserves its buffer
 /// at its first step, before the steps' tensors, and with a slack that makes it fit where the
 /// previous one was ([`reserve_slack`]; measurements in `docs/performance.md`).
-pub(crate) fn reserve<'a>(
-    leaves: impl IntoIterator<Item = &'a Tensor>,
+///
+/// `leaves` visits each leaf with a callback (so that no list of them is allocated: the
+/// allocations made before the buffer decide where the heap places it).
+pub(crate) fn reserve(
+    leaves: impl FnOnce(&mut dyn FnMut(&Tensor)) -> Result<()>,
     n: usize,
 ) -> Result<Option<Reserve>> {
     let mut total = Some(0usize);
-    for t in leaves {
+    leaves(&mut |t: &Tensor| {
         let kind = t.kind();
         if plain_kind(kind) && is_plain(t, kind, &t.size()) {
             let bytes = t
@@ -249,7 +252,7 @@ pub(crate) fn reserve<'a>(
                 .and_then(|b| b.checked_next_multiple_of(ALIGN));
             total = total.zip(bytes).and_then(|(a, b)| a.checked_add(b));
         }
-    }
+    })?;
     let Some(total) = total.filter(|t| *t > 0) else {
         return Ok(None);
     };

@@ -593,13 +593,14 @@ impl StackReserve {
     /// A buffer for stacking `n` tensordicts with `like`'s leaves (shapes and dtypes) along a
     /// dim after the first. Reserves nothing when none of `like`'s leaves is plain CPU data.
     pub fn new(like: &TensorDict, n: usize) -> Result<Self> {
-        let mut leaves = Vec::new();
-        like.for_each_leaf(&mut |_, t| {
-            leaves.push(t);
-            Ok(())
-        })?;
+        let each_leaf = |f: &mut dyn FnMut(&Tensor)| {
+            like.for_each_leaf(&mut |_, t| {
+                f(t);
+                Ok(())
+            })
+        };
         Ok(StackReserve {
-            reserve: crate::host::stack::reserve(leaves, n)?,
+            reserve: crate::host::stack::reserve(each_leaf, n)?,
             n,
         })
     }
