@@ -20,14 +20,15 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::envs::EnvCore;
+use crate::data::specs::Unbounded;
+use crate::envs::{EnvCore, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::kind::is_float;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// The state-spec key under which the classic-control envs read and write their state.
-pub(super) const STATE_KEY: &str = "state";
+const STATE_KEY: &str = "state";
 
 /// What kind of action an env reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,12 +132,13 @@ pub(super) fn env_output(
 /// [`env_output`] for an env whose observation is its float64 physical state cast to float32
 /// (CartPole, MountainCarContinuous); the state is a copy.
 pub(super) fn state_output(
-    batch: &[i64],
+    core: &EnvCore,
     state: &Tensor,
     terminated: Tensor,
     reward: Option<Tensor>,
 ) -> Result<TensorDict> {
     let observation = state.f_to_kind(Kind::Float)?;
+    let batch = core.specs().batch_size();
     env_output(
         batch,
         observation,
@@ -144,6 +146,33 @@ pub(super) fn state_output(
         terminated,
         reward,
     )
+}
+
+/// Draws a classic-control env's initial state: `(generator, batch size, device)` to a
+/// `[*B, state_dim]` float64 tensor.
+pub(super) type SampleFn = fn(&mut Generator, &[i64], Device) -> Result<Tensor>;
+
+/// The core of a classic-control env and its first state: `specs` (observation, action and
+/// reward set) completed with the float64 `"state"` spec of shape `[*B, state_dim]` and the
+/// device, and a state drawn with `sample` from a copy of the core's generator (so that the
+/// env's own stream starts where a fresh core's does).
+pub(super) fn classic_core(
+    specs: EnvSpecs,
+    state_dim: i64,
+    device: Device,
+    sample: SampleFn,
+) -> Result<(EnvCore, Tensor)> {
+    let batch = specs.batch_size().to_vec();
+    let shape: Vec<i64> = [batch.as_slice(), &[state_dim]].concat();
+    let state_spec = Unbounded::new()
+        .with_shape(&shape)?
+        .with_dtype(Kind::Double)?;
+    let specs = specs
+        .with_state(STATE_KEY, state_spec)?
+        .with_device(device)?;
+    let core = EnvCore::new(specs)?;
+    let state = sample(&mut core.generator.clone(), &batch, device)?;
+    Ok((core, state))
 }
 
 /// The state after a reset of an env with `state_dim` state variables per element and the
@@ -156,7 +185,7 @@ pub(super) fn reset_state(
     td: Option<&TensorDict>,
     state_dim: i64,
     current: &Tensor,
-    sample: fn(&mut Generator, &[i64], Device) -> Result<Tensor>,
+    sample: SampleFn,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let batch = core.specs().batch_size().to_vec();
     let device = core.specs().device();

@@ -50,7 +50,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{read_action, reset_state, state_output, ActionKind, STATE_KEY};
+use super::common::{classic_core, read_action, reset_state, state_output, ActionKind};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -88,14 +88,8 @@ impl MountainCarContinuousEnv {
         let specs = EnvSpecs::new(batch_size)?
             .with_observation("observation", Bounded::from_tensors(low, high)?)?
             .with_action("action", Bounded::new(MIN_ACTION, MAX_ACTION, &b1)?)?
-            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?
-            .with_state(
-                STATE_KEY,
-                Unbounded::new().with_shape(&b2)?.with_dtype(Kind::Double)?,
-            )?
-            .with_device(device)?;
-        let core = EnvCore::new(specs)?;
-        let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
+            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?;
+        let (core, state) = classic_core(specs, 2, device, Self::sample)?;
         Ok(MountainCarContinuousEnv { core, state })
     }
 
@@ -111,15 +105,6 @@ impl MountainCarContinuousEnv {
         let velocity = position.f_zeros_like()?;
         Ok(Tensor::f_cat(&[position, velocity], -1)?)
     }
-
-    fn output(&self, terminated: Tensor, reward: Option<Tensor>) -> Result<TensorDict> {
-        state_output(
-            self.core.specs().batch_size(),
-            &self.state,
-            terminated,
-            reward,
-        )
-    }
 }
 
 impl EnvBase for MountainCarContinuousEnv {
@@ -132,7 +117,7 @@ impl EnvBase for MountainCarContinuousEnv {
         let specs = self.core.specs();
         let b1: Vec<i64> = [specs.batch_size(), &[1]].concat();
         let terminated = Tensor::f_zeros(&b1, (Kind::Bool, specs.device()))?;
-        self.output(terminated, None)
+        state_output(&self.core, &self.state, terminated, None)
     }
 
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
@@ -175,6 +160,6 @@ impl EnvBase for MountainCarContinuousEnv {
             .f_sub(&penalty)?
             .f_to_kind(Kind::Float)?;
         self.state = obs.f_to_kind(Kind::Double)?;
-        self.output(terminated, Some(reward))
+        state_output(&self.core, &self.state, terminated, Some(reward))
     }
 }

@@ -67,7 +67,7 @@ use std::f64::consts::PI;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{env_output, read_action, reset_state, ActionKind, STATE_KEY};
+use super::common::{classic_core, env_output, read_action, reset_state, ActionKind};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -101,7 +101,6 @@ impl PendulumEnv {
     /// [`EnvBase::reset`] (after [`EnvBase::set_seed`]) before stepping.
     pub fn new(batch_size: &[i64], device: Device) -> Result<Self> {
         let b1: Vec<i64> = [batch_size, &[1]].concat();
-        let b2: Vec<i64> = [batch_size, &[2]].concat();
         let b3: Vec<i64> = [batch_size, &[3]].concat();
         let high = Tensor::f_from_slice(&[1.0f32, 1.0, MAX_SPEED as f32])?
             .f_expand(b3.as_slice(), false)?
@@ -110,14 +109,8 @@ impl PendulumEnv {
         let specs = EnvSpecs::new(batch_size)?
             .with_observation("observation", Bounded::from_tensors(low, high)?)?
             .with_action("action", Bounded::new(-MAX_TORQUE, MAX_TORQUE, &b1)?)?
-            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?
-            .with_state(
-                STATE_KEY,
-                Unbounded::new().with_shape(&b2)?.with_dtype(Kind::Double)?,
-            )?
-            .with_device(device)?;
-        let core = EnvCore::new(specs)?;
-        let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
+            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?;
+        let (core, state) = classic_core(specs, 2, device, Self::sample)?;
         let n = batch_size.iter().product::<i64>().max(0) as usize;
         Ok(PendulumEnv {
             core,
