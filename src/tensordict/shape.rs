@@ -643,15 +643,7 @@ fn stack_reserved<T: Borrow<TensorDict>>(
     reserve: Option<Reserve>,
 ) -> Result<TensorDict> {
     let op = "stack";
-    let first = match tds.first() {
-        Some(f) => f.borrow(),
-        None => {
-            return Err(Error::invalid(
-                op,
-                "cannot stack an empty list of tensordicts",
-            ))
-        }
-    };
+    let first = first_td(op, tds)?;
     let nd = first.batch_size.len();
     let d = norm_dim(op, dim, nd + 1, &first.batch_size)?;
     for (i, td) in tds.iter().enumerate().skip(1) {
@@ -680,9 +672,7 @@ fn stack_level<T: Borrow<TensorDict>>(
     collect_leaves(&tds, path, &mut leaves)?;
     let n = tds.len() as i64;
     let mut outputs = stack_plan::stack_leaves(&leaves, d, reserve)?.into_iter();
-    let first = tds
-        .first()
-        .ok_or_else(|| Error::invalid("stack", "cannot stack an empty list of tensordicts"))?;
+    let first = first_td("stack", &tds)?;
     build_level(first, d, n, &mut outputs)
 }
 
@@ -795,19 +785,19 @@ fn missing(path: &[String], i: usize) -> Error {
     }
 }
 
+/// The first of `tds`, or `op`'s error for an empty list.
+fn first_td<'a, T: Borrow<TensorDict>>(op: &'static str, tds: &'a [T]) -> Result<&'a TensorDict> {
+    let verb = if op == "cat" { "concatenate" } else { "stack" };
+    tds.first()
+        .map(Borrow::borrow)
+        .ok_or_else(|| Error::invalid(op, format!("cannot {verb} an empty list of tensordicts")))
+}
+
 /// Concatenates tensordicts along existing batch dim `dim`. Key sets must be identical and all
 /// other batch dims equal.
 pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
     let op = "cat";
-    let first = match tds.first() {
-        Some(f) => f.borrow(),
-        None => {
-            return Err(Error::invalid(
-                op,
-                "cannot concatenate an empty list of tensordicts",
-            ))
-        }
-    };
+    let first = first_td(op, tds)?;
     let nd = first.batch_size.len();
     let d = norm_dim(op, dim, nd, &first.batch_size)?;
     let mut total = 0i64;
@@ -848,12 +838,7 @@ pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
 }
 
 fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<TensorDict> {
-    let Some(first) = tds.first().map(Borrow::borrow) else {
-        return Err(Error::invalid(
-            "cat",
-            "cannot concatenate an empty list of tensordicts",
-        ));
-    };
+    let first = first_td("cat", tds)?;
     let mut batch = first.batch_size.clone();
     match batch.get_mut(d) {
         Some(slot) => *slot = total,
