@@ -7,10 +7,10 @@
 //! observations under `"next"`). Each error names the key, the spec and the value.
 
 use super::EnvBase;
+use super::RolloutConfig;
 use crate::data::specs::Composite;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
-use crate::RolloutConfig;
 
 fn spec_err(key: String, spec: String, reason: String) -> Error {
     Error::NotInSpec {
@@ -91,8 +91,10 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
         }
     }
     // Last step: containment.
-    let mut idx: Vec<crate::BatchIndex> = (0..nb).map(|_| crate::BatchIndex::full()).collect();
-    idx.push(crate::BatchIndex::Int(-1));
+    let mut idx: Vec<crate::tensordict::BatchIndex> = (0..nb)
+        .map(|_| crate::tensordict::BatchIndex::full())
+        .collect();
+    idx.push(crate::tensordict::BatchIndex::Int(-1));
     // Containment is checked on the unfiltered last step (a key may be both an observation and
     // a state, e.g. an episode sum; its ("next", key) entry was only left out of the key-set
     // comparison).
@@ -131,7 +133,7 @@ fn check_group(name: &str, spec: &Composite, td: &TensorDict, prefix: Option<&st
                 format!("the {name} spec declares it but the last step has no such entry"),
             ));
         };
-        if let Err(e) = leaf.check(&crate::Entry::Tensor(v.shallow_clone()), &k) {
+        if let Err(e) = leaf.check(&crate::tensordict::Entry::Tensor(v.shallow_clone()), &k) {
             let reason = match e {
                 Error::NotInSpec { reason, .. } => reason,
                 other => other.to_string(),

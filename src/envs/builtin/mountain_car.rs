@@ -18,8 +18,8 @@
 //!
 //! **Actions** must have shape `[*B, 1]` and a float dtype (cast to float32, the dtype of
 //! gymnasium's action space); another shape, an integer or bool dtype, or a missing
-//! `"action"` is an error ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
-//! [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::Error::KeyNotFound)).
+//! `"action"` is an error ([`Error::ShapeMismatch`](crate::error::Error::ShapeMismatch),
+//! [`Error::DtypeMismatch`](crate::error::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::error::Error::KeyNotFound)).
 //!
 //! **State.** The observation *is* gymnasium's state. The `"state"` entry (state spec, written
 //! by every reset and step) holds it in float64: gymnasium's reset draws a float64 position

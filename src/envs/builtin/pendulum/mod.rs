@@ -17,8 +17,8 @@
 //!
 //! **Actions** must have shape `[*B, 1]` and a float dtype (cast to float32, the dtype of
 //! gymnasium's action space); another shape, an integer or bool dtype, or a missing
-//! `"action"` is an error ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
-//! [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::Error::KeyNotFound)).
+//! `"action"` is an error ([`Error::ShapeMismatch`](crate::error::Error::ShapeMismatch),
+//! [`Error::DtypeMismatch`](crate::error::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::error::Error::KeyNotFound)).
 //!
 //! **State.** The physical state `[θ, θ̇]` is kept in float64, as gymnasium keeps it: the
 //! pendulum amplifies rounding errors (near the upright position they grow by e^3.9 per
