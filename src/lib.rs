@@ -24,6 +24,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// Every `unsafe` block says why it is sound (the speed-only code lives in `host`).
+#![deny(clippy::undocumented_unsafe_blocks)]
 // The lint gate (docs/reliability.md): no unwrap, expect, panic or panicking index in library
 // code. Unit tests (`cfg(test)`) may use them.
 #![cfg_attr(
@@ -40,6 +42,7 @@ pub mod collectors;
 pub mod data;
 pub mod envs;
 pub mod error;
+mod host;
 pub mod kind;
 pub mod modules;
 pub mod objectives;
@@ -65,5 +68,7 @@ pub mod prelude {
     pub use crate::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
     pub use crate::error::{Error, Result};
     pub use crate::rng::Generator;
-    pub use crate::tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+    pub use crate::tensordict::{
+        cat, stack, AsKey, BatchIndex, Entry, IfExists, KeysOptions, NestedKey, Strict, TensorDict,
+    };
 }

@@ -19,6 +19,7 @@ use torchrl::envs::builtin::{
 };
 use torchrl::envs::transforms::RewardScaling;
 use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig, TransformedEnv};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Error, Generator, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -1135,7 +1136,10 @@ fn rollout_stacks_like_a_plain_stack() {
         td = root;
     }
     assert_eq!(traj.batch_size(), &[300, steps_n as i64]);
-    assert_eq!(traj.keys(true, false), steps[0].keys(true, false));
+    assert_eq!(
+        traj.keys(KeysOptions::nested()),
+        steps[0].keys(KeysOptions::nested())
+    );
     for (key, got) in traj.leaves() {
         let parts: Vec<Tensor> = steps
             .iter()
@@ -1217,7 +1221,7 @@ fn stack_copies_only_leaves_that_are_the_same_views() {
     for dim in [0, 1, -1] {
         let got = torchrl::stack(&tds, dim).expect("stack");
         let d = if dim < 0 { dim + 2 } else { dim };
-        for key in got.keys(true, true) {
+        for key in got.keys(KeysOptions::nested_leaves()) {
             let parts: Vec<Tensor> = tds
                 .iter()
                 .map(|t| t.get(&key).expect("leaf").shallow_clone())

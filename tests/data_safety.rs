@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Entry, Error, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -128,7 +129,11 @@ fn sample_td(scale: f64) -> TensorDict {
 /// every level, dtypes, shapes and values of every leaf.
 fn identical(a: &TensorDict, b: &TensorDict) -> Result<(), String> {
     structure_matches(a, b)?;
-    for ((k, ea), (_, eb)) in a.items(true, false).into_iter().zip(b.items(true, false)) {
+    for ((k, ea), (_, eb)) in a
+        .items(KeysOptions::nested())
+        .into_iter()
+        .zip(b.items(KeysOptions::nested()))
+    {
         if let (Entry::Tensor(x), Entry::Tensor(y)) = (ea, eb) {
             if !x.equal(y) {
                 return Err(format!("leaf {k}: values differ"));
@@ -148,12 +153,24 @@ fn structure_matches(a: &TensorDict, b: &TensorDict) -> Result<(), String> {
             b.batch_size()
         ));
     }
-    let ka: Vec<String> = a.keys(true, false).iter().map(|k| k.to_string()).collect();
-    let kb: Vec<String> = b.keys(true, false).iter().map(|k| k.to_string()).collect();
+    let ka: Vec<String> = a
+        .keys(KeysOptions::nested())
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    let kb: Vec<String> = b
+        .keys(KeysOptions::nested())
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
     if ka != kb {
         return Err(format!("keys differ:\n  {ka:?}\n  {kb:?}"));
     }
-    for ((k, ea), (_, eb)) in a.items(true, false).into_iter().zip(b.items(true, false)) {
+    for ((k, ea), (_, eb)) in a
+        .items(KeysOptions::nested())
+        .into_iter()
+        .zip(b.items(KeysOptions::nested()))
+    {
         match (ea, eb) {
             (Entry::Tensor(x), Entry::Tensor(y)) => {
                 if x.kind() != y.kind() || x.size() != y.size() {

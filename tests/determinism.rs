@@ -15,6 +15,7 @@ use torchrl::envs::transforms::{
 };
 use torchrl::envs::{EnvBase, RolloutConfig};
 use torchrl::specs::Bounded;
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Entry, TensorDict};
 
 // ------------------------------------------------------------------ comparing rollouts
@@ -29,12 +30,24 @@ fn identical(a: &TensorDict, b: &TensorDict) -> Result<(), String> {
             b.batch_size()
         ));
     }
-    let ka: Vec<String> = a.keys(true, false).iter().map(|k| k.to_string()).collect();
-    let kb: Vec<String> = b.keys(true, false).iter().map(|k| k.to_string()).collect();
+    let ka: Vec<String> = a
+        .keys(KeysOptions::nested())
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    let kb: Vec<String> = b
+        .keys(KeysOptions::nested())
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
     if ka != kb {
         return Err(format!("keys (in order) differ:\n  {ka:?}\n  {kb:?}"));
     }
-    for ((k, ea), (_, eb)) in a.items(true, false).into_iter().zip(b.items(true, false)) {
+    for ((k, ea), (_, eb)) in a
+        .items(KeysOptions::nested())
+        .into_iter()
+        .zip(b.items(KeysOptions::nested()))
+    {
         match (ea, eb) {
             (Entry::Tensor(x), Entry::Tensor(y)) => {
                 if x.kind() != y.kind() || x.size() != y.size() || x.device() != y.device() {

@@ -10,6 +10,7 @@ use torchrl::envs::batched::{ParallelEnv, SerialEnv};
 use torchrl::envs::builtin::CountingEnv;
 use torchrl::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
 use torchrl::specs::{Bounded, Unbounded};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Error, NestedKey, Result, TensorDict};
 
 fn usize_arg(c: &Case, name: &str) -> usize {
@@ -63,7 +64,7 @@ fn check_rollout(c: &Case, traj: &TensorDict) {
         .collect();
     assert_eq!(traj.batch_size(), bs.as_slice(), "{}: batch size", c.name);
     assert_eq!(
-        sorted(keys_rust(&traj.keys(true, true))),
+        sorted(keys_rust(&traj.keys(KeysOptions::nested_leaves()))),
         keys_json(&e["keys"]),
         "{}: leaf keys",
         c.name
@@ -111,7 +112,7 @@ fn replay_env_cases() {
                 );
                 let fake = env.fake_tensordict().unwrap();
                 assert_eq!(
-                    sorted(keys_rust(&fake.keys(true, true))),
+                    sorted(keys_rust(&fake.keys(KeysOptions::nested_leaves()))),
                     keys_json(&e["fake_keys"])
                 );
             }
@@ -122,7 +123,7 @@ fn replay_env_cases() {
                 let td = env.step(td).unwrap();
                 let root = env.step_mdp(&td).unwrap();
                 assert_eq!(
-                    sorted(keys_rust(&root.keys(true, true))),
+                    sorted(keys_rust(&root.keys(KeysOptions::nested_leaves()))),
                     keys_json(&c.expect["keys"])
                 );
                 check_tensor(

@@ -908,14 +908,26 @@ fn sequential_key_bookkeeping() {
         .with("obs", f32s(&[1.0]))
         .unwrap();
     let out = seq.forward(td.clone()).unwrap();
-    assert_eq!(out.keys(true, true), keys(&["obs", "action"]));
+    assert_eq!(
+        out.keys(torchrl::tensordict::KeysOptions::nested_leaves()),
+        keys(&["obs", "action"])
+    );
     seq.reset_out_keys();
     let out = seq.forward(td.clone()).unwrap();
-    assert_eq!(out.keys(true, true), keys(&["obs", "h", "action"]));
+    assert_eq!(
+        out.keys(torchrl::tensordict::KeysOptions::nested_leaves()),
+        keys(&["obs", "h", "action"])
+    );
     // an empty sequence passes the tensordict through
     let empty = TensorDictSequential::new();
     assert!(empty.is_empty() && empty.in_keys().is_empty() && empty.out_keys().is_empty());
-    assert_eq!(empty.forward(td).unwrap().keys(true, true), keys(&["obs"]));
+    assert_eq!(
+        empty
+            .forward(td)
+            .unwrap()
+            .keys(torchrl::tensordict::KeysOptions::nested_leaves()),
+        keys(&["obs"])
+    );
     // nested sequences
     let inner = TensorDictSequential::new().with(id(&["obs"], &["h"]));
     let outer = TensorDictSequential::new()

@@ -545,12 +545,12 @@ fn linear_value_network(net: &Value) -> R<ValueNetwork> {
 
 fn replay_estimator(c: &Value, est: &dyn ValueEstimator) -> R<()> {
     let mut input = td(&c["args"]["td"])?;
-    let before: Vec<NestedKey> = input.keys(true, true);
+    let before: Vec<NestedKey> = input.keys(torchrl::tensordict::KeysOptions::nested_leaves());
     est.forward(&mut input).map_err(s)?;
     let mut expected = Vec::new();
     td_leaves(&c["expect"]["td"], &[], &mut expected)?;
     let mut written: Vec<NestedKey> = input
-        .keys(true, true)
+        .keys(torchrl::tensordict::KeysOptions::nested_leaves())
         .into_iter()
         .filter(|k| !before.contains(k))
         .collect();
@@ -1103,9 +1103,12 @@ fn estimator_errors_and_atomic_writes() -> torchrl::Result<()> {
     let mut td = small_td()?;
     let mut bad = Gae::new(0.9, 0.9)?;
     bad.set_keys(&[("value_target", Some(("next", "reward", "x").into()))])?;
-    let before = td.keys(true, true);
+    let before = td.keys(torchrl::tensordict::KeysOptions::nested_leaves());
     assert!(bad.forward(&mut td).is_err());
-    assert_eq!(td.keys(true, true), before);
+    assert_eq!(
+        td.keys(torchrl::tensordict::KeysOptions::nested_leaves()),
+        before
+    );
     Ok(())
 }
 

@@ -34,6 +34,7 @@ use torchrl::envs::transforms::{
     StepCounter, Transform, UnsqueezeTransform,
 };
 use torchrl::envs::{EnvBase, EnvSpecs, RolloutConfig, TransformedEnv};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{check_env_specs, Entry, Error, NestedKey, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -343,7 +344,7 @@ fn specs_text(s: &EnvSpecs) -> String {
 /// Batch sizes are prefixes of every leaf's shape at every level.
 fn invariants(td: &TensorDict) -> Check {
     let bs = td.batch_size();
-    for (k, e) in td.items(false, false) {
+    for (k, e) in td.items(KeysOptions::top_level()) {
         match e {
             Entry::Tensor(t) => {
                 let s = t.size();

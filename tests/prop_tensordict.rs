@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 use tch::{Device, Kind, Tensor};
+use torchrl::tensordict::{IfExists, KeysOptions, Strict};
 use torchrl::{cat, stack, BatchIndex, Entry, Error, NestedKey, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -579,7 +580,7 @@ fn invariants(td: &TensorDict) -> Check {
         if bs.iter().any(|d| *d < 0) {
             return Err(format!("level {path} has a negative batch dim: {bs:?}"));
         }
-        for (k, e) in td.items(false, false) {
+        for (k, e) in td.items(KeysOptions::top_level()) {
             let p = format!("{path}/{k}");
             match e {
                 Entry::Tensor(t) => {
@@ -615,7 +616,7 @@ struct Snapshot {
 
 fn structure(td: &TensorDict) -> Vec<String> {
     let mut out = vec![format!("root {:?}", td.batch_size())];
-    for (k, e) in td.items(true, false) {
+    for (k, e) in td.items(KeysOptions::nested()) {
         out.push(match e {
             Entry::Tensor(t) => format!("{k}: tensor {:?} {:?}", t.size(), t.kind()),
             Entry::Dict(d) => format!("{k}: level {:?}", d.batch_size()),
@@ -1014,7 +1015,15 @@ fn run(td: &mut TensorDict, op: &Op) -> Check {
                 Entry::Tensor(t) => format!("{:?}", t.size()),
                 Entry::Dict(d) => format!("level {:?}", d.batch_size()),
             });
-            match td.rename_key(&segs(old)[..], &segs(new)[..], *safe) {
+            match td.rename_key(
+                &segs(old)[..],
+                &segs(new)[..],
+                if *safe {
+                    IfExists::Error
+                } else {
+                    IfExists::Overwrite
+                },
+            ) {
                 Ok(()) => {
                     invariants(td)?;
                     if !new.starts_with(old) && !old.starts_with(new) && td.contains(&segs(old)[..])
@@ -1047,7 +1056,7 @@ fn run(td: &mut TensorDict, op: &Op) -> Check {
         Op::Select { keys, strict } => {
             let ks: Vec<Vec<&str>> = keys.iter().map(|k| segs(k)).collect();
             let ks: Vec<&[&str]> = ks.iter().map(|k| &k[..]).collect();
-            match td.select(&ks, *strict) {
+            match td.select(&ks, if *strict { Strict::Yes } else { Strict::No }) {
                 Ok(r) => {
                     invariants(&r)?;
                     for k in &ks {
@@ -1217,8 +1226,11 @@ fn run(td: &mut TensorDict, op: &Op) -> Check {
                     }
                 }
                 Err(e) => {
-                    let names: Vec<String> =
-                        o.keys(true, false).iter().map(|k| k.to_string()).collect();
+                    let names: Vec<String> = o
+                        .keys(KeysOptions::nested())
+                        .iter()
+                        .map(|k| k.to_string())
+                        .collect();
                     err_ok(&e, &names, "update")?;
                     unchanged(&before, td, "update")?;
                 }
@@ -1351,10 +1363,13 @@ where
 fn too_big(td: &TensorDict) -> bool {
     let elements: i64 = td.values().iter().map(|t| t.numel() as i64).sum();
     let big_dim = td.batch_size().iter().any(|x| *x > 64)
-        || td.items(true, false).iter().any(|(_, e)| match e {
-            Entry::Dict(d) => d.batch_size().iter().any(|x| *x > 64),
-            Entry::Tensor(_) => false,
-        });
+        || td
+            .items(KeysOptions::nested())
+            .iter()
+            .any(|(_, e)| match e {
+                Entry::Dict(d) => d.batch_size().iter().any(|x| *x > 64),
+                Entry::Tensor(_) => false,
+            });
     td.numel() > 4096 || elements > 100_000 || big_dim
 }
 

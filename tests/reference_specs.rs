@@ -350,7 +350,7 @@ fn check_skeleton(actual: &Entry, expected: &Value, path: &str) -> Result<(), St
                 .as_object()
                 .ok_or_else(|| format!("{path}: entries is not an object"))?;
             let got: Vec<String> = td
-                .keys(false, false)
+                .keys(torchrl::tensordict::KeysOptions::top_level())
                 .iter()
                 .map(|k| k.parts().collect::<Vec<_>>().join("."))
                 .collect();

@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use tch::{Kind, Tensor};
+use torchrl::tensordict::{IfExists, KeysOptions, Strict};
 use torchrl::{cat, stack, BatchIndex, Entry, Error, NestedKey, TensorDict};
 
 const CASES_FILE: &str = "tensordict_cases.json";
@@ -271,21 +272,32 @@ fn run(case: &Case) -> Result<Outcome, RunError> {
         }
         "select" => {
             let keys = keys_from_json(case.arg("keys")?)?;
-            Outcome::Td(td.select(&keys, bool_arg(case, "strict")?)?)
+            Outcome::Td(td.select(
+                &keys,
+                if bool_arg(case, "strict")? {
+                    Strict::Yes
+                } else {
+                    Strict::No
+                },
+            )?)
         }
         "exclude" => Outcome::Td(td.exclude(&keys_from_json(case.arg("keys")?)?)),
         "rename_key" => {
             td.rename_key(
                 key_arg(case, "old")?,
                 key_arg(case, "new")?,
-                bool_arg(case, "safe")?,
+                if bool_arg(case, "safe")? {
+                    IfExists::Error
+                } else {
+                    IfExists::Overwrite
+                },
             )?;
             Outcome::Td(td)
         }
-        "keys" => Outcome::Keys(td.keys(
-            bool_arg(case, "include_nested")?,
-            bool_arg(case, "leaves_only")?,
-        )),
+        "keys" => Outcome::Keys(td.keys(KeysOptions {
+            nested: bool_arg(case, "include_nested")?,
+            leaves_only: bool_arg(case, "leaves_only")?,
+        })),
         "is_empty" => Outcome::Bool(td.is_empty()),
         "flatten_keys" => {
             let sep = case.arg("sep")?.as_str().ok_or("sep is not a string")?;
@@ -497,7 +509,7 @@ fn deviation_setitem_new_key(case: &Case) -> Result<(), String> {
     let value = td_arg(case, "value")?;
     let before = td.deep_clone().map_err(text)?;
     let new_keys: Vec<NestedKey> = value
-        .keys(true, true)
+        .keys(KeysOptions::nested_leaves())
         .into_iter()
         .filter(|k| !td.contains(k))
         .collect();
@@ -521,7 +533,7 @@ fn deviation_setitem_new_key(case: &Case) -> Result<(), String> {
         }
     }
     // Nothing changed.
-    if td.keys(true, false) != before.keys(true, false)
+    if td.keys(KeysOptions::nested()) != before.keys(KeysOptions::nested())
         || !td.eq(&before).map_err(text)?.all().map_err(text)?
     {
         return Err("a failed set_at changed the tensordict".into());
@@ -717,7 +729,7 @@ fn comparisons_detect_differences() {
     let td = td_from_json(&expect).expect("decodes");
     // Key order follows the file, not the alphabet.
     let keys: Vec<String> = td
-        .keys(false, false)
+        .keys(KeysOptions::top_level())
         .iter()
         .map(|k| k.to_string())
         .collect();

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use tch::{Device, Kind, Tensor};
+use torchrl::tensordict::{IfExists, KeysOptions};
 use torchrl::{stack, BatchIndex, Entry, Error, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -29,14 +30,17 @@ fn i64s(t: &Tensor) -> Vec<i64> {
 }
 
 fn key_strings(td: &TensorDict) -> Vec<String> {
-    td.keys(true, false).iter().map(|k| k.to_string()).collect()
+    td.keys(KeysOptions::nested())
+        .iter()
+        .map(|k| k.to_string())
+        .collect()
 }
 
 /// Same keys (in order), same batch sizes at every level, same dtypes and equal values.
 fn assert_same(a: &TensorDict, b: &TensorDict) {
     assert_eq!(key_strings(a), key_strings(b), "keys");
     assert_eq!(a.batch_size(), b.batch_size(), "batch size");
-    for (k, e) in a.items(true, false) {
+    for (k, e) in a.items(KeysOptions::nested()) {
         match (e, b.get_entry(&k).expect("same keys")) {
             (Entry::Tensor(x), Entry::Tensor(y)) => {
                 assert_eq!(x.kind(), y.kind(), "dtype of {k}");
@@ -137,7 +141,7 @@ fn save_load_round_trip() {
     assert_eq!(i64s(back.get("b").unwrap()), vec![1, 0]);
     // The insertion order survives, leaves and levels interleaved, at every depth.
     assert_eq!(
-        back.keys(false, false)
+        back.keys(KeysOptions::top_level())
             .iter()
             .map(|k| k.to_string())
             .collect::<Vec<_>>(),
@@ -462,26 +466,28 @@ fn rename_key_safe_leaves_td_unchanged_on_error() {
         .unwrap();
     let before = td.deep_clone().unwrap();
     // safe=true and the target exists.
-    let e = td.rename_key("a", "b", true).unwrap_err();
+    let e = td.rename_key("a", "b", IfExists::Error).unwrap_err();
     assert!(matches!(e, Error::KeyExists { .. }), "{e}");
     assert!(e.to_string().contains("\"b\""), "{e}");
     assert_same(&before, &td);
     // The target path walks through a leaf: the source must not be lost.
-    let e = td.rename_key("a", ("b", "c"), true).unwrap_err();
+    let e = td.rename_key("a", ("b", "c"), IfExists::Error).unwrap_err();
     assert!(e.to_string().contains("\"b\""), "{e}");
     assert_same(&before, &td);
-    let e = td.rename_key("a", ("b", "c"), false).unwrap_err();
+    let e = td
+        .rename_key("a", ("b", "c"), IfExists::Overwrite)
+        .unwrap_err();
     assert!(e.to_string().contains("\"b\""), "{e}");
     assert_same(&before, &td);
     // A missing source.
-    let e = td.rename_key("zz", "q", true).unwrap_err();
+    let e = td.rename_key("zz", "q", IfExists::Error).unwrap_err();
     assert!(
         matches!(e, Error::KeyNotFound { .. }) && e.to_string().contains("\"zz\""),
         "{e}"
     );
     assert_same(&before, &td);
     // And it works when allowed: a moves to the end, into a new level.
-    td.rename_key("a", ("n", "a"), true).unwrap();
+    td.rename_key("a", ("n", "a"), IfExists::Error).unwrap();
     assert_eq!(key_strings(&td), ["\"b\"", "(\"n\", \"a\")", "\"n\""]);
     assert_eq!(i64s(td.get(("n", "a")).unwrap()), vec![1, 2]);
 }

@@ -291,7 +291,10 @@ fn check_leaves(td: &TensorDict, expected: &Value, path: &str) -> std::result::R
             .ok_or_else(|| format!("{path}: missing leaf {key}"))?;
         check_tensor_close(actual, t, &format!("{path}[{key}]"))?;
     }
-    let act_keys: BTreeSet<NestedKey> = td.keys(true, true).into_iter().collect();
+    let act_keys: BTreeSet<NestedKey> = td
+        .keys(torchrl::tensordict::KeysOptions::nested_leaves())
+        .into_iter()
+        .collect();
     if act_keys != exp_keys {
         let only_a: Vec<_> = act_keys.difference(&exp_keys).collect();
         let only_e: Vec<_> = exp_keys.difference(&act_keys).collect();
@@ -1540,7 +1543,10 @@ fn exclude_and_select_edge_cases() -> Result<()> {
         .with("y", Tensor::from_slice(&[1.0f32]))?
         .with("reward", Tensor::from_slice(&[1.0f32]))?;
     let out = SelectTransform::new(["x"]).forward(td)?;
-    assert_eq!(sorted(out.keys(true, true)), [k("reward"), k("x")]);
+    assert_eq!(
+        sorted(out.keys(torchrl::tensordict::KeysOptions::nested_leaves())),
+        [k("reward"), k("x")]
+    );
     Ok(())
 }
 
@@ -1666,11 +1672,14 @@ fn rename_nested_reward_rollout() -> Result<()> {
         );
         // the root after a step has the reset root's keys
         let td = env.reset(None)?;
-        let reset_keys = sorted(td.keys(true, true));
+        let reset_keys = sorted(td.keys(torchrl::tensordict::KeysOptions::nested_leaves()));
         let with_action = env.rand_action(Some(td))?;
         let stepped = env.step(with_action)?;
         let root = env.step_mdp(&stepped)?.exclude(&["action"]);
-        assert_eq!(sorted(root.keys(true, true)), reset_keys);
+        assert_eq!(
+            sorted(root.keys(torchrl::tensordict::KeysOptions::nested_leaves())),
+            reset_keys
+        );
         check_env_specs(&mut env, Some(0))?;
     }
     Ok(())

@@ -388,7 +388,7 @@ fn check_specs(env: &TransformedEnv<CountingEnv>, expect: &Value) -> R<()> {
 fn check_rollout(traj: &TensorDict, expect: &Value) -> R<()> {
     let want = expect["rollout"].as_array().ok_or("rollout")?;
     let mut want_keys: Vec<NestedKey> = want.iter().map(|e| key_of(&e[0])).collect::<R<_>>()?;
-    let mut got_keys = traj.keys(true, true);
+    let mut got_keys = traj.keys(torchrl::tensordict::KeysOptions::nested_leaves());
     want_keys.sort();
     got_keys.sort();
     if want_keys != got_keys {

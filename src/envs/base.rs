@@ -46,7 +46,23 @@ use super::utils::{any_of, any_true, complete_done, reshape_rewards, step_mdp, S
 use super::{EnvKeys, EnvSpecs};
 use crate::error::{Error, Result};
 use crate::rng::Generator;
-use crate::tensordict::{reserve_stack, stack_reserved, NestedKey, TensorDict};
+use crate::tensordict::{KeysOptions, NestedKey, StackReserve, Strict, TensorDict};
+
+/// `EnvBase::core` and `EnvBase::core_mut` for an env that keeps its [`EnvCore`] in a field
+/// named `core`, written once here instead of in every env: `env_core_field!();` inside the
+/// `impl EnvBase`.
+macro_rules! env_core_field {
+    () => {
+        fn core(&self) -> &$crate::envs::EnvCore {
+            &self.core
+        }
+
+        fn core_mut(&mut self) -> &mut $crate::envs::EnvCore {
+            &mut self.core
+        }
+    };
+}
+pub(crate) use env_core_field;
 
 /// The state every environment carries: its (finalized, locked) specs, a seedable generator
 /// for random actions and initial states, and flags. Embed one in your env and return it from
@@ -131,9 +147,11 @@ impl RolloutConfig {
     /// `(break_when_any_done, break_when_all_done)` after TorchRL's defaulting rules.
     pub fn breaks(&self) -> Result<(bool, bool)> {
         match (self.break_when_any_done, self.break_when_all_done) {
-            (Some(true), Some(true)) => Err(Error::invalid(
+            (Some(true), Some(true)) => Err(Error::config(
                 "rollout",
-                "break_when_any_done and break_when_all_done cannot both be true",
+                "break_when_all_done",
+                "not Some(true) together with break_when_any_done = Some(true) (they cannot both be true)",
+                "Some(true)",
             )),
             (None, None) => Ok((true, false)),
             (any, all) => Ok((any.unwrap_or(false), all.unwrap_or(false))),
@@ -284,7 +302,7 @@ pub trait EnvBase: Send {
     /// state to reset to), and the other elements keep their values from `root`.
     fn maybe_reset(&mut self, root: TensorDict) -> Result<TensorDict> {
         let reset_keys = self.core().keys().reset.clone();
-        let masks = root.select(&reset_keys, false)?;
+        let masks = root.select(&reset_keys, Strict::No)?;
         let fresh = self.reset_next(Some(&masks))?;
         let core = self.core();
         let merged = merge_partial_reset(&root, fresh, core)?;
@@ -381,9 +399,11 @@ pub trait EnvBase: Send {
             (None, true) => self.reset(None)?,
             (Some(t), false) => t.clone(),
             (None, false) => {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     "rollout",
-                    "auto_reset=false needs a start tensordict (RolloutConfig::tensordict)",
+                    "tensordict",
+                    "a start tensordict when auto_reset = Some(false)",
+                    "None",
                 ))
             }
         };
@@ -393,9 +413,11 @@ pub trait EnvBase: Send {
             .filter(|k| k.last() == Some("truncated"))
             .collect();
         if cfg.set_truncated && truncated_keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "rollout",
-                "set_truncated is true but the env has no truncated done key (add one, e.g. with StepCounter)",
+                "set_truncated",
+                "false for an env without a truncated done key (add one, e.g. with StepCounter)",
+                true,
             ));
         }
         let stop_keys = self.core().keys().stop.clone();
@@ -403,7 +425,7 @@ pub trait EnvBase: Send {
         let mut steps: Vec<TensorDict> = Vec::with_capacity(max_steps);
         // For break_when_all_done: which batch elements have finished at least once.
         let mut finished: Option<Tensor> = None;
-        let mut reserve = None;
+        let mut reserve = StackReserve::none();
         for i in 0..max_steps {
             td = match policy.as_mut() {
                 Some(p) => p(td)?,
@@ -448,18 +470,22 @@ pub trait EnvBase: Send {
                 }
                 let (stepped, root) = self.step_and_maybe_reset(td)?;
                 if i == 0 {
-                    // Every step is kept: the stack's buffer is known now (see `reserve_stack`).
-                    reserve = reserve_stack(&stepped, max_steps)?;
+                    // Every step is kept: the stack's buffer is known now (see `StackReserve`).
+                    reserve = StackReserve::new(&stepped, max_steps)?;
                 }
                 steps.push(stepped);
                 td = root;
             }
         }
         if steps.is_empty() {
-            return Err(Error::invalid("rollout", "max_steps must be at least 1"));
+            return Err(Error::config(
+                "rollout",
+                "max_steps",
+                "at least 1",
+                max_steps,
+            ));
         }
-        let reserve = reserve.filter(|_| steps.len() == max_steps);
-        stack_reserved(&steps, nb as i64, reserve).map_err(|e| match e {
+        reserve.stack(&steps, nb as i64).map_err(|e| match e {
             Error::KeySetMismatch { only_first, only_second, .. } => Error::invalid(
                 "rollout",
                 format!(
@@ -590,7 +616,7 @@ fn batch_mask(mask: &Tensor, nb: usize, leaf_dim: usize) -> Result<Tensor> {
 
 /// Adds to `next` the leaves of `preset` it does not have.
 pub(crate) fn merge_missing(next: &mut TensorDict, preset: &TensorDict) -> Result<()> {
-    for (k, e) in preset.items(true, true) {
+    for (k, e) in preset.items(KeysOptions::nested_leaves()) {
         if !next.contains(&k) {
             next.set(&k, e.clone())?;
         }

@@ -7,10 +7,10 @@
 //! observations under `"next"`). Each error names the key, the spec and the value.
 
 use super::EnvBase;
+use super::RolloutConfig;
 use crate::data::specs::Composite;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
-use crate::RolloutConfig;
+use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 
 fn spec_err(key: String, spec: String, reason: String) -> Error {
     Error::NotInSpec {
@@ -56,8 +56,8 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
     let real = full.exclude(&state_next);
     let fake = fake.exclude(&state_next);
 
-    let rk = real.keys(true, true);
-    let fk = fake.keys(true, true);
+    let rk = real.keys(KeysOptions::nested_leaves());
+    let fk = fake.keys(KeysOptions::nested_leaves());
     let only_real: Vec<NestedKey> = rk.iter().filter(|k| !fk.contains(k)).cloned().collect();
     let only_fake: Vec<NestedKey> = fk.iter().filter(|k| !rk.contains(k)).cloned().collect();
     if !only_real.is_empty() || !only_fake.is_empty() {
@@ -91,8 +91,10 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
         }
     }
     // Last step: containment.
-    let mut idx: Vec<crate::BatchIndex> = (0..nb).map(|_| crate::BatchIndex::full()).collect();
-    idx.push(crate::BatchIndex::Int(-1));
+    let mut idx: Vec<crate::tensordict::BatchIndex> = (0..nb)
+        .map(|_| crate::tensordict::BatchIndex::full())
+        .collect();
+    idx.push(crate::tensordict::BatchIndex::Int(-1));
     // Containment is checked on the unfiltered last step (a key may be both an observation and
     // a state, e.g. an episode sum; its ("next", key) entry was only left out of the key-set
     // comparison).
@@ -131,7 +133,7 @@ fn check_group(name: &str, spec: &Composite, td: &TensorDict, prefix: Option<&st
                 format!("the {name} spec declares it but the last step has no such entry"),
             ));
         };
-        if let Err(e) = leaf.check(&crate::Entry::Tensor(v.shallow_clone()), &k) {
+        if let Err(e) = leaf.check(&crate::tensordict::Entry::Tensor(v.shallow_clone()), &k) {
             let reason = match e {
                 Error::NotInSpec { reason, .. } => reason,
                 other => other.to_string(),

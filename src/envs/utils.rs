@@ -4,7 +4,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::EnvKeys;
 use crate::error::{Error, Result};
-use crate::tensordict::{leading_dims_are, Entry, NestedKey, TensorDict};
+use crate::tensordict::{leading_dims_are, Entry, KeysOptions, NestedKey, TensorDict};
 
 /// Options of [`step_mdp`], TorchRL's defaults except where noted.
 #[derive(Clone, Debug)]
@@ -99,7 +99,7 @@ pub fn step_mdp(
 /// Removes the levels of `out` that have no leaves while the same level in `before` had some.
 fn prune_emptied(out: &mut TensorDict, before: &TensorDict) {
     let levels: Vec<NestedKey> = out
-        .items(true, false)
+        .items(KeysOptions::nested())
         .into_iter()
         .filter_map(|(k, e)| e.as_dict().map(|d| (k, d.is_empty())))
         .filter(|(k, empty)| *empty && before.get_dict(k).is_some_and(|d| !d.is_empty()))

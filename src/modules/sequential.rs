@@ -167,9 +167,12 @@ impl TensorDictModule for TensorDictSequential {
         };
         // Run on a shallow copy, then bring back the selected keys and the input's keys.
         let mut out = td.clone();
-        let input_keys: HashSet<NestedKey> = td.keys(true, true).into_iter().collect();
+        let input_keys: HashSet<NestedKey> = td
+            .keys(crate::tensordict::KeysOptions::nested_leaves())
+            .into_iter()
+            .collect();
         let result = self.modules.iter().try_fold(td, |td, m| m.forward(td))?;
-        for (k, entry) in result.items(true, true) {
+        for (k, entry) in result.items(crate::tensordict::KeysOptions::nested_leaves()) {
             if input_keys.contains(&k) || selected.contains(&k) {
                 out.set(&k, entry.clone())?;
             }

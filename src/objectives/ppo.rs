@@ -463,7 +463,7 @@ impl PpoBase {
     fn entry<'a>(&self, td: &'a TensorDict, key: &NestedKey) -> Result<&'a Tensor> {
         td.get(key).ok_or_else(|| {
             let available = td
-                .keys(true, true)
+                .keys(crate::tensordict::KeysOptions::nested_leaves())
                 .iter()
                 .map(ToString::to_string)
                 .collect();

@@ -500,7 +500,7 @@ impl RewardModelLoss {
         };
         let Some(score) = scored.get(&score_key) else {
             let available = scored
-                .keys(true, false)
+                .keys(crate::tensordict::KeysOptions::nested())
                 .into_iter()
                 .map(|k| k.prefixed(key).to_string())
                 .collect();

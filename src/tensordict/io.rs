@@ -31,7 +31,7 @@ use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-use super::{Elements, Entry, NestedKey, TensorDict};
+use super::{Elements, Entry, KeysOptions, NestedKey, TensorDict};
 use crate::error::{Error, Result};
 
 const LAYOUT_KEY: &str = "torchrl.layout";
@@ -109,9 +109,9 @@ impl TensorDict {
         let mut leaves = Vec::new();
         let mut leaf_meta = Vec::new();
         let mut levels = Vec::new();
-        // `pos` is each entry's rank in `items(true, false)` (depth-first, a level after its
+        // `pos` is each entry's rank in `items(KeysOptions::nested())` (depth-first, a level after its
         // children), so that `load` restores the insertion order, leaves and levels interleaved.
-        for (pos, (k, e)) in self.items(true, false).into_iter().enumerate() {
+        for (pos, (k, e)) in self.items(KeysOptions::nested()).into_iter().enumerate() {
             match e {
                 Entry::Dict(d) => levels.push(
                     json!({"key": key_json(&k), "batch_size": d.batch_size.to_vec(), "pos": pos}),

@@ -23,12 +23,11 @@
 //! ```
 
 mod display;
-pub(crate) mod host;
-mod host_stack;
 mod index;
 mod io;
 mod key;
 mod ops;
+mod options;
 mod shape;
 
 use std::hash::BuildHasherDefault;
@@ -39,13 +38,16 @@ use smallvec::SmallVec;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
-pub(crate) use host_stack::reserve as reserve_stack;
+// The host helpers' old home: `crate::tensordict::host::HostOut` still names them.
+pub(crate) use crate::host;
+pub(crate) use crate::host::ffi::leading_dims_are;
+pub(crate) use crate::host::Elements;
 pub use index::BatchIndex;
 pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
-pub(crate) use shape::stack_reserved;
-pub use shape::{cat, stack};
+pub use options::{IfExists, KeysOptions, Strict};
+pub use shape::{cat, stack, StackReserve};
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
 pub(crate) type Dims = SmallVec<[i64; 4]>;
@@ -150,25 +152,6 @@ pub(crate) fn check_key<'a>(op: &'static str, segs: &Segments<'a>) -> Result<()>
     Ok(())
 }
 
-/// `Tensor::numel` without its overflow: tch multiplies the dims in order, which overflows (a
-/// panic in debug builds) for a shape with no elements such as `[2, i64::MAX, 0]`.
-pub(crate) trait Elements {
-    /// The number of elements (`usize::MAX` when it does not fit).
-    fn elements(&self) -> usize;
-}
-
-impl Elements for Tensor {
-    fn elements(&self) -> usize {
-        let size = self.size();
-        if size.contains(&0) {
-            return 0;
-        }
-        size.iter()
-            .try_fold(1usize, |acc, d| acc.checked_mul(usize::try_from(*d).ok()?))
-            .unwrap_or(usize::MAX)
-    }
-}
-
 pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
     shape.starts_with(prefix)
 }
@@ -177,26 +160,6 @@ pub(crate) fn starts_with(shape: &[i64], prefix: &[i64]) -> bool {
 #[inline]
 fn short_str_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y)
-}
-
-/// True when `t`'s leading dims equal `prefix`, without allocating (this check runs on every
-/// `set`, and `Tensor::size` allocates a `Vec`).
-pub(crate) fn leading_dims_are(t: &Tensor, prefix: &[i64]) -> bool {
-    let dim = t.dim();
-    if dim < prefix.len() {
-        return false;
-    }
-    if prefix.is_empty() {
-        return true;
-    }
-    let mut buf = [0i64; 8];
-    if dim > buf.len() {
-        return starts_with(&t.size(), prefix);
-    }
-    // SAFETY: `t` is a live, defined tensor (`dim()` above succeeded on it), and `at_shape`
-    // writes exactly `dim` <= 8 values into `buf`.
-    unsafe { torch_sys::at_shape(t.as_ptr() as *mut torch_sys::C_tensor, buf.as_mut_ptr()) };
-    buf.get(..prefix.len()) == Some(prefix)
 }
 
 impl TensorDict {
@@ -407,7 +370,7 @@ impl TensorDict {
             match cur.entries.get(*seg) {
                 None => {
                     let available = cur
-                        .keys(true, false)
+                        .keys(KeysOptions::nested())
                         .into_iter()
                         .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
                         .collect();
@@ -641,9 +604,9 @@ impl TensorDict {
         Ok(())
     }
 
-    /// A new tensordict with only `keys` (and the levels that lead to them). With `strict`, a
-    /// missing key is an error; otherwise it is skipped.
-    pub fn select<K: AsKey>(&self, keys: &[K], strict: bool) -> Result<TensorDict> {
+    /// A new tensordict with only `keys` (and the levels that lead to them). With
+    /// [`Strict::Yes`], a missing key is an error; with [`Strict::No`] it is skipped.
+    pub fn select<K: AsKey>(&self, keys: &[K], strict: Strict) -> Result<TensorDict> {
         let mut out = self.empty();
         for key in keys {
             let segs = key.segments();
@@ -660,7 +623,7 @@ impl TensorDict {
                     }
                     out.set_segments("select", &segs, e.clone())?;
                 }
-                None if strict => return Err(self.lookup_error("select", &segs)),
+                None if strict == Strict::Yes => return Err(self.lookup_error("select", &segs)),
                 None => {}
             }
         }
@@ -677,9 +640,15 @@ impl TensorDict {
         out
     }
 
-    /// Moves the entry at `old` to `new` (across levels allowed). With `safe`, an existing `new`
-    /// is an error; otherwise it is replaced. On error nothing changes.
-    pub fn rename_key(&mut self, old: impl AsKey, new: impl AsKey, safe: bool) -> Result<()> {
+    /// Moves the entry at `old` to `new` (across levels allowed). An existing `new` is an error
+    /// with [`IfExists::Error`] (TorchRL's `safe=True`) and replaced with
+    /// [`IfExists::Overwrite`]. On error nothing changes.
+    pub fn rename_key(
+        &mut self,
+        old: impl AsKey,
+        new: impl AsKey,
+        if_exists: IfExists,
+    ) -> Result<()> {
         let (old, new) = (old.segments(), new.segments());
         check_key("rename_key", &old)?;
         check_key("rename_key", &new)?;
@@ -689,7 +658,7 @@ impl TensorDict {
                 None => Err(self.lookup_error("rename_key", &old)),
             };
         }
-        if safe && self.contains(&new[..]) {
+        if if_exists == IfExists::Error && self.contains(&new[..]) {
             return Err(Error::KeyExists {
                 op: "rename_key",
                 key: display_segments(&new),
@@ -706,20 +675,21 @@ impl TensorDict {
         Ok(())
     }
 
-    /// Keys, in insertion order. With `include_nested`, keys of nested levels are listed too
-    /// (a level's own key comes after its children's, as in TorchRL); with `leaves_only`, levels
-    /// themselves are left out.
-    pub fn keys(&self, include_nested: bool, leaves_only: bool) -> Vec<NestedKey> {
-        self.items(include_nested, leaves_only)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect()
+    /// Keys, in insertion order. With [`KeysOptions::nested`], keys of nested levels are listed
+    /// too (a level's own key comes after its children's, as in TorchRL); with
+    /// [`KeysOptions::leaves_only`], levels themselves are left out.
+    pub fn keys(&self, options: KeysOptions) -> Vec<NestedKey> {
+        self.items(options).into_iter().map(|(k, _)| k).collect()
     }
 
     /// `(key, entry)` pairs with the same rules as [`TensorDict::keys`].
-    pub fn items(&self, include_nested: bool, leaves_only: bool) -> Vec<(NestedKey, &Entry)> {
+    pub fn items(&self, options: KeysOptions) -> Vec<(NestedKey, &Entry)> {
         let mut out = Vec::new();
-        self.visit(&NestedKey::default(), include_nested, leaves_only, &mut out);
+        let KeysOptions {
+            nested,
+            leaves_only,
+        } = options;
+        self.visit(&NestedKey::default(), nested, leaves_only, &mut out);
         out
     }
 
@@ -773,7 +743,7 @@ impl TensorDict {
 
     /// Every leaf tensor with its full key, in order.
     pub fn leaves(&self) -> Vec<(NestedKey, &Tensor)> {
-        self.items(true, true)
+        self.items(KeysOptions::nested_leaves())
             .into_iter()
             .filter_map(|(k, e)| e.as_tensor().map(|t| (k, t)))
             .collect()
@@ -871,9 +841,13 @@ mod tests {
             .unwrap()
             .with(("b", "c"), z(&[1]))
             .unwrap();
-        let keys: Vec<String> = td.keys(true, false).iter().map(|k| k.to_string()).collect();
+        let keys: Vec<String> = td
+            .keys(KeysOptions::nested())
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
         assert_eq!(keys, vec![r#""a""#, r#"("b", "c")"#, r#""b""#]);
-        assert_eq!(td.keys(true, true).len(), 2);
-        assert_eq!(td.keys(false, true).len(), 1);
+        assert_eq!(td.keys(KeysOptions::nested_leaves()).len(), 2);
+        assert_eq!(td.keys(KeysOptions::top_level_leaves()).len(), 1);
     }
 }

@@ -15,7 +15,7 @@
 
 use tch::{Device, Kind, Scalar, Tensor};
 
-use super::{display_segments, starts_with, AsKey, Elements, Entry, Map, TensorDict};
+use super::{display_segments, starts_with, AsKey, Elements, Entry, KeysOptions, Map, TensorDict};
 use crate::error::{Error, Result};
 
 impl TensorDict {
@@ -95,8 +95,8 @@ impl TensorDict {
     }
 
     fn check_same_keys(&self, op: &'static str, other: &TensorDict) -> Result<()> {
-        let a = self.keys(true, true);
-        let b = other.keys(true, true);
+        let a = self.keys(KeysOptions::nested_leaves());
+        let b = other.keys(KeysOptions::nested_leaves());
         let only_first: Vec<String> = a
             .iter()
             .filter(|k| !b.contains(k))

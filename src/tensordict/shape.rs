@@ -17,13 +17,13 @@
 
 use std::borrow::Borrow;
 
-use rustc_hash::FxHashMap;
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
-use super::host_stack::{self, Layout, Reserve, Source};
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
-use super::{display_segments, Dims, Entry, Map, NestedKey, TensorDict};
+use super::{display_segments, Dims, Entry, KeysOptions, Map, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
+use crate::host::stack::Reserve;
+use crate::host::stack_plan::{self, Leaf};
 
 /// Normalises `dim` (negative counts from the end) against `ndim` positions: the batch dims of
 /// `batch`, or one more where a new dim is inserted (unsqueeze, stack). The error names `batch`.
@@ -490,8 +490,8 @@ fn check_structure(
     if same_structure(first, other) {
         return Ok(());
     }
-    let a: Vec<NestedKey> = first.keys(true, false);
-    let b: Vec<NestedKey> = other.keys(true, false);
+    let a: Vec<NestedKey> = first.keys(KeysOptions::nested());
+    let b: Vec<NestedKey> = other.keys(KeysOptions::nested());
     if a.len() != b.len() || a.iter().any(|k| !b.contains(k)) {
         return Err(Error::KeySetMismatch {
             op,
@@ -507,7 +507,7 @@ fn check_structure(
                 .collect(),
         });
     }
-    for (k, e) in first.items(true, false) {
+    for (k, e) in first.items(KeysOptions::nested()) {
         let o = other.get_entry(&k);
         match (e, o) {
             (Entry::Tensor(_), Some(Entry::Tensor(_))) | (Entry::Dict(_), Some(Entry::Dict(_))) => {
@@ -561,23 +561,89 @@ pub fn stack<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
     stack_reserved(tds, dim, None)
 }
 
-/// [`stack`], with the consolidated buffer taken from `reserve` when it is big enough (see
-/// [`host_stack::reserve`]).
-pub(crate) fn stack_reserved<T: Borrow<TensorDict>>(
+/// Memory set aside for a later [`stack`] of `n` tensordicts shaped like a given one, along a
+/// dim after the first: [`StackReserve::stack`] computes its plain CPU leaves into this buffer
+/// instead of allocating one then. A rollout reserves its buffer at its first step, before the
+/// steps' own tensors are allocated, so that the allocator can place it where the previous
+/// rollout's buffer was (warm pages instead of a page fault per 4 KiB; see
+/// `docs/performance.md`). The result is the same as [`stack`]'s.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// use torchrl::tensordict::StackReserve;
+/// use torchrl::{stack, TensorDict};
+/// # fn main() -> torchrl::Result<()> {
+/// let step = |v: f64| -> torchrl::Result<TensorDict> {
+///     TensorDict::new([2])?.with("r", Tensor::full([2, 1], v, (Kind::Float, Device::Cpu)))
+/// };
+/// let steps = [step(0.0)?, step(1.0)?];
+/// let reserve = StackReserve::new(&steps[0], steps.len())?;
+/// let traj = reserve.stack(&steps, 1)?;
+/// assert!(traj.get_or_err("r")?.equal(stack(&steps, 1)?.get_or_err("r")?));
+/// // Without a reserve (or for another number of tensordicts) it is a plain `stack`.
+/// assert_eq!(StackReserve::none().stack(&steps, 1)?.batch_size(), &[2, 2]);
+/// # Ok(()) }
+/// ```
+pub struct StackReserve {
+    reserve: Option<Reserve>,
+    n: usize,
+}
+
+impl StackReserve {
+    /// A buffer for stacking `n` tensordicts with `like`'s leaves (shapes and dtypes) along a
+    /// dim after the first. Reserves nothing when none of `like`'s leaves is plain CPU data.
+    pub fn new(like: &TensorDict, n: usize) -> Result<Self> {
+        let each_leaf = |f: &mut dyn FnMut(&Tensor)| {
+            like.for_each_leaf(&mut |_, t| {
+                f(t);
+                Ok(())
+            })
+        };
+        Ok(StackReserve {
+            reserve: crate::host::stack::reserve(each_leaf, n)?,
+            n,
+        })
+    }
+
+    /// No reserved memory: [`StackReserve::stack`] is then [`stack`].
+    pub fn none() -> Self {
+        StackReserve {
+            reserve: None,
+            n: 0,
+        }
+    }
+
+    /// [`stack`] of `tds` along `dim`, into the reserved buffer when there are exactly the `n`
+    /// tensordicts it was reserved for and it is big enough (else into a new one).
+    pub fn stack<T: Borrow<TensorDict>>(self, tds: &[T], dim: i64) -> Result<TensorDict> {
+        let reserve = self.reserve.filter(|_| tds.len() == self.n);
+        stack_reserved(tds, dim, reserve)
+    }
+}
+
+impl Default for StackReserve {
+    fn default() -> Self {
+        Self::none()
+    }
+}
+
+impl std::fmt::Debug for StackReserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackReserve")
+            .field("n", &self.n)
+            .field("reserved", &self.reserve.is_some())
+            .finish()
+    }
+}
+
+/// [`stack`], with the consolidated buffer taken from `reserve` when it is big enough.
+fn stack_reserved<T: Borrow<TensorDict>>(
     tds: &[T],
     dim: i64,
     reserve: Option<Reserve>,
 ) -> Result<TensorDict> {
     let op = "stack";
-    let first = match tds.first() {
-        Some(f) => f.borrow(),
-        None => {
-            return Err(Error::invalid(
-                op,
-                "cannot stack an empty list of tensordicts",
-            ))
-        }
-    };
+    let first = first_td(op, tds)?;
     let nd = first.batch_size.len();
     let d = norm_dim(op, dim, nd + 1, &first.batch_size)?;
     for (i, td) in tds.iter().enumerate().skip(1) {
@@ -604,141 +670,10 @@ fn stack_level<T: Borrow<TensorDict>>(
     let tds: Vec<&TensorDict> = tds.iter().map(|t| t.borrow()).collect();
     let mut leaves = Vec::new();
     collect_leaves(&tds, path, &mut leaves)?;
-    let plans = plan_leaves(&leaves)?;
-    let dim = d as i64;
     let n = tds.len() as i64;
-    let mut outputs: Vec<Option<Tensor>> = consolidated_leaves(&leaves, &plans, d, reserve)?;
-    for (leaf, (plan, out)) in leaves.iter().zip(plans.iter().zip(outputs.iter_mut())) {
-        if out.is_none() && *plan == LeafPlan::Stack {
-            *out = Some(Tensor::f_stack(&leaf.inputs, dim)?);
-        }
-    }
-    let internal = || Error::invalid("stack", "internal: a leaf derived from an unstacked one");
-    for (j, (leaf, plan)) in leaves.iter().zip(&plans).enumerate() {
-        if outputs.get(j).is_some_and(Option::is_some) {
-            continue;
-        }
-        let source = |k: usize| outputs.get(k).and_then(Option::as_ref).ok_or_else(internal);
-        let derived = match *plan {
-            LeafPlan::Stack => return Err(internal()),
-            LeafPlan::Copy(k) => source(k)?.f_detach_copy()?,
-            LeafPlan::Shift(k) => {
-                let src = source(k)?;
-                let first = leaf.inputs.first().ok_or_else(internal)?;
-                let out = src.f_empty_like()?;
-                out.f_select(dim, 0)?.f_copy_(first)?;
-                out.f_narrow(dim, 1, n - 1)?
-                    .f_copy_(&src.f_narrow(dim, 0, n - 1)?)?;
-                out
-            }
-        };
-        if let Some(o) = outputs.get_mut(j) {
-            *o = Some(derived);
-        }
-    }
-    let mut outputs = outputs
-        .into_iter()
-        .map(|o| o.ok_or_else(internal))
-        .collect::<Result<Vec<Tensor>>>()?
-        .into_iter();
-    let first = tds
-        .first()
-        .ok_or_else(|| Error::invalid("stack", "cannot stack an empty list of tensordicts"))?;
+    let mut outputs = stack_plan::stack_leaves(&leaves, d, reserve)?.into_iter();
+    let first = first_td("stack", &tds)?;
     build_level(first, d, n, &mut outputs)
-}
-
-/// The leaves that [`host_stack`](super::host_stack) computes, in one consolidated buffer
-/// (`None` for the others): the stacked leaves whose inputs are plain CPU data (along a dim
-/// after the first), and the copies and shifts of those whose first input is plain too.
-fn consolidated_leaves(
-    leaves: &[Leaf<'_>],
-    plans: &[LeafPlan],
-    d: usize,
-    reserve: Option<Reserve>,
-) -> Result<Vec<Option<Tensor>>> {
-    let layouts: Vec<Option<Layout>> = leaves
-        .iter()
-        .zip(plans)
-        .map(|(leaf, plan)| match plan {
-            LeafPlan::Stack => host_stack::layout(&leaf.inputs, d),
-            _ => None,
-        })
-        .collect();
-    let mut jobs = Vec::new();
-    let mut job_of = vec![None; leaves.len()];
-    for (j, ((leaf, plan), l)) in leaves.iter().zip(plans).zip(&layouts).enumerate() {
-        let job = match (plan, l) {
-            (LeafPlan::Stack, Some(l)) => Some((l.clone(), Source::Stack(&leaf.inputs[..]))),
-            (LeafPlan::Copy(k) | LeafPlan::Shift(k), _) => {
-                let (Some(Some(l)), Some(first)) = (layouts.get(*k), leaf.inputs.first()) else {
-                    continue;
-                };
-                match plan {
-                    LeafPlan::Copy(_) => Some((l.clone(), Source::Copy(*k))),
-                    _ if host_stack::is_plain(first, first.kind(), &leaf.shape) => {
-                        Some((l.clone(), Source::Shift(*k, first)))
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        if let (Some(job), Some(slot)) = (job, job_of.get_mut(j)) {
-            *slot = Some(jobs.len());
-            jobs.push(job);
-        }
-    }
-    let mut out: Vec<Option<Tensor>> = (0..leaves.len()).map(|_| None).collect();
-    if jobs.is_empty() {
-        return Ok(out);
-    }
-    // Sources name leaves; the host stack names jobs.
-    let remap = |k: usize| job_of.get(k).copied().flatten();
-    for (_, src) in jobs.iter_mut() {
-        match src {
-            Source::Copy(k) | Source::Shift(k, _) => {
-                *k = remap(*k).ok_or_else(|| {
-                    Error::invalid("stack", "internal: a leaf derived from an unstacked one")
-                })?
-            }
-            Source::Stack(_) => {}
-        }
-    }
-    let mut tensors = host_stack::stack_consolidated(&jobs, reserve)?.into_iter();
-    for (slot, job) in out.iter_mut().zip(&job_of) {
-        if job.is_some() {
-            *slot = tensors.next();
-        }
-    }
-    Ok(out)
-}
-
-/// One leaf of a stack: its tensor in every input, and its shape (the same in all).
-struct Leaf<'a> {
-    inputs: Vec<&'a Tensor>,
-    shape: Vec<i64>,
-}
-
-/// How a leaf of a stack is computed.
-///
-/// `Tensor::stack` along a dim after the batch dims copies one small block per (row, input):
-/// ~2 ns each, ~25 µs per step of a 200-step rollout of 1024 pendulums (10 leaves), the
-/// largest cost of that rollout after the steps themselves. Copying an already stacked leaf is
-/// one bulk copy. So a leaf whose inputs are, input by input, views of another leaf's inputs
-/// is copied from that leaf's stack. In a rollout, each step's root `observation`, `state`,
-/// `done` and `terminated` are the previous step's `"next"` tensors (moved there by
-/// `step_mdp`), and `terminated` is often the very tensor of `done`: 5 of the 10 leaves, which
-/// brings that stack from ~25 µs to ~12 µs per step. The values are those of the stack:
-/// the same memory viewed the same way, at the time of the stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LeafPlan {
-    /// `Tensor::stack` of its inputs.
-    Stack,
-    /// In every input, the same view as leaf `k`: a copy of leaf `k`'s stack.
-    Copy(usize),
-    /// In every input but the first, the same view as leaf `k` in the previous input: its
-    /// first input, then leaf `k`'s stack without its last entry.
-    Shift(usize),
 }
 
 /// Walks `tds` in the first one's key order, checking the leaf shapes and nested batch sizes
@@ -805,123 +740,6 @@ fn collect_leaves<'a>(
     Ok(())
 }
 
-/// Decides how each leaf is computed (see [`LeafPlan`]). Candidates come from the data
-/// pointers of the first two inputs, and are taken only when every input matches (same data
-/// pointer, strides and conj/neg bits, the shapes being equal), from a source leaf that has no
-/// candidates itself (so it is stacked), with one dtype and device across both leaves' inputs
-/// and no input that requires grad (a copy would not carry the stack's autograd graph).
-fn plan_leaves(leaves: &[Leaf<'_>]) -> Result<Vec<LeafPlan>> {
-    let count = leaves.len();
-    let n = leaves.first().map_or(0, |l| l.inputs.len());
-    if n == 0 || count < 2 {
-        return Ok(vec![LeafPlan::Stack; count]);
-    }
-    // The data pointer of input `i` of a leaf (every leaf has `n` inputs).
-    let ptr = |l: &Leaf<'_>, i: usize| l.inputs.get(i).map(|t| t.data_ptr() as usize);
-    // Leaves by the data pointer of their first input: the candidate sources of leaf `j` share
-    // it with `j`'s first input (a copy) or second input (a shift).
-    let mut by_ptr: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
-    for (k, l) in leaves.iter().enumerate() {
-        if let Some(p) = ptr(l, 0) {
-            by_ptr.entry(p).or_default().push(k);
-        }
-    }
-    let shape = |k: usize| leaves.get(k).map(|l| &l.shape);
-    let by_ptr = &by_ptr;
-    let with_ptr = move |p: Option<usize>, j: usize| {
-        p.and_then(|p| by_ptr.get(&p))
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(move |k| *k != j && shape(*k) == shape(j))
-    };
-    let candidates: Vec<Vec<LeafPlan>> = leaves
-        .iter()
-        .enumerate()
-        .map(|(j, l)| {
-            let copies = with_ptr(ptr(l, 0), j)
-                .filter(|k| *k < j)
-                .map(LeafPlan::Copy);
-            let mut c: Vec<LeafPlan> = copies.collect();
-            if n > 1 {
-                c.extend(with_ptr(ptr(l, 1), j).map(LeafPlan::Shift));
-            }
-            c
-        })
-        .collect();
-    let mut uniform: Vec<Option<Option<(Kind, Device)>>> = vec![None; count];
-    let mut plans = Vec::with_capacity(count);
-    for (j, (leaf, cands)) in leaves.iter().zip(&candidates).enumerate() {
-        let mut chosen = LeafPlan::Stack;
-        for &plan in cands {
-            let (k, shift) = match plan {
-                LeafPlan::Copy(k) => (k, 0),
-                LeafPlan::Shift(k) => (k, 1),
-                LeafPlan::Stack => continue,
-            };
-            // The source must be stacked itself (no candidates of its own).
-            let (Some(source), Some(true)) = (leaves.get(k), candidates.get(k).map(Vec::is_empty))
-            else {
-                continue;
-            };
-            let uj = uniform_kind(leaves, j, &mut uniform)?;
-            if uj.is_none() || uj != uniform_kind(leaves, k, &mut uniform)? {
-                continue;
-            }
-            // Input `i` of leaf `j` against input `i - shift` of the source, for `i` in
-            // `shift..n`.
-            let mut all = true;
-            for (a, b) in leaf.inputs.iter().skip(shift).zip(&source.inputs) {
-                if !same_view(a, b)? {
-                    all = false;
-                    break;
-                }
-            }
-            if all {
-                chosen = plan;
-                break;
-            }
-        }
-        plans.push(chosen);
-    }
-    Ok(plans)
-}
-
-/// The dtype and device shared by all inputs of leaf `j`, when they share one and none
-/// requires grad (memoized in `memo`).
-fn uniform_kind(
-    leaves: &[Leaf<'_>],
-    j: usize,
-    memo: &mut [Option<Option<(Kind, Device)>>],
-) -> Result<Option<(Kind, Device)>> {
-    if let Some(Some(u)) = memo.get(j) {
-        return Ok(*u);
-    }
-    let Some(first) = leaves.get(j).and_then(|l| l.inputs.first()) else {
-        return Ok(None);
-    };
-    let first_kind = (first.f_kind()?, first.device());
-    let mut u = Some(first_kind);
-    for t in leaves.get(j).map_or(&[][..], |l| &l.inputs[..]) {
-        if t.requires_grad() || (t.f_kind()?, t.device()) != first_kind {
-            u = None;
-            break;
-        }
-    }
-    if let Some(m) = memo.get_mut(j) {
-        *m = Some(u);
-    }
-    Ok(u)
-}
-
-/// Whether `a` and `b` view the same memory the same way (their shapes being equal).
-fn same_view(a: &Tensor, b: &Tensor) -> Result<bool> {
-    Ok(a.data_ptr() == b.data_ptr()
-        && a.stride() == b.stride()
-        && a.f_is_conj()? == b.f_is_conj()?
-        && a.f_is_neg()? == b.f_is_neg()?)
-}
-
 /// Rebuilds the tree of `first` with the stacked leaves, in `collect_leaves` order.
 fn build_level(
     first: &TensorDict,
@@ -967,19 +785,19 @@ fn missing(path: &[String], i: usize) -> Error {
     }
 }
 
+/// The first of `tds`, or `op`'s error for an empty list.
+fn first_td<'a, T: Borrow<TensorDict>>(op: &'static str, tds: &'a [T]) -> Result<&'a TensorDict> {
+    let verb = if op == "cat" { "concatenate" } else { "stack" };
+    tds.first()
+        .map(Borrow::borrow)
+        .ok_or_else(|| Error::invalid(op, format!("cannot {verb} an empty list of tensordicts")))
+}
+
 /// Concatenates tensordicts along existing batch dim `dim`. Key sets must be identical and all
 /// other batch dims equal.
 pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
     let op = "cat";
-    let first = match tds.first() {
-        Some(f) => f.borrow(),
-        None => {
-            return Err(Error::invalid(
-                op,
-                "cannot concatenate an empty list of tensordicts",
-            ))
-        }
-    };
+    let first = first_td(op, tds)?;
     let nd = first.batch_size.len();
     let d = norm_dim(op, dim, nd, &first.batch_size)?;
     let mut total = 0i64;
@@ -1020,12 +838,7 @@ pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
 }
 
 fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<TensorDict> {
-    let Some(first) = tds.first().map(Borrow::borrow) else {
-        return Err(Error::invalid(
-            "cat",
-            "cannot concatenate an empty list of tensordicts",
-        ));
-    };
+    let first = first_td("cat", tds)?;
     let mut batch = first.batch_size.clone();
     match batch.get_mut(d) {
         Some(slot) => *slot = total,

@@ -683,7 +683,7 @@ pub fn check_td(actual: &TensorDict, expected: &Value, path: &str) -> Result<(),
         .as_object()
         .ok_or("entries is not an object")?;
     let got: Vec<String> = actual
-        .keys(false, false)
+        .keys(torchrl::tensordict::KeysOptions::top_level())
         .iter()
         .map(|k| k.parts().collect::<Vec<_>>().join("."))
         .collect();

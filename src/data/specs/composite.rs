@@ -698,7 +698,7 @@ impl Composite {
                     op,
                     key: key.to_string(),
                     available: td
-                        .keys(true, false)
+                        .keys(crate::tensordict::KeysOptions::nested())
                         .iter()
                         .map(|x| x.prefixed(prefix).to_string())
                         .collect(),
@@ -768,7 +768,7 @@ impl Composite {
                 op: "project",
                 key: key.to_string(),
                 available: td
-                    .keys(true, false)
+                    .keys(crate::tensordict::KeysOptions::nested())
                     .iter()
                     .map(|x| x.prefixed(prefix).to_string())
                     .collect(),

@@ -185,13 +185,7 @@ fn expect_td(op: &'static str, i: usize, r: Option<Reply>) -> Result<TensorDict>
 }
 
 impl EnvBase for ParallelEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let n = self.workers.len();

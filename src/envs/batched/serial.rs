@@ -34,13 +34,7 @@ impl<E: EnvBase> SerialEnv<E> {
 }
 
 impl<E: EnvBase> EnvBase for SerialEnv<E> {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let which = workers_to_reset(td, self.envs.len())?;

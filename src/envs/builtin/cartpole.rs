@@ -57,7 +57,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
+use super::common::{classic_core, read_action, reset_state, state_output, ActionKind};
 use crate::data::specs::{Bounded, Categorical, OneHot, TensorSpec, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -130,14 +130,8 @@ impl CartPoleEnv {
         let specs = EnvSpecs::new(batch_size)?
             .with_observation("observation", Bounded::from_tensors(low, high)?)?
             .with_action("action", action)?
-            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?
-            .with_state(
-                STATE_KEY,
-                Unbounded::new().with_shape(&b4)?.with_dtype(Kind::Double)?,
-            )?
-            .with_device(device)?;
-        let core = EnvCore::new(specs)?;
-        let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
+            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?;
+        let (core, state) = classic_core(specs, 4, device, Self::sample)?;
         let was_terminated = Tensor::f_zeros(&b1, (Kind::Bool, device))?;
         Ok(CartPoleEnv {
             core,
@@ -162,39 +156,21 @@ impl CartPoleEnv {
         let shape: Vec<i64> = [batch, &[4]].concat();
         gen.uniform(&shape, -0.05, 0.05, Kind::Double, device)
     }
-
-    fn output(&self, terminated: Tensor, reward: Option<Tensor>) -> Result<TensorDict> {
-        state_output(
-            self.core.specs().batch_size(),
-            &self.state,
-            terminated,
-            reward,
-        )
-    }
 }
 
 impl EnvBase for CartPoleEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let op = "CartPoleEnv::reset";
-        let batch = self.core.specs().batch_size().to_vec();
-        let device = self.core.specs().device();
-        let plan = reset_plan(op, td, &batch, 4, device)?;
-        let gen = &mut self.core.generator;
-        self.state = plan.new_state(&self.state, || Self::sample(gen, &batch, device))?;
-        self.was_terminated = match &plan.mask {
+        let (state, mask) = reset_state(op, &mut self.core, td, 4, &self.state, Self::sample)?;
+        self.state = state;
+        self.was_terminated = match &mask {
             Some(m) => self.was_terminated.f_masked_fill(m, 0i64)?,
             None => self.was_terminated.f_zeros_like()?,
         };
         let terminated = self.was_terminated.f_zeros_like()?;
-        self.output(terminated, None)
+        state_output(&self.core, &self.state, terminated, None)
     }
 
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
@@ -264,6 +240,6 @@ impl EnvBase for CartPoleEnv {
             .f_logical_not()?
             .f_to_kind(Kind::Float)?;
         self.was_terminated = self.was_terminated.f_logical_or(&terminated)?;
-        self.output(terminated, Some(reward))
+        state_output(&self.core, &self.state, terminated, Some(reward))
     }
 }

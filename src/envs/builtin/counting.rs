@@ -70,13 +70,7 @@ impl CountingEnv {
 }
 
 impl EnvBase for CountingEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         match td.and_then(|t| t.get("_reset")) {

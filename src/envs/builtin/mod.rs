@@ -1,6 +1,7 @@
 //! Built-in environments: batched, tensor-native, seeded, on any device.
 
 mod cartpole;
+mod common;
 mod counting;
 mod mountain_car;
 mod pendulum;

@@ -18,8 +18,8 @@
 //!
 //! **Actions** must have shape `[*B, 1]` and a float dtype (cast to float32, the dtype of
 //! gymnasium's action space); another shape, an integer or bool dtype, or a missing
-//! `"action"` is an error ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
-//! [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::Error::KeyNotFound)).
+//! `"action"` is an error ([`Error::ShapeMismatch`](crate::error::Error::ShapeMismatch),
+//! [`Error::DtypeMismatch`](crate::error::Error::DtypeMismatch), [`Error::KeyNotFound`](crate::error::Error::KeyNotFound)).
 //!
 //! **State.** The observation *is* gymnasium's state. The `"state"` entry (state spec, written
 //! by every reset and step) holds it in float64: gymnasium's reset draws a float64 position
@@ -50,7 +50,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::pendulum::{read_action, reset_plan, state_output, ActionKind, STATE_KEY};
+use super::common::{classic_core, read_action, reset_state, state_output, ActionKind};
 use crate::data::specs::{Bounded, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
@@ -88,14 +88,8 @@ impl MountainCarContinuousEnv {
         let specs = EnvSpecs::new(batch_size)?
             .with_observation("observation", Bounded::from_tensors(low, high)?)?
             .with_action("action", Bounded::new(MIN_ACTION, MAX_ACTION, &b1)?)?
-            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?
-            .with_state(
-                STATE_KEY,
-                Unbounded::new().with_shape(&b2)?.with_dtype(Kind::Double)?,
-            )?
-            .with_device(device)?;
-        let core = EnvCore::new(specs)?;
-        let state = Self::sample(&mut core.generator.clone(), batch_size, device)?;
+            .with_reward("reward", Unbounded::new().with_shape(&b1)?)?;
+        let (core, state) = classic_core(specs, 2, device, Self::sample)?;
         Ok(MountainCarContinuousEnv { core, state })
     }
 
@@ -111,36 +105,19 @@ impl MountainCarContinuousEnv {
         let velocity = position.f_zeros_like()?;
         Ok(Tensor::f_cat(&[position, velocity], -1)?)
     }
-
-    fn output(&self, terminated: Tensor, reward: Option<Tensor>) -> Result<TensorDict> {
-        state_output(
-            self.core.specs().batch_size(),
-            &self.state,
-            terminated,
-            reward,
-        )
-    }
 }
 
 impl EnvBase for MountainCarContinuousEnv {
-    fn core(&self) -> &EnvCore {
-        &self.core
-    }
-
-    fn core_mut(&mut self) -> &mut EnvCore {
-        &mut self.core
-    }
+    crate::envs::base::env_core_field!();
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let op = "MountainCarContinuousEnv::reset";
-        let batch = self.core.specs().batch_size().to_vec();
-        let device = self.core.specs().device();
-        let plan = reset_plan(op, td, &batch, 2, device)?;
-        let gen = &mut self.core.generator;
-        self.state = plan.new_state(&self.state, || Self::sample(gen, &batch, device))?;
-        let b1: Vec<i64> = [batch.as_slice(), &[1]].concat();
-        let terminated = Tensor::f_zeros(&b1, (Kind::Bool, device))?;
-        self.output(terminated, None)
+        let (state, _) = reset_state(op, &mut self.core, td, 2, &self.state, Self::sample)?;
+        self.state = state;
+        let specs = self.core.specs();
+        let b1: Vec<i64> = [specs.batch_size(), &[1]].concat();
+        let terminated = Tensor::f_zeros(&b1, (Kind::Bool, specs.device()))?;
+        state_output(&self.core, &self.state, terminated, None)
     }
 
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
@@ -183,6 +160,6 @@ impl EnvBase for MountainCarContinuousEnv {
             .f_sub(&penalty)?
             .f_to_kind(Kind::Float)?;
         self.state = obs.f_to_kind(Kind::Double)?;
-        self.output(terminated, Some(reward))
+        state_output(&self.core, &self.state, terminated, Some(reward))
     }
 }

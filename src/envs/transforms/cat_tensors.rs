@@ -199,7 +199,7 @@ impl CatTensors {
                     return Err(Error::KeyNotFound {
                         op,
                         key: k.to_string(),
-                        available: sorted(td.keys(true, true))
+                        available: sorted(td.keys(crate::tensordict::KeysOptions::nested_leaves()))
                             .into_iter()
                             .map(|k| k.to_string())
                             .collect(),

@@ -111,7 +111,7 @@ fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
         op,
         key: key.to_string(),
         available: td
-            .keys(true, true)
+            .keys(crate::tensordict::KeysOptions::nested_leaves())
             .into_iter()
             .map(|k| k.to_string())
             .collect(),

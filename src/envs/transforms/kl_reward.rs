@@ -450,7 +450,7 @@ fn missing(td: &TensorDict, key: &NestedKey, what: &str) -> Error {
         OP,
         format!(
             "the {what} key {key} is not in the data (keys: {})",
-            fmt_key_list(&td.keys(true, true))
+            fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
         ),
     )
 }

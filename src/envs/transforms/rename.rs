@@ -201,7 +201,7 @@ impl RenameTransform {
                     op,
                     key: from.to_string(),
                     available: td
-                        .keys(true, false)
+                        .keys(crate::tensordict::KeysOptions::nested())
                         .into_iter()
                         .map(|k| k.to_string())
                         .collect(),
@@ -210,7 +210,7 @@ impl RenameTransform {
             if self.create_copy {
                 td.set(to, entry)?;
             } else {
-                td.rename_key(from, to, false)?;
+                td.rename_key(from, to, crate::tensordict::IfExists::Overwrite)?;
             }
         }
         Ok(())

@@ -131,7 +131,7 @@ impl RewardScaling {
                     format!(
                         "{}: the reward {input} is missing (keys: {})",
                         self.name(),
-                        fmt_key_list(&td.keys(true, true))
+                        fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
             })?;

@@ -539,7 +539,7 @@ impl Transform for RewardSum {
                     format!(
                         "the reward {} is missing from the step's output (keys: {})",
                         s.input,
-                        fmt_key_list(&next.keys(true, true))
+                        fmt_key_list(&next.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
             })?;

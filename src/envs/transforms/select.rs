@@ -105,7 +105,7 @@ impl SelectTransform {
     }
 
     fn select(&self, td: &TensorDict) -> Result<TensorDict> {
-        td.select(&self.kept(), false)
+        td.select(&self.kept(), crate::tensordict::Strict::No)
     }
 }
 

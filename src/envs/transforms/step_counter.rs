@@ -273,7 +273,7 @@ impl Transform for StepCounter {
                         "the step count {} is missing from the input tensordict (keys: {}); step \
                          from the tensordict returned by reset or by the previous step",
                         g.step_count,
-                        fmt_key_list(&td.keys(true, true))
+                        fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
             })?;

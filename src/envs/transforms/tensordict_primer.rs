@@ -348,7 +348,7 @@ impl Transform for TensorDictPrimer {
                         "the primer {} is missing from the input tensordict (keys: {}); step from \
                          the tensordict returned by reset or by the previous step",
                         r.key,
-                        fmt_key_list(&td.keys(true, true))
+                        fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
             })?;

@@ -432,7 +432,7 @@ impl EstimatorCore {
 }
 
 fn keys_list(td: &TensorDict) -> String {
-    td.keys(true, true)
+    td.keys(crate::tensordict::KeysOptions::nested_leaves())
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()

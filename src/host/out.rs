@@ -7,8 +7,8 @@ use std::mem::MaybeUninit;
 
 use tch::{Device, Kind, Tensor};
 
+use super::Elements;
 use crate::error::Result;
-use crate::tensordict::Elements;
 
 /// A host scalar type with a matching libtorch dtype of the same size and layout.
 pub(crate) trait HostScalar: Copy {

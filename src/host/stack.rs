@@ -3,30 +3,28 @@
 //!
 //! libtorch stacks along dim `d > 0` with `cat`'s serial kernel: for each of the `outer`
 //! positions before `d` it copies one small block from each input (`outer × n` `memcpy` calls
-//! of a few bytes). A rollout of 1024 batched envs stacks 200 steps of `[1024, k]` leaves
-//! along dim 1: 204,800 blocks of 4–16 bytes per leaf, ≈ 12–24 µs per step in all. Here the
-//! same copy writes the output front to back, with the row width known at compile time for
-//! the common widths: 0.55–0.65× of `cat`'s time for 200 inputs of `[1024, k]` (k = 1, 2, 3
-//! floats; measured in cache, best of 5).
+//! of a few bytes; a rollout of 1024 batched envs stacks 200 steps of `[1024, k]` leaves
+//! along dim 1). Here the same copy writes the output front to back, with the row width known
+//! at compile time for the common widths.
 //!
 //! **One allocation.** All the leaves a stack computes here are views into one byte buffer
 //! (each leaf contiguous, 64-byte aligned, with its own dtype and shape), like tensordict's
 //! `consolidate()`. A rollout's outputs are megabytes: allocated leaf by leaf, each is a
 //! separate `mmap` (or a piece of a heap top that glibc trims when it is freed), and every
-//! rollout pays a page fault per 4 KiB of fresh memory (≈ 40 % of a 1024-pendulum rollout on
-//! the team's machine). One buffer of the whole size is one `mmap`; when it is freed, glibc
+//! rollout pays a page fault per 4 KiB of fresh memory. One buffer of the whole size is one `mmap`; when it is freed, glibc
 //! raises its mmap and trim thresholds to that size and keeps later buffers of that size in
 //! its heap, so the rollouts after the first two reuse warm pages. The cost for users: the
 //! buffer lives until the last of its leaves is dropped.
 //!
 //! Only plain data is handled: CPU, contiguous, one dtype without quantization, no autograd,
 //! no conjugate or negative views; everything else (and an empty result) is left to the caller
-//! (`Tensor::stack`).
+//! (`Tensor::stack`). What each of these choices measured: `docs/performance.md` (W2).
 
 use tch::{Device, Kind, Tensor};
 
+use super::pages::{fresh_buffer, reserve_slack};
+use super::Elements;
 use crate::error::{Error, Result};
-use crate::tensordict::{Elements, TensorDict};
 
 /// Alignment of each leaf in the consolidated buffer (libtorch's own CPU alignment).
 const ALIGN: usize = 64;
@@ -182,12 +180,27 @@ pub(crate) fn stack_consolidated(
                     _ => continue,
                 };
                 let region = slots.get_mut(k).and_then(Option::take).ok_or_else(taken)?;
+                let block = l.outer * l.inner;
+                if region.len() != dst.len() || first.is_some_and(|f| f.len() != block) {
+                    return Err(internal("a derived leaf of another size"));
+                }
                 derived.push(Derived {
                     rows: region.chunks_exact_mut(row),
                     first: first.map(|f| f.chunks_exact(l.inner)),
                 });
             }
-            let srcs: Vec<&[u8]> = inputs.iter().map(|t| unsafe { bytes_of(t) }).collect();
+            let srcs: Vec<&[u8]> = inputs
+                .iter()
+                // SAFETY: as above: every input is plain (checked by `layout`), only read,
+                // and borrowed for the whole call.
+                .map(|t| unsafe { bytes_of(t) })
+                .collect();
+            // The kernel below copies whole rows and blocks only: sizes it cannot handle are
+            // reported here, not skipped there.
+            let block = l.outer * l.inner;
+            if dst.len() != l.bytes() || srcs.iter().any(|s| s.len() != block) {
+                return Err(internal("an input of another size than its layout"));
+            }
             copy_stack(dst, &srcs, l.inner, &mut derived);
         }
         if slots.iter().any(Option::is_some) {
@@ -213,18 +226,23 @@ pub(crate) fn stack_consolidated(
 /// length) with a single handle, owned by whoever asked for it until it is handed to the stack.
 pub(crate) struct Reserve(Tensor, usize);
 
-/// A buffer big enough for stacking `n` tensordicts shaped like `td` along a dim after the
-/// first, when all their leaves are plain CPU data (`None` when no leaf is).
+/// A buffer big enough for stacking `n` tensordicts whose leaves are shaped like `leaves`
+/// along a dim after the first, when some of those leaves are plain CPU data (`None` when
+/// none is).
 ///
 /// Why: a rollout's buffer is megabytes, and a buffer the heap cannot place in memory that an
-/// earlier rollout used is fresh memory, a page fault per 4 KiB (≈ 6 ms for 14 MB on the
-/// team's VM). A rollout reserves its buffer at its first step, before the steps' tensors, and
-/// with a slack that makes it fit where the previous one was ([`reserve_slack`]): measured
-/// on the W2 benchmark, no process re-faulted its buffer after the second rollout in 80 runs,
-/// against 12 in 40 without the slack.
-pub(crate) fn reserve(td: &TensorDict, n: usize) -> Result<Option<Reserve>> {
+/// earlier rollout used is fresh memory, a page fault per 4 KiB. A rollout reserves its buffer
+/// at its first step, before the steps' tensors, and with a slack that makes it fit where the
+/// previous one was ([`reserve_slack`]; measurements in `docs/performance.md`).
+///
+/// `leaves` visits each leaf with a callback (so that no list of them is allocated: the
+/// allocations made before the buffer decide where the heap places it).
+pub(crate) fn reserve(
+    leaves: impl FnOnce(&mut dyn FnMut(&Tensor)) -> Result<()>,
+    n: usize,
+) -> Result<Option<Reserve>> {
     let mut total = Some(0usize);
-    td.for_each_leaf(&mut |_, t| {
+    leaves(&mut |t: &Tensor| {
         let kind = t.kind();
         if plain_kind(kind) && is_plain(t, kind, &t.size()) {
             let bytes = t
@@ -234,7 +252,6 @@ pub(crate) fn reserve(td: &TensorDict, n: usize) -> Result<Option<Reserve>> {
                 .and_then(|b| b.checked_next_multiple_of(ALIGN));
             total = total.zip(bytes).and_then(|(a, b)| a.checked_add(b));
         }
-        Ok(())
     })?;
     let Some(total) = total.filter(|t| *t > 0) else {
         return Ok(None);
@@ -250,87 +267,6 @@ pub(crate) fn reserve(td: &TensorDict, n: usize) -> Result<Option<Reserve>> {
     Ok(Some(Reserve(fresh_buffer(padded_size)?, padded)))
 }
 
-/// Extra bytes for the next reserved buffer: 64 KiB, then 128 bytes less at each reserve,
-/// back to 64 KiB after 512 of them.
-///
-/// Why: libtorch allocates with `posix_memalign`, and glibc serves an aligned request of `n`
-/// bytes only from a free chunk of at least `n` plus the alignment plus a minimum chunk. A
-/// rollout's output structures (its `TensorDict` maps, the views' `TensorImpl`s) are
-/// allocated after its buffer, often right above it, and freed into glibc's per-thread cache,
-/// where they stay allocated as far as the heap is concerned. The buffer, once freed, is then
-/// a chunk of exactly its size that cannot merge upwards, and a request of the same size does
-/// not fit in it: the next buffer went to the top of the heap, fresh memory, a page fault per
-/// 4 KiB (≈ 1 rollout in 4 of a new process). A request 128 bytes smaller than the previous
-/// one always fits in the previous chunk. The buffer is used up to the size the stack needs;
-/// the slack (at most 64 KiB, 0.5 % of a 1024 × 200 Pendulum rollout) is unused.
-fn reserve_slack() -> usize {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static COUNT: AtomicUsize = AtomicUsize::new(0);
-    const STEPS: usize = 512;
-    const STEP: usize = 128;
-    let k = COUNT.fetch_add(1, Ordering::Relaxed) % STEPS;
-    (STEPS - k) * STEP
-}
-
-/// An uninitialised CPU byte buffer of `size` bytes, its pages mapped by [`prefault`].
-fn fresh_buffer(size: i64) -> Result<Tensor> {
-    let buf = Tensor::f_empty([size], (Kind::Uint8, Device::Cpu))?;
-    if let Ok(len) = usize::try_from(size) {
-        prefault(buf.data_ptr() as usize, len);
-    }
-    Ok(buf)
-}
-
-/// Maps the pages of the `len` bytes at `addr` (an allocation of ours) in one system call,
-/// when they are not mapped yet: a buffer that the allocator just took from the kernel (a
-/// first rollout's `mmap`, or a heap that grew) would otherwise take a page fault per 4 KiB as
-/// the stack writes it (≈ 6 ms for 14 MB on the team's VM, against ≈ 2.5 ms for
-/// `MADV_POPULATE_WRITE`). Reused memory is detected by asking `mincore` about its first and
-/// last page, and left alone. Linux only (5.14 or later for the populate call); elsewhere, or
-/// when a call fails, nothing happens and the pages fault in as they are written. Contents
-/// are unaffected either way: mapped pages stay as they are, and new anonymous pages are
-/// zeros, as they would be when first written.
-#[cfg(target_os = "linux")]
-fn prefault(addr: usize, len: usize) {
-    use std::sync::OnceLock;
-    static PAGE: OnceLock<usize> = OnceLock::new();
-    // SAFETY: sysconf reads a constant of the system.
-    let page = *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        p if p > 0 => p as usize,
-        _ => 4096,
-    });
-    let Some(start) = addr.checked_next_multiple_of(page) else {
-        return;
-    };
-    let end = addr.saturating_add(len) / page * page;
-    if end < start + 2 * page {
-        return;
-    }
-    let (mut first, mut last) = (0u8, 0u8);
-    // SAFETY: mincore only reads this process's page tables; each range is one page-aligned
-    // page inside our allocation, and each result pointer is valid for the one byte it gets.
-    let mapped = unsafe {
-        libc::mincore(start as *mut libc::c_void, page, &mut first) == 0
-            && libc::mincore((end - page) as *mut libc::c_void, page, &mut last) == 0
-    };
-    if mapped && first & 1 == 1 && last & 1 == 1 {
-        return;
-    }
-    // SAFETY: [start, end) is page-aligned and inside our own writable allocation;
-    // MADV_POPULATE_WRITE only faults those pages in, leaving the contents as described above.
-    // An error (an older kernel) is ignored: the pages then fault in when written.
-    let _ = unsafe {
-        libc::madvise(
-            start as *mut libc::c_void,
-            end - start,
-            libc::MADV_POPULATE_WRITE,
-        )
-    };
-}
-
-#[cfg(not(target_os = "linux"))]
-fn prefault(_addr: usize, _len: usize) {}
-
 /// The bytes of a plain contiguous CPU tensor.
 ///
 /// # Safety
@@ -340,7 +276,10 @@ unsafe fn bytes_of(t: &Tensor) -> &[u8] {
         .elements()
         .checked_mul(t.kind().elt_size_in_bytes())
         .unwrap_or(0);
-    std::slice::from_raw_parts(t.data_ptr() as *const u8, n)
+    // SAFETY: the caller guarantees that `t` is contiguous CPU data, so its `n` bytes from
+    // `data_ptr` are one live allocation for as long as `t` is borrowed, and not written
+    // through a live `&mut` meanwhile.
+    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) }
 }
 
 /// `dst`'s disjoint regions, one per job, at `offsets`.
@@ -393,10 +332,9 @@ fn copy_stack(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Deriv
 /// row width in bytes), in the output's order: each output row is written whole, front to
 /// back, from one block of each input, and the `derived` leaves' rows right after it. In a
 /// rollout the inputs were written long before (out of L2) and the output is megabytes:
-/// writing the output sequentially (full cache lines, prefetch-friendly) with scattered reads
-/// of the inputs measured 1.3–2× faster than blocks of rows that write one column of every
-/// row per input, and deriving the copied and shifted leaves from each row while it is in L1
-/// faster than copying them from the finished stack.
+/// the output is written sequentially (full cache lines, prefetch-friendly) with scattered
+/// reads of the inputs, and the copied and shifted leaves are derived from each row while it
+/// is in L1 (`docs/performance.md`, W2, step 4).
 #[inline(always)]
 fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Derived<'_, '_>]) {
     let n = srcs.len();
@@ -404,12 +342,15 @@ fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Deri
     for (b, drow) in dst.chunks_exact_mut(row).enumerate() {
         let at = b * width..(b + 1) * width;
         for (d, src) in drow.chunks_exact_mut(width).zip(srcs) {
+            // Sizes are checked by `stack_consolidated`: every input has every row.
+            debug_assert!(src.len() >= at.end, "stack input shorter than its layout");
             if let Some(s) = src.get(at.clone()) {
                 d.copy_from_slice(s);
             }
         }
         for der in derived.iter_mut() {
             let Some(out) = der.rows.next() else {
+                debug_assert!(false, "derived leaf shorter than its source");
                 continue;
             };
             match der.first.as_mut().map(Iterator::next) {
@@ -423,6 +364,8 @@ fn copy_blocks(dst: &mut [u8], srcs: &[&[u8]], width: usize, derived: &mut [Deri
                     if let (Some((head, tail)), Some(f), Some(body)) = parts {
                         head.copy_from_slice(f);
                         tail.copy_from_slice(body);
+                    } else {
+                        debug_assert!(false, "shifted leaf shorter than its source");
                     }
                 }
             }
