@@ -1,7 +1,8 @@
 //! The Rust half of the side-by-side GPT benchmarks, measured as
 //! `benches/python/gpt2_baseline.py` measures `transformers` (same random-init configs, batch,
 //! prompt length and number of new tokens; sampled from the full distribution with a KV cache
-//! on both sides; best of 3; libtorch on 2 threads on both sides):
+//! on both sides; best of 3; libtorch on `TORCHRL_BENCH_THREADS` threads, default 2, on both
+//! sides):
 //!
 //! - W8 `gpt_generate_tiny`: 4 layers × 128 wide, 4 heads, vocab 259 (the RLHF example's
 //!   size), batch 16, prompt 16, 32 new tokens: generated tokens per second.
@@ -13,7 +14,8 @@
 //!   reference is a 2-block branch); `transformers`: the policy model with a value head and a
 //!   full reference copy. The reference's parameter bytes are printed beside it.
 //!
-//! Run: `cargo bench --bench llm`, or `scripts/bench.sh` for the side-by-side table.
+//! Run: `cargo bench --bench llm` (`TORCHRL_BENCH_TINY_ONLY=1` stops after W8), or
+//! `scripts/bench.sh` for the side-by-side table.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -69,10 +71,17 @@ fn tiny() -> Gpt2Config {
 }
 
 fn main() -> torchrl::Result<()> {
-    tch::set_num_threads(2);
+    let threads: i32 = std::env::var("TORCHRL_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    tch::set_num_threads(threads);
     let small = Gpt2Config::new(50257);
     let w8 = tokens_per_s(&tiny(), 16, 16, 32)?;
     println!("W8_gpt_generate_tiny\t{w8:.0}");
+    if std::env::var_os("TORCHRL_BENCH_TINY_ONLY").is_some() {
+        return Ok(());
+    }
     let w9 = tokens_per_s(&small, 8, 16, 32)?;
     println!("W9_gpt_generate_gpt2_small\t{w9:.1}");
 

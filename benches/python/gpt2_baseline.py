@@ -1,14 +1,15 @@
 """The Python half of the side-by-side GPT benchmarks (see benches/llm.rs for the workloads):
 `transformers`' GPT2LMHeadModel, random init, `generate(do_sample=True, top_k=0)` with its KV
-cache, and a policy + value head + full reference copy forward. Best of 3, 2 threads (as the
-Rust half). Prints `name<TAB>ops/s` lines; the reference's parameter bytes go to stderr."""
+cache, and a policy + value head + full reference copy forward. Best of 3, on
+`TORCHRL_BENCH_THREADS` threads (default 2, as the Rust half). Prints `name<TAB>ops/s` lines; the reference's parameter bytes go to stderr."""
+import os
 import sys
 import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("TORCHRL_BENCH_THREADS", "2")))
 
 
 def best_of(f, repeat=3):
@@ -43,6 +44,8 @@ def tokens_per_s(model, vocab, batch, prompt, new):
 def main():
     tiny = model_for(vocab_size=259, n_layer=4, n_embd=128, n_head=4, n_positions=256)
     print(f"W8_gpt_generate_tiny\t{tokens_per_s(tiny, 259, 16, 16, 32):.0f}", flush=True)
+    if os.environ.get("TORCHRL_BENCH_TINY_ONLY"):
+        return
     small = model_for(vocab_size=50257)
     print(f"W9_gpt_generate_gpt2_small\t{tokens_per_s(small, 50257, 8, 16, 32):.1f}", flush=True)
 

@@ -373,6 +373,9 @@ pub fn generate_with(
     let mut log_probs = Vec::with_capacity(tokens.capacity());
     let check_every = if device == Device::Cpu { 1 } else { 8 };
     let ones = Tensor::f_ones([b, 1], (Kind::Int64, device))?;
+    // Without padding in the prompt, a one-token step attends every cached key: no mask is
+    // needed (one host read here saves the mask's ops on every step).
+    let padded = attention_mask.is_some() && !bool::try_from(mask.f_all()?)?;
     for step in 0..steps {
         let logits = last_logits.f_to_kind(Kind::Float)?;
         let scaled = if config.do_sample && config.temperature != 1.0 {
@@ -402,17 +405,15 @@ pub fn generate_with(
         if (step + 1) % check_every == 0 && !bool::try_from(unfinished.f_any()?)? {
             break;
         }
-        // transformers extends the mask with ones, finished rows included
-        mask = Tensor::f_cat(&[&mask, &ones], 1)?;
         positions = positions.f_add_scalar(1)?;
         let ids = next.f_unsqueeze(1)?;
-        let out = model.forward_unchecked(
-            &Gpt2Input::new(&ids)
-                .with_attention_mask(&mask)
-                .with_position_ids(&positions),
-            Some(&mut cache),
-            logits_only,
-        )?;
+        let mut input = Gpt2Input::new(&ids).with_position_ids(&positions);
+        if padded {
+            // transformers extends the mask with ones, finished rows included
+            mask = Tensor::f_cat(&[&mask, &ones], 1)?;
+            input = input.with_attention_mask(&mask);
+        }
+        let out = model.forward_unchecked(&input, Some(&mut cache), logits_only)?;
         last_logits = out.logits()?.f_select(1, 0)?;
         last_token = next;
     }

@@ -244,12 +244,13 @@ impl Block {
         let h = self.n_head;
         let d = e / h;
         let qkv = self.c_attn.forward(&self.ln_1.forward(x)?)?;
-        let parts = qkv.f_split(e, -1)?;
-        let [q, k, v] = <[Tensor; 3]>::try_from(parts)
-            .map_err(|_| Error::invalid("Gpt2Model::forward", "c_attn did not split in three"))?;
-        let heads =
-            |z: Tensor| -> Result<Tensor> { Ok(z.f_view([b, t, h, d])?.f_transpose(1, 2)?) };
-        let (q, mut k, mut v) = (heads(q)?, heads(k)?, heads(v)?);
+        // [B, T, 3E] -> [3, B, H, T, D]: one view and one permute for the three projections
+        let qkv = qkv.f_view([b, t, 3, h, d])?.f_permute([2, 0, 3, 1, 4])?;
+        let (q, mut k, mut v) = (
+            qkv.f_select(0, 0)?,
+            qkv.f_select(0, 1)?,
+            qkv.f_select(0, 2)?,
+        );
         if let Some(slot) = layer_cache {
             if let Some((pk, pv)) = slot.take() {
                 k = Tensor::f_cat(&[&pk, &k], 2)?;
