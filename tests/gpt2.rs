@@ -495,11 +495,25 @@ fn runs_in_half_precision_formats() {
         .unwrap();
     assert_eq!(bf.kind(), Kind::BFloat16);
     assert!(max_abs_diff(&bf.to_kind(Kind::Float), &f32_logits) < 0.1);
-    let cfg = Gpt2Config::new(10)
-        .with_n_layer(1)
-        .with_n_embd(8)
-        .with_n_head(2);
-    assert!(cfg.validate().is_ok());
+    vs.half();
+    let h = model
+        .forward(&Gpt2Input::new(&ids), None)
+        .unwrap()
+        .logits()
+        .unwrap();
+    assert_eq!(h.kind(), Kind::Half);
+    assert!(max_abs_diff(&h.to_kind(Kind::Float), &f32_logits) < 0.05);
+    // greedy generation in half precision runs end to end; log-probs come out in float32
+    let out = generate(
+        &model,
+        &ids,
+        None,
+        &GenerationConfig::new(3),
+        &mut Generator::new(0),
+    )
+    .unwrap();
+    assert_eq!(out.log_probs.kind(), Kind::Float);
+    assert_eq!(out.sequences.size(), vec![1, 7]);
 }
 
 #[test]

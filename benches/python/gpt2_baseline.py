@@ -21,17 +21,21 @@ def best_of(f, repeat=3):
     return best
 
 
+DEVICE = os.environ.get("TORCHRL_BENCH_DEVICE", "cpu")
+DTYPE = torch.bfloat16 if os.environ.get("TORCHRL_BENCH_BF16") else torch.float32
+
+
 def model_for(**kw):
     torch.manual_seed(0)
     cfg = GPT2Config(**kw)
-    model = GPT2LMHeadModel(cfg).eval()
+    model = GPT2LMHeadModel(cfg).eval().to(DEVICE, DTYPE)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
 
 
 def tokens_per_s(model, vocab, batch, prompt, new):
-    ids = torch.randint(3, vocab, (batch, prompt))
+    ids = torch.randint(3, vocab, (batch, prompt)).to(DEVICE)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=new,
               min_new_tokens=new, pad_token_id=0)
