@@ -12,8 +12,8 @@ use common::{load_cases, tensor_from_json, Value};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    generate, generate_with, GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Input, Gpt2Model,
-    KvCache, LogitMask,
+    generate, generate_with, GenerateOptions, GenerationConfig, Gpt2Input, Gpt2Model, KvCache,
+    LogitMask,
 };
 use torchrl::{Error, Generator};
 
