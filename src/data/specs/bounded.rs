@@ -26,6 +26,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::common::{self, concat, is_float, to_dev};
+use super::leaf::{debug_as_display, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -246,18 +247,105 @@ impl Bounded {
 
     /// Zeros of shape `[*shape, *self.shape]` (even when 0 is out of bounds, as TorchRL).
     pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+        LeafSpec::zero(self, shape)
     }
 
     /// Ones of shape `[*shape, *self.shape]` (even when 1 is out of bounds, as TorchRL).
     pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
+        LeafSpec::one(self, shape)
     }
 
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
+    /// True when the dtype matches, the shape fits, and `low <= value <= high` everywhere.
+    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+        LeafSpec::is_in(self, value)
+    }
+
+    /// Like [`Bounded::is_in`] but errors with [`Error::NotInSpec`] saying why (for bounds: how
+    /// many values are out, the value's min/max, and the first offending element).
+    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        LeafSpec::check(self, value, key)
+    }
+
+    /// Returns the value unchanged when it is in the spec; otherwise rounds floats for integer
+    /// dtypes, casts to the spec's dtype, replaces NaN by `low`, and clamps to `[low, high]`.
+    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+        LeafSpec::project(self, value)
+    }
+
+    /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
+    }
+
+    /// The spec expanded to `shape` (TorchRL's trailing-dims rule); the bounds are expanded too.
+    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+        LeafSpec::expand(self, shape)
+    }
+
+    /// The spec indexed on its dims (the bounds are indexed the same way).
+    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let (shape, mut t) = common::index_lead(&self.shape, &[&self.low, &self.high], idx)?;
+        match (t.pop(), t.pop()) {
+            (Some(high), Some(low)) => self.with_bounds(low, high, shape),
+            _ => Err(Error::invalid(
+                "index",
+                "internal: bounds lost while indexing",
+            )),
         }
+    }
+
+    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec is
+    /// left as is, like TorchRL).
+    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        LeafSpec::squeeze(self, dim)
+    }
+
+    /// Inserts a dim of size 1 at `dim`.
+    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        LeafSpec::unsqueeze(self, dim)
+    }
+
+    /// The spec (and its bounds) on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        Ok(Bounded {
+            device,
+            ..self.with_bounds(
+                to_dev(&self.low, device)?,
+                to_dev(&self.high, device)?,
+                self.shape.clone(),
+            )?
+        })
+    }
+
+    /// This spec with other bound tensors (of `shape`).
+    fn with_bounds(&self, low: Tensor, high: Tensor, shape: Vec<i64>) -> Result<Self> {
+        Ok(Bounded {
+            low,
+            high,
+            shape,
+            dtype: self.dtype,
+            device: self.device,
+            constant: self.constant,
+        })
+    }
+}
+
+impl LeafSpec for Bounded {
+    const CLASS: &'static str = "Bounded";
+
+    fn spec_shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    fn spec_dtype(&self) -> Option<Kind> {
+        Some(self.dtype)
+    }
+
+    fn spec_device(&self) -> Device {
+        self.device
+    }
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.elements() == 0 {
             return Ok(None);
         }
@@ -306,42 +394,7 @@ impl Bounded {
         )))
     }
 
-    /// True when the dtype matches, the shape fits, and `low <= value <= high` everywhere.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
-    }
-
-    /// Like [`Bounded::is_in`] but errors with [`Error::NotInSpec`] saying why (for bounds: how
-    /// many values are out, the value's min/max, and the first offending element).
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats for integer
-    /// dtypes, casts to the spec's dtype, replaces NaN by `low`, and clamps to `[low, high]`.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         let dev = value.device();
         let (low, high) = (to_dev(&self.low, dev)?, to_dev(&self.high, dev)?);
         let mut v = value.shallow_clone();
@@ -382,88 +435,16 @@ impl Bounded {
         })
     }
 
-    /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
-    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
-        encode_plain(&self.shape, self.dtype, self.device, values)
+    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+        let low = self.low.f_reshape(shape.as_slice())?;
+        let high = self.high.f_reshape(shape.as_slice())?;
+        self.with_bounds(low, high, shape)
     }
 
-    /// The spec expanded to `shape` (TorchRL's trailing-dims rule); the bounds are expanded too.
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("Bounded", &self.shape, shape)?;
-        Ok(Bounded {
-            low: self.low.f_expand(shape, false)?.f_contiguous()?,
-            high: self.high.f_expand(shape, false)?.f_contiguous()?,
-            shape: shape.to_vec(),
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        })
-    }
-
-    /// The spec indexed on its dims (the bounds are indexed the same way).
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (shape, mut t) = common::index_lead(&self.shape, &[&self.low, &self.high], idx)?;
-        let (high, low) = (t.pop(), t.pop());
-        match (low, high) {
-            (Some(low), Some(high)) => Ok(Bounded {
-                low,
-                high,
-                shape,
-                dtype: self.dtype,
-                device: self.device,
-                constant: self.constant,
-            }),
-            _ => Err(Error::invalid(
-                "index",
-                "internal: bounds lost while indexing",
-            )),
-        }
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec is
-    /// left as is, like TorchRL).
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        let Some((shape, dims)) = common::squeezed(&self.shape, dim)? else {
-            return Ok(self.clone());
-        };
-        let (mut low, mut high) = (self.low.shallow_clone(), self.high.shallow_clone());
-        for d in dims.iter().rev() {
-            low = low.f_squeeze_dim(*d as i64)?;
-            high = high.f_squeeze_dim(*d as i64)?;
-        }
-        Ok(Bounded {
-            low,
-            high,
-            shape,
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        })
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, d) = common::unsqueezed(&self.shape, dim)?;
-        Ok(Bounded {
-            low: self.low.f_unsqueeze(d as i64)?,
-            high: self.high.f_unsqueeze(d as i64)?,
-            shape,
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        })
-    }
-
-    /// The spec (and its bounds) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Bounded {
-            low: to_dev(&self.low, device)?,
-            high: to_dev(&self.high, device)?,
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device,
-            constant: self.constant,
-        })
+    fn expanded(&self, shape: &[i64]) -> Result<Self> {
+        let low = self.low.f_expand(shape, false)?.f_contiguous()?;
+        let high = self.high.f_expand(shape, false)?.f_contiguous()?;
+        self.with_bounds(low, high, shape.to_vec())
     }
 }
 
@@ -505,11 +486,7 @@ impl fmt::Display for Bounded {
     }
 }
 
-impl fmt::Debug for Bounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+debug_as_display!(Bounded);
 
 #[cfg(test)]
 mod tests {

@@ -24,9 +24,9 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
+use super::classes::{check_nvec, class_indices, one_hot_violation, project_one_hot};
 use super::common::{self, concat, lead};
-use super::multi_categorical::{check_nvec, MultiCategorical};
-use super::one_hot::{class_indices, one_hot_violation, project_one_hot};
+use super::leaf::{debug_as_display, not_in_spec, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex};
@@ -137,79 +137,32 @@ impl MultiOneHot {
 
     /// Zeros of shape `[*shape, *self.shape]`.
     pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+        LeafSpec::zero(self, shape)
     }
 
     /// Ones of shape `[*shape, *self.shape]`.
     pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
+        LeafSpec::one(self, shape)
     }
 
     fn split(&self, value: &Tensor) -> Result<Vec<Tensor>> {
         Ok(value.f_split_with_sizes(self.nvec.as_slice(), -1)?)
     }
 
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
-        }
-        if value.size().last() != Some(&self.total()) {
-            return Ok(Some(format!(
-                "shape mismatch: the value's last dim must be sum(nvec)={}, got shape {}",
-                self.total(),
-                ShapeFmt(&value.size())
-            )));
-        }
-        for (i, part) in self.split(value)?.iter().enumerate() {
-            if let Some(r) = one_hot_violation(part, &format!("one-hot in group {i}"))? {
-                return Ok(Some(r));
-            }
-        }
-        Ok(None)
-    }
-
     /// True when the dtype matches, the shape fits, and each group is one-hot.
     pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
+        LeafSpec::is_in(self, value)
     }
 
     /// Like [`MultiOneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
     pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
+        LeafSpec::check(self, value, key)
     }
 
     /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
     /// of each group.
     pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if value.size().last() != Some(&self.total())
-            || !common::shape_fits(&self.shape, &value.size())
-        {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
-        let mut parts = Vec::with_capacity(self.nvec.len());
-        for (part, n) in self.split(value)?.iter().zip(&self.nvec) {
-            parts.push(project_one_hot(part, *n, None, self.dtype)?);
-        }
-        Ok(Tensor::f_cat(&parts, -1)?)
+        LeafSpec::project(self, value)
     }
 
     /// One-hot encodes class indices, `len(nvec)` per row (row-major), e.g. `nvec = [2, 3]` and
@@ -271,64 +224,86 @@ impl MultiOneHot {
         Ok(Tensor::f_stack(&parts, -1)?)
     }
 
-    /// The equivalent [`MultiCategorical`] spec (shape `[*shape[..-1], len(nvec)]`, `Int64`).
-    pub fn to_categorical_spec(&self) -> MultiCategorical {
-        MultiCategorical {
-            shape: concat(lead(&self.shape), &[self.nvec.len() as i64]),
-            nvec: self.nvec.clone(),
-            dtype: Kind::Int64,
-            device: self.device,
-        }
-    }
-
     /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `sum(nvec)`).
     pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("MultiOneHot", &self.shape, shape)?;
-        if shape.last() != self.shape.last() {
-            return Err(common::final_dim_error("expand", "MultiOneHot"));
-        }
-        Ok(MultiOneHot {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
+        LeafSpec::expand(self, shape)
     }
 
     /// The spec indexed on its leading dims; the last dim cannot be indexed.
     pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (rows, _) = common::index_lead(lead(&self.shape), &[], idx)?;
-        Ok(MultiOneHot {
-            shape: concat(&rows, &[self.total()]),
-            ..self.clone()
-        })
+        LeafSpec::index(self, idx)
     }
 
     /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
     /// is an error.
     pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(
-            match common::squeezed_protected("MultiOneHot", &self.shape, dim)? {
-                None => self.clone(),
-                Some((shape, _)) => MultiOneHot {
-                    shape,
-                    ..self.clone()
-                },
-            },
-        )
+        LeafSpec::squeeze(self, dim)
     }
 
     /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
     pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed_protected("MultiOneHot", &self.shape, dim)?;
-        Ok(MultiOneHot {
-            shape,
-            ..self.clone()
-        })
+        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
         Ok(MultiOneHot {
             device,
+            ..self.clone()
+        })
+    }
+}
+
+impl LeafSpec for MultiOneHot {
+    const CLASS: &'static str = "MultiOneHot";
+    const PROTECTED_LAST: bool = true;
+
+    fn spec_shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    fn spec_dtype(&self) -> Option<Kind> {
+        Some(self.dtype)
+    }
+
+    fn spec_device(&self) -> Device {
+        self.device
+    }
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if value.size().last() != Some(&self.total()) {
+            return Ok(Some(format!(
+                "shape mismatch: the value's last dim must be sum(nvec)={}, got shape {}",
+                self.total(),
+                ShapeFmt(&value.size())
+            )));
+        }
+        for (i, part) in self.split(value)?.iter().enumerate() {
+            if let Some(r) = one_hot_violation(part, &format!("one-hot in group {i}"))? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        if value.size().last() != Some(&self.total()) {
+            let reason = format!(
+                "cannot project a value of shape {}: projection does not reshape",
+                ShapeFmt(&value.size())
+            );
+            return Err(not_in_spec("project", "<value>", self, reason));
+        }
+        let mut parts = Vec::with_capacity(self.nvec.len());
+        for (part, n) in self.split(value)?.iter().zip(&self.nvec) {
+            parts.push(project_one_hot(part, *n, None, self.dtype)?);
+        }
+        Ok(Tensor::f_cat(&parts, -1)?)
+    }
+
+    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+        Ok(MultiOneHot {
+            shape,
             ..self.clone()
         })
     }
@@ -347,8 +322,4 @@ impl fmt::Display for MultiOneHot {
     }
 }
 
-impl fmt::Debug for MultiOneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+debug_as_display!(MultiOneHot);

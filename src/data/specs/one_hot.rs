@@ -24,8 +24,9 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::categorical::Categorical;
+use super::classes::{class_indices, one_hot_violation, project_one_hot};
 use super::common::{self, concat, lead, to_dev};
+use super::leaf::{debug_as_display, LeafSpec};
 use crate::error::{ensure, Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex, Elements};
@@ -61,79 +62,6 @@ impl PartialEq for OneHot {
             && self.device == other.device
             && common::opt_tensor_eq(self.mask.as_ref(), other.mask.as_ref())
     }
-}
-
-/// The reason a value is not one-hot along its last dim (values in {0, 1}, one 1 per row).
-pub(crate) fn one_hot_violation(value: &Tensor, what: &str) -> Result<Option<String>> {
-    if value.elements() == 0 {
-        return Ok(None);
-    }
-    if !common::all_binary(value)? {
-        let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
-        return Ok(Some(format!(
-            "not {what}: values must be 0 or 1, got values in [{lo}, {hi}]"
-        )));
-    }
-    let sums = value.f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?;
-    let ok = sums.f_eq(1)?;
-    if !common::all_true(&ok)? {
-        let (count, first) = common::first_false(&ok)?;
-        let first = first.unwrap_or(0);
-        let s = sums.f_reshape([-1])?.f_int64_value(&[first as i64])?;
-        return Ok(Some(format!(
-            "not {what}: {count} of {} rows do not have exactly one 1 along the last dim; first at \
-             index {:?} (value shape {}) has {s}",
-            sums.elements(),
-            common::unravel(first, &sums.size()),
-            ShapeFmt(&value.size())
-        )));
-    }
-    Ok(None)
-}
-
-/// Argmax one-hot projection of scores along the last dim, restricted to `mask`.
-pub(crate) fn project_one_hot(
-    value: &Tensor,
-    n: i64,
-    mask: Option<&Tensor>,
-    kind: Kind,
-) -> Result<Tensor> {
-    // NaN scores lose to every number, ±inf become the extreme finite values: a masked-out
-    // class (-inf below) then never wins, even against -inf or NaN scores.
-    let mut scores = value
-        .f_to_kind(Kind::Double)?
-        .f_nan_to_num(-f64::MAX, f64::MAX, -f64::MAX)?;
-    if let Some(m) = mask {
-        let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
-        let rows_ok = m
-            .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?
-            .f_ge(1)?;
-        if !common::all_true(&rows_ok)? {
-            return Err(Error::invalid(
-                "project",
-                "the mask allows no class in some row: cannot project",
-            ));
-        }
-        scores = scores.f_masked_fill(&m.f_logical_not()?, f64::NEG_INFINITY)?;
-    }
-    Ok(scores.f_argmax(-1, false)?.f_one_hot(n)?.f_to_kind(kind)?)
-}
-
-/// Class indices from `values` (integral, in `[0, n)`), or an error.
-pub(crate) fn class_indices(op: &'static str, values: &[f64], n: i64) -> Result<Vec<i64>> {
-    values
-        .iter()
-        .map(|v| {
-            if v.fract() == 0.0 && *v >= 0.0 && *v < n as f64 {
-                Ok(*v as i64)
-            } else {
-                Err(Error::invalid(
-                    op,
-                    format!("value {v} is not a class index in [0, {n})"),
-                ))
-            }
-        })
-        .collect()
 }
 
 impl OneHot {
@@ -240,76 +168,29 @@ impl OneHot {
 
     /// Zeros (all `false`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
     pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+        LeafSpec::zero(self, shape)
     }
 
     /// Ones (all `true`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
     pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
-        }
-        if let Some(r) = one_hot_violation(value, "one-hot")? {
-            return Ok(Some(r));
-        }
-        if let (Some(m), true) = (&self.mask, value.elements() > 0) {
-            let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
-            let hot_allowed = value
-                .f_ne(0)?
-                .f_logical_and(&m)?
-                .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?
-                .f_eq(1)?;
-            if !common::all_true(&hot_allowed)? {
-                let (count, first) = common::first_false(&hot_allowed)?;
-                return Ok(Some(format!(
-                    "masked class: {count} rows select a class the mask forbids; first at index {:?}",
-                    common::unravel(first.unwrap_or(0), &hot_allowed.size())
-                )));
-            }
-        }
-        Ok(None)
+        LeafSpec::one(self, shape)
     }
 
     /// True when the dtype matches, the shape fits, every row along the last dim is one-hot,
     /// and the mask allows the hot class.
     pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
+        LeafSpec::is_in(self, value)
     }
 
     /// Like [`OneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
     pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
+        LeafSpec::check(self, value, key)
     }
 
     /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
     /// of each row among the allowed classes (TorchRL samples with `multinomial` instead).
     pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
-        project_one_hot(value, self.n, self.mask.as_ref(), self.dtype)
+        LeafSpec::project(self, value)
     }
 
     /// One-hot encodes class indices: one value per row (`shape[..-1]` elements), e.g.
@@ -348,32 +229,9 @@ impl OneHot {
         Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)
     }
 
-    /// The equivalent [`Categorical`] spec: shape `shape[..-1]`, dtype `Int64`, same mask.
-    pub fn to_categorical_spec(&self) -> Categorical {
-        Categorical {
-            n: self.n,
-            shape: lead(&self.shape).to_vec(),
-            dtype: Kind::Int64,
-            device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
-        }
-    }
-
     /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
     pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("OneHot", &self.shape, shape)?;
-        if shape.last() != Some(&self.n) {
-            return Err(common::final_dim_error("expand", "OneHot"));
-        }
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(m.f_expand(shape, false)?.f_contiguous()?),
-        };
-        Ok(OneHot {
-            shape: shape.to_vec(),
-            mask,
-            ..self.clone()
-        })
+        LeafSpec::expand(self, shape)
     }
 
     /// The spec indexed on its leading dims; the last dim cannot be indexed.
@@ -390,19 +248,71 @@ impl OneHot {
     /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
     /// is an error.
     pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        match common::squeezed_protected("OneHot", &self.shape, dim)? {
-            None => Ok(self.clone()),
-            Some((shape, _)) => self.reshaped(shape),
-        }
+        LeafSpec::squeeze(self, dim)
     }
 
     /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
     pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed_protected("OneHot", &self.shape, dim)?;
-        self.reshaped(shape)
+        LeafSpec::unsqueeze(self, dim)
     }
 
-    fn reshaped(&self, shape: Vec<i64>) -> Result<Self> {
+    /// The spec (and its mask) on another device.
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        let mask = match &self.mask {
+            None => None,
+            Some(m) => Some(to_dev(m, device)?),
+        };
+        Ok(OneHot {
+            device,
+            mask,
+            ..self.clone()
+        })
+    }
+}
+
+impl LeafSpec for OneHot {
+    const CLASS: &'static str = "OneHot";
+    const PROTECTED_LAST: bool = true;
+
+    fn spec_shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    fn spec_dtype(&self) -> Option<Kind> {
+        Some(self.dtype)
+    }
+
+    fn spec_device(&self) -> Device {
+        self.device
+    }
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if let Some(r) = one_hot_violation(value, "one-hot")? {
+            return Ok(Some(r));
+        }
+        if let (Some(m), true) = (&self.mask, value.elements() > 0) {
+            let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
+            let hot_allowed = value
+                .f_ne(0)?
+                .f_logical_and(&m)?
+                .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?
+                .f_eq(1)?;
+            if !common::all_true(&hot_allowed)? {
+                let (count, first) = common::first_false(&hot_allowed)?;
+                return Ok(Some(format!(
+                    "masked class: {count} rows select a class the mask forbids; first at index {:?}",
+                    common::unravel(first.unwrap_or(0), &hot_allowed.size())
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        project_one_hot(value, self.n, self.mask.as_ref(), self.dtype)
+    }
+
+    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
         let mask = match &self.mask {
             None => None,
             Some(m) => Some(m.f_reshape(shape.as_slice())?),
@@ -414,14 +324,13 @@ impl OneHot {
         })
     }
 
-    /// The spec (and its mask) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
+    fn expanded(&self, shape: &[i64]) -> Result<Self> {
         let mask = match &self.mask {
             None => None,
-            Some(m) => Some(to_dev(m, device)?),
+            Some(m) => Some(m.f_expand(shape, false)?.f_contiguous()?),
         };
         Ok(OneHot {
-            device,
+            shape: shape.to_vec(),
             mask,
             ..self.clone()
         })
@@ -442,8 +351,4 @@ impl fmt::Display for OneHot {
     }
 }
 
-impl fmt::Debug for OneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+debug_as_display!(OneHot);

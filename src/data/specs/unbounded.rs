@@ -25,6 +25,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::common::{self, concat, is_float};
+use super::leaf::{debug_as_display, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex};
@@ -121,54 +122,29 @@ impl Unbounded {
 
     /// Zeros of shape `[*shape, *self.shape]`.
     pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+        LeafSpec::zero(self, shape)
     }
 
     /// Ones (`true` for bool) of shape `[*shape, *self.shape]`.
     pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Option<String> {
-        common::dtype_shape_violation(&self.shape, Some(self.dtype), value)
+        LeafSpec::one(self, shape)
     }
 
     /// True when the dtype matches and the shape fits (values are not checked).
     pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value).is_none())
+        LeafSpec::is_in(self, value)
     }
 
-    /// Like [`Unbounded::is_in`] but errors with [`Error::NotInSpec`] saying why.
+    /// Like [`Unbounded::is_in`] but errors with [`Error::NotInSpec`](crate::Error::NotInSpec)
+    /// saying why.
     pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value) {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
+        LeafSpec::check(self, value, key)
     }
 
     /// Returns the value cast to the spec's dtype when it is not in the spec. The shape must
     /// fit: projection never reshapes.
     pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value).is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
-        Ok(value.f_to_kind(self.dtype)?)
+        LeafSpec::project(self, value)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (row-major; their count must be
@@ -179,46 +155,55 @@ impl Unbounded {
 
     /// The spec expanded to `shape` (TorchRL's trailing-dims rule).
     pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("Unbounded", &self.shape, shape)?;
-        Ok(Unbounded {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
+        LeafSpec::expand(self, shape)
     }
 
     /// The spec indexed on its dims, like a tensor of its shape.
     pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (shape, _) = common::index_lead(&self.shape, &[], idx)?;
-        Ok(Unbounded {
-            shape,
-            ..self.clone()
-        })
+        LeafSpec::index(self, idx)
     }
 
     /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
     pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(match common::squeezed(&self.shape, dim)? {
-            None => self.clone(),
-            Some((shape, _)) => Unbounded {
-                shape,
-                ..self.clone()
-            },
-        })
+        LeafSpec::squeeze(self, dim)
     }
 
     /// Inserts a dim of size 1 at `dim`.
     pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed(&self.shape, dim)?;
-        Ok(Unbounded {
-            shape,
-            ..self.clone()
-        })
+        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
         Ok(Unbounded {
             device,
+            ..self.clone()
+        })
+    }
+}
+
+impl LeafSpec for Unbounded {
+    const CLASS: &'static str = "Unbounded";
+
+    fn spec_shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    fn spec_dtype(&self) -> Option<Kind> {
+        Some(self.dtype)
+    }
+
+    fn spec_device(&self) -> Device {
+        self.device
+    }
+
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        Ok(value.f_to_kind(self.dtype)?)
+    }
+
+    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+        Ok(Unbounded {
+            shape,
             ..self.clone()
         })
     }
@@ -257,8 +242,4 @@ impl fmt::Display for Unbounded {
     }
 }
 
-impl fmt::Debug for Unbounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+debug_as_display!(Unbounded);

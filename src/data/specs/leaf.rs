@@ -1,0 +1,198 @@
+//! [`LeafSpec`]: what every leaf spec shares, written once.
+//!
+//! Each leaf spec states its shape, dtype, device and class name, how a value that passes the
+//! dtype and shape rule can still fall outside its domain ([`LeafSpec::domain_violation`]), how
+//! such a value is mapped in ([`LeafSpec::project_fitting`]), and how the spec is laid out at
+//! another shape ([`LeafSpec::relaid`]). The trait's provided methods then give every leaf the
+//! same `violation` / `is_in` / `check` / `project` preamble (dtype, then the shape rule, then
+//! the domain), the same `zero` / `one`, and the same `squeeze` / `unsqueeze` / `expand` /
+//! `index` shape rules; the public methods of each leaf struct forward to them.
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::specs::{Binary, Unbounded};
+//! # fn main() -> torchrl::Result<()> {
+//! // the same preamble for every leaf: a wrong dtype is never in the spec
+//! let x = Tensor::zeros([2, 3], (Kind::Double, tch::Device::Cpu));
+//! assert!(!Unbounded::new().with_shape([3])?.is_in(&x)?);
+//! assert!(!Binary::new(3)?.is_in(&x)?);
+//! let err = Binary::new(3)?.check(&x, "obs").unwrap_err().to_string();
+//! assert!(err.contains("\"obs\"") && err.contains("dtype mismatch"), "{err}");
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+
+use tch::{Device, Kind, Tensor};
+
+use super::common;
+use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::{AsKey, BatchIndex};
+
+/// The shared behaviour of the leaf specs (everything but [`Composite`](super::Composite)).
+pub(crate) trait LeafSpec: Clone + fmt::Display {
+    /// The TorchRL class name, used in messages (`"OneHot"`).
+    const CLASS: &'static str;
+    /// True when the last dim holds the categories (OneHot, Binary, MultiCategorical,
+    /// MultiOneHot): it cannot be squeezed, unsqueezed past, expanded or indexed.
+    const PROTECTED_LAST: bool = false;
+
+    /// The spec's shape.
+    fn spec_shape(&self) -> &[i64];
+    /// The dtype values must have (`None`: any dtype).
+    fn spec_dtype(&self) -> Option<Kind>;
+    /// The spec's device.
+    fn spec_device(&self) -> Device;
+
+    /// Why a value whose dtype and shape fit is still outside the spec (bounds, classes, a
+    /// mask), if it is. Called only after the dtype and shape checks passed.
+    fn domain_violation(&self, _value: &Tensor) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Maps a value that is not in the spec but whose shape fits into the spec.
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor>;
+
+    /// The same spec at `shape` (attached tensors such as bounds or masks reshaped or expanded
+    /// to match). The caller has checked `shape`.
+    fn relaid(&self, shape: Vec<i64>) -> Result<Self>;
+
+    /// The spec expanded to `shape`, already checked against TorchRL's expand rule; override
+    /// when attached tensors must be expanded rather than reshaped.
+    fn expanded(&self, shape: &[i64]) -> Result<Self> {
+        self.relaid(shape.to_vec())
+    }
+
+    /// The reason `value` is not in the spec: the dtype, then the shape rule, then the domain.
+    #[inline]
+    fn violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if let Some(r) = common::dtype_shape_violation(self.spec_shape(), self.spec_dtype(), value)
+        {
+            return Ok(Some(r));
+        }
+        self.domain_violation(value)
+    }
+
+    /// True when `value` is in the spec.
+    #[inline]
+    fn is_in(&self, value: &Tensor) -> Result<bool> {
+        Ok(self.violation(value)?.is_none())
+    }
+
+    /// Like [`LeafSpec::is_in`] but errors with [`Error::NotInSpec`] naming `key` and the reason.
+    #[inline]
+    fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+        match self.violation(value)? {
+            None => Ok(()),
+            Some(reason) => Err(not_in_spec("check", key.to_nested_key(), self, reason)),
+        }
+    }
+
+    /// The value unchanged when it is in the spec; otherwise [`LeafSpec::project_fitting`]
+    /// when its shape fits (projection never reshapes), else an error.
+    fn project(&self, value: &Tensor) -> Result<Tensor> {
+        if self.violation(value)?.is_none() {
+            return Ok(value.shallow_clone());
+        }
+        if !common::shape_fits(self.spec_shape(), &value.size()) {
+            let reason = format!(
+                "cannot project a value of shape {}: projection does not reshape",
+                ShapeFmt(&value.size())
+            );
+            return Err(not_in_spec("project", "<value>", self, reason));
+        }
+        self.project_fitting(value)
+    }
+
+    /// Zeros (`false`) of shape `[*shape, *spec_shape]` (a spec without a dtype fills `Uint8`).
+    fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+        self.filled(shape, false)
+    }
+
+    /// Ones (`true`) of shape `[*shape, *spec_shape]`.
+    fn one(&self, shape: &[i64]) -> Result<Tensor> {
+        self.filled(shape, true)
+    }
+
+    /// Zeros or ones of shape `[*shape, *spec_shape]`.
+    fn filled(&self, shape: &[i64], one: bool) -> Result<Tensor> {
+        let kind = self.spec_dtype().unwrap_or(Kind::Uint8);
+        common::filled(shape, self.spec_shape(), kind, self.spec_device(), one)
+    }
+
+    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (the protected last
+    /// dim excepted).
+    fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+        let shape = self.spec_shape();
+        let squeezed = if Self::PROTECTED_LAST {
+            common::squeezed_protected(Self::CLASS, shape, dim)?
+        } else {
+            common::squeezed(shape, dim)?
+        };
+        match squeezed {
+            None => Ok(self.clone()),
+            Some((shape, _)) => self.relaid(shape),
+        }
+    }
+
+    /// Inserts a dim of size 1 at `dim` (never after a protected last dim).
+    fn unsqueeze(&self, dim: i64) -> Result<Self> {
+        let (shape, _) = if Self::PROTECTED_LAST {
+            common::unsqueezed_protected(Self::CLASS, self.spec_shape(), dim)?
+        } else {
+            common::unsqueezed(self.spec_shape(), dim)?
+        };
+        self.relaid(shape)
+    }
+
+    /// The spec expanded to `shape` (TorchRL's trailing-dims rule; a protected last dim must
+    /// stay).
+    fn expand(&self, shape: &[i64]) -> Result<Self> {
+        common::check_expand(Self::CLASS, self.spec_shape(), shape)?;
+        if Self::PROTECTED_LAST && shape.last() != self.spec_shape().last() {
+            return Err(common::final_dim_error("expand", Self::CLASS));
+        }
+        self.expanded(shape)
+    }
+
+    /// The spec indexed on its dims (the leading ones when the last is protected), for a spec
+    /// without attached tensors.
+    fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+        let shape = self.spec_shape();
+        if Self::PROTECTED_LAST {
+            let (rows, _) = common::index_lead(common::lead(shape), &[], idx)?;
+            let last = shape.last().copied().unwrap_or(0);
+            self.relaid(common::concat(&rows, &[last]))
+        } else {
+            let (shape, _) = common::index_lead(shape, &[], idx)?;
+            self.relaid(shape)
+        }
+    }
+}
+
+/// [`Error::NotInSpec`] for `spec` at `key`.
+pub(crate) fn not_in_spec(
+    op: &'static str,
+    key: impl fmt::Display,
+    spec: &impl fmt::Display,
+    reason: String,
+) -> Error {
+    Error::NotInSpec {
+        op,
+        key: key.to_string(),
+        spec: spec.to_string(),
+        reason,
+    }
+}
+
+/// `Debug` as `Display` for spec types (their `Display` is their TorchRL-like repr).
+macro_rules! debug_as_display {
+    ($($t:ty),+ $(,)?) => {$(
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Display::fmt(self, f)
+            }
+        }
+    )+};
+}
+pub(crate) use debug_as_display;
