@@ -26,7 +26,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::classes::project_classes;
 use super::common::{self, concat};
-use super::leaf::{debug_as_display, LeafSpec};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -92,76 +92,14 @@ impl Binary {
         self.shape.last().copied().unwrap_or(0)
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Independent fair 0/1 draws of shape `[*shape, *self.shape]`.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         gen.randint(&concat(shape, &self.shape), 0, 2, self.dtype, self.device)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the dtype matches, the shape fits, and every value is 0 or 1.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`Binary::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps to
-    /// `[0, 1]` and casts to the spec's dtype.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
-    }
-
     /// A tensor of the spec's dtype and shape holding `values` (no range check).
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         encode_plain(&self.shape, self.dtype, self.device, values)
-    }
-
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        LeafSpec::index(self, idx)
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec on another device.
@@ -173,20 +111,14 @@ impl Binary {
     }
 }
 
+leaf_spec_api!(Binary; dtype, project, index);
+
 impl LeafSpec for Binary {
     const CLASS: &'static str = "Binary";
     const PROTECTED_LAST: bool = true;
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -231,5 +163,3 @@ impl fmt::Display for Binary {
         )
     }
 }
-
-debug_as_display!(Binary);

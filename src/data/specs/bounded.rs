@@ -26,7 +26,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::common::{self, concat, is_float, to_dev};
-use super::leaf::{debug_as_display, LeafSpec};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -202,21 +202,6 @@ impl Bounded {
         self.to_device(device)
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// The lower bounds, of the spec's full shape.
     pub fn low(&self) -> &Tensor {
         &self.low
@@ -245,41 +230,9 @@ impl Bounded {
         gen.uniform_tensor(&low, &high)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]` (even when 0 is out of bounds, as TorchRL).
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones of shape `[*shape, *self.shape]` (even when 1 is out of bounds, as TorchRL).
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the dtype matches, the shape fits, and `low <= value <= high` everywhere.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`Bounded::is_in`] but errors with [`Error::NotInSpec`] saying why (for bounds: how
-    /// many values are out, the value's min/max, and the first offending element).
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats for integer
-    /// dtypes, casts to the spec's dtype, replaces NaN by `low`, and clamps to `[low, high]`.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
-    }
-
     /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         encode_plain(&self.shape, self.dtype, self.device, values)
-    }
-
-    /// The spec expanded to `shape` (TorchRL's trailing-dims rule); the bounds are expanded too.
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
     }
 
     /// The spec indexed on its dims (the bounds are indexed the same way).
@@ -292,17 +245,6 @@ impl Bounded {
                 "internal: bounds lost while indexing",
             )),
         }
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec is
-    /// left as is, like TorchRL).
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec (and its bounds) on another device.
@@ -330,19 +272,13 @@ impl Bounded {
     }
 }
 
+leaf_spec_api!(Bounded; dtype, project);
+
 impl LeafSpec for Bounded {
     const CLASS: &'static str = "Bounded";
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -485,8 +421,6 @@ impl fmt::Display for Bounded {
         )
     }
 }
-
-debug_as_display!(Bounded);
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,7 @@ use super::classes::{
     check_classes_fit, class_violation, nearest_allowed, project_classes, to_one_hot,
 };
 use super::common::{self, concat, to_dev};
-use super::leaf::{debug_as_display, LeafSpec};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{ensure, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -137,21 +137,6 @@ impl Categorical {
         self.mask.as_ref()
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Uniform classes of shape `[*shape, *self.shape]`, among the allowed ones when masked.
     /// Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
@@ -162,34 +147,6 @@ impl Categorical {
                 .sample_categorical(&full, self.n, Some(m), self.device)?
                 .f_to_kind(self.dtype)?),
         }
-    }
-
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the dtype matches, the shape fits, `0 <= value < n`, and the mask allows it.
-    /// A float-dtype spec accepts non-integral values in range (as TorchRL).
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`Categorical::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps to
-    /// `[0, n-1]`, casts to the spec's dtype, and (when masked) replaces forbidden classes by
-    /// the nearest allowed one (TorchRL resamples them at random instead).
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
@@ -203,11 +160,6 @@ impl Categorical {
         to_one_hot(value, self.n)
     }
 
-    /// The spec expanded to `shape` (TorchRL's trailing-dims rule); the mask is expanded too.
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
     /// The spec indexed on its dims (the mask is indexed the same way).
     pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
         let tensors: Vec<&Tensor> = self.mask.iter().collect();
@@ -217,16 +169,6 @@ impl Categorical {
             mask: t.pop(),
             ..self.clone()
         })
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec (and its mask) on another device.
@@ -243,19 +185,13 @@ impl Categorical {
     }
 }
 
+leaf_spec_api!(Categorical; dtype, project);
+
 impl LeafSpec for Categorical {
     const CLASS: &'static str = "Categorical";
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -312,8 +248,6 @@ impl fmt::Display for Categorical {
         )
     }
 }
-
-debug_as_display!(Categorical);
 
 #[cfg(test)]
 mod tests {

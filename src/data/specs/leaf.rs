@@ -37,12 +37,26 @@ pub(crate) trait LeafSpec: Clone + fmt::Display {
     /// MultiOneHot): it cannot be squeezed, unsqueezed past, expanded or indexed.
     const PROTECTED_LAST: bool = false;
 
+    /// The spec's shape, the dtype values must have (`None`: any dtype) and its device.
+    fn layout(&self) -> (&[i64], Option<Kind>, Device);
+
     /// The spec's shape.
-    fn spec_shape(&self) -> &[i64];
+    #[inline]
+    fn spec_shape(&self) -> &[i64] {
+        self.layout().0
+    }
+
     /// The dtype values must have (`None`: any dtype).
-    fn spec_dtype(&self) -> Option<Kind>;
+    #[inline]
+    fn spec_dtype(&self) -> Option<Kind> {
+        self.layout().1
+    }
+
     /// The spec's device.
-    fn spec_device(&self) -> Device;
+    #[inline]
+    fn spec_device(&self) -> Device {
+        self.layout().2
+    }
 
     /// Why a value whose dtype and shape fit is still outside the spec (bounds, classes, a
     /// mask), if it is. Called only after the dtype and shape checks passed.
@@ -184,6 +198,99 @@ pub(crate) fn not_in_spec(
         reason,
     }
 }
+
+/// The public methods every leaf spec shares, forwarding to [`LeafSpec`]: `shape`, `device`,
+/// `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`, and `Debug` (as
+/// `Display`). Optional extras: `dtype` (a spec with a fixed dtype), `project`, `index` (a spec
+/// whose own version needs nothing more than [`LeafSpec`]'s).
+macro_rules! leaf_spec_api {
+    ($t:ident $(; $($extra:ident),+)?) => {
+        impl $t {
+            /// The shape.
+            pub fn shape(&self) -> &[i64] {
+                &self.shape
+            }
+
+            /// The device.
+            pub fn device(&self) -> Device {
+                self.device
+            }
+
+            /// Zeros (`false` for bool) of shape `[*shape, *self.shape]`; not necessarily in
+            /// the spec (as in TorchRL).
+            pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
+                LeafSpec::zero(self, shape)
+            }
+
+            /// Ones (`true` for bool) of shape `[*shape, *self.shape]`; not necessarily in the
+            /// spec (as in TorchRL).
+            pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
+                LeafSpec::one(self, shape)
+            }
+
+            /// True when `value` is in the spec: its dtype matches, its shape fits (the shape
+            /// rule of [`crate::specs`]) and its values are in the spec's domain (see the type's
+            /// docs).
+            pub fn is_in(&self, value: &Tensor) -> Result<bool> {
+                LeafSpec::is_in(self, value)
+            }
+
+            #[doc = concat!("Like [`", stringify!($t), "::is_in`] but errors with ")]
+            /// [`Error::NotInSpec`](crate::Error::NotInSpec) naming `key`, the spec and the
+            /// reason (for a domain violation: how many values are out and the first one).
+            pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
+                LeafSpec::check(self, value, key)
+            }
+
+            /// The spec expanded to `shape` (TorchRL's rule: the trailing dims of `shape` equal
+            /// the spec's, or the spec dim is 1; a last dim holding categories must stay).
+            pub fn expand(&self, shape: &[i64]) -> Result<Self> {
+                LeafSpec::expand(self, shape)
+            }
+
+            /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec
+            /// is left as is, like TorchRL; a last dim holding categories is never removed).
+            pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
+                LeafSpec::squeeze(self, dim)
+            }
+
+            /// Inserts a dim of size 1 at `dim` (never after a last dim holding categories).
+            pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
+                LeafSpec::unsqueeze(self, dim)
+            }
+        }
+        $($($crate::data::specs::leaf::leaf_spec_api!(@ $extra $t);)+)?
+        $crate::data::specs::leaf::debug_as_display!($t);
+    };
+    (@ dtype $t:ident) => {
+        impl $t {
+            /// The dtype.
+            pub fn dtype(&self) -> Kind {
+                self.dtype
+            }
+        }
+    };
+    (@ project $t:ident) => {
+        impl $t {
+            /// The value unchanged when it is in the spec; otherwise the value mapped into the
+            /// spec (see the type's docs) and cast to its dtype. The shape must fit: projection
+            /// never reshapes.
+            pub fn project(&self, value: &Tensor) -> Result<Tensor> {
+                LeafSpec::project(self, value)
+            }
+        }
+    };
+    (@ index $t:ident) => {
+        impl $t {
+            /// The spec indexed on its dims like a tensor of its shape (on the leading dims
+            /// when the last one holds categories).
+            pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
+                LeafSpec::index(self, idx)
+            }
+        }
+    };
+}
+pub(crate) use leaf_spec_api;
 
 /// `Debug` as `Display` for spec types (their `Display` is their TorchRL-like repr).
 macro_rules! debug_as_display {

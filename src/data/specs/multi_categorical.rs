@@ -26,7 +26,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::classes::{check_classes_fit, check_nvec, project_classes, to_one_hot};
 use super::common::{self, concat, lead};
-use super::leaf::{debug_as_display, LeafSpec};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
@@ -93,21 +93,6 @@ impl MultiCategorical {
         &self.nvec
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     fn nvec_tensor(&self, device: Device) -> Result<Tensor> {
         build(&self.nvec, &[self.nvec.len() as i64], Kind::Int64, device)
     }
@@ -125,32 +110,6 @@ impl MultiCategorical {
             }
         }
         build(&data, &full, self.dtype, self.device)
-    }
-
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the dtype matches, the shape fits, and entry `i` is in `[0, nvec[i])`.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`MultiCategorical::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps entry
-    /// `i` to `[0, nvec[i] - 1]` and casts to the spec's dtype.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check).
@@ -178,27 +137,6 @@ impl MultiCategorical {
         Ok(Tensor::f_cat(&parts, -1)?)
     }
 
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `len(nvec)`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        LeafSpec::index(self, idx)
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
-    }
-
     /// The spec on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
         Ok(MultiCategorical {
@@ -208,20 +146,14 @@ impl MultiCategorical {
     }
 }
 
+leaf_spec_api!(MultiCategorical; dtype, project, index);
+
 impl LeafSpec for MultiCategorical {
     const CLASS: &'static str = "MultiCategorical";
     const PROTECTED_LAST: bool = true;
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -279,5 +211,3 @@ impl fmt::Display for MultiCategorical {
         )
     }
 }
-
-debug_as_display!(MultiCategorical);

@@ -26,7 +26,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::classes::{check_nvec, class_indices, one_hot_violation, project_one_hot};
 use super::common::{self, concat, lead};
-use super::leaf::{debug_as_display, not_in_spec, LeafSpec};
+use super::leaf::{leaf_spec_api, not_in_spec, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex};
@@ -99,21 +99,6 @@ impl MultiOneHot {
         &self.nvec
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Random values of shape `[*shape, *self.shape]`: one uniform hot entry per group.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
@@ -135,34 +120,8 @@ impl MultiOneHot {
         build(&data, &full, self.dtype, self.device)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
     fn split(&self, value: &Tensor) -> Result<Vec<Tensor>> {
         Ok(value.f_split_with_sizes(self.nvec.as_slice(), -1)?)
-    }
-
-    /// True when the dtype matches, the shape fits, and each group is one-hot.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`MultiOneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
-    /// of each group.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
     }
 
     /// One-hot encodes class indices, `len(nvec)` per row (row-major), e.g. `nvec = [2, 3]` and
@@ -224,27 +183,6 @@ impl MultiOneHot {
         Ok(Tensor::f_stack(&parts, -1)?)
     }
 
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `sum(nvec)`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        LeafSpec::index(self, idx)
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
-    }
-
     /// The spec on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
         Ok(MultiOneHot {
@@ -254,20 +192,14 @@ impl MultiOneHot {
     }
 }
 
+leaf_spec_api!(MultiOneHot; dtype, project, index);
+
 impl LeafSpec for MultiOneHot {
     const CLASS: &'static str = "MultiOneHot";
     const PROTECTED_LAST: bool = true;
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -321,5 +253,3 @@ impl fmt::Display for MultiOneHot {
         )
     }
 }
-
-debug_as_display!(MultiOneHot);

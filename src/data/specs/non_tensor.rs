@@ -28,7 +28,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::common;
-use super::leaf::{debug_as_display, not_in_spec, LeafSpec};
+use super::leaf::{leaf_spec_api, not_in_spec, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
@@ -76,44 +76,14 @@ impl NonTensor {
         self.to_device(device)
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
     /// The dtype, if one was set.
     pub fn dtype(&self) -> Option<Kind> {
         self.dtype
     }
 
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// A zero placeholder of shape `[*shape, *self.shape]` (no generator draws).
     pub fn rand(&self, _gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         LeafSpec::zero(self, shape)
-    }
-
-    /// A zero placeholder of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// A zero placeholder of shape `[*shape, *self.shape]` (the same as [`NonTensor::zero`]).
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the shape fits (and the dtype matches, when one is set).
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`NonTensor::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
     }
 
     /// Returns a value that is in the spec; errors otherwise (non-tensor data cannot be
@@ -133,26 +103,6 @@ impl NonTensor {
         ))
     }
 
-    /// The spec expanded to `shape` (trailing-dims rule).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
-    /// The spec indexed on its dims.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        LeafSpec::index(self, idx)
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
-    }
-
     /// The spec on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
         Ok(NonTensor {
@@ -162,19 +112,13 @@ impl NonTensor {
     }
 }
 
+leaf_spec_api!(NonTensor; index);
+
 impl LeafSpec for NonTensor {
     const CLASS: &'static str = "NonTensor";
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        self.dtype
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, self.dtype, self.device)
     }
 
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
@@ -200,5 +144,3 @@ impl fmt::Display for NonTensor {
         write!(f, "{})", common::fmt_device(self.device))
     }
 }
-
-debug_as_display!(NonTensor);

@@ -26,7 +26,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::classes::{class_indices, one_hot_violation, project_one_hot};
 use super::common::{self, concat, lead, to_dev};
-use super::leaf::{debug_as_display, LeafSpec};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{ensure, Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex, Elements};
@@ -143,54 +143,12 @@ impl OneHot {
         self.mask.as_ref()
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
     /// masked. Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         let rows = concat(shape, lead(&self.shape));
         let idx = gen.sample_categorical(&rows, self.n, self.mask.as_ref(), self.device)?;
         Ok(idx.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
-    }
-
-    /// Zeros (all `false`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones (all `true`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the dtype matches, the shape fits, every row along the last dim is one-hot,
-    /// and the mask allows the hot class.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`OneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
-    /// of each row among the allowed classes (TorchRL samples with `multinomial` instead).
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
     }
 
     /// One-hot encodes class indices: one value per row (`shape[..-1]` elements), e.g.
@@ -229,11 +187,6 @@ impl OneHot {
         Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)
     }
 
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
     /// The spec indexed on its leading dims; the last dim cannot be indexed.
     pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
         let tensors: Vec<&Tensor> = self.mask.iter().collect();
@@ -243,17 +196,6 @@ impl OneHot {
             mask: t.pop(),
             ..self.clone()
         })
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec (and its mask) on another device.
@@ -270,20 +212,14 @@ impl OneHot {
     }
 }
 
+leaf_spec_api!(OneHot; dtype, project);
+
 impl LeafSpec for OneHot {
     const CLASS: &'static str = "OneHot";
     const PROTECTED_LAST: bool = true;
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -350,5 +286,3 @@ impl fmt::Display for OneHot {
         )
     }
 }
-
-debug_as_display!(OneHot);

@@ -25,7 +25,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::common::{self, concat, is_float};
-use super::leaf::{debug_as_display, LeafSpec};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex};
@@ -74,21 +74,6 @@ impl Unbounded {
         Ok(self)
     }
 
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// True for integer and bool dtypes (`UnboundedDiscrete` in TorchRL).
     pub fn is_discrete(&self) -> bool {
         !is_float(self.dtype)
@@ -120,57 +105,10 @@ impl Unbounded {
         }
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::zero(self, shape)
-    }
-
-    /// Ones (`true` for bool) of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        LeafSpec::one(self, shape)
-    }
-
-    /// True when the dtype matches and the shape fits (values are not checked).
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        LeafSpec::is_in(self, value)
-    }
-
-    /// Like [`Unbounded::is_in`] but errors with [`Error::NotInSpec`](crate::Error::NotInSpec)
-    /// saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        LeafSpec::check(self, value, key)
-    }
-
-    /// Returns the value cast to the spec's dtype when it is not in the spec. The shape must
-    /// fit: projection never reshapes.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        LeafSpec::project(self, value)
-    }
-
     /// A tensor of the spec's dtype and shape holding `values` (row-major; their count must be
     /// the spec's number of elements). Values are not checked.
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         encode_plain(&self.shape, self.dtype, self.device, values)
-    }
-
-    /// The spec expanded to `shape` (TorchRL's trailing-dims rule).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        LeafSpec::expand(self, shape)
-    }
-
-    /// The spec indexed on its dims, like a tensor of its shape.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        LeafSpec::index(self, idx)
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        LeafSpec::squeeze(self, dim)
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        LeafSpec::unsqueeze(self, dim)
     }
 
     /// The spec on another device.
@@ -182,19 +120,13 @@ impl Unbounded {
     }
 }
 
+leaf_spec_api!(Unbounded; dtype, project, index);
+
 impl LeafSpec for Unbounded {
     const CLASS: &'static str = "Unbounded";
 
-    fn spec_shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    fn spec_dtype(&self) -> Option<Kind> {
-        Some(self.dtype)
-    }
-
-    fn spec_device(&self) -> Device {
-        self.device
+    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+        (&self.shape, Some(self.dtype), self.device)
     }
 
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
@@ -241,5 +173,3 @@ impl fmt::Display for Unbounded {
         )
     }
 }
-
-debug_as_display!(Unbounded);

@@ -3,15 +3,30 @@
 //! Forward hooks (step, reset, forward, spec hooks) run first to last; the inverse hook runs
 //! last to first, so the transform nearest the base env sees the action last.
 //!
+//! An error raised by a transform's data hook (`step`, `reset`, `inv`, `forward`) comes out
+//! wrapped in [`Error::Context`](crate::Error::Context) naming the transform, its position and
+//! the hook (`"b (transform 2 of 2) in forward: …"`); [`Error::root`](crate::Error::root) still
+//! reaches the original error.
+//!
 //! ```
 //! use torchrl::envs::transforms::{Compose, Transform};
+//! use torchrl::{Error, Result, TensorDict};
 //! struct Noop(&'static str);
-//! impl Transform for Noop { fn name(&self) -> String { self.0.into() } }
+//! impl Transform for Noop {
+//!     fn name(&self) -> String { self.0.into() }
+//!     fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+//!         td.get_or_err("obs")?;
+//!         Ok(td)
+//!     }
+//! }
 //! let mut c = Compose::new();
 //! c.push(Noop("a"));
 //! c.push(Noop("b"));
 //! assert_eq!(c.len(), 2);
 //! assert_eq!(c.name(), "Compose(a, b)");
+//! let err = c.forward(TensorDict::new([2]).unwrap()).unwrap_err();
+//! assert!(err.to_string().starts_with("a (transform 1 of 2) in forward: "), "{err}");
+//! assert!(matches!(err.root(), Error::KeyNotFound { .. }));
 //! ```
 
 use super::Transform;
@@ -149,6 +164,18 @@ pub(crate) fn attach_one(t: &mut dyn Transform, parent: EnvSpecs) -> Result<EnvS
     Ok(specs)
 }
 
+/// Wraps an error raised by the `hook` of transform `i` (of `n`) with where it happened:
+/// `"RewardScaling(loc=…) (transform 2 of 3) in step: <the inner error>"`. Only called on the
+/// error path, so the success path formats nothing.
+#[cold]
+fn in_hook(e: Error, t: &dyn Transform, i: usize, n: usize, hook: &str) -> Error {
+    e.context(format!(
+        "{} (transform {} of {n}) in {hook}",
+        t.name(),
+        i + 1
+    ))
+}
+
 impl Transform for Compose {
     fn name(&self) -> String {
         let names: Vec<String> = self.transforms.iter().map(|t| t.name()).collect();
@@ -185,26 +212,45 @@ impl Transform for Compose {
     }
 
     fn step(&mut self, td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
+        let n = self.transforms.len();
         self.transforms
             .iter_mut()
-            .try_fold(next, |n, t| t.step(td, n))
+            .enumerate()
+            .try_fold(next, |next, (i, t)| {
+                t.step(td, next).map_err(|e| in_hook(e, &**t, i, n, "step"))
+            })
     }
 
     fn reset(&mut self, td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
+        let n = self.transforms.len();
         self.transforms
             .iter_mut()
-            .try_fold(reset, |r, t| t.reset(td, r))
+            .enumerate()
+            .try_fold(reset, |reset, (i, t)| {
+                t.reset(td, reset)
+                    .map_err(|e| in_hook(e, &**t, i, n, "reset"))
+            })
     }
 
     fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
+        let n = self.transforms.len();
         self.transforms
             .iter_mut()
+            .enumerate()
             .rev()
-            .try_fold(td, |d, t| t.inv(d))
+            .try_fold(td, |td, (i, t)| {
+                t.inv(td).map_err(|e| in_hook(e, &**t, i, n, "inv"))
+            })
     }
 
     fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
-        self.transforms.iter_mut().try_fold(td, |d, t| t.forward(d))
+        let n = self.transforms.len();
+        self.transforms
+            .iter_mut()
+            .enumerate()
+            .try_fold(td, |td, (i, t)| {
+                t.forward(td).map_err(|e| in_hook(e, &**t, i, n, "forward"))
+            })
     }
 
     fn set_seed(&mut self, seed: u64) -> Result<()> {
