@@ -133,6 +133,28 @@ impl Compose {
 
     /// Attaches every child in order, each seeing the specs transformed by the ones before it,
     /// and returns the final specs.
+    /// Runs `hook` of every transform on `data` in turn (last to first when `reverse`), each
+    /// on the previous one's output; an error comes out wrapped with the failing transform's
+    /// name, position and `name` of the hook.
+    #[inline]
+    fn chain(
+        &mut self,
+        name: &'static str,
+        reverse: bool,
+        data: TensorDict,
+        mut hook: impl FnMut(&mut dyn Transform, TensorDict) -> Result<TensorDict>,
+    ) -> Result<TensorDict> {
+        let n = self.transforms.len();
+        let mut data = data;
+        for k in 0..n {
+            let i = if reverse { n - 1 - k } else { k };
+            if let Some(t) = self.transforms.get_mut(i) {
+                data = hook(t.as_mut(), data).map_err(|e| in_hook(e, t.as_ref(), i, n, name))?;
+            }
+        }
+        Ok(data)
+    }
+
     pub(crate) fn attach_all(&mut self, parent: &EnvSpecs) -> Result<EnvSpecs> {
         let mut specs = parent.clone();
         for t in &mut self.transforms {
@@ -212,45 +234,19 @@ impl Transform for Compose {
     }
 
     fn step(&mut self, td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
-        let n = self.transforms.len();
-        self.transforms
-            .iter_mut()
-            .enumerate()
-            .try_fold(next, |next, (i, t)| {
-                t.step(td, next).map_err(|e| in_hook(e, &**t, i, n, "step"))
-            })
+        self.chain("step", false, next, |t, next| t.step(td, next))
     }
 
     fn reset(&mut self, td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
-        let n = self.transforms.len();
-        self.transforms
-            .iter_mut()
-            .enumerate()
-            .try_fold(reset, |reset, (i, t)| {
-                t.reset(td, reset)
-                    .map_err(|e| in_hook(e, &**t, i, n, "reset"))
-            })
+        self.chain("reset", false, reset, |t, reset| t.reset(td, reset))
     }
 
     fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
-        let n = self.transforms.len();
-        self.transforms
-            .iter_mut()
-            .enumerate()
-            .rev()
-            .try_fold(td, |td, (i, t)| {
-                t.inv(td).map_err(|e| in_hook(e, &**t, i, n, "inv"))
-            })
+        self.chain("inv", true, td, |t, td| t.inv(td))
     }
 
     fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
-        let n = self.transforms.len();
-        self.transforms
-            .iter_mut()
-            .enumerate()
-            .try_fold(td, |td, (i, t)| {
-                t.forward(td).map_err(|e| in_hook(e, &**t, i, n, "forward"))
-            })
+        self.chain("forward", false, td, |t, td| t.forward(td))
     }
 
     fn set_seed(&mut self, seed: u64) -> Result<()> {

@@ -43,11 +43,11 @@
 
 use tch::Kind;
 
-use super::{added_keys, key_pairs, Transform};
+use super::{added_keys, key_pairs, key_setters, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
-use crate::tensordict::{collect_keys, fmt_key_list};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Casts entries from dtype `from` to dtype `to` on the way out of the env, and back on the way
@@ -136,44 +136,6 @@ impl DTypeCast {
     /// `DTypeCast::new(Kind::Double, Kind::Float)`.
     pub fn double_to_float() -> Self {
         DTypeCast::new(Kind::Double, Kind::Float)
-    }
-
-    /// Casts only these output entries (observation or reward keys). Without
-    /// [`DTypeCast::with_in_keys_inv`], nothing is cast on the way in.
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = Some(collect_keys(keys));
-        self.resolved = None;
-        self
-    }
-
-    /// Where the cast values are written (one per in key; default: the in keys). Needs explicit
-    /// in keys (checked when the transform is attached).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(collect_keys(keys));
-        self.resolved = None;
-        self
-    }
-
-    /// Parent-side names of the entries cast back to `from` on the way in (action or state
-    /// keys).
-    pub fn with_in_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.in_keys_inv = Some(collect_keys(keys));
-        self.resolved = None;
-        self
-    }
-
-    /// Policy-side names of the inverse entries (one per inverse in key; default: the same
-    /// names). Needs explicit inverse in keys.
-    pub fn with_out_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.out_keys_inv = Some(collect_keys(keys));
-        self.resolved = None;
-        self
     }
 
     /// The source dtype.
@@ -368,6 +330,21 @@ impl DTypeCast {
         Ok(td)
     }
 }
+
+key_setters!(DTypeCast {
+    /// Casts only these output entries (observation or reward keys). Without
+    /// [`DTypeCast::with_in_keys_inv`], nothing is cast on the way in.
+    with_in_keys => in_keys [Some], clears resolved;
+    /// Where the cast values are written (one per in key; default: the in keys). Needs explicit
+    /// in keys (checked when the transform is attached).
+    with_out_keys => out_keys [Some], clears resolved;
+    /// Parent-side names of the entries cast back to `from` on the way in (action or state
+    /// keys).
+    with_in_keys_inv => in_keys_inv [Some], clears resolved;
+    /// Policy-side names of the inverse entries (one per inverse in key; default: the same
+    /// names). Needs explicit inverse in keys.
+    with_out_keys_inv => out_keys_inv [Some], clears resolved;
+});
 
 impl Transform for DTypeCast {
     fn name(&self) -> String {

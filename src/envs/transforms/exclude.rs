@@ -27,7 +27,7 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::Transform;
+use super::{output_keys_available, Transform};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -111,13 +111,7 @@ impl Transform for ExcludeTransform {
                     op: "ExcludeTransform (key not found in the environment outputs: done, reward \
                          and observation specs)",
                     key: k.to_string(),
-                    available: specs
-                        .done_keys()
-                        .into_iter()
-                        .chain(specs.reward_keys())
-                        .chain(specs.observation_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: output_keys_available(&specs),
                 });
             }
         }

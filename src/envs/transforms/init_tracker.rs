@@ -24,8 +24,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::reward_sum::{done_shape, expand_right, reset_mask, reset_roots};
-use super::Transform;
+use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
+use super::{not_attached, Transform};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -61,16 +61,6 @@ impl InitTracker {
         self.init_key = name.into();
         self
     }
-
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
-    }
 }
 
 impl Transform for InitTracker {
@@ -87,13 +77,7 @@ impl Transform for InitTracker {
                 format!("the init key must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
             ));
         }
-        let roots = reset_roots(parent);
-        if roots.is_empty() {
-            return Err(Error::invalid(
-                op,
-                "the parent env has no done group to track resets for",
-            ));
-        }
+        let roots = required_reset_roots(parent, op, "to track resets for")?;
         let mut groups = Vec::with_capacity(roots.len());
         for root in roots {
             let shape = done_shape(parent, &root, op)?;
@@ -137,7 +121,7 @@ impl Transform for InitTracker {
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         if self.groups.is_empty() {
-            return Err(self.not_attached("InitTracker::step"));
+            return Err(not_attached("InitTracker::step", self));
         }
         for (_, key, shape) in &self.groups {
             if next.get(key).is_none() {
@@ -153,7 +137,7 @@ impl Transform for InitTracker {
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "InitTracker::reset";
         if self.groups.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for (root, key, shape) in &self.groups {
             let value = match reset_mask(td, root)? {

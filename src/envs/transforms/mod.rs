@@ -107,6 +107,31 @@ pub(crate) fn key_pairs(
     }
 }
 
+/// The key-list builder methods of the transforms (`with_in_keys`, `with_out_keys`,
+/// `with_in_keys_inv`, `with_out_keys_inv`, …), written once: each listed method takes any
+/// iterator of keys and stores them in a field, wrapped in `Some` where the field is optional
+/// (`None`: the transform's default), and clears a cached resolution where one is named.
+macro_rules! key_setters {
+    ($t:ident {
+        $(
+            $(#[$doc:meta])*
+            $name:ident => $field:ident $([$wrap:ident])? $(, clears $cache:ident)?;
+        )+
+    }) => {
+        impl $t {
+            $(
+                $(#[$doc])*
+                pub fn $name<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+                    self.$field = $($wrap)?(crate::tensordict::collect_keys(keys));
+                    $(self.$cache = None;)?
+                    self
+                }
+            )+
+        }
+    };
+}
+pub(crate) use key_setters;
+
 /// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
 /// that only handles those; the errors name the key and the spec found, and `only` says what
 /// the transform does instead (e.g. "it only clips Unbounded rewards").
@@ -146,6 +171,31 @@ pub(crate) fn float_unbounded_reward(
 }
 
 /// The out keys of `pairs` that are not their own in key: the entries a transform adds.
+/// The error of a data hook of a transform that has not joined an environment yet (its keys
+/// are discovered when it is attached).
+#[cold]
+pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
+    Error::invalid(
+        op,
+        format!(
+            "{} has not joined an environment; add it to a TransformedEnv first",
+            who.name()
+        ),
+    )
+}
+
+/// The keys an env outputs (done, reward, observation), as printed, for a
+/// [`Error::KeyNotFound`] naming what is available.
+pub(crate) fn output_keys_available(specs: &EnvSpecs) -> Vec<String> {
+    specs
+        .done_keys()
+        .into_iter()
+        .chain(specs.reward_keys())
+        .chain(specs.observation_keys())
+        .map(|k| k.to_string())
+        .collect()
+}
+
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs
         .iter()

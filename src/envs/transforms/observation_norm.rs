@@ -71,7 +71,7 @@ use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, key_pairs, Transform, TransformedEnv};
+use super::{added_keys, key_pairs, key_setters, Transform, TransformedEnv};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
@@ -280,30 +280,6 @@ impl ObservationNorm {
     /// call [`ObservationNorm::init_stats`] before appending it.
     pub fn uninitialized<K: Into<NestedKey>>(in_keys: impl IntoIterator<Item = K>) -> Result<Self> {
         Self::build(collect_keys(in_keys), None, None, 1e-6)
-    }
-
-    /// Where the results are written (one per in key; default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(collect_keys(keys));
-        self
-    }
-
-    /// Parent-side names of the action / state entries mapped back on their way in.
-    pub fn with_in_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.in_keys_inv = collect_keys(keys);
-        self
-    }
-
-    /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
-    pub fn with_out_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.out_keys_inv = Some(collect_keys(keys));
-        self
     }
 
     /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
@@ -779,6 +755,15 @@ impl ObservationNorm {
         Ok(())
     }
 }
+
+key_setters!(ObservationNorm {
+    /// Where the results are written (one per in key; default: the in keys).
+    with_out_keys => out_keys [Some];
+    /// Parent-side names of the action / state entries mapped back on their way in.
+    with_in_keys_inv => in_keys_inv;
+    /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
+    with_out_keys_inv => out_keys_inv [Some];
+});
 
 impl Transform for ObservationNorm {
     fn name(&self) -> String {

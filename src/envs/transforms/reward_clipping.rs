@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, float_unbounded_reward, key_pairs, Transform};
+use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, Transform};
 use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
 use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
@@ -53,18 +53,6 @@ impl RewardClipping {
             in_keys: vec![NestedKey::from("reward")],
             out_keys: None,
         })
-    }
-
-    /// The reward keys to read (default `["reward"]`).
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = keys.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// The keys to write, one per in key (default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
     }
 
     /// `(clamp_min, clamp_max)`.
@@ -107,6 +95,13 @@ impl RewardClipping {
         Ok(td)
     }
 }
+
+key_setters!(RewardClipping {
+    /// The reward keys to read (default `["reward"]`).
+    with_in_keys => in_keys;
+    /// The keys to write, one per in key (default: the in keys).
+    with_out_keys => out_keys [Some];
+});
 
 impl Transform for RewardClipping {
     fn name(&self) -> String {

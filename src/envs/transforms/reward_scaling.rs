@@ -31,7 +31,7 @@
 
 use tch::Tensor;
 
-use super::{added_keys, float_unbounded_reward, key_pairs, Transform};
+use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, Transform};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -75,18 +75,6 @@ impl RewardScaling {
     /// Standardizes instead: `(reward - loc) / scale`.
     pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
         self.standard_normal = standard_normal;
-        self
-    }
-
-    /// The reward keys to read (default `["reward"]`).
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = keys.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// The keys to write, one per in key (default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
         self
     }
 
@@ -141,6 +129,13 @@ impl RewardScaling {
         Ok(td)
     }
 }
+
+key_setters!(RewardScaling {
+    /// The reward keys to read (default `["reward"]`).
+    with_in_keys => in_keys;
+    /// The keys to write, one per in key (default: the in keys).
+    with_out_keys => out_keys [Some];
+});
 
 impl Transform for RewardScaling {
     fn name(&self) -> String {

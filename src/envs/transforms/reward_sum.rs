@@ -38,7 +38,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::Transform;
+use super::{key_setters, not_attached, Transform};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -124,6 +124,23 @@ pub(super) fn reset_roots(specs: &EnvSpecs) -> Vec<NestedKey> {
 
 /// The shape of the done leaves of the group at `prefix` (its `done` leaf, else any leaf of the
 /// group).
+/// The done groups (their `"_reset"` roots) of the parent, or an error naming what the
+/// transform needs them for (`"to count steps for"`).
+pub(super) fn required_reset_roots(
+    specs: &EnvSpecs,
+    op: &'static str,
+    purpose: &str,
+) -> Result<Vec<NestedKey>> {
+    let roots = reset_roots(specs);
+    if roots.is_empty() {
+        return Err(Error::invalid(
+            op,
+            format!("the parent env has no done group {purpose}"),
+        ));
+    }
+    Ok(roots)
+}
+
 pub(super) fn done_shape(
     specs: &EnvSpecs,
     prefix: &NestedKey,
@@ -273,30 +290,6 @@ impl RewardSum {
         RewardSum::default()
     }
 
-    /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
-    /// of the parent's reward spec (checked when the transform joins an env).
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// The keys the sums are written to, one per in key (default: each in key with its last
-    /// segment `name` replaced by `episode_<name>`).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
-    /// one for all in keys, or one per in key (default: the done group that owns each reward).
-    pub fn with_reset_keys<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.reset_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
-    }
-
     /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
     /// `reward_spec=True`); they are then reward keys.
     pub fn with_reward_spec(mut self, reward_spec: bool) -> Self {
@@ -370,17 +363,19 @@ impl RewardSum {
             })
             .collect()
     }
-
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
-    }
 }
+
+key_setters!(RewardSum {
+    /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
+    /// of the parent's reward spec (checked when the transform joins an env).
+    with_in_keys => in_keys [Some];
+    /// The keys the sums are written to, one per in key (default: each in key with its last
+    /// segment `name` replaced by `episode_<name>`).
+    with_out_keys => out_keys [Some];
+    /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
+    /// one for all in keys, or one per in key (default: the done group that owns each reward).
+    with_reset_keys => reset_keys [Some];
+});
 
 impl Transform for RewardSum {
     fn name(&self) -> String {
@@ -530,7 +525,7 @@ impl Transform for RewardSum {
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         if self.slots.is_empty() {
-            return Err(self.not_attached("RewardSum::step"));
+            return Err(not_attached("RewardSum::step", self));
         }
         for s in &self.slots {
             let reward = next.get(&s.input).ok_or_else(|| {
@@ -554,7 +549,7 @@ impl Transform for RewardSum {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         if self.slots.is_empty() {
-            return Err(self.not_attached("RewardSum::reset"));
+            return Err(not_attached("RewardSum::reset", self));
         }
         for s in &self.slots {
             let mask = reset_mask(td, &s.root)?;

@@ -38,8 +38,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::reward_sum::{done_shape, expand_right, reset_mask, reset_roots};
-use super::Transform;
+use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
+use super::{not_attached, Transform};
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -135,16 +135,6 @@ impl StepCounter {
             .with_device(self.device)
     }
 
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
-    }
-
     fn check_name(op: &'static str, what: &str, name: &str) -> Result<()> {
         if name.is_empty() || name == "_reset" || name == "next" {
             return Err(Error::invalid(
@@ -173,13 +163,7 @@ impl Transform for StepCounter {
         let op = "StepCounter::attach";
         Self::check_name(op, "the step count key", &self.step_count_key)?;
         Self::check_name(op, "the truncated key", &self.truncated_key)?;
-        let roots = reset_roots(parent);
-        if roots.is_empty() {
-            return Err(Error::invalid(
-                op,
-                "the parent env has no done group to count steps for",
-            ));
-        }
+        let roots = required_reset_roots(parent, op, "to count steps for")?;
         let mut groups = Vec::with_capacity(roots.len());
         for root in roots {
             let shape = done_shape(parent, &root, op)?;
@@ -263,7 +247,7 @@ impl Transform for StepCounter {
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "StepCounter::step";
         if self.groups.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for g in &self.groups {
             let count = td.get(&g.step_count).ok_or_else(|| {
@@ -300,7 +284,7 @@ impl Transform for StepCounter {
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "StepCounter::reset";
         if self.groups.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for g in &self.groups {
             let mask = reset_mask(td, &g.root)?;

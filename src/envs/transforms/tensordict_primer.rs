@@ -49,7 +49,7 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::Transform;
+use super::{not_attached, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -171,16 +171,6 @@ impl TensorDictPrimer {
         full_f64(op, &full, self.default_value, kind, device).map_err(|e| {
             Error::invalid(op, format!("cannot build the default value of {key}: {e}"))
         })
-    }
-
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
     }
 }
 
@@ -333,7 +323,7 @@ impl Transform for TensorDictPrimer {
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::step";
         if self.resolved.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for r in &self.resolved {
             if next.get_entry(&r.key).is_some() {
@@ -360,7 +350,7 @@ impl Transform for TensorDictPrimer {
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::reset";
         if self.resolved.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         let mask = reset_mask(td, &self.root)?;
         let items: Vec<(NestedKey, TensorSpec)> = self

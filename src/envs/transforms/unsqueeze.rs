@@ -32,7 +32,7 @@
 //! ```
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, key_pairs, Transform};
+use super::{added_keys, key_pairs, key_setters, output_keys_available, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -78,31 +78,6 @@ impl UnsqueezeTransform {
     /// squeezed out before the parent sees them.
     pub fn inverse<K: Into<NestedKey>>(dim: i64, in_keys_inv: impl IntoIterator<Item = K>) -> Self {
         UnsqueezeTransform::new(dim, Vec::<NestedKey>::new()).with_in_keys_inv(in_keys_inv)
-    }
-
-    /// Where the results are written (one per in key; default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(collect_keys(keys));
-        self
-    }
-
-    /// Parent-side action / state keys: the policy gives them with the extra dim, which is
-    /// squeezed out before the parent sees them.
-    pub fn with_in_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.in_keys_inv = collect_keys(keys);
-        self
-    }
-
-    /// Policy-side names of the inverse entries (default: the same names).
-    pub fn with_out_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.out_keys_inv = Some(collect_keys(keys));
-        self
     }
 
     /// The dim.
@@ -212,6 +187,16 @@ impl UnsqueezeTransform {
     }
 }
 
+key_setters!(UnsqueezeTransform {
+    /// Where the results are written (one per in key; default: the in keys).
+    with_out_keys => out_keys [Some];
+    /// Parent-side action / state keys: the policy gives them with the extra dim, which is
+    /// squeezed out before the parent sees them.
+    with_in_keys_inv => in_keys_inv;
+    /// Policy-side names of the inverse entries (default: the same names).
+    with_out_keys_inv => out_keys_inv [Some];
+});
+
 impl Transform for UnsqueezeTransform {
     fn name(&self) -> String {
         let mut s = format!(
@@ -261,13 +246,7 @@ impl Transform for UnsqueezeTransform {
                 return Err(Error::KeyNotFound {
                     op: "UnsqueezeTransform (in keys are looked up in the done, reward and observation specs)",
                     key: in_key.to_string(),
-                    available: specs
-                        .done_keys()
-                        .into_iter()
-                        .chain(specs.reward_keys())
-                        .chain(specs.observation_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: output_keys_available(&specs),
                 });
             };
             let spec = specs.group(group).get_or_err(&in_key)?;
