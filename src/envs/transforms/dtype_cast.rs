@@ -43,7 +43,7 @@
 
 use tch::Kind;
 
-use super::{added_keys, key_pairs, key_setters, Transform};
+use super::{added_keys, input_keys_available, key_pairs, key_setters, missing_key, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -104,18 +104,6 @@ fn cast_spec(op: &'static str, key: &NestedKey, spec: &TensorSpec, to: Kind) -> 
             ))
         }
     })
-}
-
-fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
-    Error::KeyNotFound {
-        op,
-        key: key.to_string(),
-        available: td
-            .keys(true, true)
-            .into_iter()
-            .map(|k| k.to_string())
-            .collect(),
-    }
 }
 
 impl DTypeCast {
@@ -413,12 +401,7 @@ impl Transform for DTypeCast {
                     return Err(Error::KeyNotFound {
                         op: "DTypeCast (input specs: inverse keys are looked up in the action, then the state spec)",
                         key: in_key.to_string(),
-                        available: specs
-                            .action_keys()
-                            .into_iter()
-                            .chain(specs.state_keys())
-                            .map(|k| k.to_string())
-                            .collect(),
+                        available: input_keys_available(&specs),
                     })
                 }
             };

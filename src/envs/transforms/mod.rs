@@ -184,6 +184,46 @@ pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
     )
 }
 
+/// [`Error::KeyNotFound`] for `key`, missing from `td`, listing the keys `td` has.
+#[cold]
+pub(crate) fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
+    Error::KeyNotFound {
+        op,
+        key: key.to_string(),
+        available: td
+            .keys(true, true)
+            .into_iter()
+            .map(|k| k.to_string())
+            .collect(),
+    }
+}
+
+/// Writes `f(reward)` at `output` for each `(input, output)` reward pair of `td`; a missing
+/// reward is an error naming `who` and the keys `td` has.
+pub(crate) fn map_rewards(
+    op: &'static str,
+    who: &dyn Transform,
+    pairs: Vec<(NestedKey, NestedKey)>,
+    mut td: TensorDict,
+    mut f: impl FnMut(&NestedKey, &tch::Tensor) -> Result<tch::Tensor>,
+) -> Result<TensorDict> {
+    for (input, output) in pairs {
+        let r = td.get(&input).ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "{}: the reward {input} is missing (keys: {})",
+                    who.name(),
+                    fmt_key_list(&td.keys(true, true))
+                ),
+            )
+        })?;
+        let v = f(&input, r)?;
+        td.set(&output, v)?;
+    }
+    Ok(td)
+}
+
 /// The keys an env outputs (done, reward, observation), as printed, for a
 /// [`Error::KeyNotFound`] naming what is available.
 pub(crate) fn output_keys_available(specs: &EnvSpecs) -> Vec<String> {
@@ -192,6 +232,17 @@ pub(crate) fn output_keys_available(specs: &EnvSpecs) -> Vec<String> {
         .into_iter()
         .chain(specs.reward_keys())
         .chain(specs.observation_keys())
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// The keys an env reads (action, state), as printed, for a [`Error::KeyNotFound`] naming
+/// what is available.
+pub(crate) fn input_keys_available(specs: &EnvSpecs) -> Vec<String> {
+    specs
+        .action_keys()
+        .into_iter()
+        .chain(specs.state_keys())
         .map(|k| k.to_string())
         .collect()
 }

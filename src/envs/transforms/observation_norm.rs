@@ -71,7 +71,10 @@ use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, key_pairs, key_setters, Transform, TransformedEnv};
+use super::{
+    added_keys, input_keys_available, key_pairs, key_setters, missing_key, Transform,
+    TransformedEnv,
+};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
@@ -145,18 +148,6 @@ impl InitStats {
     pub fn with_keep_dims(mut self, dims: impl Into<Vec<i64>>) -> Self {
         self.keep_dims = dims.into();
         self
-    }
-}
-
-fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
-    Error::KeyNotFound {
-        op,
-        key: key.to_string(),
-        available: td
-            .keys(true, true)
-            .into_iter()
-            .map(|k| k.to_string())
-            .collect(),
     }
 }
 
@@ -819,12 +810,7 @@ impl Transform for ObservationNorm {
                 return Err(Error::KeyNotFound {
                     op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
                     key: k.to_string(),
-                    available: parent
-                        .action_keys()
-                        .into_iter()
-                        .chain(parent.state_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: input_keys_available(&parent),
                 });
             }
         }
@@ -853,12 +839,7 @@ impl Transform for ObservationNorm {
                 return Err(Error::KeyNotFound {
                     op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
                     key: in_key.to_string(),
-                    available: specs
-                        .action_keys()
-                        .into_iter()
-                        .chain(specs.state_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: input_keys_available(&specs),
                 });
             };
             let leaf = specs.group(group).get_or_err(&in_key)?;

@@ -36,7 +36,7 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::Transform;
+use super::{input_keys_available, output_keys_available, Transform};
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -92,25 +92,6 @@ fn check_lists(ins: &[NestedKey], outs: &[NestedKey], what: &str) -> Result<()> 
         ));
     }
     Ok(())
-}
-
-fn output_keys(specs: &EnvSpecs) -> Vec<String> {
-    specs
-        .done_keys()
-        .into_iter()
-        .chain(specs.reward_keys())
-        .chain(specs.observation_keys())
-        .map(|k| k.to_string())
-        .collect()
-}
-
-fn input_keys(specs: &EnvSpecs) -> Vec<String> {
-    specs
-        .action_keys()
-        .into_iter()
-        .chain(specs.state_keys())
-        .map(|k| k.to_string())
-        .collect()
 }
 
 /// Moves (or copies) the entry `from` of `c` to `to`.
@@ -326,7 +307,7 @@ impl Transform for RenameTransform {
             on_collision: "rename it away first or choose another name",
             lookup:
                 "RenameTransform (in keys are looked up in the done, reward and observation specs)",
-            available: output_keys,
+            available: output_keys_available,
         };
         let pairs: Vec<(&NestedKey, &NestedKey)> = self.forward_pairs().collect();
         self.rename_specs(specs, &pairs, &side)
@@ -338,7 +319,7 @@ impl Transform for RenameTransform {
             out_key: "inverse out key",
             on_collision: "choose another name",
             lookup: "RenameTransform (inverse in keys are looked up in the action and state specs)",
-            available: input_keys,
+            available: input_keys_available,
         };
         let pairs: Vec<(&NestedKey, &NestedKey)> =
             self.in_keys_inv.iter().zip(&self.out_keys_inv).collect();

@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, Transform};
+use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, map_rewards, Transform};
 use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
 use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
@@ -70,29 +70,17 @@ impl RewardClipping {
         )
     }
 
-    fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
-        for (input, output) in self.pairs()? {
-            let r = td.get(&input).ok_or_else(|| {
-                Error::invalid(
-                    op,
-                    format!(
-                        "{}: the reward {input} is missing (keys: {})",
-                        self.name(),
-                        fmt_key_list(&td.keys(true, true))
-                    ),
-                )
-            })?;
+    fn apply_td(&self, td: TensorDict, op: &'static str) -> Result<TensorDict> {
+        map_rewards(op, self, self.pairs()?, td, |input, r| {
             // f64 bounds beyond the reward's dtype are brought into its range (tch's
             // `f_clamp` panics on them).
-            let v = clamp_f64(op, r, Some(self.clamp_min), Some(self.clamp_max)).map_err(|e| {
+            clamp_f64(op, r, Some(self.clamp_min), Some(self.clamp_max)).map_err(|e| {
                 Error::invalid(
                     op,
                     format!("{}: cannot clip the reward {input}: {e}", self.name()),
                 )
-            })?;
-            td.set(&output, v)?;
-        }
-        Ok(td)
+            })
+        })
     }
 }
 

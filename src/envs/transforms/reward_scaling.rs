@@ -31,7 +31,7 @@
 
 use tch::Tensor;
 
-use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, Transform};
+use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, map_rewards, Transform};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -111,22 +111,8 @@ impl RewardScaling {
         })
     }
 
-    fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
-        for (input, output) in self.pairs()? {
-            let r = td.get(&input).ok_or_else(|| {
-                Error::invalid(
-                    op,
-                    format!(
-                        "{}: the reward {input} is missing (keys: {})",
-                        self.name(),
-                        fmt_key_list(&td.keys(true, true))
-                    ),
-                )
-            })?;
-            let v = self.apply(r)?;
-            td.set(&output, v)?;
-        }
-        Ok(td)
+    fn apply_td(&self, td: TensorDict, op: &'static str) -> Result<TensorDict> {
+        map_rewards(op, self, self.pairs()?, td, |_, r| self.apply(r))
     }
 }
 

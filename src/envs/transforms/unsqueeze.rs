@@ -32,7 +32,10 @@
 //! ```
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, key_pairs, key_setters, output_keys_available, Transform};
+use super::{
+    added_keys, input_keys_available, key_pairs, key_setters, missing_key, output_keys_available,
+    Transform,
+};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -48,18 +51,6 @@ pub struct UnsqueezeTransform {
     out_keys: Option<Vec<NestedKey>>,
     in_keys_inv: Vec<NestedKey>,
     out_keys_inv: Option<Vec<NestedKey>>,
-}
-
-fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
-    Error::KeyNotFound {
-        op,
-        key: key.to_string(),
-        available: td
-            .keys(true, true)
-            .into_iter()
-            .map(|k| k.to_string())
-            .collect(),
-    }
 }
 
 impl UnsqueezeTransform {
@@ -263,12 +254,7 @@ impl Transform for UnsqueezeTransform {
                 return Err(Error::KeyNotFound {
                     op: "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
                     key: in_key.to_string(),
-                    available: specs
-                        .action_keys()
-                        .into_iter()
-                        .chain(specs.state_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: input_keys_available(&specs),
                 });
             };
             let spec = specs.group(group).get_or_err(&in_key)?;
