@@ -44,10 +44,7 @@ impl Binary {
     /// Vectors of length `n`: shape `[n]`, dtype `Int8`, on the CPU. Errors when `n < 0`.
     pub fn new(n: i64) -> Result<Self> {
         if n < 0 {
-            return Err(Error::invalid(
-                "Binary::new",
-                format!("n must be >= 0, got {n}"),
-            ));
+            return Err(Error::argument("Binary::new", "n", "n >= 0", n.to_string()));
         }
         Ok(Binary {
             shape: vec![n],

@@ -97,9 +97,11 @@ impl Bounded {
         let shape = shape.as_ref();
         common::check_shape(op, shape)?;
         if low.is_nan() || high.is_nan() || low > high {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("low must be <= high, got low={low}, high={high}"),
+                "low, high",
+                "low <= high (neither NaN)",
+                format!("low={low}, high={high}"),
             ));
         }
         // Bounds beyond float32's range round to ±inf (as a cast does; libtorch's `full`
@@ -131,10 +133,12 @@ impl Bounded {
             });
         }
         let shape = broadcast(&low.size(), &high.size()).ok_or_else(|| {
-            Error::invalid(
+            Error::argument(
                 op,
+                "low, high",
+                "bounds whose shapes broadcast",
                 format!(
-                    "the shapes of low {} and high {} do not broadcast",
+                    "low of shape {} and high of shape {}",
                     ShapeFmt(&low.size()),
                     ShapeFmt(&high.size())
                 ),

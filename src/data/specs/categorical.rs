@@ -30,7 +30,7 @@ use super::classes::{
 use super::common::{self, concat, to_dev};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
-use crate::error::{ensure, Result, ShapeFmt};
+use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
@@ -70,7 +70,14 @@ impl PartialEq for Categorical {
 impl Categorical {
     /// `n` classes, shape `[]`, dtype `Int64`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        ensure!(n >= 1, "Categorical::new", "n must be >= 1, got {n}");
+        if n < 1 {
+            return Err(Error::argument(
+                "Categorical::new",
+                "n",
+                "n >= 1",
+                n.to_string(),
+            ));
+        }
         Ok(Categorical {
             n,
             shape: vec![],

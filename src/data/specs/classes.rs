@@ -191,9 +191,11 @@ pub(crate) fn to_one_hot(value: &Tensor, n: i64) -> Result<Tensor> {
         let ok = in_class_range(value, n)?;
         if !common::all_true(&ok)? {
             let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "to_one_hot",
-                format!("class indices must be in [0, {n}), got values in [{lo}, {hi}]"),
+                "value",
+                format!("class indices in [0, {n})"),
+                format!("values in [{lo}, {hi}]"),
             ));
         }
     }
@@ -267,9 +269,11 @@ pub(crate) fn class_indices(op: &'static str, values: &[f64], n: i64) -> Result<
             if v.fract() == 0.0 && *v >= 0.0 && *v < n as f64 {
                 Ok(*v as i64)
             } else {
-                Err(Error::invalid(
+                Err(Error::argument(
                     op,
-                    format!("value {v} is not a class index in [0, {n})"),
+                    "value",
+                    format!("a class index in [0, {n})"),
+                    v.to_string(),
                 ))
             }
         })
@@ -279,9 +283,11 @@ pub(crate) fn class_indices(op: &'static str, values: &[f64], n: i64) -> Result<
 /// Validates an `nvec` (non-empty, every entry >= 1).
 pub(crate) fn check_nvec(op: &'static str, nvec: &[i64]) -> Result<()> {
     if nvec.is_empty() || nvec.iter().any(|n| *n < 1) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("nvec must be non-empty with every entry >= 1, got {nvec:?}"),
+            "nvec",
+            "a non-empty nvec with every entry >= 1",
+            format!("{nvec:?}"),
         ));
     }
     Ok(())

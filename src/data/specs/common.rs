@@ -36,11 +36,11 @@ pub(crate) fn check_kind(op: &'static str, kind: Kind) -> Result<()> {
         | Kind::BFloat16
         | Kind::Float
         | Kind::Double => Ok(()),
-        other => Err(Error::invalid(
+        other => Err(Error::argument(
             op,
-            format!(
-                "unsupported dtype {other:?}: specs describe bool, integer and real floating kinds"
-            ),
+            "dtype",
+            "a bool, integer or real floating kind (the kinds specs describe)",
+            format!("unsupported dtype {other:?}"),
         )),
     }
 }
@@ -48,9 +48,11 @@ pub(crate) fn check_kind(op: &'static str, kind: Kind) -> Result<()> {
 /// Errors for a shape with a negative dim.
 pub(crate) fn check_shape(op: &'static str, shape: &[i64]) -> Result<()> {
     if let Some(d) = shape.iter().find(|d| **d < 0) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("shape {} has a negative dimension {d}", ShapeFmt(shape)),
+            "shape",
+            "dims >= 0",
+            format!("shape {} with a negative dimension {d}", ShapeFmt(shape)),
         ));
     }
     Ok(())
@@ -431,13 +433,14 @@ pub(crate) fn prepare_mask(
         mask.shallow_clone()
     };
     let expanded = m.f_broadcast_to(target).map_err(|_| {
-        Error::invalid(
+        Error::argument(
             op,
+            "mask",
             format!(
-                "cannot expand the mask of shape {} to the spec's mask shape {}",
-                ShapeFmt(&mask.size()),
+                "a mask that expands to the spec's mask shape {}",
                 ShapeFmt(target)
             ),
+            format!("a mask of shape {}", ShapeFmt(&mask.size())),
         )
     })?;
     to_dev(&expanded.f_contiguous()?, device)

@@ -120,13 +120,11 @@ impl MultiCategorical {
     /// One-hot encodes each entry and concatenates: `[..., k]` → bool `[..., sum(nvec)]`.
     pub fn to_one_hot(&self, value: &Tensor) -> Result<Tensor> {
         if value.size().last() != Some(&(self.nvec.len() as i64)) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "to_one_hot",
-                format!(
-                    "the value's last dim must be len(nvec)={}, got shape {}",
-                    self.nvec.len(),
-                    ShapeFmt(&value.size())
-                ),
+                "value",
+                format!("a last dim of len(nvec)={}", self.nvec.len()),
+                format!("shape {}", ShapeFmt(&value.size())),
             ));
         }
         let mut parts = Vec::with_capacity(self.nvec.len());

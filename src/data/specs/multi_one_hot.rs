@@ -167,13 +167,11 @@ impl MultiOneHot {
     /// Class indices per group (int64 `[..., len(nvec)]`) from the concatenated one-hot values.
     pub fn to_categorical(&self, value: &Tensor) -> Result<Tensor> {
         if value.size().last() != Some(&self.total()) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "to_categorical",
-                format!(
-                    "the value's last dim must be sum(nvec)={}, got shape {}",
-                    self.total(),
-                    ShapeFmt(&value.size())
-                ),
+                "value",
+                format!("a last dim of sum(nvec)={}", self.total()),
+                format!("shape {}", ShapeFmt(&value.size())),
             ));
         }
         let mut parts = Vec::with_capacity(self.nvec.len());

@@ -27,7 +27,7 @@ use tch::{Device, Kind, Tensor};
 use super::classes::{class_indices, one_hot_violation, project_one_hot};
 use super::common::{self, concat, lead, to_dev};
 use super::leaf::{leaf_spec_api, LeafSpec};
-use crate::error::{ensure, Error, Result, ShapeFmt};
+use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
@@ -67,7 +67,9 @@ impl PartialEq for OneHot {
 impl OneHot {
     /// `n` classes, shape `[n]`, dtype `Bool`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        ensure!(n >= 1, "OneHot::new", "n must be >= 1, got {n}");
+        if n < 1 {
+            return Err(Error::argument("OneHot::new", "n", "n >= 1", n.to_string()));
+        }
         Ok(OneHot {
             n,
             shape: vec![n],
@@ -175,13 +177,11 @@ impl OneHot {
     /// Class indices (int64, the last dim removed) from one-hot values (argmax).
     pub fn to_categorical(&self, value: &Tensor) -> Result<Tensor> {
         if value.size().last() != Some(&self.n) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "to_categorical",
-                format!(
-                    "the value's last dim must be n={}, got shape {}",
-                    self.n,
-                    ShapeFmt(&value.size())
-                ),
+                "value",
+                format!("a last dim of n={}", self.n),
+                format!("shape {}", ShapeFmt(&value.size())),
             ));
         }
         Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)

@@ -147,9 +147,11 @@ impl CatTensors {
         }
         for (i, k) in keys.iter().enumerate() {
             if keys.iter().take(i).any(|x| x == k) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
-                    format!("{}: key {k} is listed twice", self.name()),
+                    k,
+                    format!("each in key of {} once", self.name()),
+                    "a key listed twice",
                 ));
             }
         }
@@ -237,9 +239,11 @@ impl Transform for CatTensors {
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
         if self.in_keys.is_none() {
             if self.dim != -1 {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     OP,
-                    format!("a lazy CatTensors only supports dim = -1, got {}", self.dim),
+                    "dim",
+                    "dim = -1 (the only dim a lazy CatTensors supports)",
+                    self.dim,
                 ));
             }
             let nb = parent.batch_size().len();
@@ -299,13 +303,11 @@ impl Transform for CatTensors {
         }
         if !keys.contains(&self.out_key) {
             if let Some(g) = parent.output_group_of(&self.out_key) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
-                    format!(
-                        "{}: out key {} already exists in the {g} spec; choose another out key",
-                        self.name(),
-                        self.out_key
-                    ),
+                    &self.out_key,
+                    format!("an out key of {} that is new to the specs", self.name()),
+                    format!("a key that already exists in the {g} spec; choose another out key"),
                 ));
             }
         }

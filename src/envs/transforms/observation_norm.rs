@@ -223,10 +223,12 @@ impl ObservationNorm {
         eps: f64,
     ) -> Result<Self> {
         if in_keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
-                "in_keys are required (the observation keys to normalise); TorchRL dropped its \
-                 default keys for the same reason",
+                "in_keys",
+                "the observation keys to normalise (required; TorchRL dropped its default keys \
+                 for the same reason)",
+                "none",
             ));
         }
         Ok(ObservationNorm {
@@ -345,14 +347,14 @@ impl ObservationNorm {
     fn apply(&self, x: &Tensor, inverse: bool, key: &NestedKey) -> Result<Tensor> {
         let (loc, scale) = self.stats()?;
         if !is_float(x.kind()) {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
+                key,
                 format!(
-                    "{}: entry {key} has dtype {:?}; normalisation needs a floating dtype (cast it \
-                     first, e.g. with DTypeCast)",
-                    self.name(),
-                    x.kind()
+                    "a floating dtype for {} (cast it first, e.g. with DTypeCast)",
+                    self.name()
                 ),
+                format!("dtype {:?}", x.kind()),
             ));
         }
         let loc = loc.f_to_kind(x.kind())?.f_to_device(x.device())?;
@@ -569,32 +571,37 @@ impl ObservationNorm {
     fn check_init(&self, cfg: &InitStats) -> Result<(i64, NestedKey)> {
         let cat_dim = match (cfg.cat_dim, cfg.reduce_dim.as_slice()) {
             (_, []) => {
-                return Err(Error::invalid(
-                    OP,
-                    "init_stats: reduce_dim must name at least one dim",
+                return Err(Error::config(
+                    "ObservationNorm::init_stats",
+                    "reduce_dim",
+                    "at least one dim",
+                    "[]",
                 ))
             }
             (Some(c), _) => c,
             (None, [one]) => *one,
             (None, _) => {
-                return Err(Error::invalid(
-                    OP,
+                return Err(Error::config(
+                    "ObservationNorm::init_stats",
+                    "cat_dim",
                     format!(
-                    "init_stats: cat_dim must be specified if reduce_dim is not a single dim (got \
-                         reduce_dim {:?})",
-                    cfg.reduce_dim
-                ),
+                        "cat_dim must be specified if reduce_dim is not a single dim (reduce_dim \
+                         {:?})",
+                        cfg.reduce_dim
+                    ),
+                    "none",
                 ))
             }
         };
         if !cfg.reduce_dim.contains(&cat_dim) {
-            return Err(Error::invalid(
-                OP,
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "cat_dim",
                 format!(
-                    "init_stats: cat_dim must be part of or equal to reduce_dim (cat_dim {cat_dim}, \
-                     reduce_dim {:?})",
+                    "cat_dim must be part of or equal to reduce_dim {:?}",
                     cfg.reduce_dim
                 ),
+                cat_dim,
             ));
         }
         if let (Some(l), Some(s)) = (&self.loc, &self.scale) {
@@ -618,18 +625,19 @@ impl ObservationNorm {
             ));
         }
         if cfg.num_iter == 0 {
-            return Err(Error::invalid(
-                OP,
-                "init_stats: num_iter must be at least 1",
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "num_iter",
+                "at least 1",
+                0,
             ));
         }
         if !(self.eps > 0.0 && self.eps.is_finite()) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: eps must be a positive finite number, got {}",
-                    self.eps
-                ),
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "eps",
+                "a positive finite number",
+                self.eps,
             ));
         }
         let key = match (&cfg.key, self.in_keys.first()) {
@@ -657,12 +665,11 @@ impl ObservationNorm {
                 .get(key)
                 .ok_or_else(|| missing_key("ObservationNorm::init_stats", &td, key))?;
             if !is_float(v.kind()) {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "init_stats: entry {key} has dtype {:?}; statistics need a floating dtype",
-                        v.kind()
-                    ),
+                return Err(Error::value(
+                    "ObservationNorm::init_stats",
+                    key,
+                    "a floating dtype (statistics need one)",
+                    format!("dtype {:?}", v.kind()),
                 ));
             }
             data.push(v.shallow_clone());
@@ -704,11 +711,11 @@ impl ObservationNorm {
             .collect::<Result<_>>()?;
         keep.sort_unstable();
         if let Some(k) = keep.iter().find(|k| !reduce.contains(k)) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: keep_dims elements must be part of reduce_dim (dim {k} is not)"
-                ),
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "keep_dims",
+                "dims that are part of reduce_dim",
+                format!("dim {k}, which is not"),
             ));
         }
         let mut loc = data.f_mean_dim(reduce.as_slice(), true, data.kind())?;

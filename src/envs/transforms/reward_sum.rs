@@ -74,11 +74,13 @@ pub(super) fn refuse_state_keys<'a>(
     for k in keys {
         let hit: Vec<NestedKey> = state.iter().filter(|s| s.starts_with(k)).cloned().collect();
         if !hit.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 op,
+                k,
+                format!("{who}: an out key other than a state key (write to another out key)"),
                 format!(
-                    "{who}: {k} is (or holds) the state key(s) {}, which the env reads back at the \
-                     next step; it cannot be rewritten in place (write to another out key)",
+                    "a key that is (or holds) the state key(s) {}, which the env reads back at \
+                     the next step; it cannot be rewritten in place",
                     fmt_key_list(&hit)
                 ),
             ));
@@ -198,13 +200,16 @@ pub(super) fn expand_right(
     let ms = mask.size();
     let fits = ms.len() <= shape.len() && ms.iter().zip(shape).all(|(m, s)| *m == *s || *m == 1);
     if !fits {
-        return Err(Error::invalid(
+        return Err(Error::value(
             op,
+            key,
             format!(
-                "the \"_reset\" mask of shape {} cannot be expanded to the shape {} of {key} \
-                 (its dims must match the leading dims of the entry)",
-                ShapeFmt(&ms),
+                "a \"_reset\" mask whose dims match the leading dims of the entry's shape {}",
                 ShapeFmt(shape)
+            ),
+            format!(
+                "a mask of shape {}, which cannot be expanded to it",
+                ShapeFmt(&ms)
             ),
         ));
     }
@@ -350,11 +355,12 @@ impl RewardSum {
             .iter()
             .map(|s| {
                 let spec = specs.reward.get(&s.input).cloned().ok_or_else(|| {
-                    Error::invalid(
+                    Error::value(
                         "RewardSum",
+                        &s.input,
+                        "an in key of the reward spec",
                         format!(
-                            "in key {} is not in the reward spec (reward keys: {})",
-                            s.input,
+                            "a key that is not in the reward spec (reward keys: {})",
                             fmt_key_list(&specs.reward_keys())
                         ),
                     )
@@ -423,9 +429,11 @@ impl Transform for RewardSum {
                 let mut out = Vec::with_capacity(keys.len());
                 for k in keys {
                     if k.last() != Some("_reset") {
-                        return Err(Error::invalid(
+                        return Err(Error::value(
                             op,
-                            format!("reset key {k} must end with \"_reset\""),
+                            k,
+                            "a reset key that ends with \"_reset\"",
+                            "a key with another last segment",
                         ));
                     }
                     out.push(parent_of(k));
@@ -436,26 +444,30 @@ impl Transform for RewardSum {
         let mut slots = Vec::with_capacity(ins.len());
         for (i, (input, output)) in ins.iter().zip(&outs).enumerate() {
             let spec = parent.reward.get(input).cloned().ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     op,
+                    input,
+                    "an in key of the reward spec",
                     format!(
-                        "the in key {input} is not in the reward spec (reward keys: {})",
+                        "a key that is not in the reward spec (reward keys: {})",
                         fmt_key_list(&parent.reward_keys())
                     ),
                 )
             })?;
             if spec.is_composite() {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     op,
-                    format!(
-                        "the in key {input} names a nested level of the reward spec, not a leaf"
-                    ),
+                    input,
+                    "an in key naming a leaf of the reward spec",
+                    "a nested level of the reward spec",
                 ));
             }
             if output == input {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     op,
-                    format!("the out key {output} is also the in key; choose another out key"),
+                    output,
+                    "an out key other than the in key",
+                    "the in key itself; choose another out key",
                 ));
             }
             for (g, what) in [
@@ -464,9 +476,11 @@ impl Transform for RewardSum {
                 (&parent.done, "done"),
             ] {
                 if g.contains(output) {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!("the out key {output} is already in the parent's {what} spec"),
+                        output,
+                        "an out key that is new to the parent's specs",
+                        format!("a key already in the parent's {what} spec"),
                     ));
                 }
             }
@@ -529,11 +543,12 @@ impl Transform for RewardSum {
         }
         for s in &self.slots {
             let reward = next.get(&s.input).ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     "RewardSum::step",
+                    &s.input,
+                    "a reward in the step's output",
                     format!(
-                        "the reward {} is missing from the step's output (keys: {})",
-                        s.input,
+                        "nothing: the reward is missing (keys: {})",
                         fmt_key_list(&next.keys(true, true))
                     ),
                 )
@@ -562,9 +577,11 @@ impl Transform for RewardSum {
                 (None, _) => match s.spec.zero(&[])? {
                     crate::Entry::Tensor(t) => t,
                     crate::Entry::Dict(_) => {
-                        return Err(Error::invalid(
+                        return Err(Error::value(
                             "RewardSum::reset",
-                            format!("the spec of {} is not a leaf", s.input),
+                            &s.input,
+                            "a leaf spec",
+                            "a Composite",
                         ))
                     }
                 },
@@ -577,10 +594,13 @@ impl Transform for RewardSum {
     fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "RewardSum::forward";
         let Some(dim) = self.time_dim else {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                "offline use needs the time dim: set it with RewardSum::with_time_dim(dim) \
-                 (TorchRL looks for a dim named \"time\"; tensordicts here have no dim names)",
+                "time_dim",
+                "the time dim, which offline use needs: set it with \
+                 RewardSum::with_time_dim(dim) (TorchRL looks for a dim named \"time\"; \
+                 tensordicts here have no dim names)",
+                "none",
             ));
         };
         let nb = td.batch_dims() as i64;

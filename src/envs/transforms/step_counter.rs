@@ -135,11 +135,13 @@ impl StepCounter {
             .with_device(self.device)
     }
 
-    fn check_name(op: &'static str, what: &str, name: &str) -> Result<()> {
+    fn check_name(op: &'static str, what: &'static str, name: &str) -> Result<()> {
         if name.is_empty() || name == "_reset" || name == "next" {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                format!("{what} must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
+                what,
+                "a non-empty leaf name other than \"_reset\" and \"next\"",
+                format!("{name:?}"),
             ));
         }
         Ok(())
@@ -178,12 +180,11 @@ impl Transform for StepCounter {
         for g in &groups {
             for (what, c) in [("reward", &parent.reward), ("action", &parent.action)] {
                 if c.contains(&g.step_count) {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!(
-                            "the step count key {} is already in the parent's {what} spec",
-                            g.step_count
-                        ),
+                        &g.step_count,
+                        "a step count key that is new to the parent's specs",
+                        format!("a key already in the parent's {what} spec"),
                     ));
                 }
             }
@@ -251,12 +252,13 @@ impl Transform for StepCounter {
         }
         for g in &self.groups {
             let count = td.get(&g.step_count).ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     op,
+                    &g.step_count,
+                    "the step count in the input tensordict (step from the tensordict returned \
+                     by reset or by the previous step)",
                     format!(
-                        "the step count {} is missing from the input tensordict (keys: {}); step \
-                         from the tensordict returned by reset or by the previous step",
-                        g.step_count,
+                        "nothing: it is missing (keys: {})",
                         fmt_key_list(&td.keys(true, true))
                     ),
                 )

@@ -151,18 +151,15 @@ impl TensorDictPrimer {
         if self.random {
             return match spec.rand(&mut self.generator, shape)? {
                 Entry::Tensor(t) => Ok(t),
-                Entry::Dict(_) => Err(Error::invalid(
-                    op,
-                    format!("the spec of {key} is not a leaf"),
-                )),
+                Entry::Dict(_) => Err(Error::value(op, key, "a leaf spec", "a Composite")),
             };
         }
         let kind = spec.dtype().ok_or_else(|| {
-            Error::invalid(
+            Error::value(
                 op,
-                format!(
-                    "the spec of {key} ({spec}) has no dtype, so no constant value can be built"
-                ),
+                key,
+                "a spec with a dtype (to build a constant value)",
+                format!("{spec}, which has none"),
             )
         })?;
         let device = spec.device().unwrap_or(self.device);
