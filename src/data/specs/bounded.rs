@@ -25,7 +25,7 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{self, concat, is_float, to_dev};
+use super::common::{self, concat, is_float, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
@@ -33,9 +33,10 @@ use crate::rng::Generator;
 use crate::tensordict::{fits_kind, full_f64, AsKey, BatchIndex, Elements};
 
 /// A spec for values within elementwise bounds `low <= x <= high`.
+#[derive(Clone)]
 pub struct Bounded {
-    pub(crate) low: Tensor,
-    pub(crate) high: Tensor,
+    pub(crate) low: SpecTensor,
+    pub(crate) high: SpecTensor,
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
@@ -44,27 +45,13 @@ pub struct Bounded {
     pub(crate) constant: Option<(f64, f64)>,
 }
 
-impl Clone for Bounded {
-    /// Shallow: the bound tensors are shared (specs never modify them in place).
-    fn clone(&self) -> Self {
-        Bounded {
-            low: self.low.shallow_clone(),
-            high: self.high.shallow_clone(),
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        }
-    }
-}
-
 impl PartialEq for Bounded {
     fn eq(&self, other: &Self) -> bool {
         self.shape == other.shape
             && self.dtype == other.dtype
             && self.device == other.device
-            && common::tensor_eq(&self.low, &other.low)
-            && common::tensor_eq(&self.high, &other.high)
+            && self.low == other.low
+            && self.high == other.high
     }
 }
 
@@ -107,8 +94,8 @@ impl Bounded {
         // Bounds beyond float32's range round to ±inf (as a cast does; libtorch's `full`
         // refuses them).
         Ok(Bounded {
-            low: full_f64(op, shape, low, Kind::Float, Device::Cpu)?,
-            high: full_f64(op, shape, high, Kind::Float, Device::Cpu)?,
+            low: SpecTensor(full_f64(op, shape, low, Kind::Float, Device::Cpu)?),
+            high: SpecTensor(full_f64(op, shape, high, Kind::Float, Device::Cpu)?),
             shape: shape.to_vec(),
             dtype: Kind::Float,
             device: Device::Cpu,
@@ -152,8 +139,8 @@ impl Bounded {
         check_ordered(op, &low, &high, &shape)?;
         Ok(Bounded {
             dtype: low.kind(),
-            low,
-            high,
+            low: SpecTensor(low),
+            high: SpecTensor(high),
             shape,
             device,
             constant: None,
@@ -183,8 +170,8 @@ impl Bounded {
                 }
             }
         }
-        self.low = self.low.f_to_kind(dtype)?;
-        self.high = self.high.f_to_kind(dtype)?;
+        self.low = SpecTensor(self.low.f_to_kind(dtype)?);
+        self.high = SpecTensor(self.high.f_to_kind(dtype)?);
         if is_float(dtype) && dtype != self.dtype && self.constant.is_some() {
             // Sample between the bounds as this dtype stores them (a float32 0.3 is not the
             // float64 0.3; samples between the two would fall outside the cast bounds).
@@ -266,8 +253,8 @@ impl Bounded {
     /// This spec with other bound tensors (of `shape`).
     fn with_bounds(&self, low: Tensor, high: Tensor, shape: Vec<i64>) -> Result<Self> {
         Ok(Bounded {
-            low,
-            high,
+            low: SpecTensor(low),
+            high: SpecTensor(high),
             shape,
             dtype: self.dtype,
             device: self.device,

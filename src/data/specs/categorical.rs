@@ -27,7 +27,7 @@ use tch::{Device, Kind, Tensor};
 use super::classes::{
     check_classes_fit, class_violation, nearest_allowed, project_classes, to_one_hot,
 };
-use super::common::{self, concat, to_dev};
+use super::common::{self, concat, map_held, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
@@ -35,36 +35,14 @@ use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
 /// A spec for class indices in `[0, n)`.
+#[derive(Clone, PartialEq)]
 pub struct Categorical {
     pub(crate) n: i64,
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
     /// Allowed classes, `[*shape, n]`, on `device`.
-    pub(crate) mask: Option<Tensor>,
-}
-
-impl Clone for Categorical {
-    /// Shallow: the mask tensor is shared (specs never modify it in place).
-    fn clone(&self) -> Self {
-        Categorical {
-            n: self.n,
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
-        }
-    }
-}
-
-impl PartialEq for Categorical {
-    fn eq(&self, other: &Self) -> bool {
-        self.n == other.n
-            && self.shape == other.shape
-            && self.dtype == other.dtype
-            && self.device == other.device
-            && common::opt_tensor_eq(self.mask.as_ref(), other.mask.as_ref())
-    }
+    pub(crate) mask: Option<SpecTensor>,
 }
 
 impl Categorical {
@@ -119,7 +97,7 @@ impl Categorical {
         Ok(self)
     }
 
-    fn prepared_mask(&self, op: &'static str, mask: &Tensor) -> Result<Tensor> {
+    fn prepared_mask(&self, op: &'static str, mask: &Tensor) -> Result<SpecTensor> {
         let target = concat(&self.shape, &[self.n]);
         common::prepare_mask(op, mask, &target, self.n, self.device)
     }
@@ -141,7 +119,7 @@ impl Categorical {
 
     /// The mask, expanded to `[*shape, n]`, if any.
     pub fn mask(&self) -> Option<&Tensor> {
-        self.mask.as_ref()
+        self.mask.as_deref()
     }
 
     /// Uniform classes of shape `[*shape, *self.shape]`, among the allowed ones when masked.
@@ -169,21 +147,18 @@ impl Categorical {
 
     /// The spec indexed on its dims (the mask is indexed the same way).
     pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let tensors: Vec<&Tensor> = self.mask.iter().collect();
+        let tensors: Vec<&Tensor> = self.mask.as_deref().into_iter().collect();
         let (shape, mut t) = common::index_lead(&self.shape, &tensors, idx)?;
         Ok(Categorical {
             shape,
-            mask: t.pop(),
+            mask: t.pop().map(SpecTensor),
             ..self.clone()
         })
     }
 
     /// The spec (and its mask) on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(to_dev(m, device)?),
-        };
+        let mask = map_held(&self.mask, |m| to_dev(m, device))?;
         Ok(Categorical {
             device,
             mask,
@@ -202,7 +177,7 @@ impl LeafSpec for Categorical {
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
-        class_violation(value, self.n, self.mask.as_ref(), self.dtype)
+        class_violation(value, self.n, self.mask.as_deref(), self.dtype)
     }
 
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
@@ -215,10 +190,9 @@ impl LeafSpec for Categorical {
     }
 
     fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(m.f_reshape(concat(&shape, &[self.n]).as_slice())?),
-        };
+        let mask = map_held(&self.mask, |m| {
+            Ok(m.f_reshape(concat(&shape, &[self.n]).as_slice())?)
+        })?;
         Ok(Categorical {
             shape,
             mask,
@@ -227,13 +201,10 @@ impl LeafSpec for Categorical {
     }
 
     fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(
-                m.f_expand(concat(shape, &[self.n]).as_slice(), false)?
-                    .f_contiguous()?,
-            ),
-        };
+        let mask = map_held(&self.mask, |m| {
+            Ok(m.f_expand(concat(shape, &[self.n]).as_slice(), false)?
+                .f_contiguous()?)
+        })?;
         Ok(Categorical {
             shape: shape.to_vec(),
             mask,

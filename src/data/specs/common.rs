@@ -372,13 +372,46 @@ pub(crate) fn unravel(mut flat: usize, shape: &[i64]) -> Vec<i64> {
     out
 }
 
-/// Tensor equality for optional tensors (same shape, same values; `None == None`).
-pub(crate) fn opt_tensor_eq(a: Option<&Tensor>, b: Option<&Tensor>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => tensor_eq(a, b),
-        _ => false,
+/// A tensor a spec holds (bounds, class masks). `Clone` shares the storage (specs never modify
+/// these tensors in place) and `==` compares kind, shape and values (devices may differ), so
+/// the specs that hold one derive `Clone` and `PartialEq`.
+pub(crate) struct SpecTensor(pub(crate) Tensor);
+
+impl Clone for SpecTensor {
+    fn clone(&self) -> Self {
+        SpecTensor(self.0.shallow_clone())
     }
+}
+
+impl PartialEq for SpecTensor {
+    fn eq(&self, other: &Self) -> bool {
+        tensor_eq(&self.0, &other.0)
+    }
+}
+
+impl std::ops::Deref for SpecTensor {
+    type Target = Tensor;
+
+    fn deref(&self) -> &Tensor {
+        &self.0
+    }
+}
+
+impl From<Tensor> for SpecTensor {
+    fn from(t: Tensor) -> Self {
+        SpecTensor(t)
+    }
+}
+
+/// `f` applied to an optional held tensor (a class mask).
+pub(crate) fn map_held(
+    t: &Option<SpecTensor>,
+    f: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Option<SpecTensor>> {
+    Ok(match t {
+        None => None,
+        Some(t) => Some(SpecTensor(f(t)?)),
+    })
 }
 
 /// Same kind, shape and values (devices may differ).
@@ -418,7 +451,7 @@ pub(crate) fn prepare_mask(
     target: &[i64],
     n: i64,
     device: Device,
-) -> Result<Tensor> {
+) -> Result<SpecTensor> {
     if mask.kind() != Kind::Bool {
         return Err(Error::DtypeMismatch {
             op,
@@ -443,7 +476,7 @@ pub(crate) fn prepare_mask(
             format!("a mask of shape {}", ShapeFmt(&mask.size())),
         )
     })?;
-    to_dev(&expanded.f_contiguous()?, device)
+    Ok(SpecTensor(to_dev(&expanded.f_contiguous()?, device)?))
 }
 
 /// The `(count, first offending flat index)` of false entries in a bool tensor.

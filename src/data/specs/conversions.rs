@@ -13,7 +13,7 @@
 //! # Ok(()) }
 //! ```
 
-use tch::{Kind, Tensor};
+use tch::Kind;
 
 use super::common::{concat, lead};
 use super::{Categorical, MultiCategorical, MultiOneHot, OneHot};
@@ -26,7 +26,7 @@ impl Categorical {
             shape: concat(&self.shape, &[self.n]),
             dtype: Kind::Bool,
             device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
+            mask: self.mask.clone(),
         }
     }
 }
@@ -40,7 +40,7 @@ impl OneHot {
             shape: lead(&self.shape).to_vec(),
             dtype: Kind::Int64,
             device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
+            mask: self.mask.clone(),
         }
     }
 }

@@ -25,43 +25,21 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::classes::{class_indices, one_hot_violation, project_one_hot};
-use super::common::{self, concat, lead, to_dev};
+use super::common::{self, concat, lead, map_held, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for one-hot encoded classes.
+#[derive(Clone, PartialEq)]
 pub struct OneHot {
     pub(crate) n: i64,
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
     /// Allowed classes, of the spec's shape, on `device`.
-    pub(crate) mask: Option<Tensor>,
-}
-
-impl Clone for OneHot {
-    /// Shallow: the mask tensor is shared (specs never modify it in place).
-    fn clone(&self) -> Self {
-        OneHot {
-            n: self.n,
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
-        }
-    }
-}
-
-impl PartialEq for OneHot {
-    fn eq(&self, other: &Self) -> bool {
-        self.n == other.n
-            && self.shape == other.shape
-            && self.dtype == other.dtype
-            && self.device == other.device
-            && common::opt_tensor_eq(self.mask.as_ref(), other.mask.as_ref())
-    }
+    pub(crate) mask: Option<SpecTensor>,
 }
 
 impl OneHot {
@@ -142,14 +120,14 @@ impl OneHot {
 
     /// The mask, expanded to the spec's shape, if any.
     pub fn mask(&self) -> Option<&Tensor> {
-        self.mask.as_ref()
+        self.mask.as_deref()
     }
 
     /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
     /// masked. Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         let rows = concat(shape, lead(&self.shape));
-        let idx = gen.sample_categorical(&rows, self.n, self.mask.as_ref(), self.device)?;
+        let idx = gen.sample_categorical(&rows, self.n, self.mask.as_deref(), self.device)?;
         Ok(idx.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
     }
 
@@ -189,21 +167,18 @@ impl OneHot {
 
     /// The spec indexed on its leading dims; the last dim cannot be indexed.
     pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let tensors: Vec<&Tensor> = self.mask.iter().collect();
+        let tensors: Vec<&Tensor> = self.mask.as_deref().into_iter().collect();
         let (rows, mut t) = common::index_lead(lead(&self.shape), &tensors, idx)?;
         Ok(OneHot {
             shape: concat(&rows, &[self.n]),
-            mask: t.pop(),
+            mask: t.pop().map(SpecTensor),
             ..self.clone()
         })
     }
 
     /// The spec (and its mask) on another device.
     pub fn to_device(&self, device: Device) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(to_dev(m, device)?),
-        };
+        let mask = map_held(&self.mask, |m| to_dev(m, device))?;
         Ok(OneHot {
             device,
             mask,
@@ -245,14 +220,11 @@ impl LeafSpec for OneHot {
     }
 
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
-        project_one_hot(value, self.n, self.mask.as_ref(), self.dtype)
+        project_one_hot(value, self.n, self.mask.as_deref(), self.dtype)
     }
 
     fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(m.f_reshape(shape.as_slice())?),
-        };
+        let mask = map_held(&self.mask, |m| Ok(m.f_reshape(shape.as_slice())?))?;
         Ok(OneHot {
             shape,
             mask,
@@ -261,10 +233,9 @@ impl LeafSpec for OneHot {
     }
 
     fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(m.f_expand(shape, false)?.f_contiguous()?),
-        };
+        let mask = map_held(&self.mask, |m| {
+            Ok(m.f_expand(shape, false)?.f_contiguous()?)
+        })?;
         Ok(OneHot {
             shape: shape.to_vec(),
             mask,

@@ -817,7 +817,7 @@ impl Transform for ObservationNorm {
                 return Err(Error::KeyNotFound {
                     op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
                     key: k.to_string(),
-                    available: input_keys_available(&parent),
+                    available: input_keys_available(parent),
                 });
             }
         }
