@@ -20,8 +20,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-
 use tch::{Device, Kind, Tensor};
 
 use super::classes::project_classes;
@@ -79,11 +77,6 @@ impl Binary {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The vector length (the last dim). TorchRL's `Binary.n` attribute is 2 instead.
     pub fn n(&self) -> i64 {
         self.shape.last().copied().unwrap_or(0)
@@ -98,25 +91,12 @@ impl Binary {
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         encode_plain(&self.shape, self.dtype, self.device, values)
     }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Binary {
-            device,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(Binary; dtype, project, index);
+leaf_spec_api!(Binary; dtype, project, index, to_device);
 
 impl LeafSpec for Binary {
-    const CLASS: &'static str = "Binary";
     const PROTECTED_LAST: bool = true;
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
-    }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.elements() > 0 && !common::all_binary(value)? {
@@ -146,17 +126,5 @@ impl LeafSpec for Binary {
             shape,
             ..self.clone()
         })
-    }
-}
-
-impl fmt::Display for Binary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Binary(shape={}, dtype={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            common::fmt_device(self.device)
-        )
     }
 }

@@ -188,11 +188,6 @@ impl Bounded {
         Ok(self)
     }
 
-    /// Moves the bounds to `device`.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The lower bounds, of the spec's full shape.
     pub fn low(&self) -> &Tensor {
         &self.low
@@ -266,10 +261,13 @@ impl Bounded {
 leaf_spec_api!(Bounded; dtype, project);
 
 impl LeafSpec for Bounded {
-    const CLASS: &'static str = "Bounded";
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            ", low={}, high={}",
+            common::fmt_bound(&self.low),
+            common::fmt_bound(&self.high)
+        )
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -397,20 +395,6 @@ fn check_ordered(op: &'static str, low: &Tensor, high: &Tensor, shape: &[i64]) -
             ShapeFmt(shape)
         ),
     ))
-}
-
-impl fmt::Display for Bounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Bounded(shape={}, dtype={:?}, low={}, high={}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            common::fmt_bound(&self.low),
-            common::fmt_bound(&self.high),
-            common::fmt_device(self.device)
-        )
-    }
 }
 
 #[cfg(test)]

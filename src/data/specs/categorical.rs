@@ -30,7 +30,7 @@ use super::classes::{
 use super::common::{self, concat, map_held, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
@@ -84,11 +84,6 @@ impl Categorical {
         check_classes_fit(op, self.n, dtype)?;
         self.dtype = dtype;
         Ok(self)
-    }
-
-    /// Sets the device (the mask moves too).
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
     }
 
     /// Sets the mask of allowed classes (see [`Categorical::update_mask`]).
@@ -170,10 +165,9 @@ impl Categorical {
 leaf_spec_api!(Categorical; dtype, project);
 
 impl LeafSpec for Categorical {
-    const CLASS: &'static str = "Categorical";
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let masked = if self.mask.is_some() { ", masked" } else { "" };
+        write!(f, ", n={}{masked}", self.n)
     }
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
@@ -210,20 +204,6 @@ impl LeafSpec for Categorical {
             mask,
             ..self.clone()
         })
-    }
-}
-
-impl fmt::Display for Categorical {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Categorical(shape={}, dtype={:?}, n={}{}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.n,
-            if self.mask.is_some() { ", masked" } else { "" },
-            common::fmt_device(self.device)
-        )
     }
 }
 

@@ -30,15 +30,10 @@ use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{AsKey, BatchIndex};
 
 /// The shared behaviour of the leaf specs (everything but [`Composite`](super::Composite)).
-pub(crate) trait LeafSpec: Clone + fmt::Display {
-    /// The TorchRL class name, used in messages (`"OneHot"`).
-    const CLASS: &'static str;
+pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
     /// True when the last dim holds the categories (OneHot, Binary, MultiCategorical,
     /// MultiOneHot): it cannot be squeezed, unsqueezed past, expanded or indexed.
     const PROTECTED_LAST: bool = false;
-
-    /// The spec's shape, the dtype values must have (`None`: any dtype) and its device.
-    fn layout(&self) -> (&[i64], Option<Kind>, Device);
 
     /// The spec's shape.
     #[inline]
@@ -75,6 +70,22 @@ pub(crate) trait LeafSpec: Clone + fmt::Display {
     /// when attached tensors must be expanded rather than reshaped.
     fn expanded(&self, shape: &[i64]) -> Result<Self> {
         self.relaid(shape.to_vec())
+    }
+
+    /// Writes what the repr shows after the dtype (`, low=-1, high=1`, `, n=3, masked`).
+    fn fmt_extra(&self, _f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ok(())
+    }
+
+    /// The repr every leaf shares: `Class(shape=[..], dtype=Kind{extra}{, device=..})`.
+    fn fmt_leaf(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (shape, dtype, device) = self.layout();
+        write!(f, "{}(shape={}", Self::CLASS, ShapeFmt(shape))?;
+        if let Some(k) = dtype {
+            write!(f, ", dtype={k:?}")?;
+        }
+        self.fmt_extra(f)?;
+        write!(f, "{})", common::fmt_device(device))
     }
 
     /// The reason `value` is not in the spec: the dtype, then the shape rule, then the domain.
@@ -184,6 +195,33 @@ pub(crate) trait LeafSpec: Clone + fmt::Display {
     }
 }
 
+/// The fields every leaf spec has, implemented by [`leaf_spec_api`] from the struct's `shape`,
+/// `dtype` and `device` fields.
+pub(crate) trait LeafFields {
+    /// The TorchRL class name, used in messages (`"OneHot"`).
+    const CLASS: &'static str;
+    /// The spec's shape, the dtype values must have (`None`: any dtype) and its device.
+    fn layout(&self) -> (&[i64], Option<Kind>, Device);
+}
+
+/// A spec's `dtype` field as an optional dtype (NonTensor's may be unset).
+pub(crate) trait OptKind {
+    /// The dtype, if any.
+    fn opt(self) -> Option<Kind>;
+}
+
+impl OptKind for Kind {
+    fn opt(self) -> Option<Kind> {
+        Some(self)
+    }
+}
+
+impl OptKind for Option<Kind> {
+    fn opt(self) -> Option<Kind> {
+        self
+    }
+}
+
 /// [`Error::NotInSpec`] for `spec` at `key`.
 pub(crate) fn not_in_spec(
     op: &'static str,
@@ -200,12 +238,27 @@ pub(crate) fn not_in_spec(
 }
 
 /// The public methods every leaf spec shares, forwarding to [`LeafSpec`]: `shape`, `device`,
-/// `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`, and `Debug` (as
-/// `Display`). Optional extras: `dtype` (a spec with a fixed dtype), `project`, `index` (a spec
-/// whose own version needs nothing more than [`LeafSpec`]'s).
+/// `with_device`, `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`,
+/// `Display` (see [`LeafSpec::fmt_leaf`]) and `Debug` (as `Display`); and [`LeafFields`] from the struct's fields. Optional extras:
+/// `dtype` (a spec with a fixed dtype), `project`, `index` (a spec whose own version needs
+/// nothing more than [`LeafSpec`]'s), `to_device` (a spec holding no tensors).
 macro_rules! leaf_spec_api {
     ($t:ident $(; $($extra:ident),+)?) => {
+        impl $crate::data::specs::leaf::LeafFields for $t {
+            const CLASS: &'static str = stringify!($t);
+
+            fn layout(&self) -> (&[i64], Option<Kind>, Device) {
+                use $crate::data::specs::leaf::OptKind;
+                (&self.shape, self.dtype.opt(), self.device)
+            }
+        }
+
         impl $t {
+            /// Moves the spec to `device` (see `to_device`).
+            pub fn with_device(self, device: Device) -> Result<Self> {
+                self.to_device(device)
+            }
+
             /// The shape.
             pub fn shape(&self) -> &[i64] {
                 &self.shape
@@ -259,6 +312,11 @@ macro_rules! leaf_spec_api {
                 LeafSpec::unsqueeze(self, dim)
             }
         }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                LeafSpec::fmt_leaf(self, f)
+            }
+        }
         $($($crate::data::specs::leaf::leaf_spec_api!(@ $extra $t);)+)?
         $crate::data::specs::leaf::debug_as_display!($t);
     };
@@ -277,6 +335,17 @@ macro_rules! leaf_spec_api {
             /// never reshapes.
             pub fn project(&self, value: &Tensor) -> Result<Tensor> {
                 LeafSpec::project(self, value)
+            }
+        }
+    };
+    (@ to_device $t:ident) => {
+        impl $t {
+            /// The spec on another device.
+            pub fn to_device(&self, device: Device) -> Result<Self> {
+                Ok($t {
+                    device,
+                    ..self.clone()
+                })
             }
         }
     };

@@ -83,11 +83,6 @@ impl MultiCategorical {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The cardinality of each entry.
     pub fn nvec(&self) -> &[i64] {
         &self.nvec
@@ -134,25 +129,16 @@ impl MultiCategorical {
         }
         Ok(Tensor::f_cat(&parts, -1)?)
     }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(MultiCategorical {
-            device,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(MultiCategorical; dtype, project, index);
+leaf_spec_api!(MultiCategorical; dtype, project, index, to_device);
 
 impl LeafSpec for MultiCategorical {
-    const CLASS: &'static str = "MultiCategorical";
-    const PROTECTED_LAST: bool = true;
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ", nvec={:?}", self.nvec)
     }
+
+    const PROTECTED_LAST: bool = true;
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.elements() == 0 {
@@ -194,18 +180,5 @@ impl LeafSpec for MultiCategorical {
             shape,
             ..self.clone()
         })
-    }
-}
-
-impl fmt::Display for MultiCategorical {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "MultiCategorical(shape={}, dtype={:?}, nvec={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.nvec,
-            common::fmt_device(self.device)
-        )
     }
 }

@@ -89,11 +89,6 @@ impl MultiOneHot {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The width of each group.
     pub fn nvec(&self) -> &[i64] {
         &self.nvec
@@ -180,25 +175,16 @@ impl MultiOneHot {
         }
         Ok(Tensor::f_stack(&parts, -1)?)
     }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(MultiOneHot {
-            device,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(MultiOneHot; dtype, project, index);
+leaf_spec_api!(MultiOneHot; dtype, project, index, to_device);
 
 impl LeafSpec for MultiOneHot {
-    const CLASS: &'static str = "MultiOneHot";
-    const PROTECTED_LAST: bool = true;
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ", nvec={:?}", self.nvec)
     }
+
+    const PROTECTED_LAST: bool = true;
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.size().last() != Some(&self.total()) {
@@ -236,18 +222,5 @@ impl LeafSpec for MultiOneHot {
             shape,
             ..self.clone()
         })
-    }
-}
-
-impl fmt::Display for MultiOneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "MultiOneHot(shape={}, dtype={:?}, nvec={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.nvec,
-            common::fmt_device(self.device)
-        )
     }
 }

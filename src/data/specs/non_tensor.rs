@@ -23,13 +23,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-
 use tch::{Device, Kind, Tensor};
 
 use super::common;
 use super::leaf::{leaf_spec_api, not_in_spec, LeafSpec};
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
@@ -71,11 +69,6 @@ impl NonTensor {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The dtype, if one was set.
     pub fn dtype(&self) -> Option<Kind> {
         self.dtype
@@ -102,25 +95,11 @@ impl NonTensor {
             "a NonTensor spec describes non-tensor data and cannot encode numbers",
         ))
     }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(NonTensor {
-            device,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(NonTensor; index);
+leaf_spec_api!(NonTensor; index, to_device);
 
 impl LeafSpec for NonTensor {
-    const CLASS: &'static str = "NonTensor";
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, self.dtype, self.device)
-    }
-
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         let reason = LeafSpec::violation(self, value)?.unwrap_or_default();
         let reason = format!("cannot project onto a NonTensor spec: {reason}");
@@ -132,15 +111,5 @@ impl LeafSpec for NonTensor {
             shape,
             ..self.clone()
         })
-    }
-}
-
-impl fmt::Display for NonTensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NonTensor(shape={}", ShapeFmt(&self.shape))?;
-        if let Some(k) = self.dtype {
-            write!(f, ", dtype={k:?}")?;
-        }
-        write!(f, "{})", common::fmt_device(self.device))
     }
 }

@@ -86,11 +86,6 @@ impl OneHot {
         Ok(self)
     }
 
-    /// Sets the device (the mask moves too).
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// Sets the mask (see [`OneHot::update_mask`]).
     pub fn with_mask(mut self, mask: Tensor) -> Result<Self> {
         self.update_mask(Some(mask))?;
@@ -190,12 +185,12 @@ impl OneHot {
 leaf_spec_api!(OneHot; dtype, project);
 
 impl LeafSpec for OneHot {
-    const CLASS: &'static str = "OneHot";
-    const PROTECTED_LAST: bool = true;
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let masked = if self.mask.is_some() { ", masked" } else { "" };
+        write!(f, ", n={}{masked}", self.n)
     }
+
+    const PROTECTED_LAST: bool = true;
 
     fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if let Some(r) = one_hot_violation(value, "one-hot")? {
@@ -241,19 +236,5 @@ impl LeafSpec for OneHot {
             mask,
             ..self.clone()
         })
-    }
-}
-
-impl fmt::Display for OneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "OneHot(shape={}, dtype={:?}, n={}{}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.n,
-            if self.mask.is_some() { ", masked" } else { "" },
-            common::fmt_device(self.device)
-        )
     }
 }

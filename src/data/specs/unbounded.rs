@@ -20,8 +20,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-
 use tch::{Device, Kind, Tensor};
 
 use super::common::{self, concat, is_float};
@@ -68,12 +66,6 @@ impl Unbounded {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(mut self, device: Device) -> Result<Self> {
-        self.device = device;
-        Ok(self)
-    }
-
     /// True for integer and bool dtypes (`UnboundedDiscrete` in TorchRL).
     pub fn is_discrete(&self) -> bool {
         !is_float(self.dtype)
@@ -110,25 +102,11 @@ impl Unbounded {
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         encode_plain(&self.shape, self.dtype, self.device, values)
     }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Unbounded {
-            device,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(Unbounded; dtype, project, index);
+leaf_spec_api!(Unbounded; dtype, project, index, to_device);
 
 impl LeafSpec for Unbounded {
-    const CLASS: &'static str = "Unbounded";
-
-    fn layout(&self) -> (&[i64], Option<Kind>, Device) {
-        (&self.shape, Some(self.dtype), self.device)
-    }
-
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         Ok(value.f_to_kind(self.dtype)?)
     }
@@ -160,16 +138,4 @@ pub(crate) fn encode_plain(
         ));
     }
     build(values, shape, kind, device)
-}
-
-impl fmt::Display for Unbounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Unbounded(shape={}, dtype={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            common::fmt_device(self.device)
-        )
-    }
 }
