@@ -93,7 +93,7 @@ impl Binary {
     }
 }
 
-leaf_spec_api!(Binary; dtype, project, index, to_device);
+leaf_spec_api!(Binary; dtype, project, index);
 
 impl LeafSpec for Binary {
     const PROTECTED_LAST: bool = true;

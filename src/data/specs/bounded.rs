@@ -221,30 +221,6 @@ impl Bounded {
         encode_plain(&self.shape, self.dtype, self.device, values)
     }
 
-    /// The spec indexed on its dims (the bounds are indexed the same way).
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (shape, mut t) = common::index_lead(&self.shape, &[&self.low, &self.high], idx)?;
-        match (t.pop(), t.pop()) {
-            (Some(high), Some(low)) => self.with_bounds(low, high, shape),
-            _ => Err(Error::invalid(
-                "index",
-                "internal: bounds lost while indexing",
-            )),
-        }
-    }
-
-    /// The spec (and its bounds) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Bounded {
-            device,
-            ..self.with_bounds(
-                to_dev(&self.low, device)?,
-                to_dev(&self.high, device)?,
-                self.shape.clone(),
-            )?
-        })
-    }
-
     /// This spec with other bound tensors (of `shape`).
     fn with_bounds(&self, low: Tensor, high: Tensor, shape: Vec<i64>) -> Result<Self> {
         Ok(Bounded {
@@ -258,9 +234,23 @@ impl Bounded {
     }
 }
 
-leaf_spec_api!(Bounded; dtype, project);
+leaf_spec_api!(Bounded; dtype, project, index);
 
 impl LeafSpec for Bounded {
+    fn held(&self) -> Vec<&Tensor> {
+        vec![&self.low, &self.high]
+    }
+
+    fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {
+        match (held.pop(), held.pop()) {
+            (Some(high), Some(low)) => self.with_bounds(low, high, shape),
+            _ => Err(Error::invalid(
+                "index",
+                "internal: bounds lost while indexing",
+            )),
+        }
+    }
+
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,

@@ -139,32 +139,23 @@ impl Categorical {
     pub fn to_one_hot(&self, value: &Tensor) -> Result<Tensor> {
         to_one_hot(value, self.n)
     }
-
-    /// The spec indexed on its dims (the mask is indexed the same way).
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let tensors: Vec<&Tensor> = self.mask.as_deref().into_iter().collect();
-        let (shape, mut t) = common::index_lead(&self.shape, &tensors, idx)?;
-        Ok(Categorical {
-            shape,
-            mask: t.pop().map(SpecTensor),
-            ..self.clone()
-        })
-    }
-
-    /// The spec (and its mask) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        let mask = map_held(&self.mask, |m| to_dev(m, device))?;
-        Ok(Categorical {
-            device,
-            mask,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(Categorical; dtype, project);
+leaf_spec_api!(Categorical; dtype, project, index);
 
 impl LeafSpec for Categorical {
+    fn held(&self) -> Vec<&Tensor> {
+        self.mask.as_deref().into_iter().collect()
+    }
+
+    fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {
+        Ok(Categorical {
+            shape,
+            mask: held.pop().map(SpecTensor),
+            ..self.clone()
+        })
+    }
+
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let masked = if self.mask.is_some() { ", masked" } else { "" };
         write!(f, ", n={}{masked}", self.n)

@@ -66,6 +66,18 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
     /// to match). The caller has checked `shape`.
     fn relaid(&self, shape: Vec<i64>) -> Result<Self>;
 
+    /// The tensors the spec holds (bounds, a mask), each with the spec's index rows as leading
+    /// dims (the whole shape, or all but a protected last dim); none by default.
+    fn held(&self) -> Vec<&Tensor> {
+        Vec::new()
+    }
+
+    /// The same spec at `shape` holding `held` (in [`LeafSpec::held`]'s order); for a spec
+    /// without held tensors, [`LeafSpec::relaid`].
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
+        self.relaid(shape)
+    }
+
     /// The spec expanded to `shape`, already checked against TorchRL's expand rule; override
     /// when attached tensors must be expanded rather than reshaped.
     fn expanded(&self, shape: &[i64]) -> Result<Self> {
@@ -180,18 +192,29 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
         self.expanded(shape)
     }
 
-    /// The spec indexed on its dims (the leading ones when the last is protected), for a spec
-    /// without attached tensors.
+    /// The spec indexed on its dims (the leading ones when the last is protected), its held
+    /// tensors indexed the same way.
     fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
         let shape = self.spec_shape();
+        let held = self.held();
         if Self::PROTECTED_LAST {
-            let (rows, _) = common::index_lead(common::lead(shape), &[], idx)?;
+            let (rows, held) = common::index_lead(common::lead(shape), &held, idx)?;
             let last = shape.last().copied().unwrap_or(0);
-            self.relaid(common::concat(&rows, &[last]))
+            self.with_held(common::concat(&rows, &[last]), held)
         } else {
-            let (shape, _) = common::index_lead(shape, &[], idx)?;
-            self.relaid(shape)
+            let (shape, held) = common::index_lead(shape, &held, idx)?;
+            self.with_held(shape, held)
         }
+    }
+
+    /// The spec and its held tensors on `device`.
+    fn moved_to(&self, device: Device) -> Result<Self> {
+        let held = self
+            .held()
+            .into_iter()
+            .map(|t| common::to_dev(t, device))
+            .collect::<Result<Vec<_>>>()?;
+        self.with_held(self.spec_shape().to_vec(), held)
     }
 }
 
@@ -238,10 +261,10 @@ pub(crate) fn not_in_spec(
 }
 
 /// The public methods every leaf spec shares, forwarding to [`LeafSpec`]: `shape`, `device`,
-/// `with_device`, `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`,
+/// `with_device`, `to_device`, `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`,
 /// `Display` (see [`LeafSpec::fmt_leaf`]) and `Debug` (as `Display`); and [`LeafFields`] from the struct's fields. Optional extras:
 /// `dtype` (a spec with a fixed dtype), `project`, `index` (a spec whose own version needs
-/// nothing more than [`LeafSpec`]'s), `to_device` (a spec holding no tensors).
+/// nothing more than [`LeafSpec`]'s).
 macro_rules! leaf_spec_api {
     ($t:ident $(; $($extra:ident),+)?) => {
         impl $crate::data::specs::leaf::LeafFields for $t {
@@ -257,6 +280,14 @@ macro_rules! leaf_spec_api {
             /// Moves the spec to `device` (see `to_device`).
             pub fn with_device(self, device: Device) -> Result<Self> {
                 self.to_device(device)
+            }
+
+            /// The spec (and the tensors it holds: bounds, a mask) on another device.
+            pub fn to_device(&self, device: Device) -> Result<Self> {
+                Ok($t {
+                    device,
+                    ..LeafSpec::moved_to(self, device)?
+                })
             }
 
             /// The shape.
@@ -338,21 +369,11 @@ macro_rules! leaf_spec_api {
             }
         }
     };
-    (@ to_device $t:ident) => {
-        impl $t {
-            /// The spec on another device.
-            pub fn to_device(&self, device: Device) -> Result<Self> {
-                Ok($t {
-                    device,
-                    ..self.clone()
-                })
-            }
-        }
-    };
     (@ index $t:ident) => {
         impl $t {
             /// The spec indexed on its dims like a tensor of its shape (on the leading dims
-            /// when the last one holds categories).
+            /// when the last one holds categories); held tensors (bounds, a mask) are indexed
+            /// the same way.
             pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
                 LeafSpec::index(self, idx)
             }

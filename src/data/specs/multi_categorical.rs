@@ -131,7 +131,7 @@ impl MultiCategorical {
     }
 }
 
-leaf_spec_api!(MultiCategorical; dtype, project, index, to_device);
+leaf_spec_api!(MultiCategorical; dtype, project, index);
 
 impl LeafSpec for MultiCategorical {
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -177,7 +177,7 @@ impl MultiOneHot {
     }
 }
 
-leaf_spec_api!(MultiOneHot; dtype, project, index, to_device);
+leaf_spec_api!(MultiOneHot; dtype, project, index);
 
 impl LeafSpec for MultiOneHot {
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -97,7 +97,7 @@ impl NonTensor {
     }
 }
 
-leaf_spec_api!(NonTensor; index, to_device);
+leaf_spec_api!(NonTensor; index);
 
 impl LeafSpec for NonTensor {
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {

@@ -159,32 +159,23 @@ impl OneHot {
         }
         Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)
     }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let tensors: Vec<&Tensor> = self.mask.as_deref().into_iter().collect();
-        let (rows, mut t) = common::index_lead(lead(&self.shape), &tensors, idx)?;
-        Ok(OneHot {
-            shape: concat(&rows, &[self.n]),
-            mask: t.pop().map(SpecTensor),
-            ..self.clone()
-        })
-    }
-
-    /// The spec (and its mask) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        let mask = map_held(&self.mask, |m| to_dev(m, device))?;
-        Ok(OneHot {
-            device,
-            mask,
-            ..self.clone()
-        })
-    }
 }
 
-leaf_spec_api!(OneHot; dtype, project);
+leaf_spec_api!(OneHot; dtype, project, index);
 
 impl LeafSpec for OneHot {
+    fn held(&self) -> Vec<&Tensor> {
+        self.mask.as_deref().into_iter().collect()
+    }
+
+    fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {
+        Ok(OneHot {
+            shape,
+            mask: held.pop().map(SpecTensor),
+            ..self.clone()
+        })
+    }
+
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let masked = if self.mask.is_some() { ", masked" } else { "" };
         write!(f, ", n={}{masked}", self.n)

@@ -104,7 +104,7 @@ impl Unbounded {
     }
 }
 
-leaf_spec_api!(Unbounded; dtype, project, index, to_device);
+leaf_spec_api!(Unbounded; dtype, project, index);
 
 impl LeafSpec for Unbounded {
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
