@@ -121,7 +121,7 @@ impl LeafSpec for Binary {
         Ok(project_classes(value, &[2])?.f_to_kind(self.dtype)?)
     }
 
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(Binary {
             shape,
             ..self.clone()

@@ -349,18 +349,6 @@ impl LeafSpec for Bounded {
             v.f_to_kind(self.dtype)?
         })
     }
-
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
-        let low = self.low.f_reshape(shape.as_slice())?;
-        let high = self.high.f_reshape(shape.as_slice())?;
-        self.with_bounds(low, high, shape)
-    }
-
-    fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        let low = self.low.f_expand(shape, false)?.f_contiguous()?;
-        let high = self.high.f_expand(shape, false)?.f_contiguous()?;
-        self.with_bounds(low, high, shape.to_vec())
-    }
 }
 
 /// Errors when `low > high` (or either is NaN) anywhere, naming the first position.

@@ -27,7 +27,7 @@ use tch::{Device, Kind, Tensor};
 use super::classes::{
     check_classes_fit, class_violation, nearest_allowed, project_classes, to_one_hot,
 };
-use super::common::{self, concat, map_held, to_dev, SpecTensor};
+use super::common::{self, concat, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result};
@@ -148,6 +148,10 @@ impl LeafSpec for Categorical {
         self.mask.as_deref().into_iter().collect()
     }
 
+    fn held_shape(&self, shape: &[i64]) -> Vec<i64> {
+        concat(shape, &[self.n])
+    }
+
     fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {
         Ok(Categorical {
             shape,
@@ -172,29 +176,6 @@ impl LeafSpec for Categorical {
             v = nearest_allowed(&v, self.n, &to_dev(m, v.device())?)?;
         }
         Ok(v)
-    }
-
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
-        let mask = map_held(&self.mask, |m| {
-            Ok(m.f_reshape(concat(&shape, &[self.n]).as_slice())?)
-        })?;
-        Ok(Categorical {
-            shape,
-            mask,
-            ..self.clone()
-        })
-    }
-
-    fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        let mask = map_held(&self.mask, |m| {
-            Ok(m.f_expand(concat(shape, &[self.n]).as_slice(), false)?
-                .f_contiguous()?)
-        })?;
-        Ok(Categorical {
-            shape: shape.to_vec(),
-            mask,
-            ..self.clone()
-        })
     }
 }
 

@@ -403,17 +403,6 @@ impl From<Tensor> for SpecTensor {
     }
 }
 
-/// `f` applied to an optional held tensor (a class mask).
-pub(crate) fn map_held(
-    t: &Option<SpecTensor>,
-    f: impl FnOnce(&Tensor) -> Result<Tensor>,
-) -> Result<Option<SpecTensor>> {
-    Ok(match t {
-        None => None,
-        Some(t) => Some(SpecTensor(f(t)?)),
-    })
-}
-
 /// Same kind, shape and values (devices may differ).
 pub(crate) fn tensor_eq(a: &Tensor, b: &Tensor) -> bool {
     if a.kind() != b.kind() || a.size() != b.size() {

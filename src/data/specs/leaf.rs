@@ -2,8 +2,8 @@
 //!
 //! Each leaf spec states its shape, dtype, device and class name, how a value that passes the
 //! dtype and shape rule can still fall outside its domain ([`LeafSpec::domain_violation`]), how
-//! such a value is mapped in ([`LeafSpec::project_fitting`]), and how the spec is laid out at
-//! another shape ([`LeafSpec::relaid`]). The trait's provided methods then give every leaf the
+//! such a value is mapped in ([`LeafSpec::project_fitting`]), and how the spec is built at
+//! another shape ([`LeafSpec::with_held`]). The trait's provided methods then give every leaf the
 //! same `violation` / `is_in` / `check` / `project` preamble (dtype, then the shape rule, then
 //! the domain), the same `zero` / `one`, and the same `squeeze` / `unsqueeze` / `expand` /
 //! `index` shape rules; the public methods of each leaf struct forward to them.
@@ -62,26 +62,43 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
     /// Maps a value that is not in the spec but whose shape fits into the spec.
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor>;
 
-    /// The same spec at `shape` (attached tensors such as bounds or masks reshaped or expanded
-    /// to match). The caller has checked `shape`.
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self>;
-
     /// The tensors the spec holds (bounds, a mask), each with the spec's index rows as leading
     /// dims (the whole shape, or all but a protected last dim); none by default.
     fn held(&self) -> Vec<&Tensor> {
         Vec::new()
     }
 
-    /// The same spec at `shape` holding `held` (in [`LeafSpec::held`]'s order); for a spec
-    /// without held tensors, [`LeafSpec::relaid`].
-    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
-        self.relaid(shape)
+    /// The shape of the held tensors of a spec of shape `shape` (the shape itself, or
+    /// `[*shape, n]` for a class mask).
+    fn held_shape(&self, shape: &[i64]) -> Vec<i64> {
+        shape.to_vec()
     }
 
-    /// The spec expanded to `shape`, already checked against TorchRL's expand rule; override
-    /// when attached tensors must be expanded rather than reshaped.
+    /// The same spec at `shape` holding `held` (in [`LeafSpec::held`]'s order, already of
+    /// [`LeafSpec::held_shape`]). The caller has checked `shape`.
+    fn with_held(&self, shape: Vec<i64>, held: Vec<Tensor>) -> Result<Self>;
+
+    /// The same spec at `shape` (same number of elements), its held tensors reshaped to match.
+    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+        let target = self.held_shape(&shape);
+        let held = self
+            .held()
+            .into_iter()
+            .map(|t| Ok(t.f_reshape(target.as_slice())?))
+            .collect::<Result<Vec<_>>>()?;
+        self.with_held(shape, held)
+    }
+
+    /// The spec expanded to `shape` (already checked against TorchRL's expand rule), its held
+    /// tensors expanded to match.
     fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        self.relaid(shape.to_vec())
+        let target = self.held_shape(shape);
+        let held = self
+            .held()
+            .into_iter()
+            .map(|t| Ok(t.f_expand(target.as_slice(), false)?.f_contiguous()?))
+            .collect::<Result<Vec<_>>>()?;
+        self.with_held(shape.to_vec(), held)
     }
 
     /// Writes what the repr shows after the dtype (`, low=-1, high=1`, `, n=3, masked`).

@@ -175,7 +175,7 @@ impl LeafSpec for MultiCategorical {
         Ok(project_classes(value, &self.nvec)?.f_to_kind(self.dtype)?)
     }
 
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(MultiCategorical {
             shape,
             ..self.clone()

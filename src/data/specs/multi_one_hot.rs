@@ -217,7 +217,7 @@ impl LeafSpec for MultiOneHot {
         Ok(Tensor::f_cat(&parts, -1)?)
     }
 
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(MultiOneHot {
             shape,
             ..self.clone()

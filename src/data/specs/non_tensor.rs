@@ -106,7 +106,7 @@ impl LeafSpec for NonTensor {
         Err(not_in_spec("project", "<value>", self, reason))
     }
 
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(NonTensor {
             shape,
             ..self.clone()

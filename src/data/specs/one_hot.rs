@@ -25,7 +25,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::classes::{class_indices, one_hot_violation, project_one_hot};
-use super::common::{self, concat, lead, map_held, to_dev, SpecTensor};
+use super::common::{self, concat, lead, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
@@ -207,25 +207,5 @@ impl LeafSpec for OneHot {
 
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         project_one_hot(value, self.n, self.mask.as_deref(), self.dtype)
-    }
-
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
-        let mask = map_held(&self.mask, |m| Ok(m.f_reshape(shape.as_slice())?))?;
-        Ok(OneHot {
-            shape,
-            mask,
-            ..self.clone()
-        })
-    }
-
-    fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        let mask = map_held(&self.mask, |m| {
-            Ok(m.f_expand(shape, false)?.f_contiguous()?)
-        })?;
-        Ok(OneHot {
-            shape: shape.to_vec(),
-            mask,
-            ..self.clone()
-        })
     }
 }

@@ -111,7 +111,7 @@ impl LeafSpec for Unbounded {
         Ok(value.f_to_kind(self.dtype)?)
     }
 
-    fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(Unbounded {
             shape,
             ..self.clone()
