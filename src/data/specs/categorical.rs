@@ -86,37 +86,6 @@ impl Categorical {
         Ok(self)
     }
 
-    /// Sets the mask of allowed classes (see [`Categorical::update_mask`]).
-    pub fn with_mask(mut self, mask: Tensor) -> Result<Self> {
-        self.update_mask(Some(mask))?;
-        Ok(self)
-    }
-
-    fn prepared_mask(&self, op: &'static str, mask: &Tensor) -> Result<SpecTensor> {
-        let target = concat(&self.shape, &[self.n]);
-        common::prepare_mask(op, mask, &target, self.n, self.device)
-    }
-
-    /// Sets (`Some`) or clears (`None`) the mask: a bool tensor that broadcasts to
-    /// `[*shape, n]`, `false` excluding a class. On error the spec is unchanged.
-    pub fn update_mask(&mut self, mask: Option<Tensor>) -> Result<()> {
-        self.mask = match mask {
-            None => None,
-            Some(m) => Some(self.prepared_mask("Categorical::update_mask", &m)?),
-        };
-        Ok(())
-    }
-
-    /// The number of classes.
-    pub fn n(&self) -> i64 {
-        self.n
-    }
-
-    /// The mask, expanded to `[*shape, n]`, if any.
-    pub fn mask(&self) -> Option<&Tensor> {
-        self.mask.as_deref()
-    }
-
     /// Uniform classes of shape `[*shape, *self.shape]`, among the allowed ones when masked.
     /// Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
@@ -141,7 +110,7 @@ impl Categorical {
     }
 }
 
-leaf_spec_api!(Categorical; dtype, project, index);
+leaf_spec_api!(Categorical; dtype, project, index, masked);
 
 impl LeafSpec for Categorical {
     fn held(&self) -> Vec<&Tensor> {

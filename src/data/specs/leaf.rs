@@ -281,7 +281,8 @@ pub(crate) fn not_in_spec(
 /// `with_device`, `to_device`, `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`,
 /// `Display` (see [`LeafSpec::fmt_leaf`]) and `Debug` (as `Display`); and [`LeafFields`] from the struct's fields. Optional extras:
 /// `dtype` (a spec with a fixed dtype), `project`, `index` (a spec whose own version needs
-/// nothing more than [`LeafSpec`]'s).
+/// nothing more than [`LeafSpec`]'s), `masked` (`n`, `mask`, `with_mask`, `update_mask` of
+/// a class spec with a mask).
 macro_rules! leaf_spec_api {
     ($t:ident $(; $($extra:ident),+)?) => {
         impl $crate::data::specs::leaf::LeafFields for $t {
@@ -383,6 +384,46 @@ macro_rules! leaf_spec_api {
             /// never reshapes.
             pub fn project(&self, value: &Tensor) -> Result<Tensor> {
                 LeafSpec::project(self, value)
+            }
+        }
+    };
+    (@ masked $t:ident) => {
+        impl $t {
+            /// The number of classes.
+            pub fn n(&self) -> i64 {
+                self.n
+            }
+
+            /// The mask of allowed classes, expanded to the spec's mask shape (`[*shape, n]`
+            /// for a Categorical, the shape for a OneHot), if any.
+            pub fn mask(&self) -> Option<&Tensor> {
+                self.mask.as_deref()
+            }
+
+            /// Sets the mask of allowed classes (see `update_mask`).
+            pub fn with_mask(mut self, mask: Tensor) -> Result<Self> {
+                self.update_mask(Some(mask))?;
+                Ok(self)
+            }
+
+            /// Sets (`Some`) or clears (`None`) the mask: a bool tensor that broadcasts to the
+            /// spec's mask shape, `false` excluding a class. On error the spec is unchanged.
+            pub fn update_mask(&mut self, mask: Option<Tensor>) -> Result<()> {
+                self.mask = match mask {
+                    None => None,
+                    Some(m) => Some(self.prepared_mask(concat!(stringify!($t), "::update_mask"), &m)?),
+                };
+                Ok(())
+            }
+
+            /// `mask` checked and expanded to the spec's mask shape, on the spec's device.
+            fn prepared_mask(
+                &self,
+                op: &'static str,
+                mask: &Tensor,
+            ) -> Result<$crate::data::specs::common::SpecTensor> {
+                let target = LeafSpec::held_shape(self, &self.shape);
+                $crate::data::specs::common::prepare_mask(op, mask, &target, self.n, self.device)
             }
         }
     };

@@ -74,7 +74,7 @@ impl OneHot {
         }
         self.shape = shape.to_vec();
         if let Some(m) = self.mask.take() {
-            self.mask = Some(common::prepare_mask(op, &m, shape, self.n, self.device)?);
+            self.mask = Some(self.prepared_mask(op, &m)?);
         }
         Ok(self)
     }
@@ -84,38 +84,6 @@ impl OneHot {
         common::check_kind("OneHot::with_dtype", dtype)?;
         self.dtype = dtype;
         Ok(self)
-    }
-
-    /// Sets the mask (see [`OneHot::update_mask`]).
-    pub fn with_mask(mut self, mask: Tensor) -> Result<Self> {
-        self.update_mask(Some(mask))?;
-        Ok(self)
-    }
-
-    /// Sets (`Some`) or clears (`None`) the mask: a bool tensor that broadcasts to the spec's
-    /// shape, `false` excluding a class. On error the spec is unchanged.
-    pub fn update_mask(&mut self, mask: Option<Tensor>) -> Result<()> {
-        self.mask = match mask {
-            None => None,
-            Some(m) => Some(common::prepare_mask(
-                "OneHot::update_mask",
-                &m,
-                &self.shape,
-                self.n,
-                self.device,
-            )?),
-        };
-        Ok(())
-    }
-
-    /// The number of classes (the last dim).
-    pub fn n(&self) -> i64 {
-        self.n
-    }
-
-    /// The mask, expanded to the spec's shape, if any.
-    pub fn mask(&self) -> Option<&Tensor> {
-        self.mask.as_deref()
     }
 
     /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
@@ -161,7 +129,7 @@ impl OneHot {
     }
 }
 
-leaf_spec_api!(OneHot; dtype, project, index);
+leaf_spec_api!(OneHot; dtype, project, index, masked);
 
 impl LeafSpec for OneHot {
     fn held(&self) -> Vec<&Tensor> {
