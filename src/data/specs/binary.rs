@@ -26,7 +26,7 @@ use super::classes::project_classes;
 use super::common::{self, concat};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
@@ -55,17 +55,7 @@ impl Binary {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "Binary::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&self.n()) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match 'n' for Binary. Got n={} and shape={}.",
-                    self.n(),
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "'n'", self.n())?;
         self.shape = shape.to_vec();
         Ok(self)
     }

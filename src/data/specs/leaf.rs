@@ -117,6 +117,29 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
         write!(f, "{})", common::fmt_device(device))
     }
 
+    /// Checks a new `shape` for a spec whose last dim must stay `last` (`name` as TorchRL's
+    /// message calls it: `n`, `'n'`, `sum(nvec)`); errors with [`Error::InvalidValue`] on the
+    /// `shape` argument.
+    fn check_last_dim(op: &'static str, shape: &[i64], name: &str, last: i64) -> Result<()> {
+        common::check_shape(op, shape)?;
+        if shape.last() != Some(&last) {
+            return Err(Error::argument(
+                op,
+                "shape",
+                format!(
+                    "the last value of the shape to match {name} for {}",
+                    Self::CLASS
+                ),
+                format!(
+                    "{}={last} and shape={}",
+                    name.trim_matches('\''),
+                    ShapeFmt(shape)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The reason `value` is not in the spec: the dtype, then the shape rule, then the domain.
     #[inline]
     fn violation(&self, value: &Tensor) -> Result<Option<String>> {

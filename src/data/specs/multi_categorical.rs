@@ -57,17 +57,7 @@ impl MultiCategorical {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "MultiCategorical::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&(self.nvec.len() as i64)) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match len(nvec)={} for MultiCategorical, got shape={}",
-                    self.nvec.len(),
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "len(nvec)", self.nvec.len() as i64)?;
         self.shape = shape.to_vec();
         Ok(self)
     }

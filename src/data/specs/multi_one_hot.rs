@@ -67,17 +67,7 @@ impl MultiOneHot {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "MultiOneHot::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&self.total()) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match sum(nvec) for MultiOneHot. Got sum(nvec)={} and shape={}.",
-                    self.total(),
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "sum(nvec)", self.total())?;
         self.shape = shape.to_vec();
         Ok(self)
     }

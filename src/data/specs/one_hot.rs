@@ -61,17 +61,7 @@ impl OneHot {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "OneHot::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&self.n) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match n for OneHot. Got n={} and shape={}.",
-                    self.n,
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "n", self.n)?;
         self.shape = shape.to_vec();
         if let Some(m) = self.mask.take() {
             self.mask = Some(self.prepared_mask(op, &m)?);
