@@ -67,6 +67,33 @@ pub(crate) fn numel(op: &'static str, shape: &[i64]) -> Result<usize> {
         })
 }
 
+/// Errors unless `kind` is a floating kind (the samplers of real values need one; `randint`
+/// draws integers).
+fn float_kind(op: &'static str, kind: Kind) -> Result<()> {
+    if is_float(kind) {
+        return Ok(());
+    }
+    Err(Error::argument(
+        op,
+        "kind",
+        "a floating kind (use randint for integers)",
+        format!("{kind:?}"),
+    ))
+}
+
+/// Errors with [`Error::DtypeMismatch`] unless a class mask is bool.
+pub(crate) fn bool_mask(op: &'static str, mask: &Tensor) -> Result<()> {
+    if mask.kind() == Kind::Bool {
+        return Ok(());
+    }
+    Err(Error::DtypeMismatch {
+        op,
+        key: "<mask>".into(),
+        expected: Kind::Bool,
+        actual: mask.kind(),
+    })
+}
+
 /// An empty `Vec` with room for `n` values, or an error when that much memory cannot be had
 /// (`Vec::with_capacity` would abort the process instead).
 pub(crate) fn alloc<T>(op: &'static str, n: usize) -> Result<Vec<T>> {
@@ -227,14 +254,7 @@ impl Generator {
     ) -> Result<Tensor> {
         let op = "Generator::uniform";
         let n = numel(op, shape)?;
-        if !is_float(kind) {
-            return Err(Error::argument(
-                op,
-                "kind",
-                "a floating kind (use randint for integers)",
-                format!("{kind:?}"),
-            ));
-        }
+        float_kind(op, kind)?;
         if !(low.is_finite() && high.is_finite() && low <= high) {
             return Err(Error::argument(
                 op,
@@ -279,14 +299,7 @@ impl Generator {
     ) -> Result<Tensor> {
         let op = "Generator::normal";
         let n = numel(op, shape)?;
-        if !is_float(kind) {
-            return Err(Error::argument(
-                op,
-                "kind",
-                "a floating kind",
-                format!("{kind:?}"),
-            ));
-        }
+        float_kind(op, kind)?;
         if !(mean.is_finite() && std.is_finite() && std >= 0.0) {
             return Err(Error::argument(
                 op,
@@ -407,14 +420,7 @@ impl Generator {
                 data
             }
             Some(mask) => {
-                if mask.kind() != Kind::Bool {
-                    return Err(Error::DtypeMismatch {
-                        op,
-                        key: "<mask>".into(),
-                        expected: Kind::Bool,
-                        actual: mask.kind(),
-                    });
-                }
+                bool_mask(op, mask)?;
                 let mut full = shape.to_vec();
                 full.push(n);
                 let expanded = mask.f_broadcast_to(full.as_slice()).map_err(|_| {

@@ -441,14 +441,7 @@ pub(crate) fn prepare_mask(
     n: i64,
     device: Device,
 ) -> Result<SpecTensor> {
-    if mask.kind() != Kind::Bool {
-        return Err(Error::DtypeMismatch {
-            op,
-            key: "<mask>".into(),
-            expected: Kind::Bool,
-            actual: mask.kind(),
-        });
-    }
+    crate::rng::bool_mask(op, mask)?;
     let m = if mask.elements() as i64 == n && mask.size().as_slice() != [n] && mask.dim() <= 1 {
         mask.f_reshape([n])?
     } else {

@@ -115,14 +115,14 @@ macro_rules! key_setters {
     ($t:ident {
         $(
             $(#[$doc:meta])*
-            $name:ident => $field:ident $([$wrap:ident])? $(, clears $cache:ident)?;
+            $name:ident => $($field:ident).+ $([$wrap:ident])? $(, clears $cache:ident)?;
         )+
     }) => {
         impl $t {
             $(
                 $(#[$doc])*
                 pub fn $name<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-                    self.$field = $($wrap)?(crate::tensordict::collect_keys(keys));
+                    self.$($field).+ = $($wrap)?(crate::tensordict::collect_keys(keys));
                     $(self.$cache = None;)?
                     self
                 }
@@ -135,6 +135,34 @@ pub(crate) use key_setters;
 /// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
 /// that only handles those; the errors name the key and the spec found, and `only` says what
 /// the transform does instead (e.g. "it only clips Unbounded rewards").
+/// A transform's in keys and optional out keys (one per in key; `None`: write back to the in
+/// keys), for its forward or its inverse direction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct KeyMap {
+    /// The keys read.
+    pub(crate) ins: Vec<NestedKey>,
+    /// The keys written, when they differ from the in keys.
+    pub(crate) outs: Option<Vec<NestedKey>>,
+}
+
+impl KeyMap {
+    /// In keys `ins`, written back in place.
+    pub(crate) fn new(ins: Vec<NestedKey>) -> Self {
+        KeyMap { ins, outs: None }
+    }
+
+    /// `(in, out)` pairs (see [`key_pairs`]); `what` qualifies the keys in the message
+    /// (`"inverse "`).
+    pub(crate) fn pairs(
+        &self,
+        op: &'static str,
+        who: &dyn Transform,
+        what: &str,
+    ) -> Result<Vec<(NestedKey, NestedKey)>> {
+        key_pairs(op, who, &self.ins, self.outs.as_deref(), what)
+    }
+}
+
 pub(crate) fn float_unbounded_reward(
     op: &'static str,
     who: &str,

@@ -72,8 +72,7 @@ use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
 use super::{
-    added_keys, input_keys_available, key_pairs, key_setters, missing_key, Transform,
-    TransformedEnv,
+    added_keys, input_keys_available, key_setters, missing_key, KeyMap, Transform, TransformedEnv,
 };
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
@@ -87,10 +86,8 @@ const OP: &str = "ObservationNorm";
 pub struct ObservationNorm {
     loc: Option<Tensor>,
     scale: Option<Tensor>,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
-    in_keys_inv: Vec<NestedKey>,
-    out_keys_inv: Option<Vec<NestedKey>>,
+    keys: KeyMap,
+    keys_inv: KeyMap,
     standard_normal: bool,
     eps: f64,
 }
@@ -234,10 +231,8 @@ impl ObservationNorm {
         Ok(ObservationNorm {
             loc,
             scale,
-            in_keys,
-            out_keys: None,
-            in_keys_inv: Vec::new(),
-            out_keys_inv: None,
+            keys: KeyMap::new(in_keys),
+            keys_inv: KeyMap::default(),
             standard_normal: false,
             eps,
         })
@@ -311,21 +306,15 @@ impl ObservationNorm {
 
     /// The in keys.
     pub fn in_keys(&self) -> &[NestedKey] {
-        &self.in_keys
+        &self.keys.ins
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(OP, self, &self.in_keys, self.out_keys.as_deref(), "")
+        self.keys.pairs(OP, self, "")
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            OP,
-            self,
-            &self.in_keys_inv,
-            self.out_keys_inv.as_deref(),
-            "inverse ",
-        )
+        self.keys_inv.pairs(OP, self, "inverse ")
     }
 
     fn stats(&self) -> Result<(&Tensor, &Tensor)> {
@@ -337,7 +326,7 @@ impl ObservationNorm {
                     "ObservationNorm on {}: loc/scale have not been initialized; pass them to the \
                      constructor or call init_stats (ObservationNorm::init_stats_at for a \
                      transform already in an env)",
-                    fmt_key_list(&self.in_keys)
+                    fmt_key_list(&self.keys.ins)
                 ),
             )),
         }
@@ -614,13 +603,13 @@ impl ObservationNorm {
                 ),
             ));
         }
-        if self.in_keys.len() > 1 && cfg.key.is_none() {
+        if self.keys.ins.len() > 1 && cfg.key.is_none() {
             return Err(Error::invalid(
                 OP,
                 format!(
                     "init_stats: the transform has multiple in_keys {} but no specific key was \
                      given (InitStats::with_key)",
-                    fmt_key_list(&self.in_keys)
+                    fmt_key_list(&self.keys.ins)
                 ),
             ));
         }
@@ -640,7 +629,7 @@ impl ObservationNorm {
                 self.eps,
             ));
         }
-        let key = match (&cfg.key, self.in_keys.first()) {
+        let key = match (&cfg.key, self.keys.ins.first()) {
             (Some(k), _) => k.clone(),
             (None, Some(k)) => k.clone(),
             (None, None) => return Err(Error::invalid(OP, "init_stats: no key")),
@@ -756,16 +745,16 @@ impl ObservationNorm {
 
 key_setters!(ObservationNorm {
     /// Where the results are written (one per in key; default: the in keys).
-    with_out_keys => out_keys [Some];
+    with_out_keys => keys.outs [Some];
     /// Parent-side names of the action / state entries mapped back on their way in.
-    with_in_keys_inv => in_keys_inv;
+    with_in_keys_inv => keys_inv.ins;
     /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
-    with_out_keys_inv => out_keys_inv [Some];
+    with_out_keys_inv => keys_inv.outs [Some];
 });
 
 impl Transform for ObservationNorm {
     fn name(&self) -> String {
-        let keys = fmt_key_list(&self.in_keys);
+        let keys = fmt_key_list(&self.keys.ins);
         match (&self.loc, &self.scale) {
             (Some(l), Some(s)) if l.elements() == 1 && s.elements() == 1 => format!(
                 "ObservationNorm(loc={:.4}, scale={:.4}, keys={keys}{})",

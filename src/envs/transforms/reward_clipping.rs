@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, map_rewards, Transform};
+use super::{added_keys, float_unbounded_reward, key_setters, map_rewards, KeyMap, Transform};
 use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
 use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
@@ -33,8 +33,7 @@ use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict
 pub struct RewardClipping {
     clamp_min: f64,
     clamp_max: f64,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
+    keys: KeyMap,
 }
 
 impl RewardClipping {
@@ -50,8 +49,7 @@ impl RewardClipping {
         Ok(RewardClipping {
             clamp_min,
             clamp_max,
-            in_keys: vec![NestedKey::from("reward")],
-            out_keys: None,
+            keys: KeyMap::new(vec![NestedKey::from("reward")]),
         })
     }
 
@@ -61,13 +59,7 @@ impl RewardClipping {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            "RewardClipping",
-            self,
-            &self.in_keys,
-            self.out_keys.as_deref(),
-            "",
-        )
+        self.keys.pairs("RewardClipping", self, "")
     }
 
     fn apply_td(&self, td: TensorDict, op: &'static str) -> Result<TensorDict> {
@@ -86,9 +78,9 @@ impl RewardClipping {
 
 key_setters!(RewardClipping {
     /// The reward keys to read (default `["reward"]`).
-    with_in_keys => in_keys;
+    with_in_keys => keys.ins;
     /// The keys to write, one per in key (default: the in keys).
-    with_out_keys => out_keys [Some];
+    with_out_keys => keys.outs [Some];
 });
 
 impl Transform for RewardClipping {
@@ -97,7 +89,7 @@ impl Transform for RewardClipping {
             "RewardClipping(clamp_min={:.4}, clamp_max={:.4}, keys={})",
             self.clamp_min,
             self.clamp_max,
-            fmt_key_list(&self.in_keys)
+            fmt_key_list(&self.keys.ins)
         )
     }
 

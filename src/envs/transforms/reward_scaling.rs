@@ -31,7 +31,7 @@
 
 use tch::Tensor;
 
-use super::{added_keys, float_unbounded_reward, key_pairs, key_setters, map_rewards, Transform};
+use super::{added_keys, float_unbounded_reward, key_setters, map_rewards, KeyMap, Transform};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -42,8 +42,7 @@ pub struct RewardScaling {
     loc: f64,
     scale: f64,
     standard_normal: bool,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
+    keys: KeyMap,
 }
 
 impl RewardScaling {
@@ -67,8 +66,7 @@ impl RewardScaling {
             loc,
             scale,
             standard_normal: false,
-            in_keys: vec![NestedKey::from("reward")],
-            out_keys: None,
+            keys: KeyMap::new(vec![NestedKey::from("reward")]),
         })
     }
 
@@ -89,13 +87,7 @@ impl RewardScaling {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            "RewardScaling",
-            self,
-            &self.in_keys,
-            self.out_keys.as_deref(),
-            "",
-        )
+        self.keys.pairs("RewardScaling", self, "")
     }
 
     fn apply(&self, r: &Tensor) -> Result<Tensor> {
@@ -118,9 +110,9 @@ impl RewardScaling {
 
 key_setters!(RewardScaling {
     /// The reward keys to read (default `["reward"]`).
-    with_in_keys => in_keys;
+    with_in_keys => keys.ins;
     /// The keys to write, one per in key (default: the in keys).
-    with_out_keys => out_keys [Some];
+    with_out_keys => keys.outs [Some];
 });
 
 impl Transform for RewardScaling {
@@ -130,7 +122,7 @@ impl Transform for RewardScaling {
             self.loc,
             self.scale,
             self.standard_normal,
-            fmt_key_list(&self.in_keys)
+            fmt_key_list(&self.keys.ins)
         )
     }
 

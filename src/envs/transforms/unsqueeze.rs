@@ -33,7 +33,7 @@
 
 use super::reward_sum::refuse_state_keys;
 use super::{
-    added_keys, input_keys_available, key_pairs, key_setters, missing_key, output_keys_available,
+    added_keys, input_keys_available, key_setters, missing_key, output_keys_available, KeyMap,
     Transform,
 };
 use crate::data::specs::TensorSpec;
@@ -47,10 +47,8 @@ const OP: &str = "UnsqueezeTransform";
 /// Inserts a size-1 dim. See the module docs.
 pub struct UnsqueezeTransform {
     dim: i64,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
-    in_keys_inv: Vec<NestedKey>,
-    out_keys_inv: Option<Vec<NestedKey>>,
+    keys: KeyMap,
+    keys_inv: KeyMap,
 }
 
 impl UnsqueezeTransform {
@@ -58,10 +56,8 @@ impl UnsqueezeTransform {
     pub fn new<K: Into<NestedKey>>(dim: i64, in_keys: impl IntoIterator<Item = K>) -> Self {
         UnsqueezeTransform {
             dim,
-            in_keys: collect_keys(in_keys),
-            out_keys: None,
-            in_keys_inv: Vec::new(),
-            out_keys_inv: None,
+            keys: KeyMap::new(collect_keys(in_keys)),
+            keys_inv: KeyMap::default(),
         }
     }
 
@@ -77,17 +73,11 @@ impl UnsqueezeTransform {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(OP, self, &self.in_keys, self.out_keys.as_deref(), "")
+        self.keys.pairs(OP, self, "")
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            OP,
-            self,
-            &self.in_keys_inv,
-            self.out_keys_inv.as_deref(),
-            "inverse ",
-        )
+        self.keys_inv.pairs(OP, self, "inverse ")
     }
 
     /// Where the new dim goes in a shape of `ndim` dims (before unsqueezing) whose first `nb`
@@ -180,12 +170,12 @@ impl UnsqueezeTransform {
 
 key_setters!(UnsqueezeTransform {
     /// Where the results are written (one per in key; default: the in keys).
-    with_out_keys => out_keys [Some];
+    with_out_keys => keys.outs [Some];
     /// Parent-side action / state keys: the policy gives them with the extra dim, which is
     /// squeezed out before the parent sees them.
-    with_in_keys_inv => in_keys_inv;
+    with_in_keys_inv => keys_inv.ins;
     /// Policy-side names of the inverse entries (default: the same names).
-    with_out_keys_inv => out_keys_inv [Some];
+    with_out_keys_inv => keys_inv.outs [Some];
 });
 
 impl Transform for UnsqueezeTransform {
@@ -193,22 +183,22 @@ impl Transform for UnsqueezeTransform {
         let mut s = format!(
             "UnsqueezeTransform(dim={}, in_keys={}",
             self.dim,
-            fmt_key_list(&self.in_keys)
+            fmt_key_list(&self.keys.ins)
         );
-        if let Some(o) = &self.out_keys {
+        if let Some(o) = &self.keys.outs {
             s += &format!(", out_keys={}", fmt_key_list(o));
         }
-        if !self.in_keys_inv.is_empty() {
-            s += &format!(", in_keys_inv={}", fmt_key_list(&self.in_keys_inv));
+        if !self.keys_inv.ins.is_empty() {
+            s += &format!(", in_keys_inv={}", fmt_key_list(&self.keys_inv.ins));
         }
-        if let Some(o) = &self.out_keys_inv {
+        if let Some(o) = &self.keys_inv.outs {
             s += &format!(", out_keys_inv={}", fmt_key_list(o));
         }
         s + ")"
     }
 
     fn attach(&mut self, _parent: &EnvSpecs) -> Result<()> {
-        if self.in_keys.is_empty() && self.in_keys_inv.is_empty() {
+        if self.keys.ins.is_empty() && self.keys_inv.ins.is_empty() {
             return Err(Error::invalid(
                 OP,
                 "UnsqueezeTransform has no in_keys and no in_keys_inv: nothing to unsqueeze",
