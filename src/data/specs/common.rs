@@ -75,6 +75,23 @@ pub(crate) fn checked_numel(op: &'static str, shape: &[i64]) -> Result<i64> {
         })
 }
 
+/// Errors unless `given` class indices are the `needed` ones an encoding of a spec of `shape`
+/// takes.
+pub(crate) fn check_index_count(given: usize, needed: usize, shape: &[i64]) -> Result<()> {
+    if given == needed {
+        return Ok(());
+    }
+    Err(Error::argument(
+        "encode",
+        "values",
+        format!(
+            "{needed} class indices for the spec of shape {}",
+            ShapeFmt(shape)
+        ),
+        format!("{given} (a shape mismatch)"),
+    ))
+}
+
 /// `[*a, *b]`.
 pub(crate) fn concat(a: &[i64], b: &[i64]) -> Vec<i64> {
     let mut out = Vec::with_capacity(a.len() + b.len());

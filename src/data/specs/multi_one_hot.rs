@@ -117,16 +117,7 @@ impl MultiOneHot {
         let count = (common::checked_numel("encode", rows)? as usize)
             .checked_mul(k)
             .ok_or_else(|| Error::invalid("encode", "too many class indices"))?;
-        if values.len() != count {
-            return Err(Error::invalid(
-                "encode",
-                format!(
-                    "Shape mismatch: {} class indices given, the spec of shape {} needs {count}",
-                    values.len(),
-                    ShapeFmt(&self.shape)
-                ),
-            ));
-        }
+        common::check_index_count(values.len(), count, &self.shape)?;
         let total = self.total() as usize;
         let n = (count / k.max(1))
             .checked_mul(total)

@@ -90,16 +90,7 @@ impl OneHot {
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         let rows = lead(&self.shape);
         let count = common::checked_numel("encode", rows)?;
-        if values.len() as i64 != count {
-            return Err(Error::invalid(
-                "encode",
-                format!(
-                    "Shape mismatch: {} class indices given, the spec of shape {} needs {count}",
-                    values.len(),
-                    ShapeFmt(&self.shape)
-                ),
-            ));
-        }
+        common::check_index_count(values.len(), count as usize, &self.shape)?;
         let idx = class_indices("encode", values, self.n)?;
         let t = build(&idx, rows, Kind::Int64, self.device)?;
         Ok(t.f_one_hot(self.n)?.f_to_kind(self.dtype)?)

@@ -171,6 +171,17 @@ impl TensorDictPrimer {
     }
 }
 
+impl TensorDictPrimer {
+    /// The resolved primers as `(key, full spec)` pairs, owned (a hook then borrows `self`
+    /// mutably while it writes them).
+    fn primed(&self) -> Vec<(NestedKey, TensorSpec)> {
+        self.resolved
+            .iter()
+            .map(|r| (r.key.clone(), r.full.clone()))
+            .collect()
+    }
+}
+
 impl Transform for TensorDictPrimer {
     fn name(&self) -> String {
         let value = if self.random {
@@ -276,11 +287,7 @@ impl Transform for TensorDictPrimer {
         self.resolved = resolved;
         self.root = root;
         if !self.random {
-            let items: Vec<(NestedKey, TensorSpec)> = self
-                .resolved
-                .iter()
-                .map(|r| (r.key.clone(), r.full.clone()))
-                .collect();
+            let items = self.primed();
             for (key, spec) in items {
                 let value = self.initial(&spec, &[], &key)?;
                 if !spec.is_in(&Entry::Tensor(value))? {
@@ -350,11 +357,7 @@ impl Transform for TensorDictPrimer {
             return Err(not_attached(op, self));
         }
         let mask = reset_mask(td, &self.root)?;
-        let items: Vec<(NestedKey, TensorSpec)> = self
-            .resolved
-            .iter()
-            .map(|r| (r.key.clone(), r.full.clone()))
-            .collect();
+        let items = self.primed();
         for (key, spec) in items {
             let fresh = self.initial(&spec, &[], &key)?;
             let value = match (&mask, td.get(&key)) {
