@@ -140,9 +140,11 @@ impl CatTensors {
             )
         })?;
         if keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
-                format!("{}: no in keys to concatenate", self.name()),
+                "in_keys",
+                format!("at least one in key for {} to concatenate", self.name()),
+                "none",
             ));
         }
         for (i, k) in keys.iter().enumerate() {
@@ -340,15 +342,16 @@ impl Transform for CatTensors {
         let mut total = 0i64;
         for (k, s) in &leaves {
             if s.dtype() != dtype0 {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
+                    k,
                     format!(
-                        "{}: keys {k0} and {k} have different dtypes ({:?} and {:?}); cast them to \
-                         one dtype first (DTypeCast)",
-                        self.name(),
+                        "the dtype {:?} of {k0}, the first in key of {} (cast them to one dtype \
+                         first, with DTypeCast)",
                         dtype0,
-                        s.dtype()
+                        self.name()
                     ),
+                    format!("dtype {:?}", s.dtype()),
                 ));
             }
             let same_rest = s.ndim() == s0.ndim()

@@ -98,9 +98,11 @@ fn cast_spec(op: &'static str, key: &NestedKey, spec: &TensorSpec, to: Kind) -> 
         TensorSpec::MultiOneHot(s) => s.with_dtype(to)?.into(),
         TensorSpec::NonTensor(s) => s.with_dtype(to)?.into(),
         TensorSpec::Composite(_) => {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 op,
-                format!("key {key} names a nested spec (a Composite), not a leaf; list its leaves"),
+                key,
+                "a leaf spec (list the leaves of a nested spec)",
+                "a nested spec (a Composite)",
             ))
         }
     })
@@ -165,32 +167,34 @@ impl DTypeCast {
     fn resolve(&self, parent: Option<&EnvSpecs>) -> Result<Resolved> {
         let op = self.op();
         if self.from == self.to {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
+                "to",
                 format!(
-                    "{}: from and to are both {:?}; nothing to cast",
-                    self.name(),
-                    self.from
+                    "a dtype other than from for {} (with from == to there is nothing to cast)",
+                    self.name()
                 ),
+                format!("{:?}", self.to),
             ));
         }
         if self.in_keys.is_none() && self.out_keys.is_some() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
+                "out_keys",
                 format!(
-                    "{}: out_keys were given without in_keys; the order of automatically found keys \
-                     is not something to pair out keys with, so pass in_keys too",
+                    "in_keys with the out_keys of {} (the order of automatically found keys is \
+                     not something to pair out keys with)",
                     self.name()
                 ),
+                "out_keys without in_keys",
             ));
         }
         if self.in_keys_inv.is_none() && self.out_keys_inv.is_some() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                format!(
-                    "{}: out_keys_inv were given without in_keys_inv; pass in_keys_inv too",
-                    self.name()
-                ),
+                "out_keys_inv",
+                format!("in_keys_inv with the out_keys_inv of {}", self.name()),
+                "out_keys_inv without in_keys_inv",
             ));
         }
         let of_dtype = |c: &Composite| -> Vec<NestedKey> {
@@ -262,13 +266,11 @@ impl DTypeCast {
                 expected: self.from,
                 actual: k,
             }),
-            None => Err(Error::invalid(
+            None => Err(Error::value(
                 self.op(),
-                format!(
-                    "{}: the {group} spec of key {key} has no dtype (a nested level or a \
-                     dtype-less NonTensor)",
-                    self.name()
-                ),
+                key,
+                format!("a {group} spec with a dtype for {}", self.name()),
+                "a nested level or a dtype-less NonTensor",
             )),
         }
     }
@@ -440,9 +442,11 @@ impl Transform for DTypeCast {
     fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         if self.resolved.is_none() && self.in_keys.is_none() {
             if self.out_keys.is_some() {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     self.op(),
-                    format!("{}: out_keys need in_keys", self.name()),
+                    "out_keys",
+                    format!("in_keys with the out_keys of {}", self.name()),
+                    "out_keys without in_keys",
                 ));
             }
             // No env and no keys: every leaf of dtype `from`.

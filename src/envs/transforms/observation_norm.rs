@@ -186,27 +186,30 @@ fn finfo_eps(kind: Kind) -> f64 {
 fn check_stats(loc: &Tensor, scale: &Tensor) -> Result<()> {
     for (name, t) in [("loc", loc), ("scale", scale)] {
         if !is_float(t.kind()) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 OP,
-                format!("{name} must have a floating dtype, got {:?}", t.kind()),
+                name,
+                "a floating dtype",
+                format!("{:?}", t.kind()),
             ));
         }
         if !all_true(&t.f_isfinite()?)? {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 OP,
-                format!("{name} has non-finite values: {}", describe(t)),
+                name,
+                "finite values",
+                format!("non-finite values: {}", describe(t)),
             ));
         }
     }
     if !all_true(&scale.f_gt(0.0)?)? {
         let min = scale.f_min()?.f_double_value(&[])?;
-        return Err(Error::invalid(
+        return Err(Error::argument(
             OP,
-            format!(
-                "scale must be > 0 everywhere, got a minimum of {min}; TorchRL would silently clamp \
-                 it to eps, this port refuses it (to flip the sign of an observation, negate it \
-                 explicitly)"
-            ),
+            "scale",
+            "scale must be > 0 everywhere (TorchRL would silently clamp it to eps, this port \
+             refuses it; to flip the sign of an observation, negate it explicitly)",
+            format!("a minimum of {min}"),
         ));
     }
     Ok(())
@@ -374,13 +377,15 @@ impl ObservationNorm {
         match spec.dtype() {
             Some(k) if is_float(k) => {}
             other => {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
+                    key,
                     format!(
-                    "{}: the {group} spec of key {key} has dtype {other:?}; normalisation needs \
-                         a floating dtype (cast it first, e.g. with DTypeCast)",
-                    self.name()
-                ),
+                        "a floating dtype in the {group} spec for {} (cast it first, e.g. with \
+                         DTypeCast)",
+                        self.name()
+                    ),
+                    format!("dtype {other:?}"),
                 ))
             }
         }
@@ -494,10 +499,12 @@ impl ObservationNorm {
                     what: "transforms of the env".into(),
                     size: len as i64,
                 },
-                Some(t) => Error::invalid(
+                Some(t) => Error::argument(
                     op,
+                    "index",
+                    "the index of an ObservationNorm in the env's transforms",
                     format!(
-                        "the transform at index {index} is {}, not an ObservationNorm",
+                        "{index}, where the transform is {}, not an ObservationNorm",
                         t.name()
                     ),
                 ),
@@ -594,23 +601,27 @@ impl ObservationNorm {
             ));
         }
         if let (Some(l), Some(s)) = (&self.loc, &self.scale) {
-            return Err(Error::invalid(
-                OP,
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "loc, scale",
+                "uninitialized statistics (init_stats computes them once)",
                 format!(
-                    "init_stats: loc/scale are already initialized: ({}, {})",
+                    "statistics that are already initialized: ({}, {})",
                     describe(l),
                     describe(s)
                 ),
             ));
         }
         if self.keys.ins.len() > 1 && cfg.key.is_none() {
-            return Err(Error::invalid(
-                OP,
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "key",
                 format!(
-                    "init_stats: the transform has multiple in_keys {} but no specific key was \
-                     given (InitStats::with_key)",
+                    "a specific key (InitStats::with_key), since the transform has multiple \
+                     in_keys {}",
                     fmt_key_list(&self.keys.ins)
                 ),
+                "none",
             ));
         }
         if cfg.num_iter == 0 {

@@ -165,9 +165,8 @@ impl TensorDictPrimer {
         let device = spec.device().unwrap_or(self.device);
         let full: Vec<i64> = [shape, spec.shape()].concat();
         // libtorch refuses a value the dtype cannot hold (and tch panics on that error).
-        full_f64(op, &full, self.default_value, kind, device).map_err(|e| {
-            Error::invalid(op, format!("cannot build the default value of {key}: {e}"))
-        })
+        full_f64(op, &full, self.default_value, kind, device)
+            .map_err(|e| e.context(format!("{op}: cannot build the default value of {key}")))
     }
 }
 
@@ -198,9 +197,11 @@ impl Transform for TensorDictPrimer {
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
         let op = "TensorDictPrimer::attach";
         if self.primers.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                "no primer declared; add keys with TensorDictPrimer::with_primer",
+                "primers",
+                "at least one primer (add keys with TensorDictPrimer::with_primer)",
+                "none",
             ));
         }
         let batch = parent.batch_size().to_vec();
@@ -208,9 +209,11 @@ impl Transform for TensorDictPrimer {
         let mut resolved = Vec::with_capacity(self.primers.len());
         for (key, spec) in &self.primers {
             if spec.is_composite() {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     op,
-                    format!("the primer {key} is a Composite; declare each leaf with its nested key instead"),
+                    key,
+                    "a leaf primer spec (declare each leaf with its nested key)",
+                    "a Composite",
                 ));
             }
             for (what, c) in [
@@ -221,9 +224,11 @@ impl Transform for TensorDictPrimer {
                 ("state", &parent.state),
             ] {
                 if c.contains(key) {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!("the primer key {key} is already in the parent's {what} spec"),
+                        key,
+                        "a primer key that is new to the parent's specs",
+                        format!("a key already in the parent's {what} spec"),
                     ));
                 }
             }
@@ -261,9 +266,11 @@ impl Transform for TensorDictPrimer {
         let root = match &self.reset_key {
             Some(k) => {
                 if k.last() != Some("_reset") {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!("the reset key {k} must end with \"_reset\""),
+                        k,
+                        "a reset key that ends with \"_reset\"",
+                        "a key with another last segment",
                     ));
                 }
                 parent_of(k)
@@ -336,12 +343,13 @@ impl Transform for TensorDictPrimer {
             // Not produced by the step nor preset under the input's "next" (the env merges those
             // before the transforms run): the value at time t is carried.
             let prev = td.get(&r.key).ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     op,
+                    &r.key,
+                    "the primer in the input tensordict (step from the tensordict returned by \
+                     reset or by the previous step)",
                     format!(
-                        "the primer {} is missing from the input tensordict (keys: {}); step from \
-                         the tensordict returned by reset or by the previous step",
-                        r.key,
+                        "nothing: it is missing (keys: {})",
                         fmt_key_list(&td.keys(true, true))
                     ),
                 )

@@ -128,13 +128,11 @@ impl UnsqueezeTransform {
             ));
         }
         if shape.get(p as usize) != Some(&1) {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
-                format!(
-                    "{}: cannot squeeze dim {p} of {key} (shape {}): its size is not 1",
-                    self.name(),
-                    ShapeFmt(shape)
-                ),
+                key,
+                format!("a size-1 dim {p} for {} to squeeze out", self.name()),
+                format!("shape {}, whose dim {p} is not 1", ShapeFmt(shape)),
             ));
         }
         Ok(p as usize)
@@ -142,9 +140,11 @@ impl UnsqueezeTransform {
 
     fn unsqueeze_spec(&self, nb: usize, key: &NestedKey, spec: &TensorSpec) -> Result<TensorSpec> {
         if spec.is_composite() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
-                format!("{}: key {key} names a nested spec, not a leaf", self.name()),
+                key,
+                format!("a leaf spec for {}", self.name()),
+                "a nested spec",
             ));
         }
         let p = self.position(nb, spec.shape(), key)?;
@@ -199,9 +199,11 @@ impl Transform for UnsqueezeTransform {
 
     fn attach(&mut self, _parent: &EnvSpecs) -> Result<()> {
         if self.keys.ins.is_empty() && self.keys_inv.ins.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
-                "UnsqueezeTransform has no in_keys and no in_keys_inv: nothing to unsqueeze",
+                "in_keys",
+                "in_keys or in_keys_inv (without either there is nothing to unsqueeze)",
+                "none",
             ));
         }
         self.pairs()?;
