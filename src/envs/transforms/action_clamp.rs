@@ -33,7 +33,7 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::{not_attached, Transform};
+use super::{not_attached, setters, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -70,12 +70,6 @@ impl ActionClamp {
         self
     }
 
-    /// What to do with NaN actions (default [`NanPolicy::Error`]).
-    pub fn with_nan_policy(mut self, nan: NanPolicy) -> Self {
-        self.nan = nan;
-        self
-    }
-
     /// The clamped keys (empty until the transform joins an env with default keys).
     pub fn keys(&self) -> Vec<NestedKey> {
         match &self.keys {
@@ -84,6 +78,11 @@ impl ActionClamp {
         }
     }
 }
+
+setters!(ActionClamp {
+    /// What to do with NaN actions (default [`NanPolicy::Error`]).
+    with_nan_policy(nan: NanPolicy) => nan = nan;
+});
 
 impl Transform for ActionClamp {
     fn name(&self) -> String {

@@ -36,7 +36,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::Transform;
+use super::{setters, Transform};
 use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -90,30 +90,6 @@ impl CatTensors {
             sort: true,
             found: None,
         }
-    }
-
-    /// Where the result is written (default `"observation_vector"`).
-    pub fn with_out_key(mut self, key: impl Into<NestedKey>) -> Self {
-        self.out_key = key.into();
-        self
-    }
-
-    /// The dim to concatenate along (default `-1`; see the module docs for non-negative dims).
-    pub fn with_dim(mut self, dim: i64) -> Self {
-        self.dim = dim;
-        self
-    }
-
-    /// Whether the inputs are deleted (default true).
-    pub fn with_del_keys(mut self, del_keys: bool) -> Self {
-        self.del_keys = del_keys;
-        self
-    }
-
-    /// Whether the in keys are sorted (default true).
-    pub fn with_sort(mut self, sort: bool) -> Self {
-        self.sort = sort;
-        self
     }
 
     /// The in keys in concatenation order (`None` for a lazy transform not attached yet).
@@ -225,6 +201,17 @@ impl CatTensors {
         Ok(td)
     }
 }
+
+setters!(CatTensors {
+    /// Where the result is written (default `"observation_vector"`).
+    with_out_key(key: impl Into<NestedKey>) => out_key = key.into();
+    /// The dim to concatenate along (default `-1`; see the module docs for non-negative dims).
+    with_dim(dim: i64) => dim = dim;
+    /// Whether the inputs are deleted (default true).
+    with_del_keys(del_keys: bool) => del_keys = del_keys;
+    /// Whether the in keys are sorted (default true).
+    with_sort(sort: bool) => sort = sort;
+});
 
 impl Transform for CatTensors {
     fn name(&self) -> String {

@@ -25,7 +25,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, Transform};
+use super::{not_attached, setters, Transform};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -55,13 +55,12 @@ impl InitTracker {
     pub fn new() -> Self {
         InitTracker::default()
     }
-
-    /// The leaf name of the flag (default `"is_init"`), placed in each done group.
-    pub fn with_init_key(mut self, name: impl Into<String>) -> Self {
-        self.init_key = name.into();
-        self
-    }
 }
+
+setters!(InitTracker {
+    /// The leaf name of the flag (default `"is_init"`), placed in each done group.
+    with_init_key(name: impl Into<String>) => init_key = name.into();
+});
 
 impl Transform for InitTracker {
     fn name(&self) -> String {

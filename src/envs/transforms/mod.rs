@@ -132,6 +132,29 @@ macro_rules! key_setters {
 }
 pub(crate) use key_setters;
 
+/// The plain builder methods of the transforms (`with_dim`, `with_sort`, …), written once:
+/// each listed `with_x(arg: T) => field = value;` takes `self` by value, stores `value` (an
+/// expression of `arg`) in `field` and returns `self`.
+macro_rules! setters {
+    ($t:ident {
+        $(
+            $(#[$doc:meta])*
+            $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;
+        )+
+    }) => {
+        impl $t {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, $arg: $ty) -> Self {
+                    self.$field = $value;
+                    self
+                }
+            )+
+        }
+    };
+}
+pub(crate) use setters;
+
 /// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
 /// that only handles those; the errors name the key and the spec found, and `only` says what
 /// the transform does instead (e.g. "it only clips Unbounded rewards").

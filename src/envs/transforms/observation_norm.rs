@@ -72,7 +72,8 @@ use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
 use super::{
-    added_keys, input_keys_available, key_setters, missing_key, KeyMap, Transform, TransformedEnv,
+    added_keys, input_keys_available, key_setters, missing_key, setters, KeyMap, Transform,
+    TransformedEnv,
 };
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
@@ -122,31 +123,18 @@ impl InitStats {
             keep_dims: Vec::new(),
         }
     }
-
-    /// Sets [`InitStats::reduce_dim`].
-    pub fn with_reduce_dim(mut self, dims: impl Into<Vec<i64>>) -> Self {
-        self.reduce_dim = dims.into();
-        self
-    }
-
-    /// Sets [`InitStats::cat_dim`].
-    pub fn with_cat_dim(mut self, dim: i64) -> Self {
-        self.cat_dim = Some(dim);
-        self
-    }
-
-    /// Sets [`InitStats::key`].
-    pub fn with_key(mut self, key: impl Into<NestedKey>) -> Self {
-        self.key = Some(key.into());
-        self
-    }
-
-    /// Sets [`InitStats::keep_dims`].
-    pub fn with_keep_dims(mut self, dims: impl Into<Vec<i64>>) -> Self {
-        self.keep_dims = dims.into();
-        self
-    }
 }
+
+setters!(InitStats {
+    /// Sets [`InitStats::reduce_dim`].
+    with_reduce_dim(dims: impl Into<Vec<i64>>) => reduce_dim = dims.into();
+    /// Sets [`InitStats::cat_dim`].
+    with_cat_dim(dim: i64) => cat_dim = Some(dim);
+    /// Sets [`InitStats::key`].
+    with_key(key: impl Into<NestedKey>) => key = Some(key.into());
+    /// Sets [`InitStats::keep_dims`].
+    with_keep_dims(dims: impl Into<Vec<i64>>) => keep_dims = dims.into();
+});
 
 /// A short description of a tensor for messages: its values when there are few, else its shape.
 fn describe(t: &Tensor) -> String {
@@ -271,20 +259,6 @@ impl ObservationNorm {
     /// call [`ObservationNorm::init_stats`] before appending it.
     pub fn uninitialized<K: Into<NestedKey>>(in_keys: impl IntoIterator<Item = K>) -> Result<Self> {
         Self::build(collect_keys(in_keys), None, None, 1e-6)
-    }
-
-    /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
-    /// stores the mean and standard deviation as they are.
-    pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
-        self.standard_normal = standard_normal;
-        self
-    }
-
-    /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
-    /// machine epsilon of a tensor scale's dtype).
-    pub fn with_eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
     }
 
     /// The location, once known.
@@ -753,6 +727,15 @@ impl ObservationNorm {
         Ok(())
     }
 }
+
+setters!(ObservationNorm {
+    /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
+    /// stores the mean and standard deviation as they are.
+    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
+    /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
+    /// machine epsilon of a tensor scale's dtype).
+    with_eps(eps: f64) => eps = eps;
+});
 
 key_setters!(ObservationNorm {
     /// Where the results are written (one per in key; default: the in keys).

@@ -36,7 +36,7 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::{input_keys_available, output_keys_available, Transform};
+use super::{input_keys_available, output_keys_available, setters, Transform};
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -149,12 +149,6 @@ impl RenameTransform {
         Ok(self)
     }
 
-    /// Copy instead of rename: the original entries (and specs) stay.
-    pub fn with_create_copy(mut self, create_copy: bool) -> Self {
-        self.create_copy = create_copy;
-        self
-    }
-
     /// The forward in keys.
     pub fn in_keys(&self) -> &[NestedKey] {
         &self.in_keys
@@ -262,6 +256,11 @@ impl RenameTransform {
         Ok(specs)
     }
 }
+
+setters!(RenameTransform {
+    /// Copy instead of rename: the original entries (and specs) stay.
+    with_create_copy(create_copy: bool) => create_copy = create_copy;
+});
 
 /// The spec groups one direction of a rename works on, and its wording in errors.
 struct Side {

@@ -31,7 +31,9 @@
 
 use tch::Tensor;
 
-use super::{added_keys, float_unbounded_reward, key_setters, map_rewards, KeyMap, Transform};
+use super::{
+    added_keys, float_unbounded_reward, key_setters, map_rewards, setters, KeyMap, Transform,
+};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -70,12 +72,6 @@ impl RewardScaling {
         })
     }
 
-    /// Standardizes instead: `(reward - loc) / scale`.
-    pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
-        self.standard_normal = standard_normal;
-        self
-    }
-
     /// The location.
     pub fn loc(&self) -> f64 {
         self.loc
@@ -107,6 +103,11 @@ impl RewardScaling {
         map_rewards(op, self, self.pairs()?, td, |_, r| self.apply(r))
     }
 }
+
+setters!(RewardScaling {
+    /// Standardizes instead: `(reward - loc) / scale`.
+    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
+});
 
 key_setters!(RewardScaling {
     /// The reward keys to read (default `["reward"]`).

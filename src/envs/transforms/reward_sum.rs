@@ -38,7 +38,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{key_setters, not_attached, Transform};
+use super::{key_setters, not_attached, setters, Transform};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -295,20 +295,6 @@ impl RewardSum {
         RewardSum::default()
     }
 
-    /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
-    /// `reward_spec=True`); they are then reward keys.
-    pub fn with_reward_spec(mut self, reward_spec: bool) -> Self {
-        self.reward_spec = reward_spec;
-        self
-    }
-
-    /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
-    /// values count from the last batch dim).
-    pub fn with_time_dim(mut self, dim: i64) -> Self {
-        self.time_dim = Some(dim);
-        self
-    }
-
     /// The (in, out) key pairs: resolved ones once attached, else from the configuration (in keys
     /// default to `["reward"]` without an env, as in TorchRL).
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
@@ -370,6 +356,15 @@ impl RewardSum {
             .collect()
     }
 }
+
+setters!(RewardSum {
+    /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
+    /// `reward_spec=True`); they are then reward keys.
+    with_reward_spec(reward_spec: bool) => reward_spec = reward_spec;
+    /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
+    /// values count from the last batch dim).
+    with_time_dim(dim: i64) => time_dim = Some(dim);
+});
 
 key_setters!(RewardSum {
     /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf

@@ -39,7 +39,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, Transform};
+use super::{not_attached, setters, Transform};
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -97,24 +97,6 @@ impl StepCounter {
         Ok(self)
     }
 
-    /// The leaf name of the truncated flags (default `"truncated"`), placed in each done group.
-    pub fn with_truncated_key(mut self, name: impl Into<String>) -> Self {
-        self.truncated_key = name.into();
-        self
-    }
-
-    /// The leaf name of the counters (default `"step_count"`), placed in each done group.
-    pub fn with_step_count_key(mut self, name: impl Into<String>) -> Self {
-        self.step_count_key = name.into();
-        self
-    }
-
-    /// Whether a truncation also sets `done` (default true).
-    pub fn with_update_done(mut self, update_done: bool) -> Self {
-        self.update_done = update_done;
-        self
-    }
-
     /// The maximum number of steps, if any.
     pub fn max_steps(&self) -> Option<i64> {
         self.max_steps
@@ -147,6 +129,15 @@ impl StepCounter {
         Ok(())
     }
 }
+
+setters!(StepCounter {
+    /// The leaf name of the truncated flags (default `"truncated"`), placed in each done group.
+    with_truncated_key(name: impl Into<String>) => truncated_key = name.into();
+    /// The leaf name of the counters (default `"step_count"`), placed in each done group.
+    with_step_count_key(name: impl Into<String>) => step_count_key = name.into();
+    /// Whether a truncation also sets `done` (default true).
+    with_update_done(update_done: bool) => update_done = update_done;
+});
 
 /// `t` as a bool tensor.
 fn as_bool(t: &Tensor) -> Result<Tensor> {

@@ -49,7 +49,7 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::{not_attached, Transform};
+use super::{not_attached, setters, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -107,38 +107,6 @@ impl TensorDictPrimer {
         self
     }
 
-    /// Initial values are samples of the specs instead of a constant.
-    pub fn with_random(mut self, random: bool) -> Self {
-        self.random = random;
-        self
-    }
-
-    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
-    /// the env it joins re-seeds it, see [`Transform::set_seed`]).
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.generator = Generator::new(seed);
-        self
-    }
-
-    /// The constant initial value of every primer (default 0; `false`/`true` for bool specs).
-    pub fn with_default_value(mut self, value: f64) -> Self {
-        self.default_value = value;
-        self
-    }
-
-    /// Primer specs are per-env (feature shape only) and get the env's batch dims prepended.
-    pub fn with_expand_specs(mut self, expand: bool) -> Self {
-        self.expand_specs = expand;
-        self
-    }
-
-    /// The `"_reset"` key whose mask selects the batch elements to prime (default: the parent's
-    /// only reset group; required when the parent has several).
-    pub fn with_reset_key(mut self, key: impl Into<NestedKey>) -> Self {
-        self.reset_key = Some(key.into());
-        self
-    }
-
     /// The declared keys.
     pub fn keys(&self) -> Vec<NestedKey> {
         self.primers.iter().map(|(k, _)| k.clone()).collect()
@@ -169,6 +137,21 @@ impl TensorDictPrimer {
             .map_err(|e| e.context(format!("{op}: cannot build the default value of {key}")))
     }
 }
+
+setters!(TensorDictPrimer {
+    /// Initial values are samples of the specs instead of a constant.
+    with_random(random: bool) => random = random;
+    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
+    /// the env it joins re-seeds it, see [`Transform::set_seed`]).
+    with_seed(seed: u64) => generator = Generator::new(seed);
+    /// The constant initial value of every primer (default 0; `false`/`true` for bool specs).
+    with_default_value(value: f64) => default_value = value;
+    /// Primer specs are per-env (feature shape only) and get the env's batch dims prepended.
+    with_expand_specs(expand: bool) => expand_specs = expand;
+    /// The `"_reset"` key whose mask selects the batch elements to prime (default: the parent's
+    /// only reset group; required when the parent has several).
+    with_reset_key(key: impl Into<NestedKey>) => reset_key = Some(key.into());
+});
 
 impl TensorDictPrimer {
     /// The resolved primers as `(key, full spec)` pairs, owned (a hook then borrows `self`
