@@ -298,6 +298,30 @@ pub(crate) fn input_keys_available(specs: &EnvSpecs) -> Vec<String> {
         .collect()
 }
 
+/// Rewrites the reward spec of each `(input, output)` pair: `f` gets the pair and the input's
+/// float [`Unbounded`](crate::data::specs::Unbounded) spec (any other spec is an error naming
+/// `who` and what it supports, `only`) and returns the spec to set at `output`, if any.
+pub(crate) fn map_reward_specs(
+    op: &'static str,
+    who: &str,
+    only: &str,
+    pairs: Vec<(NestedKey, NestedKey)>,
+    mut spec: Composite,
+    mut f: impl FnMut(
+        &NestedKey,
+        &NestedKey,
+        crate::data::specs::Unbounded,
+    ) -> Result<Option<crate::data::specs::TensorSpec>>,
+) -> Result<Composite> {
+    for (input, output) in pairs {
+        let u = float_unbounded_reward(op, who, only, &spec, &input)?;
+        if let Some(new) = f(&input, &output, u)? {
+            spec.set(&output, new)?;
+        }
+    }
+    Ok(spec)
+}
+
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs
         .iter()

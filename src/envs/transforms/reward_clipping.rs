@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, float_unbounded_reward, key_setters, map_rewards, KeyMap, Transform};
+use super::{added_keys, key_setters, map_reward_specs, map_rewards, KeyMap, Transform};
 use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
 use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
@@ -97,24 +97,24 @@ impl Transform for RewardClipping {
         self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
-    fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
+    fn transform_reward_spec(&self, spec: Composite) -> Result<Composite> {
         let op = "RewardClipping::transform_reward_spec";
-        for (input, output) in self.pairs()? {
-            let u = float_unbounded_reward(
-                op,
-                "RewardClipping",
-                "it only clips Unbounded rewards",
-                &spec,
-                &input,
-            )?;
-            let (kind, device) = (u.dtype(), u.device());
-            let bounded = Bounded::from_tensors(
-                full_f64(op, u.shape(), self.clamp_min, kind, device)?,
-                full_f64(op, u.shape(), self.clamp_max, kind, device)?,
-            )?;
-            spec.set(&output, bounded)?;
-        }
-        Ok(spec)
+        let only = "it only clips Unbounded rewards";
+        map_reward_specs(
+            op,
+            "RewardClipping",
+            only,
+            self.pairs()?,
+            spec,
+            |_, _, u| {
+                let (kind, device) = (u.dtype(), u.device());
+                let bounded = Bounded::from_tensors(
+                    full_f64(op, u.shape(), self.clamp_min, kind, device)?,
+                    full_f64(op, u.shape(), self.clamp_max, kind, device)?,
+                )?;
+                Ok(Some(bounded.into()))
+            },
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {

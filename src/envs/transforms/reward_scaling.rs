@@ -31,9 +31,7 @@
 
 use tch::Tensor;
 
-use super::{
-    added_keys, float_unbounded_reward, key_setters, map_rewards, setters, KeyMap, Transform,
-};
+use super::{added_keys, key_setters, map_reward_specs, map_rewards, setters, KeyMap, Transform};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -131,44 +129,43 @@ impl Transform for RewardScaling {
         self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
-    fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
+    fn transform_reward_spec(&self, spec: Composite) -> Result<Composite> {
         let op = "RewardScaling::transform_reward_spec";
-        for (input, output) in self.pairs()? {
-            let u = float_unbounded_reward(
-                op,
-                "RewardScaling",
-                "it only scales Unbounded rewards (an affine map of a bounded reward would need \
-                 new bounds)",
-                &spec,
-                &input,
-            )?;
-            // In the reward's dtype, loc and scale must stay finite and scale non-zero:
-            // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
-            let kind = u.dtype();
-            let cast = |v: f64| -> Result<f64> {
-                Ok(Tensor::f_from_slice(&[v])?
-                    .f_to_kind(kind)?
-                    .f_double_value(&[0])?)
-            };
-            let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
-            if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
-                return Err(Error::invalid(
-                    op,
-                    format!(
-                        "{}: loc={} and scale={} must be finite (and scale > 0) in the \
-                         reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
-                         {loc} and {scale}",
-                        self.name(),
-                        self.loc,
-                        self.scale
-                    ),
-                ));
-            }
-            if output != input {
-                spec.set(&output, u)?;
-            }
-        }
-        Ok(spec)
+        let only =
+            "it only scales Unbounded rewards (an affine map of a bounded reward would need \
+                    new bounds)";
+        map_reward_specs(
+            op,
+            "RewardScaling",
+            only,
+            self.pairs()?,
+            spec,
+            |input, output, u| {
+                // In the reward's dtype, loc and scale must stay finite and scale non-zero:
+                // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
+                let kind = u.dtype();
+                let cast = |v: f64| -> Result<f64> {
+                    Ok(Tensor::f_from_slice(&[v])?
+                        .f_to_kind(kind)?
+                        .f_double_value(&[0])?)
+                };
+                let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
+                if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "{}: loc={} and scale={} must be finite (and scale > 0) in the \
+                     reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
+                     {loc} and {scale}",
+                            self.name(),
+                            self.loc,
+                            self.scale
+                        ),
+                    ));
+                }
+                Ok((output != input).then(|| u.into()))
+            },
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
