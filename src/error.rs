@@ -343,7 +343,6 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidValue`] on a key.
-    #[allow(dead_code)] // sites migrate from `Error::invalid` file by file
     pub(crate) fn value(
         op: &'static str,
         key: impl fmt::Display,
@@ -360,7 +359,6 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidConfig`].
-    #[allow(dead_code)] // sites migrate from `Error::invalid` file by file
     pub(crate) fn config(
         op: &'static str,
         field: &'static str,
@@ -372,6 +370,22 @@ impl Error {
             field,
             expected: expected.into(),
             got: got.to_string(),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidValue`] on an argument of a call (`what: "argument"`).
+    pub(crate) fn argument(
+        op: &'static str,
+        name: &str,
+        expected: impl Into<String>,
+        got: impl Into<String>,
+    ) -> Self {
+        Error::InvalidValue {
+            op,
+            what: "argument",
+            key: name.to_string(),
+            expected: expected.into(),
+            got: got.into(),
         }
     }
 

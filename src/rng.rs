@@ -49,9 +49,11 @@ fn splitmix64(state: &mut u64) -> u64 {
 /// Number of elements of `shape`, or an error for a negative dim or a count that overflows.
 pub(crate) fn numel(op: &'static str, shape: &[i64]) -> Result<usize> {
     if shape.iter().any(|d| *d < 0) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("shape {} has a negative dimension", ShapeFmt(shape)),
+            "shape",
+            "dims >= 0",
+            format!("shape {} with a negative dimension", ShapeFmt(shape)),
         ));
     }
     shape
@@ -63,6 +65,33 @@ pub(crate) fn numel(op: &'static str, shape: &[i64]) -> Result<usize> {
                 format!("shape {} has too many elements to sample", ShapeFmt(shape)),
             )
         })
+}
+
+/// Errors unless `kind` is a floating kind (the samplers of real values need one; `randint`
+/// draws integers).
+fn float_kind(op: &'static str, kind: Kind) -> Result<()> {
+    if is_float(kind) {
+        return Ok(());
+    }
+    Err(Error::argument(
+        op,
+        "kind",
+        "a floating kind (use randint for integers)",
+        format!("{kind:?}"),
+    ))
+}
+
+/// Errors with [`Error::DtypeMismatch`] unless a class mask is bool.
+pub(crate) fn bool_mask(op: &'static str, mask: &Tensor) -> Result<()> {
+    if mask.kind() == Kind::Bool {
+        return Ok(());
+    }
+    Err(Error::DtypeMismatch {
+        op,
+        key: "<mask>".into(),
+        expected: Kind::Bool,
+        actual: mask.kind(),
+    })
 }
 
 /// An empty `Vec` with room for `n` values, or an error when that much memory cannot be had
@@ -225,16 +254,13 @@ impl Generator {
     ) -> Result<Tensor> {
         let op = "Generator::uniform";
         let n = numel(op, shape)?;
-        if !is_float(kind) {
-            return Err(Error::invalid(
-                op,
-                format!("expected a floating kind, got {kind:?}; use randint for integers"),
-            ));
-        }
+        float_kind(op, kind)?;
         if !(low.is_finite() && high.is_finite() && low <= high) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("bounds must be finite with low <= high, got low={low}, high={high}"),
+                "low, high",
+                "finite bounds with low <= high",
+                format!("low={low}, high={high}"),
             ));
         }
         let mut draw = || (low + self.next_f64() * (high - low)).min(high);
@@ -273,16 +299,13 @@ impl Generator {
     ) -> Result<Tensor> {
         let op = "Generator::normal";
         let n = numel(op, shape)?;
-        if !is_float(kind) {
-            return Err(Error::invalid(
-                op,
-                format!("expected a floating kind, got {kind:?}"),
-            ));
-        }
+        float_kind(op, kind)?;
         if !(mean.is_finite() && std.is_finite() && std >= 0.0) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("mean must be finite and std finite and >= 0, got mean={mean}, std={std}"),
+                "mean, std",
+                "a finite mean and a finite std >= 0",
+                format!("mean={mean}, std={std}"),
             ));
         }
         let mut data = alloc(op, n.saturating_add(1))?;
@@ -308,9 +331,11 @@ impl Generator {
         let op = "Generator::randint";
         let n = numel(op, shape)?;
         if low >= high_exclusive {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("empty range: low={low} must be < high={high_exclusive}"),
+                "low, high",
+                "a non-empty range, low < high",
+                format!("low={low}, high={high_exclusive}"),
             ));
         }
         let mut data: Vec<i64> = alloc(op, n)?;
@@ -342,11 +367,11 @@ impl Generator {
             let mut data = Vec::with_capacity(lo.len());
             for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
                 if !(l.is_finite() && h.is_finite() && l <= h) {
-                    return Err(Error::invalid(
+                    return Err(Error::argument(
                         op,
-                        format!(
-                            "bounds must be finite with low <= high; at flat index {i} got low={l}, high={h}"
-                        ),
+                        "low, high",
+                        "finite bounds with low <= high",
+                        format!("low={l}, high={h} at flat index {i}"),
                     ));
                 }
                 data.push((l + self.next_f64() * (h - l)).min(*h));
@@ -358,9 +383,11 @@ impl Generator {
             let mut data = Vec::with_capacity(lo.len());
             for (i, (l, h)) in lo.iter().zip(&hi).enumerate() {
                 if l > h {
-                    return Err(Error::invalid(
+                    return Err(Error::argument(
                         op,
-                        format!("low > high at flat index {i}: low={l}, high={h}"),
+                        "low, high",
+                        "low <= high",
+                        format!("low={l}, high={h} at flat index {i}"),
                     ));
                 }
                 data.push(self.int_inclusive(*l, *h));
@@ -384,7 +411,7 @@ impl Generator {
         let op = "Generator::sample_categorical";
         let rows = numel(op, shape)?;
         if n < 1 {
-            return Err(Error::invalid(op, format!("n must be >= 1, got {n}")));
+            return Err(Error::argument(op, "n", "n >= 1", n.to_string()));
         }
         let data: Vec<i64> = match mask {
             None => {
@@ -393,24 +420,15 @@ impl Generator {
                 data
             }
             Some(mask) => {
-                if mask.kind() != Kind::Bool {
-                    return Err(Error::DtypeMismatch {
-                        op,
-                        key: "<mask>".into(),
-                        expected: Kind::Bool,
-                        actual: mask.kind(),
-                    });
-                }
+                bool_mask(op, mask)?;
                 let mut full = shape.to_vec();
                 full.push(n);
                 let expanded = mask.f_broadcast_to(full.as_slice()).map_err(|_| {
-                    Error::invalid(
+                    Error::argument(
                         op,
-                        format!(
-                            "mask of shape {} does not broadcast to {}",
-                            ShapeFmt(&mask.size()),
-                            ShapeFmt(&full)
-                        ),
+                        "mask",
+                        format!("a mask that broadcasts to {}", ShapeFmt(&full)),
+                        format!("a mask of shape {}", ShapeFmt(&mask.size())),
                     )
                 })?;
                 let allowed = read::<bool>(&expanded)?;

@@ -615,7 +615,7 @@ fn transform_fault_around_a_parallel_env() {
         let err = env
             .rollout(5, None, &RolloutConfig::no_break())
             .unwrap_err();
-        match &err {
+        match err.root() {
             Error::InvalidArgument { message, .. } => {
                 assert_eq!(message, &FaultyTransform::message(9, Hook::Step))
             }

@@ -1242,3 +1242,63 @@ fn cuda_full_stack_when_available() -> torchrl::Result<()> {
     }
     Ok(())
 }
+
+// ------------------------------------------------------------------ errors with context
+
+/// A transform whose step checks the observation against a spec it does not fit.
+struct ShapeStrict;
+
+impl Transform for ShapeStrict {
+    fn name(&self) -> String {
+        "ShapeStrict".into()
+    }
+
+    fn step(&mut self, _td: &TensorDict, next: TensorDict) -> torchrl::Result<TensorDict> {
+        let spec = Unbounded::new().with_shape([5])?;
+        spec.check(next.get_or_err("observation")?, "observation")?;
+        Ok(next)
+    }
+}
+
+/// An error raised three layers down (TransformedEnv::step → Compose → the transform's step →
+/// a spec check) names the transform, its position and hook, the key and the shapes, and
+/// `root()` is the original variant.
+#[test]
+fn transform_error_names_transform_key_and_shapes() {
+    let mut env = env_with(
+        &[4],
+        10,
+        vec![
+            Box::new(StepCounter::new()),
+            Box::new(ShapeStrict),
+            Box::new(RewardSum::new()),
+        ],
+    )
+    .unwrap();
+    let td = env.reset(None).unwrap();
+    let obs_shape = td.get_or_err("observation").unwrap().size();
+    let td = env.rand_action(Some(td)).unwrap();
+    let err = env.step(td).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("ShapeStrict (transform 2 of 3) in step: "),
+        "{msg}"
+    );
+    assert!(msg.contains("\"observation\""), "{msg}");
+    let shape = format!(
+        "[{}]",
+        obs_shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert!(msg.contains(&shape) && msg.contains("[5]"), "{msg}");
+    assert!(
+        matches!(err.root(), torchrl::Error::NotInSpec { key, .. } if key == "\"observation\"")
+    );
+    assert_eq!(
+        err.contexts(),
+        vec!["ShapeStrict (transform 2 of 3) in step"]
+    );
+}

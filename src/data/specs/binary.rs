@@ -20,14 +20,13 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-
 use tch::{Device, Kind, Tensor};
 
-use super::categorical::project_classes;
-use super::common::{self, concat, lead};
+use super::classes::project_classes;
+use super::common::{self, concat};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
@@ -43,10 +42,7 @@ impl Binary {
     /// Vectors of length `n`: shape `[n]`, dtype `Int8`, on the CPU. Errors when `n < 0`.
     pub fn new(n: i64) -> Result<Self> {
         if n < 0 {
-            return Err(Error::invalid(
-                "Binary::new",
-                format!("n must be >= 0, got {n}"),
-            ));
+            return Err(Error::argument("Binary::new", "n", "n >= 0", n.to_string()));
         }
         Ok(Binary {
             shape: vec![n],
@@ -59,17 +55,7 @@ impl Binary {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "Binary::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&self.n()) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match 'n' for Binary. Got n={} and shape={}.",
-                    self.n(),
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "'n'", self.n())?;
         self.shape = shape.to_vec();
         Ok(self)
     }
@@ -81,29 +67,9 @@ impl Binary {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The vector length (the last dim). TorchRL's `Binary.n` attribute is 2 instead.
     pub fn n(&self) -> i64 {
         self.shape.last().copied().unwrap_or(0)
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
     }
 
     /// Independent fair 0/1 draws of shape `[*shape, *self.shape]`.
@@ -111,20 +77,18 @@ impl Binary {
         gen.randint(&concat(shape, &self.shape), 0, 2, self.dtype, self.device)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    /// A tensor of the spec's dtype and shape holding `values` (no range check).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
     }
+}
 
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
+leaf_spec_api!(Binary; dtype, project, index);
 
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
-        }
+impl LeafSpec for Binary {
+    const PROTECTED_LAST: bool = true;
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.elements() > 0 && !common::all_binary(value)? {
             let ok = value.f_eq(0)?.f_logical_or(&value.f_eq(1)?)?;
             let (count, first) = common::first_false(&ok)?;
@@ -139,41 +103,7 @@ impl Binary {
         Ok(None)
     }
 
-    /// True when the dtype matches, the shape fits, and every value is 0 or 1.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
-    }
-
-    /// Like [`Binary::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps to
-    /// `[0, 1]` and casts to the spec's dtype.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         if value.kind() == Kind::Bool {
             return Ok(value.f_to_kind(self.dtype)?);
         }
@@ -181,78 +111,10 @@ impl Binary {
         Ok(project_classes(value, &[2])?.f_to_kind(self.dtype)?)
     }
 
-    /// A tensor of the spec's dtype and shape holding `values` (no range check).
-    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
-        encode_plain(&self.shape, self.dtype, self.device, values)
-    }
-
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("Binary", &self.shape, shape)?;
-        if shape.last() != self.shape.last() {
-            return Err(common::final_dim_error("expand", "Binary"));
-        }
-        Ok(Binary {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
-    }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (rows, _) = common::index_lead(lead(&self.shape), &[], idx)?;
-        Ok(Binary {
-            shape: concat(&rows, &[self.n()]),
-            ..self.clone()
-        })
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(
-            match common::squeezed_protected("Binary", &self.shape, dim)? {
-                None => self.clone(),
-                Some((shape, _)) => Binary {
-                    shape,
-                    ..self.clone()
-                },
-            },
-        )
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed_protected("Binary", &self.shape, dim)?;
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(Binary {
             shape,
             ..self.clone()
         })
-    }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Binary {
-            device,
-            ..self.clone()
-        })
-    }
-}
-
-impl fmt::Display for Binary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Binary(shape={}, dtype={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            common::fmt_device(self.device)
-        )
-    }
-}
-
-impl fmt::Debug for Binary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
     }
 }

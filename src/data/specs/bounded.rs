@@ -25,16 +25,18 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{self, concat, is_float, to_dev};
+use super::common::{self, concat, is_float, to_dev, SpecTensor};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
 use crate::tensordict::{fits_kind, full_f64, AsKey, BatchIndex, Elements};
 
 /// A spec for values within elementwise bounds `low <= x <= high`.
+#[derive(Clone)]
 pub struct Bounded {
-    pub(crate) low: Tensor,
-    pub(crate) high: Tensor,
+    pub(crate) low: SpecTensor,
+    pub(crate) high: SpecTensor,
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
@@ -43,27 +45,13 @@ pub struct Bounded {
     pub(crate) constant: Option<(f64, f64)>,
 }
 
-impl Clone for Bounded {
-    /// Shallow: the bound tensors are shared (specs never modify them in place).
-    fn clone(&self) -> Self {
-        Bounded {
-            low: self.low.shallow_clone(),
-            high: self.high.shallow_clone(),
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        }
-    }
-}
-
 impl PartialEq for Bounded {
     fn eq(&self, other: &Self) -> bool {
         self.shape == other.shape
             && self.dtype == other.dtype
             && self.device == other.device
-            && common::tensor_eq(&self.low, &other.low)
-            && common::tensor_eq(&self.high, &other.high)
+            && self.low == other.low
+            && self.high == other.high
     }
 }
 
@@ -96,16 +84,18 @@ impl Bounded {
         let shape = shape.as_ref();
         common::check_shape(op, shape)?;
         if low.is_nan() || high.is_nan() || low > high {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("low must be <= high, got low={low}, high={high}"),
+                "low, high",
+                "low <= high (neither NaN)",
+                format!("low={low}, high={high}"),
             ));
         }
         // Bounds beyond float32's range round to ±inf (as a cast does; libtorch's `full`
         // refuses them).
         Ok(Bounded {
-            low: full_f64(op, shape, low, Kind::Float, Device::Cpu)?,
-            high: full_f64(op, shape, high, Kind::Float, Device::Cpu)?,
+            low: SpecTensor(full_f64(op, shape, low, Kind::Float, Device::Cpu)?),
+            high: SpecTensor(full_f64(op, shape, high, Kind::Float, Device::Cpu)?),
             shape: shape.to_vec(),
             dtype: Kind::Float,
             device: Device::Cpu,
@@ -130,10 +120,12 @@ impl Bounded {
             });
         }
         let shape = broadcast(&low.size(), &high.size()).ok_or_else(|| {
-            Error::invalid(
+            Error::argument(
                 op,
+                "low, high",
+                "bounds whose shapes broadcast",
                 format!(
-                    "the shapes of low {} and high {} do not broadcast",
+                    "low of shape {} and high of shape {}",
                     ShapeFmt(&low.size()),
                     ShapeFmt(&high.size())
                 ),
@@ -147,8 +139,8 @@ impl Bounded {
         check_ordered(op, &low, &high, &shape)?;
         Ok(Bounded {
             dtype: low.kind(),
-            low,
-            high,
+            low: SpecTensor(low),
+            high: SpecTensor(high),
             shape,
             device,
             constant: None,
@@ -178,8 +170,8 @@ impl Bounded {
                 }
             }
         }
-        self.low = self.low.f_to_kind(dtype)?;
-        self.high = self.high.f_to_kind(dtype)?;
+        self.low = SpecTensor(self.low.f_to_kind(dtype)?);
+        self.high = SpecTensor(self.high.f_to_kind(dtype)?);
         if is_float(dtype) && dtype != self.dtype && self.constant.is_some() {
             // Sample between the bounds as this dtype stores them (a float32 0.3 is not the
             // float64 0.3; samples between the two would fall outside the cast bounds).
@@ -194,26 +186,6 @@ impl Bounded {
             self.constant = None;
         }
         Ok(self)
-    }
-
-    /// Moves the bounds to `device`.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
     }
 
     /// The lower bounds, of the spec's full shape.
@@ -244,20 +216,51 @@ impl Bounded {
         gen.uniform_tensor(&low, &high)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]` (even when 0 is out of bounds, as TorchRL).
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
     }
 
-    /// Ones of shape `[*shape, *self.shape]` (even when 1 is out of bounds, as TorchRL).
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
+    /// This spec with other bound tensors (of `shape`).
+    fn with_bounds(&self, low: Tensor, high: Tensor, shape: Vec<i64>) -> Result<Self> {
+        Ok(Bounded {
+            low: SpecTensor(low),
+            high: SpecTensor(high),
+            shape,
+            dtype: self.dtype,
+            device: self.device,
+            constant: self.constant,
+        })
+    }
+}
+
+leaf_spec_api!(Bounded; dtype, project, index);
+
+impl LeafSpec for Bounded {
+    fn held(&self) -> Vec<&Tensor> {
+        vec![&self.low, &self.high]
     }
 
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
+    fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {
+        match (held.pop(), held.pop()) {
+            (Some(high), Some(low)) => self.with_bounds(low, high, shape),
+            _ => Err(Error::invalid(
+                "index",
+                "internal: bounds lost while indexing",
+            )),
         }
+    }
+
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            ", low={}, high={}",
+            common::fmt_bound(&self.low),
+            common::fmt_bound(&self.high)
+        )
+    }
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.elements() == 0 {
             return Ok(None);
         }
@@ -306,42 +309,7 @@ impl Bounded {
         )))
     }
 
-    /// True when the dtype matches, the shape fits, and `low <= value <= high` everywhere.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
-    }
-
-    /// Like [`Bounded::is_in`] but errors with [`Error::NotInSpec`] saying why (for bounds: how
-    /// many values are out, the value's min/max, and the first offending element).
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats for integer
-    /// dtypes, casts to the spec's dtype, replaces NaN by `low`, and clamps to `[low, high]`.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         let dev = value.device();
         let (low, high) = (to_dev(&self.low, dev)?, to_dev(&self.high, dev)?);
         let mut v = value.shallow_clone();
@@ -381,90 +349,6 @@ impl Bounded {
             v.f_to_kind(self.dtype)?
         })
     }
-
-    /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
-    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
-        encode_plain(&self.shape, self.dtype, self.device, values)
-    }
-
-    /// The spec expanded to `shape` (TorchRL's trailing-dims rule); the bounds are expanded too.
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("Bounded", &self.shape, shape)?;
-        Ok(Bounded {
-            low: self.low.f_expand(shape, false)?.f_contiguous()?,
-            high: self.high.f_expand(shape, false)?.f_contiguous()?,
-            shape: shape.to_vec(),
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        })
-    }
-
-    /// The spec indexed on its dims (the bounds are indexed the same way).
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (shape, mut t) = common::index_lead(&self.shape, &[&self.low, &self.high], idx)?;
-        let (high, low) = (t.pop(), t.pop());
-        match (low, high) {
-            (Some(low), Some(high)) => Ok(Bounded {
-                low,
-                high,
-                shape,
-                dtype: self.dtype,
-                device: self.device,
-                constant: self.constant,
-            }),
-            _ => Err(Error::invalid(
-                "index",
-                "internal: bounds lost while indexing",
-            )),
-        }
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec is
-    /// left as is, like TorchRL).
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        let Some((shape, dims)) = common::squeezed(&self.shape, dim)? else {
-            return Ok(self.clone());
-        };
-        let (mut low, mut high) = (self.low.shallow_clone(), self.high.shallow_clone());
-        for d in dims.iter().rev() {
-            low = low.f_squeeze_dim(*d as i64)?;
-            high = high.f_squeeze_dim(*d as i64)?;
-        }
-        Ok(Bounded {
-            low,
-            high,
-            shape,
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        })
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, d) = common::unsqueezed(&self.shape, dim)?;
-        Ok(Bounded {
-            low: self.low.f_unsqueeze(d as i64)?,
-            high: self.high.f_unsqueeze(d as i64)?,
-            shape,
-            dtype: self.dtype,
-            device: self.device,
-            constant: self.constant,
-        })
-    }
-
-    /// The spec (and its bounds) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Bounded {
-            low: to_dev(&self.low, device)?,
-            high: to_dev(&self.high, device)?,
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device,
-            constant: self.constant,
-        })
-    }
 }
 
 /// Errors when `low > high` (or either is NaN) anywhere, naming the first position.
@@ -489,26 +373,6 @@ fn check_ordered(op: &'static str, low: &Tensor, high: &Tensor, shape: &[i64]) -
             ShapeFmt(shape)
         ),
     ))
-}
-
-impl fmt::Display for Bounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Bounded(shape={}, dtype={:?}, low={}, high={}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            common::fmt_bound(&self.low),
-            common::fmt_bound(&self.high),
-            common::fmt_device(self.device)
-        )
-    }
-}
-
-impl fmt::Debug for Bounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
 }
 
 #[cfg(test)]

@@ -36,11 +36,11 @@ pub(crate) fn check_kind(op: &'static str, kind: Kind) -> Result<()> {
         | Kind::BFloat16
         | Kind::Float
         | Kind::Double => Ok(()),
-        other => Err(Error::invalid(
+        other => Err(Error::argument(
             op,
-            format!(
-                "unsupported dtype {other:?}: specs describe bool, integer and real floating kinds"
-            ),
+            "dtype",
+            "a bool, integer or real floating kind (the kinds specs describe)",
+            format!("unsupported dtype {other:?}"),
         )),
     }
 }
@@ -48,9 +48,11 @@ pub(crate) fn check_kind(op: &'static str, kind: Kind) -> Result<()> {
 /// Errors for a shape with a negative dim.
 pub(crate) fn check_shape(op: &'static str, shape: &[i64]) -> Result<()> {
     if let Some(d) = shape.iter().find(|d| **d < 0) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("shape {} has a negative dimension {d}", ShapeFmt(shape)),
+            "shape",
+            "dims >= 0",
+            format!("shape {} with a negative dimension {d}", ShapeFmt(shape)),
         ));
     }
     Ok(())
@@ -71,6 +73,23 @@ pub(crate) fn checked_numel(op: &'static str, shape: &[i64]) -> Result<i64> {
                 ),
             )
         })
+}
+
+/// Errors unless `given` class indices are the `needed` ones an encoding of a spec of `shape`
+/// takes.
+pub(crate) fn check_index_count(given: usize, needed: usize, shape: &[i64]) -> Result<()> {
+    if given == needed {
+        return Ok(());
+    }
+    Err(Error::argument(
+        "encode",
+        "values",
+        format!(
+            "{needed} class indices for the spec of shape {}",
+            ShapeFmt(shape)
+        ),
+        format!("{given} (a shape mismatch)"),
+    ))
 }
 
 /// `[*a, *b]`.
@@ -370,12 +389,34 @@ pub(crate) fn unravel(mut flat: usize, shape: &[i64]) -> Vec<i64> {
     out
 }
 
-/// Tensor equality for optional tensors (same shape, same values; `None == None`).
-pub(crate) fn opt_tensor_eq(a: Option<&Tensor>, b: Option<&Tensor>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => tensor_eq(a, b),
-        _ => false,
+/// A tensor a spec holds (bounds, class masks). `Clone` shares the storage (specs never modify
+/// these tensors in place) and `==` compares kind, shape and values (devices may differ), so
+/// the specs that hold one derive `Clone` and `PartialEq`.
+pub(crate) struct SpecTensor(pub(crate) Tensor);
+
+impl Clone for SpecTensor {
+    fn clone(&self) -> Self {
+        SpecTensor(self.0.shallow_clone())
+    }
+}
+
+impl PartialEq for SpecTensor {
+    fn eq(&self, other: &Self) -> bool {
+        tensor_eq(&self.0, &other.0)
+    }
+}
+
+impl std::ops::Deref for SpecTensor {
+    type Target = Tensor;
+
+    fn deref(&self) -> &Tensor {
+        &self.0
+    }
+}
+
+impl From<Tensor> for SpecTensor {
+    fn from(t: Tensor) -> Self {
+        SpecTensor(t)
     }
 }
 
@@ -416,31 +457,25 @@ pub(crate) fn prepare_mask(
     target: &[i64],
     n: i64,
     device: Device,
-) -> Result<Tensor> {
-    if mask.kind() != Kind::Bool {
-        return Err(Error::DtypeMismatch {
-            op,
-            key: "<mask>".into(),
-            expected: Kind::Bool,
-            actual: mask.kind(),
-        });
-    }
+) -> Result<SpecTensor> {
+    crate::rng::bool_mask(op, mask)?;
     let m = if mask.elements() as i64 == n && mask.size().as_slice() != [n] && mask.dim() <= 1 {
         mask.f_reshape([n])?
     } else {
         mask.shallow_clone()
     };
     let expanded = m.f_broadcast_to(target).map_err(|_| {
-        Error::invalid(
+        Error::argument(
             op,
+            "mask",
             format!(
-                "cannot expand the mask of shape {} to the spec's mask shape {}",
-                ShapeFmt(&mask.size()),
+                "a mask that expands to the spec's mask shape {}",
                 ShapeFmt(target)
             ),
+            format!("a mask of shape {}", ShapeFmt(&mask.size())),
         )
     })?;
-    to_dev(&expanded.f_contiguous()?, device)
+    Ok(SpecTensor(to_dev(&expanded.f_contiguous()?, device)?))
 }
 
 /// The `(count, first offending flat index)` of false entries in a bool tensor.

@@ -58,8 +58,11 @@
 mod binary;
 mod bounded;
 mod categorical;
+mod classes;
 mod common;
 mod composite;
+mod conversions;
+mod leaf;
 mod multi_categorical;
 mod multi_one_hot;
 mod non_tensor;
@@ -85,6 +88,7 @@ pub use unbounded::Unbounded;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex, Entry};
+use leaf::LeafSpec;
 
 /// Any spec: one of the leaf specs, or a [`Composite`] of specs.
 ///
@@ -268,21 +272,11 @@ impl TensorSpec {
 
     /// The reason a tensor is not in a leaf spec (a Composite never holds a tensor).
     pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        Ok(match self {
-            TensorSpec::Unbounded(s) => s.violation(value),
-            TensorSpec::Bounded(s) => s.violation(value)?,
-            TensorSpec::Categorical(s) => s.violation(value)?,
-            TensorSpec::OneHot(s) => s.violation(value)?,
-            TensorSpec::Binary(s) => s.violation(value)?,
-            TensorSpec::MultiCategorical(s) => s.violation(value)?,
-            TensorSpec::MultiOneHot(s) => s.violation(value)?,
-            TensorSpec::NonTensor(s) => s.violation(value),
-            TensorSpec::Composite(_) => Some(format!(
-                "expected a tensordict (a nested level), got a tensor of shape {} and dtype {:?}",
-                ShapeFmt(&value.size()),
-                value.kind()
-            )),
-        })
+        dispatch!(self, s => LeafSpec::violation(s, value), _c => Ok(Some(format!(
+            "expected a tensordict (a nested level), got a tensor of shape {} and dtype {:?}",
+            ShapeFmt(&value.size()),
+            value.kind()
+        ))))
     }
 
     /// True when `value` is in the spec (see the module docs for the shape rule). A tensor for

@@ -24,9 +24,9 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::categorical::{check_classes_fit, project_classes};
+use super::classes::{check_classes_fit, check_nvec, project_classes, to_one_hot};
 use super::common::{self, concat, lead};
-use super::multi_one_hot::MultiOneHot;
+use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
@@ -39,17 +39,6 @@ pub struct MultiCategorical {
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
-}
-
-/// Validates an `nvec` (non-empty, every entry >= 1).
-pub(crate) fn check_nvec(op: &'static str, nvec: &[i64]) -> Result<()> {
-    if nvec.is_empty() || nvec.iter().any(|n| *n < 1) {
-        return Err(Error::invalid(
-            op,
-            format!("nvec must be non-empty with every entry >= 1, got {nvec:?}"),
-        ));
-    }
-    Ok(())
 }
 
 impl MultiCategorical {
@@ -68,17 +57,7 @@ impl MultiCategorical {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "MultiCategorical::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&(self.nvec.len() as i64)) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match len(nvec)={} for MultiCategorical, got shape={}",
-                    self.nvec.len(),
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "len(nvec)", self.nvec.len() as i64)?;
         self.shape = shape.to_vec();
         Ok(self)
     }
@@ -94,29 +73,9 @@ impl MultiCategorical {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The cardinality of each entry.
     pub fn nvec(&self) -> &[i64] {
         &self.nvec
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
     }
 
     fn nvec_tensor(&self, device: Device) -> Result<Tensor> {
@@ -138,20 +97,40 @@ impl MultiCategorical {
         build(&data, &full, self.dtype, self.device)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    /// A tensor of the spec's dtype and shape holding `values` (no range check).
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        encode_plain(&self.shape, self.dtype, self.device, values)
     }
 
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
+    /// One-hot encodes each entry and concatenates: `[..., k]` → bool `[..., sum(nvec)]`.
+    pub fn to_one_hot(&self, value: &Tensor) -> Result<Tensor> {
+        if value.size().last() != Some(&(self.nvec.len() as i64)) {
+            return Err(Error::argument(
+                "to_one_hot",
+                "value",
+                format!("a last dim of len(nvec)={}", self.nvec.len()),
+                format!("shape {}", ShapeFmt(&value.size())),
+            ));
         }
+        let mut parts = Vec::with_capacity(self.nvec.len());
+        for (i, n) in self.nvec.iter().enumerate() {
+            let col = value.f_select(-1, i as i64)?;
+            parts.push(to_one_hot(&col, *n)?);
+        }
+        Ok(Tensor::f_cat(&parts, -1)?)
+    }
+}
+
+leaf_spec_api!(MultiCategorical; dtype, project, index);
+
+impl LeafSpec for MultiCategorical {
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ", nvec={:?}", self.nvec)
+    }
+
+    const PROTECTED_LAST: bool = true;
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if value.elements() == 0 {
             return Ok(None);
         }
@@ -182,148 +161,14 @@ impl MultiCategorical {
         )))
     }
 
-    /// True when the dtype matches, the shape fits, and entry `i` is in `[0, nvec[i])`.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
-    }
-
-    /// Like [`MultiCategorical::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise rounds floats, clamps entry
-    /// `i` to `[0, nvec[i] - 1]` and casts to the spec's dtype.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
         Ok(project_classes(value, &self.nvec)?.f_to_kind(self.dtype)?)
     }
 
-    /// A tensor of the spec's dtype and shape holding `values` (no range check).
-    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
-        encode_plain(&self.shape, self.dtype, self.device, values)
-    }
-
-    /// One-hot encodes each entry and concatenates: `[..., k]` → bool `[..., sum(nvec)]`.
-    pub fn to_one_hot(&self, value: &Tensor) -> Result<Tensor> {
-        if value.size().last() != Some(&(self.nvec.len() as i64)) {
-            return Err(Error::invalid(
-                "to_one_hot",
-                format!(
-                    "the value's last dim must be len(nvec)={}, got shape {}",
-                    self.nvec.len(),
-                    ShapeFmt(&value.size())
-                ),
-            ));
-        }
-        let mut parts = Vec::with_capacity(self.nvec.len());
-        for (i, n) in self.nvec.iter().enumerate() {
-            let col = value.f_select(-1, i as i64)?;
-            parts.push(super::categorical::to_one_hot(&col, *n)?);
-        }
-        Ok(Tensor::f_cat(&parts, -1)?)
-    }
-
-    /// The equivalent [`MultiOneHot`] spec (shape `[*shape[..-1], sum(nvec)]`, dtype `Bool`).
-    pub fn to_one_hot_spec(&self) -> MultiOneHot {
-        let total: i64 = self.nvec.iter().sum();
-        MultiOneHot {
-            nvec: self.nvec.clone(),
-            shape: concat(lead(&self.shape), &[total]),
-            dtype: Kind::Bool,
-            device: self.device,
-        }
-    }
-
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `len(nvec)`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("MultiCategorical", &self.shape, shape)?;
-        if shape.last() != self.shape.last() {
-            return Err(common::final_dim_error("expand", "MultiCategorical"));
-        }
-        Ok(MultiCategorical {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
-    }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (rows, _) = common::index_lead(lead(&self.shape), &[], idx)?;
-        Ok(MultiCategorical {
-            shape: concat(&rows, &[self.nvec.len() as i64]),
-            ..self.clone()
-        })
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(
-            match common::squeezed_protected("MultiCategorical", &self.shape, dim)? {
-                None => self.clone(),
-                Some((shape, _)) => MultiCategorical {
-                    shape,
-                    ..self.clone()
-                },
-            },
-        )
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed_protected("MultiCategorical", &self.shape, dim)?;
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(MultiCategorical {
             shape,
             ..self.clone()
         })
-    }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(MultiCategorical {
-            device,
-            ..self.clone()
-        })
-    }
-}
-
-impl fmt::Display for MultiCategorical {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "MultiCategorical(shape={}, dtype={:?}, nvec={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.nvec,
-            common::fmt_device(self.device)
-        )
-    }
-}
-
-impl fmt::Debug for MultiCategorical {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
     }
 }

@@ -24,9 +24,9 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
+use super::classes::{check_nvec, class_indices, one_hot_violation, project_one_hot};
 use super::common::{self, concat, lead};
-use super::multi_categorical::{check_nvec, MultiCategorical};
-use super::one_hot::{class_indices, one_hot_violation, project_one_hot};
+use super::leaf::{leaf_spec_api, not_in_spec, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex};
@@ -67,17 +67,7 @@ impl MultiOneHot {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "MultiOneHot::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&self.total()) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match sum(nvec) for MultiOneHot. Got sum(nvec)={} and shape={}.",
-                    self.total(),
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "sum(nvec)", self.total())?;
         self.shape = shape.to_vec();
         Ok(self)
     }
@@ -89,29 +79,9 @@ impl MultiOneHot {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
     /// The width of each group.
     pub fn nvec(&self) -> &[i64] {
         &self.nvec
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
     }
 
     /// Random values of shape `[*shape, *self.shape]`: one uniform hot entry per group.
@@ -135,81 +105,8 @@ impl MultiOneHot {
         build(&data, &full, self.dtype, self.device)
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
-    }
-
-    /// Ones of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
-
     fn split(&self, value: &Tensor) -> Result<Vec<Tensor>> {
         Ok(value.f_split_with_sizes(self.nvec.as_slice(), -1)?)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
-        }
-        if value.size().last() != Some(&self.total()) {
-            return Ok(Some(format!(
-                "shape mismatch: the value's last dim must be sum(nvec)={}, got shape {}",
-                self.total(),
-                ShapeFmt(&value.size())
-            )));
-        }
-        for (i, part) in self.split(value)?.iter().enumerate() {
-            if let Some(r) = one_hot_violation(part, &format!("one-hot in group {i}"))? {
-                return Ok(Some(r));
-            }
-        }
-        Ok(None)
-    }
-
-    /// True when the dtype matches, the shape fits, and each group is one-hot.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
-    }
-
-    /// Like [`MultiOneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
-    /// of each group.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if value.size().last() != Some(&self.total())
-            || !common::shape_fits(&self.shape, &value.size())
-        {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
-        let mut parts = Vec::with_capacity(self.nvec.len());
-        for (part, n) in self.split(value)?.iter().zip(&self.nvec) {
-            parts.push(project_one_hot(part, *n, None, self.dtype)?);
-        }
-        Ok(Tensor::f_cat(&parts, -1)?)
     }
 
     /// One-hot encodes class indices, `len(nvec)` per row (row-major), e.g. `nvec = [2, 3]` and
@@ -220,16 +117,7 @@ impl MultiOneHot {
         let count = (common::checked_numel("encode", rows)? as usize)
             .checked_mul(k)
             .ok_or_else(|| Error::invalid("encode", "too many class indices"))?;
-        if values.len() != count {
-            return Err(Error::invalid(
-                "encode",
-                format!(
-                    "Shape mismatch: {} class indices given, the spec of shape {} needs {count}",
-                    values.len(),
-                    ShapeFmt(&self.shape)
-                ),
-            ));
-        }
+        common::check_index_count(values.len(), count, &self.shape)?;
         let total = self.total() as usize;
         let n = (count / k.max(1))
             .checked_mul(total)
@@ -255,13 +143,11 @@ impl MultiOneHot {
     /// Class indices per group (int64 `[..., len(nvec)]`) from the concatenated one-hot values.
     pub fn to_categorical(&self, value: &Tensor) -> Result<Tensor> {
         if value.size().last() != Some(&self.total()) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "to_categorical",
-                format!(
-                    "the value's last dim must be sum(nvec)={}, got shape {}",
-                    self.total(),
-                    ShapeFmt(&value.size())
-                ),
+                "value",
+                format!("a last dim of sum(nvec)={}", self.total()),
+                format!("shape {}", ShapeFmt(&value.size())),
             ));
         }
         let mut parts = Vec::with_capacity(self.nvec.len());
@@ -270,85 +156,52 @@ impl MultiOneHot {
         }
         Ok(Tensor::f_stack(&parts, -1)?)
     }
+}
 
-    /// The equivalent [`MultiCategorical`] spec (shape `[*shape[..-1], len(nvec)]`, `Int64`).
-    pub fn to_categorical_spec(&self) -> MultiCategorical {
-        MultiCategorical {
-            shape: concat(lead(&self.shape), &[self.nvec.len() as i64]),
-            nvec: self.nvec.clone(),
-            dtype: Kind::Int64,
-            device: self.device,
+leaf_spec_api!(MultiOneHot; dtype, project, index);
+
+impl LeafSpec for MultiOneHot {
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ", nvec={:?}", self.nvec)
+    }
+
+    const PROTECTED_LAST: bool = true;
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
+        if value.size().last() != Some(&self.total()) {
+            return Ok(Some(format!(
+                "shape mismatch: the value's last dim must be sum(nvec)={}, got shape {}",
+                self.total(),
+                ShapeFmt(&value.size())
+            )));
         }
-    }
-
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `sum(nvec)`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("MultiOneHot", &self.shape, shape)?;
-        if shape.last() != self.shape.last() {
-            return Err(common::final_dim_error("expand", "MultiOneHot"));
+        for (i, part) in self.split(value)?.iter().enumerate() {
+            if let Some(r) = one_hot_violation(part, &format!("one-hot in group {i}"))? {
+                return Ok(Some(r));
+            }
         }
-        Ok(MultiOneHot {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
+        Ok(None)
     }
 
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (rows, _) = common::index_lead(lead(&self.shape), &[], idx)?;
-        Ok(MultiOneHot {
-            shape: concat(&rows, &[self.total()]),
-            ..self.clone()
-        })
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        if value.size().last() != Some(&self.total()) {
+            let reason = format!(
+                "cannot project a value of shape {}: projection does not reshape",
+                ShapeFmt(&value.size())
+            );
+            return Err(not_in_spec("project", "<value>", self, reason));
+        }
+        let mut parts = Vec::with_capacity(self.nvec.len());
+        for (part, n) in self.split(value)?.iter().zip(&self.nvec) {
+            parts.push(project_one_hot(part, *n, None, self.dtype)?);
+        }
+        Ok(Tensor::f_cat(&parts, -1)?)
     }
 
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(
-            match common::squeezed_protected("MultiOneHot", &self.shape, dim)? {
-                None => self.clone(),
-                Some((shape, _)) => MultiOneHot {
-                    shape,
-                    ..self.clone()
-                },
-            },
-        )
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed_protected("MultiOneHot", &self.shape, dim)?;
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(MultiOneHot {
             shape,
             ..self.clone()
         })
-    }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(MultiOneHot {
-            device,
-            ..self.clone()
-        })
-    }
-}
-
-impl fmt::Display for MultiOneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "MultiOneHot(shape={}, dtype={:?}, nvec={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.nvec,
-            common::fmt_device(self.device)
-        )
-    }
-}
-
-impl fmt::Debug for MultiOneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
     }
 }

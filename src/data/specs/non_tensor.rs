@@ -23,12 +23,11 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-
 use tch::{Device, Kind, Tensor};
 
 use super::common;
-use crate::error::{Error, Result, ShapeFmt};
+use super::leaf::{leaf_spec_api, not_in_spec, LeafSpec};
+use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
@@ -70,85 +69,23 @@ impl NonTensor {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
     /// The dtype, if one was set.
     pub fn dtype(&self) -> Option<Kind> {
         self.dtype
     }
 
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
-    fn placeholder(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(
-            shape,
-            &self.shape,
-            self.dtype.unwrap_or(Kind::Uint8),
-            self.device,
-            false,
-        )
-    }
-
     /// A zero placeholder of shape `[*shape, *self.shape]` (no generator draws).
     pub fn rand(&self, _gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
-        self.placeholder(shape)
-    }
-
-    /// A zero placeholder of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        self.placeholder(shape)
-    }
-
-    /// A zero placeholder of shape `[*shape, *self.shape]` (the same as [`NonTensor::zero`]).
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        self.placeholder(shape)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Option<String> {
-        common::dtype_shape_violation(&self.shape, self.dtype, value)
-    }
-
-    /// True when the shape fits (and the dtype matches, when one is set).
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value).is_none())
-    }
-
-    /// Like [`NonTensor::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value) {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
+        LeafSpec::zero(self, shape)
     }
 
     /// Returns a value that is in the spec; errors otherwise (non-tensor data cannot be
     /// projected).
     pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        match self.violation(value) {
-            None => Ok(value.shallow_clone()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!("cannot project onto a NonTensor spec: {reason}"),
-            }),
+        if LeafSpec::is_in(self, value)? {
+            return Ok(value.shallow_clone());
         }
+        self.project_fitting(value)
     }
 
     /// Always an error: a NonTensor spec has no numeric encoding.
@@ -158,66 +95,21 @@ impl NonTensor {
             "a NonTensor spec describes non-tensor data and cannot encode numbers",
         ))
     }
+}
 
-    /// The spec expanded to `shape` (trailing-dims rule).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("NonTensor", &self.shape, shape)?;
-        Ok(NonTensor {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
+leaf_spec_api!(NonTensor; index);
+
+impl LeafSpec for NonTensor {
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        let reason = LeafSpec::violation(self, value)?.unwrap_or_default();
+        let reason = format!("cannot project onto a NonTensor spec: {reason}");
+        Err(not_in_spec("project", "<value>", self, reason))
     }
 
-    /// The spec indexed on its dims.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (shape, _) = common::index_lead(&self.shape, &[], idx)?;
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(NonTensor {
             shape,
             ..self.clone()
         })
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(match common::squeezed(&self.shape, dim)? {
-            None => self.clone(),
-            Some((shape, _)) => NonTensor {
-                shape,
-                ..self.clone()
-            },
-        })
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed(&self.shape, dim)?;
-        Ok(NonTensor {
-            shape,
-            ..self.clone()
-        })
-    }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(NonTensor {
-            device,
-            ..self.clone()
-        })
-    }
-}
-
-impl fmt::Display for NonTensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NonTensor(shape={}", ShapeFmt(&self.shape))?;
-        if let Some(k) = self.dtype {
-            write!(f, ", dtype={k:?}")?;
-        }
-        write!(f, "{})", common::fmt_device(self.device))
-    }
-}
-
-impl fmt::Debug for NonTensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
     }
 }

@@ -24,122 +24,30 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::categorical::Categorical;
-use super::common::{self, concat, lead, to_dev};
-use crate::error::{ensure, Error, Result, ShapeFmt};
+use super::classes::{class_indices, one_hot_violation, project_one_hot};
+use super::common::{self, concat, lead, to_dev, SpecTensor};
+use super::leaf::{leaf_spec_api, LeafSpec};
+use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for one-hot encoded classes.
+#[derive(Clone, PartialEq)]
 pub struct OneHot {
     pub(crate) n: i64,
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: Kind,
     pub(crate) device: Device,
     /// Allowed classes, of the spec's shape, on `device`.
-    pub(crate) mask: Option<Tensor>,
-}
-
-impl Clone for OneHot {
-    /// Shallow: the mask tensor is shared (specs never modify it in place).
-    fn clone(&self) -> Self {
-        OneHot {
-            n: self.n,
-            shape: self.shape.clone(),
-            dtype: self.dtype,
-            device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
-        }
-    }
-}
-
-impl PartialEq for OneHot {
-    fn eq(&self, other: &Self) -> bool {
-        self.n == other.n
-            && self.shape == other.shape
-            && self.dtype == other.dtype
-            && self.device == other.device
-            && common::opt_tensor_eq(self.mask.as_ref(), other.mask.as_ref())
-    }
-}
-
-/// The reason a value is not one-hot along its last dim (values in {0, 1}, one 1 per row).
-pub(crate) fn one_hot_violation(value: &Tensor, what: &str) -> Result<Option<String>> {
-    if value.elements() == 0 {
-        return Ok(None);
-    }
-    if !common::all_binary(value)? {
-        let (lo, hi) = common::min_max(value)?.unwrap_or((0.0, 0.0));
-        return Ok(Some(format!(
-            "not {what}: values must be 0 or 1, got values in [{lo}, {hi}]"
-        )));
-    }
-    let sums = value.f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?;
-    let ok = sums.f_eq(1)?;
-    if !common::all_true(&ok)? {
-        let (count, first) = common::first_false(&ok)?;
-        let first = first.unwrap_or(0);
-        let s = sums.f_reshape([-1])?.f_int64_value(&[first as i64])?;
-        return Ok(Some(format!(
-            "not {what}: {count} of {} rows do not have exactly one 1 along the last dim; first at \
-             index {:?} (value shape {}) has {s}",
-            sums.elements(),
-            common::unravel(first, &sums.size()),
-            ShapeFmt(&value.size())
-        )));
-    }
-    Ok(None)
-}
-
-/// Argmax one-hot projection of scores along the last dim, restricted to `mask`.
-pub(crate) fn project_one_hot(
-    value: &Tensor,
-    n: i64,
-    mask: Option<&Tensor>,
-    kind: Kind,
-) -> Result<Tensor> {
-    // NaN scores lose to every number, ±inf become the extreme finite values: a masked-out
-    // class (-inf below) then never wins, even against -inf or NaN scores.
-    let mut scores = value
-        .f_to_kind(Kind::Double)?
-        .f_nan_to_num(-f64::MAX, f64::MAX, -f64::MAX)?;
-    if let Some(m) = mask {
-        let m = to_dev(m, value.device())?.f_broadcast_to(value.size().as_slice())?;
-        let rows_ok = m
-            .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Int64)?
-            .f_ge(1)?;
-        if !common::all_true(&rows_ok)? {
-            return Err(Error::invalid(
-                "project",
-                "the mask allows no class in some row: cannot project",
-            ));
-        }
-        scores = scores.f_masked_fill(&m.f_logical_not()?, f64::NEG_INFINITY)?;
-    }
-    Ok(scores.f_argmax(-1, false)?.f_one_hot(n)?.f_to_kind(kind)?)
-}
-
-/// Class indices from `values` (integral, in `[0, n)`), or an error.
-pub(crate) fn class_indices(op: &'static str, values: &[f64], n: i64) -> Result<Vec<i64>> {
-    values
-        .iter()
-        .map(|v| {
-            if v.fract() == 0.0 && *v >= 0.0 && *v < n as f64 {
-                Ok(*v as i64)
-            } else {
-                Err(Error::invalid(
-                    op,
-                    format!("value {v} is not a class index in [0, {n})"),
-                ))
-            }
-        })
-        .collect()
+    pub(crate) mask: Option<SpecTensor>,
 }
 
 impl OneHot {
     /// `n` classes, shape `[n]`, dtype `Bool`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        ensure!(n >= 1, "OneHot::new", "n must be >= 1, got {n}");
+        if n < 1 {
+            return Err(Error::argument("OneHot::new", "n", "n >= 1", n.to_string()));
+        }
         Ok(OneHot {
             n,
             shape: vec![n],
@@ -153,20 +61,10 @@ impl OneHot {
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "OneHot::with_shape";
         let shape = shape.as_ref();
-        common::check_shape(op, shape)?;
-        if shape.last() != Some(&self.n) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "The last value of the shape must match n for OneHot. Got n={} and shape={}.",
-                    self.n,
-                    ShapeFmt(shape)
-                ),
-            ));
-        }
+        Self::check_last_dim(op, shape, "n", self.n)?;
         self.shape = shape.to_vec();
         if let Some(m) = self.mask.take() {
-            self.mask = Some(common::prepare_mask(op, &m, shape, self.n, self.device)?);
+            self.mask = Some(self.prepared_mask(op, &m)?);
         }
         Ok(self)
     }
@@ -178,80 +76,63 @@ impl OneHot {
         Ok(self)
     }
 
-    /// Sets the device (the mask moves too).
-    pub fn with_device(self, device: Device) -> Result<Self> {
-        self.to_device(device)
-    }
-
-    /// Sets the mask (see [`OneHot::update_mask`]).
-    pub fn with_mask(mut self, mask: Tensor) -> Result<Self> {
-        self.update_mask(Some(mask))?;
-        Ok(self)
-    }
-
-    /// Sets (`Some`) or clears (`None`) the mask: a bool tensor that broadcasts to the spec's
-    /// shape, `false` excluding a class. On error the spec is unchanged.
-    pub fn update_mask(&mut self, mask: Option<Tensor>) -> Result<()> {
-        self.mask = match mask {
-            None => None,
-            Some(m) => Some(common::prepare_mask(
-                "OneHot::update_mask",
-                &m,
-                &self.shape,
-                self.n,
-                self.device,
-            )?),
-        };
-        Ok(())
-    }
-
-    /// The number of classes (the last dim).
-    pub fn n(&self) -> i64 {
-        self.n
-    }
-
-    /// The mask, expanded to the spec's shape, if any.
-    pub fn mask(&self) -> Option<&Tensor> {
-        self.mask.as_ref()
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
     /// masked. Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         let rows = concat(shape, lead(&self.shape));
-        let idx = gen.sample_categorical(&rows, self.n, self.mask.as_ref(), self.device)?;
+        let idx = gen.sample_categorical(&rows, self.n, self.mask.as_deref(), self.device)?;
         Ok(idx.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
     }
 
-    /// Zeros (all `false`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
+    /// One-hot encodes class indices: one value per row (`shape[..-1]` elements), e.g.
+    /// `encode(&[2.0])` on `n = 3` gives `[false, false, true]`. Errors on values that are not
+    /// class indices.
+    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
+        let rows = lead(&self.shape);
+        let count = common::checked_numel("encode", rows)?;
+        common::check_index_count(values.len(), count as usize, &self.shape)?;
+        let idx = class_indices("encode", values, self.n)?;
+        let t = build(&idx, rows, Kind::Int64, self.device)?;
+        Ok(t.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
     }
 
-    /// Ones (all `true`) of shape `[*shape, *self.shape]` (not one-hot, as TorchRL).
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Result<Option<String>> {
-        if let Some(r) = common::dtype_shape_violation(&self.shape, Some(self.dtype), value) {
-            return Ok(Some(r));
+    /// Class indices (int64, the last dim removed) from one-hot values (argmax).
+    pub fn to_categorical(&self, value: &Tensor) -> Result<Tensor> {
+        if value.size().last() != Some(&self.n) {
+            return Err(Error::argument(
+                "to_categorical",
+                "value",
+                format!("a last dim of n={}", self.n),
+                format!("shape {}", ShapeFmt(&value.size())),
+            ));
         }
+        Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)
+    }
+}
+
+leaf_spec_api!(OneHot; dtype, project, index, masked);
+
+impl LeafSpec for OneHot {
+    fn held(&self) -> Vec<&Tensor> {
+        self.mask.as_deref().into_iter().collect()
+    }
+
+    fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {
+        Ok(OneHot {
+            shape,
+            mask: held.pop().map(SpecTensor),
+            ..self.clone()
+        })
+    }
+
+    fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let masked = if self.mask.is_some() { ", masked" } else { "" };
+        write!(f, ", n={}{masked}", self.n)
+    }
+
+    const PROTECTED_LAST: bool = true;
+
+    fn domain_violation(&self, value: &Tensor) -> Result<Option<String>> {
         if let Some(r) = one_hot_violation(value, "one-hot")? {
             return Ok(Some(r));
         }
@@ -273,177 +154,7 @@ impl OneHot {
         Ok(None)
     }
 
-    /// True when the dtype matches, the shape fits, every row along the last dim is one-hot,
-    /// and the mask allows the hot class.
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value)?.is_none())
-    }
-
-    /// Like [`OneHot::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value)? {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value unchanged when it is in the spec; otherwise one-hot encodes the argmax
-    /// of each row among the allowed classes (TorchRL samples with `multinomial` instead).
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value)?.is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
-        project_one_hot(value, self.n, self.mask.as_ref(), self.dtype)
-    }
-
-    /// One-hot encodes class indices: one value per row (`shape[..-1]` elements), e.g.
-    /// `encode(&[2.0])` on `n = 3` gives `[false, false, true]`. Errors on values that are not
-    /// class indices.
-    pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
-        let rows = lead(&self.shape);
-        let count = common::checked_numel("encode", rows)?;
-        if values.len() as i64 != count {
-            return Err(Error::invalid(
-                "encode",
-                format!(
-                    "Shape mismatch: {} class indices given, the spec of shape {} needs {count}",
-                    values.len(),
-                    ShapeFmt(&self.shape)
-                ),
-            ));
-        }
-        let idx = class_indices("encode", values, self.n)?;
-        let t = build(&idx, rows, Kind::Int64, self.device)?;
-        Ok(t.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
-    }
-
-    /// Class indices (int64, the last dim removed) from one-hot values (argmax).
-    pub fn to_categorical(&self, value: &Tensor) -> Result<Tensor> {
-        if value.size().last() != Some(&self.n) {
-            return Err(Error::invalid(
-                "to_categorical",
-                format!(
-                    "the value's last dim must be n={}, got shape {}",
-                    self.n,
-                    ShapeFmt(&value.size())
-                ),
-            ));
-        }
-        Ok(value.f_to_kind(Kind::Int64)?.f_argmax(-1, false)?)
-    }
-
-    /// The equivalent [`Categorical`] spec: shape `shape[..-1]`, dtype `Int64`, same mask.
-    pub fn to_categorical_spec(&self) -> Categorical {
-        Categorical {
-            n: self.n,
-            shape: lead(&self.shape).to_vec(),
-            dtype: Kind::Int64,
-            device: self.device,
-            mask: self.mask.as_ref().map(Tensor::shallow_clone),
-        }
-    }
-
-    /// The spec expanded to `shape` (trailing-dims rule; the last dim stays `n`).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("OneHot", &self.shape, shape)?;
-        if shape.last() != Some(&self.n) {
-            return Err(common::final_dim_error("expand", "OneHot"));
-        }
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(m.f_expand(shape, false)?.f_contiguous()?),
-        };
-        Ok(OneHot {
-            shape: shape.to_vec(),
-            mask,
-            ..self.clone()
-        })
-    }
-
-    /// The spec indexed on its leading dims; the last dim cannot be indexed.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let tensors: Vec<&Tensor> = self.mask.iter().collect();
-        let (rows, mut t) = common::index_lead(lead(&self.shape), &tensors, idx)?;
-        Ok(OneHot {
-            shape: concat(&rows, &[self.n]),
-            mask: t.pop(),
-            ..self.clone()
-        })
-    }
-
-    /// Removes a size-1 leading dim (`None`: every size-1 leading dim). Squeezing the last dim
-    /// is an error.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        match common::squeezed_protected("OneHot", &self.shape, dim)? {
-            None => Ok(self.clone()),
-            Some((shape, _)) => self.reshaped(shape),
-        }
-    }
-
-    /// Inserts a dim of size 1 at `dim`, which must come before the last dim.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed_protected("OneHot", &self.shape, dim)?;
-        self.reshaped(shape)
-    }
-
-    fn reshaped(&self, shape: Vec<i64>) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(m.f_reshape(shape.as_slice())?),
-        };
-        Ok(OneHot {
-            shape,
-            mask,
-            ..self.clone()
-        })
-    }
-
-    /// The spec (and its mask) on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        let mask = match &self.mask {
-            None => None,
-            Some(m) => Some(to_dev(m, device)?),
-        };
-        Ok(OneHot {
-            device,
-            mask,
-            ..self.clone()
-        })
-    }
-}
-
-impl fmt::Display for OneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "OneHot(shape={}, dtype={:?}, n={}{}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            self.n,
-            if self.mask.is_some() { ", masked" } else { "" },
-            common::fmt_device(self.device)
-        )
-    }
-}
-
-impl fmt::Debug for OneHot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        project_one_hot(value, self.n, self.mask.as_deref(), self.dtype)
     }
 }

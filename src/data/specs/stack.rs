@@ -20,6 +20,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::fmt;
+
 use super::common::{self, tuple_fmt};
 use super::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
@@ -33,72 +35,34 @@ pub fn stack_specs(specs: &[TensorSpec], dim: i64) -> Result<TensorSpec> {
     let Some((first, rest)) = specs.split_first() else {
         return Err(Error::invalid(op, "Cannot stack an empty list of specs."));
     };
+    let kind = |k: Option<tch::Kind>| k.map_or("None".to_string(), |k| format!("{k:?}"));
     for (i, spec) in rest.iter().enumerate() {
         let i = i + 1;
-        if std::mem::discriminant(spec) != std::mem::discriminant(first) {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "Stacking specs cannot occur: Found more than one type of specs in the list \
-                     ({} at position 0, {} at position {i})",
-                    first.class_name(),
-                    spec.class_name()
-                ),
-            ));
+        let (a, b) = (first, spec);
+        if std::mem::discriminant(b) != std::mem::discriminant(a) {
+            let why = "stacking specs cannot occur: found more than one type of specs in the list";
+            return Err(differ("Classes", a.class_name(), b.class_name(), i, why));
         }
-        if spec.device() != first.device() {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "Devices differ, got {:?} and {:?} (position {i})",
-                    first.device(),
-                    spec.device()
-                ),
-            ));
+        if b.device() != a.device() {
+            let (da, db) = (format!("{:?}", a.device()), format!("{:?}", b.device()));
+            return Err(differ("Devices", da, db, i, "specs on one device"));
         }
-        if spec.dtype() != first.dtype() {
-            let fmt = |k: Option<tch::Kind>| k.map_or("None".to_string(), |k| format!("{k:?}"));
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "Dtypes differ, got {} and {} (position {i}): specs whose dtypes differ \
-                     cannot be stacked",
-                    fmt(first.dtype()),
-                    fmt(spec.dtype())
-                ),
-            ));
+        if b.dtype() != a.dtype() {
+            let why = "specs whose dtypes differ cannot be stacked";
+            return Err(differ("Dtypes", kind(a.dtype()), kind(b.dtype()), i, why));
         }
-        if spec.ndim() != first.ndim() {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "Ndims differ, got {} and {} (position {i}): specs whose ndims differ cannot \
-                     be stacked",
-                    first.ndim(),
-                    spec.ndim()
-                ),
-            ));
+        if b.ndim() != a.ndim() {
+            let why = "specs whose ndims differ cannot be stacked";
+            return Err(differ("Ndims", a.ndim(), b.ndim(), i, why));
         }
-        if spec.shape() != first.shape() {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "Shapes differ, got {} and {} (position {i}): heterogeneous specs would need \
-                     a lazy stack (TorchRL's Stacked), which is not implemented",
-                    ShapeFmt(first.shape()),
-                    ShapeFmt(spec.shape())
-                ),
-            ));
+        let lazy = "heterogeneous specs would need a lazy stack (TorchRL's Stacked / \
+                    StackedComposite), which is not implemented";
+        if b.shape() != a.shape() {
+            let (sa, sb) = (ShapeFmt(a.shape()), ShapeFmt(b.shape()));
+            return Err(differ("Shapes", sa, sb, i, lazy));
         }
-        if spec != first {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "the specs differ ({first} at position 0, {spec} at position {i}): \
-                     heterogeneous specs would need a lazy stack (TorchRL's Stacked / \
-                     StackedComposite), which is not implemented"
-                ),
-            ));
+        if b != a {
+            return Err(differ("Specs", a, b, i, lazy));
         }
     }
     let (mut shape, d) = common::unsqueezed(first.shape(), dim)?;
@@ -107,12 +71,21 @@ pub fn stack_specs(specs: &[TensorSpec], dim: i64) -> Result<TensorSpec> {
     }
     let unsq = first.unsqueeze(d as i64)?;
     unsq.expand(&shape).map_err(|e| {
-        Error::invalid(
-            op,
-            format!(
-                "cannot expand the stacked spec to {}: {e}",
-                tuple_fmt(&shape)
-            ),
-        )
+        e.context(format!(
+            "{op}: cannot expand the stacked spec to {}",
+            tuple_fmt(&shape)
+        ))
     })
+}
+
+/// `specs[i]` differs from `specs[0]` in `what` (`"Dtypes"`, …): `a` against `b`; `why` says
+/// what stacking needs.
+#[cold]
+fn differ(what: &str, a: impl fmt::Display, b: impl fmt::Display, i: usize, why: &str) -> Error {
+    Error::argument(
+        "stack_specs",
+        "specs",
+        format!("specs that can be stacked ({why})"),
+        format!("{what} differ, got {a} and {b} (position {i})"),
+    )
 }

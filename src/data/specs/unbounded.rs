@@ -20,11 +20,10 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt;
-
 use tch::{Device, Kind, Tensor};
 
 use super::common::{self, concat, is_float};
+use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex};
@@ -67,27 +66,6 @@ impl Unbounded {
         Ok(self)
     }
 
-    /// Sets the device.
-    pub fn with_device(mut self, device: Device) -> Result<Self> {
-        self.device = device;
-        Ok(self)
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[i64] {
-        &self.shape
-    }
-
-    /// The dtype.
-    pub fn dtype(&self) -> Kind {
-        self.dtype
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     /// True for integer and bool dtypes (`UnboundedDiscrete` in TorchRL).
     pub fn is_discrete(&self) -> bool {
         !is_float(self.dtype)
@@ -119,106 +97,23 @@ impl Unbounded {
         }
     }
 
-    /// Zeros of shape `[*shape, *self.shape]`.
-    pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, false)
-    }
-
-    /// Ones (`true` for bool) of shape `[*shape, *self.shape]`.
-    pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
-        common::filled(shape, &self.shape, self.dtype, self.device, true)
-    }
-
-    pub(crate) fn violation(&self, value: &Tensor) -> Option<String> {
-        common::dtype_shape_violation(&self.shape, Some(self.dtype), value)
-    }
-
-    /// True when the dtype matches and the shape fits (values are not checked).
-    pub fn is_in(&self, value: &Tensor) -> Result<bool> {
-        Ok(self.violation(value).is_none())
-    }
-
-    /// Like [`Unbounded::is_in`] but errors with [`Error::NotInSpec`] saying why.
-    pub fn check(&self, value: &Tensor, key: impl AsKey) -> Result<()> {
-        match self.violation(value) {
-            None => Ok(()),
-            Some(reason) => Err(Error::NotInSpec {
-                op: "check",
-                key: key.to_nested_key().to_string(),
-                spec: self.to_string(),
-                reason,
-            }),
-        }
-    }
-
-    /// Returns the value cast to the spec's dtype when it is not in the spec. The shape must
-    /// fit: projection never reshapes.
-    pub fn project(&self, value: &Tensor) -> Result<Tensor> {
-        if self.violation(value).is_none() {
-            return Ok(value.shallow_clone());
-        }
-        if !common::shape_fits(&self.shape, &value.size()) {
-            return Err(Error::NotInSpec {
-                op: "project",
-                key: "<value>".into(),
-                spec: self.to_string(),
-                reason: format!(
-                    "cannot project a value of shape {}: projection does not reshape",
-                    ShapeFmt(&value.size())
-                ),
-            });
-        }
-        Ok(value.f_to_kind(self.dtype)?)
-    }
-
     /// A tensor of the spec's dtype and shape holding `values` (row-major; their count must be
     /// the spec's number of elements). Values are not checked.
     pub fn encode(&self, values: &[f64]) -> Result<Tensor> {
         encode_plain(&self.shape, self.dtype, self.device, values)
     }
+}
 
-    /// The spec expanded to `shape` (TorchRL's trailing-dims rule).
-    pub fn expand(&self, shape: &[i64]) -> Result<Self> {
-        common::check_expand("Unbounded", &self.shape, shape)?;
-        Ok(Unbounded {
-            shape: shape.to_vec(),
-            ..self.clone()
-        })
+leaf_spec_api!(Unbounded; dtype, project, index);
+
+impl LeafSpec for Unbounded {
+    fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {
+        Ok(value.f_to_kind(self.dtype)?)
     }
 
-    /// The spec indexed on its dims, like a tensor of its shape.
-    pub fn index(&self, idx: &[BatchIndex]) -> Result<Self> {
-        let (shape, _) = common::index_lead(&self.shape, &[], idx)?;
+    fn with_held(&self, shape: Vec<i64>, _held: Vec<Tensor>) -> Result<Self> {
         Ok(Unbounded {
             shape,
-            ..self.clone()
-        })
-    }
-
-    /// Removes dim `dim` if it has size 1, or every size-1 dim with `None`.
-    pub fn squeeze(&self, dim: Option<i64>) -> Result<Self> {
-        Ok(match common::squeezed(&self.shape, dim)? {
-            None => self.clone(),
-            Some((shape, _)) => Unbounded {
-                shape,
-                ..self.clone()
-            },
-        })
-    }
-
-    /// Inserts a dim of size 1 at `dim`.
-    pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
-        let (shape, _) = common::unsqueezed(&self.shape, dim)?;
-        Ok(Unbounded {
-            shape,
-            ..self.clone()
-        })
-    }
-
-    /// The spec on another device.
-    pub fn to_device(&self, device: Device) -> Result<Self> {
-        Ok(Unbounded {
-            device,
             ..self.clone()
         })
     }
@@ -243,22 +138,4 @@ pub(crate) fn encode_plain(
         ));
     }
     build(values, shape, kind, device)
-}
-
-impl fmt::Display for Unbounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Unbounded(shape={}, dtype={:?}{})",
-            ShapeFmt(&self.shape),
-            self.dtype,
-            common::fmt_device(self.device)
-        )
-    }
-}
-
-impl fmt::Debug for Unbounded {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
 }

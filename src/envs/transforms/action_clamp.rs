@@ -33,7 +33,7 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::Transform;
+use super::{not_attached, setters, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -70,12 +70,6 @@ impl ActionClamp {
         self
     }
 
-    /// What to do with NaN actions (default [`NanPolicy::Error`]).
-    pub fn with_nan_policy(mut self, nan: NanPolicy) -> Self {
-        self.nan = nan;
-        self
-    }
-
     /// The clamped keys (empty until the transform joins an env with default keys).
     pub fn keys(&self) -> Vec<NestedKey> {
         match &self.keys {
@@ -84,6 +78,11 @@ impl ActionClamp {
         }
     }
 }
+
+setters!(ActionClamp {
+    /// What to do with NaN actions (default [`NanPolicy::Error`]).
+    with_nan_policy(nan: NanPolicy) => nan = nan;
+});
 
 impl Transform for ActionClamp {
     fn name(&self) -> String {
@@ -125,20 +124,20 @@ impl Transform for ActionClamp {
                     bounds.push((key, b.low().shallow_clone(), b.high().shallow_clone()))
                 }
                 Some(other) => {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!(
-                            "the action {key} has a {} spec ({other}); ActionClamp needs Bounded \
-                             action specs",
-                            other.class_name()
-                        ),
+                        key,
+                        "a Bounded action spec (ActionClamp clamps to its bounds)",
+                        format!("a {} spec ({other})", other.class_name()),
                     ))
                 }
                 None => {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
+                        key,
+                        "a key of the action spec",
                         format!(
-                            "the key {key} is not in the action spec (action keys: {})",
+                            "a key that is not in it (action keys: {})",
                             fmt_key_list(&parent.action_keys())
                         ),
                     ))
@@ -152,13 +151,7 @@ impl Transform for ActionClamp {
     fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "ActionClamp::inv";
         if self.bounds.is_empty() {
-            return Err(Error::invalid(
-                op,
-                format!(
-                    "{} has not joined an environment; add it to a TransformedEnv first",
-                    self.name()
-                ),
-            ));
+            return Err(not_attached(op, self));
         }
         for (key, low, high) in &self.bounds {
             let Some(a) = td.get(key) else { continue };

@@ -36,7 +36,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::Transform;
+use super::{setters, Transform};
 use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -92,30 +92,6 @@ impl CatTensors {
         }
     }
 
-    /// Where the result is written (default `"observation_vector"`).
-    pub fn with_out_key(mut self, key: impl Into<NestedKey>) -> Self {
-        self.out_key = key.into();
-        self
-    }
-
-    /// The dim to concatenate along (default `-1`; see the module docs for non-negative dims).
-    pub fn with_dim(mut self, dim: i64) -> Self {
-        self.dim = dim;
-        self
-    }
-
-    /// Whether the inputs are deleted (default true).
-    pub fn with_del_keys(mut self, del_keys: bool) -> Self {
-        self.del_keys = del_keys;
-        self
-    }
-
-    /// Whether the in keys are sorted (default true).
-    pub fn with_sort(mut self, sort: bool) -> Self {
-        self.sort = sort;
-        self
-    }
-
     /// The in keys in concatenation order (`None` for a lazy transform not attached yet).
     pub fn in_keys(&self) -> Option<Vec<NestedKey>> {
         let keys = match (&self.in_keys, &self.found) {
@@ -140,16 +116,20 @@ impl CatTensors {
             )
         })?;
         if keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
-                format!("{}: no in keys to concatenate", self.name()),
+                "in_keys",
+                format!("at least one in key for {} to concatenate", self.name()),
+                "none",
             ));
         }
         for (i, k) in keys.iter().enumerate() {
             if keys.iter().take(i).any(|x| x == k) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
-                    format!("{}: key {k} is listed twice", self.name()),
+                    k,
+                    format!("each in key of {} once", self.name()),
+                    "a key listed twice",
                 ));
             }
         }
@@ -222,6 +202,17 @@ impl CatTensors {
     }
 }
 
+setters!(CatTensors {
+    /// Where the result is written (default `"observation_vector"`).
+    with_out_key(key: impl Into<NestedKey>) => out_key = key.into();
+    /// The dim to concatenate along (default `-1`; see the module docs for non-negative dims).
+    with_dim(dim: i64) => dim = dim;
+    /// Whether the inputs are deleted (default true).
+    with_del_keys(del_keys: bool) => del_keys = del_keys;
+    /// Whether the in keys are sorted (default true).
+    with_sort(sort: bool) => sort = sort;
+});
+
 impl Transform for CatTensors {
     fn name(&self) -> String {
         let keys = match self.in_keys() {
@@ -237,9 +228,11 @@ impl Transform for CatTensors {
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
         if self.in_keys.is_none() {
             if self.dim != -1 {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     OP,
-                    format!("a lazy CatTensors only supports dim = -1, got {}", self.dim),
+                    "dim",
+                    "dim = -1 (the only dim a lazy CatTensors supports)",
+                    self.dim,
                 ));
             }
             let nb = parent.batch_size().len();
@@ -299,13 +292,11 @@ impl Transform for CatTensors {
         }
         if !keys.contains(&self.out_key) {
             if let Some(g) = parent.output_group_of(&self.out_key) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
-                    format!(
-                        "{}: out key {} already exists in the {g} spec; choose another out key",
-                        self.name(),
-                        self.out_key
-                    ),
+                    &self.out_key,
+                    format!("an out key of {} that is new to the specs", self.name()),
+                    format!("a key that already exists in the {g} spec; choose another out key"),
                 ));
             }
         }
@@ -338,15 +329,16 @@ impl Transform for CatTensors {
         let mut total = 0i64;
         for (k, s) in &leaves {
             if s.dtype() != dtype0 {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
+                    k,
                     format!(
-                        "{}: keys {k0} and {k} have different dtypes ({:?} and {:?}); cast them to \
-                         one dtype first (DTypeCast)",
-                        self.name(),
+                        "the dtype {:?} of {k0}, the first in key of {} (cast them to one dtype \
+                         first, with DTypeCast)",
                         dtype0,
-                        s.dtype()
+                        self.name()
                     ),
+                    format!("dtype {:?}", s.dtype()),
                 ));
             }
             let same_rest = s.ndim() == s0.ndim()

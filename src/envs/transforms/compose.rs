@@ -3,15 +3,30 @@
 //! Forward hooks (step, reset, forward, spec hooks) run first to last; the inverse hook runs
 //! last to first, so the transform nearest the base env sees the action last.
 //!
+//! An error raised by a transform's data hook (`step`, `reset`, `inv`, `forward`) comes out
+//! wrapped in [`Error::Context`](crate::Error::Context) naming the transform, its position and
+//! the hook (`"b (transform 2 of 2) in forward: …"`); [`Error::root`](crate::Error::root) still
+//! reaches the original error.
+//!
 //! ```
 //! use torchrl::envs::transforms::{Compose, Transform};
+//! use torchrl::{Error, Result, TensorDict};
 //! struct Noop(&'static str);
-//! impl Transform for Noop { fn name(&self) -> String { self.0.into() } }
+//! impl Transform for Noop {
+//!     fn name(&self) -> String { self.0.into() }
+//!     fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
+//!         td.get_or_err("obs")?;
+//!         Ok(td)
+//!     }
+//! }
 //! let mut c = Compose::new();
 //! c.push(Noop("a"));
 //! c.push(Noop("b"));
 //! assert_eq!(c.len(), 2);
 //! assert_eq!(c.name(), "Compose(a, b)");
+//! let err = c.forward(TensorDict::new([2]).unwrap()).unwrap_err();
+//! assert!(err.to_string().starts_with("a (transform 1 of 2) in forward: "), "{err}");
+//! assert!(matches!(err.root(), Error::KeyNotFound { .. }));
 //! ```
 
 use super::Transform;
@@ -118,6 +133,28 @@ impl Compose {
 
     /// Attaches every child in order, each seeing the specs transformed by the ones before it,
     /// and returns the final specs.
+    /// Runs `hook` of every transform on `data` in turn (last to first when `reverse`), each
+    /// on the previous one's output; an error comes out wrapped with the failing transform's
+    /// name, position and `name` of the hook.
+    #[inline]
+    fn chain(
+        &mut self,
+        name: &'static str,
+        reverse: bool,
+        data: TensorDict,
+        mut hook: impl FnMut(&mut dyn Transform, TensorDict) -> Result<TensorDict>,
+    ) -> Result<TensorDict> {
+        let n = self.transforms.len();
+        let mut data = data;
+        for k in 0..n {
+            let i = if reverse { n - 1 - k } else { k };
+            if let Some(t) = self.transforms.get_mut(i) {
+                data = hook(t.as_mut(), data).map_err(|e| in_hook(e, t.as_ref(), i, n, name))?;
+            }
+        }
+        Ok(data)
+    }
+
     pub(crate) fn attach_all(&mut self, parent: &EnvSpecs) -> Result<EnvSpecs> {
         let mut specs = parent.clone();
         for t in &mut self.transforms {
@@ -147,6 +184,18 @@ pub(crate) fn attach_one(t: &mut dyn Transform, parent: EnvSpecs) -> Result<EnvS
         }
     }
     Ok(specs)
+}
+
+/// Wraps an error raised by the `hook` of transform `i` (of `n`) with where it happened:
+/// `"RewardScaling(loc=…) (transform 2 of 3) in step: <the inner error>"`. Only called on the
+/// error path, so the success path formats nothing.
+#[cold]
+fn in_hook(e: Error, t: &dyn Transform, i: usize, n: usize, hook: &str) -> Error {
+    e.context(format!(
+        "{} (transform {} of {n}) in {hook}",
+        t.name(),
+        i + 1
+    ))
 }
 
 impl Transform for Compose {
@@ -185,26 +234,19 @@ impl Transform for Compose {
     }
 
     fn step(&mut self, td: &TensorDict, next: TensorDict) -> Result<TensorDict> {
-        self.transforms
-            .iter_mut()
-            .try_fold(next, |n, t| t.step(td, n))
+        self.chain("step", false, next, |t, next| t.step(td, next))
     }
 
     fn reset(&mut self, td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
-        self.transforms
-            .iter_mut()
-            .try_fold(reset, |r, t| t.reset(td, r))
+        self.chain("reset", false, reset, |t, reset| t.reset(td, reset))
     }
 
     fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
-        self.transforms
-            .iter_mut()
-            .rev()
-            .try_fold(td, |d, t| t.inv(d))
+        self.chain("inv", true, td, |t, td| t.inv(td))
     }
 
     fn forward(&mut self, td: TensorDict) -> Result<TensorDict> {
-        self.transforms.iter_mut().try_fold(td, |d, t| t.forward(d))
+        self.chain("forward", false, td, |t, td| t.forward(td))
     }
 
     fn set_seed(&mut self, seed: u64) -> Result<()> {

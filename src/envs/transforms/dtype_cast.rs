@@ -43,11 +43,11 @@
 
 use tch::Kind;
 
-use super::{added_keys, key_pairs, Transform};
+use super::{added_keys, input_keys_available, key_pairs, key_setters, missing_key, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
-use crate::tensordict::{collect_keys, fmt_key_list};
+use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Casts entries from dtype `from` to dtype `to` on the way out of the env, and back on the way
@@ -98,24 +98,14 @@ fn cast_spec(op: &'static str, key: &NestedKey, spec: &TensorSpec, to: Kind) -> 
         TensorSpec::MultiOneHot(s) => s.with_dtype(to)?.into(),
         TensorSpec::NonTensor(s) => s.with_dtype(to)?.into(),
         TensorSpec::Composite(_) => {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 op,
-                format!("key {key} names a nested spec (a Composite), not a leaf; list its leaves"),
+                key,
+                "a leaf spec (list the leaves of a nested spec)",
+                "a nested spec (a Composite)",
             ))
         }
     })
-}
-
-fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
-    Error::KeyNotFound {
-        op,
-        key: key.to_string(),
-        available: td
-            .keys(crate::tensordict::KeysOptions::nested_leaves())
-            .into_iter()
-            .map(|k| k.to_string())
-            .collect(),
-    }
 }
 
 impl DTypeCast {
@@ -136,44 +126,6 @@ impl DTypeCast {
     /// `DTypeCast::new(Kind::Double, Kind::Float)`.
     pub fn double_to_float() -> Self {
         DTypeCast::new(Kind::Double, Kind::Float)
-    }
-
-    /// Casts only these output entries (observation or reward keys). Without
-    /// [`DTypeCast::with_in_keys_inv`], nothing is cast on the way in.
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = Some(collect_keys(keys));
-        self.resolved = None;
-        self
-    }
-
-    /// Where the cast values are written (one per in key; default: the in keys). Needs explicit
-    /// in keys (checked when the transform is attached).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(collect_keys(keys));
-        self.resolved = None;
-        self
-    }
-
-    /// Parent-side names of the entries cast back to `from` on the way in (action or state
-    /// keys).
-    pub fn with_in_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.in_keys_inv = Some(collect_keys(keys));
-        self.resolved = None;
-        self
-    }
-
-    /// Policy-side names of the inverse entries (one per inverse in key; default: the same
-    /// names). Needs explicit inverse in keys.
-    pub fn with_out_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.out_keys_inv = Some(collect_keys(keys));
-        self.resolved = None;
-        self
     }
 
     /// The source dtype.
@@ -215,32 +167,34 @@ impl DTypeCast {
     fn resolve(&self, parent: Option<&EnvSpecs>) -> Result<Resolved> {
         let op = self.op();
         if self.from == self.to {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
+                "to",
                 format!(
-                    "{}: from and to are both {:?}; nothing to cast",
-                    self.name(),
-                    self.from
+                    "a dtype other than from for {} (with from == to there is nothing to cast)",
+                    self.name()
                 ),
+                format!("{:?}", self.to),
             ));
         }
         if self.in_keys.is_none() && self.out_keys.is_some() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
+                "out_keys",
                 format!(
-                    "{}: out_keys were given without in_keys; the order of automatically found keys \
-                     is not something to pair out keys with, so pass in_keys too",
+                    "in_keys with the out_keys of {} (the order of automatically found keys is \
+                     not something to pair out keys with)",
                     self.name()
                 ),
+                "out_keys without in_keys",
             ));
         }
         if self.in_keys_inv.is_none() && self.out_keys_inv.is_some() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                format!(
-                    "{}: out_keys_inv were given without in_keys_inv; pass in_keys_inv too",
-                    self.name()
-                ),
+                "out_keys_inv",
+                format!("in_keys_inv with the out_keys_inv of {}", self.name()),
+                "out_keys_inv without in_keys_inv",
             ));
         }
         let of_dtype = |c: &Composite| -> Vec<NestedKey> {
@@ -312,13 +266,11 @@ impl DTypeCast {
                 expected: self.from,
                 actual: k,
             }),
-            None => Err(Error::invalid(
+            None => Err(Error::value(
                 self.op(),
-                format!(
-                    "{}: the {group} spec of key {key} has no dtype (a nested level or a \
-                     dtype-less NonTensor)",
-                    self.name()
-                ),
+                key,
+                format!("a {group} spec with a dtype for {}", self.name()),
+                "a nested level or a dtype-less NonTensor",
             )),
         }
     }
@@ -368,6 +320,21 @@ impl DTypeCast {
         Ok(td)
     }
 }
+
+key_setters!(DTypeCast {
+    /// Casts only these output entries (observation or reward keys). Without
+    /// [`DTypeCast::with_in_keys_inv`], nothing is cast on the way in.
+    with_in_keys => in_keys [Some], clears resolved;
+    /// Where the cast values are written (one per in key; default: the in keys). Needs explicit
+    /// in keys (checked when the transform is attached).
+    with_out_keys => out_keys [Some], clears resolved;
+    /// Parent-side names of the entries cast back to `from` on the way in (action or state
+    /// keys).
+    with_in_keys_inv => in_keys_inv [Some], clears resolved;
+    /// Policy-side names of the inverse entries (one per inverse in key; default: the same
+    /// names). Needs explicit inverse in keys.
+    with_out_keys_inv => out_keys_inv [Some], clears resolved;
+});
 
 impl Transform for DTypeCast {
     fn name(&self) -> String {
@@ -436,12 +403,7 @@ impl Transform for DTypeCast {
                     return Err(Error::KeyNotFound {
                         op: "DTypeCast (input specs: inverse keys are looked up in the action, then the state spec)",
                         key: in_key.to_string(),
-                        available: specs
-                            .action_keys()
-                            .into_iter()
-                            .chain(specs.state_keys())
-                            .map(|k| k.to_string())
-                            .collect(),
+                        available: input_keys_available(&specs),
                     })
                 }
             };
@@ -480,9 +442,11 @@ impl Transform for DTypeCast {
     fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         if self.resolved.is_none() && self.in_keys.is_none() {
             if self.out_keys.is_some() {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     self.op(),
-                    format!("{}: out_keys need in_keys", self.name()),
+                    "out_keys",
+                    format!("in_keys with the out_keys of {}", self.name()),
+                    "out_keys without in_keys",
                 ));
             }
             // No env and no keys: every leaf of dtype `from`.

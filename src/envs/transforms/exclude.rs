@@ -27,7 +27,7 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::Transform;
+use super::{output_keys_available, setters, Transform};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -47,13 +47,6 @@ impl ExcludeTransform {
         }
     }
 
-    /// With `true`, exclude the keys from the data going into the parent instead (specs
-    /// unchanged).
-    pub fn with_inverse(mut self, inverse: bool) -> Self {
-        self.inverse = inverse;
-        self
-    }
-
     /// The excluded keys.
     pub fn keys(&self) -> &[NestedKey] {
         &self.keys
@@ -66,6 +59,12 @@ impl ExcludeTransform {
         td
     }
 }
+
+setters!(ExcludeTransform {
+    /// With `true`, exclude the keys from the data going into the parent instead (specs
+    /// unchanged).
+    with_inverse(inverse: bool) => inverse = inverse;
+});
 
 impl Transform for ExcludeTransform {
     fn name(&self) -> String {
@@ -111,13 +110,7 @@ impl Transform for ExcludeTransform {
                     op: "ExcludeTransform (key not found in the environment outputs: done, reward \
                          and observation specs)",
                     key: k.to_string(),
-                    available: specs
-                        .done_keys()
-                        .into_iter()
-                        .chain(specs.reward_keys())
-                        .chain(specs.observation_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: output_keys_available(&specs),
                 });
             }
         }

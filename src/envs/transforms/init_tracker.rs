@@ -24,8 +24,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::reward_sum::{done_shape, expand_right, reset_mask, reset_roots};
-use super::Transform;
+use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
+use super::{not_attached, setters, Transform};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -55,23 +55,12 @@ impl InitTracker {
     pub fn new() -> Self {
         InitTracker::default()
     }
-
-    /// The leaf name of the flag (default `"is_init"`), placed in each done group.
-    pub fn with_init_key(mut self, name: impl Into<String>) -> Self {
-        self.init_key = name.into();
-        self
-    }
-
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
-    }
 }
+
+setters!(InitTracker {
+    /// The leaf name of the flag (default `"is_init"`), placed in each done group.
+    with_init_key(name: impl Into<String>) => init_key = name.into();
+});
 
 impl Transform for InitTracker {
     fn name(&self) -> String {
@@ -87,13 +76,7 @@ impl Transform for InitTracker {
                 format!("the init key must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
             ));
         }
-        let roots = reset_roots(parent);
-        if roots.is_empty() {
-            return Err(Error::invalid(
-                op,
-                "the parent env has no done group to track resets for",
-            ));
-        }
+        let roots = required_reset_roots(parent, op, "to track resets for")?;
         let mut groups = Vec::with_capacity(roots.len());
         for root in roots {
             let shape = done_shape(parent, &root, op)?;
@@ -137,7 +120,7 @@ impl Transform for InitTracker {
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         if self.groups.is_empty() {
-            return Err(self.not_attached("InitTracker::step"));
+            return Err(not_attached("InitTracker::step", self));
         }
         for (_, key, shape) in &self.groups {
             if next.get(key).is_none() {
@@ -153,7 +136,7 @@ impl Transform for InitTracker {
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "InitTracker::reset";
         if self.groups.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for (root, key, shape) in &self.groups {
             let value = match reset_mask(td, root)? {

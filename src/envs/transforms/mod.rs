@@ -107,9 +107,85 @@ pub(crate) fn key_pairs(
     }
 }
 
+/// The key-list builder methods of the transforms (`with_in_keys`, `with_out_keys`,
+/// `with_in_keys_inv`, `with_out_keys_inv`, …), written once: each listed method takes any
+/// iterator of keys and stores them in a field, wrapped in `Some` where the field is optional
+/// (`None`: the transform's default), and clears a cached resolution where one is named.
+macro_rules! key_setters {
+    ($t:ident {
+        $(
+            $(#[$doc:meta])*
+            $name:ident => $($field:ident).+ $([$wrap:ident])? $(, clears $cache:ident)?;
+        )+
+    }) => {
+        impl $t {
+            $(
+                $(#[$doc])*
+                pub fn $name<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
+                    self.$($field).+ = $($wrap)?(crate::tensordict::collect_keys(keys));
+                    $(self.$cache = None;)?
+                    self
+                }
+            )+
+        }
+    };
+}
+pub(crate) use key_setters;
+
+/// The plain builder methods of the transforms (`with_dim`, `with_sort`, …), written once:
+/// each listed `with_x(arg: T) => field = value;` takes `self` by value, stores `value` (an
+/// expression of `arg`) in `field` and returns `self`.
+macro_rules! setters {
+    ($t:ident {
+        $(
+            $(#[$doc:meta])*
+            $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;
+        )+
+    }) => {
+        impl $t {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, $arg: $ty) -> Self {
+                    self.$field = $value;
+                    self
+                }
+            )+
+        }
+    };
+}
+pub(crate) use setters;
+
 /// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
 /// that only handles those; the errors name the key and the spec found, and `only` says what
 /// the transform does instead (e.g. "it only clips Unbounded rewards").
+/// A transform's in keys and optional out keys (one per in key; `None`: write back to the in
+/// keys), for its forward or its inverse direction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct KeyMap {
+    /// The keys read.
+    pub(crate) ins: Vec<NestedKey>,
+    /// The keys written, when they differ from the in keys.
+    pub(crate) outs: Option<Vec<NestedKey>>,
+}
+
+impl KeyMap {
+    /// In keys `ins`, written back in place.
+    pub(crate) fn new(ins: Vec<NestedKey>) -> Self {
+        KeyMap { ins, outs: None }
+    }
+
+    /// `(in, out)` pairs (see [`key_pairs`]); `what` qualifies the keys in the message
+    /// (`"inverse "`).
+    pub(crate) fn pairs(
+        &self,
+        op: &'static str,
+        who: &dyn Transform,
+        what: &str,
+    ) -> Result<Vec<(NestedKey, NestedKey)>> {
+        key_pairs(op, who, &self.ins, self.outs.as_deref(), what)
+    }
+}
+
 pub(crate) fn float_unbounded_reward(
     op: &'static str,
     who: &str,
@@ -146,6 +222,106 @@ pub(crate) fn float_unbounded_reward(
 }
 
 /// The out keys of `pairs` that are not their own in key: the entries a transform adds.
+/// The error of a data hook of a transform that has not joined an environment yet (its keys
+/// are discovered when it is attached).
+#[cold]
+pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
+    Error::invalid(
+        op,
+        format!(
+            "{} has not joined an environment; add it to a TransformedEnv first",
+            who.name()
+        ),
+    )
+}
+
+/// [`Error::KeyNotFound`] for `key`, missing from `td`, listing the keys `td` has.
+#[cold]
+pub(crate) fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
+    Error::KeyNotFound {
+        op,
+        key: key.to_string(),
+        available: td
+            .keys(crate::tensordict::KeysOptions::nested_leaves())
+            .into_iter()
+            .map(|k| k.to_string())
+            .collect(),
+    }
+}
+
+/// Writes `f(reward)` at `output` for each `(input, output)` reward pair of `td`; a missing
+/// reward is an error naming `who` and the keys `td` has.
+pub(crate) fn map_rewards(
+    op: &'static str,
+    who: &dyn Transform,
+    pairs: Vec<(NestedKey, NestedKey)>,
+    mut td: TensorDict,
+    mut f: impl FnMut(&NestedKey, &tch::Tensor) -> Result<tch::Tensor>,
+) -> Result<TensorDict> {
+    for (input, output) in pairs {
+        let r = td.get(&input).ok_or_else(|| {
+            Error::invalid(
+                op,
+                format!(
+                    "{}: the reward {input} is missing (keys: {})",
+                    who.name(),
+                    fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
+                ),
+            )
+        })?;
+        let v = f(&input, r)?;
+        td.set(&output, v)?;
+    }
+    Ok(td)
+}
+
+/// The keys an env outputs (done, reward, observation), as printed, for a
+/// [`Error::KeyNotFound`] naming what is available.
+pub(crate) fn output_keys_available(specs: &EnvSpecs) -> Vec<String> {
+    specs
+        .done_keys()
+        .into_iter()
+        .chain(specs.reward_keys())
+        .chain(specs.observation_keys())
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// The keys an env reads (action, state), as printed, for a [`Error::KeyNotFound`] naming
+/// what is available.
+pub(crate) fn input_keys_available(specs: &EnvSpecs) -> Vec<String> {
+    specs
+        .action_keys()
+        .into_iter()
+        .chain(specs.state_keys())
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// Rewrites the reward spec of each `(input, output)` pair: `f` gets the pair and the input's
+/// float [`Unbounded`](crate::data::specs::Unbounded) spec (any other spec is an error naming
+/// `who` and what it supports, `only`) and returns the spec to set at `output`, if any.
+pub(crate) fn map_reward_specs(
+    op: &'static str,
+    who: &str,
+    only: &str,
+    pairs: Vec<(NestedKey, NestedKey)>,
+    mut spec: Composite,
+    mut f: impl FnMut(
+        &NestedKey,
+        &NestedKey,
+        crate::data::specs::Unbounded,
+    ) -> Result<Option<crate::data::specs::TensorSpec>>,
+) -> Result<Composite> {
+    for (input, output) in pairs {
+        let u = float_unbounded_reward(op, who, only, &spec, &input)?;
+        if let Some(new) = f(&input, &output, u)? {
+            spec.set(&output, new)?;
+        }
+    }
+    Ok(spec)
+}
+
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs
         .iter()

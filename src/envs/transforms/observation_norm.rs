@@ -71,7 +71,10 @@ use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, key_pairs, Transform, TransformedEnv};
+use super::{
+    added_keys, input_keys_available, key_setters, missing_key, setters, KeyMap, Transform,
+    TransformedEnv,
+};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
@@ -84,10 +87,8 @@ const OP: &str = "ObservationNorm";
 pub struct ObservationNorm {
     loc: Option<Tensor>,
     scale: Option<Tensor>,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
-    in_keys_inv: Vec<NestedKey>,
-    out_keys_inv: Option<Vec<NestedKey>>,
+    keys: KeyMap,
+    keys_inv: KeyMap,
     standard_normal: bool,
     eps: f64,
 }
@@ -122,43 +123,18 @@ impl InitStats {
             keep_dims: Vec::new(),
         }
     }
+}
 
+setters!(InitStats {
     /// Sets [`InitStats::reduce_dim`].
-    pub fn with_reduce_dim(mut self, dims: impl Into<Vec<i64>>) -> Self {
-        self.reduce_dim = dims.into();
-        self
-    }
-
+    with_reduce_dim(dims: impl Into<Vec<i64>>) => reduce_dim = dims.into();
     /// Sets [`InitStats::cat_dim`].
-    pub fn with_cat_dim(mut self, dim: i64) -> Self {
-        self.cat_dim = Some(dim);
-        self
-    }
-
+    with_cat_dim(dim: i64) => cat_dim = Some(dim);
     /// Sets [`InitStats::key`].
-    pub fn with_key(mut self, key: impl Into<NestedKey>) -> Self {
-        self.key = Some(key.into());
-        self
-    }
-
+    with_key(key: impl Into<NestedKey>) => key = Some(key.into());
     /// Sets [`InitStats::keep_dims`].
-    pub fn with_keep_dims(mut self, dims: impl Into<Vec<i64>>) -> Self {
-        self.keep_dims = dims.into();
-        self
-    }
-}
-
-fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
-    Error::KeyNotFound {
-        op,
-        key: key.to_string(),
-        available: td
-            .keys(crate::tensordict::KeysOptions::nested_leaves())
-            .into_iter()
-            .map(|k| k.to_string())
-            .collect(),
-    }
-}
+    with_keep_dims(dims: impl Into<Vec<i64>>) => keep_dims = dims.into();
+});
 
 /// A short description of a tensor for messages: its values when there are few, else its shape.
 fn describe(t: &Tensor) -> String {
@@ -198,27 +174,30 @@ fn finfo_eps(kind: Kind) -> f64 {
 fn check_stats(loc: &Tensor, scale: &Tensor) -> Result<()> {
     for (name, t) in [("loc", loc), ("scale", scale)] {
         if !is_float(t.kind()) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 OP,
-                format!("{name} must have a floating dtype, got {:?}", t.kind()),
+                name,
+                "a floating dtype",
+                format!("{:?}", t.kind()),
             ));
         }
         if !all_true(&t.f_isfinite()?)? {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 OP,
-                format!("{name} has non-finite values: {}", describe(t)),
+                name,
+                "finite values",
+                format!("non-finite values: {}", describe(t)),
             ));
         }
     }
     if !all_true(&scale.f_gt(0.0)?)? {
         let min = scale.f_min()?.f_double_value(&[])?;
-        return Err(Error::invalid(
+        return Err(Error::argument(
             OP,
-            format!(
-                "scale must be > 0 everywhere, got a minimum of {min}; TorchRL would silently clamp \
-                 it to eps, this port refuses it (to flip the sign of an observation, negate it \
-                 explicitly)"
-            ),
+            "scale",
+            "scale must be > 0 everywhere (TorchRL would silently clamp it to eps, this port \
+             refuses it; to flip the sign of an observation, negate it explicitly)",
+            format!("a minimum of {min}"),
         ));
     }
     Ok(())
@@ -232,19 +211,19 @@ impl ObservationNorm {
         eps: f64,
     ) -> Result<Self> {
         if in_keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
-                "in_keys are required (the observation keys to normalise); TorchRL dropped its \
-                 default keys for the same reason",
+                "in_keys",
+                "the observation keys to normalise (required; TorchRL dropped its default keys \
+                 for the same reason)",
+                "none",
             ));
         }
         Ok(ObservationNorm {
             loc,
             scale,
-            in_keys,
-            out_keys: None,
-            in_keys_inv: Vec::new(),
-            out_keys_inv: None,
+            keys: KeyMap::new(in_keys),
+            keys_inv: KeyMap::default(),
             standard_normal: false,
             eps,
         })
@@ -282,44 +261,6 @@ impl ObservationNorm {
         Self::build(collect_keys(in_keys), None, None, 1e-6)
     }
 
-    /// Where the results are written (one per in key; default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(collect_keys(keys));
-        self
-    }
-
-    /// Parent-side names of the action / state entries mapped back on their way in.
-    pub fn with_in_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.in_keys_inv = collect_keys(keys);
-        self
-    }
-
-    /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
-    pub fn with_out_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.out_keys_inv = Some(collect_keys(keys));
-        self
-    }
-
-    /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
-    /// stores the mean and standard deviation as they are.
-    pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
-        self.standard_normal = standard_normal;
-        self
-    }
-
-    /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
-    /// machine epsilon of a tensor scale's dtype).
-    pub fn with_eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
-    }
-
     /// The location, once known.
     pub fn loc(&self) -> Option<&Tensor> {
         self.loc.as_ref()
@@ -342,21 +283,15 @@ impl ObservationNorm {
 
     /// The in keys.
     pub fn in_keys(&self) -> &[NestedKey] {
-        &self.in_keys
+        &self.keys.ins
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(OP, self, &self.in_keys, self.out_keys.as_deref(), "")
+        self.keys.pairs(OP, self, "")
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            OP,
-            self,
-            &self.in_keys_inv,
-            self.out_keys_inv.as_deref(),
-            "inverse ",
-        )
+        self.keys_inv.pairs(OP, self, "inverse ")
     }
 
     fn stats(&self) -> Result<(&Tensor, &Tensor)> {
@@ -368,7 +303,7 @@ impl ObservationNorm {
                     "ObservationNorm on {}: loc/scale have not been initialized; pass them to the \
                      constructor or call init_stats (ObservationNorm::init_stats_at for a \
                      transform already in an env)",
-                    fmt_key_list(&self.in_keys)
+                    fmt_key_list(&self.keys.ins)
                 ),
             )),
         }
@@ -378,14 +313,14 @@ impl ObservationNorm {
     fn apply(&self, x: &Tensor, inverse: bool, key: &NestedKey) -> Result<Tensor> {
         let (loc, scale) = self.stats()?;
         if !is_float(x.kind()) {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
+                key,
                 format!(
-                    "{}: entry {key} has dtype {:?}; normalisation needs a floating dtype (cast it \
-                     first, e.g. with DTypeCast)",
-                    self.name(),
-                    x.kind()
+                    "a floating dtype for {} (cast it first, e.g. with DTypeCast)",
+                    self.name()
                 ),
+                format!("dtype {:?}", x.kind()),
             ));
         }
         let loc = loc.f_to_kind(x.kind())?.f_to_device(x.device())?;
@@ -416,13 +351,15 @@ impl ObservationNorm {
         match spec.dtype() {
             Some(k) if is_float(k) => {}
             other => {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
+                    key,
                     format!(
-                    "{}: the {group} spec of key {key} has dtype {other:?}; normalisation needs \
-                         a floating dtype (cast it first, e.g. with DTypeCast)",
-                    self.name()
-                ),
+                        "a floating dtype in the {group} spec for {} (cast it first, e.g. with \
+                         DTypeCast)",
+                        self.name()
+                    ),
+                    format!("dtype {other:?}"),
                 ))
             }
         }
@@ -536,10 +473,12 @@ impl ObservationNorm {
                     what: "transforms of the env".into(),
                     size: len as i64,
                 },
-                Some(t) => Error::invalid(
+                Some(t) => Error::argument(
                     op,
+                    "index",
+                    "the index of an ObservationNorm in the env's transforms",
                     format!(
-                        "the transform at index {index} is {}, not an ObservationNorm",
+                        "{index}, where the transform is {}, not an ObservationNorm",
                         t.name()
                     ),
                 ),
@@ -602,70 +541,80 @@ impl ObservationNorm {
     fn check_init(&self, cfg: &InitStats) -> Result<(i64, NestedKey)> {
         let cat_dim = match (cfg.cat_dim, cfg.reduce_dim.as_slice()) {
             (_, []) => {
-                return Err(Error::invalid(
-                    OP,
-                    "init_stats: reduce_dim must name at least one dim",
+                return Err(Error::config(
+                    "ObservationNorm::init_stats",
+                    "reduce_dim",
+                    "at least one dim",
+                    "[]",
                 ))
             }
             (Some(c), _) => c,
             (None, [one]) => *one,
             (None, _) => {
-                return Err(Error::invalid(
-                    OP,
+                return Err(Error::config(
+                    "ObservationNorm::init_stats",
+                    "cat_dim",
                     format!(
-                    "init_stats: cat_dim must be specified if reduce_dim is not a single dim (got \
-                         reduce_dim {:?})",
-                    cfg.reduce_dim
-                ),
+                        "cat_dim must be specified if reduce_dim is not a single dim (reduce_dim \
+                         {:?})",
+                        cfg.reduce_dim
+                    ),
+                    "none",
                 ))
             }
         };
         if !cfg.reduce_dim.contains(&cat_dim) {
-            return Err(Error::invalid(
-                OP,
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "cat_dim",
                 format!(
-                    "init_stats: cat_dim must be part of or equal to reduce_dim (cat_dim {cat_dim}, \
-                     reduce_dim {:?})",
+                    "cat_dim must be part of or equal to reduce_dim {:?}",
                     cfg.reduce_dim
                 ),
+                cat_dim,
             ));
         }
         if let (Some(l), Some(s)) = (&self.loc, &self.scale) {
-            return Err(Error::invalid(
-                OP,
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "loc, scale",
+                "uninitialized statistics (init_stats computes them once)",
                 format!(
-                    "init_stats: loc/scale are already initialized: ({}, {})",
+                    "statistics that are already initialized: ({}, {})",
                     describe(l),
                     describe(s)
                 ),
             ));
         }
-        if self.in_keys.len() > 1 && cfg.key.is_none() {
-            return Err(Error::invalid(
-                OP,
+        if self.keys.ins.len() > 1 && cfg.key.is_none() {
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "key",
                 format!(
-                    "init_stats: the transform has multiple in_keys {} but no specific key was \
-                     given (InitStats::with_key)",
-                    fmt_key_list(&self.in_keys)
+                    "a specific key (InitStats::with_key), since the transform has multiple \
+                     in_keys {}",
+                    fmt_key_list(&self.keys.ins)
                 ),
+                "none",
             ));
         }
         if cfg.num_iter == 0 {
-            return Err(Error::invalid(
-                OP,
-                "init_stats: num_iter must be at least 1",
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "num_iter",
+                "at least 1",
+                0,
             ));
         }
         if !(self.eps > 0.0 && self.eps.is_finite()) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: eps must be a positive finite number, got {}",
-                    self.eps
-                ),
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "eps",
+                "a positive finite number",
+                self.eps,
             ));
         }
-        let key = match (&cfg.key, self.in_keys.first()) {
+        let key = match (&cfg.key, self.keys.ins.first()) {
             (Some(k), _) => k.clone(),
             (None, Some(k)) => k.clone(),
             (None, None) => return Err(Error::invalid(OP, "init_stats: no key")),
@@ -690,12 +639,11 @@ impl ObservationNorm {
                 .get(key)
                 .ok_or_else(|| missing_key("ObservationNorm::init_stats", &td, key))?;
             if !is_float(v.kind()) {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "init_stats: entry {key} has dtype {:?}; statistics need a floating dtype",
-                        v.kind()
-                    ),
+                return Err(Error::value(
+                    "ObservationNorm::init_stats",
+                    key,
+                    "a floating dtype (statistics need one)",
+                    format!("dtype {:?}", v.kind()),
                 ));
             }
             data.push(v.shallow_clone());
@@ -737,11 +685,11 @@ impl ObservationNorm {
             .collect::<Result<_>>()?;
         keep.sort_unstable();
         if let Some(k) = keep.iter().find(|k| !reduce.contains(k)) {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: keep_dims elements must be part of reduce_dim (dim {k} is not)"
-                ),
+            return Err(Error::config(
+                "ObservationNorm::init_stats",
+                "keep_dims",
+                "dims that are part of reduce_dim",
+                format!("dim {k}, which is not"),
             ));
         }
         let mut loc = data.f_mean_dim(reduce.as_slice(), true, data.kind())?;
@@ -780,9 +728,27 @@ impl ObservationNorm {
     }
 }
 
+setters!(ObservationNorm {
+    /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
+    /// stores the mean and standard deviation as they are.
+    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
+    /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
+    /// machine epsilon of a tensor scale's dtype).
+    with_eps(eps: f64) => eps = eps;
+});
+
+key_setters!(ObservationNorm {
+    /// Where the results are written (one per in key; default: the in keys).
+    with_out_keys => keys.outs [Some];
+    /// Parent-side names of the action / state entries mapped back on their way in.
+    with_in_keys_inv => keys_inv.ins;
+    /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
+    with_out_keys_inv => keys_inv.outs [Some];
+});
+
 impl Transform for ObservationNorm {
     fn name(&self) -> String {
-        let keys = fmt_key_list(&self.in_keys);
+        let keys = fmt_key_list(&self.keys.ins);
         match (&self.loc, &self.scale) {
             (Some(l), Some(s)) if l.elements() == 1 && s.elements() == 1 => format!(
                 "ObservationNorm(loc={:.4}, scale={:.4}, keys={keys}{})",
@@ -834,12 +800,7 @@ impl Transform for ObservationNorm {
                 return Err(Error::KeyNotFound {
                     op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
                     key: k.to_string(),
-                    available: parent
-                        .action_keys()
-                        .into_iter()
-                        .chain(parent.state_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: input_keys_available(parent),
                 });
             }
         }
@@ -868,12 +829,7 @@ impl Transform for ObservationNorm {
                 return Err(Error::KeyNotFound {
                     op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
                     key: in_key.to_string(),
-                    available: specs
-                        .action_keys()
-                        .into_iter()
-                        .chain(specs.state_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: input_keys_available(&specs),
                 });
             };
             let leaf = specs.group(group).get_or_err(&in_key)?;

@@ -36,7 +36,7 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::Transform;
+use super::{input_keys_available, output_keys_available, setters, Transform};
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -94,25 +94,6 @@ fn check_lists(ins: &[NestedKey], outs: &[NestedKey], what: &str) -> Result<()> 
     Ok(())
 }
 
-fn output_keys(specs: &EnvSpecs) -> Vec<String> {
-    specs
-        .done_keys()
-        .into_iter()
-        .chain(specs.reward_keys())
-        .chain(specs.observation_keys())
-        .map(|k| k.to_string())
-        .collect()
-}
-
-fn input_keys(specs: &EnvSpecs) -> Vec<String> {
-    specs
-        .action_keys()
-        .into_iter()
-        .chain(specs.state_keys())
-        .map(|k| k.to_string())
-        .collect()
-}
-
 /// Moves (or copies) the entry `from` of `c` to `to`.
 fn move_spec(c: &mut Composite, from: &NestedKey, to: &NestedKey, copy: bool) -> Result<()> {
     let entry = c.get(from).cloned();
@@ -166,12 +147,6 @@ impl RenameTransform {
         self.in_keys_inv = ins;
         self.out_keys_inv = outs;
         Ok(self)
-    }
-
-    /// Copy instead of rename: the original entries (and specs) stay.
-    pub fn with_create_copy(mut self, create_copy: bool) -> Self {
-        self.create_copy = create_copy;
-        self
     }
 
     /// The forward in keys.
@@ -282,6 +257,11 @@ impl RenameTransform {
     }
 }
 
+setters!(RenameTransform {
+    /// Copy instead of rename: the original entries (and specs) stay.
+    with_create_copy(create_copy: bool) => create_copy = create_copy;
+});
+
 /// The spec groups one direction of a rename works on, and its wording in errors.
 struct Side {
     groups: &'static [SpecGroup],
@@ -326,7 +306,7 @@ impl Transform for RenameTransform {
             on_collision: "rename it away first or choose another name",
             lookup:
                 "RenameTransform (in keys are looked up in the done, reward and observation specs)",
-            available: output_keys,
+            available: output_keys_available,
         };
         let pairs: Vec<(&NestedKey, &NestedKey)> = self.forward_pairs().collect();
         self.rename_specs(specs, &pairs, &side)
@@ -338,7 +318,7 @@ impl Transform for RenameTransform {
             out_key: "inverse out key",
             on_collision: "choose another name",
             lookup: "RenameTransform (inverse in keys are looked up in the action and state specs)",
-            available: input_keys,
+            available: input_keys_available,
         };
         let pairs: Vec<(&NestedKey, &NestedKey)> =
             self.in_keys_inv.iter().zip(&self.out_keys_inv).collect();

@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, float_unbounded_reward, key_pairs, Transform};
+use super::{added_keys, key_setters, map_reward_specs, map_rewards, KeyMap, Transform};
 use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
 use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
@@ -33,8 +33,7 @@ use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict
 pub struct RewardClipping {
     clamp_min: f64,
     clamp_max: f64,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
+    keys: KeyMap,
 }
 
 impl RewardClipping {
@@ -50,21 +49,8 @@ impl RewardClipping {
         Ok(RewardClipping {
             clamp_min,
             clamp_max,
-            in_keys: vec![NestedKey::from("reward")],
-            out_keys: None,
+            keys: KeyMap::new(vec![NestedKey::from("reward")]),
         })
-    }
-
-    /// The reward keys to read (default `["reward"]`).
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = keys.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// The keys to write, one per in key (default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
     }
 
     /// `(clamp_min, clamp_max)`.
@@ -73,40 +59,29 @@ impl RewardClipping {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            "RewardClipping",
-            self,
-            &self.in_keys,
-            self.out_keys.as_deref(),
-            "",
-        )
+        self.keys.pairs("RewardClipping", self, "")
     }
 
-    fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
-        for (input, output) in self.pairs()? {
-            let r = td.get(&input).ok_or_else(|| {
-                Error::invalid(
-                    op,
-                    format!(
-                        "{}: the reward {input} is missing (keys: {})",
-                        self.name(),
-                        fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
-                    ),
-                )
-            })?;
+    fn apply_td(&self, td: TensorDict, op: &'static str) -> Result<TensorDict> {
+        map_rewards(op, self, self.pairs()?, td, |input, r| {
             // f64 bounds beyond the reward's dtype are brought into its range (tch's
             // `f_clamp` panics on them).
-            let v = clamp_f64(op, r, Some(self.clamp_min), Some(self.clamp_max)).map_err(|e| {
+            clamp_f64(op, r, Some(self.clamp_min), Some(self.clamp_max)).map_err(|e| {
                 Error::invalid(
                     op,
                     format!("{}: cannot clip the reward {input}: {e}", self.name()),
                 )
-            })?;
-            td.set(&output, v)?;
-        }
-        Ok(td)
+            })
+        })
     }
 }
+
+key_setters!(RewardClipping {
+    /// The reward keys to read (default `["reward"]`).
+    with_in_keys => keys.ins;
+    /// The keys to write, one per in key (default: the in keys).
+    with_out_keys => keys.outs [Some];
+});
 
 impl Transform for RewardClipping {
     fn name(&self) -> String {
@@ -114,7 +89,7 @@ impl Transform for RewardClipping {
             "RewardClipping(clamp_min={:.4}, clamp_max={:.4}, keys={})",
             self.clamp_min,
             self.clamp_max,
-            fmt_key_list(&self.in_keys)
+            fmt_key_list(&self.keys.ins)
         )
     }
 
@@ -122,24 +97,24 @@ impl Transform for RewardClipping {
         self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
-    fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
+    fn transform_reward_spec(&self, spec: Composite) -> Result<Composite> {
         let op = "RewardClipping::transform_reward_spec";
-        for (input, output) in self.pairs()? {
-            let u = float_unbounded_reward(
-                op,
-                "RewardClipping",
-                "it only clips Unbounded rewards",
-                &spec,
-                &input,
-            )?;
-            let (kind, device) = (u.dtype(), u.device());
-            let bounded = Bounded::from_tensors(
-                full_f64(op, u.shape(), self.clamp_min, kind, device)?,
-                full_f64(op, u.shape(), self.clamp_max, kind, device)?,
-            )?;
-            spec.set(&output, bounded)?;
-        }
-        Ok(spec)
+        let only = "it only clips Unbounded rewards";
+        map_reward_specs(
+            op,
+            "RewardClipping",
+            only,
+            self.pairs()?,
+            spec,
+            |_, _, u| {
+                let (kind, device) = (u.dtype(), u.device());
+                let bounded = Bounded::from_tensors(
+                    full_f64(op, u.shape(), self.clamp_min, kind, device)?,
+                    full_f64(op, u.shape(), self.clamp_max, kind, device)?,
+                )?;
+                Ok(Some(bounded.into()))
+            },
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {

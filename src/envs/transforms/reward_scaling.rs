@@ -31,7 +31,7 @@
 
 use tch::Tensor;
 
-use super::{added_keys, float_unbounded_reward, key_pairs, Transform};
+use super::{added_keys, key_setters, map_reward_specs, map_rewards, setters, KeyMap, Transform};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
@@ -42,8 +42,7 @@ pub struct RewardScaling {
     loc: f64,
     scale: f64,
     standard_normal: bool,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
+    keys: KeyMap,
 }
 
 impl RewardScaling {
@@ -67,27 +66,8 @@ impl RewardScaling {
             loc,
             scale,
             standard_normal: false,
-            in_keys: vec![NestedKey::from("reward")],
-            out_keys: None,
+            keys: KeyMap::new(vec![NestedKey::from("reward")]),
         })
-    }
-
-    /// Standardizes instead: `(reward - loc) / scale`.
-    pub fn with_standard_normal(mut self, standard_normal: bool) -> Self {
-        self.standard_normal = standard_normal;
-        self
-    }
-
-    /// The reward keys to read (default `["reward"]`).
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = keys.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// The keys to write, one per in key (default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
     }
 
     /// The location.
@@ -101,13 +81,7 @@ impl RewardScaling {
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            "RewardScaling",
-            self,
-            &self.in_keys,
-            self.out_keys.as_deref(),
-            "",
-        )
+        self.keys.pairs("RewardScaling", self, "")
     }
 
     fn apply(&self, r: &Tensor) -> Result<Tensor> {
@@ -123,24 +97,22 @@ impl RewardScaling {
         })
     }
 
-    fn apply_td(&self, mut td: TensorDict, op: &'static str) -> Result<TensorDict> {
-        for (input, output) in self.pairs()? {
-            let r = td.get(&input).ok_or_else(|| {
-                Error::invalid(
-                    op,
-                    format!(
-                        "{}: the reward {input} is missing (keys: {})",
-                        self.name(),
-                        fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
-                    ),
-                )
-            })?;
-            let v = self.apply(r)?;
-            td.set(&output, v)?;
-        }
-        Ok(td)
+    fn apply_td(&self, td: TensorDict, op: &'static str) -> Result<TensorDict> {
+        map_rewards(op, self, self.pairs()?, td, |_, r| self.apply(r))
     }
 }
+
+setters!(RewardScaling {
+    /// Standardizes instead: `(reward - loc) / scale`.
+    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
+});
+
+key_setters!(RewardScaling {
+    /// The reward keys to read (default `["reward"]`).
+    with_in_keys => keys.ins;
+    /// The keys to write, one per in key (default: the in keys).
+    with_out_keys => keys.outs [Some];
+});
 
 impl Transform for RewardScaling {
     fn name(&self) -> String {
@@ -149,7 +121,7 @@ impl Transform for RewardScaling {
             self.loc,
             self.scale,
             self.standard_normal,
-            fmt_key_list(&self.in_keys)
+            fmt_key_list(&self.keys.ins)
         )
     }
 
@@ -157,44 +129,43 @@ impl Transform for RewardScaling {
         self.pairs().map(|p| added_keys(&p)).unwrap_or_default()
     }
 
-    fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
+    fn transform_reward_spec(&self, spec: Composite) -> Result<Composite> {
         let op = "RewardScaling::transform_reward_spec";
-        for (input, output) in self.pairs()? {
-            let u = float_unbounded_reward(
-                op,
-                "RewardScaling",
-                "it only scales Unbounded rewards (an affine map of a bounded reward would need \
-                 new bounds)",
-                &spec,
-                &input,
-            )?;
-            // In the reward's dtype, loc and scale must stay finite and scale non-zero:
-            // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
-            let kind = u.dtype();
-            let cast = |v: f64| -> Result<f64> {
-                Ok(Tensor::f_from_slice(&[v])?
-                    .f_to_kind(kind)?
-                    .f_double_value(&[0])?)
-            };
-            let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
-            if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
-                return Err(Error::invalid(
-                    op,
-                    format!(
-                        "{}: loc={} and scale={} must be finite (and scale > 0) in the \
-                         reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
-                         {loc} and {scale}",
-                        self.name(),
-                        self.loc,
-                        self.scale
-                    ),
-                ));
-            }
-            if output != input {
-                spec.set(&output, u)?;
-            }
-        }
-        Ok(spec)
+        let only =
+            "it only scales Unbounded rewards (an affine map of a bounded reward would need \
+                    new bounds)";
+        map_reward_specs(
+            op,
+            "RewardScaling",
+            only,
+            self.pairs()?,
+            spec,
+            |input, output, u| {
+                // In the reward's dtype, loc and scale must stay finite and scale non-zero:
+                // 1e39 is inf as a float32 and gives inf - inf or 0 * inf = NaN rewards.
+                let kind = u.dtype();
+                let cast = |v: f64| -> Result<f64> {
+                    Ok(Tensor::f_from_slice(&[v])?
+                        .f_to_kind(kind)?
+                        .f_double_value(&[0])?)
+                };
+                let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
+                if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
+                    return Err(Error::invalid(
+                        op,
+                        format!(
+                            "{}: loc={} and scale={} must be finite (and scale > 0) in the \
+                     reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
+                     {loc} and {scale}",
+                            self.name(),
+                            self.loc,
+                            self.scale
+                        ),
+                    ));
+                }
+                Ok((output != input).then(|| u.into()))
+            },
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, next: TensorDict) -> Result<TensorDict> {

@@ -38,7 +38,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::Transform;
+use super::{key_setters, not_attached, setters, Transform};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -74,11 +74,13 @@ pub(super) fn refuse_state_keys<'a>(
     for k in keys {
         let hit: Vec<NestedKey> = state.iter().filter(|s| s.starts_with(k)).cloned().collect();
         if !hit.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 op,
+                k,
+                format!("{who}: an out key other than a state key (write to another out key)"),
                 format!(
-                    "{who}: {k} is (or holds) the state key(s) {}, which the env reads back at the \
-                     next step; it cannot be rewritten in place (write to another out key)",
+                    "a key that is (or holds) the state key(s) {}, which the env reads back at \
+                     the next step; it cannot be rewritten in place",
                     fmt_key_list(&hit)
                 ),
             ));
@@ -124,6 +126,23 @@ pub(super) fn reset_roots(specs: &EnvSpecs) -> Vec<NestedKey> {
 
 /// The shape of the done leaves of the group at `prefix` (its `done` leaf, else any leaf of the
 /// group).
+/// The done groups (their `"_reset"` roots) of the parent, or an error naming what the
+/// transform needs them for (`"to count steps for"`).
+pub(super) fn required_reset_roots(
+    specs: &EnvSpecs,
+    op: &'static str,
+    purpose: &str,
+) -> Result<Vec<NestedKey>> {
+    let roots = reset_roots(specs);
+    if roots.is_empty() {
+        return Err(Error::invalid(
+            op,
+            format!("the parent env has no done group {purpose}"),
+        ));
+    }
+    Ok(roots)
+}
+
 pub(super) fn done_shape(
     specs: &EnvSpecs,
     prefix: &NestedKey,
@@ -181,13 +200,16 @@ pub(super) fn expand_right(
     let ms = mask.size();
     let fits = ms.len() <= shape.len() && ms.iter().zip(shape).all(|(m, s)| *m == *s || *m == 1);
     if !fits {
-        return Err(Error::invalid(
+        return Err(Error::value(
             op,
+            key,
             format!(
-                "the \"_reset\" mask of shape {} cannot be expanded to the shape {} of {key} \
-                 (its dims must match the leading dims of the entry)",
-                ShapeFmt(&ms),
+                "a \"_reset\" mask whose dims match the leading dims of the entry's shape {}",
                 ShapeFmt(shape)
+            ),
+            format!(
+                "a mask of shape {}, which cannot be expanded to it",
+                ShapeFmt(&ms)
             ),
         ));
     }
@@ -273,44 +295,6 @@ impl RewardSum {
         RewardSum::default()
     }
 
-    /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
-    /// of the parent's reward spec (checked when the transform joins an env).
-    pub fn with_in_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.in_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// The keys the sums are written to, one per in key (default: each in key with its last
-    /// segment `name` replaced by `episode_<name>`).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
-    /// one for all in keys, or one per in key (default: the done group that owns each reward).
-    pub fn with_reset_keys<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.reset_keys = Some(keys.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
-    /// `reward_spec=True`); they are then reward keys.
-    pub fn with_reward_spec(mut self, reward_spec: bool) -> Self {
-        self.reward_spec = reward_spec;
-        self
-    }
-
-    /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
-    /// values count from the last batch dim).
-    pub fn with_time_dim(mut self, dim: i64) -> Self {
-        self.time_dim = Some(dim);
-        self
-    }
-
     /// The (in, out) key pairs: resolved ones once attached, else from the configuration (in keys
     /// default to `["reward"]` without an env, as in TorchRL).
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
@@ -357,11 +341,12 @@ impl RewardSum {
             .iter()
             .map(|s| {
                 let spec = specs.reward.get(&s.input).cloned().ok_or_else(|| {
-                    Error::invalid(
+                    Error::value(
                         "RewardSum",
+                        &s.input,
+                        "an in key of the reward spec",
                         format!(
-                            "in key {} is not in the reward spec (reward keys: {})",
-                            s.input,
+                            "a key that is not in the reward spec (reward keys: {})",
                             fmt_key_list(&specs.reward_keys())
                         ),
                     )
@@ -370,17 +355,28 @@ impl RewardSum {
             })
             .collect()
     }
-
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
-    }
 }
+
+setters!(RewardSum {
+    /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
+    /// `reward_spec=True`); they are then reward keys.
+    with_reward_spec(reward_spec: bool) => reward_spec = reward_spec;
+    /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
+    /// values count from the last batch dim).
+    with_time_dim(dim: i64) => time_dim = Some(dim);
+});
+
+key_setters!(RewardSum {
+    /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
+    /// of the parent's reward spec (checked when the transform joins an env).
+    with_in_keys => in_keys [Some];
+    /// The keys the sums are written to, one per in key (default: each in key with its last
+    /// segment `name` replaced by `episode_<name>`).
+    with_out_keys => out_keys [Some];
+    /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
+    /// one for all in keys, or one per in key (default: the done group that owns each reward).
+    with_reset_keys => reset_keys [Some];
+});
 
 impl Transform for RewardSum {
     fn name(&self) -> String {
@@ -428,9 +424,11 @@ impl Transform for RewardSum {
                 let mut out = Vec::with_capacity(keys.len());
                 for k in keys {
                     if k.last() != Some("_reset") {
-                        return Err(Error::invalid(
+                        return Err(Error::value(
                             op,
-                            format!("reset key {k} must end with \"_reset\""),
+                            k,
+                            "a reset key that ends with \"_reset\"",
+                            "a key with another last segment",
                         ));
                     }
                     out.push(parent_of(k));
@@ -441,26 +439,30 @@ impl Transform for RewardSum {
         let mut slots = Vec::with_capacity(ins.len());
         for (i, (input, output)) in ins.iter().zip(&outs).enumerate() {
             let spec = parent.reward.get(input).cloned().ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     op,
+                    input,
+                    "an in key of the reward spec",
                     format!(
-                        "the in key {input} is not in the reward spec (reward keys: {})",
+                        "a key that is not in the reward spec (reward keys: {})",
                         fmt_key_list(&parent.reward_keys())
                     ),
                 )
             })?;
             if spec.is_composite() {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     op,
-                    format!(
-                        "the in key {input} names a nested level of the reward spec, not a leaf"
-                    ),
+                    input,
+                    "an in key naming a leaf of the reward spec",
+                    "a nested level of the reward spec",
                 ));
             }
             if output == input {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     op,
-                    format!("the out key {output} is also the in key; choose another out key"),
+                    output,
+                    "an out key other than the in key",
+                    "the in key itself; choose another out key",
                 ));
             }
             for (g, what) in [
@@ -469,9 +471,11 @@ impl Transform for RewardSum {
                 (&parent.done, "done"),
             ] {
                 if g.contains(output) {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!("the out key {output} is already in the parent's {what} spec"),
+                        output,
+                        "an out key that is new to the parent's specs",
+                        format!("a key already in the parent's {what} spec"),
                     ));
                 }
             }
@@ -530,15 +534,16 @@ impl Transform for RewardSum {
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         if self.slots.is_empty() {
-            return Err(self.not_attached("RewardSum::step"));
+            return Err(not_attached("RewardSum::step", self));
         }
         for s in &self.slots {
             let reward = next.get(&s.input).ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     "RewardSum::step",
+                    &s.input,
+                    "a reward in the step's output",
                     format!(
-                        "the reward {} is missing from the step's output (keys: {})",
-                        s.input,
+                        "nothing: the reward is missing (keys: {})",
                         fmt_key_list(&next.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
@@ -554,7 +559,7 @@ impl Transform for RewardSum {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         if self.slots.is_empty() {
-            return Err(self.not_attached("RewardSum::reset"));
+            return Err(not_attached("RewardSum::reset", self));
         }
         for s in &self.slots {
             let mask = reset_mask(td, &s.root)?;
@@ -567,9 +572,11 @@ impl Transform for RewardSum {
                 (None, _) => match s.spec.zero(&[])? {
                     crate::Entry::Tensor(t) => t,
                     crate::Entry::Dict(_) => {
-                        return Err(Error::invalid(
+                        return Err(Error::value(
                             "RewardSum::reset",
-                            format!("the spec of {} is not a leaf", s.input),
+                            &s.input,
+                            "a leaf spec",
+                            "a Composite",
                         ))
                     }
                 },
@@ -582,10 +589,13 @@ impl Transform for RewardSum {
     fn forward(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "RewardSum::forward";
         let Some(dim) = self.time_dim else {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                "offline use needs the time dim: set it with RewardSum::with_time_dim(dim) \
-                 (TorchRL looks for a dim named \"time\"; tensordicts here have no dim names)",
+                "time_dim",
+                "the time dim, which offline use needs: set it with \
+                 RewardSum::with_time_dim(dim) (TorchRL looks for a dim named \"time\"; \
+                 tensordicts here have no dim names)",
+                "none",
             ));
         };
         let nb = td.batch_dims() as i64;

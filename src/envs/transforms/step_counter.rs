@@ -38,8 +38,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::reward_sum::{done_shape, expand_right, reset_mask, reset_roots};
-use super::Transform;
+use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
+use super::{not_attached, setters, Transform};
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -97,24 +97,6 @@ impl StepCounter {
         Ok(self)
     }
 
-    /// The leaf name of the truncated flags (default `"truncated"`), placed in each done group.
-    pub fn with_truncated_key(mut self, name: impl Into<String>) -> Self {
-        self.truncated_key = name.into();
-        self
-    }
-
-    /// The leaf name of the counters (default `"step_count"`), placed in each done group.
-    pub fn with_step_count_key(mut self, name: impl Into<String>) -> Self {
-        self.step_count_key = name.into();
-        self
-    }
-
-    /// Whether a truncation also sets `done` (default true).
-    pub fn with_update_done(mut self, update_done: bool) -> Self {
-        self.update_done = update_done;
-        self
-    }
-
     /// The maximum number of steps, if any.
     pub fn max_steps(&self) -> Option<i64> {
         self.max_steps
@@ -135,26 +117,27 @@ impl StepCounter {
             .with_device(self.device)
     }
 
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
-    }
-
-    fn check_name(op: &'static str, what: &str, name: &str) -> Result<()> {
+    fn check_name(op: &'static str, what: &'static str, name: &str) -> Result<()> {
         if name.is_empty() || name == "_reset" || name == "next" {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                format!("{what} must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
+                what,
+                "a non-empty leaf name other than \"_reset\" and \"next\"",
+                format!("{name:?}"),
             ));
         }
         Ok(())
     }
 }
+
+setters!(StepCounter {
+    /// The leaf name of the truncated flags (default `"truncated"`), placed in each done group.
+    with_truncated_key(name: impl Into<String>) => truncated_key = name.into();
+    /// The leaf name of the counters (default `"step_count"`), placed in each done group.
+    with_step_count_key(name: impl Into<String>) => step_count_key = name.into();
+    /// Whether a truncation also sets `done` (default true).
+    with_update_done(update_done: bool) => update_done = update_done;
+});
 
 /// `t` as a bool tensor.
 fn as_bool(t: &Tensor) -> Result<Tensor> {
@@ -173,13 +156,7 @@ impl Transform for StepCounter {
         let op = "StepCounter::attach";
         Self::check_name(op, "the step count key", &self.step_count_key)?;
         Self::check_name(op, "the truncated key", &self.truncated_key)?;
-        let roots = reset_roots(parent);
-        if roots.is_empty() {
-            return Err(Error::invalid(
-                op,
-                "the parent env has no done group to count steps for",
-            ));
-        }
+        let roots = required_reset_roots(parent, op, "to count steps for")?;
         let mut groups = Vec::with_capacity(roots.len());
         for root in roots {
             let shape = done_shape(parent, &root, op)?;
@@ -194,12 +171,11 @@ impl Transform for StepCounter {
         for g in &groups {
             for (what, c) in [("reward", &parent.reward), ("action", &parent.action)] {
                 if c.contains(&g.step_count) {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!(
-                            "the step count key {} is already in the parent's {what} spec",
-                            g.step_count
-                        ),
+                        &g.step_count,
+                        "a step count key that is new to the parent's specs",
+                        format!("a key already in the parent's {what} spec"),
                     ));
                 }
             }
@@ -263,16 +239,17 @@ impl Transform for StepCounter {
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "StepCounter::step";
         if self.groups.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for g in &self.groups {
             let count = td.get(&g.step_count).ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     op,
+                    &g.step_count,
+                    "the step count in the input tensordict (step from the tensordict returned \
+                     by reset or by the previous step)",
                     format!(
-                        "the step count {} is missing from the input tensordict (keys: {}); step \
-                         from the tensordict returned by reset or by the previous step",
-                        g.step_count,
+                        "nothing: it is missing (keys: {})",
                         fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
@@ -300,7 +277,7 @@ impl Transform for StepCounter {
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "StepCounter::reset";
         if self.groups.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for g in &self.groups {
             let mask = reset_mask(td, &g.root)?;

@@ -49,7 +49,7 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::Transform;
+use super::{not_attached, setters, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -107,38 +107,6 @@ impl TensorDictPrimer {
         self
     }
 
-    /// Initial values are samples of the specs instead of a constant.
-    pub fn with_random(mut self, random: bool) -> Self {
-        self.random = random;
-        self
-    }
-
-    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
-    /// the env it joins re-seeds it, see [`Transform::set_seed`]).
-    pub fn with_seed(mut self, seed: u64) -> Self {
-        self.generator = Generator::new(seed);
-        self
-    }
-
-    /// The constant initial value of every primer (default 0; `false`/`true` for bool specs).
-    pub fn with_default_value(mut self, value: f64) -> Self {
-        self.default_value = value;
-        self
-    }
-
-    /// Primer specs are per-env (feature shape only) and get the env's batch dims prepended.
-    pub fn with_expand_specs(mut self, expand: bool) -> Self {
-        self.expand_specs = expand;
-        self
-    }
-
-    /// The `"_reset"` key whose mask selects the batch elements to prime (default: the parent's
-    /// only reset group; required when the parent has several).
-    pub fn with_reset_key(mut self, key: impl Into<NestedKey>) -> Self {
-        self.reset_key = Some(key.into());
-        self
-    }
-
     /// The declared keys.
     pub fn keys(&self) -> Vec<NestedKey> {
         self.primers.iter().map(|(k, _)| k.clone()).collect()
@@ -151,36 +119,48 @@ impl TensorDictPrimer {
         if self.random {
             return match spec.rand(&mut self.generator, shape)? {
                 Entry::Tensor(t) => Ok(t),
-                Entry::Dict(_) => Err(Error::invalid(
-                    op,
-                    format!("the spec of {key} is not a leaf"),
-                )),
+                Entry::Dict(_) => Err(Error::value(op, key, "a leaf spec", "a Composite")),
             };
         }
         let kind = spec.dtype().ok_or_else(|| {
-            Error::invalid(
+            Error::value(
                 op,
-                format!(
-                    "the spec of {key} ({spec}) has no dtype, so no constant value can be built"
-                ),
+                key,
+                "a spec with a dtype (to build a constant value)",
+                format!("{spec}, which has none"),
             )
         })?;
         let device = spec.device().unwrap_or(self.device);
         let full: Vec<i64> = [shape, spec.shape()].concat();
         // libtorch refuses a value the dtype cannot hold (and tch panics on that error).
-        full_f64(op, &full, self.default_value, kind, device).map_err(|e| {
-            Error::invalid(op, format!("cannot build the default value of {key}: {e}"))
-        })
+        full_f64(op, &full, self.default_value, kind, device)
+            .map_err(|e| e.context(format!("{op}: cannot build the default value of {key}")))
     }
+}
 
-    fn not_attached(&self, op: &'static str) -> Error {
-        Error::invalid(
-            op,
-            format!(
-                "{} has not joined an environment; add it to a TransformedEnv first",
-                self.name()
-            ),
-        )
+setters!(TensorDictPrimer {
+    /// Initial values are samples of the specs instead of a constant.
+    with_random(random: bool) => random = random;
+    /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
+    /// the env it joins re-seeds it, see [`Transform::set_seed`]).
+    with_seed(seed: u64) => generator = Generator::new(seed);
+    /// The constant initial value of every primer (default 0; `false`/`true` for bool specs).
+    with_default_value(value: f64) => default_value = value;
+    /// Primer specs are per-env (feature shape only) and get the env's batch dims prepended.
+    with_expand_specs(expand: bool) => expand_specs = expand;
+    /// The `"_reset"` key whose mask selects the batch elements to prime (default: the parent's
+    /// only reset group; required when the parent has several).
+    with_reset_key(key: impl Into<NestedKey>) => reset_key = Some(key.into());
+});
+
+impl TensorDictPrimer {
+    /// The resolved primers as `(key, full spec)` pairs, owned (a hook then borrows `self`
+    /// mutably while it writes them).
+    fn primed(&self) -> Vec<(NestedKey, TensorSpec)> {
+        self.resolved
+            .iter()
+            .map(|r| (r.key.clone(), r.full.clone()))
+            .collect()
     }
 }
 
@@ -200,9 +180,11 @@ impl Transform for TensorDictPrimer {
     fn attach(&mut self, parent: &EnvSpecs) -> Result<()> {
         let op = "TensorDictPrimer::attach";
         if self.primers.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                "no primer declared; add keys with TensorDictPrimer::with_primer",
+                "primers",
+                "at least one primer (add keys with TensorDictPrimer::with_primer)",
+                "none",
             ));
         }
         let batch = parent.batch_size().to_vec();
@@ -210,9 +192,11 @@ impl Transform for TensorDictPrimer {
         let mut resolved = Vec::with_capacity(self.primers.len());
         for (key, spec) in &self.primers {
             if spec.is_composite() {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     op,
-                    format!("the primer {key} is a Composite; declare each leaf with its nested key instead"),
+                    key,
+                    "a leaf primer spec (declare each leaf with its nested key)",
+                    "a Composite",
                 ));
             }
             for (what, c) in [
@@ -223,9 +207,11 @@ impl Transform for TensorDictPrimer {
                 ("state", &parent.state),
             ] {
                 if c.contains(key) {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!("the primer key {key} is already in the parent's {what} spec"),
+                        key,
+                        "a primer key that is new to the parent's specs",
+                        format!("a key already in the parent's {what} spec"),
                     ));
                 }
             }
@@ -263,9 +249,11 @@ impl Transform for TensorDictPrimer {
         let root = match &self.reset_key {
             Some(k) => {
                 if k.last() != Some("_reset") {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
-                        format!("the reset key {k} must end with \"_reset\""),
+                        k,
+                        "a reset key that ends with \"_reset\"",
+                        "a key with another last segment",
                     ));
                 }
                 parent_of(k)
@@ -289,11 +277,7 @@ impl Transform for TensorDictPrimer {
         self.resolved = resolved;
         self.root = root;
         if !self.random {
-            let items: Vec<(NestedKey, TensorSpec)> = self
-                .resolved
-                .iter()
-                .map(|r| (r.key.clone(), r.full.clone()))
-                .collect();
+            let items = self.primed();
             for (key, spec) in items {
                 let value = self.initial(&spec, &[], &key)?;
                 if !spec.is_in(&Entry::Tensor(value))? {
@@ -333,7 +317,7 @@ impl Transform for TensorDictPrimer {
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::step";
         if self.resolved.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         for r in &self.resolved {
             if next.get_entry(&r.key).is_some() {
@@ -342,12 +326,13 @@ impl Transform for TensorDictPrimer {
             // Not produced by the step nor preset under the input's "next" (the env merges those
             // before the transforms run): the value at time t is carried.
             let prev = td.get(&r.key).ok_or_else(|| {
-                Error::invalid(
+                Error::value(
                     op,
+                    &r.key,
+                    "the primer in the input tensordict (step from the tensordict returned by \
+                     reset or by the previous step)",
                     format!(
-                        "the primer {} is missing from the input tensordict (keys: {}); step from \
-                         the tensordict returned by reset or by the previous step",
-                        r.key,
+                        "nothing: it is missing (keys: {})",
                         fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
                     ),
                 )
@@ -360,14 +345,10 @@ impl Transform for TensorDictPrimer {
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::reset";
         if self.resolved.is_empty() {
-            return Err(self.not_attached(op));
+            return Err(not_attached(op, self));
         }
         let mask = reset_mask(td, &self.root)?;
-        let items: Vec<(NestedKey, TensorSpec)> = self
-            .resolved
-            .iter()
-            .map(|r| (r.key.clone(), r.full.clone()))
-            .collect();
+        let items = self.primed();
         for (key, spec) in items {
             let fresh = self.initial(&spec, &[], &key)?;
             let value = match (&mask, td.get(&key)) {

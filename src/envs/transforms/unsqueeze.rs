@@ -32,7 +32,10 @@
 //! ```
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, key_pairs, Transform};
+use super::{
+    added_keys, input_keys_available, key_setters, missing_key, output_keys_available, KeyMap,
+    Transform,
+};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -44,22 +47,8 @@ const OP: &str = "UnsqueezeTransform";
 /// Inserts a size-1 dim. See the module docs.
 pub struct UnsqueezeTransform {
     dim: i64,
-    in_keys: Vec<NestedKey>,
-    out_keys: Option<Vec<NestedKey>>,
-    in_keys_inv: Vec<NestedKey>,
-    out_keys_inv: Option<Vec<NestedKey>>,
-}
-
-fn missing_key(op: &'static str, td: &TensorDict, key: &NestedKey) -> Error {
-    Error::KeyNotFound {
-        op,
-        key: key.to_string(),
-        available: td
-            .keys(crate::tensordict::KeysOptions::nested_leaves())
-            .into_iter()
-            .map(|k| k.to_string())
-            .collect(),
-    }
+    keys: KeyMap,
+    keys_inv: KeyMap,
 }
 
 impl UnsqueezeTransform {
@@ -67,10 +56,8 @@ impl UnsqueezeTransform {
     pub fn new<K: Into<NestedKey>>(dim: i64, in_keys: impl IntoIterator<Item = K>) -> Self {
         UnsqueezeTransform {
             dim,
-            in_keys: collect_keys(in_keys),
-            out_keys: None,
-            in_keys_inv: Vec::new(),
-            out_keys_inv: None,
+            keys: KeyMap::new(collect_keys(in_keys)),
+            keys_inv: KeyMap::default(),
         }
     }
 
@@ -80,48 +67,17 @@ impl UnsqueezeTransform {
         UnsqueezeTransform::new(dim, Vec::<NestedKey>::new()).with_in_keys_inv(in_keys_inv)
     }
 
-    /// Where the results are written (one per in key; default: the in keys).
-    pub fn with_out_keys<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-        self.out_keys = Some(collect_keys(keys));
-        self
-    }
-
-    /// Parent-side action / state keys: the policy gives them with the extra dim, which is
-    /// squeezed out before the parent sees them.
-    pub fn with_in_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.in_keys_inv = collect_keys(keys);
-        self
-    }
-
-    /// Policy-side names of the inverse entries (default: the same names).
-    pub fn with_out_keys_inv<K: Into<NestedKey>>(
-        mut self,
-        keys: impl IntoIterator<Item = K>,
-    ) -> Self {
-        self.out_keys_inv = Some(collect_keys(keys));
-        self
-    }
-
     /// The dim.
     pub fn dim(&self) -> i64 {
         self.dim
     }
 
     fn pairs(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(OP, self, &self.in_keys, self.out_keys.as_deref(), "")
+        self.keys.pairs(OP, self, "")
     }
 
     fn pairs_inv(&self) -> Result<Vec<(NestedKey, NestedKey)>> {
-        key_pairs(
-            OP,
-            self,
-            &self.in_keys_inv,
-            self.out_keys_inv.as_deref(),
-            "inverse ",
-        )
+        self.keys_inv.pairs(OP, self, "inverse ")
     }
 
     /// Where the new dim goes in a shape of `ndim` dims (before unsqueezing) whose first `nb`
@@ -172,13 +128,11 @@ impl UnsqueezeTransform {
             ));
         }
         if shape.get(p as usize) != Some(&1) {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
-                format!(
-                    "{}: cannot squeeze dim {p} of {key} (shape {}): its size is not 1",
-                    self.name(),
-                    ShapeFmt(shape)
-                ),
+                key,
+                format!("a size-1 dim {p} for {} to squeeze out", self.name()),
+                format!("shape {}, whose dim {p} is not 1", ShapeFmt(shape)),
             ));
         }
         Ok(p as usize)
@@ -186,9 +140,11 @@ impl UnsqueezeTransform {
 
     fn unsqueeze_spec(&self, nb: usize, key: &NestedKey, spec: &TensorSpec) -> Result<TensorSpec> {
         if spec.is_composite() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
-                format!("{}: key {key} names a nested spec, not a leaf", self.name()),
+                key,
+                format!("a leaf spec for {}", self.name()),
+                "a nested spec",
             ));
         }
         let p = self.position(nb, spec.shape(), key)?;
@@ -212,30 +168,42 @@ impl UnsqueezeTransform {
     }
 }
 
+key_setters!(UnsqueezeTransform {
+    /// Where the results are written (one per in key; default: the in keys).
+    with_out_keys => keys.outs [Some];
+    /// Parent-side action / state keys: the policy gives them with the extra dim, which is
+    /// squeezed out before the parent sees them.
+    with_in_keys_inv => keys_inv.ins;
+    /// Policy-side names of the inverse entries (default: the same names).
+    with_out_keys_inv => keys_inv.outs [Some];
+});
+
 impl Transform for UnsqueezeTransform {
     fn name(&self) -> String {
         let mut s = format!(
             "UnsqueezeTransform(dim={}, in_keys={}",
             self.dim,
-            fmt_key_list(&self.in_keys)
+            fmt_key_list(&self.keys.ins)
         );
-        if let Some(o) = &self.out_keys {
+        if let Some(o) = &self.keys.outs {
             s += &format!(", out_keys={}", fmt_key_list(o));
         }
-        if !self.in_keys_inv.is_empty() {
-            s += &format!(", in_keys_inv={}", fmt_key_list(&self.in_keys_inv));
+        if !self.keys_inv.ins.is_empty() {
+            s += &format!(", in_keys_inv={}", fmt_key_list(&self.keys_inv.ins));
         }
-        if let Some(o) = &self.out_keys_inv {
+        if let Some(o) = &self.keys_inv.outs {
             s += &format!(", out_keys_inv={}", fmt_key_list(o));
         }
         s + ")"
     }
 
     fn attach(&mut self, _parent: &EnvSpecs) -> Result<()> {
-        if self.in_keys.is_empty() && self.in_keys_inv.is_empty() {
-            return Err(Error::invalid(
+        if self.keys.ins.is_empty() && self.keys_inv.ins.is_empty() {
+            return Err(Error::config(
                 OP,
-                "UnsqueezeTransform has no in_keys and no in_keys_inv: nothing to unsqueeze",
+                "in_keys",
+                "in_keys or in_keys_inv (without either there is nothing to unsqueeze)",
+                "none",
             ));
         }
         self.pairs()?;
@@ -261,13 +229,7 @@ impl Transform for UnsqueezeTransform {
                 return Err(Error::KeyNotFound {
                     op: "UnsqueezeTransform (in keys are looked up in the done, reward and observation specs)",
                     key: in_key.to_string(),
-                    available: specs
-                        .done_keys()
-                        .into_iter()
-                        .chain(specs.reward_keys())
-                        .chain(specs.observation_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: output_keys_available(&specs),
                 });
             };
             let spec = specs.group(group).get_or_err(&in_key)?;
@@ -284,12 +246,7 @@ impl Transform for UnsqueezeTransform {
                 return Err(Error::KeyNotFound {
                     op: "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
                     key: in_key.to_string(),
-                    available: specs
-                        .action_keys()
-                        .into_iter()
-                        .chain(specs.state_keys())
-                        .map(|k| k.to_string())
-                        .collect(),
+                    available: input_keys_available(&specs),
                 });
             };
             let spec = specs.group(group).get_or_err(&in_key)?;
