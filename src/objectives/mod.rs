@@ -30,15 +30,14 @@
 //! ```
 
 pub mod common;
+pub mod keys;
 pub mod optim;
 pub mod ppo;
 pub mod reward_model;
 pub mod value;
 
-pub use common::{
-    forward_value_estimator_keys, set_estimator_keys, set_loss_keys, AcceptedKeys, LossModule,
-    LossOutput, Reduction, VALUE_ESTIMATOR_KEYS,
-};
+pub use common::{LossModule, LossOutput, Reduction};
+pub use keys::{set_estimator_keys, set_loss_keys, AcceptedKeys};
 pub use ppo::{
     ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPenPpoLossOutput, PpoKeys, PpoLossOutput,
 };
@@ -46,4 +45,7 @@ pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss,
     RewardModelLossOutput, ScoreFn, ScoreModule, ScoreNetwork,
 };
-pub use value::{Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork};
+pub use value::{
+    forward_value_estimator_keys, Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys,
+    ValueNetwork, VALUE_ESTIMATOR_KEYS,
+};

@@ -73,7 +73,8 @@ use crate::modules::module::TensorDictModule;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
 
-use super::common::{forward_value_estimator_keys, LossModule, LossOutput, Reduction};
+use super::common::{LossModule, LossOutput, Reduction};
+use super::value::forward_value_estimator_keys;
 use super::value::{Gae, ValueEstimator};
 
 const NAME: &str = "ClipPPOLoss";

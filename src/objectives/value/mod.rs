@@ -53,7 +53,7 @@ use tch::Tensor;
 use crate::error::{Error, Result};
 use crate::tensordict::{AsKey, NestedKey, TensorDict};
 
-use super::common::{set_estimator_keys, AcceptedKeys};
+use super::keys::{set_estimator_keys, AcceptedKeys};
 use functional::{check_same_shape, resolve_dim, Gamma};
 
 pub use gae::Gae;
@@ -130,6 +130,39 @@ pub trait ValueEstimator {
 
     /// The value target alone (nothing is written).
     fn value_estimate(&self, td: &TensorDict) -> Result<Tensor>;
+}
+
+/// The key names a loss forwards to its value estimator (TorchRL's
+/// `_value_estimator_default_keys`).
+pub const VALUE_ESTIMATOR_KEYS: [&str; 6] = [
+    "advantage",
+    "value_target",
+    "value",
+    "reward",
+    "done",
+    "terminated",
+];
+
+/// Forwards a loss's estimator-related keys to its value estimator (TorchRL's
+/// `_forward_value_estimator_keys`).
+///
+/// Only names in [`VALUE_ESTIMATOR_KEYS`] that the loss's keys define *and* the estimator
+/// accepts are forwarded (TorchRL issue #4371: forwarding a name the estimator does not accept
+/// broke `set_keys`). The loss's current values are sent, so a key the loss just reset to its
+/// default reaches the estimator as that default.
+pub fn forward_value_estimator_keys<K: AcceptedKeys>(
+    keys: &K,
+    estimator: &mut dyn ValueEstimator,
+) -> Result<()> {
+    let pairs: Vec<(&str, Option<NestedKey>)> = VALUE_ESTIMATOR_KEYS
+        .iter()
+        .filter(|name| estimator.accepts_key(name))
+        .filter_map(|name| keys.key(name).map(|k| (*name, Some(k.clone()))))
+        .collect();
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    estimator.set_keys(&pairs)
 }
 
 /// The state-value network of an estimator: a function from a `[*B, T]` tensordict to the
