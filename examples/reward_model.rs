@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use torchrl::data::replay::{ReplayBuffer, SamplerWithoutReplacement};
 use torchrl::modules::{MlpConfig, TdModule, MLP};
 use torchrl::objectives::optim::step_with_grad_norm;
-use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss, ScoreModule};
+use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss};
 use torchrl::{Error, Generator, Result, TensorDict};
 
 const FEATURES: i64 = 16;
@@ -127,7 +127,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let scorer = TdModule::new(mlp, ["features"], ["reward_score"])?;
 
     let mut loss = RewardModelLoss::new()
-        .with_score_network(ScoreModule::new(scorer))
+        .with_score_network(scorer)
         .with_center_coeff(1e-3)?; // keeps the scores near 0
 
     // The dataset's names and the scorer's output key, by name (TorchRL's `set_keys`).

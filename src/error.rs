@@ -342,7 +342,6 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidValue`] on a key.
-    #[allow(dead_code)] // sites migrate from `Error::invalid` file by file
     pub(crate) fn value(
         op: &'static str,
         key: impl fmt::Display,
@@ -359,7 +358,6 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidConfig`].
-    #[allow(dead_code)] // sites migrate from `Error::invalid` file by file
     pub(crate) fn config(
         op: &'static str,
         field: &'static str,

@@ -142,6 +142,18 @@ pub(crate) fn read_inputs<'a>(
     keys.iter().map(|k| read_input(op, td, k)).collect()
 }
 
+/// Which of a module's `out_keys` holds the output a caller wants: the first of `preferred`
+/// that the module declares, else its only out key, else `None`.
+pub(crate) fn pick_out_key(out_keys: &[NestedKey], preferred: &[&NestedKey]) -> Option<NestedKey> {
+    if let Some(k) = preferred.iter().find(|k| out_keys.contains(k)) {
+        return Some((*k).clone());
+    }
+    match out_keys {
+        [only] => Some(only.clone()),
+        _ => None,
+    }
+}
+
 /// Checks that `value`'s leading dims are `td`'s batch size, naming `key` otherwise.
 pub(crate) fn check_output(
     op: &'static str,

@@ -43,7 +43,7 @@ pub use ppo::{
 };
 pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss,
-    RewardModelLossOutput, ScoreFn, ScoreModule, ScoreNetwork,
+    RewardModelLossOutput, ScoreFn,
 };
 pub use value::{
     forward_value_estimator_keys, Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys,
