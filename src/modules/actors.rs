@@ -91,6 +91,7 @@ use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
 use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
+use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -855,5 +856,36 @@ impl TensorDictModule for ProbabilisticActor {
         if let Some(m) = &mut self.module {
             m.set_train(train);
         }
+    }
+}
+
+impl ProbabilisticTensorDictModule for ProbabilisticActor {
+    fn get_dist_params(&self, td: TensorDict) -> Result<TensorDict> {
+        ProbabilisticActor::get_dist_params(self, td)
+    }
+
+    fn dist_keys(&self) -> Vec<NestedKey> {
+        self.builder.in_keys().to_vec()
+    }
+
+    fn build_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>> {
+        self.builder.build(td)
+    }
+
+    fn action_key(&self) -> &NestedKey {
+        &self.action_key
+    }
+
+    fn log_prob_key(&self) -> NestedKey {
+        ProbabilisticActor::log_prob_key(self)
+    }
+
+    fn forward_with(
+        &self,
+        td: TensorDict,
+        exploration: ExplorationType,
+        gen: &mut Generator,
+    ) -> Result<TensorDict> {
+        ProbabilisticActor::forward_with(self, td, exploration, gen)
     }
 }

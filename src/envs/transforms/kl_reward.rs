@@ -88,36 +88,14 @@ use super::Transform;
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::distributions::Distribution;
-use crate::modules::ProbabilisticActor;
+use crate::modules::ProbabilisticTensorDictModule;
 use crate::tensordict::{fmt_key_list, AsKey, Entry, NestedKey, TensorDict};
 
-/// What [`KLRewardTransform`] needs from a policy: its in keys and the distribution it gives
-/// for a tensordict. Implemented for [`ProbabilisticActor`]; implement it for any other
+/// What [`KLRewardTransform`] needs from a policy: the crate's probabilistic module trait,
+/// under its former name. Implemented by [`ProbabilisticActor`](crate::modules::ProbabilisticActor) and
+/// [`ActorValueOperator`](crate::modules::ActorValueOperator); implement it for any other
 /// module built on a [`tch::nn::VarStore`].
-pub trait DistributionSource: Send {
-    /// The keys the policy reads.
-    fn in_keys(&self) -> Vec<NestedKey>;
-    /// The distribution of the action for `td` (with the policy's current parameters).
-    fn get_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>>;
-    /// The key under which the policy writes its log-probability, if it has one (used as the
-    /// default log-prob key, as TorchRL's `find_sample_log_prob`).
-    fn log_prob_key(&self) -> Option<NestedKey> {
-        None
-    }
-}
-
-impl DistributionSource for ProbabilisticActor {
-    fn in_keys(&self) -> Vec<NestedKey> {
-        crate::modules::TensorDictModule::in_keys(self)
-    }
-    fn get_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>> {
-        ProbabilisticActor::get_dist(self, td)
-    }
-    fn log_prob_key(&self) -> Option<NestedKey> {
-        Some(ProbabilisticActor::log_prob_key(self))
-    }
-}
+pub use crate::modules::ProbabilisticTensorDictModule as DistributionSource;
 
 /// TorchRL 0.14's default log-prob key (`composite_lp_aggregate` off).
 pub const DEFAULT_LOG_PROB_KEY: &str = "action_log_prob";
@@ -125,7 +103,7 @@ pub const DEFAULT_LOG_PROB_KEY: &str = "action_log_prob";
 /// `reward - coef * (log π(a) - log π_ref(a))` with a frozen reference copy of the actor. See
 /// the module docs.
 pub struct KLRewardTransform {
-    reference: Box<dyn DistributionSource>,
+    reference: Box<dyn ProbabilisticTensorDictModule>,
     ref_vs: VarStore,
     coef: f64,
     in_key: NestedKey,
@@ -154,7 +132,7 @@ impl KLRewardTransform {
     /// key of the built policy (else `"action_log_prob"`).
     pub fn new<A, F>(actor_vs: &VarStore, build: F) -> Result<Self>
     where
-        A: DistributionSource + 'static,
+        A: ProbabilisticTensorDictModule + 'static,
         F: FnOnce(&Path) -> Result<A>,
     {
         let op = "KLRewardTransform::new";
@@ -192,9 +170,7 @@ impl KLRewardTransform {
         }
         ref_vs.copy(actor_vs)?;
         ref_vs.freeze();
-        let log_prob_key = reference
-            .log_prob_key()
-            .unwrap_or_else(|| NestedKey::from(DEFAULT_LOG_PROB_KEY));
+        let log_prob_key = reference.log_prob_key();
         Ok(KLRewardTransform {
             reference: Box::new(reference),
             ref_vs,
