@@ -213,3 +213,65 @@ pub trait LossModule {
         self.set_tensor_keys(keys)
     }
 }
+
+/// [`LossModule`] with its types erased, for code that holds losses of different kinds
+/// (a trainer's `Box<dyn DynLossModule>`). Every [`LossModule`] whose output is `'static`
+/// implements it.
+///
+/// [`LossModule`] itself is object safe once its types are named
+/// (`Box<dyn LossModule<Keys = PpoKeys, Output = PpoLossOutput>>`); this trait also erases
+/// them: keys are set by name and the output is a `Box<dyn LossOutput>`. Its methods have
+/// their own names so that both traits can be in scope.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::{DynLossModule, RewardModelLoss};
+/// use torchrl::{NestedKey, TensorDict};
+/// # fn main() -> torchrl::Result<()> {
+/// let mut losses: Vec<Box<dyn DynLossModule>> = vec![Box::new(RewardModelLoss::new())];
+/// losses[0].set_keys_by_name(&[("chosen", Some("a".into()))])?;
+/// assert_eq!(losses[0].loss_in_keys(), &[NestedKey::from("a"), NestedKey::from("rejected")]);
+/// let td = TensorDict::new([1])?
+///     .with(("a", "score"), Tensor::from_slice(&[1.0f32]))?
+///     .with(("rejected", "score"), Tensor::from_slice(&[1.0f32]))?;
+/// let out = losses[0].forward_dyn(&td)?;
+/// // -log σ(0) = ln 2
+/// assert!((out.total_loss()?.double_value(&[]) - std::f64::consts::LN_2).abs() < 1e-6);
+/// assert_eq!(losses[0].loss_name(), "RewardModelLoss");
+/// # Ok(()) }
+/// ```
+pub trait DynLossModule: Send {
+    /// [`LossModule::name`].
+    fn loss_name(&self) -> &'static str;
+
+    /// [`LossModule::in_keys`].
+    fn loss_in_keys(&self) -> &[NestedKey];
+
+    /// [`LossModule::set_keys`]: keys by name, TorchRL's rules.
+    fn set_keys_by_name(&mut self, pairs: &[(&str, Option<NestedKey>)]) -> Result<()>;
+
+    /// [`LossModule::forward`], its output boxed.
+    fn forward_dyn(&self, td: &TensorDict) -> Result<Box<dyn LossOutput>>;
+}
+
+impl<L> DynLossModule for L
+where
+    L: LossModule + Send,
+    L::Output: 'static,
+{
+    fn loss_name(&self) -> &'static str {
+        self.name()
+    }
+
+    fn loss_in_keys(&self) -> &[NestedKey] {
+        self.in_keys()
+    }
+
+    fn set_keys_by_name(&mut self, pairs: &[(&str, Option<NestedKey>)]) -> Result<()> {
+        self.set_keys(pairs)
+    }
+
+    fn forward_dyn(&self, td: &TensorDict) -> Result<Box<dyn LossOutput>> {
+        Ok(Box::new(self.forward(td)?))
+    }
+}
