@@ -671,9 +671,11 @@ impl ProbabilisticActor {
     /// mean has no closed form). Errors when `n < 1`.
     pub fn with_n_empirical_estimate(mut self, n: i64) -> Result<Self> {
         if n < 1 {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "ProbabilisticActor::with_n_empirical_estimate",
-                format!("n must be >= 1, got {n}"),
+                "n_empirical_estimate",
+                ">= 1",
+                n,
             ));
         }
         self.n_empirical_estimate = n;

@@ -388,12 +388,14 @@ impl<M: TensorModule> TdModule<M> {
     pub fn with_split_sizes(mut self, sizes: impl Into<Vec<i64>>) -> Result<Self> {
         let sizes = sizes.into();
         if sizes.len() != self.out_keys.len() || sizes.iter().any(|s| *s < 1) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "TdModule::with_split_sizes",
+                "split_sizes",
                 format!(
-                    "expected one positive size per out key {}, got {sizes:?}",
+                    "one positive size per out key {}",
                     fmt_key_list(&self.out_keys)
                 ),
+                format!("{sizes:?}"),
             ));
         }
         self.split_sizes = Some(sizes);

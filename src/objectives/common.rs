@@ -113,13 +113,13 @@ impl FromStr for Reduction {
             "mean" => Ok(Reduction::Mean),
             "sum" => Ok(Reduction::Sum),
             "none" => Ok(Reduction::None),
-            other => Err(Error::invalid(
-                "reduction",
-                format!(
-                    "Invalid reduction: {other}. Expected one of {:?}",
-                    Reduction::NAMES
-                ),
-            )),
+            other => Err(Error::InvalidValue {
+                op: "reduction",
+                what: "argument",
+                key: "reduction".into(),
+                expected: format!("one of {:?}", Reduction::NAMES),
+                got: format!("{other} (Invalid reduction: {other})"),
+            }),
         }
     }
 }

@@ -181,17 +181,16 @@ fn apply_pairs<K: AcceptedKeys>(
     Ok(())
 }
 
+/// `(name, key)` pairs for `set_keys`: `None` asks a loss to reset the key to its default.
+pub type KeyPairs<'a> = [(&'a str, Option<NestedKey>)];
+
 /// Sets keys of a loss by name, with TorchRL's `LossModule.set_keys` semantics.
 ///
 /// Every name must be one of `K::NAMES` (otherwise the error names the offending key and lists
 /// the accepted ones); a `None` value resets that key to its default; an empty key is refused.
 /// All pairs are validated before any is applied, so on error `keys` is unchanged. `owner` (the
 /// loss's name) appears in error messages.
-pub fn set_loss_keys<K: AcceptedKeys>(
-    keys: &mut K,
-    pairs: &[(&str, Option<NestedKey>)],
-    owner: &str,
-) -> Result<()> {
+pub fn set_loss_keys<K: AcceptedKeys>(keys: &mut K, pairs: &KeyPairs, owner: &str) -> Result<()> {
     apply_pairs(keys, pairs, owner, Flavour::Loss)
 }
 
@@ -200,7 +199,7 @@ pub fn set_loss_keys<K: AcceptedKeys>(
 /// (an estimator has no "reset to default"). On error `keys` is unchanged.
 pub fn set_estimator_keys<K: AcceptedKeys>(
     keys: &mut K,
-    pairs: &[(&str, Option<NestedKey>)],
+    pairs: &KeyPairs,
     owner: &str,
 ) -> Result<()> {
     apply_pairs(keys, pairs, owner, Flavour::Estimator)

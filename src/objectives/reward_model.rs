@@ -366,9 +366,11 @@ impl RewardModelLoss {
     /// `ValueError("center_coeff must be non-negative.")`.
     pub fn with_center_coeff(mut self, center_coeff: f64) -> Result<Self> {
         if center_coeff.is_nan() || center_coeff < 0.0 {
-            return Err(Error::invalid(
-                "RewardModelLoss",
-                format!("center_coeff must be non-negative, got {center_coeff}"),
+            return Err(Error::config(
+                OP,
+                "center_coeff",
+                "non-negative (center_coeff must be non-negative)",
+                center_coeff,
             ));
         }
         self.center_coeff = Some(center_coeff);

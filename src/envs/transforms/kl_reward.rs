@@ -188,9 +188,11 @@ impl KLRewardTransform {
     /// The KL coefficient (default 1). Errors when it is not finite.
     pub fn with_coef(mut self, coef: f64) -> Result<Self> {
         if !coef.is_finite() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "KLRewardTransform::with_coef",
-                format!("coef must be finite, got {coef}"),
+                "coef",
+                "finite",
+                coef,
             ));
         }
         self.coef = coef;

@@ -47,7 +47,7 @@
 //! # Ok(()) }
 //! ```
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use super::{
     broadcast_shapes, check_device, check_float, check_sample_shape, finfo_eps, finfo_min,
@@ -331,21 +331,7 @@ impl Distribution for Categorical {
         Some(self)
     }
 
-    fn batch_shape(&self) -> &[i64] {
-        &self.batch_shape
-    }
-
-    fn event_shape(&self) -> &[i64] {
-        &[]
-    }
-
-    fn kind(&self) -> Kind {
-        self.logits.kind()
-    }
-
-    fn device(&self) -> Device {
-        self.logits.device()
-    }
+    accessors!(param: logits, batch: batch_shape, event: []);
 
     /// The log-probability of integer class indices (any integer dtype) whose shape
     /// broadcasts with the batch shape; `-inf` for masked classes. Errors for a non-integer

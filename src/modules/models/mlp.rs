@@ -261,10 +261,10 @@ impl MlpConfig {
         };
         let dims = std::iter::once(("in_features", self.in_features))
             .chain(std::iter::once(("out_features", self.out_features)))
-            .chain(widths.iter().map(|w| ("a hidden width", *w)));
+            .chain(widths.iter().map(|w| ("num_cells", *w)));
         for (what, d) in dims {
             if d < 1 {
-                return Err(Error::invalid(op, format!("{what} must be >= 1, got {d}")));
+                return Err(Error::config(op, what, ">= 1", d));
             }
         }
         Ok(widths)

@@ -8,7 +8,7 @@ use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
 use super::common::{detached_fraction, PpoCommon, Prepared};
-use super::{named_some, PpoConfig, PpoLoss, PpoObjective};
+use super::{ppo_loss_terms, ppo_metrics, PpoConfig, PpoLoss, PpoObjective};
 
 /// The output of [`ClipPPOLoss`] (TorchRL's output tensordict, typed).
 ///
@@ -50,24 +50,16 @@ pub struct PpoLossOutput {
 
 impl LossOutput for PpoLossOutput {
     fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
-        named_some(
-            vec![("loss_objective", &self.loss_objective)],
-            [
-                ("loss_entropy", &self.loss_entropy),
-                ("loss_critic", &self.loss_critic),
-            ],
-        )
+        ppo_loss_terms(&self.loss_objective, &self.loss_entropy, &self.loss_critic)
     }
 
     fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
-        let mut m = named_some(
-            vec![("clip_fraction", &self.clip_fraction)],
-            [
-                ("entropy", &self.entropy),
-                ("value_clip_fraction", &self.value_clip_fraction),
-                ("explained_variance", &self.explained_variance),
-            ],
-        );
+        let optional = [
+            &self.entropy,
+            &self.value_clip_fraction,
+            &self.explained_variance,
+        ];
+        let mut m = ppo_metrics(vec![("clip_fraction", &self.clip_fraction)], optional);
         m.push(("ESS", &self.ess));
         m.push(("kl_approx", &self.kl_approx));
         m.push(("max_ratio", &self.max_ratio));

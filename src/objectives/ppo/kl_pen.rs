@@ -12,7 +12,7 @@ use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
 use super::common::PpoCommon;
-use super::{named_some, PpoConfig, PpoLoss, PpoObjective};
+use super::{ppo_loss_terms, ppo_metrics, PpoConfig, PpoLoss, PpoObjective};
 
 /// The output of [`KLPENPPOLoss`] (TorchRL's output tensordict, typed).
 ///
@@ -45,22 +45,17 @@ pub struct KlPenPpoLossOutput {
 
 impl LossOutput for KlPenPpoLossOutput {
     fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
-        named_some(
-            vec![("loss_objective", &self.loss_objective)],
-            [
-                ("loss_entropy", &self.loss_entropy),
-                ("loss_critic", &self.loss_critic),
-            ],
-        )
+        ppo_loss_terms(&self.loss_objective, &self.loss_entropy, &self.loss_critic)
     }
 
     fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
-        named_some(
-            vec![("kl", &self.kl), ("kl_approx", &self.kl_approx)],
+        let head = vec![("kl", &self.kl), ("kl_approx", &self.kl_approx)];
+        ppo_metrics(
+            head,
             [
-                ("entropy", &self.entropy),
-                ("value_clip_fraction", &self.value_clip_fraction),
-                ("explained_variance", &self.explained_variance),
+                &self.entropy,
+                &self.value_clip_fraction,
+                &self.explained_variance,
             ],
         )
     }

@@ -166,10 +166,13 @@ impl FromStr for CriticLossType {
             "smooth_l1" => Ok(CriticLossType::SmoothL1),
             "l2" => Ok(CriticLossType::L2),
             "l1" => Ok(CriticLossType::L1),
-            other => Err(Error::invalid(
-                "CriticLossType",
-                format!("Unknown loss {other}: expected one of smooth_l1, l2, l1"),
-            )),
+            other => Err(Error::InvalidValue {
+                op: "CriticLossType",
+                what: "argument",
+                key: "loss_critic_type".into(),
+                expected: "one of smooth_l1, l2, l1".into(),
+                got: format!("{other} (Unknown loss {other})"),
+            }),
         }
     }
 }
@@ -185,6 +188,31 @@ fn named_some<'a, const N: usize>(
             .filter_map(|(k, t)| t.as_ref().map(|t| (k, t))),
     );
     head
+}
+
+/// The `loss_*` terms of every PPO output: the objective, then the entropy and critic terms
+/// when present.
+fn ppo_loss_terms<'a>(
+    objective: &'a Tensor,
+    entropy: &'a Option<Tensor>,
+    critic: &'a Option<Tensor>,
+) -> Vec<(&'static str, &'a Tensor)> {
+    let optional = [("loss_entropy", entropy), ("loss_critic", critic)];
+    named_some(vec![("loss_objective", objective)], optional)
+}
+
+/// `head`, then the metrics every PPO output may have: `entropy`, `value_clip_fraction`,
+/// `explained_variance` (when present).
+fn ppo_metrics<'a>(
+    head: Vec<(&'static str, &'a Tensor)>,
+    [entropy, value_clip, explained]: [&'a Option<Tensor>; 3],
+) -> Vec<(&'static str, &'a Tensor)> {
+    let optional = [
+        ("entropy", entropy),
+        ("value_clip_fraction", value_clip),
+        ("explained_variance", explained),
+    ];
+    named_some(head, optional)
 }
 
 /// The part of a PPO loss that differs between the clipped and the KL-penalty variants: its

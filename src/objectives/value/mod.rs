@@ -343,11 +343,11 @@ impl Inputs {
 
 impl EstimatorCore {
     pub(crate) fn new(name: &'static str, gamma: f64, lmbda: f64) -> Result<Self> {
-        if !gamma.is_finite() || !lmbda.is_finite() {
-            return Err(Error::invalid(
-                name,
-                format!("gamma and lmbda must be finite, got gamma={gamma}, lmbda={lmbda}"),
-            ));
+        if !gamma.is_finite() {
+            return Err(Error::config(name, "gamma", "finite", gamma));
+        }
+        if !lmbda.is_finite() {
+            return Err(Error::config(name, "lmbda", "finite", lmbda));
         }
         Ok(EstimatorCore {
             name,
