@@ -259,12 +259,12 @@ impl MlpConfig {
                 v.clone()
             }
         };
-        let dims = std::iter::once(("in_features", self.in_features))
-            .chain(std::iter::once(("out_features", self.out_features)))
-            .chain(widths.iter().map(|w| ("num_cells", *w)));
-        for (what, d) in dims {
+        let dims = std::iter::once(("in_features", ">= 1", self.in_features))
+            .chain(std::iter::once(("out_features", ">= 1", self.out_features)))
+            .chain(widths.iter().map(|w| ("num_cells", "every hidden width >= 1", *w)));
+        for (field, expected, d) in dims {
             if d < 1 {
-                return Err(Error::config(op, what, ">= 1", d));
+                return Err(Error::config(op, field, expected, d));
             }
         }
         Ok(widths)
