@@ -94,6 +94,7 @@ use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
 use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::module::setters;
 use crate::rng::Generator;
 use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 
@@ -515,16 +516,11 @@ impl NormalParamExtractor {
         Ok(self)
     }
 
-    /// Sets the scale mapping.
-    pub fn with_scale_mapping(mut self, mapping: ScaleMapping) -> Self {
-        self.mapping = mapping;
-        self
-    }
-
-    /// Sets the scale's lower bound.
-    pub fn with_scale_lb(mut self, scale_lb: f64) -> Self {
-        self.scale_lb = scale_lb;
-        self
+    setters! {
+        /// Sets the scale mapping.
+        with_scale_mapping: mapping: ScaleMapping;
+        /// Sets the scale's lower bound.
+        with_scale_lb: scale_lb: f64;
     }
 
     /// Splits `x` (`[*, 2d]`) into `loc` and `scale` (`[*, d]` each). Errors when the last dim
@@ -650,16 +646,11 @@ impl ProbabilisticActor {
         Ok(self)
     }
 
-    /// Whether `forward` also writes `dist.log_prob(action)`.
-    pub fn with_return_log_prob(mut self, return_log_prob: bool) -> Self {
-        self.return_log_prob = return_log_prob;
-        self
-    }
-
-    /// Sets the exploration type used by `forward`.
-    pub fn with_exploration_type(mut self, exploration: ExplorationType) -> Self {
-        self.exploration = exploration;
-        self
+    setters! {
+        /// Whether `forward` also writes `dist.log_prob(action)`.
+        with_return_log_prob: return_log_prob: bool;
+        /// Sets the exploration type used by `forward`.
+        with_exploration_type: exploration: ExplorationType;
     }
 
     /// Sets the exploration type used by `forward`.

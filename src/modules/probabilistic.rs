@@ -95,34 +95,3 @@ pub trait ProbabilisticTensorDictModule: TensorDictModule {
         self.get_dist(td)?.entropy()
     }
 }
-
-impl<M: ProbabilisticTensorDictModule + ?Sized> ProbabilisticTensorDictModule for Box<M> {
-    fn get_dist_params(&self, td: TensorDict) -> Result<TensorDict> {
-        (**self).get_dist_params(td)
-    }
-
-    fn dist_keys(&self) -> Vec<NestedKey> {
-        (**self).dist_keys()
-    }
-
-    fn build_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>> {
-        (**self).build_dist(td)
-    }
-
-    fn action_key(&self) -> &NestedKey {
-        (**self).action_key()
-    }
-
-    fn log_prob_key(&self) -> NestedKey {
-        (**self).log_prob_key()
-    }
-
-    fn forward_with(
-        &self,
-        td: TensorDict,
-        exploration: ExplorationType,
-        gen: &mut Generator,
-    ) -> Result<TensorDict> {
-        (**self).forward_with(td, exploration, gen)
-    }
-}

@@ -109,18 +109,35 @@ impl FromStr for Reduction {
     /// Parses `"mean"`, `"sum"` or `"none"`; anything else is TorchRL's
     /// `ValueError("Invalid reduction: …")`.
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "mean" => Ok(Reduction::Mean),
-            "sum" => Ok(Reduction::Sum),
-            "none" => Ok(Reduction::None),
-            other => Err(Error::InvalidValue {
-                op: "reduction",
-                what: "argument",
-                key: "reduction".into(),
-                expected: format!("one of {:?}", Reduction::NAMES),
-                got: format!("{other} (Invalid reduction: {other})"),
-            }),
-        }
+        let table = [
+            ("mean", Reduction::Mean),
+            ("sum", Reduction::Sum),
+            ("none", Reduction::None),
+        ];
+        parse_named("reduction", "Invalid reduction", s, &table)
+    }
+}
+
+/// The value named `s` in `table`, or an [`Error::InvalidValue`] for argument `key` that lists
+/// the names (`what` prefixes the name given, e.g. TorchRL's `"Invalid reduction"`).
+pub(crate) fn parse_named<T: Copy>(
+    key: &'static str,
+    what: &str,
+    s: &str,
+    table: &[(&'static str, T)],
+) -> Result<T> {
+    match table.iter().find(|(name, _)| *name == s) {
+        Some((_, v)) => Ok(*v),
+        None => Err(Error::InvalidValue {
+            op: key,
+            what: "argument",
+            key: key.into(),
+            expected: format!(
+                "one of {:?}",
+                table.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+            ),
+            got: format!("{s} ({what}: {s})"),
+        }),
     }
 }
 

@@ -52,9 +52,17 @@
 // Public so that each distribution's module docs (definitions, numerics, deviations from
 // TorchRL) are rendered; the types are re-exported here.
 /// The accessors every built-in distribution writes the same way, inside its
-/// `impl Distribution`: `kind` and `device` from one parameter tensor, and (other arms)
+/// `impl Distribution`: `kind` and `device` from one parameter tensor, `as_any` (with `any`),
+/// and (other arms)
 /// `batch_shape` / `event_shape` from fields, or delegated to an inner distribution.
 macro_rules! accessors {
+    (any, $($rest:tt)*) => {
+        fn as_any(&self) -> Option<&dyn std::any::Any> {
+            Some(self)
+        }
+
+        accessors!($($rest)*);
+    };
     (param: $p:ident) => {
         fn kind(&self) -> tch::Kind {
             self.$p.kind()

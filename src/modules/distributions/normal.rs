@@ -157,11 +157,7 @@ impl Normal {
 }
 
 impl Distribution for Normal {
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    accessors!(param: loc, batch: batch_shape, event: []);
+    accessors!(any, param: loc, batch: batch_shape, event: []);
 
     fn log_prob(&self, value: &Tensor) -> Result<Tensor> {
         let op = "Normal::log_prob";

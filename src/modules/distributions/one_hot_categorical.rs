@@ -92,11 +92,7 @@ impl OneHotCategorical {
 }
 
 impl Distribution for OneHotCategorical {
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    accessors!(inner: cat, event: event_shape);
+    accessors!(any, inner: cat, event: event_shape);
 
     /// The log-probability of the class `argmax(value, -1)`; `value`'s last dim must be `n`
     /// and the dims before it must broadcast with the batch shape.

@@ -2,6 +2,7 @@
 //! `with_*`), validated when a loss takes it.
 
 use crate::error::{Error, Result};
+use crate::modules::module::setters;
 use crate::objectives::common::Reduction;
 
 use super::CriticLossType;
@@ -84,19 +85,6 @@ impl Default for PpoConfig {
             samples_mc_kl: 1,
         }
     }
-}
-
-/// `with_*` setters, one per field.
-macro_rules! setters {
-    ($($(#[$m:meta])* $name:ident: $field:ident: $ty:ty;)*) => {
-        $(
-            $(#[$m])*
-            pub fn $name(mut self, $field: $ty) -> Self {
-                self.$field = $field;
-                self
-            }
-        )*
-    };
 }
 
 impl PpoConfig {

@@ -81,7 +81,7 @@ use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::actors::ProbabilisticActor;
 use crate::modules::module::TensorDictModule;
 use crate::modules::ActorValueOperator;
-use crate::objectives::common::{LossModule, LossOutput, Reduction};
+use crate::objectives::common::{parse_named, LossModule, LossOutput, Reduction};
 use crate::objectives::value::ValueEstimator;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -162,18 +162,12 @@ impl FromStr for CriticLossType {
 
     /// Parses `"smooth_l1"`, `"l2"` or `"l1"`.
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "smooth_l1" => Ok(CriticLossType::SmoothL1),
-            "l2" => Ok(CriticLossType::L2),
-            "l1" => Ok(CriticLossType::L1),
-            other => Err(Error::InvalidValue {
-                op: "CriticLossType",
-                what: "argument",
-                key: "loss_critic_type".into(),
-                expected: "one of smooth_l1, l2, l1".into(),
-                got: format!("{other} (Unknown loss {other})"),
-            }),
-        }
+        let table = [
+            ("smooth_l1", CriticLossType::SmoothL1),
+            ("l2", CriticLossType::L2),
+            ("l1", CriticLossType::L1),
+        ];
+        parse_named("loss_critic_type", "Unknown loss", s, &table)
     }
 }
 
