@@ -312,51 +312,64 @@ impl DistributionBuilder {
 
     /// A [`Categorical`] from `logits` (the last dim indexes the classes).
     pub fn categorical(logits: impl AsKey) -> Result<Self> {
-        let l = logits.to_nested_key();
-        DistributionBuilder::custom("Categorical", [l.clone()], move |td| {
-            Ok(Box::new(Categorical::from_logits(param(td, &l)?, None)?))
-        })
-        .map(|b| b.with_rsample(false))
+        DistributionBuilder::discrete(
+            "Categorical",
+            logits,
+            None::<NestedKey>,
+            Categorical::from_logits,
+        )
     }
 
     /// A masked [`Categorical`] (TorchRL's `MaskedCategorical`): classes whose `mask` entry is
     /// false are never drawn and have probability 0.
     pub fn masked_categorical(logits: impl AsKey, mask: impl AsKey) -> Result<Self> {
-        let (l, m) = (logits.to_nested_key(), mask.to_nested_key());
-        DistributionBuilder::custom("MaskedCategorical", [l.clone(), m.clone()], move |td| {
-            Ok(Box::new(Categorical::from_logits(
-                param(td, &l)?,
-                Some(param(td, &m)?),
-            )?))
-        })
-        .map(|b| b.with_rsample(false))
+        DistributionBuilder::discrete(
+            "MaskedCategorical",
+            logits,
+            Some(mask),
+            Categorical::from_logits,
+        )
     }
 
     /// A [`OneHotCategorical`] from `logits`: actions are one-hot vectors.
     pub fn one_hot_categorical(logits: impl AsKey) -> Result<Self> {
-        let l = logits.to_nested_key();
-        DistributionBuilder::custom("OneHotCategorical", [l.clone()], move |td| {
-            Ok(Box::new(OneHotCategorical::from_logits(
-                param(td, &l)?,
-                None,
-            )?))
-        })
-        .map(|b| b.with_rsample(false))
+        DistributionBuilder::discrete(
+            "OneHotCategorical",
+            logits,
+            None::<NestedKey>,
+            OneHotCategorical::from_logits,
+        )
     }
 
     /// A masked [`OneHotCategorical`].
     pub fn masked_one_hot_categorical(logits: impl AsKey, mask: impl AsKey) -> Result<Self> {
-        let (l, m) = (logits.to_nested_key(), mask.to_nested_key());
-        DistributionBuilder::custom(
+        DistributionBuilder::discrete(
             "MaskedOneHotCategorical",
-            [l.clone(), m.clone()],
-            move |td| {
-                Ok(Box::new(OneHotCategorical::from_logits(
-                    param(td, &l)?,
-                    Some(param(td, &m)?),
-                )?))
-            },
+            logits,
+            Some(mask),
+            OneHotCategorical::from_logits,
         )
+    }
+
+    /// A builder of the categorical family: `make(logits, mask)` on the parameters read under
+    /// `logits` and, when given, `mask`; `sample` (not `rsample`) under random exploration.
+    fn discrete<D: Distribution + 'static>(
+        name: &str,
+        logits: impl AsKey,
+        mask: Option<impl AsKey>,
+        make: fn(&Tensor, Option<&Tensor>) -> Result<D>,
+    ) -> Result<Self> {
+        let logits = logits.to_nested_key();
+        let mask = mask.map(|m| m.to_nested_key());
+        let mut keys = vec![logits.clone()];
+        keys.extend(mask.clone());
+        DistributionBuilder::custom(name, keys, move |td| {
+            let m = match &mask {
+                Some(k) => Some(param(td, k)?),
+                None => None,
+            };
+            Ok(Box::new(make(param(td, &logits)?, m)?) as Box<dyn Distribution>)
+        })
         .map(|b| b.with_rsample(false))
     }
 

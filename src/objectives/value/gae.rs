@@ -77,8 +77,7 @@ impl Gae {
 
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
-        let _guard = (!self.core.differentiable).then(tch::no_grad_guard);
-        let x = self.core.inputs(td)?;
+        let (_guard, x) = self.core.start(td)?;
         let (adv, target) = gae_time_last(
             &x.gamma(self.core.gamma),
             self.core.lmbda,

@@ -471,6 +471,12 @@ impl EstimatorCore {
         Ok(read_input(self.name, &out, &key)?.shallow_clone())
     }
 
+    /// The start of every estimate: the no-grad guard (unless differentiable) and the inputs.
+    pub(crate) fn start(&self, td: &TensorDict) -> Result<(Option<tch::NoGradGuard>, Inputs)> {
+        let guard = (!self.differentiable).then(tch::no_grad_guard);
+        Ok((guard, self.inputs(td)?))
+    }
+
     /// Reads everything an estimate needs, checks shapes, and moves time last.
     pub(crate) fn inputs(&self, td: &TensorDict) -> Result<Inputs> {
         let tdim = self.time_dim(td)?;

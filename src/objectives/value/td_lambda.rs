@@ -72,8 +72,7 @@ impl TdLambdaEstimator {
 
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
-        let _guard = (!self.core.differentiable).then(tch::no_grad_guard);
-        let x = self.core.inputs(td)?;
+        let (_guard, x) = self.core.start(td)?;
         let reward = if self.average_rewards {
             standardize(&x.reward)?
         } else {
