@@ -5,7 +5,7 @@
 //! It is the one trait through which losses ([`ClipPPOLoss`](crate::objectives::ClipPPOLoss),
 //! [`KLPENPPOLoss`](crate::objectives::KLPENPPOLoss)) and transforms
 //! ([`KLRewardTransform`](crate::envs::transforms::KLRewardTransform)) use a policy. It is
-//! object safe (`Box<dyn ProbabilisticTensorDictModule>`). [`ProbabilisticActor`] implements
+//! object safe (`Box<dyn ProbabilisticTensorDictModule>`). [`ProbabilisticActor`](super::ProbabilisticActor) implements
 //! it; [`ActorValueOperator`](super::ActorValueOperator) pairs one with a value head over a
 //! shared trunk.
 //!

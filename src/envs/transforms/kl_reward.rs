@@ -128,8 +128,10 @@ impl KLRewardTransform {
     /// Builds the reference copy: `build` is called on the root of a new `VarStore` on
     /// `actor_vs`'s device, the values of `actor_vs` are copied into it, and it is frozen.
     /// `build` must create the same variables as the actor's (same names and shapes), or an
-    /// error lists the differences. Defaults: `coef = 1`, in and out key `"reward"`, the log-prob
-    /// key of the built policy (else `"action_log_prob"`).
+    /// error lists the differences. `build` returns any
+    /// [`ProbabilisticTensorDictModule`] (a [`ProbabilisticActor`](crate::modules::ProbabilisticActor),
+    /// an [`ActorValueOperator`](crate::modules::ActorValueOperator), ...). Defaults: `coef = 1`,
+    /// in and out key `"reward"`, the log-prob key of the built policy.
     pub fn new<A, F>(actor_vs: &VarStore, build: F) -> Result<Self>
     where
         A: ProbabilisticTensorDictModule + 'static,
@@ -282,7 +284,7 @@ impl KLRewardTransform {
     }
 
     /// The reference policy.
-    pub fn reference(&self) -> &dyn DistributionSource {
+    pub fn reference(&self) -> &dyn ProbabilisticTensorDictModule {
         self.reference.as_ref()
     }
 

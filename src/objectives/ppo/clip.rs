@@ -13,8 +13,8 @@ use super::{ppo_loss_terms, ppo_metrics, PpoConfig, PpoLoss, PpoObjective};
 /// The output of [`ClipPPOLoss`] (TorchRL's output tensordict, typed).
 ///
 /// # Shapes
-/// With [`Reduction::Mean`] / [`Reduction::Sum`] every `loss_*` is `[]`; with
-/// [`Reduction::None`] they keep the per-sample shape with the trailing singleton squeezed
+/// With [`Reduction::Mean`](crate::objectives::Reduction::Mean) / [`Reduction::Sum`](crate::objectives::Reduction::Sum) every `loss_*` is `[]`; with
+/// [`Reduction::None`](crate::objectives::Reduction::None) they keep the per-sample shape with the trailing singleton squeezed
 /// (`[*B]`, or `[*B, A]` for a per-dimension log-prob such as [`Normal`]'s). Metrics are `[]`
 /// except `ess` (`log_weight.squeeze(-1)` reduced over dim 0: `[]` for a `[B, 1]` log-weight,
 /// `[A]` for `[B, A, 1]`) and `explained_variance` (`[1]` for `[B, 1]` values).
@@ -77,7 +77,7 @@ pub struct Clip {
 
 /// TorchRL's `ClipPPOLoss` (see the [module docs](super)).
 ///
-/// What [`forward`](LossModule::forward) does:
+/// What [`forward`](crate::objectives::LossModule::forward) does:
 /// 1. Reads the advantage, or runs the value estimator on a copy of the input (see
 ///    [`PpoLoss::make_value_estimator`]).
 /// 2. With `normalize_advantage` (and more than one element):

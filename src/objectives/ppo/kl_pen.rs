@@ -17,7 +17,7 @@ use super::{ppo_loss_terms, ppo_metrics, PpoConfig, PpoLoss, PpoObjective};
 /// The output of [`KLPENPPOLoss`] (TorchRL's output tensordict, typed).
 ///
 /// # Shapes
-/// `loss_*` as in [`PpoLossOutput`]; `kl` unreduced, `[*B, 1]` (or `[*B, A, 1]`);
+/// `loss_*` as in [`PpoLossOutput`](super::PpoLossOutput); `kl` unreduced, `[*B, 1]` (or `[*B, A, 1]`);
 /// `kl_approx` and `entropy` `[]`; `explained_variance` `[1]` for `[B, 1]` values.
 #[derive(Debug)]
 pub struct KlPenPpoLossOutput {
@@ -127,12 +127,12 @@ fn previous_dist(b: &PpoCommon, td: &TensorDict) -> Result<Box<dyn Distribution>
 /// TorchRL's `KLPENPPOLoss`: PPO with an adaptive KL penalty instead of a clipped ratio (see
 /// the [module docs](super)).
 ///
-/// What [`forward`](LossModule::forward) does:
+/// What [`forward`](crate::objectives::LossModule::forward) does:
 /// 1. Builds the behaviour policy's distribution `π_old` from the parameters stored in the
 ///    input (the actor's distribution keys, e.g. `loc`/`scale`: TorchRL's
 ///    `build_dist_from_params`); an error names them when absent.
 /// 2. Reads or estimates the advantage (optionally standardised) and computes
-///    `lw = log π(a|s) - log π_old(a|s)` exactly as [`ClipPPOLoss`] does.
+///    `lw = log π(a|s) - log π_old(a|s)` exactly as [`ClipPPOLoss`](super::ClipPPOLoss) does.
 /// 3. `kl = KL(π_old ‖ π)` in closed form when the pair has one ([`kl_divergence`]: Normal,
 ///    TanhNormal, Categorical, OneHotCategorical), else the Monte-Carlo estimate
 ///    `mean_k (log π_old(x_k) - log π(x_k))` over `samples_mc_kl` draws `x_k ~ π_old`; then
@@ -141,7 +141,7 @@ fn previous_dist(b: &PpoCommon, td: &TensorDict) -> Result<Box<dyn Distribution>
 /// 5. Adapts `β` for the next call: `β ← β·increment` if `mean(kl) > 1.5·dtarg`,
 ///    `β ← β·decrement` if `mean(kl) < dtarg/1.5` (unchanged otherwise, or when the KL is NaN;
 ///    TorchRL sets no bounds on β).
-/// 6. The entropy bonus and the critic loss as in [`ClipPPOLoss`].
+/// 6. The entropy bonus and the critic loss as in [`ClipPPOLoss`](super::ClipPPOLoss).
 ///
 /// `β` is plain state of the loss's [`KlPen`] objective (a `Cell`: `forward` takes `&self`, as
 /// [`LossModule::forward`](crate::objectives::LossModule::forward) does); [`beta`](PpoLoss::beta)
@@ -155,11 +155,11 @@ fn previous_dist(b: &PpoCommon, td: &TensorDict) -> Result<Box<dyn Distribution>
 /// values are identical.
 ///
 /// # Shapes
-/// As [`ClipPPOLoss`]; `kl` is per sample, `[*B, 1]` (or `[*B, A, 1]` for a per-dimension
+/// As [`ClipPPOLoss`](super::ClipPPOLoss); `kl` is per sample, `[*B, 1]` (or `[*B, A, 1]` for a per-dimension
 /// log-prob such as [`Normal`](crate::modules::distributions::Normal)'s), not reduced.
 ///
 /// # Errors
-/// Those of [`ClipPPOLoss`], plus missing distribution parameters.
+/// Those of [`ClipPPOLoss`](super::ClipPPOLoss), plus missing distribution parameters.
 ///
 /// ```
 /// use tch::{Kind, Tensor};

@@ -22,7 +22,7 @@
 //! the loss's own `with_*` builders), checked when the loss takes it. The loss draws its
 //! Monte-Carlo noise from its own generator ([`PpoConfig::seed`]), or from one passed to
 //! [`PpoLoss::forward_with_generator`]. Built from an
-//! [`ActorValueOperator`](crate::modules::ActorValueOperator)
+//! [`ActorValueOperator`]
 //! ([`PpoLoss::from_actor_value`]), the loss runs the shared trunk once per forward.
 //!
 //! When the advantage is absent, the loss's value estimator (set with
