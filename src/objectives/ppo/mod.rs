@@ -211,7 +211,10 @@ fn ppo_metrics<'a>(
 
 /// The part of a PPO loss that differs between the clipped and the KL-penalty variants: its
 /// name, its own settings and state, and its objective. [`PpoLoss`] does the rest.
-pub trait PpoObjective: Send {
+///
+/// Sealed: implemented by [`Clip`] and [`KlPen`] only (the shared terms they compute with are
+/// crate-private).
+pub trait PpoObjective: Send + sealed::Sealed {
     /// The typed output of the loss.
     type Output: LossOutput;
     /// The loss's name (`"ClipPPOLoss"`), used in errors.
@@ -237,6 +240,13 @@ pub trait PpoObjective: Send {
         td: &TensorDict,
         gen: &mut Generator,
     ) -> Result<Self::Output>;
+}
+
+mod sealed {
+    /// Keeps [`PpoObjective`](super::PpoObjective) to this crate's objectives.
+    pub trait Sealed {}
+    impl Sealed for super::Clip {}
+    impl Sealed for super::KlPen {}
 }
 
 /// A PPO loss: the networks and settings every variant shares ([`PpoCommon`]) plus the
