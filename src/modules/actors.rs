@@ -222,15 +222,17 @@ impl DistributionBuilder {
                 == 1
         };
         if !ok {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "the bounds must be finite with high > low everywhere (low of shape {}, high \
-                     of shape {})",
+                what: "argument",
+                key: "low, high".into(),
+                expected: "finite bounds with high > low everywhere".into(),
+                got: format!(
+                    "bounds that are not (low of shape {}, high of shape {})",
                     ShapeFmt(&low.size()),
                     ShapeFmt(&high.size())
                 ),
-            ));
+            });
         }
         let (l, s) = (loc.to_nested_key(), scale.to_nested_key());
         DistributionBuilder::custom("TanhNormal", [l.clone(), s.clone()], move |td| {
@@ -258,14 +260,13 @@ impl DistributionBuilder {
     ) -> Result<Self> {
         let op = "DistributionBuilder::tanh_normal_from_spec";
         let TensorSpec::Bounded(b) = spec else {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "a TanhNormal needs a Bounded spec, got {} of shape {}",
-                    spec.class_name(),
-                    ShapeFmt(spec.shape())
-                ),
-            ));
+                what: "argument",
+                key: "spec".into(),
+                expected: "a Bounded spec (a TanhNormal needs bounds)".into(),
+                got: format!("{} of shape {}", spec.class_name(), ShapeFmt(spec.shape())),
+            });
         };
         let shape = b.shape();
         let Some(feature) = shape.get(batch_dims..) else {
@@ -518,9 +519,11 @@ impl NormalParamExtractor {
             one(scale_key.to_nested_key())?,
         );
         if l == sc {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 op,
-                format!("the loc and scale keys must differ, both are {l}"),
+                &l,
+                "the loc and scale keys to differ",
+                format!("{l} for both"),
             ));
         }
         self.in_key = i;
@@ -543,12 +546,11 @@ impl NormalParamExtractor {
         match size.last() {
             Some(n) if n % 2 == 0 => {}
             _ => {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     "NormalParamExtractor::extract",
-                    format!(
-                        "the input of shape {} must have an even last dim (loc and scale halves)",
-                        ShapeFmt(&size)
-                    ),
+                    &self.in_key,
+                    "an even last dim (loc and scale halves)",
+                    format!("shape {}", ShapeFmt(&size)),
                 ))
             }
         }

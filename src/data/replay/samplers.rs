@@ -39,10 +39,13 @@ fn check_args(op: &'static str, len: i64, batch_size: i64) -> Result<()> {
         return Err(Error::invalid(op, "cannot sample from an empty buffer"));
     }
     if batch_size < 1 {
-        return Err(Error::invalid(
+        return Err(Error::InvalidValue {
             op,
-            format!("batch_size must be at least 1, got {batch_size}"),
-        ));
+            what: "argument",
+            key: "batch_size".into(),
+            expected: "at least 1".into(),
+            got: batch_size.to_string(),
+        });
     }
     Ok(())
 }

@@ -392,17 +392,15 @@ impl KLRewardTransform {
 }
 
 /// The single key of `keys`, or an error naming them.
-fn one_key<K: AsKey>(what: &str, keys: impl IntoIterator<Item = K>) -> Result<NestedKey> {
+fn one_key<K: AsKey>(what: &'static str, keys: impl IntoIterator<Item = K>) -> Result<NestedKey> {
     let keys: Vec<NestedKey> = keys.into_iter().map(|k| k.to_nested_key()).collect();
     match keys.as_slice() {
         [k] => Ok(k.clone()),
-        _ => Err(Error::invalid(
+        _ => Err(Error::config(
             OP,
-            format!(
-                "Only one in_key/out_key is allowed, got {what}={} ({} keys)",
-                fmt_key_list(&keys),
-                keys.len()
-            ),
+            what,
+            "exactly one key (Only one in_key/out_key is allowed)",
+            format!("{} ({} keys)", fmt_key_list(&keys), keys.len()),
         )),
     }
 }
@@ -426,13 +424,15 @@ fn reward_key(specs: &EnvSpecs) -> Result<NestedKey> {
 }
 
 fn missing(td: &TensorDict, key: &NestedKey, what: &str) -> Error {
-    Error::invalid(
-        OP,
-        format!(
-            "the {what} key {key} is not in the data (keys: {})",
-            fmt_key_list(&td.keys(true, true))
-        ),
-    )
+    Error::KeyNotFound {
+        op: OP,
+        key: format!("{key} (the {what} key)"),
+        available: td
+            .keys(true, true)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    }
 }
 
 impl Transform for KLRewardTransform {

@@ -307,10 +307,12 @@ impl PpoCommon {
     fn log_weight(&self, td: &TensorDict) -> Result<(Tensor, Box<dyn Distribution>, Tensor)> {
         let prev_log_prob = self.entry(td, &self.keys.sample_log_prob)?;
         if prev_log_prob.requires_grad() {
-            return Err(self.bad(format!(
-                "tensordict stored {} requires grad",
-                self.keys.sample_log_prob
-            )));
+            return Err(Error::value(
+                self.name,
+                &self.keys.sample_log_prob,
+                "the behaviour policy's stored log-prob, detached",
+                "a tensor that requires grad (tensordict stored it with its graph)",
+            ));
         }
         let dist = self.actor.get_dist(td)?;
         let action = self.entry(td, &self.keys.action)?;
