@@ -1094,3 +1094,18 @@ fn losses_are_trait_objects_and_the_generator_is_explicit() {
     assert_eq!(h(&d), h(&e));
     assert_ne!(h(&d), h(&c));
 }
+
+#[test]
+fn klpen_beta_survives_other_config_changes() {
+    let (actor, _) = toy_actor();
+    let loss = KLPENPPOLoss::new(actor, toy_critic());
+    loss.forward(&klpen_batch()).expect("forward");
+    let adapted = loss.beta();
+    assert_ne!(adapted, 1.0);
+    // a change that keeps the initial β keeps the adapted one
+    let loss = loss.with_entropy_coeff(0.0).expect("coeff");
+    assert_eq!(loss.beta(), adapted);
+    // a new initial β sets it, even to the same value
+    let loss = loss.with_beta(1.0).expect("beta");
+    assert_eq!(loss.beta(), 1.0);
+}

@@ -212,7 +212,9 @@ impl PpoLoss<KlPen> {
     /// The initial KL coefficient β (default 1.0); also the value [`reset`](Self::reset)
     /// restores. Errors when negative or not finite.
     pub fn with_beta(self, beta: f64) -> Result<Self> {
-        self.edit(|c| c.beta = beta)
+        let loss = self.edit(|c| c.beta = beta)?;
+        loss.objective.beta.set(beta);
+        Ok(loss)
     }
 
     /// The factor β is multiplied by when the KL exceeds `1.5·dtarg` (default 2.0). Errors
@@ -272,6 +274,13 @@ impl PpoObjective for KlPen {
 
     fn validate(config: &PpoConfig) -> Result<()> {
         config.validate_kl_pen(Self::NAME)
+    }
+
+    /// The adapted β survives a config change that keeps the initial β.
+    fn keep_state(&mut self, previous: &Self) {
+        if self.beta_init == previous.beta_init {
+            self.beta.set(previous.beta.get());
+        }
     }
 
     fn out_keys(&self, common: &PpoCommon) -> Vec<&'static str> {

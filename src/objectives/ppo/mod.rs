@@ -229,6 +229,10 @@ pub trait PpoObjective: Send + sealed::Sealed {
     /// Checks the fields of `config` this loss reads.
     fn validate(config: &PpoConfig) -> Result<()>;
 
+    /// Carries the state of `previous` (the objective before a config change) over to `self`,
+    /// built from the new config. The default keeps nothing.
+    fn keep_state(&mut self, _previous: &Self) {}
+
     /// TorchRL's `out_keys` of the loss (build the shared part with
     /// [`PpoCommon::out_keys`]).
     fn out_keys(&self, common: &PpoCommon) -> Vec<&'static str>;
@@ -300,7 +304,9 @@ impl<O: PpoObjective> PpoLoss<O> {
     /// when a field this loss reads is out of range, and then nothing changes.
     pub fn with_config(mut self, config: PpoConfig) -> Result<Self> {
         O::validate(&config)?;
-        self.objective = O::from_config(&config);
+        let mut objective = O::from_config(&config);
+        objective.keep_state(&self.objective);
+        self.objective = objective;
         self.common.set_config(config);
         Ok(self)
     }
