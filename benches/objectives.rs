@@ -2,7 +2,11 @@
 //! `benches/python/torchrl_baseline.py` measures them (best of 3, single-threaded libtorch):
 //!
 //! - W6: the Bradley-Terry reward-model loss (mean) and its accuracy, forward + backward, on
-//!   precomputed chosen/rejected scores of batch 256 read from a tensordict, 1000 times.
+//!   precomputed chosen/rejected scores of batch 256 read from a tensordict, 1000 times:
+//!   `RewardModelLoss::forward` + `total_loss().backward()`, printed next to the bare-`tch`
+//!   floor (the same graph written with `tch` ops on the two leaves) and the ratio of the two
+//!   times (target: ours within 1.15x of the floor); also the function form
+//!   (`reward_model_loss_with_accuracy`).
 //! - W7: one PPO update, 100 times: `ClipPPOLoss` forward (Normal actor MLP 3→64→64→2 with a
 //!   `NormalParamExtractor`, critic MLP 3→64→64→1, smooth-L1 critic loss, entropy bonus) on a
 //!   fixed batch of 256 Pendulum-sized transitions with GAE advantages precomputed, backward of
@@ -22,6 +26,7 @@ use torchrl::modules::{
 use torchrl::objectives::value::functional::generalized_advantage_estimate;
 use torchrl::objectives::{
     reward_model_loss_with_accuracy, ClipPPOLoss, LossModule, LossOutput, Reduction,
+    RewardModelLoss,
 };
 use torchrl::TensorDict;
 
@@ -35,8 +40,8 @@ fn best_of(mut f: impl FnMut() -> torchrl::Result<()>, repeat: usize) -> torchrl
     Ok(best)
 }
 
-/// W6: Bradley-Terry loss + accuracy, forward + backward, batch 256, 1000 iterations.
-fn w6() -> torchrl::Result<f64> {
+/// W6 inputs: precomputed chosen/rejected scores of batch 256, in a tensordict.
+fn w6_data() -> torchrl::Result<(Tensor, Tensor, TensorDict)> {
     let b = 256i64;
     let c = Tensor::f_randn([b], (Kind::Float, Device::Cpu))?.set_requires_grad(true);
     let r = Tensor::f_randn([b], (Kind::Float, Device::Cpu))?.set_requires_grad(true);
@@ -49,12 +54,58 @@ fn w6() -> torchrl::Result<f64> {
             "rejected",
             TensorDict::new([b])?.with("score", r.shallow_clone())?,
         )?;
+    Ok((c, r, data))
+}
+
+/// W6 (ours): `RewardModelLoss::forward` (loss + accuracy) on the tensordict, then backward
+/// of `total_loss()`, 1000 iterations.
+fn w6() -> torchrl::Result<f64> {
+    let (_c, _r, data) = w6_data()?;
+    let loss = RewardModelLoss::new();
+    let secs = best_of(
+        || {
+            for _ in 0..1000 {
+                let out = loss.forward(&data)?;
+                black_box(&out.accuracy);
+                out.total_loss()?.f_backward()?;
+            }
+            Ok(())
+        },
+        3,
+    )?;
+    Ok(1000.0 / secs)
+}
+
+/// W6 through the function form, [`reward_model_loss_with_accuracy`] on the two scores read
+/// from the tensordict (what W6 measured before it measured the loss module).
+fn w6_function() -> torchrl::Result<f64> {
+    let (_c, _r, data) = w6_data()?;
     let secs = best_of(
         || {
             for _ in 0..1000 {
                 let cs = data.get_or_err(("chosen", "score"))?;
                 let rs = data.get_or_err(("rejected", "score"))?;
                 let (loss, acc) = reward_model_loss_with_accuracy(cs, rs, Reduction::Mean)?;
+                black_box(&acc);
+                loss.f_backward()?;
+            }
+            Ok(())
+        },
+        3,
+    )?;
+    Ok(1000.0 / secs)
+}
+
+/// The W6 floor: the same three-node graph (`sub`, `softplus`, `mean`) and the accuracy
+/// (`lt`, `mean`) written directly with `tch` ops on the two leaf tensors, then `backward`.
+fn w6_floor() -> torchrl::Result<f64> {
+    let (c, r, _data) = w6_data()?;
+    let secs = best_of(
+        || {
+            for _ in 0..1000 {
+                let margin = r.f_sub(&c)?;
+                let loss = margin.f_softplus()?.f_mean(None)?;
+                let acc = margin.f_lt(0.0)?.f_mean(Kind::Float)?;
                 black_box(&acc);
                 loss.f_backward()?;
             }
@@ -127,7 +178,19 @@ fn w7() -> torchrl::Result<f64> {
 fn main() -> torchrl::Result<()> {
     tch::set_num_threads(1);
     tch::manual_seed(0);
-    println!("W6_reward_model_loss_fwd_bwd\t{:.1}", w6()?);
+    // interleaved, so that machine noise hits both sides alike
+    let floor = w6_floor()?;
+    let ours = w6()?;
+    let function = w6_function()?;
+    let floor = floor.max(w6_floor()?);
+    let ours = ours.max(w6()?);
+    println!("W6_reward_model_loss_fwd_bwd\t{ours:.1}");
+    println!("W6_bare_tch_floor\t{floor:.1}");
+    println!("W6_function_form\t{function:.1}");
+    println!(
+        "W6 ours (RewardModelLoss) vs bare-tch floor: {:.3}x the floor's time (target <= 1.15x)",
+        floor / ours
+    );
     println!("W7_ppo_update\t{:.1}", w7()?);
     Ok(())
 }

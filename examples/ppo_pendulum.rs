@@ -12,13 +12,13 @@
 //! The example exits with an error when the trained policy is not better than the random one
 //! (checked only for runs of at least 50k frames, which is enough for PPO here).
 
-use std::io::Write;
 use std::time::Instant;
 
+use indicatif::{ProgressBar, ProgressStyle};
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use torchrl::collectors::SyncDataCollector;
-use torchrl::data::replay::{ReplayBuffer, SamplerWithoutReplacement};
+use torchrl::data::replay::{LastBatch, ReplayBuffer, SamplerWithoutReplacement};
 use torchrl::envs::builtin::PendulumEnv;
 use torchrl::envs::transforms::{
     InitStats, ObservationNorm, RewardScaling, RewardSum, StepCounter,
@@ -231,16 +231,15 @@ fn deterministic(actor: &ProbabilisticActor) -> impl FnMut(TensorDict) -> Result
 
 // ------------------------------------------------------------------ progress bar
 
-fn progress(iter: usize, iters: usize, frames: i64, ret: f64, reward: f64, start: Instant) {
-    const WIDTH: usize = 24;
-    let filled = (WIDTH * iter / iters.max(1)).min(WIDTH);
-    let bar: String = "#".repeat(filled) + &".".repeat(WIDTH - filled);
-    print!(
-        "\r[{bar}] iter {iter:>3}/{iters} | frames {frames:>7} | episode return {ret:>8.1} | \
-         reward/step {reward:>6.2} | {:>5.1}s ",
-        start.elapsed().as_secs_f64()
-    );
-    let _ = std::io::stdout().flush();
+/// One tick per collected batch (hidden with `--quiet`).
+fn progress_bar(iters: usize, quiet: bool) -> Result<ProgressBar> {
+    if quiet {
+        return Ok(ProgressBar::hidden());
+    }
+    let style = ProgressStyle::with_template("[{bar:24}] iter {pos:>3}/{len} | {msg} | {elapsed}")
+        .map_err(|e| fail(e.to_string()))?
+        .progress_chars("#.");
+    Ok(ProgressBar::new(iters as u64).with_style(style))
 }
 
 // ------------------------------------------------------------------ training
@@ -266,7 +265,6 @@ pub fn run(cfg: &Config) -> Result<Summary> {
                                        // Tiny matrices: libtorch's intra-op threads only add synchronisation (about 10x slower
                                        // on a busy two-core machine), so run single-threaded.
     tch::set_num_threads(1);
-    let start = Instant::now();
 
     let env = make_env(cfg.envs, cfg.seed, None)?;
     let stats = norm_stats(&env)?;
@@ -309,7 +307,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     )?;
     let mut buffer = ReplayBuffer::with_sampler(
         frames_per_batch,
-        SamplerWithoutReplacement::new(cfg.seed, true),
+        SamplerWithoutReplacement::new(cfg.seed, LastBatch::Drop),
     )?;
 
     if !cfg.quiet {
@@ -319,6 +317,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             cfg.envs, cfg.seed
         );
     }
+    let bar = progress_bar(iters, cfg.quiet)?;
     let (mut first_train_return, mut last_train_return) = (f64::NAN, f64::NAN);
     let mut iter = 0;
     for batch in collector.by_ref() {
@@ -358,20 +357,13 @@ pub fn run(cfg: &Config) -> Result<Summary> {
                 step_with_grad_norm(&mut opt, &vs, &out.total_loss()?, MAX_GRAD_NORM)?;
             }
         }
-        if !cfg.quiet {
-            progress(
-                iter,
-                iters,
-                iter as i64 * frames_per_batch,
-                last_train_return,
-                reward,
-                start,
-            );
-        }
+        bar.set_message(format!(
+            "frames {:>7} | episode return {last_train_return:>8.1} | reward/step {reward:>6.2}",
+            iter as i64 * frames_per_batch
+        ));
+        bar.inc(1);
     }
-    if !cfg.quiet {
-        println!();
-    }
+    bar.finish();
 
     let mut policy = deterministic(loss.actor());
     let trained_return = evaluate(&mut eval_env, eval_seed, Some(&mut policy))?;

@@ -11,12 +11,13 @@
 //! Run: `cargo run --release --example reward_model` (a few seconds); options: `--epochs N`
 //! (default 8), `--pairs N` (training pairs, default 4096), `--seed S` (default 0).
 
+use indicatif::{ProgressBar, ProgressStyle};
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
-use torchrl::data::replay::{ReplayBuffer, SamplerWithoutReplacement};
+use torchrl::data::replay::{LastBatch, ReplayBuffer, SamplerWithoutReplacement};
 use torchrl::modules::{MlpConfig, TdModule, MLP};
 use torchrl::objectives::optim::step_with_grad_norm;
-use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss, ScoreModule};
+use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss};
 use torchrl::{Error, Generator, Result, TensorDict};
 
 const FEATURES: i64 = 16;
@@ -127,7 +128,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let scorer = TdModule::new(mlp, ["features"], ["reward_score"])?;
 
     let mut loss = RewardModelLoss::new()
-        .with_score_network(ScoreModule::new(scorer))
+        .with_score_network(scorer)
         .with_center_coeff(1e-3)?; // keeps the scores near 0
 
     // The dataset's names and the scorer's output key, by name (TorchRL's `set_keys`).
@@ -152,8 +153,10 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     }
 
     let mut opt = nn::Adam::default().build(&vs, LR)?;
-    let mut buffer =
-        ReplayBuffer::with_sampler(cfg.pairs, SamplerWithoutReplacement::new(cfg.seed, true))?;
+    let mut buffer = ReplayBuffer::with_sampler(
+        cfg.pairs,
+        SamplerWithoutReplacement::new(cfg.seed, LastBatch::Drop),
+    )?;
     buffer.extend(&train)?;
     let steps = cfg.pairs / MINIBATCH;
 
@@ -173,6 +176,15 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         );
     }
     let mut epochs = Vec::with_capacity(cfg.epochs);
+    // one tick per gradient step; the per-epoch lines print above the bar
+    let bar = if cfg.verbose {
+        let style = ProgressStyle::with_template("[{bar:24}] step {pos:>5}/{len} | {msg}")
+            .map_err(|e| fail(e.to_string()))?
+            .progress_chars("#.");
+        ProgressBar::new((cfg.epochs as u64) * (steps as u64)).with_style(style)
+    } else {
+        ProgressBar::hidden()
+    };
 
     for epoch in 1..=cfg.epochs {
         let (mut sum_loss, mut sum_acc) = (0.0, 0.0);
@@ -180,20 +192,26 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             let mb = buffer.sample(MINIBATCH)?;
             let out = loss.forward(&mb)?;
             step_with_grad_norm(&mut opt, &vs, &out.total_loss()?, 1.0)?;
-            sum_loss += out.loss_reward_model.f_double_value(&[])?;
+            let step_loss = out.loss_reward_model.f_double_value(&[])?;
+            sum_loss += step_loss;
             sum_acc += out.accuracy.f_double_value(&[])?;
+            bar.set_message(format!("epoch {epoch}, loss {step_loss:.4}"));
+            bar.inc(1);
         }
         let n = steps as f64;
         let (mean_loss, mean_acc) = (sum_loss / n, sum_acc / n);
         if cfg.verbose {
-            println!(
-                "epoch {epoch:>2}/{}: train loss {mean_loss:.4}, train accuracy {:.1}%",
-                cfg.epochs,
-                100.0 * mean_acc
-            );
+            bar.suspend(|| {
+                println!(
+                    "epoch {epoch:>2}/{}: train loss {mean_loss:.4}, train accuracy {:.1}%",
+                    cfg.epochs,
+                    100.0 * mean_acc
+                )
+            });
         }
         epochs.push((mean_loss, mean_acc));
     }
+    bar.finish_and_clear();
 
     let (test_loss, test_accuracy) = eval(&loss, &test)?;
     Ok(Summary {

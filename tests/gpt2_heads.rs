@@ -14,7 +14,7 @@ use torchrl::modules::llm::{
     Gpt2Config, Gpt2Input, Gpt2Model, Gpt2ScoreModel, IlqlHeads, LlmKeys,
 };
 use torchrl::modules::TensorDictModule;
-use torchrl::objectives::{LossModule, RewardModelLoss, ScoreModule};
+use torchrl::objectives::{LossModule, RewardModelLoss};
 use torchrl::TensorDict;
 
 fn cfg() -> Gpt2Config {
@@ -339,7 +339,7 @@ fn score_model_trains_as_the_reward_model_loss_score_network() {
         ..LlmKeys::default()
     };
     let rm = Gpt2ScoreModel::new(&vs.root(), &c).unwrap().with_keys(keys);
-    let loss = RewardModelLoss::new().with_score_network(ScoreModule::new(rm));
+    let loss = RewardModelLoss::new().with_score_network(rm);
     let prompts = Tensor::from_slice(&[1i64, 2, 3, 4, 2, 3, 4, 1, 3, 4, 1, 2]).view([4, 3]);
     let side = |last: i64| {
         let ids = Tensor::cat(

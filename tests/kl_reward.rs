@@ -315,3 +315,80 @@ fn frozen_copy_does_not_follow_training() {
         assert!(t.requires_grad());
     }
 }
+
+/// The reference can be any `ProbabilisticTensorDictModule`: here an `ActorValueOperator`
+/// (trunk → policy head, value head) on a `VarStore`. Unchanged weights give a zero KL; after
+/// the actor moves, the reward becomes `-(log π(a) - log π_ref(a))`, with the reference's
+/// log-probability computed through its own trunk.
+#[test]
+fn an_actor_value_operator_is_a_reference_policy() {
+    use torchrl::modules::{ActorValueOperator, ProbabilisticTensorDictModule};
+    fn make_op(p: &nn::Path) -> torchrl::Result<ActorValueOperator> {
+        let cfg = |i, o| MlpConfig::new(i, o).with_depth(0);
+        let trunk = TdModule::new(
+            MLP::new(&(p / "trunk"), &cfg(3, 8))?,
+            ["observation"],
+            ["hidden"],
+        )?;
+        let head = TensorDictSequential::new()
+            .with(TdModule::new(
+                MLP::new(&(p / "policy"), &cfg(8, 2))?,
+                ["hidden"],
+                ["param"],
+            )?)
+            .with(NormalParamExtractor::new());
+        let dist = DistributionBuilder::tanh_normal("loc", "scale", -2.0, 2.0)?;
+        let policy = ProbabilisticActor::new(head, dist)
+            .with_return_log_prob(true)
+            .with_exploration_type(ExplorationType::Random);
+        let value = TdModule::new(
+            MLP::new(&(p / "value"), &cfg(8, 1))?,
+            ["hidden"],
+            ["state_value"],
+        )?;
+        Ok(ActorValueOperator::new(trunk, policy, value))
+    }
+    let vs = nn::VarStore::new(Device::Cpu);
+    let op = make_op(&vs.root()).unwrap();
+    let mut kl = KLRewardTransform::new(&vs, make_op)
+        .unwrap()
+        .with_action_key("action");
+    assert_eq!(
+        kl.reference().dist_keys(),
+        vec![NestedKey::from("loc"), NestedKey::from("scale")]
+    );
+    let obs = Tensor::randn([B, 3], (Kind::Float, Device::Cpu));
+    let td = TensorDict::new([B])
+        .unwrap()
+        .with("observation", obs)
+        .unwrap();
+    let td = tch::no_grad(|| op.forward(td)).unwrap();
+    let with_next = |td: &TensorDict| {
+        let next = TensorDict::new([B])
+            .unwrap()
+            .with("reward", Tensor::zeros([B, 1], (Kind::Float, Device::Cpu)))
+            .unwrap();
+        td.clone().with("next", next).unwrap()
+    };
+    // the same weights: KL = 0 exactly
+    let out = kl.forward(with_next(&td)).unwrap();
+    assert_eq!(
+        max_abs_diff(
+            out.get_or_err(("next", "reward")).unwrap(),
+            &Tensor::zeros([B, 1], (Kind::Float, Device::Cpu))
+        ),
+        0.0
+    );
+    // the actor moves; the stored log-prob is the moved actor's
+    perturb(&vs);
+    let td = tch::no_grad(|| {
+        let lp = op.log_prob(&td).unwrap();
+        td.clone().with("action_log_prob", lp).unwrap()
+    });
+    let out = kl.forward(with_next(&td)).unwrap();
+    let lp_ref = tch::no_grad(|| kl.reference().log_prob(&td).unwrap());
+    let expected = -(td.get_or_err("action_log_prob").unwrap() - lp_ref).unsqueeze(-1);
+    let r = out.get_or_err(("next", "reward")).unwrap();
+    assert!(max_abs_diff(r, &expected) < 1e-5, "{r:?} vs {expected:?}");
+    assert_eq!(r.ne(0.0).all().int64_value(&[]), 1);
+}

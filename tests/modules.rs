@@ -1429,3 +1429,71 @@ fn cartpole_rollout_with_a_one_hot_actor() {
     lp.sum(Kind::Float).backward();
     assert!(vs.trainable_variables().iter().all(|v| v.grad().defined()));
 }
+
+// ------------------------------------------------------------- the probabilistic family
+
+/// An `ActorValueOperator` runs its trunk once for both heads; its policy side is a
+/// `ProbabilisticTensorDictModule` like the actor, usable behind `dyn`.
+#[test]
+fn actor_value_operator_and_the_probabilistic_trait() -> torchrl::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use torchrl::modules::{ActorValueOperator, ProbabilisticTensorDictModule};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    // hidden = obs + 1
+    let trunk = from_fn(["obs"], ["hidden"], move |x: &[&Tensor]| {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![x[0].f_add_scalar(1.0)?])
+    })?;
+    let head = from_fn(["hidden"], ["loc", "scale"], |x: &[&Tensor]| {
+        Ok(vec![
+            x[0].shallow_clone(),
+            x[0].f_ones_like()?.f_mul_scalar(2.0)?,
+        ])
+    })?;
+    let policy = ProbabilisticActor::new(head, DistributionBuilder::normal("loc", "scale")?)
+        .with_return_log_prob(true);
+    let value = from_fn(["hidden"], ["state_value"], |x: &[&Tensor]| {
+        Ok(vec![x[0].f_mul_scalar(-1.0)?])
+    })?;
+    let op = ActorValueOperator::new(trunk, policy, value);
+    assert_eq!(op.in_keys(), vec![NestedKey::from("obs")]);
+    let td = TensorDict::new([2])?.with("obs", Tensor::from_slice(&[0.0f64, 2.0]))?;
+
+    let out = op.forward(td.clone())?;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(vals(out.get_or_err("action")?), vec![1.0, 3.0]); // deterministic: the mean
+    assert_eq!(vals(out.get_or_err("state_value")?), vec![-1.0, -3.0]);
+    // log N(μ; μ, 2) = -ln 2 - ½ ln 2π
+    let lp = -(2.0f64).ln() - 0.5 * (2.0 * std::f64::consts::PI).ln();
+    for v in vals(out.get_or_err("action_log_prob")?) {
+        assert!((v - lp).abs() < 1e-12);
+    }
+
+    // the policy operator alone: the trunk, then the policy head (no value)
+    let pol = op.forward_policy(td.clone())?;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(pol.contains("action") && !pol.contains("state_value"));
+
+    // behind the trait object: distribution keys, log-probs and entropy
+    let as_dyn: &dyn ProbabilisticTensorDictModule = &op;
+    assert_eq!(
+        as_dyn.dist_keys(),
+        vec![NestedKey::from("loc"), NestedKey::from("scale")]
+    );
+    let scored = td
+        .clone()
+        .with("action", Tensor::from_slice(&[1.0f64, 3.0]))?;
+    for v in vals(&as_dyn.log_prob(&scored)?) {
+        assert!((v - lp).abs() < 1e-12);
+    }
+    let h = 0.5 * (2.0 * std::f64::consts::PI * std::f64::consts::E).ln() + (2.0f64).ln();
+    for v in vals(&as_dyn.entropy(&td)?) {
+        assert!((v - h).abs() < 1e-12);
+    }
+    let mut gen = Generator::new(0);
+    let sampled = as_dyn.forward_with(td, ExplorationType::Random, &mut gen)?;
+    assert_eq!(sampled.get_or_err("action")?.size(), vec![2]);
+    Ok(())
+}

@@ -824,3 +824,288 @@ fn compute_advantage_runs_the_critic_and_the_estimator() {
     let err = loss.compute_advantage(&mut bare).expect_err("no next");
     assert!(err.to_string().contains("\"next\""), "{err}");
 }
+
+// ------------------------------------------------- shared trunk, PpoConfig, trait objects
+
+/// An actor-critic over a counting identity trunk (`hidden = obs`) whose heads are the toy
+/// actor and critic: `loc = w·hidden`, `scale = 1`, `V = 2·hidden`.
+fn shared_toy() -> (
+    torchrl::modules::ActorValueOperator,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let trunk = from_fn(["obs"], ["hidden"], move |x: &[&Tensor]| {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![x[0].shallow_clone()])
+    })
+    .expect("trunk");
+    let w = Tensor::from_slice(&[0.5f64]).set_requires_grad(true);
+    let head = from_fn(["hidden"], ["loc", "scale"], move |x: &[&Tensor]| {
+        Ok(vec![x[0].f_mul(&w)?, x[0].f_ones_like()?])
+    })
+    .expect("policy head");
+    let policy = ProbabilisticActor::new(
+        head,
+        DistributionBuilder::normal("loc", "scale").expect("builder"),
+    );
+    let value = from_fn(["hidden"], ["state_value"], |x: &[&Tensor]| {
+        Ok(vec![x[0].f_mul_scalar(2.0)?])
+    })
+    .expect("value head");
+    (
+        torchrl::modules::ActorValueOperator::new(trunk, policy, value),
+        calls,
+    )
+}
+
+#[test]
+fn actor_value_operator_runs_the_trunk_once_per_forward() {
+    use std::sync::atomic::Ordering;
+    let (op, calls) = shared_toy();
+    let loss = ClipPPOLoss::from_actor_value(op);
+    // the trunk's output is not an input of the loss; its input is
+    assert!(loss.in_keys().contains(&NestedKey::from("obs")));
+    assert!(!loss.in_keys().contains(&NestedKey::from("hidden")));
+    let out = loss.forward(&toy_batch()).expect("forward");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one trunk run per forward");
+    // the same numbers as the separate toy actor and critic on "obs"
+    let (actor, _) = toy_actor();
+    let separate = ClipPPOLoss::new(actor, toy_critic())
+        .forward(&toy_batch())
+        .expect("forward");
+    assert!((out.loss_objective.double_value(&[]) + 0.625).abs() < 1e-12);
+    for (name, a, b) in [
+        ("objective", &out.loss_objective, &separate.loss_objective),
+        (
+            "critic",
+            out.loss_critic.as_ref().expect("critic"),
+            separate.loss_critic.as_ref().expect("critic"),
+        ),
+        (
+            "entropy",
+            out.loss_entropy.as_ref().expect("entropy"),
+            separate.loss_entropy.as_ref().expect("entropy"),
+        ),
+    ] {
+        assert_eq!(a.double_value(&[]), b.double_value(&[]), "{name}");
+    }
+
+    // the estimator path: the trunk runs once on the root and once on "next"
+    let col = |v: &[f64]| Tensor::from_slice(v).view([-1, 1]);
+    let mut td = TensorDict::new([3])
+        .and_then(|t| t.with("obs", col(&[1.0, 2.0, 3.0])))
+        .and_then(|t| t.with(("next", "obs"), col(&[2.0, 3.0, 4.0])))
+        .and_then(|t| t.with(("next", "reward"), col(&[1.0, 1.0, 1.0])))
+        .and_then(|t| {
+            t.with(
+                ("next", "done"),
+                Tensor::from_slice(&[false, false, true]).view([-1, 1]),
+            )
+        })
+        .expect("td");
+    let mut loss = loss;
+    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae")))
+        .expect("estimator");
+    let before = calls.load(Ordering::SeqCst);
+    loss.compute_advantage(&mut td).expect("advantage");
+    assert_eq!(calls.load(Ordering::SeqCst) - before, 2);
+    // the same hand-derived GAE as compute_advantage_runs_the_critic_and_the_estimator
+    let adv = Vec::<f64>::try_from(td.get("advantage").expect("adv").view([-1])).expect("v");
+    assert_eq!(adv, vec![0.6875, -1.25, -5.0]);
+}
+
+#[test]
+fn ppo_config_is_validated_at_construction() {
+    use torchrl::objectives::PpoConfig;
+    use torchrl::Error;
+    let cfg = PpoConfig::new()
+        .with_clip_epsilon(0.1)
+        .with_entropy_coeff(0.0)
+        .with_critic_coeff(0.5)
+        .with_loss_critic_type(CriticLossType::L2);
+    let (actor, _) = toy_actor();
+    let loss = ClipPPOLoss::new(actor, toy_critic())
+        .with_config(cfg.clone())
+        .expect("valid");
+    assert_eq!(loss.clip_epsilon(), 0.1);
+    assert_eq!(loss.critic_coeff(), 0.5);
+    assert_eq!(loss.config(), &cfg);
+    // ratio 1: the objective is -mean(A) whatever ε; the L2 critic: 0.5 · mean((2·obs)²)
+    let out = loss.forward(&toy_batch()).expect("forward");
+    assert!((out.loss_objective.double_value(&[]) + 0.625).abs() < 1e-12);
+    let want = 0.5 * (4.0 + 4.0 + 1.0 + 16.0) / 4.0;
+    let got = out.loss_critic.as_ref().expect("critic").double_value(&[]);
+    assert!((got - want).abs() < 1e-12, "{got}");
+
+    let bad: [(&str, PpoConfig); 6] = [
+        ("clip_epsilon", PpoConfig::new().with_clip_epsilon(1.0)),
+        ("entropy_coeff", PpoConfig::new().with_entropy_coeff(-1.0)),
+        ("critic_coeff", PpoConfig::new().with_critic_coeff(f64::NAN)),
+        (
+            "samples_mc_entropy",
+            PpoConfig::new().with_samples_mc_entropy(0),
+        ),
+        ("clip_value", PpoConfig::new().with_clip_value(Some(0.0))),
+        (
+            "entropy_coeff",
+            PpoConfig::new().with_entropy_coeff(f64::INFINITY),
+        ),
+    ];
+    for (field, cfg) in bad {
+        let (actor, _) = toy_actor();
+        match ClipPPOLoss::new(actor, toy_critic()).with_config(cfg) {
+            Err(Error::InvalidConfig { field: f, op, .. }) => {
+                assert_eq!((f, op), (field, "ClipPPOLoss"))
+            }
+            other => panic!("{field}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+    // the builders report the same variant
+    let (actor, _) = toy_actor();
+    let err = ClipPPOLoss::new(actor, toy_critic())
+        .with_clip_epsilon(-0.1)
+        .expect_err("bad epsilon");
+    assert!(matches!(
+        err,
+        Error::InvalidConfig {
+            field: "clip_epsilon",
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("(0, 1)"), "{err}");
+
+    // the KL-penalty loss checks its own fields, not the clipped loss's
+    let kl_bad: [(&str, PpoConfig); 4] = [
+        ("increment", PpoConfig::new().with_increment(0.5)),
+        ("decrement", PpoConfig::new().with_decrement(1.5)),
+        ("beta", PpoConfig::new().with_beta(-1.0)),
+        ("samples_mc_kl", PpoConfig::new().with_samples_mc_kl(0)),
+    ];
+    for (field, cfg) in kl_bad {
+        let (actor, _) = toy_actor();
+        match KLPENPPOLoss::without_critic(actor).with_config(cfg) {
+            Err(Error::InvalidConfig { field: f, op, .. }) => {
+                assert_eq!((f, op), (field, "KLPENPPOLoss"))
+            }
+            other => panic!("{field}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+    let (actor, _) = toy_actor();
+    let mut loss = KLPENPPOLoss::new(actor, toy_critic())
+        .with_config(PpoConfig::new().with_beta(0.5).with_clip_epsilon(7.0))
+        .expect("clip_epsilon is not read by KLPEN");
+    assert_eq!(loss.beta(), 0.5);
+    // β is ordinary state: set through &mut self, reset to the configured initial value
+    loss.set_beta(3.0);
+    assert_eq!(loss.beta(), 3.0);
+    loss.reset();
+    assert_eq!(loss.beta(), 0.5);
+}
+
+#[test]
+fn losses_are_trait_objects_and_the_generator_is_explicit() {
+    use torchrl::objectives::{DynLossModule, PpoKeys, RewardModelLoss};
+    use torchrl::Generator;
+    // LossModule with its types named
+    let (actor, _) = toy_actor();
+    let typed: Box<dyn LossModule<Keys = PpoKeys, Output = PpoLossOutput>> =
+        Box::new(ClipPPOLoss::new(actor, toy_critic()));
+    let out = typed.forward(&toy_batch()).expect("forward");
+    assert!((out.loss_objective.double_value(&[]) + 0.625).abs() < 1e-12);
+
+    // every loss behind one type-erased trait
+    let (a1, _) = toy_actor();
+    let (a2, _) = toy_actor();
+    let mut losses: Vec<Box<dyn DynLossModule>> = vec![
+        Box::new(ClipPPOLoss::new(a1, toy_critic())),
+        Box::new(KLPENPPOLoss::new(a2, toy_critic())),
+        Box::new(RewardModelLoss::new()),
+    ];
+    let names: Vec<&str> = losses.iter().map(|l| l.loss_name()).collect();
+    assert_eq!(names, ["ClipPPOLoss", "KLPENPPOLoss", "RewardModelLoss"]);
+    let clip = losses[0].forward_dyn(&toy_batch()).expect("clip");
+    let (actor, _) = toy_actor();
+    let direct = ClipPPOLoss::new(actor, toy_critic())
+        .forward(&toy_batch())
+        .expect("direct")
+        .total_loss()
+        .expect("total");
+    assert_eq!(
+        clip.total_loss().expect("total").double_value(&[]),
+        direct.double_value(&[])
+    );
+    let kl = losses[1].forward_dyn(&klpen_batch()).expect("klpen");
+    assert!(kl.loss_terms().iter().any(|(n, _)| *n == "loss_objective"));
+    losses[0]
+        .set_keys_by_name(&[("advantage", Some("adv2".into()))])
+        .expect("set_keys");
+    assert!(losses[0].loss_in_keys().iter().all(|k| *k != "advantage"));
+    assert!(losses[0].forward_dyn(&toy_batch()).is_err()); // "adv2" is missing
+
+    // an explicit generator gives the draws of a loss seeded with the same seed
+    let tanh_actor = || {
+        let net = from_fn(["obs"], ["loc", "scale"], |x: &[&Tensor]| {
+            Ok(vec![x[0].f_mul_scalar(0.5)?, x[0].f_ones_like()?])
+        })
+        .expect("net");
+        ProbabilisticActor::new(
+            net,
+            DistributionBuilder::tanh_normal("loc", "scale", -1.0, 1.0).expect("builder"),
+        )
+    };
+    let td = toy_batch()
+        .with(
+            "action",
+            Tensor::from_slice(&[0.1f64, -0.2, 0.3, 0.0]).view([4, 1]),
+        )
+        .and_then(|t| {
+            t.with(
+                "loc",
+                Tensor::from_slice(&[0.5f64, -0.5, 0.25, 1.0]).view([4, 1]),
+            )
+        })
+        .and_then(|t| {
+            t.with(
+                "scale",
+                Tensor::ones([4, 1], (Kind::Double, tch::Device::Cpu)),
+            )
+        })
+        .expect("td");
+    let h = |o: &torchrl::objectives::KlPenPpoLossOutput| {
+        o.entropy.as_ref().expect("entropy").double_value(&[])
+    };
+    // TanhNormal has no closed-form entropy: a Monte-Carlo estimate from the generator
+    let seeded = KLPENPPOLoss::without_critic(tanh_actor()).with_seed(7);
+    let c = seeded.forward(&td).expect("forward");
+    let explicit = KLPENPPOLoss::without_critic(tanh_actor());
+    let mut gen = Generator::new(7);
+    let b = explicit
+        .forward_with_generator(&td, &mut gen)
+        .expect("forward");
+    assert_eq!(h(&b), h(&c), "same seed, same Monte-Carlo entropy");
+    // the loss's own generator (seed 0) did not move with the explicit one: its first draw
+    // is the first draw of a fresh seed-0 generator
+    let d = explicit.forward(&td).expect("forward");
+    let e = explicit
+        .forward_with_generator(&td, &mut Generator::new(0))
+        .expect("forward");
+    assert_eq!(h(&d), h(&e));
+    assert_ne!(h(&d), h(&c));
+}
+
+#[test]
+fn klpen_beta_survives_other_config_changes() {
+    let (actor, _) = toy_actor();
+    let loss = KLPENPPOLoss::new(actor, toy_critic());
+    loss.forward(&klpen_batch()).expect("forward");
+    let adapted = loss.beta();
+    assert_ne!(adapted, 1.0);
+    // a change that keeps the initial β keeps the adapted one
+    let loss = loss.with_entropy_coeff(0.0).expect("coeff");
+    assert_eq!(loss.beta(), adapted);
+    // a new initial β sets it, even to the same value
+    let loss = loss.with_beta(1.0).expect("beta");
+    assert_eq!(loss.beta(), 1.0);
+}

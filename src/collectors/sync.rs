@@ -68,16 +68,20 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
     ) -> Result<Self> {
         let op = "SyncDataCollector::new";
         if frames_per_batch < 1 {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                format!("frames_per_batch must be at least 1, got {frames_per_batch}"),
+                "frames_per_batch",
+                "at least 1",
+                frames_per_batch,
             ));
         }
         if let Some(t) = total_frames {
             if t < 0 {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     op,
-                    format!("total_frames must be non-negative (None for no limit), got {t}"),
+                    "total_frames",
+                    "non-negative (None for no limit)",
+                    t,
                 ));
             }
         }

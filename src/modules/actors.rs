@@ -91,8 +91,10 @@ use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
 use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
+use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::module::setters;
 use crate::rng::Generator;
 use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 
@@ -220,15 +222,17 @@ impl DistributionBuilder {
                 == 1
         };
         if !ok {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "the bounds must be finite with high > low everywhere (low of shape {}, high \
-                     of shape {})",
+                what: "argument",
+                key: "low, high".into(),
+                expected: "finite bounds with high > low everywhere".into(),
+                got: format!(
+                    "bounds that are not (low of shape {}, high of shape {})",
                     ShapeFmt(&low.size()),
                     ShapeFmt(&high.size())
                 ),
-            ));
+            });
         }
         let (l, s) = (loc.to_nested_key(), scale.to_nested_key());
         DistributionBuilder::custom("TanhNormal", [l.clone(), s.clone()], move |td| {
@@ -256,14 +260,13 @@ impl DistributionBuilder {
     ) -> Result<Self> {
         let op = "DistributionBuilder::tanh_normal_from_spec";
         let TensorSpec::Bounded(b) = spec else {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "a TanhNormal needs a Bounded spec, got {} of shape {}",
-                    spec.class_name(),
-                    ShapeFmt(spec.shape())
-                ),
-            ));
+                what: "argument",
+                key: "spec".into(),
+                expected: "a Bounded spec (a TanhNormal needs bounds)".into(),
+                got: format!("{} of shape {}", spec.class_name(), ShapeFmt(spec.shape())),
+            });
         };
         let shape = b.shape();
         let Some(feature) = shape.get(batch_dims..) else {
@@ -310,51 +313,64 @@ impl DistributionBuilder {
 
     /// A [`Categorical`] from `logits` (the last dim indexes the classes).
     pub fn categorical(logits: impl AsKey) -> Result<Self> {
-        let l = logits.to_nested_key();
-        DistributionBuilder::custom("Categorical", [l.clone()], move |td| {
-            Ok(Box::new(Categorical::from_logits(param(td, &l)?, None)?))
-        })
-        .map(|b| b.with_rsample(false))
+        DistributionBuilder::discrete(
+            "Categorical",
+            logits,
+            None::<NestedKey>,
+            Categorical::from_logits,
+        )
     }
 
     /// A masked [`Categorical`] (TorchRL's `MaskedCategorical`): classes whose `mask` entry is
     /// false are never drawn and have probability 0.
     pub fn masked_categorical(logits: impl AsKey, mask: impl AsKey) -> Result<Self> {
-        let (l, m) = (logits.to_nested_key(), mask.to_nested_key());
-        DistributionBuilder::custom("MaskedCategorical", [l.clone(), m.clone()], move |td| {
-            Ok(Box::new(Categorical::from_logits(
-                param(td, &l)?,
-                Some(param(td, &m)?),
-            )?))
-        })
-        .map(|b| b.with_rsample(false))
+        DistributionBuilder::discrete(
+            "MaskedCategorical",
+            logits,
+            Some(mask),
+            Categorical::from_logits,
+        )
     }
 
     /// A [`OneHotCategorical`] from `logits`: actions are one-hot vectors.
     pub fn one_hot_categorical(logits: impl AsKey) -> Result<Self> {
-        let l = logits.to_nested_key();
-        DistributionBuilder::custom("OneHotCategorical", [l.clone()], move |td| {
-            Ok(Box::new(OneHotCategorical::from_logits(
-                param(td, &l)?,
-                None,
-            )?))
-        })
-        .map(|b| b.with_rsample(false))
+        DistributionBuilder::discrete(
+            "OneHotCategorical",
+            logits,
+            None::<NestedKey>,
+            OneHotCategorical::from_logits,
+        )
     }
 
     /// A masked [`OneHotCategorical`].
     pub fn masked_one_hot_categorical(logits: impl AsKey, mask: impl AsKey) -> Result<Self> {
-        let (l, m) = (logits.to_nested_key(), mask.to_nested_key());
-        DistributionBuilder::custom(
+        DistributionBuilder::discrete(
             "MaskedOneHotCategorical",
-            [l.clone(), m.clone()],
-            move |td| {
-                Ok(Box::new(OneHotCategorical::from_logits(
-                    param(td, &l)?,
-                    Some(param(td, &m)?),
-                )?))
-            },
+            logits,
+            Some(mask),
+            OneHotCategorical::from_logits,
         )
+    }
+
+    /// A builder of the categorical family: `make(logits, mask)` on the parameters read under
+    /// `logits` and, when given, `mask`; `sample` (not `rsample`) under random exploration.
+    fn discrete<D: Distribution + 'static>(
+        name: &str,
+        logits: impl AsKey,
+        mask: Option<impl AsKey>,
+        make: fn(&Tensor, Option<&Tensor>) -> Result<D>,
+    ) -> Result<Self> {
+        let logits = logits.to_nested_key();
+        let mask = mask.map(|m| m.to_nested_key());
+        let mut keys = vec![logits.clone()];
+        keys.extend(mask.clone());
+        DistributionBuilder::custom(name, keys, move |td| {
+            let m = match &mask {
+                Some(k) => Some(param(td, k)?),
+                None => None,
+            };
+            Ok(Box::new(make(param(td, &logits)?, m)?) as Box<dyn Distribution>)
+        })
         .map(|b| b.with_rsample(false))
     }
 
@@ -503,9 +519,11 @@ impl NormalParamExtractor {
             one(scale_key.to_nested_key())?,
         );
         if l == sc {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 op,
-                format!("the loc and scale keys must differ, both are {l}"),
+                &l,
+                "the loc and scale keys to differ",
+                format!("{l} for both"),
             ));
         }
         self.in_key = i;
@@ -514,16 +532,11 @@ impl NormalParamExtractor {
         Ok(self)
     }
 
-    /// Sets the scale mapping.
-    pub fn with_scale_mapping(mut self, mapping: ScaleMapping) -> Self {
-        self.mapping = mapping;
-        self
-    }
-
-    /// Sets the scale's lower bound.
-    pub fn with_scale_lb(mut self, scale_lb: f64) -> Self {
-        self.scale_lb = scale_lb;
-        self
+    setters! {
+        /// Sets the scale mapping.
+        with_scale_mapping: mapping: ScaleMapping;
+        /// Sets the scale's lower bound.
+        with_scale_lb: scale_lb: f64;
     }
 
     /// Splits `x` (`[*, 2d]`) into `loc` and `scale` (`[*, d]` each). Errors when the last dim
@@ -533,12 +546,11 @@ impl NormalParamExtractor {
         match size.last() {
             Some(n) if n % 2 == 0 => {}
             _ => {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     "NormalParamExtractor::extract",
-                    format!(
-                        "the input of shape {} must have an even last dim (loc and scale halves)",
-                        ShapeFmt(&size)
-                    ),
+                    &self.in_key,
+                    "an even last dim (loc and scale halves)",
+                    format!("shape {}", ShapeFmt(&size)),
                 ))
             }
         }
@@ -649,16 +661,11 @@ impl ProbabilisticActor {
         Ok(self)
     }
 
-    /// Whether `forward` also writes `dist.log_prob(action)`.
-    pub fn with_return_log_prob(mut self, return_log_prob: bool) -> Self {
-        self.return_log_prob = return_log_prob;
-        self
-    }
-
-    /// Sets the exploration type used by `forward`.
-    pub fn with_exploration_type(mut self, exploration: ExplorationType) -> Self {
-        self.exploration = exploration;
-        self
+    setters! {
+        /// Whether `forward` also writes `dist.log_prob(action)`.
+        with_return_log_prob: return_log_prob: bool;
+        /// Sets the exploration type used by `forward`.
+        with_exploration_type: exploration: ExplorationType;
     }
 
     /// Sets the exploration type used by `forward`.
@@ -670,9 +677,11 @@ impl ProbabilisticActor {
     /// mean has no closed form). Errors when `n < 1`.
     pub fn with_n_empirical_estimate(mut self, n: i64) -> Result<Self> {
         if n < 1 {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "ProbabilisticActor::with_n_empirical_estimate",
-                format!("n must be >= 1, got {n}"),
+                "n_empirical_estimate",
+                ">= 1",
+                n,
             ));
         }
         self.n_empirical_estimate = n;
@@ -855,5 +864,36 @@ impl TensorDictModule for ProbabilisticActor {
         if let Some(m) = &mut self.module {
             m.set_train(train);
         }
+    }
+}
+
+impl ProbabilisticTensorDictModule for ProbabilisticActor {
+    fn get_dist_params(&self, td: TensorDict) -> Result<TensorDict> {
+        ProbabilisticActor::get_dist_params(self, td)
+    }
+
+    fn dist_keys(&self) -> Vec<NestedKey> {
+        self.builder.in_keys().to_vec()
+    }
+
+    fn build_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>> {
+        self.builder.build(td)
+    }
+
+    fn action_key(&self) -> &NestedKey {
+        &self.action_key
+    }
+
+    fn log_prob_key(&self) -> NestedKey {
+        ProbabilisticActor::log_prob_key(self)
+    }
+
+    fn forward_with(
+        &self,
+        td: TensorDict,
+        exploration: ExplorationType,
+        gen: &mut Generator,
+    ) -> Result<TensorDict> {
+        ProbabilisticActor::forward_with(self, td, exploration, gen)
     }
 }

@@ -15,14 +15,18 @@
 //! # Ok(()) }
 //! ```
 
+pub mod actor_value;
 pub mod actors;
 pub mod distributions;
 pub mod llm;
 pub mod models;
 pub mod module;
+pub mod probabilistic;
 pub mod sequential;
 
+pub use actor_value::ActorValueOperator;
 pub use actors::{DistributionBuilder, ExplorationType, NormalParamExtractor, ProbabilisticActor};
 pub use models::{MlpConfig, ValueOperator, MLP};
 pub use module::{from_fn, TdModule, TensorDictModule};
+pub use probabilistic::ProbabilisticTensorDictModule;
 pub use sequential::TensorDictSequential;

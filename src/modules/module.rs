@@ -109,6 +109,22 @@ impl<M: TensorDictModule + ?Sized> TensorDictModule for Box<M> {
 
 // ------------------------------------------------------------------ shared helpers
 
+/// Builder setters `fn $name(mut self, $field: $ty) -> Self` that store their argument in the
+/// field of the same name, each with its doc comment (the plain `with_*` of configs and
+/// modules, written once).
+macro_rules! setters {
+    ($($(#[$m:meta])* $name:ident: $field:ident: $ty:ty;)*) => {
+        $(
+            $(#[$m])*
+            pub fn $name(mut self, $field: $ty) -> Self {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+pub(crate) use setters;
+
 /// Owned keys from any list of keys; an empty key (no segment) is an error.
 pub(crate) fn to_keys<K: AsKey>(
     op: &'static str,
@@ -140,6 +156,18 @@ pub(crate) fn read_inputs<'a>(
     keys: &[NestedKey],
 ) -> Result<Vec<&'a Tensor>> {
     keys.iter().map(|k| read_input(op, td, k)).collect()
+}
+
+/// Which of a module's `out_keys` holds the output a caller wants: the first of `preferred`
+/// that the module declares, else its only out key, else `None`.
+pub(crate) fn pick_out_key(out_keys: &[NestedKey], preferred: &[&NestedKey]) -> Option<NestedKey> {
+    if let Some(k) = preferred.iter().find(|k| out_keys.contains(k)) {
+        return Some((*k).clone());
+    }
+    match out_keys {
+        [only] => Some(only.clone()),
+        _ => None,
+    }
 }
 
 /// Checks that `value`'s leading dims are `td`'s batch size, naming `key` otherwise.
@@ -376,12 +404,14 @@ impl<M: TensorModule> TdModule<M> {
     pub fn with_split_sizes(mut self, sizes: impl Into<Vec<i64>>) -> Result<Self> {
         let sizes = sizes.into();
         if sizes.len() != self.out_keys.len() || sizes.iter().any(|s| *s < 1) {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "TdModule::with_split_sizes",
+                "split_sizes",
                 format!(
-                    "expected one positive size per out key {}, got {sizes:?}",
+                    "one positive size per out key {}",
                     fmt_key_list(&self.out_keys)
                 ),
+                format!("{sizes:?}"),
             ));
         }
         self.split_sizes = Some(sizes);

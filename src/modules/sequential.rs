@@ -141,17 +141,7 @@ impl TensorDictSequential {
 
 impl TensorDictModule for TensorDictSequential {
     fn in_keys(&self) -> Vec<NestedKey> {
-        let mut in_keys: Vec<NestedKey> = Vec::new();
-        let mut produced: Vec<NestedKey> = Vec::new();
-        for m in &self.modules {
-            for k in m.in_keys() {
-                if !produced.contains(&k) && !in_keys.contains(&k) {
-                    in_keys.push(k);
-                }
-            }
-            produced.extend(m.out_keys());
-        }
-        in_keys
+        chain_in_keys(self.modules.iter().map(|m| m.as_ref()))
     }
 
     fn out_keys(&self) -> Vec<NestedKey> {
@@ -185,4 +175,22 @@ impl TensorDictModule for TensorDictSequential {
             m.set_train(train);
         }
     }
+}
+
+/// The in keys of modules run in order: each module's in keys that no earlier module writes,
+/// once each, in first-read order.
+pub(crate) fn chain_in_keys<'a>(
+    modules: impl IntoIterator<Item = &'a dyn TensorDictModule>,
+) -> Vec<NestedKey> {
+    let mut in_keys: Vec<NestedKey> = Vec::new();
+    let mut produced: Vec<NestedKey> = Vec::new();
+    for m in modules {
+        for k in m.in_keys() {
+            if !produced.contains(&k) && !in_keys.contains(&k) {
+                in_keys.push(k);
+            }
+        }
+        produced.extend(m.out_keys());
+    }
+    in_keys
 }

@@ -16,7 +16,7 @@
 //! | a value estimator ([`set_estimator_keys`]) | error listing the accepted names | error |
 //!
 //! A loss that owns a value estimator forwards its estimator-related keys (those named in
-//! [`VALUE_ESTIMATOR_KEYS`] that both sides accept) with [`forward_value_estimator_keys`]
+//! [`VALUE_ESTIMATOR_KEYS`](super::value::VALUE_ESTIMATOR_KEYS) that both sides accept) with [`forward_value_estimator_keys`](super::value::forward_value_estimator_keys)
 //! whenever its keys change, and recomputes its `in_keys` (TorchRL PR #1144, issue #4371).
 //!
 //! ```
@@ -58,221 +58,7 @@ use tch::Tensor;
 use crate::error::{Error, Result};
 use crate::tensordict::{NestedKey, TensorDict};
 
-use super::value::ValueEstimator;
-
-// ------------------------------------------------------------------------------------- keys
-
-/// A keys struct: named, typed [`NestedKey`] fields with defaults (TorchRL's `_AcceptedKeys`).
-///
-/// Implement it with [`accepted_keys!`](crate::accepted_keys); the by-name accessors make
-/// [`set_loss_keys`] / [`set_estimator_keys`] generic over every loss and estimator.
-pub trait AcceptedKeys: Clone + Default + fmt::Debug + PartialEq {
-    /// The accepted names, in declaration order.
-    const NAMES: &'static [&'static str];
-
-    /// The key stored under `name`, or `None` for a name that is not accepted.
-    fn key(&self, name: &str) -> Option<&NestedKey>;
-
-    /// The key stored under `name`, mutably, or `None` for a name that is not accepted.
-    fn key_mut(&mut self, name: &str) -> Option<&mut NestedKey>;
-
-    /// The default of `name`, or `None` for a name that is not accepted.
-    fn default_key(name: &str) -> Option<NestedKey> {
-        Self::default().key(name).cloned()
-    }
-
-    /// `(name, key)` pairs in declaration order.
-    fn entries(&self) -> Vec<(&'static str, &NestedKey)> {
-        Self::NAMES
-            .iter()
-            .filter_map(|n| self.key(n).map(|k| (*n, k)))
-            .collect()
-    }
-}
-
-/// Declares a keys struct and its [`AcceptedKeys`] impl (TorchRL's `_AcceptedKeys` dataclass).
-///
-/// Every field is a public [`NestedKey`](crate::NestedKey) whose default is anything that
-/// converts into one (`"reward"`, `("next", "reward")`, …). The struct derives `Clone`, `Debug`,
-/// `PartialEq`, `Eq` and implements `Default`. Doc comments on the struct and the fields are kept.
-///
-/// ```
-/// torchrl::accepted_keys! {
-///     /// Keys of my loss.
-///     pub struct MyKeys {
-///         /// The action.
-///         action: "action",
-///     }
-/// }
-/// assert_eq!(MyKeys::default().action, torchrl::NestedKey::from("action"));
-/// ```
-#[macro_export]
-macro_rules! accepted_keys {
-    (
-        $(#[$meta:meta])*
-        $vis:vis struct $name:ident {
-            $(
-                $(#[$fmeta:meta])*
-                $field:ident : $default:expr
-            ),* $(,)?
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Clone, Debug, PartialEq, Eq)]
-        $vis struct $name {
-            $(
-                $(#[$fmeta])*
-                pub $field: $crate::NestedKey,
-            )*
-        }
-
-        impl ::core::default::Default for $name {
-            fn default() -> Self {
-                Self { $( $field: $crate::NestedKey::from($default), )* }
-            }
-        }
-
-        impl $crate::objectives::AcceptedKeys for $name {
-            const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
-
-            fn key(&self, name: &str) -> ::core::option::Option<&$crate::NestedKey> {
-                match name {
-                    $( stringify!($field) => ::core::option::Option::Some(&self.$field), )*
-                    _ => ::core::option::Option::None,
-                }
-            }
-
-            fn key_mut(&mut self, name: &str) -> ::core::option::Option<&mut $crate::NestedKey> {
-                match name {
-                    $( stringify!($field) => ::core::option::Option::Some(&mut self.$field), )*
-                    _ => ::core::option::Option::None,
-                }
-            }
-        }
-    };
-}
-
-/// Whose `set_keys` rules apply.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Flavour {
-    /// Losses: `None` resets the key to its default.
-    Loss,
-    /// Value estimators: `None` is an error.
-    Estimator,
-}
-
-fn apply_pairs<K: AcceptedKeys>(
-    keys: &mut K,
-    pairs: &[(&str, Option<NestedKey>)],
-    owner: &str,
-    flavour: Flavour,
-) -> Result<()> {
-    // Validate everything first so that an error leaves `keys` untouched.
-    for (name, value) in pairs {
-        if keys.key(name).is_none() {
-            let accepted = format!("[{}]", K::NAMES.join(", "));
-            let message = match flavour {
-                Flavour::Loss => format!(
-                    "{name} is not an accepted tensordict key of {owner}. \
-                     Accepted keys are: {accepted}"
-                ),
-                Flavour::Estimator => format!(
-                    "{name} is not an accepted tensordict key for advantages ({owner}). \
-                     Accepted keys are: {accepted}"
-                ),
-            };
-            return Err(Error::invalid("set_keys", message));
-        }
-        match value {
-            None if flavour == Flavour::Estimator => {
-                return Err(Error::invalid(
-                    "set_keys",
-                    format!(
-                        "tensordict keys cannot be None (got None for {name} of {owner}); \
-                         an estimator's keys have no reset, pass the key to use"
-                    ),
-                ));
-            }
-            Some(k) if k.is_empty() => {
-                return Err(Error::InvalidKey {
-                    op: "set_keys",
-                    key: format!("{name} of {owner}"),
-                    reason: "a tensordict key needs at least one segment".into(),
-                });
-            }
-            _ => {}
-        }
-    }
-    let defaults = K::default();
-    for (name, value) in pairs {
-        let new = match value {
-            Some(k) => k.clone(),
-            None => defaults.key(name).cloned().unwrap_or_default(),
-        };
-        if let Some(slot) = keys.key_mut(name) {
-            *slot = new;
-        }
-    }
-    Ok(())
-}
-
-/// Sets keys of a loss by name, with TorchRL's `LossModule.set_keys` semantics.
-///
-/// Every name must be one of `K::NAMES` (otherwise the error names the offending key and lists
-/// the accepted ones); a `None` value resets that key to its default; an empty key is refused.
-/// All pairs are validated before any is applied, so on error `keys` is unchanged. `owner` (the
-/// loss's name) appears in error messages.
-pub fn set_loss_keys<K: AcceptedKeys>(
-    keys: &mut K,
-    pairs: &[(&str, Option<NestedKey>)],
-    owner: &str,
-) -> Result<()> {
-    apply_pairs(keys, pairs, owner, Flavour::Loss)
-}
-
-/// Sets keys of a value estimator by name, with TorchRL's `ValueEstimatorBase.set_keys`
-/// semantics: an unknown name is an error listing the accepted ones, and so is a `None` value
-/// (an estimator has no "reset to default"). On error `keys` is unchanged.
-pub fn set_estimator_keys<K: AcceptedKeys>(
-    keys: &mut K,
-    pairs: &[(&str, Option<NestedKey>)],
-    owner: &str,
-) -> Result<()> {
-    apply_pairs(keys, pairs, owner, Flavour::Estimator)
-}
-
-/// The key names a loss forwards to its value estimator (TorchRL's
-/// `_value_estimator_default_keys`).
-pub const VALUE_ESTIMATOR_KEYS: [&str; 6] = [
-    "advantage",
-    "value_target",
-    "value",
-    "reward",
-    "done",
-    "terminated",
-];
-
-/// Forwards a loss's estimator-related keys to its value estimator (TorchRL's
-/// `_forward_value_estimator_keys`).
-///
-/// Only names in [`VALUE_ESTIMATOR_KEYS`] that the loss's keys define *and* the estimator
-/// accepts are forwarded (TorchRL issue #4371: forwarding a name the estimator does not accept
-/// broke `set_keys`). The loss's current values are sent, so a key the loss just reset to its
-/// default reaches the estimator as that default.
-pub fn forward_value_estimator_keys<K: AcceptedKeys>(
-    keys: &K,
-    estimator: &mut dyn ValueEstimator,
-) -> Result<()> {
-    let pairs: Vec<(&str, Option<NestedKey>)> = VALUE_ESTIMATOR_KEYS
-        .iter()
-        .filter(|name| estimator.accepts_key(name))
-        .filter_map(|name| keys.key(name).map(|k| (*name, Some(k.clone()))))
-        .collect();
-    if pairs.is_empty() {
-        return Ok(());
-    }
-    estimator.set_keys(&pairs)
-}
+pub use super::keys::{set_estimator_keys, set_loss_keys, AcceptedKeys};
 
 // -------------------------------------------------------------------------------- reduction
 
@@ -323,18 +109,35 @@ impl FromStr for Reduction {
     /// Parses `"mean"`, `"sum"` or `"none"`; anything else is TorchRL's
     /// `ValueError("Invalid reduction: …")`.
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "mean" => Ok(Reduction::Mean),
-            "sum" => Ok(Reduction::Sum),
-            "none" => Ok(Reduction::None),
-            other => Err(Error::invalid(
-                "reduction",
-                format!(
-                    "Invalid reduction: {other}. Expected one of {:?}",
-                    Reduction::NAMES
-                ),
-            )),
-        }
+        let table = [
+            ("mean", Reduction::Mean),
+            ("sum", Reduction::Sum),
+            ("none", Reduction::None),
+        ];
+        parse_named("reduction", "Invalid reduction", s, &table)
+    }
+}
+
+/// The value named `s` in `table`, or an [`Error::InvalidValue`] for argument `key` that lists
+/// the names (`what` prefixes the name given, e.g. TorchRL's `"Invalid reduction"`).
+pub(crate) fn parse_named<T: Copy>(
+    key: &'static str,
+    what: &str,
+    s: &str,
+    table: &[(&'static str, T)],
+) -> Result<T> {
+    match table.iter().find(|(name, _)| *name == s) {
+        Some((_, v)) => Ok(*v),
+        None => Err(Error::InvalidValue {
+            op: key,
+            what: "argument",
+            key: key.into(),
+            expected: format!(
+                "one of {:?}",
+                table.iter().map(|(n, _)| *n).collect::<Vec<_>>()
+            ),
+            got: format!("{s} ({what}: {s})"),
+        }),
     }
 }
 
@@ -392,7 +195,7 @@ pub trait LossOutput {
 ///
 /// Implementors hold their keys struct and their `in_keys`; [`set_tensor_keys`] is the one
 /// place keys change, so it recomputes `in_keys` and, for a loss that owns a value estimator,
-/// forwards the estimator's keys with [`forward_value_estimator_keys`] (before committing, so
+/// forwards the estimator's keys with [`forward_value_estimator_keys`](super::value::forward_value_estimator_keys) (before committing, so
 /// an error changes nothing). [`set_keys`] (by name) is provided on top of it.
 ///
 /// [`set_tensor_keys`]: LossModule::set_tensor_keys
@@ -425,5 +228,67 @@ pub trait LossModule {
         let mut keys = self.tensor_keys().clone();
         set_loss_keys(&mut keys, pairs, self.name())?;
         self.set_tensor_keys(keys)
+    }
+}
+
+/// [`LossModule`] with its types erased, for code that holds losses of different kinds
+/// (a trainer's `Box<dyn DynLossModule>`). Every [`LossModule`] whose output is `'static`
+/// implements it.
+///
+/// [`LossModule`] itself is object safe once its types are named
+/// (`Box<dyn LossModule<Keys = PpoKeys, Output = PpoLossOutput>>`); this trait also erases
+/// them: keys are set by name and the output is a `Box<dyn LossOutput>`. Its methods have
+/// their own names so that both traits can be in scope.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::{DynLossModule, RewardModelLoss};
+/// use torchrl::{NestedKey, TensorDict};
+/// # fn main() -> torchrl::Result<()> {
+/// let mut losses: Vec<Box<dyn DynLossModule>> = vec![Box::new(RewardModelLoss::new())];
+/// losses[0].set_keys_by_name(&[("chosen", Some("a".into()))])?;
+/// assert_eq!(losses[0].loss_in_keys(), &[NestedKey::from("a"), NestedKey::from("rejected")]);
+/// let td = TensorDict::new([1])?
+///     .with(("a", "score"), Tensor::from_slice(&[1.0f32]))?
+///     .with(("rejected", "score"), Tensor::from_slice(&[1.0f32]))?;
+/// let out = losses[0].forward_dyn(&td)?;
+/// // -log σ(0) = ln 2
+/// assert!((out.total_loss()?.double_value(&[]) - std::f64::consts::LN_2).abs() < 1e-6);
+/// assert_eq!(losses[0].loss_name(), "RewardModelLoss");
+/// # Ok(()) }
+/// ```
+pub trait DynLossModule: Send {
+    /// [`LossModule::name`].
+    fn loss_name(&self) -> &'static str;
+
+    /// [`LossModule::in_keys`].
+    fn loss_in_keys(&self) -> &[NestedKey];
+
+    /// [`LossModule::set_keys`]: keys by name, TorchRL's rules.
+    fn set_keys_by_name(&mut self, pairs: &[(&str, Option<NestedKey>)]) -> Result<()>;
+
+    /// [`LossModule::forward`], its output boxed.
+    fn forward_dyn(&self, td: &TensorDict) -> Result<Box<dyn LossOutput>>;
+}
+
+impl<L> DynLossModule for L
+where
+    L: LossModule + Send,
+    L::Output: 'static,
+{
+    fn loss_name(&self) -> &'static str {
+        self.name()
+    }
+
+    fn loss_in_keys(&self) -> &[NestedKey] {
+        self.in_keys()
+    }
+
+    fn set_keys_by_name(&mut self, pairs: &[(&str, Option<NestedKey>)]) -> Result<()> {
+        self.set_keys(pairs)
+    }
+
+    fn forward_dyn(&self, td: &TensorDict) -> Result<Box<dyn LossOutput>> {
+        Ok(Box::new(self.forward(td)?))
     }
 }

@@ -1,11 +1,12 @@
 //! Losses and value estimators (TorchRL's `torchrl.objectives`).
 //!
-//! - [`common`]: the [`LossModule`] trait, typed outputs ([`LossOutput`]), [`Reduction`], and
-//!   the keys machinery: keys structs ([`AcceptedKeys`], [`accepted_keys!`](crate::accepted_keys))
-//!   settable by name with TorchRL's `set_keys` rules, and their forwarding to a value
-//!   estimator.
+//! - [`common`]: the [`LossModule`] trait (and its type-erased form, [`DynLossModule`]),
+//!   typed outputs ([`LossOutput`]) and [`Reduction`].
+//! - [`keys`]: keys structs ([`AcceptedKeys`], [`accepted_keys!`](crate::accepted_keys))
+//!   settable by name with TorchRL's `set_keys` rules (their forwarding to a value estimator
+//!   is [`value::forward_value_estimator_keys`]).
 //! - [`ppo`]: PPO's clipped-surrogate loss ([`ClipPPOLoss`]) and its KL-penalty variant
-//!   ([`KLPENPPOLoss`]).
+//!   ([`KLPENPPOLoss`]), one generic [`PpoLoss`] configured by a [`PpoConfig`].
 //! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
 //!   [`reward_model_loss`]).
 //! - [`value`]: value estimators ([`value::Gae`], [`value::TdLambdaEstimator`]) and their
@@ -30,20 +31,23 @@
 //! ```
 
 pub mod common;
+pub mod keys;
 pub mod optim;
 pub mod ppo;
 pub mod reward_model;
 pub mod value;
 
-pub use common::{
-    forward_value_estimator_keys, set_estimator_keys, set_loss_keys, AcceptedKeys, LossModule,
-    LossOutput, Reduction, VALUE_ESTIMATOR_KEYS,
-};
+pub use common::{DynLossModule, LossModule, LossOutput, Reduction};
+pub use keys::{set_estimator_keys, set_loss_keys, AcceptedKeys, KeyPairs};
 pub use ppo::{
-    ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPenPpoLossOutput, PpoKeys, PpoLossOutput,
+    Clip, ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPen, KlPenPpoLossOutput, PpoConfig, PpoKeys,
+    PpoLoss, PpoLossOutput, PpoObjective,
 };
 pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss,
-    RewardModelLossOutput, ScoreFn, ScoreModule, ScoreNetwork,
+    RewardModelLossOutput, ScoreFn,
 };
-pub use value::{Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork};
+pub use value::{
+    forward_value_estimator_keys, Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys,
+    ValueNetwork, VALUE_ESTIMATOR_KEYS,
+};

@@ -34,8 +34,11 @@ use std::fmt;
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::module::pick_out_key;
 use crate::modules::TensorDictModule;
-use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, AsKey, Entry, NestedKey, TensorDict};
+
+const OP: &str = "RewardModelLoss";
 
 use super::common::{LossModule, LossOutput, Reduction};
 
@@ -188,22 +191,16 @@ crate::accepted_keys! {
     }
 }
 
-/// A network that writes a per-sequence score into a (chosen or rejected) sub-tensordict:
-/// the `score_network` of [`RewardModelLoss`] (a TorchRL `TensorDictModule`).
+/// A closure as a score [`TensorDictModule`]: it reads what it needs from a (chosen or
+/// rejected) sub-tensordict and writes its declared `out_keys` into it. The closure → module
+/// bridge for [`RewardModelLoss::with_score_network`], which takes any [`TensorDictModule`]
+/// (a [`TdModule`](crate::modules::TdModule) around an [`MLP`](crate::modules::MLP), say).
 ///
-/// Build one from a closure with [`ScoreFn`].
-pub trait ScoreNetwork {
-    /// The keys the network writes; [`RewardModelLoss`] picks its score among them.
-    fn out_keys(&self) -> &[NestedKey];
-
-    /// Reads the sub-tensordict's inputs and writes the outputs into it.
-    fn forward(&self, td: &mut TensorDict) -> Result<()>;
-}
-
-/// A [`ScoreNetwork`] made of a closure and its declared output keys.
+/// It declares no in keys (the closure reads whatever it reads).
 ///
 /// ```
-/// use torchrl::objectives::{ScoreFn, ScoreNetwork};
+/// use torchrl::modules::TensorDictModule;
+/// use torchrl::objectives::ScoreFn;
 /// use torchrl::TensorDict;
 /// use tch::{Kind, Tensor};
 /// // score = the mean of the features
@@ -211,9 +208,10 @@ pub trait ScoreNetwork {
 ///     let s = td.get_or_err("features")?.f_mean_dim(-1, false, None::<Kind>)?;
 ///     td.set("score", s)
 /// });
-/// let mut td = TensorDict::new([2])?.with("features", Tensor::ones([2, 4], (Kind::Float, tch::Device::Cpu)))?;
-/// net.forward(&mut td)?;
+/// let td = TensorDict::new([2])?.with("features", Tensor::ones([2, 4], (Kind::Float, tch::Device::Cpu)))?;
+/// let td = net.forward(td)?;
 /// assert_eq!(td.get_or_err("score")?.size(), vec![2]);
+/// assert_eq!(net.out_keys(), ["score"]);
 /// # Ok::<(), torchrl::Error>(())
 /// ```
 pub struct ScoreFn<F> {
@@ -223,7 +221,7 @@ pub struct ScoreFn<F> {
 
 impl<F> ScoreFn<F>
 where
-    F: Fn(&mut TensorDict) -> Result<()>,
+    F: Fn(&mut TensorDict) -> Result<()> + Send,
 {
     /// A score network that runs `f` and declares `out_keys` as what it writes.
     pub fn new<K: Into<NestedKey>>(out_keys: impl IntoIterator<Item = K>, f: F) -> Self {
@@ -234,16 +232,21 @@ where
     }
 }
 
-impl<F> ScoreNetwork for ScoreFn<F>
+impl<F> TensorDictModule for ScoreFn<F>
 where
-    F: Fn(&mut TensorDict) -> Result<()>,
+    F: Fn(&mut TensorDict) -> Result<()> + Send,
 {
-    fn out_keys(&self) -> &[NestedKey] {
-        &self.out_keys
+    fn in_keys(&self) -> Vec<NestedKey> {
+        Vec::new()
     }
 
-    fn forward(&self, td: &mut TensorDict) -> Result<()> {
-        (self.f)(td)
+    fn out_keys(&self) -> Vec<NestedKey> {
+        self.out_keys.clone()
+    }
+
+    fn forward(&self, mut td: TensorDict) -> Result<TensorDict> {
+        (self.f)(&mut td)?;
+        Ok(td)
     }
 }
 
@@ -255,71 +258,18 @@ impl<F> fmt::Debug for ScoreFn<F> {
     }
 }
 
-/// Any [`TensorDictModule`] as a [`ScoreNetwork`]: it runs on each side's sub-tensordict and
-/// writes its out keys there (its `out_keys()` are read once, at construction).
-///
-/// ```
-/// use tch::{nn, Device, Kind, Tensor};
-/// use torchrl::modules::{TdModule, MLP, MlpConfig};
-/// use torchrl::objectives::{LossModule, RewardModelLoss, ScoreModule};
-/// use torchrl::TensorDict;
-/// # fn main() -> torchrl::Result<()> {
-/// let vs = nn::VarStore::new(Device::Cpu);
-/// let mlp = MLP::new(&vs.root(), &MlpConfig::new(4, 1).with_depth(1).with_num_cells(8))?;
-/// let scorer = TdModule::new(mlp, ["features"], ["score"])?;
-/// let loss = RewardModelLoss::new().with_score_network(ScoreModule::new(scorer));
-/// let x = |v: f32| Tensor::full([2, 4], f64::from(v), (Kind::Float, Device::Cpu));
-/// let td = TensorDict::new([2])?
-///     .with(("chosen", "features"), x(1.0))?
-///     .with(("rejected", "features"), x(-1.0))?;
-/// let out = loss.forward(&td)?;
-/// assert_eq!(out.loss_reward_model.size(), Vec::<i64>::new());
-/// assert!(out.loss_reward_model.double_value(&[]) > 0.0); // -log σ(·) is positive
-/// # Ok(()) }
-/// ```
-pub struct ScoreModule<M> {
-    module: M,
+/// The score network of a [`RewardModelLoss`], with its out keys read once.
+struct ScoreNet {
+    module: Box<dyn TensorDictModule>,
     out_keys: Vec<NestedKey>,
-}
-
-impl<M: TensorDictModule> ScoreModule<M> {
-    /// Wraps `module`; the loss looks for its score among `module.out_keys()`.
-    pub fn new(module: M) -> Self {
-        let out_keys = module.out_keys();
-        ScoreModule { module, out_keys }
-    }
-
-    /// The wrapped module.
-    pub fn module(&self) -> &M {
-        &self.module
-    }
-}
-
-impl<M: TensorDictModule> ScoreNetwork for ScoreModule<M> {
-    fn out_keys(&self) -> &[NestedKey] {
-        &self.out_keys
-    }
-
-    fn forward(&self, td: &mut TensorDict) -> Result<()> {
-        // A shallow copy in, the module's output back: tensors are shared, not copied.
-        *td = self.module.forward(td.clone())?;
-        Ok(())
-    }
-}
-
-impl<M> fmt::Debug for ScoreModule<M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScoreModule")
-            .field("out_keys", &self.out_keys)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Bradley-Terry reward-model training loss for RLHF (TorchRL's `RewardModelLoss`).
 ///
 /// Trains a scalar reward model from pairwise preferences: for each prompt, a `chosen`
 /// response (preferred by an annotator) and a `rejected` one; the model is pushed to score the
-/// chosen one higher. The loss is model-agnostic: the optional [`ScoreNetwork`] maps a
+/// chosen one higher. The loss is model-agnostic: the optional score network (any
+/// [`TensorDictModule`]; [`ScoreFn`] for a closure) maps a
 /// sub-tensordict (e.g. `input_ids` / `attention_mask`) to one score per sequence, and the same
 /// network (shared weights) scores both sides.
 ///
@@ -347,7 +297,7 @@ impl<M> fmt::Debug for ScoreModule<M> {
 /// `chosen`, `rejected`, `score`, settable with [`LossModule::set_keys`] (nested keys
 /// allowed); `in_keys()` is `[chosen, rejected]`.
 pub struct RewardModelLoss {
-    score_network: Option<Box<dyn ScoreNetwork + Send>>,
+    score_network: Option<ScoreNet>,
     reduction: Reduction,
     center_coeff: Option<f64>,
     keys: RewardModelKeys,
@@ -365,7 +315,10 @@ impl fmt::Debug for RewardModelLoss {
         f.debug_struct("RewardModelLoss")
             .field(
                 "score_network",
-                &self.score_network.as_ref().map(|n| n.out_keys().to_vec()),
+                &self
+                    .score_network
+                    .as_ref()
+                    .map(|n| fmt_key_list(&n.out_keys)),
             )
             .field("reduction", &self.reduction)
             .field("center_coeff", &self.center_coeff)
@@ -389,9 +342,14 @@ impl RewardModelLoss {
         }
     }
 
-    /// Sets the score network applied to both sub-tensordicts.
-    pub fn with_score_network(mut self, network: impl ScoreNetwork + Send + 'static) -> Self {
-        self.score_network = Some(Box::new(network));
+    /// Sets the score network applied to both sub-tensordicts: any [`TensorDictModule`] (its
+    /// `out_keys()` are read once, here); [`ScoreFn`] wraps a closure.
+    pub fn with_score_network(mut self, network: impl TensorDictModule + 'static) -> Self {
+        let out_keys = network.out_keys();
+        self.score_network = Some(ScoreNet {
+            module: Box::new(network),
+            out_keys,
+        });
         self
     }
 
@@ -408,9 +366,11 @@ impl RewardModelLoss {
     /// `ValueError("center_coeff must be non-negative.")`.
     pub fn with_center_coeff(mut self, center_coeff: f64) -> Result<Self> {
         if center_coeff.is_nan() || center_coeff < 0.0 {
-            return Err(Error::invalid(
-                "RewardModelLoss",
-                format!("center_coeff must be non-negative, got {center_coeff}"),
+            return Err(Error::config(
+                OP,
+                "center_coeff",
+                "non-negative (center_coeff must be non-negative)",
+                center_coeff,
             ));
         }
         self.center_coeff = Some(center_coeff);
@@ -435,8 +395,8 @@ impl RewardModelLoss {
     }
 
     /// The score network, if any.
-    pub fn score_network(&self) -> Option<&(dyn ScoreNetwork + Send)> {
-        self.score_network.as_deref()
+    pub fn score_network(&self) -> Option<&dyn TensorDictModule> {
+        self.score_network.as_ref().map(|n| n.module.as_ref())
     }
 
     fn compute_in_keys(keys: &RewardModelKeys) -> Vec<NestedKey> {
@@ -444,30 +404,18 @@ impl RewardModelLoss {
     }
 
     /// The key under which the score network's score is read (the seed's `_score` rule).
-    fn network_score_key(&self, network: &dyn ScoreNetwork) -> Result<NestedKey> {
-        let out_keys = network.out_keys();
-        if out_keys.contains(&self.keys.score) {
-            return Ok(self.keys.score.clone());
-        }
+    fn network_score_key(&self, out_keys: &[NestedKey]) -> Result<NestedKey> {
         let default = RewardModelKeys::default().score;
-        if out_keys.contains(&default) {
-            return Ok(default);
-        }
-        match out_keys {
-            [only] => Ok(only.clone()),
-            _ => Err(Error::invalid(
-                "RewardModelLoss",
+        pick_out_key(out_keys, &[&self.keys.score, &default]).ok_or_else(|| {
+            Error::invalid(
+                OP,
                 format!(
-                    "Could not identify the score_network output key: expected {} among [{}]",
+                    "Could not identify the score_network output key: expected {} among {}",
                     self.keys.score,
-                    out_keys
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    fmt_key_list(out_keys)
                 ),
-            )),
-        }
+            )
+        })
     }
 
     /// Runs the score network (if any) on the sub-tensordict at `key` and returns its
@@ -477,45 +425,63 @@ impl RewardModelLoss {
             Some(Entry::Dict(d)) => d,
             Some(Entry::Tensor(_)) => {
                 return Err(Error::WrongEntryKind {
-                    op: "RewardModelLoss",
+                    op: OP,
                     key: key.to_string(),
                     expected: "a sub-tensordict",
                     found: "a tensor",
                 })
             }
-            None => return Err(td.lookup_error("RewardModelLoss", &key.segments())),
+            None => return Err(td.lookup_error(OP, &key.segments())),
         };
-        let (scored, score_key, op) = match &self.score_network {
+        let score = match &self.score_network {
             Some(net) => {
-                let mut scored = sub.clone();
-                net.forward(&mut scored)?;
-                let score_key = self.network_score_key(net.as_ref())?;
-                (scored, score_key, "RewardModelLoss (score network output)")
+                // the network writes into a shallow copy: the input is not modified
+                let scored = net.module.forward(sub.clone())?;
+                let score_key = self.network_score_key(&net.out_keys)?;
+                match scored.get(&score_key) {
+                    Some(s) => s.shallow_clone(),
+                    None => {
+                        return Err(missing_score(
+                            "RewardModelLoss (score network output)",
+                            &scored,
+                            key,
+                            &score_key,
+                        ))
+                    }
+                }
             }
-            None => (
-                sub.clone(),
-                self.keys.score.clone(),
-                "RewardModelLoss (no score network: scores must be precomputed)",
-            ),
+            // no copy: the precomputed score is read in place
+            None => match sub.get(&self.keys.score) {
+                Some(s) => s.shallow_clone(),
+                None => {
+                    return Err(missing_score(
+                        "RewardModelLoss (no score network: scores must be precomputed)",
+                        sub,
+                        key,
+                        &self.keys.score,
+                    ))
+                }
+            },
         };
-        let Some(score) = scored.get(&score_key) else {
-            let available = scored
-                .keys(crate::tensordict::KeysOptions::nested())
-                .into_iter()
-                .map(|k| k.prefixed(key).to_string())
-                .collect();
-            return Err(Error::KeyNotFound {
-                op,
-                key: key.join(&score_key).to_string(),
-                available,
-            });
-        };
-        let size = score.size();
-        if size.len() > 1 && size.last() == Some(&1) {
+        if score.dim() > 1 && score.size().last() == Some(&1) {
             Ok(score.f_squeeze_dim(-1)?)
         } else {
-            Ok(score.shallow_clone())
+            Ok(score)
         }
+    }
+}
+
+/// The missing-score error: the full key and the keys of the side's sub-tensordict.
+fn missing_score(op: &'static str, sub: &TensorDict, side: &NestedKey, score: &NestedKey) -> Error {
+    let available = sub
+        .keys(crate::tensordict::KeysOptions::nested())
+        .into_iter()
+        .map(|k| k.prefixed(side).to_string())
+        .collect();
+    Error::KeyNotFound {
+        op,
+        key: side.join(score).to_string(),
+        available,
     }
 }
 

@@ -58,9 +58,11 @@ impl<S: Sampler> ReplayBuffer<S> {
     /// When `capacity` is not positive.
     pub fn with_sampler(capacity: i64, sampler: S) -> Result<Self> {
         if capacity < 1 {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "ReplayBuffer::new",
-                format!("capacity must be at least 1, got {capacity}"),
+                "capacity",
+                "at least 1",
+                capacity,
             ));
         }
         Ok(ReplayBuffer {

@@ -9,10 +9,10 @@
 //!
 //! ```
 //! use tch::Tensor;
-//! use torchrl::data::replay::{ReplayBuffer, SamplerWithoutReplacement};
+//! use torchrl::data::replay::{LastBatch, ReplayBuffer, SamplerWithoutReplacement};
 //! use torchrl::TensorDict;
 //! # fn main() -> torchrl::Result<()> {
-//! let mut rb = ReplayBuffer::with_sampler(100, SamplerWithoutReplacement::new(0, true))?;
+//! let mut rb = ReplayBuffer::with_sampler(100, SamplerWithoutReplacement::new(0, LastBatch::Drop))?;
 //! let batch = TensorDict::new([2, 8])?.with("obs", Tensor::arange(16, (tch::Kind::Float, tch::Device::Cpu)).reshape([2, 8, 1]))?;
 //! rb.extend(&batch)?; // 16 transitions
 //! assert_eq!(rb.len(), 16);
@@ -31,4 +31,4 @@ pub mod buffer;
 pub mod samplers;
 
 pub use buffer::ReplayBuffer;
-pub use samplers::{RandomSampler, Sampler, SamplerWithoutReplacement};
+pub use samplers::{LastBatch, RandomSampler, Sampler, SamplerWithoutReplacement};

@@ -1,7 +1,7 @@
 //! Samplers: which storage indices a [`ReplayBuffer`](super::ReplayBuffer) batch reads.
 //!
 //! ```
-//! use torchrl::data::replay::{RandomSampler, Sampler, SamplerWithoutReplacement};
+//! use torchrl::data::replay::{LastBatch, RandomSampler, Sampler, SamplerWithoutReplacement};
 //! # fn main() -> torchrl::Result<()> {
 //! let mut a = RandomSampler::new(3);
 //! let mut b = RandomSampler::new(3);
@@ -9,7 +9,7 @@
 //! assert_eq!(ia, b.sample_indices(10, 6)?); // seeded: reproducible
 //! assert!(ia.iter().all(|i| (0..10).contains(i)));
 //!
-//! let mut s = SamplerWithoutReplacement::new(0, false);
+//! let mut s = SamplerWithoutReplacement::new(0, LastBatch::Keep);
 //! let mut all: Vec<i64> = Vec::new();
 //! all.extend(s.sample_indices(5, 2)?);
 //! all.extend(s.sample_indices(5, 2)?);
@@ -39,10 +39,13 @@ fn check_args(op: &'static str, len: i64, batch_size: i64) -> Result<()> {
         return Err(Error::invalid(op, "cannot sample from an empty buffer"));
     }
     if batch_size < 1 {
-        return Err(Error::invalid(
+        return Err(Error::InvalidValue {
             op,
-            format!("batch_size must be at least 1, got {batch_size}"),
-        ));
+            what: "argument",
+            key: "batch_size".into(),
+            expected: "at least 1".into(),
+            got: batch_size.to_string(),
+        });
     }
     Ok(())
 }
@@ -78,6 +81,28 @@ impl Sampler for RandomSampler {
     }
 }
 
+/// What [`SamplerWithoutReplacement`] does with the indices left at the end of an epoch, fewer
+/// than a batch (TorchRL's `drop_last`). `true` converts to [`LastBatch::Drop`], `false` to
+/// [`LastBatch::Keep`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastBatch {
+    /// They are dropped and a new epoch starts (`drop_last=True`).
+    Drop,
+    /// They are returned as a shorter last batch (`drop_last=False`).
+    Keep,
+}
+
+impl From<bool> for LastBatch {
+    /// `drop_last` as a flag.
+    fn from(drop_last: bool) -> Self {
+        if drop_last {
+            LastBatch::Drop
+        } else {
+            LastBatch::Keep
+        }
+    }
+}
+
 /// Sampling without replacement, epoch by epoch (TorchRL's `SamplerWithoutReplacement`).
 ///
 /// Each epoch is a fresh random permutation of the storage indices, consumed `batch_size` at a
@@ -96,11 +121,12 @@ pub struct SamplerWithoutReplacement {
 }
 
 impl SamplerWithoutReplacement {
-    /// A seeded sampler; `drop_last` drops the final partial batch of each epoch.
-    pub fn new(seed: u64, drop_last: bool) -> Self {
+    /// A seeded sampler; `last` says what happens to the final partial batch of each epoch
+    /// ([`LastBatch::Drop`] or [`LastBatch::Keep`]; a `bool` is TorchRL's `drop_last`).
+    pub fn new(seed: u64, last: impl Into<LastBatch>) -> Self {
         SamplerWithoutReplacement {
             generator: Generator::new(seed),
-            drop_last,
+            drop_last: last.into() == LastBatch::Drop,
             perm: Vec::new(),
             pos: 0,
             len: 0,
@@ -133,7 +159,7 @@ impl SamplerWithoutReplacement {
 
 impl Default for SamplerWithoutReplacement {
     fn default() -> Self {
-        SamplerWithoutReplacement::new(0, false)
+        SamplerWithoutReplacement::new(0, LastBatch::Keep)
     }
 }
 

@@ -88,36 +88,14 @@ use super::Transform;
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::distributions::Distribution;
-use crate::modules::ProbabilisticActor;
+use crate::modules::ProbabilisticTensorDictModule;
 use crate::tensordict::{fmt_key_list, AsKey, Entry, NestedKey, TensorDict};
 
-/// What [`KLRewardTransform`] needs from a policy: its in keys and the distribution it gives
-/// for a tensordict. Implemented for [`ProbabilisticActor`]; implement it for any other
+/// What [`KLRewardTransform`] needs from a policy: the crate's probabilistic module trait,
+/// under its former name. Implemented by [`ProbabilisticActor`](crate::modules::ProbabilisticActor) and
+/// [`ActorValueOperator`](crate::modules::ActorValueOperator); implement it for any other
 /// module built on a [`tch::nn::VarStore`].
-pub trait DistributionSource: Send {
-    /// The keys the policy reads.
-    fn in_keys(&self) -> Vec<NestedKey>;
-    /// The distribution of the action for `td` (with the policy's current parameters).
-    fn get_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>>;
-    /// The key under which the policy writes its log-probability, if it has one (used as the
-    /// default log-prob key, as TorchRL's `find_sample_log_prob`).
-    fn log_prob_key(&self) -> Option<NestedKey> {
-        None
-    }
-}
-
-impl DistributionSource for ProbabilisticActor {
-    fn in_keys(&self) -> Vec<NestedKey> {
-        crate::modules::TensorDictModule::in_keys(self)
-    }
-    fn get_dist(&self, td: &TensorDict) -> Result<Box<dyn Distribution>> {
-        ProbabilisticActor::get_dist(self, td)
-    }
-    fn log_prob_key(&self) -> Option<NestedKey> {
-        Some(ProbabilisticActor::log_prob_key(self))
-    }
-}
+pub use crate::modules::ProbabilisticTensorDictModule as DistributionSource;
 
 /// TorchRL 0.14's default log-prob key (`composite_lp_aggregate` off).
 pub const DEFAULT_LOG_PROB_KEY: &str = "action_log_prob";
@@ -125,7 +103,7 @@ pub const DEFAULT_LOG_PROB_KEY: &str = "action_log_prob";
 /// `reward - coef * (log π(a) - log π_ref(a))` with a frozen reference copy of the actor. See
 /// the module docs.
 pub struct KLRewardTransform {
-    reference: Box<dyn DistributionSource>,
+    reference: Box<dyn ProbabilisticTensorDictModule>,
     ref_vs: VarStore,
     coef: f64,
     in_key: NestedKey,
@@ -150,11 +128,13 @@ impl KLRewardTransform {
     /// Builds the reference copy: `build` is called on the root of a new `VarStore` on
     /// `actor_vs`'s device, the values of `actor_vs` are copied into it, and it is frozen.
     /// `build` must create the same variables as the actor's (same names and shapes), or an
-    /// error lists the differences. Defaults: `coef = 1`, in and out key `"reward"`, the log-prob
-    /// key of the built policy (else `"action_log_prob"`).
+    /// error lists the differences. `build` returns any
+    /// [`ProbabilisticTensorDictModule`] (a [`ProbabilisticActor`](crate::modules::ProbabilisticActor),
+    /// an [`ActorValueOperator`](crate::modules::ActorValueOperator), ...). Defaults: `coef = 1`,
+    /// in and out key `"reward"`, the log-prob key of the built policy.
     pub fn new<A, F>(actor_vs: &VarStore, build: F) -> Result<Self>
     where
-        A: DistributionSource + 'static,
+        A: ProbabilisticTensorDictModule + 'static,
         F: FnOnce(&Path) -> Result<A>,
     {
         let op = "KLRewardTransform::new";
@@ -192,9 +172,7 @@ impl KLRewardTransform {
         }
         ref_vs.copy(actor_vs)?;
         ref_vs.freeze();
-        let log_prob_key = reference
-            .log_prob_key()
-            .unwrap_or_else(|| NestedKey::from(DEFAULT_LOG_PROB_KEY));
+        let log_prob_key = reference.log_prob_key();
         Ok(KLRewardTransform {
             reference: Box::new(reference),
             ref_vs,
@@ -212,9 +190,11 @@ impl KLRewardTransform {
     /// The KL coefficient (default 1). Errors when it is not finite.
     pub fn with_coef(mut self, coef: f64) -> Result<Self> {
         if !coef.is_finite() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "KLRewardTransform::with_coef",
-                format!("coef must be finite, got {coef}"),
+                "coef",
+                "finite",
+                coef,
             ));
         }
         self.coef = coef;
@@ -304,7 +284,7 @@ impl KLRewardTransform {
     }
 
     /// The reference policy.
-    pub fn reference(&self) -> &dyn DistributionSource {
+    pub fn reference(&self) -> &dyn ProbabilisticTensorDictModule {
         self.reference.as_ref()
     }
 
@@ -412,17 +392,15 @@ impl KLRewardTransform {
 }
 
 /// The single key of `keys`, or an error naming them.
-fn one_key<K: AsKey>(what: &str, keys: impl IntoIterator<Item = K>) -> Result<NestedKey> {
+fn one_key<K: AsKey>(what: &'static str, keys: impl IntoIterator<Item = K>) -> Result<NestedKey> {
     let keys: Vec<NestedKey> = keys.into_iter().map(|k| k.to_nested_key()).collect();
     match keys.as_slice() {
         [k] => Ok(k.clone()),
-        _ => Err(Error::invalid(
+        _ => Err(Error::config(
             OP,
-            format!(
-                "Only one in_key/out_key is allowed, got {what}={} ({} keys)",
-                fmt_key_list(&keys),
-                keys.len()
-            ),
+            what,
+            "exactly one key (Only one in_key/out_key is allowed)",
+            format!("{} ({} keys)", fmt_key_list(&keys), keys.len()),
         )),
     }
 }
@@ -446,13 +424,15 @@ fn reward_key(specs: &EnvSpecs) -> Result<NestedKey> {
 }
 
 fn missing(td: &TensorDict, key: &NestedKey, what: &str) -> Error {
-    Error::invalid(
-        OP,
-        format!(
-            "the {what} key {key} is not in the data (keys: {})",
-            fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
-        ),
-    )
+    Error::KeyNotFound {
+        op: OP,
+        key: format!("{key} (the {what} key)"),
+        available: td
+            .keys(crate::tensordict::KeysOptions::nested_leaves())
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    }
 }
 
 impl Transform for KLRewardTransform {

@@ -47,7 +47,7 @@
 //! # Ok(()) }
 //! ```
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use super::{
     broadcast_shapes, check_device, check_float, check_sample_shape, finfo_eps, finfo_min,
@@ -129,9 +129,22 @@ fn prepare(
 }
 
 /// The error for a row that keeps no class.
-fn empty_row(op: &'static str, what: &str, bad_rows: &Tensor, batch: &[i64]) -> Result<Error> {
+/// The error for the first row of `bad_rows` when `flags[1]` (any row empty) is set: `what`
+/// is `(masked, unmasked)`, the description for a masked and an unmasked distribution.
+fn check_empty_rows(
+    op: &'static str,
+    flags: &[bool],
+    masked: bool,
+    (with_mask, without): (&str, &str),
+    bad_rows: &Tensor,
+    batch: &[i64],
+) -> Result<()> {
+    if flags.get(1) != Some(&true) {
+        return Ok(());
+    }
+    let what = if masked { with_mask } else { without };
     let row = first_true(bad_rows)?.unwrap_or(0);
-    Ok(Error::invalid(
+    Err(Error::invalid(
         op,
         format!(
             "row {row} (flat index over batch_shape {}) {what}",
@@ -177,14 +190,11 @@ impl Categorical {
                 format!("logits (shape {}) contain NaN or +inf", ShapeFmt(&shape)),
             ));
         }
-        if flags.get(1) == Some(&true) {
-            let what = if mask.is_some() {
-                "allows no class: every class is masked out (or has logit -inf)"
-            } else {
-                "has no finite logit: every logit is -inf"
-            };
-            return Err(empty_row(op, what, &empty, &batch)?);
-        }
+        let what = (
+            "allows no class: every class is masked out (or has logit -inf)",
+            "has no finite logit: every logit is -inf",
+        );
+        check_empty_rows(op, &flags, mask.is_some(), what, &empty, &batch)?;
         let norm = masked.f_sub(&masked.f_logsumexp([-1i64].as_slice(), true)?)?;
         let probs = norm.f_softmax(-1, None::<Kind>)?;
         Ok(Categorical {
@@ -233,14 +243,11 @@ impl Categorical {
                 ),
             ));
         }
-        if flags.get(1) == Some(&true) {
-            let what = if mask.is_some() {
-                "allows no class: its allowed probs sum to 0"
-            } else {
-                "has probs summing to 0"
-            };
-            return Err(empty_row(op, what, &empty, &batch)?);
-        }
+        let what = (
+            "allows no class: its allowed probs sum to 0",
+            "has probs summing to 0",
+        );
+        check_empty_rows(op, &flags, mask.is_some(), what, &empty, &batch)?;
         // torch's Categorical on the masked, renormalised probs: probs kept,
         // logits = ln(clamp_probs(probs)); masked logits then set to -inf.
         let normalised = masked.f_div(&total)?;
@@ -327,25 +334,7 @@ impl Categorical {
 }
 
 impl Distribution for Categorical {
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn batch_shape(&self) -> &[i64] {
-        &self.batch_shape
-    }
-
-    fn event_shape(&self) -> &[i64] {
-        &[]
-    }
-
-    fn kind(&self) -> Kind {
-        self.logits.kind()
-    }
-
-    fn device(&self) -> Device {
-        self.logits.device()
-    }
+    accessors!(any, param: logits, batch: batch_shape, event: []);
 
     /// The log-probability of integer class indices (any integer dtype) whose shape
     /// broadcasts with the batch shape; `-inf` for masked classes. Errors for a non-integer

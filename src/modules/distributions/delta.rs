@@ -27,7 +27,7 @@
 //! # Ok(()) }
 //! ```
 
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use super::{
     cat_shape, check_float, check_sample_shape, float_value, value_batch_shape, Distribution,
@@ -99,21 +99,7 @@ impl Delta {
 }
 
 impl Distribution for Delta {
-    fn batch_shape(&self) -> &[i64] {
-        &self.batch_shape
-    }
-
-    fn event_shape(&self) -> &[i64] {
-        &self.event_shape
-    }
-
-    fn kind(&self) -> Kind {
-        self.param.kind()
-    }
-
-    fn device(&self) -> Device {
-        self.param.device()
-    }
+    accessors!(param: param, batch: batch_shape, event: event_shape);
 
     /// `+inf` where `value` matches `param` on the whole event, `-inf` elsewhere.
     fn log_prob(&self, value: &Tensor) -> Result<Tensor> {

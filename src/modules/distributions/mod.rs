@@ -51,6 +51,62 @@
 
 // Public so that each distribution's module docs (definitions, numerics, deviations from
 // TorchRL) are rendered; the types are re-exported here.
+/// The accessors every built-in distribution writes the same way, inside its
+/// `impl Distribution`: `kind` and `device` from one parameter tensor, `as_any` (with `any`),
+/// and (other arms)
+/// `batch_shape` / `event_shape` from fields, or delegated to an inner distribution.
+macro_rules! accessors {
+    (any, $($rest:tt)*) => {
+        fn as_any(&self) -> Option<&dyn std::any::Any> {
+            Some(self)
+        }
+
+        accessors!($($rest)*);
+    };
+    (param: $p:ident) => {
+        fn kind(&self) -> tch::Kind {
+            self.$p.kind()
+        }
+
+        fn device(&self) -> tch::Device {
+            self.$p.device()
+        }
+    };
+    (param: $p:ident, batch: $b:ident, event: []) => {
+        fn batch_shape(&self) -> &[i64] {
+            &self.$b
+        }
+
+        fn event_shape(&self) -> &[i64] {
+            &[]
+        }
+
+        accessors!(param: $p);
+    };
+    (param: $p:ident, batch: $b:ident, event: $e:ident) => {
+        fn batch_shape(&self) -> &[i64] {
+            &self.$b
+        }
+
+        fn event_shape(&self) -> &[i64] {
+            &self.$e
+        }
+
+        accessors!(param: $p);
+    };
+    (inner: $c:ident, event: $e:ident) => {
+        fn batch_shape(&self) -> &[i64] {
+            self.$c.batch_shape()
+        }
+
+        fn event_shape(&self) -> &[i64] {
+            &self.$e
+        }
+
+        accessors!(param: $c);
+    };
+}
+
 pub mod categorical;
 pub mod delta;
 pub mod kl;

@@ -28,7 +28,7 @@
 //! # Ok(()) }
 //! ```
 
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use super::{
     broadcast_shapes, check_float, check_sample_shape, float_value, read_flags, to_device,
@@ -157,25 +157,7 @@ impl Normal {
 }
 
 impl Distribution for Normal {
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn batch_shape(&self) -> &[i64] {
-        &self.batch_shape
-    }
-
-    fn event_shape(&self) -> &[i64] {
-        &[]
-    }
-
-    fn kind(&self) -> Kind {
-        self.loc.kind()
-    }
-
-    fn device(&self) -> Device {
-        self.loc.device()
-    }
+    accessors!(any, param: loc, batch: batch_shape, event: []);
 
     fn log_prob(&self, value: &Tensor) -> Result<Tensor> {
         let op = "Normal::log_prob";

@@ -35,7 +35,7 @@
 //! # Ok(()) }
 //! ```
 
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use super::categorical::Categorical;
 use super::{check_device, value_batch_shape, Distribution};
@@ -92,25 +92,7 @@ impl OneHotCategorical {
 }
 
 impl Distribution for OneHotCategorical {
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn batch_shape(&self) -> &[i64] {
-        self.cat.batch_shape()
-    }
-
-    fn event_shape(&self) -> &[i64] {
-        &self.event_shape
-    }
-
-    fn kind(&self) -> Kind {
-        self.cat.kind()
-    }
-
-    fn device(&self) -> Device {
-        self.cat.device()
-    }
+    accessors!(any, inner: cat, event: event_shape);
 
     /// The log-probability of the class `argmax(value, -1)`; `value`'s last dim must be `n`
     /// and the dims before it must broadcast with the batch shape.

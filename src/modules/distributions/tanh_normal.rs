@@ -335,13 +335,7 @@ impl Distribution for TanhNormal {
         self.shape.get(self.split()..).unwrap_or(&[])
     }
 
-    fn kind(&self) -> Kind {
-        self.loc.kind()
-    }
-
-    fn device(&self) -> Device {
-        self.loc.device()
-    }
+    accessors!(param: loc);
 
     /// The log-density of `value` (any point, clamped as described in the
     /// [module docs](self)).

@@ -44,6 +44,7 @@ use tch::nn::{Init, Path};
 use tch::Tensor;
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::module::setters;
 use crate::modules::module::{cat_last, TensorModule};
 
 /// An activation function (the `activation_class` of TorchRL's `MLP`), with torch's default
@@ -211,22 +212,13 @@ impl MlpConfig {
         self
     }
 
-    /// Sets the activation.
-    pub fn with_activation(mut self, activation: Activation) -> Self {
-        self.activation = activation;
-        self
-    }
-
-    /// Sets whether the output is activated too.
-    pub fn with_activate_last_layer(mut self, activate: bool) -> Self {
-        self.activate_last_layer = activate;
-        self
-    }
-
-    /// Sets whether the last linear layer has a bias.
-    pub fn with_bias_last_layer(mut self, bias: bool) -> Self {
-        self.bias_last_layer = bias;
-        self
+    setters! {
+        /// Sets the activation.
+        with_activation: activation: Activation;
+        /// Sets whether the output is activated too.
+        with_activate_last_layer: activate_last_layer: bool;
+        /// Sets whether the last linear layer has a bias.
+        with_bias_last_layer: bias_last_layer: bool;
     }
 
     /// The hidden widths, resolved with TorchRL's rules; errors name the conflict.
@@ -259,12 +251,16 @@ impl MlpConfig {
                 v.clone()
             }
         };
-        let dims = std::iter::once(("in_features", self.in_features))
-            .chain(std::iter::once(("out_features", self.out_features)))
-            .chain(widths.iter().map(|w| ("a hidden width", *w)));
-        for (what, d) in dims {
+        let dims = std::iter::once(("in_features", ">= 1", self.in_features))
+            .chain(std::iter::once(("out_features", ">= 1", self.out_features)))
+            .chain(
+                widths
+                    .iter()
+                    .map(|w| ("num_cells", "every hidden width >= 1", *w)),
+            );
+        for (field, expected, d) in dims {
             if d < 1 {
-                return Err(Error::invalid(op, format!("{what} must be >= 1, got {d}")));
+                return Err(Error::config(op, field, expected, d));
             }
         }
         Ok(widths)

@@ -77,9 +77,11 @@ impl<M: TensorModule> ValueOperator<M> {
         let op = "ValueOperator::with_in_keys";
         let in_keys = to_keys(op, keys)?;
         if in_keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 op,
-                "a ValueOperator needs at least one in key",
+                "in_keys",
+                "at least one in key (a ValueOperator reads something)",
+                "[]",
             ));
         }
         let out = if self.explicit_out {

@@ -209,8 +209,22 @@ pub(crate) fn standardize(x: &Tensor) -> Result<Tensor> {
     Ok(x.f_sub(&loc)?.f_div(&scale)?)
 }
 
-fn to_last(t: &Tensor, dim: i64) -> Result<Tensor> {
-    Ok(t.f_movedim_int(dim, -1)?)
+/// Checks that `tensors` share one shape (the first floating-point), resolves `time_dim`
+/// against it, and moves that dim last in each: `(time_dim, tensors)`.
+fn time_last<const N: usize>(
+    op: &'static str,
+    time_dim: i64,
+    tensors: [(&str, &Tensor); N],
+) -> Result<(i64, [Tensor; N])> {
+    let shape = check_same_shape(op, &tensors)?;
+    let d = resolve_dim(op, time_dim, shape.len())?;
+    let moved = tensors
+        .iter()
+        .map(|(_, t)| Ok(t.f_movedim_int(d, -1)?))
+        .collect::<Result<Vec<Tensor>>>()?;
+    let moved = <[Tensor; N]>::try_from(moved)
+        .map_err(|_| Error::invalid(op, "an input was lost while moving the time dim"))?;
+    Ok((d, moved))
 }
 
 fn from_last(t: &Tensor, dim: i64) -> Result<Tensor> {
@@ -245,9 +259,10 @@ pub fn generalized_advantage_estimate(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "generalized_advantage_estimate";
     let terminated = terminated.unwrap_or(done);
-    let shape = check_same_shape(
+    let (d, [v, nv, r, dn, t]) = time_last(
         OP,
-        &[
+        time_dim,
+        [
             ("state_value", state_value),
             ("next_state_value", next_state_value),
             ("reward", reward),
@@ -255,16 +270,7 @@ pub fn generalized_advantage_estimate(
             ("terminated", terminated),
         ],
     )?;
-    let d = resolve_dim(OP, time_dim, shape.len())?;
-    let (adv, target) = gae_time_last(
-        &Gamma::Scalar(gamma),
-        lmbda,
-        &to_last(state_value, d)?,
-        &to_last(next_state_value, d)?,
-        &to_last(reward, d)?,
-        &to_last(done, d)?,
-        &to_last(terminated, d)?,
-    )?;
+    let (adv, target) = gae_time_last(&Gamma::Scalar(gamma), lmbda, &v, &nv, &r, &dn, &t)?;
     Ok((from_last(&adv, d)?, from_last(&target, d)?))
 }
 
@@ -290,24 +296,17 @@ pub fn td_lambda_return_estimate(
 ) -> Result<Tensor> {
     const OP: &str = "td_lambda_return_estimate";
     let terminated = terminated.unwrap_or(done);
-    let shape = check_same_shape(
+    let (d, [nv, r, dn, t]) = time_last(
         OP,
-        &[
+        time_dim,
+        [
             ("next_state_value", next_state_value),
             ("reward", reward),
             ("done", done),
             ("terminated", terminated),
         ],
     )?;
-    let d = resolve_dim(OP, time_dim, shape.len())?;
-    let ret = td_lambda_time_last(
-        &Gamma::Scalar(gamma),
-        lmbda,
-        &to_last(next_state_value, d)?,
-        &to_last(reward, d)?,
-        &to_last(done, d)?,
-        &to_last(terminated, d)?,
-    )?;
+    let ret = td_lambda_time_last(&Gamma::Scalar(gamma), lmbda, &nv, &r, &dn, &t)?;
     from_last(&ret, d)
 }
 

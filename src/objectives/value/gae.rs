@@ -28,6 +28,7 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{gae_time_last, standardize};
 use super::{estimator_builders, Estimate, EstimatorCore};
+use crate::modules::module::setters;
 
 /// Generalized advantage estimation (Schulman et al. 2016), TorchRL's `GAE`.
 ///
@@ -64,10 +65,9 @@ impl Gae {
         })
     }
 
-    /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
-    pub fn with_average_gae(mut self, average_gae: bool) -> Self {
-        self.average_gae = average_gae;
-        self
+    setters! {
+        /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
+        with_average_gae: average_gae: bool;
     }
 
     /// Whether the advantages are standardised.
@@ -77,8 +77,7 @@ impl Gae {
 
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
-        let _guard = (!self.core.differentiable).then(tch::no_grad_guard);
-        let x = self.core.inputs(td)?;
+        let (_guard, x) = self.core.start(td)?;
         let (adv, target) = gae_time_last(
             &x.gamma(self.core.gamma),
             self.core.lmbda,

@@ -51,9 +51,11 @@ use std::fmt;
 use tch::Tensor;
 
 use crate::error::{Error, Result};
-use crate::tensordict::{AsKey, NestedKey, TensorDict};
+use crate::modules::module::{pick_out_key, read_input};
+use crate::modules::TensorDictModule;
+use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 
-use super::common::{set_estimator_keys, AcceptedKeys};
+use super::keys::{set_estimator_keys, AcceptedKeys};
 use functional::{check_same_shape, resolve_dim, Gamma};
 
 pub use gae::Gae;
@@ -132,22 +134,67 @@ pub trait ValueEstimator {
     fn value_estimate(&self, td: &TensorDict) -> Result<Tensor>;
 }
 
-/// The state-value network of an estimator: a function from a `[*B, T]` tensordict to the
-/// values `[*B, T, *F]` (usually `[*B, T, 1]`), with the keys it reads.
+/// The key names a loss forwards to its value estimator (TorchRL's
+/// `_value_estimator_default_keys`).
+pub const VALUE_ESTIMATOR_KEYS: [&str; 6] = [
+    "advantage",
+    "value_target",
+    "value",
+    "reward",
+    "done",
+    "terminated",
+];
+
+/// Forwards a loss's estimator-related keys to its value estimator (TorchRL's
+/// `_forward_value_estimator_keys`).
 ///
-/// It is called twice per estimate: on the tensordict and on its `"next"` sub-tensordict.
+/// Only names in [`VALUE_ESTIMATOR_KEYS`] that the loss's keys define *and* the estimator
+/// accepts are forwarded (TorchRL issue #4371: forwarding a name the estimator does not accept
+/// broke `set_keys`). The loss's current values are sent, so a key the loss just reset to its
+/// default reaches the estimator as that default.
+pub fn forward_value_estimator_keys<K: AcceptedKeys>(
+    keys: &K,
+    estimator: &mut dyn ValueEstimator,
+) -> Result<()> {
+    let pairs: Vec<(&str, Option<NestedKey>)> = VALUE_ESTIMATOR_KEYS
+        .iter()
+        .filter(|name| estimator.accepts_key(name))
+        .filter_map(|name| keys.key(name).map(|k| (*name, Some(k.clone()))))
+        .collect();
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    estimator.set_keys(&pairs)
+}
+
+/// A closure as a state-value [`TensorDictModule`]: a function from a `[*B, T]` tensordict to
+/// the values `[*B, T, *F]` (usually `[*B, T, 1]`), with the keys it reads, written under its
+/// out key (default `"state_value"`). The closure → module bridge for value estimators; any
+/// other [`TensorDictModule`] (a [`ValueOperator`](crate::modules::ValueOperator), a
+/// [`TdModule`](crate::modules::TdModule)) works as well.
+///
+/// An estimator runs it twice per estimate, on the tensordict and on its `"next"`
+/// sub-tensordict, and reads the value under its own `value` key when the network declares
+/// that key, else under the network's only out key.
 ///
 /// ```
+/// use torchrl::modules::TensorDictModule;
 /// use torchrl::objectives::value::ValueNetwork;
 /// use torchrl::TensorDict;
+/// use tch::Tensor;
 /// // V(s) = the sum of the observation's features
 /// let net = ValueNetwork::new(["observation"], |td: &TensorDict| {
 ///     Ok(td.get_or_err("observation")?.f_sum_dim_intlist(-1, true, None::<tch::Kind>)?)
 /// });
 /// assert_eq!(net.in_keys(), &[torchrl::NestedKey::from("observation")]);
+/// let td = TensorDict::new([2])?.with("observation", Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([2, 2]))?;
+/// let td = net.forward(td)?;
+/// assert_eq!(Vec::<f32>::try_from(td.get_or_err("state_value")?.view([-1]))?, vec![3.0, 7.0]);
+/// # Ok::<(), torchrl::Error>(())
 /// ```
 pub struct ValueNetwork {
     in_keys: Vec<NestedKey>,
+    out_key: NestedKey,
     f: Box<ValueFn>,
 }
 
@@ -155,7 +202,7 @@ pub struct ValueNetwork {
 type ValueFn = dyn Fn(&TensorDict) -> Result<Tensor> + Send;
 
 impl ValueNetwork {
-    /// A value network that runs `f` and reads `in_keys`.
+    /// A value network that runs `f`, reads `in_keys` and writes `"state_value"`.
     pub fn new<K, F>(in_keys: impl IntoIterator<Item = K>, f: F) -> Self
     where
         K: Into<NestedKey>,
@@ -163,8 +210,15 @@ impl ValueNetwork {
     {
         ValueNetwork {
             in_keys: in_keys.into_iter().map(Into::into).collect(),
+            out_key: NestedKey::from("state_value"),
             f: Box::new(f),
         }
+    }
+
+    /// Sets the key the value is written under (default `"state_value"`).
+    pub fn with_out_key(mut self, key: impl Into<NestedKey>) -> Self {
+        self.out_key = key.into();
+        self
     }
 
     /// The keys the network reads.
@@ -172,9 +226,25 @@ impl ValueNetwork {
         &self.in_keys
     }
 
-    /// Runs the network on `td`.
+    /// Runs the network on `td` and returns the value (nothing is written).
     pub fn call(&self, td: &TensorDict) -> Result<Tensor> {
         (self.f)(td)
+    }
+}
+
+impl TensorDictModule for ValueNetwork {
+    fn in_keys(&self) -> Vec<NestedKey> {
+        self.in_keys.clone()
+    }
+
+    fn out_keys(&self) -> Vec<NestedKey> {
+        vec![self.out_key.clone()]
+    }
+
+    fn forward(&self, mut td: TensorDict) -> Result<TensorDict> {
+        let value = (self.f)(&td)?;
+        td.set(&self.out_key, value)?;
+        Ok(td)
     }
 }
 
@@ -182,21 +252,40 @@ impl fmt::Debug for ValueNetwork {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ValueNetwork")
             .field("in_keys", &self.in_keys)
+            .field("out_key", &self.out_key)
             .finish_non_exhaustive()
     }
 }
 
 /// What GAE and TD(λ) share: hyper-parameters, keys, the optional value network, and the
 /// reading of a tensordict into time-last tensors.
-#[derive(Debug)]
 pub(crate) struct EstimatorCore {
     pub(crate) name: &'static str,
     pub(crate) gamma: f64,
     pub(crate) lmbda: f64,
     pub(crate) keys: ValueEstimatorKeys,
-    pub(crate) value_network: Option<ValueNetwork>,
+    pub(crate) value_network: Option<Box<dyn TensorDictModule>>,
     pub(crate) differentiable: bool,
     pub(crate) time_dim: Option<i64>,
+}
+
+impl fmt::Debug for EstimatorCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(self.name)
+            .field("gamma", &self.gamma)
+            .field("lmbda", &self.lmbda)
+            .field("keys", &self.keys)
+            .field(
+                "value_network",
+                &self
+                    .value_network
+                    .as_ref()
+                    .map(|n| fmt_key_list(&n.in_keys())),
+            )
+            .field("differentiable", &self.differentiable)
+            .field("time_dim", &self.time_dim)
+            .finish()
+    }
 }
 
 /// An estimate, time dims in place, plus the value entries to write back.
@@ -254,11 +343,11 @@ impl Inputs {
 
 impl EstimatorCore {
     pub(crate) fn new(name: &'static str, gamma: f64, lmbda: f64) -> Result<Self> {
-        if !gamma.is_finite() || !lmbda.is_finite() {
-            return Err(Error::invalid(
-                name,
-                format!("gamma and lmbda must be finite, got gamma={gamma}, lmbda={lmbda}"),
-            ));
+        if !gamma.is_finite() {
+            return Err(Error::config(name, "gamma", "finite", gamma));
+        }
+        if !lmbda.is_finite() {
+            return Err(Error::config(name, "lmbda", "finite", lmbda));
         }
         Ok(EstimatorCore {
             name,
@@ -276,7 +365,7 @@ impl EstimatorCore {
     /// precomputed value entries stand in for the network's keys.
     pub(crate) fn in_keys(&self) -> Vec<NestedKey> {
         let net_keys: Vec<NestedKey> = match &self.value_network {
-            Some(net) => net.in_keys().to_vec(),
+            Some(net) => net.in_keys(),
             None => vec![self.keys.value.clone()],
         };
         let mut keys = net_keys.clone();
@@ -334,8 +423,8 @@ impl EstimatorCore {
                         ),
                     )
                 })?;
-                let value = net.call(td)?;
-                let next_value = net.call(next)?.f_detach()?;
+                let value = self.network_value(net.as_ref(), td)?;
+                let next_value = self.network_value(net.as_ref(), next)?.f_detach()?;
                 Ok((value, next_value))
             }
             None => {
@@ -364,6 +453,28 @@ impl EstimatorCore {
                 Ok((value.shallow_clone(), next_value.shallow_clone()))
             }
         }
+    }
+
+    /// Runs the value network on a shallow copy of `td` and reads its value: under the
+    /// estimator's `value` key when the network declares it, else under its only out key.
+    fn network_value(&self, net: &dyn TensorDictModule, td: &TensorDict) -> Result<Tensor> {
+        let out_keys = net.out_keys();
+        let key = pick_out_key(&out_keys, &[&self.keys.value]).ok_or_else(|| {
+            Error::value(
+                self.name,
+                &self.keys.value,
+                "the value network to declare this key among its out keys, or exactly one out key",
+                format!("out keys {}", fmt_key_list(&out_keys)),
+            )
+        })?;
+        let out = net.forward(td.clone())?;
+        Ok(read_input(self.name, &out, &key)?.shallow_clone())
+    }
+
+    /// The start of every estimate: the no-grad guard (unless differentiable) and the inputs.
+    pub(crate) fn start(&self, td: &TensorDict) -> Result<(Option<tch::NoGradGuard>, Inputs)> {
+        let guard = (!self.differentiable).then(tch::no_grad_guard);
+        Ok((guard, self.inputs(td)?))
     }
 
     /// Reads everything an estimate needs, checks shapes, and moves time last.
@@ -449,9 +560,9 @@ macro_rules! estimator_builders {
             /// are read.
             pub fn with_value_network(
                 mut self,
-                network: $crate::objectives::value::ValueNetwork,
+                network: impl $crate::modules::TensorDictModule + 'static,
             ) -> Self {
-                self.core.value_network = Some(network);
+                self.core.value_network = Some(Box::new(network));
                 self
             }
 
@@ -489,8 +600,8 @@ macro_rules! estimator_builders {
             }
 
             /// The value network, if any.
-            pub fn value_network(&self) -> Option<&$crate::objectives::value::ValueNetwork> {
-                self.core.value_network.as_ref()
+            pub fn value_network(&self) -> Option<&dyn $crate::modules::TensorDictModule> {
+                self.core.value_network.as_deref()
             }
 
             /// Whether gradients flow through the estimate.

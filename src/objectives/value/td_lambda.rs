@@ -25,6 +25,7 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{standardize, td_lambda_time_last};
 use super::{estimator_builders, Estimate, EstimatorCore};
+use crate::modules::module::setters;
 
 /// TD(λ) estimator, TorchRL's `TDLambdaEstimator`.
 ///
@@ -58,11 +59,10 @@ impl TdLambdaEstimator {
         })
     }
 
-    /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
-    /// `false`).
-    pub fn with_average_rewards(mut self, average_rewards: bool) -> Self {
-        self.average_rewards = average_rewards;
-        self
+    setters! {
+        /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
+        /// `false`).
+        with_average_rewards: average_rewards: bool;
     }
 
     /// Whether the rewards are standardised.
@@ -72,8 +72,7 @@ impl TdLambdaEstimator {
 
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
-        let _guard = (!self.core.differentiable).then(tch::no_grad_guard);
-        let x = self.core.inputs(td)?;
+        let (_guard, x) = self.core.start(td)?;
         let reward = if self.average_rewards {
             standardize(&x.reward)?
         } else {
