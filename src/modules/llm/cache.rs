@@ -83,14 +83,14 @@ impl KvCache {
     /// Keeps the rows at `index` (int64, 1-D), in that order.
     pub fn index_select(&mut self, index: &Tensor) -> Result<()> {
         let n = index.size();
-        if n.len() != 1 {
-            return Err(Error::value(
+        let [rows] = <[i64; 1]>::try_from(n.as_slice()).map_err(|_| {
+            Error::value(
                 "KvCache::index_select",
                 "index",
-                "a 1-D int64 tensor of row indices",
-                format!("shape {n:?}"),
-            ));
-        }
+                "1-D row indices",
+                format!("{n:?}"),
+            )
+        })?;
         let mut new = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             new.push(match l {
@@ -100,7 +100,7 @@ impl KvCache {
         }
         self.layers = new;
         if self.rows.is_some() {
-            self.rows = n.first().copied();
+            self.rows = Some(rows);
         }
         Ok(())
     }

@@ -19,6 +19,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::modules::module::setters;
 
 /// The activation of GPT-2's MLP (`activation_function` in `config.json`, `transformers`'
 /// `ACT2FN` names).
@@ -48,6 +49,22 @@ impl Gpt2Activation {
             "quick_gelu" => Gpt2Activation::QuickGelu,
             _ => return None,
         })
+    }
+}
+
+/// `Ok` when `ok`, else the [`Error::InvalidConfig`] naming `field`, what is accepted and what
+/// was given.
+pub(crate) fn require(
+    ok: bool,
+    op: &'static str,
+    field: &'static str,
+    expected: impl Into<String>,
+    got: impl std::fmt::Display,
+) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(op, field, expected, got))
     }
 }
 
@@ -171,59 +188,43 @@ impl Gpt2Config {
         }
     }
 
-    /// Sets the context length.
-    pub fn with_n_positions(mut self, n: i64) -> Self {
-        self.n_positions = n;
-        self
+    setters! {
+        /// Sets the context length.
+        with_n_positions: n_positions: i64;
+        /// Sets the width.
+        with_n_embd: n_embd: i64;
+        /// Sets the number of blocks.
+        with_n_layer: n_layer: i64;
+        /// Sets the number of heads.
+        with_n_head: n_head: i64;
+        /// Sets the layer-norm epsilon.
+        with_layer_norm_epsilon: layer_norm_epsilon: f64;
+        /// Sets the initialisation's standard deviation.
+        with_initializer_range: initializer_range: f64;
     }
-    /// Sets the width.
-    pub fn with_n_embd(mut self, n: i64) -> Self {
-        self.n_embd = n;
-        self
-    }
-    /// Sets the number of blocks.
-    pub fn with_n_layer(mut self, n: i64) -> Self {
-        self.n_layer = n;
-        self
-    }
-    /// Sets the number of heads.
-    pub fn with_n_head(mut self, n: i64) -> Self {
-        self.n_head = n;
-        self
-    }
+
     /// Sets the MLP's hidden width.
     pub fn with_n_inner(mut self, n: i64) -> Self {
         self.n_inner = Some(n);
         self
     }
-    /// Sets the layer-norm epsilon.
-    pub fn with_layer_norm_epsilon(mut self, eps: f64) -> Self {
-        self.layer_norm_epsilon = eps;
-        self
-    }
+
     /// Sets the activation by its `transformers` name.
     pub fn with_activation_function(mut self, name: impl Into<String>) -> Self {
         self.activation_function = name.into();
         self
     }
-    /// Sets the initialisation's standard deviation.
-    pub fn with_initializer_range(mut self, std: f64) -> Self {
-        self.initializer_range = std;
-        self
-    }
-    /// Sets the EOS id.
-    pub fn with_eos_token_id(mut self, id: i64) -> Self {
-        self.eos_token_id = Some(id);
-        self
-    }
-    /// Sets the padding id.
-    pub fn with_pad_token_id(mut self, id: i64) -> Self {
-        self.pad_token_id = Some(id);
-        self
-    }
-    /// Sets the BOS id.
-    pub fn with_bos_token_id(mut self, id: i64) -> Self {
-        self.bos_token_id = Some(id);
+
+    /// Sets the special token ids (`None` leaves one unset).
+    pub fn with_special_tokens(
+        mut self,
+        bos: impl Into<Option<i64>>,
+        eos: impl Into<Option<i64>>,
+        pad: impl Into<Option<i64>>,
+    ) -> Self {
+        self.bos_token_id = bos.into();
+        self.eos_token_id = eos.into();
+        self.pad_token_id = pad.into();
         self
     }
 
@@ -268,50 +269,48 @@ impl Gpt2Config {
             ("n_inner", self.inner_dim()),
         ];
         for (field, v) in positive {
-            if v <= 0 {
-                return Err(Error::config(op, field, "a positive size", v));
-            }
+            require(v > 0, op, field, "a positive size", v)?;
         }
-        if self.n_embd % self.n_head != 0 {
-            return Err(Error::config(
-                op,
-                "n_embd",
-                format!("a multiple of n_head = {}", self.n_head),
-                self.n_embd,
-            ));
-        }
-        if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0) {
-            return Err(Error::config(
-                op,
-                "layer_norm_epsilon",
-                "a finite positive number",
-                self.layer_norm_epsilon,
-            ));
-        }
-        if !(self.initializer_range.is_finite() && self.initializer_range >= 0.0) {
-            return Err(Error::config(
-                op,
-                "initializer_range",
-                "a finite number >= 0",
-                self.initializer_range,
-            ));
-        }
-        if !self.tie_word_embeddings {
-            return Err(Error::config(
-                op,
-                "tie_word_embeddings",
-                "true (GPT-2's LM head is the token embedding)",
-                false,
-            ));
-        }
-        if self.model_type != "gpt2" {
-            return Err(Error::config(
-                op,
-                "model_type",
-                "\"gpt2\"",
-                format!("{:?}", self.model_type),
-            ));
-        }
+        let multiple = format!("a multiple of n_head = {}", self.n_head);
+        require(
+            self.n_embd % self.n_head == 0,
+            op,
+            "n_embd",
+            multiple,
+            self.n_embd,
+        )?;
+        let eps = self.layer_norm_epsilon;
+        require(
+            eps.is_finite() && eps > 0.0,
+            op,
+            "layer_norm_epsilon",
+            "a finite positive number",
+            eps,
+        )?;
+        let std = self.initializer_range;
+        require(
+            std.is_finite() && std >= 0.0,
+            op,
+            "initializer_range",
+            "a finite number >= 0",
+            std,
+        )?;
+        let tied = "true (GPT-2's LM head is the token embedding)";
+        require(
+            self.tie_word_embeddings,
+            op,
+            "tie_word_embeddings",
+            tied,
+            false,
+        )?;
+        let model_type = format!("{:?}", self.model_type);
+        require(
+            self.model_type == "gpt2",
+            op,
+            "model_type",
+            "\"gpt2\"",
+            model_type,
+        )?;
         self.activation().map(|_| ())
     }
 

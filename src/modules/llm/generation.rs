@@ -52,8 +52,10 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::cache::KvCache;
+use super::config::require;
 use super::gpt2::{ForwardOptions, Gpt2Input, Gpt2Model};
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::module::setters;
 use crate::rng::Generator;
 
 /// How to generate (`transformers`' `GenerationConfig` names and defaults: greedy, 20 new
@@ -122,36 +124,25 @@ impl GenerationConfig {
             .with_top_k(0)
     }
 
-    /// Sets `min_new_tokens`.
-    pub fn with_min_new_tokens(mut self, n: i64) -> Self {
-        self.min_new_tokens = n;
-        self
+    setters! {
+        /// Sets `min_new_tokens`.
+        with_min_new_tokens: min_new_tokens: i64;
+        /// Sets `do_sample`.
+        with_do_sample: do_sample: bool;
+        /// Sets the temperature.
+        with_temperature: temperature: f64;
+        /// Sets top-k (0 disables it).
+        with_top_k: top_k: i64;
+        /// Sets top-p (1 disables it).
+        with_top_p: top_p: f64;
     }
-    /// Sets `do_sample`.
-    pub fn with_do_sample(mut self, sample: bool) -> Self {
-        self.do_sample = sample;
-        self
-    }
-    /// Sets the temperature.
-    pub fn with_temperature(mut self, t: f64) -> Self {
-        self.temperature = t;
-        self
-    }
-    /// Sets top-k (0 disables it).
-    pub fn with_top_k(mut self, k: i64) -> Self {
-        self.top_k = k;
-        self
-    }
-    /// Sets top-p (1 disables it).
-    pub fn with_top_p(mut self, p: f64) -> Self {
-        self.top_p = p;
-        self
-    }
+
     /// Sets the EOS id.
     pub fn with_eos_token_id(mut self, id: i64) -> Self {
         self.eos_token_id = Some(id);
         self
     }
+
     /// Sets the pad id.
     pub fn with_pad_token_id(mut self, id: i64) -> Self {
         self.pad_token_id = Some(id);
@@ -166,54 +157,35 @@ impl GenerationConfig {
     /// Checks the fields on their own and against a vocabulary of `vocab` tokens.
     pub fn validate(&self, vocab: i64) -> Result<()> {
         let op = "GenerationConfig";
-        if self.max_new_tokens < 0 {
-            return Err(Error::config(
-                op,
-                "max_new_tokens",
-                ">= 0",
-                self.max_new_tokens,
-            ));
-        }
-        if !(0..=self.max_new_tokens).contains(&self.min_new_tokens) {
-            return Err(Error::config(
-                op,
-                "min_new_tokens",
-                format!("in [0, max_new_tokens = {}]", self.max_new_tokens),
-                self.min_new_tokens,
-            ));
-        }
-        if !(self.temperature.is_finite() && self.temperature > 0.0) {
-            return Err(Error::config(
-                op,
-                "temperature",
-                "a finite number > 0 (greedy decoding is do_sample = false)",
-                self.temperature,
-            ));
-        }
-        if self.top_k < 0 {
-            return Err(Error::config(
-                op,
-                "top_k",
-                ">= 0 (0 disables it)",
-                self.top_k,
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(Error::config(op, "top_p", "in (0, 1]", self.top_p));
-        }
+        let (max_new, min_new) = (self.max_new_tokens, self.min_new_tokens);
+        require(max_new >= 0, op, "max_new_tokens", ">= 0", max_new)?;
+        let range = format!("in [0, max_new_tokens = {max_new}]");
+        require(
+            (0..=max_new).contains(&min_new),
+            op,
+            "min_new_tokens",
+            range,
+            min_new,
+        )?;
+        let t = self.temperature;
+        let positive = "a finite number > 0 (greedy decoding is do_sample = false)";
+        require(t.is_finite() && t > 0.0, op, "temperature", positive, t)?;
+        require(
+            self.top_k >= 0,
+            op,
+            "top_k",
+            ">= 0 (0 disables it)",
+            self.top_k,
+        )?;
+        let p = self.top_p;
+        require(p > 0.0 && p <= 1.0, op, "top_p", "in (0, 1]", p)?;
         for (field, id) in [
             ("eos_token_id", self.eos_token_id),
             ("pad_token_id", self.pad_token_id),
         ] {
             if let Some(id) = id {
-                if !(0..vocab).contains(&id) {
-                    return Err(Error::config(
-                        op,
-                        field,
-                        format!("a token id in [0, {vocab})"),
-                        id,
-                    ));
-                }
+                let ids = format!("a token id in [0, {vocab})");
+                require((0..vocab).contains(&id), op, field, ids, id)?;
             }
         }
         Ok(())
@@ -307,15 +279,7 @@ pub fn generate_with(
     let op = "generate";
     let vocab = model.config().vocab_size;
     config.validate(vocab)?;
-    let size = prompt.size();
-    let [b, p] = <[i64; 2]>::try_from(size.as_slice()).map_err(|_| {
-        Error::value(
-            op,
-            "prompt",
-            "shape [batch, prompt_len]",
-            ShapeFmt(&size).to_string(),
-        )
-    })?;
+    let [b, p] = super::gpt2::dims2(op, "prompt", prompt, "[batch, prompt_len]")?;
     if p == 0 {
         return Err(Error::value(
             op,

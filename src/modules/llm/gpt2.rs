@@ -64,6 +64,19 @@ pub(crate) fn mask_value(kind: Kind) -> f64 {
     }
 }
 
+/// The two dims of a `[batch, time]`-shaped tensor, or an error naming `key` and `expected`.
+pub(crate) fn dims2(op: &'static str, key: &str, t: &Tensor, expected: &str) -> Result<[i64; 2]> {
+    let size = t.size();
+    <[i64; 2]>::try_from(size.as_slice()).map_err(|_| {
+        Error::value(
+            op,
+            key,
+            format!("shape {expected}"),
+            ShapeFmt(&size).to_string(),
+        )
+    })
+}
+
 /// A layer norm's affine parameters.
 #[derive(Debug)]
 pub(crate) struct LayerNorm {
@@ -205,21 +218,22 @@ impl Block {
     }
 
     /// `(name, parameter)` pairs, names relative to the block (`"attn.c_attn.weight"`, …).
-    pub(crate) fn named_parameters(&self) -> Vec<(&'static str, &Tensor)> {
-        vec![
-            ("ln_1.weight", &self.ln_1.weight),
-            ("ln_1.bias", &self.ln_1.bias),
-            ("attn.c_attn.weight", &self.c_attn.weight),
-            ("attn.c_attn.bias", &self.c_attn.bias),
-            ("attn.c_proj.weight", &self.attn_proj.weight),
-            ("attn.c_proj.bias", &self.attn_proj.bias),
-            ("ln_2.weight", &self.ln_2.weight),
-            ("ln_2.bias", &self.ln_2.bias),
-            ("mlp.c_fc.weight", &self.c_fc.weight),
-            ("mlp.c_fc.bias", &self.c_fc.bias),
-            ("mlp.c_proj.weight", &self.mlp_proj.weight),
-            ("mlp.c_proj.bias", &self.mlp_proj.bias),
-        ]
+    pub(crate) fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let layers: [(&str, [&Tensor; 2]); 6] = [
+            ("ln_1", [&self.ln_1.weight, &self.ln_1.bias]),
+            ("attn.c_attn", [&self.c_attn.weight, &self.c_attn.bias]),
+            (
+                "attn.c_proj",
+                [&self.attn_proj.weight, &self.attn_proj.bias],
+            ),
+            ("ln_2", [&self.ln_2.weight, &self.ln_2.bias]),
+            ("mlp.c_fc", [&self.c_fc.weight, &self.c_fc.bias]),
+            ("mlp.c_proj", [&self.mlp_proj.weight, &self.mlp_proj.bias]),
+        ];
+        layers
+            .into_iter()
+            .flat_map(|(name, [w, b])| [(format!("{name}.weight"), w), (format!("{name}.bias"), b)])
+            .collect()
     }
 
     fn activate(&self, x: &Tensor) -> Result<Tensor> {
@@ -522,21 +536,14 @@ impl Gpt2Model {
     fn check_input(&self, input: &Gpt2Input<'_>, cache: Option<&KvCache>) -> Result<()> {
         let op = "Gpt2Model::forward";
         let ids = input.input_ids;
-        let size = ids.size();
-        let [b, t] = <[i64; 2]>::try_from(size.as_slice()).map_err(|_| {
-            Error::value(
-                op,
-                "input_ids",
-                "shape [batch, time]",
-                ShapeFmt(&size).to_string(),
-            )
-        })?;
+        let [b, t] = dims2(op, "input_ids", ids, "[batch, time]")?;
         if ids.kind() != Kind::Int64 {
+            let (key, expected, actual) = ("input_ids".to_string(), Kind::Int64, ids.kind());
             return Err(Error::DtypeMismatch {
                 op,
-                key: "input_ids".into(),
-                expected: Kind::Int64,
-                actual: ids.kind(),
+                key,
+                expected,
+                actual,
             });
         }
         if b * t > 0 {

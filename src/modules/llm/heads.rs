@@ -82,6 +82,13 @@ pub struct LlmKeys {
     pub states_ixs: NestedKey,
 }
 
+impl LlmKeys {
+    /// The token ids and the attention mask: what every head reads.
+    pub fn token_inputs(&self) -> Vec<NestedKey> {
+        vec![self.input_ids.clone(), self.attention_mask.clone()]
+    }
+}
+
 impl Default for LlmKeys {
     fn default() -> Self {
         LlmKeys {
@@ -143,6 +150,59 @@ pub fn token_log_probs(logits: &Tensor, tokens: &Tensor, mask: Option<&Tensor>) 
         None => Ok(lp),
     }
 }
+
+/// The parts every trunk-plus-head wrapper shares: `Debug`, the key and trunk accessors, and
+/// (with `new`) a random-init constructor that builds the trunk and calls `from_model`.
+macro_rules! trunk_wrapper {
+    ($ty:ident) => {
+        impl fmt::Debug for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("model", &self.model)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $ty {
+            /// Replaces the tensordict keys.
+            pub fn with_keys(mut self, keys: LlmKeys) -> Self {
+                self.keys = keys;
+                self
+            }
+
+            /// The tensordict keys.
+            pub fn keys(&self) -> &LlmKeys {
+                &self.keys
+            }
+
+            /// The trunk.
+            pub fn model(&self) -> &Gpt2Model {
+                &self.model
+            }
+        }
+    };
+    ($ty:ident, new: $doc:literal) => {
+        trunk_wrapper!($ty);
+
+        impl $ty {
+            #[doc = $doc]
+            pub fn new(path: &Path<'_>, config: &Gpt2Config) -> Result<Self> {
+                let model = Gpt2Model::new(path, config)?;
+                Self::from_model(path, model)
+            }
+        }
+    };
+}
+
+trunk_wrapper!(
+    CausalLmWithValueHead,
+    new: "A random model and value head under `path` (`transformer.*`, `v_head.*`)."
+);
+trunk_wrapper!(CausalLmWithIlqlHeads);
+trunk_wrapper!(
+    Gpt2ScoreModel,
+    new: "A random trunk and score head under `path` (`transformer.*`, `score.weight`)."
+);
 
 // ------------------------------------------------------------------ make_head
 
@@ -272,22 +332,7 @@ pub struct CausalLmWithValueHead {
     keys: LlmKeys,
 }
 
-impl fmt::Debug for CausalLmWithValueHead {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CausalLmWithValueHead")
-            .field("model", &self.model)
-            .field("v_head", &self.v_head)
-            .finish()
-    }
-}
-
 impl CausalLmWithValueHead {
-    /// A random model and value head under `path` (`transformer.*`, `v_head.*`).
-    pub fn new(path: &Path<'_>, config: &Gpt2Config) -> Result<Self> {
-        let model = Gpt2Model::new(path, config)?;
-        Self::from_model(path, model)
-    }
-
     /// A value head under `path` (`v_head.*`) on an existing model (e.g. loaded with
     /// [`Gpt2Model::from_pretrained`] under the same path).
     pub fn from_model(path: &Path<'_>, model: Gpt2Model) -> Result<Self> {
@@ -297,22 +342,6 @@ impl CausalLmWithValueHead {
             v_head,
             keys: LlmKeys::default(),
         })
-    }
-
-    /// Replaces the tensordict keys.
-    pub fn with_keys(mut self, keys: LlmKeys) -> Self {
-        self.keys = keys;
-        self
-    }
-
-    /// The keys.
-    pub fn keys(&self) -> &LlmKeys {
-        &self.keys
-    }
-
-    /// The trunk.
-    pub fn model(&self) -> &Gpt2Model {
-        &self.model
     }
 
     /// The value head.
@@ -340,10 +369,7 @@ impl CausalLmWithValueHead {
 
 impl TensorDictModule for CausalLmWithValueHead {
     fn in_keys(&self) -> Vec<NestedKey> {
-        vec![
-            self.keys.input_ids.clone(),
-            self.keys.attention_mask.clone(),
-        ]
+        self.keys.token_inputs()
     }
 
     fn out_keys(&self) -> Vec<NestedKey> {
@@ -385,10 +411,8 @@ pub struct ModelBranch {
 
 impl fmt::Debug for ModelBranch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ModelBranch")
-            .field("start_block", &self.start)
-            .field("blocks", &self.blocks.len())
-            .finish()
+        let (start, n) = (self.start, self.blocks.len());
+        write!(f, "ModelBranch(start_block={start}, blocks={n})")
     }
 }
 
@@ -708,13 +732,14 @@ impl TensorDictModule for CausalLmWithHydraValueHead {
 /// `hs` `[B, T, H]` gathered at `ixs` `[B, N]` → `[B, N, H]` (trlX's `batched_index_select`).
 pub fn batched_index_select(hs: &Tensor, ixs: &Tensor) -> Result<Tensor> {
     let (b, t, h) = hs.size3()?;
-    let size = ixs.size();
-    if size.len() != 2 || size.first() != Some(&b) {
+    let expected = format!("[{b}, N] (positions < {t})");
+    let [rows, _] = super::gpt2::dims2("batched_index_select", "ixs", ixs, &expected)?;
+    if rows != b {
         return Err(Error::value(
             "batched_index_select",
             "ixs",
-            format!("shape [{b}, N] (int64 positions < {t})"),
-            format!("shape {size:?}"),
+            format!("shape {expected}"),
+            format!("{rows} rows"),
         ));
     }
     let idx = ixs
@@ -878,15 +903,6 @@ pub struct CausalLmWithIlqlHeads {
     keys: LlmKeys,
 }
 
-impl fmt::Debug for CausalLmWithIlqlHeads {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CausalLmWithIlqlHeads")
-            .field("model", &self.model)
-            .field("heads", &self.heads)
-            .finish()
-    }
-}
-
 impl CausalLmWithIlqlHeads {
     /// ILQL heads under `path` (`ilql_heads.*`) on `model`.
     pub fn from_model(path: &Path<'_>, model: Gpt2Model, two_qs: bool, alpha: f64) -> Result<Self> {
@@ -903,17 +919,6 @@ impl CausalLmWithIlqlHeads {
             heads,
             keys: LlmKeys::default(),
         })
-    }
-
-    /// Replaces the tensordict keys.
-    pub fn with_keys(mut self, keys: LlmKeys) -> Self {
-        self.keys = keys;
-        self
-    }
-
-    /// The trunk.
-    pub fn model(&self) -> &Gpt2Model {
-        &self.model
     }
 
     /// The heads.
@@ -1002,21 +1007,7 @@ pub struct Gpt2ScoreModel {
     keys: LlmKeys,
 }
 
-impl fmt::Debug for Gpt2ScoreModel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Gpt2ScoreModel")
-            .field("model", &self.model)
-            .finish()
-    }
-}
-
 impl Gpt2ScoreModel {
-    /// A random trunk and score head under `path` (`transformer.*`, `score.weight`).
-    pub fn new(path: &Path<'_>, config: &Gpt2Config) -> Result<Self> {
-        let model = Gpt2Model::new(path, config)?;
-        Self::from_model(path, model)
-    }
-
     /// A score head under `path` on `model` (normal init with `initializer_range` std).
     pub fn from_model(path: &Path<'_>, model: Gpt2Model) -> Result<Self> {
         let std = model.config().initializer_range;
@@ -1050,22 +1041,11 @@ impl Gpt2ScoreModel {
 
     /// Writes `config.json` and `model.safetensors` (the trunk's and `score.weight`).
     pub fn save_pretrained(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        let op = "Gpt2ScoreModel::save_pretrained";
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            op,
-            path: dir.display().to_string(),
-            source,
-        })?;
-        super::weights::write_tensors(
-            op,
-            &dir.join(super::weights::WEIGHTS_FILE),
+        super::weights::save_folder(
+            "Gpt2ScoreModel::save_pretrained",
+            dir.as_ref(),
+            self.model.config(),
             &self.named_parameters(),
-        )?;
-        super::weights::write_text(
-            op,
-            &dir.join(super::weights::CONFIG_FILE),
-            &self.model.config().to_json_string()?,
         )
     }
 
@@ -1074,17 +1054,6 @@ impl Gpt2ScoreModel {
         let mut out = self.model.named_parameters();
         out.push(("score.weight".to_string(), &self.score));
         out
-    }
-
-    /// Replaces the tensordict keys.
-    pub fn with_keys(mut self, keys: LlmKeys) -> Self {
-        self.keys = keys;
-        self
-    }
-
-    /// The trunk.
-    pub fn model(&self) -> &Gpt2Model {
-        &self.model
     }
 
     /// One score per row, `[B]`, read at the last token whose mask is 1.
@@ -1109,10 +1078,7 @@ impl Gpt2ScoreModel {
 
 impl TensorDictModule for Gpt2ScoreModel {
     fn in_keys(&self) -> Vec<NestedKey> {
-        vec![
-            self.keys.input_ids.clone(),
-            self.keys.attention_mask.clone(),
-        ]
+        self.keys.token_inputs()
     }
 
     fn out_keys(&self) -> Vec<NestedKey> {

@@ -146,15 +146,8 @@ pub trait TextTokenizer: Send {
         mask: Option<&Tensor>,
         special: SpecialTokens,
     ) -> Result<Vec<String>> {
+        super::gpt2::dims2("batch_decode", "ids", ids, "[batch, time]")?;
         let size = ids.size();
-        if size.len() != 2 {
-            return Err(Error::value(
-                "batch_decode",
-                "ids",
-                "shape [batch, time]",
-                format!("shape {size:?}"),
-            ));
-        }
         let rows: Vec<Vec<i64>> =
             Vec::<Vec<i64>>::try_from(&ids.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?)?;
         let masks: Option<Vec<Vec<i64>>> = match mask {

@@ -211,6 +211,23 @@ pub(crate) fn write_tensors(
     })
 }
 
+/// Writes a model folder: `config.json` and `model.safetensors` with `params`, atomically per
+/// file, creating `dir` if needed.
+pub(crate) fn save_folder(
+    op: &'static str,
+    dir: &FsPath,
+    config: &Gpt2Config,
+    params: &[(String, &Tensor)],
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        op,
+        path: dir.display().to_string(),
+        source,
+    })?;
+    write_tensors(op, &dir.join(WEIGHTS_FILE), params)?;
+    write_text(op, &dir.join(CONFIG_FILE), &config.to_json_string()?)
+}
+
 /// Writes `text` to `file` through a temporary file and a rename.
 pub(crate) fn write_text(op: &'static str, file: &FsPath, text: &str) -> Result<()> {
     let tmp = file.with_extension("json.tmp");
@@ -254,14 +271,11 @@ impl Gpt2Model {
     /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), in the
     /// layout `transformers`' `GPT2LMHeadModel.from_pretrained` reads.
     pub fn save_pretrained(&self, dir: impl AsRef<FsPath>) -> Result<()> {
-        let op = "Gpt2Model::save_pretrained";
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            op,
-            path: dir.display().to_string(),
-            source,
-        })?;
-        write_tensors(op, &dir.join(WEIGHTS_FILE), &self.named_parameters())?;
-        write_text(op, &dir.join(CONFIG_FILE), &self.config().to_json_string()?)
+        save_folder(
+            "Gpt2Model::save_pretrained",
+            dir.as_ref(),
+            self.config(),
+            &self.named_parameters(),
+        )
     }
 }
