@@ -315,12 +315,18 @@ pub fn generate_with(
     };
     let mut cache = KvCache::new(model.config());
     let logits_only = ForwardOptions::default();
+    // The prompt pass needs the logits of its last position only (transformers'
+    // `logits_to_keep=1`): the LM head runs on one position, not P.
+    let hidden_only = ForwardOptions {
+        logits: false,
+        capture_block_input: None,
+    };
     let first = model.forward_with(
         &Gpt2Input::new(&prompt).with_attention_mask(&mask),
         Some(&mut cache),
-        logits_only,
+        hidden_only,
     )?;
-    let mut last_logits = first.logits()?.f_select(1, p - 1)?;
+    let mut last_logits = model.lm_head(&first.last_hidden.f_select(1, p - 1)?)?;
     let mut positions = super::gpt2::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
     let mut last_token = prompt.f_select(1, p - 1)?;
 
