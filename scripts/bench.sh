@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: runs the Rust benches and TorchRL's Python baseline in one go and
+# Side-by-side benchmark: runs the Rust benches and the Python baselines (TorchRL, transformers) in
+# one go and
 # prints a table of ops/s and ratios (Rust / Python). Needs the cached Python environment with
 # torchrl (scripts/setup.sh with TORCHRL_WITH_PYTHON_REFS=1 installs it).
 set -euo pipefail
@@ -12,6 +13,7 @@ for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//'); do
   cargo bench --quiet --bench "$b" 2>/dev/null | grep -P '^W\w+\t' >> "$rust_out"
 done
 "$PY" benches/python/torchrl_baseline.py > "$py_out"
+"$PY" benches/python/gpt2_baseline.py 2>/dev/null >> "$py_out"
 printf '%-34s %14s %14s %9s\n' workload "rust ops/s" "torchrl ops/s" ratio
 while IFS=$'\t' read -r name rust; do
   py=$(awk -F'\t' -v n="$name" '$1==n {print $2}' "$py_out")

@@ -2,8 +2,8 @@
 # Provisions libtorch (the PyPI wheel torch==2.13.0, which tch 0.26 expects) into a cached Python
 # environment outside the clone, and points cargo at it through .cargo/config.toml.
 # Idempotent: a present, version-checked environment is reused.
-# With TORCHRL_WITH_PYTHON_REFS=1 it also installs torchrl/tensordict/gymnasium (for specs/record.py
-# and the Python half of the benchmarks); tests never need them.
+# With TORCHRL_WITH_PYTHON_REFS=1 it also installs torchrl/tensordict/gymnasium and transformers /
+# tokenizers (for specs/record*.py and the Python half of the benchmarks); tests never need them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}"
@@ -19,8 +19,9 @@ if ! have_torch; then
   have_torch || { echo "[setup] torch $TORCH_VERSION did not install correctly" >&2; exit 1; }
 fi
 if [ "${TORCHRL_WITH_PYTHON_REFS:-0}" = "1" ]; then
-  "$PY" -c "import torchrl, tensordict, gymnasium" 2>/dev/null || \
-    "$PY" -m pip install -q --disable-pip-version-check torchrl==0.14.1 tensordict gymnasium numpy
+  "$PY" -c "import torchrl, tensordict, gymnasium, transformers, tokenizers" 2>/dev/null || \
+    "$PY" -m pip install -q --disable-pip-version-check torchrl==0.14.1 tensordict gymnasium numpy \
+      transformers==5.24.0 tokenizers safetensors
 fi
 TORCH_DIR=$("$PY" -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
 mkdir -p .cargo
