@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: runs the Rust benches and the Python baselines (TorchRL, transformers) in
-# one go and
-# prints a table of ops/s and ratios (Rust / Python). Needs the cached Python environment with
-# torchrl (scripts/setup.sh with TORCHRL_WITH_PYTHON_REFS=1 installs it).
+# one go and prints a table of ops/s and ratios (Rust / Python). Needs the cached Python
+# environment with torchrl and transformers (scripts/setup.sh with TORCHRL_WITH_PYTHON_REFS=1
+# installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCHRL_WITH_PYTHON_REFS=1 ./scripts/setup.sh
