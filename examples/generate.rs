@@ -5,13 +5,14 @@
 //!
 //! ```sh
 //! cargo run --release --example generate
-//! cargo run --release --example generate -- --model specs/gpt2/tiny_v101 --greedy --max-new-tokens 8
 //! cargo run --release --example generate -- --tokenizer specs/tokenizer/tokenizer.json --prompt "the cat"
+//! cargo run --release --example generate -- --model path/to/gpt2 --tokenizer path/to/gpt2/tokenizer.json --greedy
 //! ```
 //!
 //! Options: `--model DIR`, `--tokenizer tokenizer.json` (default: bytes), `--prompt TEXT`
 //! (repeatable), `--batch N` (copies of the prompts), `--max-new-tokens N`, `--greedy`,
-//! `--temperature T`, `--top-k K`, `--top-p P`, `--seed S`.
+//! `--temperature T`, `--top-k K`, `--top-p P`, `--seed S`. The tokenizer must fit the model's
+//! vocabulary (a prompt id outside it is an error that names the id and the vocabulary).
 
 use std::time::Instant;
 
@@ -23,32 +24,49 @@ use torchrl::modules::llm::{
 };
 use torchrl::{Error, Generator};
 
-struct Args {
-    model: Option<String>,
-    tokenizer: Option<String>,
-    prompts: Vec<String>,
-    batch: usize,
-    max_new_tokens: i64,
-    greedy: bool,
-    temperature: f64,
-    top_k: i64,
-    top_p: f64,
-    seed: u64,
+/// The example's options (see the module docs).
+pub struct Args {
+    /// A `transformers` checkpoint folder; `None`: a random model.
+    pub model: Option<String>,
+    /// A `tokenizer.json`; `None`: the byte tokenizer.
+    pub tokenizer: Option<String>,
+    /// The prompts; empty: two default prompts.
+    pub prompts: Vec<String>,
+    /// Copies of the prompts in the batch.
+    pub batch: usize,
+    /// New tokens per row.
+    pub max_new_tokens: i64,
+    /// Greedy decoding instead of sampling.
+    pub greedy: bool,
+    /// Sampling temperature.
+    pub temperature: f64,
+    /// Top-k (0: off).
+    pub top_k: i64,
+    /// Top-p (1: off).
+    pub top_p: f64,
+    /// Seed of the weights and of sampling.
+    pub seed: u64,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            model: None,
+            tokenizer: None,
+            prompts: Vec::new(),
+            batch: 1,
+            max_new_tokens: 32,
+            greedy: false,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        model: None,
-        tokenizer: None,
-        prompts: Vec::new(),
-        batch: 1,
-        max_new_tokens: 32,
-        greedy: false,
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-    };
+    let mut a = Args::default();
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -74,10 +92,17 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown option {other} (see the example's docs)")),
         }
     }
-    if a.prompts.is_empty() {
-        a.prompts = vec!["The policy".into(), "A value head".into()];
-    }
     Ok(a)
+}
+
+/// What a run produced.
+pub struct Summary {
+    /// Prompt and continuation, per row.
+    pub texts: Vec<(String, String)>,
+    /// Tokens generated (response-mask ones).
+    pub n_tokens: i64,
+    /// Generation speed.
+    pub tokens_per_s: f64,
 }
 
 fn main() -> torchrl::Result<()> {
@@ -85,6 +110,19 @@ fn main() -> torchrl::Result<()> {
         op: "examples/generate",
         message: m,
     })?;
+    let summary = run(&args)?;
+    for (prompt, response) in &summary.texts {
+        println!("{prompt:?} -> {response:?}");
+    }
+    println!(
+        "{} tokens generated: {:.0} tokens/s",
+        summary.n_tokens, summary.tokens_per_s
+    );
+    Ok(())
+}
+
+/// Builds or loads the model and tokenizer, generates, and returns the texts and the speed.
+pub fn run(args: &Args) -> torchrl::Result<Summary> {
     tch::manual_seed(args.seed as i64);
     let tokenizer: Box<dyn TextTokenizer> = match &args.tokenizer {
         Some(path) => Box::new(HfTokenizer::from_file(path)?),
@@ -110,12 +148,17 @@ fn main() -> torchrl::Result<()> {
         model.num_parameters() as f64 / 1e6,
         model.device()
     );
-    let texts: Vec<&str> = args
-        .prompts
+    let defaults = vec!["The policy".to_string(), "A value head".to_string()];
+    let prompts = if args.prompts.is_empty() {
+        &defaults
+    } else {
+        &args.prompts
+    };
+    let texts: Vec<&str> = prompts
         .iter()
         .map(String::as_str)
         .cycle()
-        .take(args.prompts.len() * args.batch.max(1))
+        .take(prompts.len() * args.batch.max(1))
         .collect();
     let batch = tokenizer.batch_encode(&texts, &BatchEncodeOptions::default())?;
     let mut cfg = GenerationConfig::new(args.max_new_tokens)
@@ -142,13 +185,9 @@ fn main() -> torchrl::Result<()> {
     let n_tokens = i64::try_from(out.response_mask.sum(tch::Kind::Int64))?;
     let responses =
         tokenizer.batch_decode(&out.response, Some(&out.response_mask), SpecialTokens::Skip)?;
-    for (prompt, response) in texts.iter().zip(&responses) {
-        println!("{prompt:?} -> {response:?}");
-    }
-    println!(
-        "{n_tokens} tokens in {:.3} s: {:.0} tokens/s",
-        secs,
-        n_tokens as f64 / secs
-    );
-    Ok(())
+    Ok(Summary {
+        texts: texts.iter().map(|t| t.to_string()).zip(responses).collect(),
+        n_tokens,
+        tokens_per_s: n_tokens as f64 / secs,
+    })
 }

@@ -601,3 +601,36 @@ fn hf_tokenizer_matches_recorded_ids() {
     );
     assert_eq!(bt.encode("é").unwrap(), vec![0xc3, 0xa9]);
 }
+
+#[allow(dead_code)]
+#[path = "../examples/generate.rs"]
+mod generate_example;
+
+#[test]
+fn generate_example_runs_on_a_checkpoint_and_on_a_random_model() {
+    // the recorded checkpoint, greedy: the continuation is transformers' greedy continuation
+    let args = generate_example::Args {
+        model: Some(model_dir("tiny_v101").display().to_string()),
+        tokenizer: None,
+        prompts: vec![],
+        batch: 1,
+        max_new_tokens: 4,
+        greedy: true,
+        ..Default::default()
+    };
+    // the byte tokenizer's ids (up to 258) exceed this model's vocabulary (101): a clear error
+    let err = generate_example::run(&args)
+        .err()
+        .expect("out-of-vocabulary prompt");
+    assert!(err.to_string().contains("[0, 101)"), "{err}");
+    // a random model over the byte tokenizer
+    let args = generate_example::Args {
+        max_new_tokens: 5,
+        batch: 2,
+        ..Default::default()
+    };
+    let summary = generate_example::run(&args).unwrap();
+    assert_eq!(summary.texts.len(), 4);
+    assert!(summary.n_tokens > 0 && summary.n_tokens <= 20);
+    assert!(summary.tokens_per_s > 0.0);
+}
