@@ -91,29 +91,13 @@ use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
 use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
+pub use super::probabilistic::ExplorationType;
 use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::module::setters;
 use crate::rng::Generator;
 use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
-
-// ------------------------------------------------------------------ exploration
-
-/// How an actor turns a distribution into an action (TorchRL's `ExplorationType` /
-/// `InteractionType`); see the [module docs](self).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ExplorationType {
-    /// A (reparameterised when possible) sample.
-    Random,
-    /// `deterministic_sample()` (TorchRL's default for a `ProbabilisticActor`).
-    #[default]
-    Deterministic,
-    /// `mode()`.
-    Mode,
-    /// `mean()`, or a Monte-Carlo mean where it has no closed form.
-    Mean,
-}
 
 // ------------------------------------------------------------------ distribution builders
 

@@ -38,8 +38,6 @@ use smallvec::SmallVec;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
-// The host helpers' old home: `crate::tensordict::host::HostOut` still names them.
-pub(crate) use crate::host;
 pub(crate) use crate::host::ffi::leading_dims_are;
 pub(crate) use crate::host::Elements;
 pub use index::BatchIndex;

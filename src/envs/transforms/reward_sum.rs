@@ -42,7 +42,7 @@ use super::{key_setters, not_attached, setters, Transform};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ helpers shared by the
 // reward & episode transforms (step_counter, init_tracker, tensordict_primer)
@@ -570,8 +570,8 @@ impl Transform for RewardSum {
                 }
                 (Some(prev), None) => prev.f_zeros_like()?,
                 (None, _) => match s.spec.zero(&[])? {
-                    crate::Entry::Tensor(t) => t,
-                    crate::Entry::Dict(_) => {
+                    Entry::Tensor(t) => t,
+                    Entry::Dict(_) => {
                         return Err(Error::value(
                             "RewardSum::reset",
                             &s.input,
