@@ -44,6 +44,7 @@ use std::collections::BTreeMap;
 use common::*;
 use tch::{Kind, Tensor};
 use torchrl::specs::{stack_specs, Bounded, TensorSpec};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Entry, Error, Generator, NestedKey};
 
 const CASES_FILE: &str = "spec_cases.json";
@@ -307,10 +308,10 @@ fn run(case: &Case) -> Result<Outcome, RunError> {
             }))
         }
         "eq" => Outcome::Bool(spec == spec_arg(case, "other")?),
-        "keys" => Outcome::Keys(composite(&spec, op)?.keys(
-            bool_arg(case, "include_nested")?,
-            bool_arg(case, "leaves_only")?,
-        )),
+        "keys" => Outcome::Keys(composite(&spec, op)?.keys(KeysOptions {
+            nested: bool_arg(case, "include_nested")?,
+            leaves_only: bool_arg(case, "leaves_only")?,
+        })),
         "is_empty" => Outcome::Bool(composite(&spec, op)?.is_empty(bool_arg(case, "recurse")?)),
         "rand_is_in" => {
             let sample = spec.rand(&mut Generator::new(0), &shape_arg(case, "shape")?)?;
@@ -777,7 +778,7 @@ fn spec_comparisons_detect_differences() {
     let keys: Vec<String> = spec
         .as_composite()
         .expect("composite")
-        .keys(false, false)
+        .keys(KeysOptions::top_level())
         .iter()
         .map(|k| k.to_string())
         .collect();

@@ -9,6 +9,7 @@ use torchrl::specs::{
     stack_specs, Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, NonTensor,
     OneHot, TensorSpec, Unbounded,
 };
+use torchrl::tensordict::KeysOptions;
 use torchrl::{BatchIndex, Entry, Error, Generator, NestedKey, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -33,10 +34,13 @@ fn tensor(e: Entry) -> Tensor {
 }
 
 fn keys(c: &Composite, nested: bool, leaves: bool) -> Vec<String> {
-    c.keys(nested, leaves)
-        .iter()
-        .map(|k| k.to_string())
-        .collect()
+    c.keys(KeysOptions {
+        nested,
+        leaves_only: leaves,
+    })
+    .iter()
+    .map(|k| k.to_string())
+    .collect()
 }
 
 /// One spec of every leaf class, in several configurations.
@@ -947,7 +951,7 @@ fn composite_keys_and_lookup() {
         Err(Error::NotALevel { .. })
     ));
     assert_eq!(c.leaves().len(), 3);
-    let items = c.items(false, false);
+    let items = c.items(KeysOptions::top_level());
     assert_eq!(items.len(), 3);
 }
 

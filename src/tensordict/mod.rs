@@ -29,6 +29,7 @@ mod key;
 mod ops;
 mod options;
 mod shape;
+mod walk;
 
 use std::hash::BuildHasherDefault;
 
@@ -46,6 +47,7 @@ pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
 pub use options::{IfExists, KeysOptions, Strict};
 pub use shape::{cat, stack, StackReserve};
+pub(crate) use walk::Levels;
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
 pub(crate) type Dims = SmallVec<[i64; 4]>;
@@ -682,36 +684,7 @@ impl TensorDict {
 
     /// `(key, entry)` pairs with the same rules as [`TensorDict::keys`].
     pub fn items(&self, options: KeysOptions) -> Vec<(NestedKey, &Entry)> {
-        let mut out = Vec::new();
-        let KeysOptions {
-            nested,
-            leaves_only,
-        } = options;
-        self.visit(&NestedKey::default(), nested, leaves_only, &mut out);
-        out
-    }
-
-    fn visit<'a>(
-        &'a self,
-        prefix: &NestedKey,
-        include_nested: bool,
-        leaves_only: bool,
-        out: &mut Vec<(NestedKey, &'a Entry)>,
-    ) {
-        for (k, e) in &self.entries {
-            let key = prefix.join(&**k);
-            match e {
-                Entry::Tensor(_) => out.push((key, e)),
-                Entry::Dict(d) => {
-                    if include_nested {
-                        d.visit(&key, include_nested, leaves_only, out);
-                    }
-                    if !leaves_only {
-                        out.push((key, e));
-                    }
-                }
-            }
-        }
+        self.nested_items(options)
     }
 
     /// Calls `f(path, tensor)` for every leaf, in order, with the path as borrowed segments
@@ -791,6 +764,20 @@ impl TensorDict {
             out.set(&segs[..], e.clone())?;
         }
         Ok(out)
+    }
+}
+
+impl Levels for TensorDict {
+    type Entry<'a> = &'a Entry;
+
+    #[inline]
+    fn level_entries(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.entries.iter().map(|(k, e)| (&**k, e))
+    }
+
+    #[inline]
+    fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a TensorDict> {
+        entry.as_dict()
     }
 }
 

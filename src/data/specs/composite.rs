@@ -19,12 +19,13 @@
 //! ```
 //! use tch::{Device, Kind, Tensor};
 //! use torchrl::specs::{Bounded, Categorical, Composite, Unbounded};
+//! use torchrl::tensordict::KeysOptions;
 //! use torchrl::{Error, Generator, TensorDict};
 //! # fn main() -> torchrl::Result<()> {
 //! let mut spec = Composite::new([3])?
 //!     .with("obs", Bounded::new(0.0, 1.0, [3, 2])?)?
 //!     .with(("next", "reward"), Unbounded::new().with_shape([3, 1])?)?;
-//! let keys: Vec<String> = spec.keys(true, false).iter().map(|k| k.to_string()).collect();
+//! let keys: Vec<String> = spec.keys(KeysOptions::nested()).iter().map(|k| k.to_string()).collect();
 //! assert_eq!(keys, [r#""obs""#, r#"("next", "reward")"#, r#""next""#]);
 //! // a missing key is an error naming it, not `false`
 //! let td = TensorDict::new([3])?.with("obs", Tensor::zeros([3, 2], (Kind::Float, Device::Cpu)))?;
@@ -48,7 +49,9 @@ use super::common::{self, concat};
 use super::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::{display_segments, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+use crate::tensordict::{
+    display_segments, AsKey, BatchIndex, Entry, KeysOptions, Levels, NestedKey, TensorDict,
+};
 
 /// Keys a Composite refuses (they name attributes in TorchRL).
 const RESERVED: [&str; 4] = ["shape", "device", "dtype", "space"];
@@ -66,6 +69,23 @@ impl Clone for Composite {
     /// unlocked, as in TorchRL.
     fn clone(&self) -> Self {
         self.copy(false)
+    }
+}
+
+impl Levels for Composite {
+    type Entry<'a> = Option<&'a TensorSpec>;
+
+    #[inline]
+    fn level_entries(&self) -> impl Iterator<Item = (&str, Option<&TensorSpec>)> {
+        self.specs.iter().map(|(k, v)| (k.as_str(), v.as_ref()))
+    }
+
+    #[inline]
+    fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a Composite> {
+        match entry {
+            Some(TensorSpec::Composite(c)) => Some(c),
+            _ => None,
+        }
     }
 }
 
@@ -343,7 +363,7 @@ impl Composite {
             match cur.specs.get(*seg) {
                 None => {
                     let available = cur
-                        .keys(true, false)
+                        .keys(KeysOptions::nested())
                         .into_iter()
                         .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
                         .collect();
@@ -386,54 +406,22 @@ impl Composite {
         }
     }
 
-    /// Keys in insertion order. With `include_nested`, keys of nested Composites are listed too
-    /// (a level's own key comes after its children's, as in TorchRL and
-    /// [`TensorDict::keys`]); with `leaves_only`, Composites themselves are left out (`None`
-    /// entries count as leaves).
-    pub fn keys(&self, include_nested: bool, leaves_only: bool) -> Vec<NestedKey> {
-        self.items(include_nested, leaves_only)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect()
+    /// Keys in insertion order, chosen as [`TensorDict::keys`] chooses them: with
+    /// [`KeysOptions::nested`], keys of nested Composites are listed too (a level's own key
+    /// comes after its children's, as in TorchRL); with [`KeysOptions::leaves_only`],
+    /// Composites themselves are left out (`None` entries count as leaves).
+    pub fn keys(&self, options: KeysOptions) -> Vec<NestedKey> {
+        self.items(options).into_iter().map(|(k, _)| k).collect()
     }
 
     /// `(key, spec)` pairs with the rules of [`Composite::keys`]; `None` entries give `None`.
-    pub fn items(
-        &self,
-        include_nested: bool,
-        leaves_only: bool,
-    ) -> Vec<(NestedKey, Option<&TensorSpec>)> {
-        let mut out = Vec::new();
-        self.visit(&NestedKey::default(), include_nested, leaves_only, &mut out);
-        out
-    }
-
-    fn visit<'a>(
-        &'a self,
-        prefix: &NestedKey,
-        include_nested: bool,
-        leaves_only: bool,
-        out: &mut Vec<(NestedKey, Option<&'a TensorSpec>)>,
-    ) {
-        for (k, v) in &self.specs {
-            let key = prefix.join(k.as_str());
-            match v {
-                Some(spec @ TensorSpec::Composite(c)) => {
-                    if include_nested {
-                        c.visit(&key, include_nested, leaves_only, out);
-                    }
-                    if !leaves_only {
-                        out.push((key, Some(spec)));
-                    }
-                }
-                other => out.push((key, other.as_ref())),
-            }
-        }
+    pub fn items(&self, options: KeysOptions) -> Vec<(NestedKey, Option<&TensorSpec>)> {
+        self.nested_items(options)
     }
 
     /// Every non-`None` leaf spec with its full key, in order.
     pub fn leaves(&self) -> Vec<(NestedKey, &TensorSpec)> {
-        self.items(true, true)
+        self.items(KeysOptions::nested_leaves())
             .into_iter()
             .filter_map(|(k, s)| s.map(|s| (k, s)))
             .collect()

@@ -77,7 +77,7 @@ pub use transformed_env::TransformedEnv;
 use super::EnvSpecs;
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 
 /// Pairs each in key with its out key (with itself when there are no out keys). When the
 /// counts differ: an error under `op` naming the transform (`who`; its name is only formatted
@@ -215,7 +215,7 @@ pub(crate) fn float_unbounded_reward(
             op,
             format!(
                 "the in key {input} is not in the reward spec (reward keys: {})",
-                fmt_key_list(&spec.keys(true, true))
+                fmt_key_list(&spec.keys(KeysOptions::nested_leaves()))
             ),
         )),
     }

@@ -1,0 +1,53 @@
+//! The nested walk behind `keys` / `items`, written once for every tree of named levels: a
+//! [`TensorDict`](super::TensorDict) (entries are tensors or tensordicts) and a
+//! [`Composite`](crate::specs::Composite) (entries are specs, Composites or `None`) list their
+//! keys by the same rules (TorchRL's `include_nested` / `leaves_only`, a level's own key after
+//! its children's).
+
+use super::{KeysOptions, NestedKey};
+
+/// A level of a nested map: its entries in order, some of which are levels themselves.
+/// Implementors get [`Levels::nested_items`].
+pub(crate) trait Levels {
+    /// How an entry is lent out (a reference, or an `Option` of one).
+    type Entry<'a>: Copy
+    where
+        Self: 'a;
+
+    /// This level's `(name, entry)` pairs, in insertion order.
+    fn level_entries(&self) -> impl Iterator<Item = (&str, Self::Entry<'_>)>;
+
+    /// The level an entry is, or `None` for a leaf.
+    fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a Self>;
+
+    /// `(key, entry)` pairs chosen by `options`: the root level's entries; with
+    /// [`KeysOptions::nested`], nested levels' entries too, each level's own key after its
+    /// children's; with [`KeysOptions::leaves_only`], levels left out.
+    fn nested_items(&self, options: KeysOptions) -> Vec<(NestedKey, Self::Entry<'_>)> {
+        let mut out = Vec::new();
+        visit(self, &NestedKey::default(), options, &mut out);
+        out
+    }
+}
+
+fn visit<'a, L: Levels + ?Sized>(
+    level: &'a L,
+    prefix: &NestedKey,
+    options: KeysOptions,
+    out: &mut Vec<(NestedKey, L::Entry<'a>)>,
+) {
+    for (name, entry) in level.level_entries() {
+        let key = prefix.join(name);
+        match L::as_level(entry) {
+            None => out.push((key, entry)),
+            Some(sub) => {
+                if options.nested {
+                    visit(sub, &key, options, out);
+                }
+                if !options.leaves_only {
+                    out.push((key, entry));
+                }
+            }
+        }
+    }
+}
