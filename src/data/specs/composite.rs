@@ -56,6 +56,15 @@ use crate::tensordict::{
 /// Keys a Composite refuses (they name attributes in TorchRL).
 const RESERVED: [&str; 4] = ["shape", "device", "dtype", "space"];
 
+/// Whether [`Composite::is_empty`] looks into nested Composites (TorchRL's `recurse`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Recurse {
+    /// Count leaf specs at any depth (`recurse=True`).
+    Yes,
+    /// Count this level's entries (`recurse=False`).
+    No,
+}
+
 /// An ordered, nested collection of specs sharing leading (batch) dims.
 pub struct Composite {
     pub(crate) specs: IndexMap<String, Option<TensorSpec>>,
@@ -427,16 +436,17 @@ impl Composite {
             .collect()
     }
 
-    /// Without `recurse`: true when there are no entries at all. With `recurse`: true when
-    /// there is no leaf spec at any depth (`None` entries and empty sub-composites do not
-    /// count), so `Composite(a=Composite())` is non-empty unless `recurse`.
-    pub fn is_empty(&self, recurse: bool) -> bool {
-        if !recurse {
+    /// With [`Recurse::No`]: true when there are no entries at all. With [`Recurse::Yes`]: true
+    /// when there is no leaf spec at any depth (`None` entries and empty sub-composites do not
+    /// count), so `Composite(a=Composite())` is non-empty unless recursing (TorchRL's
+    /// `is_empty(recurse)`).
+    pub fn is_empty(&self, recurse: Recurse) -> bool {
+        if recurse == Recurse::No {
             return self.specs.is_empty();
         }
         self.specs.values().all(|v| match v {
             None => true,
-            Some(TensorSpec::Composite(c)) => c.is_empty(true),
+            Some(TensorSpec::Composite(c)) => c.is_empty(Recurse::Yes),
             Some(_) => false,
         })
     }
@@ -676,7 +686,7 @@ impl Composite {
         for (k, v) in &self.specs {
             let Some(spec) = v else { continue };
             if let TensorSpec::Composite(c) = spec {
-                if c.is_empty(false) {
+                if c.is_empty(Recurse::No) {
                     continue;
                 }
             }
@@ -769,7 +779,7 @@ impl Composite {
             };
             match spec {
                 TensorSpec::Composite(c) => {
-                    if c.is_empty(false) {
+                    if c.is_empty(Recurse::No) {
                         continue;
                     }
                     match td.get_entry(k.as_str()) {
