@@ -33,10 +33,11 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::{not_attached, setters, Transform};
+use super::{not_attached, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, Elements, NestedKey, TensorDict};
 
 /// What [`ActionClamp`] does with NaN actions.
@@ -81,7 +82,7 @@ impl ActionClamp {
 
 setters!(ActionClamp {
     /// What to do with NaN actions (default [`NanPolicy::Error`]).
-    with_nan_policy(nan: NanPolicy) => nan = nan;
+    with_nan_policy(nan: NanPolicy);
 });
 
 impl Transform for ActionClamp {

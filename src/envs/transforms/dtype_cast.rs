@@ -43,10 +43,11 @@
 
 use tch::Kind;
 
-use super::{added_keys, input_keys_available, key_pairs, key_setters, missing_key, Transform};
+use super::{added_keys, input_keys_available, key_pairs, missing_key, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -321,19 +322,19 @@ impl DTypeCast {
     }
 }
 
-key_setters!(DTypeCast {
+setters!(DTypeCast {
     /// Casts only these output entries (observation or reward keys). Without
     /// [`DTypeCast::with_in_keys_inv`], nothing is cast on the way in.
-    with_in_keys => in_keys [Some], clears resolved;
+    with_in_keys(keys) => in_keys [Some], clears resolved;
     /// Where the cast values are written (one per in key; default: the in keys). Needs explicit
     /// in keys (checked when the transform is attached).
-    with_out_keys => out_keys [Some], clears resolved;
+    with_out_keys(keys) => out_keys [Some], clears resolved;
     /// Parent-side names of the entries cast back to `from` on the way in (action or state
     /// keys).
-    with_in_keys_inv => in_keys_inv [Some], clears resolved;
+    with_in_keys_inv(keys) => in_keys_inv [Some], clears resolved;
     /// Policy-side names of the inverse entries (one per inverse in key; default: the same
     /// names). Needs explicit inverse in keys.
-    with_out_keys_inv => out_keys_inv [Some], clears resolved;
+    with_out_keys_inv(keys) => out_keys_inv [Some], clears resolved;
 });
 
 impl Transform for DTypeCast {

@@ -27,9 +27,10 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::{output_keys_available, setters, Transform};
+use super::{output_keys_available, Transform};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// Removes entries from the env's outputs (or, inverse, its inputs). See the module docs.
@@ -63,7 +64,7 @@ impl ExcludeTransform {
 setters!(ExcludeTransform {
     /// With `true`, exclude the keys from the data going into the parent instead (specs
     /// unchanged).
-    with_inverse(inverse: bool) => inverse = inverse;
+    with_inverse(inverse: bool);
 });
 
 impl Transform for ExcludeTransform {

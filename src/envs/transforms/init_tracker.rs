@@ -25,10 +25,11 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, setters, Transform};
+use super::{not_attached, Transform};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Writes `is_init`: true right after a reset, false after a step. See the module docs.

@@ -107,54 +107,6 @@ pub(crate) fn key_pairs(
     }
 }
 
-/// The key-list builder methods of the transforms (`with_in_keys`, `with_out_keys`,
-/// `with_in_keys_inv`, `with_out_keys_inv`, …), written once: each listed method takes any
-/// iterator of keys and stores them in a field, wrapped in `Some` where the field is optional
-/// (`None`: the transform's default), and clears a cached resolution where one is named.
-macro_rules! key_setters {
-    ($t:ident {
-        $(
-            $(#[$doc:meta])*
-            $name:ident => $($field:ident).+ $([$wrap:ident])? $(, clears $cache:ident)?;
-        )+
-    }) => {
-        impl $t {
-            $(
-                $(#[$doc])*
-                pub fn $name<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-                    self.$($field).+ = $($wrap)?(crate::tensordict::collect_keys(keys));
-                    $(self.$cache = None;)?
-                    self
-                }
-            )+
-        }
-    };
-}
-pub(crate) use key_setters;
-
-/// The plain builder methods of the transforms (`with_dim`, `with_sort`, …), written once:
-/// each listed `with_x(arg: T) => field = value;` takes `self` by value, stores `value` (an
-/// expression of `arg`) in `field` and returns `self`.
-macro_rules! setters {
-    ($t:ident {
-        $(
-            $(#[$doc:meta])*
-            $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;
-        )+
-    }) => {
-        impl $t {
-            $(
-                $(#[$doc])*
-                pub fn $name(mut self, $arg: $ty) -> Self {
-                    self.$field = $value;
-                    self
-                }
-            )+
-        }
-    };
-}
-pub(crate) use setters;
-
 /// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
 /// that only handles those; the errors name the key and the spec found, and `only` says what
 /// the transform does instead (e.g. "it only clips Unbounded rewards").

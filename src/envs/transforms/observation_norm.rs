@@ -71,13 +71,11 @@ use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
-use super::{
-    added_keys, input_keys_available, key_setters, missing_key, setters, KeyMap, Transform,
-    TransformedEnv,
-};
+use super::{added_keys, input_keys_available, missing_key, KeyMap, Transform, TransformedEnv};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::tensordict::{clamp_f64, Elements, NestedKey, TensorDict};
 use crate::tensordict::{collect_keys, fmt_key_list};
 
@@ -731,19 +729,17 @@ impl ObservationNorm {
 setters!(ObservationNorm {
     /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
     /// stores the mean and standard deviation as they are.
-    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
+    with_standard_normal(standard_normal: bool);
     /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
     /// machine epsilon of a tensor scale's dtype).
-    with_eps(eps: f64) => eps = eps;
-});
+    with_eps(eps: f64);
 
-key_setters!(ObservationNorm {
     /// Where the results are written (one per in key; default: the in keys).
-    with_out_keys => keys.outs [Some];
+    with_out_keys(keys) => keys.outs [Some];
     /// Parent-side names of the action / state entries mapped back on their way in.
-    with_in_keys_inv => keys_inv.ins;
+    with_in_keys_inv(keys) => keys_inv.ins;
     /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
-    with_out_keys_inv => keys_inv.outs [Some];
+    with_out_keys_inv(keys) => keys_inv.outs [Some];
 });
 
 impl Transform for ObservationNorm {

@@ -36,10 +36,11 @@
 //! ```
 
 use super::reward_sum::check_done_groups;
-use super::{input_keys_available, output_keys_available, setters, Transform};
+use super::{input_keys_available, output_keys_available, Transform};
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{collect_keys, fmt_key_list};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -259,7 +260,7 @@ impl RenameTransform {
 
 setters!(RenameTransform {
     /// Copy instead of rename: the original entries (and specs) stay.
-    with_create_copy(create_copy: bool) => create_copy = create_copy;
+    with_create_copy(create_copy: bool);
 });
 
 /// The spec groups one direction of a rename works on, and its wording in errors.

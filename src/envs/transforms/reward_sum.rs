@@ -38,10 +38,11 @@
 
 use tch::{Kind, Tensor};
 
-use super::{key_setters, not_attached, setters, Transform};
+use super::{not_attached, Transform};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ helpers shared by the
@@ -360,22 +361,20 @@ impl RewardSum {
 setters!(RewardSum {
     /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
     /// `reward_spec=True`); they are then reward keys.
-    with_reward_spec(reward_spec: bool) => reward_spec = reward_spec;
+    with_reward_spec(reward_spec: bool);
     /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
     /// values count from the last batch dim).
     with_time_dim(dim: i64) => time_dim = Some(dim);
-});
 
-key_setters!(RewardSum {
     /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
     /// of the parent's reward spec (checked when the transform joins an env).
-    with_in_keys => in_keys [Some];
+    with_in_keys(keys) => in_keys [Some];
     /// The keys the sums are written to, one per in key (default: each in key with its last
     /// segment `name` replaced by `episode_<name>`).
-    with_out_keys => out_keys [Some];
+    with_out_keys(keys) => out_keys [Some];
     /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
     /// one for all in keys, or one per in key (default: the done group that owns each reward).
-    with_reset_keys => reset_keys [Some];
+    with_reset_keys(keys) => reset_keys [Some];
 });
 
 impl Transform for RewardSum {

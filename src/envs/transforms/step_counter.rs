@@ -39,10 +39,11 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, setters, Transform};
+use super::{not_attached, Transform};
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// The keys of one done group, resolved when the transform joins an env.
@@ -136,7 +137,7 @@ setters!(StepCounter {
     /// The leaf name of the counters (default `"step_count"`), placed in each done group.
     with_step_count_key(name: impl Into<String>) => step_count_key = name.into();
     /// Whether a truncation also sets `done` (default true).
-    with_update_done(update_done: bool) => update_done = update_done;
+    with_update_done(update_done: bool);
 });
 
 /// `t` as a bool tensor.

@@ -49,10 +49,11 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::{not_attached, setters, Transform};
+use super::{not_attached, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::rng::Generator;
 use crate::tensordict::{fmt_key_list, full_f64, BatchIndex, Entry, NestedKey, TensorDict};
 
@@ -140,7 +141,7 @@ impl TensorDictPrimer {
 
 setters!(TensorDictPrimer {
     /// Initial values are samples of the specs instead of a constant.
-    with_random(random: bool) => random = random;
+    with_random(random: bool);
     /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
     /// the env it joins re-seeds it, see [`Transform::set_seed`]).
     with_seed(seed: u64) => generator = Generator::new(seed);

@@ -33,12 +33,12 @@
 
 use super::reward_sum::refuse_state_keys;
 use super::{
-    added_keys, input_keys_available, key_setters, missing_key, output_keys_available, KeyMap,
-    Transform,
+    added_keys, input_keys_available, missing_key, output_keys_available, KeyMap, Transform,
 };
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::tensordict::{collect_keys, fmt_key_list};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -168,14 +168,14 @@ impl UnsqueezeTransform {
     }
 }
 
-key_setters!(UnsqueezeTransform {
+setters!(UnsqueezeTransform {
     /// Where the results are written (one per in key; default: the in keys).
-    with_out_keys => keys.outs [Some];
+    with_out_keys(keys) => keys.outs [Some];
     /// Parent-side action / state keys: the policy gives them with the extra dim, which is
     /// squeezed out before the parent sees them.
-    with_in_keys_inv => keys_inv.ins;
+    with_in_keys_inv(keys) => keys_inv.ins;
     /// Policy-side names of the inverse entries (default: the same names).
-    with_out_keys_inv => keys_inv.outs [Some];
+    with_out_keys_inv(keys) => keys_inv.outs [Some];
 });
 
 impl Transform for UnsqueezeTransform {

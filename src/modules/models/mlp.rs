@@ -44,7 +44,7 @@ use tch::nn::{Init, Path};
 use tch::Tensor;
 
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::module::setters;
+use crate::macros::setters;
 use crate::modules::module::{cat_last, TensorModule};
 
 /// An activation function (the `activation_class` of TorchRL's `MLP`), with torch's default
@@ -214,11 +214,11 @@ impl MlpConfig {
 
     setters! {
         /// Sets the activation.
-        with_activation: activation: Activation;
+        with_activation(activation: Activation);
         /// Sets whether the output is activated too.
-        with_activate_last_layer: activate_last_layer: bool;
+        with_activate_last_layer(activate_last_layer: bool);
         /// Sets whether the last linear layer has a bias.
-        with_bias_last_layer: bias_last_layer: bool;
+        with_bias_last_layer(bias_last_layer: bool);
     }
 
     /// The hidden widths, resolved with TorchRL's rules; errors name the conflict.

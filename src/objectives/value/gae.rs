@@ -28,7 +28,7 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{gae_time_last, standardize};
 use super::{estimator_builders, Estimate, EstimatorCore};
-use crate::modules::module::setters;
+use crate::macros::setters;
 
 /// Generalized advantage estimation (Schulman et al. 2016), TorchRL's `GAE`.
 ///
@@ -67,7 +67,7 @@ impl Gae {
 
     setters! {
         /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
-        with_average_gae: average_gae: bool;
+        with_average_gae(average_gae: bool);
     }
 
     /// Whether the advantages are standardised.

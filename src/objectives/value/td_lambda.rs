@@ -25,7 +25,7 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{standardize, td_lambda_time_last};
 use super::{estimator_builders, Estimate, EstimatorCore};
-use crate::modules::module::setters;
+use crate::macros::setters;
 
 /// TD(λ) estimator, TorchRL's `TDLambdaEstimator`.
 ///
@@ -62,7 +62,7 @@ impl TdLambdaEstimator {
     setters! {
         /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
         /// `false`).
-        with_average_rewards: average_rewards: bool;
+        with_average_rewards(average_rewards: bool);
     }
 
     /// Whether the rewards are standardised.
