@@ -177,11 +177,18 @@ impl TensorDict {
                 ),
             ));
         }
-        Ok(TensorDict {
+        Ok(TensorDict::empty_level(bs.iter().copied().collect(), None))
+    }
+
+    /// An empty level with these batch dims and device, unchecked: for batch sizes derived
+    /// from valid ones.
+    #[inline]
+    pub(crate) fn empty_level(batch_size: Dims, device: Option<Device>) -> TensorDict {
+        TensorDict {
             entries: Map::default(),
-            batch_size: bs.iter().copied().collect(),
-            device: None,
-        })
+            batch_size,
+            device,
+        }
     }
 
     /// Sets the device: every leaf (already present or inserted later) is moved to it, and
@@ -236,11 +243,7 @@ impl TensorDict {
 
     /// A tensordict with the same batch size and device and no entries.
     pub fn empty(&self) -> TensorDict {
-        TensorDict {
-            entries: Map::default(),
-            batch_size: self.batch_size.clone(),
-            device: self.device,
-        }
+        TensorDict::empty_level(self.batch_size.clone(), self.device)
     }
 
     /// Changes the device (moving every leaf), or removes it (`None`: leaves stay where they are).
@@ -316,34 +319,11 @@ impl TensorDict {
         self.entries.get_index_mut(i).map(|(_, e)| e)
     }
 
-    /// Walks `prefix` and returns the level it names, or `None`.
-    fn level(&self, prefix: &[&str]) -> Option<&TensorDict> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.entry_at(seg)? {
-                Entry::Dict(d) => cur = d,
-                Entry::Tensor(_) => return None,
-            }
-        }
-        Some(cur)
-    }
-
-    fn level_mut(&mut self, prefix: &[&str]) -> Option<&mut TensorDict> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.entry_at_mut(seg)? {
-                Entry::Dict(d) => cur = d,
-                Entry::Tensor(_) => return None,
-            }
-        }
-        Some(cur)
-    }
-
     /// The entry (leaf or level) at `key`, or `None`.
     pub fn get_entry(&self, key: impl AsKey) -> Option<&Entry> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level(prefix)?.entry_at(last)
+        self.level_at(prefix)?.entry_at(last)
     }
 
     /// The leaf tensor at `key`, or `None` when absent or when `key` names a nested level.
@@ -359,7 +339,7 @@ impl TensorDict {
     /// The nested tensordict at `key`, mutably, or `None`.
     pub fn get_dict_mut(&mut self, key: impl AsKey) -> Option<&mut TensorDict> {
         let segs = key.segments();
-        self.level_mut(&segs).filter(|_| !segs.is_empty())
+        self.level_at_mut(&segs).filter(|_| !segs.is_empty())
     }
 
     /// Builds the error for a failed lookup of `segs`: which level failed and what it holds.
@@ -563,7 +543,7 @@ impl TensorDict {
     pub fn remove(&mut self, key: impl AsKey) -> Option<Entry> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level_mut(prefix)?.entries.shift_remove(*last)
+        self.level_at_mut(prefix)?.entries.shift_remove(*last)
     }
 
     /// Returns the leaf at `key`, first inserting `default` when the key is absent.
@@ -779,25 +759,27 @@ impl Levels for TensorDict {
     fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a TensorDict> {
         entry.as_dict()
     }
+
+    #[inline]
+    fn child(&self, name: &str) -> Option<&Entry> {
+        self.entry_at(name)
+    }
+
+    #[inline]
+    fn child_level_mut(&mut self, name: &str) -> Option<&mut TensorDict> {
+        match self.entry_at_mut(name)? {
+            Entry::Dict(d) => Some(d),
+            Entry::Tensor(_) => None,
+        }
+    }
 }
 
 /// Rewrites the key of an error raised on a sub-level so it names the full path.
-fn rekey(err: Error, path: &[&str]) -> Error {
-    let full = display_segments(path);
-    match err {
-        Error::BatchSizeMismatch {
-            op,
-            batch_size,
-            shape,
-            ..
-        } => Error::BatchSizeMismatch {
-            op,
-            key: full,
-            batch_size,
-            shape,
-        },
-        other => other,
+fn rekey(mut err: Error, path: &[&str]) -> Error {
+    if let Error::BatchSizeMismatch { key, .. } = &mut err {
+        *key = display_segments(path);
     }
+    err
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 
 use tch::{Device, Kind, Scalar, Tensor};
 
-use super::{display_segments, starts_with, AsKey, Elements, Entry, KeysOptions, Map, TensorDict};
+use super::{display_segments, starts_with, AsKey, Elements, Entry, KeysOptions, TensorDict};
 use crate::error::{Error, Result};
 
 impl TensorDict {
@@ -57,11 +57,7 @@ impl TensorDict {
     where
         F: FnMut(&Tensor, Option<&Tensor>) -> Result<Option<Tensor>>,
     {
-        let mut out = TensorDict {
-            entries: Map::default(),
-            batch_size: self.batch_size.clone(),
-            device: self.device,
-        };
+        let mut out = self.empty();
         for (k, e) in &self.entries {
             path.push(k);
             let o = other.and_then(|o| o.entries.get(k));

@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use tch::Tensor;
 
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
-use super::{display_segments, Dims, Entry, KeysOptions, Map, NestedKey, TensorDict};
+use super::{display_segments, Dims, Entry, KeysOptions, NestedKey, TensorDict};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::host::stack::Reserve;
 use crate::host::stack_plan::{self, Leaf};
@@ -163,19 +163,12 @@ impl TensorDict {
     {
         let mut batch: Dims = new_root.iter().copied().collect();
         batch.extend_from_slice(dims_after("map_batch", &self.batch_size, root_nd)?);
-        let mut out = TensorDict {
-            entries: Map::default(),
-            batch_size: batch,
-            device: self.device,
-        };
-        for (k, e) in &self.entries {
-            let ne = match e {
+        rebuild(self, batch, |_, e| {
+            Ok(match e {
                 Entry::Tensor(t) => Entry::Tensor(f(t)?),
                 Entry::Dict(d) => Entry::Dict(d.map_batch_rec(root_nd, new_root, f)?),
-            };
-            out.entries.insert(k.clone(), ne);
-        }
-        Ok(out)
+            })
+        })
     }
 
     /// Indexes the batch dims (like `td[idx]` in Python). Indexing past the batch dims is an
@@ -749,19 +742,25 @@ fn build_level(
 ) -> Result<TensorDict> {
     let mut batch: Dims = first.batch_size.clone();
     batch.insert(d, n);
-    let mut out = TensorDict {
-        entries: Map::default(),
-        batch_size: batch,
-        device: first.device,
-    };
-    for (k, e) in &first.entries {
-        let ne = match e {
+    rebuild(first, batch, |_, e| {
+        Ok(match e {
             Entry::Tensor(_) => Entry::Tensor(outputs.next().ok_or_else(|| {
                 Error::invalid("stack", "internal: fewer stacked leaves than leaves")
             })?),
             Entry::Dict(sub) => Entry::Dict(build_level(sub, d, n, outputs)?),
-        };
-        out.entries.insert(k.clone(), ne);
+        })
+    })
+}
+
+/// A level of batch dims `batch` on `src`'s device whose entries are `src`'s, in order, each
+/// mapped by `f` (given its name and entry).
+fn rebuild<F>(src: &TensorDict, batch: Dims, mut f: F) -> Result<TensorDict>
+where
+    F: FnMut(&std::sync::Arc<str>, &Entry) -> Result<Entry>,
+{
+    let mut out = TensorDict::empty_level(batch, src.device);
+    for (k, e) in &src.entries {
+        out.entries.insert(k.clone(), f(k, e)?);
     }
     Ok(out)
 }
@@ -844,13 +843,8 @@ fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<T
         Some(slot) => *slot = total,
         None => return Err(dim_error("cat", d as i64, batch.len(), &batch)),
     }
-    let mut out = TensorDict {
-        entries: Map::default(),
-        batch_size: batch,
-        device: first.device,
-    };
-    for (k, e) in &first.entries {
-        let ne = match e {
+    rebuild(first, batch, |k, e| {
+        Ok(match e {
             Entry::Tensor(_) => {
                 let ts: Vec<&Tensor> = tds
                     .iter()
@@ -870,10 +864,8 @@ fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<T
                     .collect();
                 Entry::Dict(cat_level(&subs, d, total)?)
             }
-        };
-        out.entries.insert(k.clone(), ne);
-    }
-    Ok(out)
+        })
+    })
 }
 
 #[cfg(test)]

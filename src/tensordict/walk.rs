@@ -2,12 +2,13 @@
 //! [`TensorDict`](super::TensorDict) (entries are tensors or tensordicts) and a
 //! [`Composite`](crate::specs::Composite) (entries are specs, Composites or `None`) list their
 //! keys by the same rules (TorchRL's `include_nested` / `leaves_only`, a level's own key after
-//! its children's).
+//! its children's) and find the level a key's prefix names the same way.
 
 use super::{KeysOptions, NestedKey};
 
 /// A level of a nested map: its entries in order, some of which are levels themselves.
-/// Implementors get [`Levels::nested_items`].
+/// Implementors get [`Levels::nested_items`], [`Levels::level_at`] and
+/// [`Levels::level_at_mut`].
 pub(crate) trait Levels {
     /// How an entry is lent out (a reference, or an `Option` of one).
     type Entry<'a>: Copy
@@ -19,6 +20,33 @@ pub(crate) trait Levels {
 
     /// The level an entry is, or `None` for a leaf.
     fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a Self>;
+
+    /// The entry named `name` at this level.
+    fn child(&self, name: &str) -> Option<Self::Entry<'_>>;
+
+    /// The level named `name` at this level, mutably (`None`: absent or a leaf).
+    fn child_level_mut(&mut self, name: &str) -> Option<&mut Self>;
+
+    /// The level that `prefix` names (`[]`: this one), or `None` when a segment is absent or
+    /// a leaf.
+    #[inline]
+    fn level_at(&self, prefix: &[&str]) -> Option<&Self> {
+        let mut cur = self;
+        for seg in prefix {
+            cur = Self::as_level(cur.child(seg)?)?;
+        }
+        Some(cur)
+    }
+
+    /// [`Levels::level_at`], mutably.
+    #[inline]
+    fn level_at_mut(&mut self, prefix: &[&str]) -> Option<&mut Self> {
+        let mut cur = self;
+        for seg in prefix {
+            cur = cur.child_level_mut(seg)?;
+        }
+        Some(cur)
+    }
 
     /// `(key, entry)` pairs chosen by `options`: the root level's entries; with
     /// [`KeysOptions::nested`], nested levels' entries too, each level's own key after its

@@ -96,6 +96,19 @@ impl Levels for Composite {
             _ => None,
         }
     }
+
+    #[inline]
+    fn child(&self, name: &str) -> Option<Option<&TensorSpec>> {
+        self.specs.get(name).map(Option::as_ref)
+    }
+
+    #[inline]
+    fn child_level_mut(&mut self, name: &str) -> Option<&mut Composite> {
+        match self.specs.get_mut(name)? {
+            Some(TensorSpec::Composite(c)) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 impl PartialEq for Composite {
@@ -137,42 +150,15 @@ fn check_segments(op: &'static str, segs: &[&str]) -> Result<()> {
 }
 
 /// Rewrites the key of an error raised on a sub-level so it names the full key.
-fn rekey(err: Error, full: &str) -> Error {
-    let key = full.to_string();
-    match err {
-        Error::BatchSizeMismatch {
-            op,
-            batch_size,
-            shape,
-            ..
-        } => Error::BatchSizeMismatch {
-            op,
-            key,
-            batch_size,
-            shape,
-        },
-        Error::DeviceMismatch {
-            op,
-            expected,
-            actual,
-            ..
-        } => Error::DeviceMismatch {
-            op,
-            key,
-            expected,
-            actual,
-        },
-        Error::NotInSpec {
-            op, spec, reason, ..
-        } => Error::NotInSpec {
-            op,
-            key,
-            spec,
-            reason,
-        },
-        Error::Locked { op, what, .. } => Error::Locked { op, what, key },
-        other => other,
+fn rekey(mut err: Error, full: &str) -> Error {
+    match &mut err {
+        Error::BatchSizeMismatch { key, .. }
+        | Error::DeviceMismatch { key, .. }
+        | Error::NotInSpec { key, .. }
+        | Error::Locked { key, .. } => *key = full.to_string(),
+        _ => {}
     }
+    err
 }
 
 /// Is the spec one whose last dim is protected from indexing?
@@ -315,33 +301,11 @@ impl Composite {
 
     // ------------------------------------------------------------------ lookups
 
-    fn level(&self, prefix: &[&str]) -> Option<&Composite> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.specs.get(*seg)? {
-                Some(TensorSpec::Composite(c)) => cur = c,
-                _ => return None,
-            }
-        }
-        Some(cur)
-    }
-
-    fn level_mut(&mut self, prefix: &[&str]) -> Option<&mut Composite> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.specs.get_mut(*seg)? {
-                Some(TensorSpec::Composite(c)) => cur = c,
-                _ => return None,
-            }
-        }
-        Some(cur)
-    }
-
     /// The spec at `key`, or `None` when absent or when the entry is `None`.
     pub fn get(&self, key: impl AsKey) -> Option<&TensorSpec> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level(prefix)?.specs.get(*last)?.as_ref()
+        self.level_at(prefix)?.specs.get(*last)?.as_ref()
     }
 
     /// The spec at `key`, mutably. The lock guards the key structure (`set`, `pop`, …), not
@@ -349,7 +313,7 @@ impl Composite {
     pub fn get_mut(&mut self, key: impl AsKey) -> Option<&mut TensorSpec> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level_mut(prefix)?.specs.get_mut(*last)?.as_mut()
+        self.level_at_mut(prefix)?.specs.get_mut(*last)?.as_mut()
     }
 
     /// The spec at `key`, or an error: [`Error::KeyNotFound`] naming the available keys,
@@ -409,7 +373,7 @@ impl Composite {
         let segs = key.segments();
         match segs.split_last() {
             Some((last, prefix)) => self
-                .level(prefix)
+                .level_at(prefix)
                 .is_some_and(|l| l.specs.contains_key(*last)),
             None => false,
         }
@@ -529,7 +493,7 @@ impl Composite {
             return Err(self.lookup_error("pop", &segs));
         };
         let found = self
-            .level_mut(prefix)
+            .level_at_mut(prefix)
             .and_then(|l| l.specs.shift_remove(*last));
         match found {
             Some(v) => Ok(v),
@@ -547,7 +511,7 @@ impl Composite {
             return Ok(false);
         };
         Ok(self
-            .level_mut(prefix)
+            .level_at_mut(prefix)
             .and_then(|l| l.specs.shift_remove(*last))
             .is_some())
     }
