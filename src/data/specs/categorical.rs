@@ -35,6 +35,9 @@ use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
 /// A spec for class indices in `[0, n)`.
+///
+/// Its dtype is any integer, bool or floating kind that holds every class `0..n` exactly: e.g.
+/// at most 128 classes for `Int8`, 2 for `Bool`, 2049 for `Half`.
 #[derive(Clone, PartialEq)]
 pub struct Categorical {
     pub(crate) n: i64,
@@ -76,16 +79,6 @@ impl Categorical {
         Ok(self)
     }
 
-    /// Sets the dtype (any integer, bool or floating kind that holds every class `0..n`
-    /// exactly: e.g. at most 128 classes for `Int8`, 2 for `Bool`, 2049 for `Half`).
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        let op = "Categorical::with_dtype";
-        common::check_kind(op, dtype)?;
-        check_classes_fit(op, self.n, dtype)?;
-        self.dtype = dtype;
-        Ok(self)
-    }
-
     /// Uniform classes of shape `[*shape, *self.shape]`, among the allowed ones when masked.
     /// Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
@@ -110,9 +103,13 @@ impl Categorical {
     }
 }
 
-leaf_spec_api!(Categorical; dtype, project, index, masked);
+leaf_spec_api!(Categorical; dtype, with_dtype, project, index, masked);
 
 impl LeafSpec for Categorical {
+    fn check_dtype(&self, op: &'static str, dtype: Kind) -> Result<()> {
+        check_classes_fit(op, self.n, dtype)
+    }
+
     fn held(&self) -> Vec<&Tensor> {
         self.mask.as_deref().into_iter().collect()
     }

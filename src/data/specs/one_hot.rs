@@ -69,13 +69,6 @@ impl OneHot {
         Ok(self)
     }
 
-    /// Sets the dtype.
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("OneHot::with_dtype", dtype)?;
-        self.dtype = dtype;
-        Ok(self)
-    }
-
     /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
     /// masked. Errors when a mask row allows no class.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
@@ -110,7 +103,7 @@ impl OneHot {
     }
 }
 
-leaf_spec_api!(OneHot; dtype, project, index, masked);
+leaf_spec_api!(OneHot; dtype, with_dtype, project, index, masked);
 
 impl LeafSpec for OneHot {
     fn held(&self) -> Vec<&Tensor> {
