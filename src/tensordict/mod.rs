@@ -348,14 +348,7 @@ impl TensorDict {
         let mut cur = self;
         for (i, seg) in segs.iter().enumerate() {
             match cur.entries.get(*seg) {
-                None => {
-                    let available = cur
-                        .keys(KeysOptions::nested())
-                        .into_iter()
-                        .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
-                        .collect();
-                    return Error::KeyNotFound { op, key, available };
-                }
+                None => return cur.key_not_found(op, key, segs.get(..i).unwrap_or(segs)),
                 Some(Entry::Tensor(_)) if i + 1 < segs.len() => {
                     return Error::NotALevel {
                         op,

@@ -4,7 +4,8 @@
 //! keys by the same rules (TorchRL's `include_nested` / `leaves_only`, a level's own key after
 //! its children's) and find the level a key's prefix names the same way.
 
-use super::{KeysOptions, NestedKey};
+use super::{AsKey, KeysOptions, NestedKey};
+use crate::error::Error;
 
 /// A level of a nested map: its entries in order, some of which are levels themselves.
 /// Implementors get [`Levels::nested_items`], [`Levels::level_at`] and
@@ -26,6 +27,18 @@ pub(crate) trait Levels {
 
     /// The level named `name` at this level, mutably (`None`: absent or a leaf).
     fn child_level_mut(&mut self, name: &str) -> Option<&mut Self>;
+
+    /// [`Error::KeyNotFound`] for `key`, looked up in this level under `prefix`: the
+    /// available keys are this level's keys at any depth, with `prefix` in front.
+    fn key_not_found(&self, op: &'static str, key: String, prefix: impl AsKey) -> Error {
+        let prefix = prefix.segments();
+        let available = self
+            .nested_items(KeysOptions::nested())
+            .into_iter()
+            .map(|(k, _)| k.prefixed(&prefix[..]).to_string())
+            .collect();
+        Error::KeyNotFound { op, key, available }
+    }
 
     /// The level that `prefix` names (`[]`: this one), or `None` when a segment is absent or
     /// a leaf.

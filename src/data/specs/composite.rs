@@ -334,14 +334,7 @@ impl Composite {
         for (i, seg) in segs.iter().enumerate() {
             let last = i + 1 == segs.len();
             match cur.specs.get(*seg) {
-                None => {
-                    let available = cur
-                        .keys(KeysOptions::nested())
-                        .into_iter()
-                        .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
-                        .collect();
-                    return Error::KeyNotFound { op, key, available };
-                }
+                None => return cur.key_not_found(op, key, segs.get(..i).unwrap_or(segs)),
                 Some(Some(TensorSpec::Composite(c))) if !last => cur = c,
                 Some(_) if !last => {
                     return Error::NotALevel {
@@ -656,15 +649,7 @@ impl Composite {
             }
             let key = prefix.join(k.as_str());
             let Some(entry) = td.get_entry(k.as_str()) else {
-                return Err(Error::KeyNotFound {
-                    op,
-                    key: key.to_string(),
-                    available: td
-                        .keys(crate::tensordict::KeysOptions::nested())
-                        .iter()
-                        .map(|x| x.prefixed(prefix).to_string())
-                        .collect(),
-                });
+                return Err(td.key_not_found(op, key.to_string(), prefix));
             };
             let reason = match (spec, entry) {
                 (TensorSpec::Composite(c), Entry::Dict(d)) => {
@@ -726,15 +711,7 @@ impl Composite {
         for (k, v) in &self.specs {
             let Some(spec) = v else { continue };
             let key = prefix.join(k.as_str());
-            let missing = |td: &TensorDict| Error::KeyNotFound {
-                op: "project",
-                key: key.to_string(),
-                available: td
-                    .keys(crate::tensordict::KeysOptions::nested())
-                    .iter()
-                    .map(|x| x.prefixed(prefix).to_string())
-                    .collect(),
-            };
+            let missing = |td: &TensorDict| td.key_not_found("project", key.to_string(), prefix);
             let wrong = |found: &str| Error::NotInSpec {
                 op: "project",
                 key: key.to_string(),

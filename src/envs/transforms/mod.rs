@@ -74,8 +74,8 @@ pub use kl_reward::{DistributionSource, KLRewardTransform, DEFAULT_LOG_PROB_KEY}
 pub use compose::Compose;
 pub use transformed_env::TransformedEnv;
 
-use super::EnvSpecs;
-use crate::data::specs::Composite;
+use super::{EnvSpecs, SpecGroup};
+use crate::data::specs::{Composite, TensorSpec};
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 
@@ -274,6 +274,35 @@ pub(crate) fn map_reward_specs(
     Ok(spec)
 }
 
+/// Rewrites the input specs of inverse `(in_key, out_key)` pairs: each in key (parent side)
+/// is looked up in the action spec, then the state spec (else a [`Error::KeyNotFound`] under
+/// `op` listing the input keys), its spec mapped by `f` (given the key, the spec and its group)
+/// and set at the out key, the in key's entry removed when the two differ.
+pub(crate) fn map_input_specs(
+    op: &'static str,
+    mut specs: EnvSpecs,
+    pairs: Vec<(NestedKey, NestedKey)>,
+    mut f: impl FnMut(&NestedKey, &TensorSpec, SpecGroup) -> Result<TensorSpec>,
+) -> Result<EnvSpecs> {
+    for (in_key, out_key) in pairs {
+        let Some(group) = specs.input_group_of(&in_key) else {
+            return Err(Error::KeyNotFound {
+                op,
+                key: in_key.to_string(),
+                available: input_keys_available(&specs),
+            });
+        };
+        let mapped = f(&in_key, specs.group(group).get_or_err(&in_key)?, group)?;
+        let g = specs.group_mut(group);
+        if in_key != out_key {
+            g.remove(&in_key)?;
+        }
+        g.set(&out_key, mapped)?;
+    }
+    Ok(specs)
+}
+
+/// The out keys of `pairs` that differ from their in keys (the keys a transform adds).
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs
         .iter()

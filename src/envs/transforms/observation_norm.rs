@@ -71,7 +71,10 @@ use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use super::reward_sum::refuse_state_keys;
-use super::{added_keys, input_keys_available, missing_key, KeyMap, Transform, TransformedEnv};
+use super::{
+    added_keys, input_keys_available, map_input_specs, missing_key, KeyMap, Transform,
+    TransformedEnv,
+};
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
@@ -819,24 +822,13 @@ impl Transform for ObservationNorm {
         Ok(spec)
     }
 
-    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
-        for (in_key, out_key) in self.pairs_inv()? {
-            let Some(group) = specs.input_group_of(&in_key) else {
-                return Err(Error::KeyNotFound {
-                    op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
-                    key: in_key.to_string(),
-                    available: input_keys_available(&specs),
-                });
-            };
-            let leaf = specs.group(group).get_or_err(&in_key)?;
-            let mapped = self.map_spec(&in_key, leaf, group)?;
-            let g = specs.group_mut(group);
-            if in_key != out_key {
-                g.remove(&in_key)?;
-            }
-            g.set(&out_key, mapped)?;
-        }
-        Ok(specs)
+    fn transform_input_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        map_input_specs(
+            "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
+            specs,
+            self.pairs_inv()?,
+            |key, leaf, group| self.map_spec(key, leaf, group),
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {

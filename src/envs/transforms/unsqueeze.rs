@@ -32,9 +32,7 @@
 //! ```
 
 use super::reward_sum::refuse_state_keys;
-use super::{
-    added_keys, input_keys_available, missing_key, output_keys_available, KeyMap, Transform,
-};
+use super::{added_keys, map_input_specs, missing_key, output_keys_available, KeyMap, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -239,25 +237,14 @@ impl Transform for UnsqueezeTransform {
         Ok(specs)
     }
 
-    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+    fn transform_input_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
         let nb = specs.batch_size().len();
-        for (in_key, out_key) in self.pairs_inv()? {
-            let Some(group) = specs.input_group_of(&in_key) else {
-                return Err(Error::KeyNotFound {
-                    op: "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
-                    key: in_key.to_string(),
-                    available: input_keys_available(&specs),
-                });
-            };
-            let spec = specs.group(group).get_or_err(&in_key)?;
-            let new = self.unsqueeze_spec(nb, &in_key, spec)?;
-            let g = specs.group_mut(group);
-            if in_key != out_key {
-                g.remove(&in_key)?;
-            }
-            g.set(&out_key, new)?;
-        }
-        Ok(specs)
+        map_input_specs(
+            "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
+            specs,
+            self.pairs_inv()?,
+            |key, spec, _| self.unsqueeze_spec(nb, key, spec),
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
