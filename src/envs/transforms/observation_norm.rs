@@ -70,7 +70,7 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::reward_sum::refuse_state_keys;
+use super::reward_sum::{refuse_state_keys, IN_PLACE};
 use super::{
     added_keys, input_keys_available, map_input_specs, missing_key, KeyMap, Transform,
     TransformedEnv,
@@ -780,6 +780,7 @@ impl Transform for ObservationNorm {
             &self.name(),
             parent,
             pairs.iter().filter(|(i, o)| i == o).map(|(i, _)| i),
+            IN_PLACE,
         )?;
         for (k, _) in pairs {
             if !parent.observation.contains(&k) {

@@ -61,15 +61,23 @@ pub(super) fn replace_last(key: &NestedKey, leaf: &str) -> NestedKey {
     parent_of(key).join(leaf)
 }
 
-/// Errors when a transform would rewrite, in place, an output entry that is also a state key
-/// (StepCounter's counts, RewardSum's sums): the env reads state keys back at the next step, so
-/// the rewritten value (renamed, reshaped, normalised, deleted) would feed the next step.
-/// `keys` are the in keys the transform rewrites in place.
+/// The in-place rewrite of [`refuse_state_keys`]: `(expected, why)`.
+pub(super) const IN_PLACE: (&str, &str) = (
+    "an out key other than a state key (write to another out key)",
+    "it cannot be rewritten in place",
+);
+
+/// Errors when a transform would rewrite an output entry that is also a state key
+/// (StepCounter's counts, RewardSum's sums) in place, rename it or delete it: the env reads
+/// state keys back at the next step, so the rewritten (or missing) value would feed the next
+/// step. `keys` are the keys the transform would touch; the error ([`Error::InvalidValue`] on
+/// the key) says what `who` needs instead and why not, `(expected, why)` (e.g. [`IN_PLACE`]).
 pub(super) fn refuse_state_keys<'a>(
     op: &'static str,
     who: &str,
     specs: &EnvSpecs,
     keys: impl IntoIterator<Item = &'a NestedKey>,
+    (expected, why): (&str, &str),
 ) -> Result<()> {
     let state = specs.state_keys();
     for k in keys {
@@ -78,10 +86,10 @@ pub(super) fn refuse_state_keys<'a>(
             return Err(Error::value(
                 op,
                 k,
-                format!("{who}: an out key other than a state key (write to another out key)"),
+                format!("{who}: {expected}"),
                 format!(
                     "a key that is (or holds) the state key(s) {}, which the env reads back at \
-                     the next step; it cannot be rewritten in place",
+                     the next step; {why}",
                     fmt_key_list(&hit)
                 ),
             ));

@@ -31,7 +31,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::reward_sum::refuse_state_keys;
+use super::reward_sum::{refuse_state_keys, IN_PLACE};
 use super::{added_keys, map_input_specs, missing_key, output_keys_available, KeyMap, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
@@ -221,6 +221,7 @@ impl Transform for UnsqueezeTransform {
             &self.name(),
             &specs,
             pairs.iter().filter(|(i, o)| i == o).map(|(i, _)| i),
+            IN_PLACE,
         )?;
         for (in_key, out_key) in pairs {
             let Some(group) = specs.output_group_of(&in_key) else {
