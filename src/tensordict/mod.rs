@@ -168,15 +168,7 @@ impl TensorDict {
     /// Errors when a dimension is negative.
     pub fn new(batch_size: impl AsRef<[i64]>) -> Result<Self> {
         let bs = batch_size.as_ref();
-        if let Some(d) = bs.iter().find(|d| **d < 0) {
-            return Err(Error::invalid(
-                "TensorDict::new",
-                format!(
-                    "batch size {} has a negative dimension {d}",
-                    crate::error::ShapeFmt(bs)
-                ),
-            ));
-        }
+        refuse_negative_dims("TensorDict::new", "batch_size", bs, "")?;
         Ok(TensorDict::empty_level(bs.iter().copied().collect(), None))
     }
 
@@ -266,15 +258,7 @@ impl TensorDict {
     /// (`[3, 4]` → `[3]`) is always allowed when the new size is a prefix.
     pub fn set_batch_size(&mut self, batch_size: impl AsRef<[i64]>) -> Result<()> {
         let bs = batch_size.as_ref();
-        if let Some(d) = bs.iter().find(|d| **d < 0) {
-            return Err(Error::invalid(
-                "set_batch_size",
-                format!(
-                    "batch size {} has a negative dimension {d}",
-                    crate::error::ShapeFmt(bs)
-                ),
-            ));
-        }
+        refuse_negative_dims("set_batch_size", "batch_size", bs, "")?;
         for (k, e) in &self.entries {
             let shape = match e {
                 Entry::Tensor(t) => t.size(),
@@ -764,6 +748,26 @@ impl Levels for TensorDict {
             Entry::Dict(d) => Some(d),
             Entry::Tensor(_) => None,
         }
+    }
+}
+
+/// Errors ([`Error::InvalidValue`] on the argument `name`) when `dims` has a negative
+/// dimension; `context` is appended to the dims in the message (`""`, or e.g. the batch size).
+#[inline]
+pub(crate) fn refuse_negative_dims(
+    op: &'static str,
+    name: &str,
+    dims: &[i64],
+    context: &str,
+) -> Result<()> {
+    match dims.iter().find(|d| **d < 0) {
+        None => Ok(()),
+        Some(d) => Err(Error::argument(
+            op,
+            name,
+            "no negative dimension",
+            format!("{} (dimension {d}){context}", crate::error::ShapeFmt(dims)),
+        )),
     }
 }
 

@@ -20,7 +20,9 @@ use std::borrow::Borrow;
 use tch::Tensor;
 
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
-use super::{display_segments, Dims, Entry, KeysOptions, NestedKey, TensorDict};
+use super::{
+    display_segments, refuse_negative_dims, Dims, Entry, KeysOptions, NestedKey, TensorDict,
+};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::host::stack::Reserve;
 use crate::host::stack_plan::{self, Leaf};
@@ -245,15 +247,9 @@ impl TensorDict {
     /// explicit: a negative size (libtorch's "keep this dim") is an error.
     pub fn expand(&self, shape: impl AsRef<[i64]>) -> Result<TensorDict> {
         let shape = shape.as_ref();
-        if let Some(d) = shape.iter().find(|d| **d < 0) {
-            return Err(Error::invalid(
-                "expand",
-                format!(
-                    "shape {} has a negative dimension {d} (batch size {})",
-                    ShapeFmt(shape),
-                    ShapeFmt(&self.batch_size)
-                ),
-            ));
+        if shape.iter().any(|d| *d < 0) {
+            let context = format!(" for batch size {}", ShapeFmt(&self.batch_size));
+            refuse_negative_dims("expand", "shape", shape, &context)?;
         }
         let nd = self.batch_size.len();
         let ok = shape
