@@ -51,21 +51,7 @@ pub struct Categorical {
 impl Categorical {
     /// `n` classes, shape `[]`, dtype `Int64`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        if n < 1 {
-            return Err(Error::argument(
-                "Categorical::new",
-                "n",
-                "n >= 1",
-                n.to_string(),
-            ));
-        }
-        Ok(Categorical {
-            n,
-            shape: vec![],
-            dtype: Kind::Int64,
-            device: Device::Cpu,
-            mask: None,
-        })
+        Self::of_classes("Categorical::new", n, vec![], Kind::Int64)
     }
 
     /// Sets the shape (a mask is re-expanded to `[*shape, n]`, which must work).

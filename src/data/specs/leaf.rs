@@ -432,6 +432,21 @@ macro_rules! leaf_spec_api {
     };
     (@ masked $t:ident) => {
         impl $t {
+            /// `n` classes at `shape` with `dtype`, on the CPU, no mask; errors under `op` when
+            /// `n < 1`.
+            fn of_classes(op: &'static str, n: i64, shape: Vec<i64>, dtype: Kind) -> Result<Self> {
+                if n < 1 {
+                    return Err(Error::argument(op, "n", "n >= 1", n.to_string()));
+                }
+                Ok($t {
+                    n,
+                    shape,
+                    dtype,
+                    device: Device::Cpu,
+                    mask: None,
+                })
+            }
+
             /// The number of classes.
             pub fn n(&self) -> i64 {
                 self.n

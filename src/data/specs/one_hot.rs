@@ -45,16 +45,7 @@ pub struct OneHot {
 impl OneHot {
     /// `n` classes, shape `[n]`, dtype `Bool`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        if n < 1 {
-            return Err(Error::argument("OneHot::new", "n", "n >= 1", n.to_string()));
-        }
-        Ok(OneHot {
-            n,
-            shape: vec![n],
-            dtype: Kind::Bool,
-            device: Device::Cpu,
-            mask: None,
-        })
+        Self::of_classes("OneHot::new", n, vec![n], Kind::Bool)
     }
 
     /// Sets the shape, whose last dim must be `n` (a mask is re-expanded to it).
