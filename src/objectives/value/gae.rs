@@ -28,7 +28,6 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{gae_time_last, standardize};
 use super::{estimator_builders, Estimate, EstimatorCore};
-use crate::macros::setters;
 
 /// Generalized advantage estimation (Schulman et al. 2016), TorchRL's `GAE`.
 ///
@@ -51,14 +50,14 @@ pub struct Gae {
     average_gae: bool,
 }
 
-estimator_builders!(Gae, "GAE", average_gae);
+estimator_builders!(
+    Gae,
+    "GAE",
+    /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
+    with_average_gae => average_gae
+);
 
 impl Gae {
-    setters! {
-        /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
-        with_average_gae(average_gae: bool);
-    }
-
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
         let (_guard, x) = self.core.start(td)?;

@@ -551,12 +551,17 @@ fn keys_list(td: &TensorDict) -> String {
 }
 
 /// The constructor, builder methods, getters and [`ValueEstimator`] impl GAE and TD(λ) share:
-/// `estimator_builders!(Type, "Name", flag)` for a `Type { core: EstimatorCore, flag: bool }`
-/// (the standardisation flag, off by default; each type documents and sets it, and provides
-/// `estimate`).
+/// `estimator_builders!(Type, "Name", /// doc \n with_flag => flag)` for a
+/// `Type { core: EstimatorCore, flag: bool }` (the standardisation flag, off by default, and its
+/// documented setter); each type provides `estimate`.
 macro_rules! estimator_builders {
-    ($ty:ident, $name:literal, $flag:ident) => {
+    ($ty:ident, $name:literal, $(#[$doc:meta])* $setter:ident => $flag:ident) => {
         impl $ty {
+            $crate::macros::setters! {
+                $(#[$doc])*
+                $setter($flag: bool);
+            }
+
             #[doc = concat!($name, " with discount `gamma` and trace decay `lmbda`, no value network")]
             /// (precomputed values are read), no standardisation, not differentiable.
             ///

@@ -25,7 +25,6 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{standardize, td_lambda_time_last};
 use super::{estimator_builders, Estimate, EstimatorCore};
-use crate::macros::setters;
 
 /// TD(λ) estimator, TorchRL's `TDLambdaEstimator`.
 ///
@@ -45,15 +44,15 @@ pub struct TdLambdaEstimator {
     average_rewards: bool,
 }
 
-estimator_builders!(TdLambdaEstimator, "TDLambdaEstimator", average_rewards);
+estimator_builders!(
+    TdLambdaEstimator,
+    "TDLambdaEstimator",
+    /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
+    /// `false`).
+    with_average_rewards => average_rewards
+);
 
 impl TdLambdaEstimator {
-    setters! {
-        /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
-        /// `false`).
-        with_average_rewards(average_rewards: bool);
-    }
-
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
         let (_guard, x) = self.core.start(td)?;
