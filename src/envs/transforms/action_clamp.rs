@@ -33,7 +33,7 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::{not_attached, Transform};
+use super::{attached, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -151,10 +151,7 @@ impl Transform for ActionClamp {
 
     fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "ActionClamp::inv";
-        if self.bounds.is_empty() {
-            return Err(not_attached(op, self));
-        }
-        for (key, low, high) in &self.bounds {
+        for (key, low, high) in attached(op, self, &self.bounds)? {
             let Some(a) = td.get(key) else { continue };
             let (kind, device) = (a.kind(), a.device());
             // Bounds cast to another float dtype stay ordered; to or from an integer dtype

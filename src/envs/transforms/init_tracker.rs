@@ -25,7 +25,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, Transform};
+use super::{attached, Transform};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -120,9 +120,7 @@ impl Transform for InitTracker {
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
-        if self.groups.is_empty() {
-            return Err(not_attached("InitTracker::step", self));
-        }
+        attached("InitTracker::step", self, &self.groups)?;
         for (_, key, shape) in &self.groups {
             if next.get(key).is_none() {
                 next.set(
@@ -136,9 +134,7 @@ impl Transform for InitTracker {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "InitTracker::reset";
-        if self.groups.is_empty() {
-            return Err(not_attached(op, self));
-        }
+        attached(op, self, &self.groups)?;
         for (root, key, shape) in &self.groups {
             let value = match reset_mask(td, root)? {
                 Some(m) => expand_right(&m, shape, op, key)?

@@ -173,11 +173,10 @@ pub(crate) fn float_unbounded_reward(
     }
 }
 
-/// The out keys of `pairs` that are not their own in key: the entries a transform adds.
 /// The error of a data hook of a transform that has not joined an environment yet (its keys
 /// are discovered when it is attached).
 #[cold]
-pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
+fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
     Error::invalid(
         op,
         format!(
@@ -185,6 +184,20 @@ pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
             who.name()
         ),
     )
+}
+
+/// `slots`, what a transform resolved when it joined its environment, or the
+/// [`not_attached`] error under `op` when there are none (it has not joined one yet).
+#[inline]
+pub(crate) fn attached<'a, T>(
+    op: &'static str,
+    who: &dyn Transform,
+    slots: &'a [T],
+) -> Result<&'a [T]> {
+    if slots.is_empty() {
+        return Err(not_attached(op, who));
+    }
+    Ok(slots)
 }
 
 /// [`Error::KeyNotFound`] for `key`, missing from `td`, listing the keys `td` has.

@@ -672,19 +672,17 @@ impl ObservationNorm {
             }
             Ok(n)
         };
-        let mut reduce: Vec<i64> = cfg
-            .reduce_dim
-            .iter()
-            .map(|d| to_neg(*d))
-            .collect::<Result<_>>()?;
-        reduce.sort_unstable();
+        let sorted = |dims: &[i64]| -> Result<Vec<i64>> {
+            let mut out = dims
+                .iter()
+                .map(|d| to_neg(*d))
+                .collect::<Result<Vec<_>>>()?;
+            out.sort_unstable();
+            Ok(out)
+        };
+        let mut reduce = sorted(&cfg.reduce_dim)?;
         reduce.dedup();
-        let mut keep: Vec<i64> = cfg
-            .keep_dims
-            .iter()
-            .map(|d| to_neg(*d))
-            .collect::<Result<_>>()?;
-        keep.sort_unstable();
+        let keep = sorted(&cfg.keep_dims)?;
         if let Some(k) = keep.iter().find(|k| !reduce.contains(k)) {
             return Err(Error::config(
                 "ObservationNorm::init_stats",

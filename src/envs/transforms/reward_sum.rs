@@ -38,7 +38,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{not_attached, Transform};
+use super::{attached, Transform};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -540,10 +540,7 @@ impl Transform for RewardSum {
     }
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
-        if self.slots.is_empty() {
-            return Err(not_attached("RewardSum::step", self));
-        }
-        for s in &self.slots {
+        for s in attached("RewardSum::step", self, &self.slots)? {
             let reward = next.get(&s.input).ok_or_else(|| {
                 Error::value(
                     "RewardSum::step",
@@ -565,10 +562,7 @@ impl Transform for RewardSum {
     }
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
-        if self.slots.is_empty() {
-            return Err(not_attached("RewardSum::reset", self));
-        }
-        for s in &self.slots {
+        for s in attached("RewardSum::reset", self, &self.slots)? {
             let mask = reset_mask(td, &s.root)?;
             let value = match (td.get(&s.output), mask) {
                 (Some(prev), Some(m)) => {

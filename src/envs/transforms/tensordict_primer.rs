@@ -49,7 +49,7 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::{not_attached, Transform};
+use super::{attached, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -317,10 +317,7 @@ impl Transform for TensorDictPrimer {
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::step";
-        if self.resolved.is_empty() {
-            return Err(not_attached(op, self));
-        }
-        for r in &self.resolved {
+        for r in attached(op, self, &self.resolved)? {
             if next.get_entry(&r.key).is_some() {
                 continue;
             }
@@ -345,9 +342,7 @@ impl Transform for TensorDictPrimer {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::reset";
-        if self.resolved.is_empty() {
-            return Err(not_attached(op, self));
-        }
+        attached(op, self, &self.resolved)?;
         let mask = reset_mask(td, &self.root)?;
         let items = self.primed();
         for (key, spec) in items {
