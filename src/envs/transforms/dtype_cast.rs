@@ -298,21 +298,17 @@ impl DTypeCast {
 
     fn cast_out(&self, mut td: TensorDict, tolerant: bool, op: &'static str) -> Result<TensorDict> {
         let r = self.resolved()?;
-        self.cast_pairs(
-            &mut td,
-            r.forward.iter().map(|(i, o)| (i, o)),
-            self.to,
-            tolerant,
-            op,
-        )?;
-        // State entries returned by the parent are cast to the transformed state spec.
-        self.cast_pairs(
-            &mut td,
-            r.state.iter().map(|(i, o)| (i, o)),
-            self.to,
-            true,
-            op,
-        )?;
+        // The output entries, then the state entries returned by the parent (cast to the
+        // transformed state spec; they may be absent).
+        for (pairs, tolerant) in [(&r.forward, tolerant), (&r.state, true)] {
+            self.cast_pairs(
+                &mut td,
+                pairs.iter().map(|(i, o)| (i, o)),
+                self.to,
+                tolerant,
+                op,
+            )?;
+        }
         for (i, o) in &r.state {
             if i != o && td.get(o).is_some() {
                 td.remove(i);

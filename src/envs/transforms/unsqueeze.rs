@@ -78,18 +78,24 @@ impl UnsqueezeTransform {
         self.keys_inv.pairs(OP, self, "inverse ")
     }
 
+    /// The index of the new dim in a shape of `ndim` dims (after unsqueezing) whose first `nb`
+    /// are batch dims; `None` when it would fall among the batch dims or past the end.
+    fn inserted_dim(&self, nb: usize, ndim: usize) -> Option<usize> {
+        let (nb, ndim) = (nb as i64, ndim as i64);
+        let p = if self.dim >= 0 {
+            nb + self.dim
+        } else {
+            ndim + self.dim
+        };
+        (nb..ndim).contains(&p).then_some(p as usize)
+    }
+
     /// Where the new dim goes in a shape of `ndim` dims (before unsqueezing) whose first `nb`
     /// are batch dims.
     fn position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
-        let ndim = shape.len() as i64;
-        let nb_i = nb as i64;
-        let p = if self.dim >= 0 {
-            nb_i + self.dim
-        } else {
-            ndim + 1 + self.dim
-        };
-        if p < nb_i || p > ndim {
-            return Err(Error::invalid(
+        self.inserted_dim(nb, shape.len() + 1).ok_or_else(|| {
+            let (ndim, nb_i) = (shape.len() as i64, nb as i64);
+            Error::invalid(
                 OP,
                 format!(
                     "{}: dim {} does not fit {key} of shape {} ({nb} batch dims): the new dim must \
@@ -100,22 +106,14 @@ impl UnsqueezeTransform {
                     ndim - nb_i,
                     nb_i - ndim - 1
                 ),
-            ));
-        }
-        Ok(p as usize)
+            )
+        })
     }
 
     /// Where the dim to squeeze is in a shape (already unsqueezed) with `nb` batch dims.
     fn squeeze_position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
-        let ndim = shape.len() as i64;
-        let nb_i = nb as i64;
-        let p = if self.dim >= 0 {
-            nb_i + self.dim
-        } else {
-            ndim + self.dim
-        };
-        if p < nb_i || p >= ndim {
-            return Err(Error::invalid(
+        let p = self.inserted_dim(nb, shape.len()).ok_or_else(|| {
+            Error::invalid(
                 OP,
                 format!(
                     "{}: dim {} does not fit {key} of shape {} ({nb} batch dims) for the inverse squeeze",
@@ -123,9 +121,9 @@ impl UnsqueezeTransform {
                     self.dim,
                     ShapeFmt(shape)
                 ),
-            ));
-        }
-        if shape.get(p as usize) != Some(&1) {
+            )
+        })?;
+        if shape.get(p) != Some(&1) {
             return Err(Error::value(
                 OP,
                 key,
@@ -133,7 +131,7 @@ impl UnsqueezeTransform {
                 format!("shape {}, whose dim {p} is not 1", ShapeFmt(shape)),
             ));
         }
-        Ok(p as usize)
+        Ok(p)
     }
 
     fn unsqueeze_spec(&self, nb: usize, key: &NestedKey, spec: &TensorSpec) -> Result<TensorSpec> {
