@@ -577,3 +577,31 @@ fn ensure_last(op: &'static str, i: usize, n: usize) -> Result<()> {
     }
     Ok(())
 }
+/// `dim` (negative counts from the end) as an index into `ndim` dims, if it is one.
+#[inline]
+pub(crate) fn wrap_dim(dim: i64, ndim: usize) -> Option<usize> {
+    let n = i64::try_from(ndim).ok()?;
+    let d = if dim < 0 { dim + n } else { dim };
+    if (0..n).contains(&d) {
+        usize::try_from(d).ok()
+    } else {
+        None
+    }
+}
+
+/// [`wrap_dim`], or an [`Error::IndexOutOfRange`] under `op` naming `dim` and what the `ndim`
+/// dims are (`what`, only formatted on error).
+#[inline]
+pub(crate) fn norm_dim(
+    op: &'static str,
+    dim: i64,
+    ndim: usize,
+    what: impl FnOnce() -> String,
+) -> Result<usize> {
+    wrap_dim(dim, ndim).ok_or_else(|| Error::IndexOutOfRange {
+        op,
+        index: dim,
+        what: what(),
+        size: i64::try_from(ndim).unwrap_or(i64::MAX),
+    })
+}

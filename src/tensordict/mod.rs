@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 pub(crate) use crate::host::ffi::leading_dims_are;
 pub(crate) use crate::host::Elements;
 pub use index::BatchIndex;
+pub(crate) use index::{norm_dim, wrap_dim};
 pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};

@@ -30,12 +30,7 @@ use crate::host::stack_plan::{self, Leaf};
 /// Normalises `dim` (negative counts from the end) against `ndim` positions: the batch dims of
 /// `batch`, or one more where a new dim is inserted (unsqueeze, stack). The error names `batch`.
 fn norm_dim(op: &'static str, dim: i64, ndim: usize, batch: &[i64]) -> Result<usize> {
-    let n = ndim as i64;
-    let d = if dim < 0 { dim + n } else { dim };
-    if d < 0 || d >= n {
-        return Err(dim_error(op, dim, ndim, batch));
-    }
-    Ok(d as usize)
+    super::wrap_dim(dim, ndim).ok_or_else(|| dim_error(op, dim, ndim, batch))
 }
 
 /// The error for a dim outside `-ndim..ndim`.

@@ -43,7 +43,7 @@ use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::tensordict::{fmt_key_list, Entry, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, norm_dim, Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ helpers shared by the
 // reward & episode transforms (step_counter, init_tracker, tensordict_primer)
@@ -599,16 +599,9 @@ impl Transform for RewardSum {
                 "none",
             ));
         };
-        let nb = td.batch_dims() as i64;
-        let d = if dim < 0 { dim + nb } else { dim };
-        if d < 0 || d >= nb {
-            return Err(Error::IndexOutOfRange {
-                op,
-                index: dim,
-                what: "batch dims (the time dim must be a batch dim)".into(),
-                size: nb,
-            });
-        }
+        let d = norm_dim(op, dim, td.batch_dims(), || {
+            "batch dims (the time dim must be a batch dim)".into()
+        })? as i64;
         for (input, output) in self.pairs()? {
             let r = td.get_or_err(&input)?;
             let kind = r.kind();
