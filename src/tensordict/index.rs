@@ -5,7 +5,7 @@ use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo};
 use tch::{Kind, Tensor};
 
 use super::Elements;
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{ensure_kind, Error, Result, ShapeFmt};
 
 /// One index item over batch dims, like one element of a Python index tuple.
 ///
@@ -288,14 +288,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                 let k = m.dim();
                 let expected = dims(src..src + k)?;
                 let actual = m.size();
-                if m.kind() != Kind::Bool {
-                    return Err(Error::DtypeMismatch {
-                        op,
-                        key: "<mask>".into(),
-                        expected: Kind::Bool,
-                        actual: m.kind(),
-                    });
-                }
+                ensure_kind(op, "<mask>", Kind::Bool, m.kind())?;
                 if k == 0 {
                     // A 0-d mask consumes no dim and inserts one of size 1 (true) or 0 (false),
                     // as in PyTorch: a new axis, sliced to nothing when false.

@@ -325,6 +325,19 @@ pub(crate) fn all_true(t: &Tensor) -> Result<bool> {
     Ok(i64::try_from(&all)? != 0)
 }
 
+/// `"value min=…, max=…"` of `value`, in the notation of `kind` (`""` when it is empty): the
+/// range an out-of-spec message reports.
+pub(crate) fn value_range(value: &Tensor, kind: Kind) -> Result<String> {
+    Ok(match min_max(value)? {
+        Some((lo, hi)) => format!(
+            "value min={}, max={}",
+            fmt_scalar(lo, kind),
+            fmt_scalar(hi, kind)
+        ),
+        None => String::new(),
+    })
+}
+
 /// Min and max of a tensor (as f64), `None` when empty.
 pub(crate) fn min_max(t: &Tensor) -> Result<Option<(f64, f64)>> {
     if t.elements() == 0 {

@@ -276,16 +276,21 @@ impl DTypeCast {
         }
     }
 
-    /// Casts `pairs` in `td`, reading `src` and writing `dst` (`tolerant`: skip missing keys).
-    fn cast_pairs<'a>(
+    /// Casts the `(parent-side, policy-side)` key pairs `pairs` in `td`: on the way out each
+    /// parent-side entry to `to`, written at its policy-side key; with `inverse`, each
+    /// policy-side entry to `from`, written at its parent-side key (`tolerant`: skip missing
+    /// keys).
+    fn cast_pairs(
         &self,
         td: &mut TensorDict,
-        pairs: impl Iterator<Item = (&'a NestedKey, &'a NestedKey)>,
-        to: Kind,
+        pairs: &[(NestedKey, NestedKey)],
+        inverse: bool,
         tolerant: bool,
         op: &'static str,
     ) -> Result<()> {
-        for (src, dst) in pairs {
+        let to = if inverse { self.from } else { self.to };
+        for (i, o) in pairs {
+            let (src, dst) = if inverse { (o, i) } else { (i, o) };
             let v = match td.get(src) {
                 Some(v) => v.f_to_kind(to)?,
                 None if tolerant => continue,
@@ -301,13 +306,7 @@ impl DTypeCast {
         // The output entries, then the state entries returned by the parent (cast to the
         // transformed state spec; they may be absent).
         for (pairs, tolerant) in [(&r.forward, tolerant), (&r.state, true)] {
-            self.cast_pairs(
-                &mut td,
-                pairs.iter().map(|(i, o)| (i, o)),
-                self.to,
-                tolerant,
-                op,
-            )?;
+            self.cast_pairs(&mut td, pairs, false, tolerant, op)?;
         }
         for (i, o) in &r.state {
             if i != o && td.get(o).is_some() {
@@ -426,13 +425,7 @@ impl Transform for DTypeCast {
 
     fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let r = self.resolved()?;
-        self.cast_pairs(
-            &mut td,
-            r.inverse.iter().map(|(i, o)| (o, i)),
-            self.from,
-            false,
-            "DTypeCast (inverse)",
-        )?;
+        self.cast_pairs(&mut td, &r.inverse, true, false, "DTypeCast (inverse)")?;
         Ok(td)
     }
 
@@ -460,13 +453,7 @@ impl Transform for DTypeCast {
             return Ok(td);
         }
         let r = self.resolved()?;
-        self.cast_pairs(
-            &mut td,
-            r.forward.iter().map(|(i, o)| (i, o)),
-            self.to,
-            false,
-            "DTypeCast (forward)",
-        )?;
+        self.cast_pairs(&mut td, &r.forward, false, false, "DTypeCast (forward)")?;
         Ok(td)
     }
 }

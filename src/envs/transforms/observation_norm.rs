@@ -703,23 +703,16 @@ impl ObservationNorm {
             scale = clamp_f64(OP, &scale, Some(self.eps), None)?.f_reciprocal()?;
             loc = loc.f_neg()?.f_mul(&scale)?;
         }
-        if !all_true(&loc.f_isfinite()?)? {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: non-finite values found in loc ({}); collect more frames",
-                    describe(&loc)
-                ),
-            ));
-        }
-        if !all_true(&scale.f_isfinite()?)? {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: non-finite values found in scale ({}); collect more frames",
-                    describe(&scale)
-                ),
-            ));
+        for (name, t) in [("loc", &loc), ("scale", &scale)] {
+            if !all_true(&t.f_isfinite()?)? {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                        "init_stats: non-finite values found in {name} ({}); collect more frames",
+                        describe(t)
+                    ),
+                ));
+            }
         }
         self.scale = Some(clamp_f64(OP, &scale, Some(self.eps), None)?);
         self.loc = Some(loc);
