@@ -43,7 +43,7 @@
 
 use tch::Kind;
 
-use super::{added_keys, input_keys_available, key_pairs, missing_key, Transform};
+use super::{added_keys, input_keys_available, key_pairs, map_key_pairs, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -289,16 +289,14 @@ impl DTypeCast {
         op: &'static str,
     ) -> Result<()> {
         let to = if inverse { self.from } else { self.to };
-        for (i, o) in pairs {
-            let (src, dst) = if inverse { (o, i) } else { (i, o) };
-            let v = match td.get(src) {
-                Some(v) => v.f_to_kind(to)?,
-                None if tolerant => continue,
-                None => return Err(missing_key(op, td, src)),
-            };
-            td.set(dst, v)?;
-        }
-        Ok(())
+        map_key_pairs(
+            td,
+            pairs,
+            inverse,
+            tolerant,
+            op,
+            |v, _| Ok(v.f_to_kind(to)?),
+        )
     }
 
     fn cast_out(&self, mut td: TensorDict, tolerant: bool, op: &'static str) -> Result<TensorDict> {

@@ -74,6 +74,8 @@ pub use kl_reward::{DistributionSource, KLRewardTransform, DEFAULT_LOG_PROB_KEY}
 pub use compose::Compose;
 pub use transformed_env::TransformedEnv;
 
+use tch::Tensor;
+
 use super::{EnvSpecs, SpecGroup};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::error::{Error, Result};
@@ -198,6 +200,31 @@ pub(crate) fn attached<'a, T>(
         return Err(not_attached(op, who));
     }
     Ok(slots)
+}
+
+/// Rewrites the `(parent-side, policy-side)` key pairs `pairs` of `td`: each source entry (the
+/// parent-side one, or with `inverse` the policy-side one) mapped by `f` (given the entry and
+/// its key) and written at the other key. A missing source is skipped when `tolerant`, else a
+/// [`missing_key`] error under `op`.
+#[inline]
+pub(crate) fn map_key_pairs(
+    td: &mut TensorDict,
+    pairs: &[(NestedKey, NestedKey)],
+    inverse: bool,
+    tolerant: bool,
+    op: &'static str,
+    mut f: impl FnMut(&Tensor, &NestedKey) -> Result<Tensor>,
+) -> Result<()> {
+    for (a, b) in pairs {
+        let (src, dst) = if inverse { (b, a) } else { (a, b) };
+        let v = match td.get(src) {
+            Some(v) => f(v, src)?,
+            None if tolerant => continue,
+            None => return Err(missing_key(op, td, src)),
+        };
+        td.set(dst, v)?;
+    }
+    Ok(())
 }
 
 /// [`Error::KeyNotFound`] for `key`, missing from `td`, listing the keys `td` has.

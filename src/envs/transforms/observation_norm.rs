@@ -72,8 +72,8 @@ use tch::{Kind, Tensor};
 
 use super::reward_sum::{refuse_state_keys, IN_PLACE};
 use super::{
-    added_keys, input_keys_available, map_input_specs, missing_key, KeyMap, Transform,
-    TransformedEnv,
+    added_keys, input_keys_available, map_input_specs, map_key_pairs, missing_key, KeyMap,
+    Transform, TransformedEnv,
 };
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
@@ -387,16 +387,9 @@ impl ObservationNorm {
         tolerant: bool,
         op: &'static str,
     ) -> Result<()> {
-        for (a, b) in pairs {
-            let (src, dst) = if inverse { (b, a) } else { (a, b) };
-            let v = match td.get(src) {
-                Some(v) => self.apply(v, inverse, src)?,
-                None if tolerant => continue,
-                None => return Err(missing_key(op, td, src)),
-            };
-            td.set(dst, v)?;
-        }
-        Ok(())
+        map_key_pairs(td, pairs, inverse, tolerant, op, |v, src| {
+            self.apply(v, inverse, src)
+        })
     }
 
     /// Computes `loc` and `scale` from rollouts of `parent`, the env this transform is about to

@@ -50,12 +50,7 @@ pub struct Gae {
     average_gae: bool,
 }
 
-estimator_builders!(
-    Gae,
-    "GAE",
-    /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
-    with_average_gae => average_gae
-);
+estimator_builders!(Gae, "GAE", with_average_gae => average_gae);
 
 impl Gae {
     /// `(advantage, value_target)` and the value writes, without touching `td`.

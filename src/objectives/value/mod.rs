@@ -551,14 +551,14 @@ fn keys_list(td: &TensorDict) -> String {
 }
 
 /// The constructor, builder methods, getters and [`ValueEstimator`] impl GAE and TD(λ) share:
-/// `estimator_builders!(Type, "Name", /// doc \n with_flag => flag)` for a
-/// `Type { core: EstimatorCore, flag: bool }` (the standardisation flag, off by default, and its
-/// documented setter); each type provides `estimate`.
+/// `estimator_builders!(Type, "Name", with_flag => flag)` for a
+/// `Type { core: EstimatorCore, flag: bool }` (the standardisation flag, off by default, its
+/// setter and getter); each type documents the flag and provides `estimate`.
 macro_rules! estimator_builders {
-    ($ty:ident, $name:literal, $(#[$doc:meta])* $setter:ident => $flag:ident) => {
+    ($ty:ident, $name:literal, $setter:ident => $flag:ident) => {
         impl $ty {
             $crate::macros::setters! {
-                $(#[$doc])*
+                #[doc = concat!("Sets TorchRL's `", stringify!($flag), "` (default `false`; see the type's docs).")]
                 $setter($flag: bool);
             }
 

@@ -44,13 +44,7 @@ pub struct TdLambdaEstimator {
     average_rewards: bool,
 }
 
-estimator_builders!(
-    TdLambdaEstimator,
-    "TDLambdaEstimator",
-    /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
-    /// `false`).
-    with_average_rewards => average_rewards
-);
+estimator_builders!(TdLambdaEstimator, "TDLambdaEstimator", with_average_rewards => average_rewards);
 
 impl TdLambdaEstimator {
     /// `(advantage, value_target)` and the value writes, without touching `td`.
