@@ -64,6 +64,17 @@ macro_rules! env_core_field {
 }
 pub(crate) use env_core_field;
 
+/// The key-list getters of [`EnvBase`] (`action_keys`, …): each a copy of one of the lists
+/// its [`EnvCore`] caches.
+macro_rules! key_lists {
+    ($($(#[$doc:meta])* $name:ident => $field:ident;)*) => {$(
+        $(#[$doc])*
+        fn $name(&self) -> Vec<NestedKey> {
+            self.core().keys().$field.clone()
+        }
+    )*};
+}
+
 /// The state every environment carries: its (finalized, locked) specs, a seedable generator
 /// for random actions and initial states, and flags. Embed one in your env and return it from
 /// [`EnvBase::core`] / [`EnvBase::core_mut`].
@@ -209,29 +220,19 @@ pub trait EnvBase: Send {
         self.specs().device()
     }
 
-    /// Action leaf keys.
-    fn action_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().action.clone()
-    }
-    /// Reward leaf keys.
-    fn reward_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().reward.clone()
-    }
-    /// Done leaf keys.
-    fn done_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().done.clone()
-    }
-    /// Observation leaf keys.
-    fn observation_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().observation.clone()
-    }
-    /// State leaf keys.
-    fn state_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().state.clone()
-    }
-    /// `"_reset"` keys, one per done group.
-    fn reset_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().reset.clone()
+    key_lists! {
+        /// Action leaf keys.
+        action_keys => action;
+        /// Reward leaf keys.
+        reward_keys => reward;
+        /// Done leaf keys.
+        done_keys => done;
+        /// Observation leaf keys.
+        observation_keys => observation;
+        /// State leaf keys.
+        state_keys => state;
+        /// `"_reset"` keys, one per done group.
+        reset_keys => reset;
     }
 
     /// [`EnvBase::step_impl`] followed by reward reshaping and done completion: the next

@@ -72,9 +72,11 @@ impl Transform for InitTracker {
         let op = "InitTracker::attach";
         let name = self.init_key.as_str();
         if name.is_empty() || name == "_reset" || name == "next" {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("the init key must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
+                "init_key",
+                "a non-empty leaf name other than \"_reset\" and \"next\"",
+                format!("{name:?}"),
             ));
         }
         let roots = required_reset_roots(parent, op, "to track resets for")?;

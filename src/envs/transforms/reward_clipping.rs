@@ -42,9 +42,11 @@ impl RewardClipping {
     /// `clamp_min > clamp_max`.
     pub fn new(clamp_min: f64, clamp_max: f64) -> Result<Self> {
         if clamp_min.is_nan() || clamp_max.is_nan() || clamp_min > clamp_max {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "RewardClipping::new",
-                format!("expected clamp_min <= clamp_max (no NaN), got clamp_min={clamp_min}, clamp_max={clamp_max}"),
+                "clamp_min, clamp_max",
+                "clamp_min <= clamp_max (no NaN)",
+                format!("clamp_min={clamp_min}, clamp_max={clamp_max}"),
             ));
         }
         Ok(RewardClipping {

@@ -52,7 +52,12 @@ impl RewardScaling {
     pub fn new(loc: f64, scale: f64) -> Result<Self> {
         let op = "RewardScaling::new";
         if !loc.is_finite() {
-            return Err(Error::invalid(op, format!("loc must be finite, got {loc}")));
+            return Err(Error::argument(
+                op,
+                "loc",
+                "a finite number",
+                loc.to_string(),
+            ));
         }
         if !scale.is_finite() || scale <= 0.0 {
             return Err(Error::invalid(

@@ -229,23 +229,24 @@ impl MlpConfig {
             (None, Some(d)) => vec![32; d],
             (Some(NumCells::Width(w)), Some(d)) => vec![*w; d],
             (Some(NumCells::Width(w)), None) => {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     op,
+                    "depth",
                     format!(
-                        "num_cells is one width ({w}) but no depth is given; set a depth, or \
-                         give one width per layer"
+                        "a depth, since num_cells is one width ({w}) (or give one width per \
+                         layer)"
                     ),
+                    "no depth",
                 ))
             }
             (Some(NumCells::PerLayer(v)), None) => v.clone(),
             (Some(NumCells::PerLayer(v)), Some(d)) => {
                 if v.len() != d {
-                    return Err(Error::invalid(
+                    return Err(Error::config(
                         op,
-                        format!(
-                            "depth {d} conflicts with the {} per-layer widths {v:?}",
-                            v.len()
-                        ),
+                        "depth",
+                        format!("{}, the number of per-layer widths {v:?}", v.len()),
+                        format!("depth {d}"),
                     ));
                 }
                 v.clone()
