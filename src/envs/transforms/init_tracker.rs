@@ -25,7 +25,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{attached, Transform};
+use super::{attached, refuse_taken_key, Transform, OUTPUT_GROUPS};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
@@ -84,18 +84,13 @@ impl Transform for InitTracker {
         for root in roots {
             let shape = done_shape(parent, &root, op)?;
             let key = root.join(name);
-            for (what, c) in [
-                ("observation", &parent.observation),
-                ("reward", &parent.reward),
-                ("done", &parent.done),
-            ] {
-                if c.contains(&key) {
-                    return Err(Error::invalid(
-                        op,
-                        format!("the init key {key} is already in the parent's {what} spec"),
-                    ));
-                }
-            }
+            refuse_taken_key(
+                op,
+                parent,
+                &OUTPUT_GROUPS,
+                &key,
+                "an init key that is new to the parent's specs",
+            )?;
             groups.push((root, key, shape));
         }
         self.device = parent.device();

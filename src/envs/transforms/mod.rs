@@ -342,6 +342,30 @@ pub(crate) fn map_input_specs(
     Ok(specs)
 }
 
+/// The spec groups an env outputs (observation, reward, done), for [`refuse_taken_key`].
+pub(crate) const OUTPUT_GROUPS: [SpecGroup; 3] =
+    [SpecGroup::Observation, SpecGroup::Reward, SpecGroup::Done];
+
+/// Errors ([`Error::InvalidValue`] on `key` under `op`) when one of the parent's `groups`
+/// already holds `key`, a key the transform means to add; `expected` says what it should be.
+pub(crate) fn refuse_taken_key(
+    op: &'static str,
+    parent: &EnvSpecs,
+    groups: &[SpecGroup],
+    key: &NestedKey,
+    expected: &str,
+) -> Result<()> {
+    match groups.iter().find(|g| parent.group(**g).contains(key)) {
+        None => Ok(()),
+        Some(g) => Err(Error::value(
+            op,
+            key,
+            expected,
+            format!("a key already in the parent's {g} spec"),
+        )),
+    }
+}
+
 /// The out keys of `pairs` that differ from their in keys (the keys a transform adds).
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs

@@ -38,7 +38,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{attached, Transform};
+use super::{attached, refuse_taken_key, Transform, OUTPUT_GROUPS};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
@@ -472,20 +472,13 @@ impl Transform for RewardSum {
                     "the in key itself; choose another out key",
                 ));
             }
-            for (g, what) in [
-                (&parent.observation, "observation"),
-                (&parent.reward, "reward"),
-                (&parent.done, "done"),
-            ] {
-                if g.contains(output) {
-                    return Err(Error::value(
-                        op,
-                        output,
-                        "an out key that is new to the parent's specs",
-                        format!("a key already in the parent's {what} spec"),
-                    ));
-                }
-            }
+            refuse_taken_key(
+                op,
+                parent,
+                &OUTPUT_GROUPS,
+                output,
+                "an out key that is new to the parent's specs",
+            )?;
             let root = match &explicit_roots {
                 Some(r) => r.get(i).or_else(|| r.first()).cloned().unwrap_or_default(),
                 None => roots

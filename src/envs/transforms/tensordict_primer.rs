@@ -49,9 +49,9 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::{attached, Transform};
+use super::{attached, refuse_taken_key, Transform};
 use crate::data::specs::TensorSpec;
-use crate::envs::EnvSpecs;
+use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::rng::Generator;
@@ -200,22 +200,19 @@ impl Transform for TensorDictPrimer {
                     "a Composite",
                 ));
             }
-            for (what, c) in [
-                ("observation", &parent.observation),
-                ("reward", &parent.reward),
-                ("done", &parent.done),
-                ("action", &parent.action),
-                ("state", &parent.state),
-            ] {
-                if c.contains(key) {
-                    return Err(Error::value(
-                        op,
-                        key,
-                        "a primer key that is new to the parent's specs",
-                        format!("a key already in the parent's {what} spec"),
-                    ));
-                }
-            }
+            refuse_taken_key(
+                op,
+                parent,
+                &[
+                    SpecGroup::Observation,
+                    SpecGroup::Reward,
+                    SpecGroup::Done,
+                    SpecGroup::Action,
+                    SpecGroup::State,
+                ],
+                key,
+                "a primer key that is new to the parent's specs",
+            )?;
             let spec = spec.to_device(parent.device())?;
             let (full, feature) = if self.expand_specs {
                 let shape: Vec<i64> = [batch.as_slice(), spec.shape()].concat();
