@@ -142,21 +142,6 @@ pub(crate) fn read_inputs<'a>(
     keys.iter().map(|k| read_input(op, td, k)).collect()
 }
 
-/// The forward of a module from tensors to tensors: reads `in_keys` of `td` (an error names a
-/// missing key), runs `f` on them (in order) and writes its outputs under `out_keys`.
-#[inline]
-pub(crate) fn forward_keyed(
-    op: &'static str,
-    mut td: TensorDict,
-    in_keys: &[NestedKey],
-    out_keys: &[NestedKey],
-    f: impl FnOnce(&[&Tensor]) -> Result<Vec<Tensor>>,
-) -> Result<TensorDict> {
-    let outputs = f(&read_inputs(op, &td, in_keys)?)?;
-    write_outputs(op, &mut td, out_keys, outputs)?;
-    Ok(td)
-}
-
 /// Which of a module's `out_keys` holds the output a caller wants: the first of `preferred`
 /// that the module declares, else its only out key, else `None`.
 pub(crate) fn pick_out_key(out_keys: &[NestedKey], preferred: &[&NestedKey]) -> Option<NestedKey> {
@@ -267,9 +252,14 @@ where
         self.out_keys.clone()
     }
 
-    fn forward(&self, td: TensorDict) -> Result<TensorDict> {
+    fn forward(&self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "FnModule::forward";
-        forward_keyed(op, td, &self.in_keys, &self.out_keys, |x| (self.f)(x))
+        let outputs = {
+            let inputs = read_inputs(op, &td, &self.in_keys)?;
+            (self.f)(&inputs)?
+        };
+        write_outputs(op, &mut td, &self.out_keys, outputs)?;
+        Ok(td)
     }
 }
 
@@ -488,11 +478,15 @@ impl<M: TensorModule> TensorDictModule for TdModule<M> {
         self.out_keys.clone()
     }
 
-    fn forward(&self, td: TensorDict) -> Result<TensorDict> {
+    fn forward(&self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "TdModule::forward";
-        forward_keyed(op, td, &self.in_keys, &self.out_keys, |x| {
-            self.split(op, self.module.forward_many(x, self.train)?)
-        })
+        let out = {
+            let inputs = read_inputs(op, &td, &self.in_keys)?;
+            self.module.forward_many(&inputs, self.train)?
+        };
+        let outputs = self.split(op, out)?;
+        write_outputs(op, &mut td, &self.out_keys, outputs)?;
+        Ok(td)
     }
 
     fn set_train(&mut self, train: bool) {
