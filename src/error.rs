@@ -398,6 +398,21 @@ impl Error {
     }
 }
 
+/// `Ok(())` when `actual` is `expected`, else an [`Error::DtypeMismatch`] under `op` naming
+/// `key` (allocated only on error).
+#[inline]
+pub(crate) fn ensure_kind(op: &'static str, key: &str, expected: Kind, actual: Kind) -> Result<()> {
+    if actual == expected {
+        return Ok(());
+    }
+    Err(Error::DtypeMismatch {
+        op,
+        key: key.to_string(),
+        expected,
+        actual,
+    })
+}
+
 /// Returns early with an [`Error::InvalidArgument`] when the condition is false.
 macro_rules! ensure {
     ($cond:expr, $op:expr, $($fmt:tt)+) => {

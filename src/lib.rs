@@ -44,6 +44,7 @@ pub mod envs;
 pub mod error;
 mod host;
 pub mod kind;
+mod macros;
 pub mod modules;
 pub mod objectives;
 pub mod rng;

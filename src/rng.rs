@@ -27,8 +27,7 @@ use crate::kind::is_float;
 use tch::{kind::Element, Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::host::HostOut;
-use crate::tensordict::Elements;
+use crate::host::{Elements, HostOut};
 
 /// A seedable, deterministic pseudo-random generator (xoshiro256**, seeded with SplitMix64).
 ///

@@ -20,6 +20,7 @@ use torchrl::envs::transforms::{
 };
 use torchrl::envs::{EnvBase, EnvSpecs, RolloutConfig};
 use torchrl::specs::{Bounded, Composite, TensorSpec};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Error, Result};
 
 const CPU: Device = Device::Cpu;
@@ -171,14 +172,14 @@ impl Transform for Rewriter {
     }
     fn transform_observation_spec(&self, mut spec: Composite) -> Result<Composite> {
         spec.unlock();
-        for k in spec.keys(false, false) {
+        for k in spec.keys(KeysOptions::top_level()) {
             spec.remove(&k)?;
         }
         Ok(spec)
     }
     fn transform_reward_spec(&self, mut spec: Composite) -> Result<Composite> {
         spec.unlock();
-        for k in spec.keys(true, true) {
+        for k in spec.keys(KeysOptions::nested_leaves()) {
             let shape = spec.get(&k).map(|s| s.shape().to_vec()).unwrap_or_default();
             spec.set(&k, Bounded::new(-3.0, 3.0, shape)?)?;
         }

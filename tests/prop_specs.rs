@@ -26,6 +26,7 @@ use torchrl::specs::{
     Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, NonTensor, OneHot,
     TensorSpec, Unbounded,
 };
+use torchrl::tensordict::KeysOptions;
 use torchrl::{BatchIndex, Entry, Error, Generator, NestedKey, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -774,7 +775,7 @@ fn composite_case(
         Err(e) => return Err(format!("Composite::is_in(zero) failed: {e}")),
     }
     // A missing leaf is an error naming it.
-    let leaf_keys: Vec<NestedKey> = comp.keys(true, true);
+    let leaf_keys: Vec<NestedKey> = comp.keys(KeysOptions::nested_leaves());
     if !leaf_keys.is_empty() {
         let k = &leaf_keys[drop % leaf_keys.len()];
         let mut missing = td.clone();

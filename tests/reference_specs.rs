@@ -43,7 +43,8 @@ use std::collections::BTreeMap;
 
 use common::*;
 use tch::{Kind, Tensor};
-use torchrl::specs::{stack_specs, Bounded, TensorSpec};
+use torchrl::specs::{stack_specs, Bounded, Recurse, TensorSpec};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{Entry, Error, Generator, NestedKey};
 
 const CASES_FILE: &str = "spec_cases.json";
@@ -122,7 +123,7 @@ const DEVIATIONS: &[Deviation] = &[
         reason: "TorchRL documents `is_empty(recurse=True)` as true when no leaf spec exists at \
                  any depth, but 0.14.1 falls through to `len(self._specs) == 0` for a composite \
                  holding an empty composite; Rust follows the documented intent",
-        rust_does: "`is_empty(true)` is true (and `is_empty(false)` is false: there is one entry)",
+        rust_does: "`is_empty(Recurse::Yes)` is true (and `is_empty(Recurse::No)` is false: there is one entry)",
         check: deviation_is_empty_recursive,
     },
     Deviation {
@@ -130,7 +131,7 @@ const DEVIATIONS: &[Deviation] = &[
         reason: "as is_empty_nested_empty_recursive: a composite whose only entry is None has \
                  no leaf spec, which TorchRL's docs call empty with recurse=True; 0.14.1 returns \
                  False",
-        rust_does: "`is_empty(true)` is true (and `is_empty(false)` is false: there is one entry)",
+        rust_does: "`is_empty(Recurse::Yes)` is true (and `is_empty(Recurse::No)` is false: there is one entry)",
         check: deviation_is_empty_recursive,
     },
 ];
@@ -307,11 +308,17 @@ fn run(case: &Case) -> Result<Outcome, RunError> {
             }))
         }
         "eq" => Outcome::Bool(spec == spec_arg(case, "other")?),
-        "keys" => Outcome::Keys(composite(&spec, op)?.keys(
-            bool_arg(case, "include_nested")?,
-            bool_arg(case, "leaves_only")?,
+        "keys" => Outcome::Keys(composite(&spec, op)?.keys(KeysOptions {
+            nested: bool_arg(case, "include_nested")?,
+            leaves_only: bool_arg(case, "leaves_only")?,
+        })),
+        "is_empty" => Outcome::Bool(composite(&spec, op)?.is_empty(
+            if bool_arg(case, "recurse")? {
+                Recurse::Yes
+            } else {
+                Recurse::No
+            },
         )),
-        "is_empty" => Outcome::Bool(composite(&spec, op)?.is_empty(bool_arg(case, "recurse")?)),
         "rand_is_in" => {
             let sample = spec.rand(&mut Generator::new(0), &shape_arg(case, "shape")?)?;
             let is_in = spec.is_in(&sample)?;
@@ -544,10 +551,10 @@ fn deviation_is_empty_recursive(case: &Case) -> Result<(), String> {
     if !bool_arg(case, "recurse")? {
         return Err("the case does not recurse".into());
     }
-    match (c.is_empty(true), c.is_empty(false)) {
+    match (c.is_empty(Recurse::Yes), c.is_empty(Recurse::No)) {
         (true, false) => Ok(()),
         (r, nr) => Err(format!(
-            "expected is_empty(true) = true and is_empty(false) = false, got {r} and {nr}"
+            "expected is_empty(Recurse::Yes) = true and is_empty(Recurse::No) = false, got {r} and {nr}"
         )),
     }
 }
@@ -777,7 +784,7 @@ fn spec_comparisons_detect_differences() {
     let keys: Vec<String> = spec
         .as_composite()
         .expect("composite")
-        .keys(false, false)
+        .keys(KeysOptions::top_level())
         .iter()
         .map(|k| k.to_string())
         .collect();

@@ -7,8 +7,9 @@
 use tch::{Device, Kind, Tensor};
 use torchrl::specs::{
     stack_specs, Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, NonTensor,
-    OneHot, TensorSpec, Unbounded,
+    OneHot, Recurse, TensorSpec, Unbounded,
 };
+use torchrl::tensordict::KeysOptions;
 use torchrl::{BatchIndex, Entry, Error, Generator, NestedKey, TensorDict};
 
 const CPU: Device = Device::Cpu;
@@ -33,10 +34,13 @@ fn tensor(e: Entry) -> Tensor {
 }
 
 fn keys(c: &Composite, nested: bool, leaves: bool) -> Vec<String> {
-    c.keys(nested, leaves)
-        .iter()
-        .map(|k| k.to_string())
-        .collect()
+    c.keys(KeysOptions {
+        nested,
+        leaves_only: leaves,
+    })
+    .iter()
+    .map(|k| k.to_string())
+    .collect()
 }
 
 /// One spec of every leaf class, in several configurations.
@@ -947,7 +951,7 @@ fn composite_keys_and_lookup() {
         Err(Error::NotALevel { .. })
     ));
     assert_eq!(c.leaves().len(), 3);
-    let items = c.items(false, false);
+    let items = c.items(KeysOptions::top_level());
     assert_eq!(items.len(), 3);
 }
 
@@ -964,7 +968,7 @@ fn composite_set_validation() {
         msg.contains(r#""a""#) && msg.contains("[2]") && msg.contains("[3]"),
         "{msg}"
     );
-    assert!(c.is_empty(false));
+    assert!(c.is_empty(Recurse::No));
     for bad in ["shape", "device", "dtype", "space"] {
         assert!(matches!(
             c.set(bad, Unbounded::new().with_shape([3]).unwrap()),
@@ -975,7 +979,7 @@ fn composite_set_validation() {
             Err(Error::InvalidKey { .. })
         ));
     }
-    assert!(c.is_empty(false), "nothing half-written");
+    assert!(c.is_empty(Recurse::No), "nothing half-written");
     // nested set creates the level with the parent shape
     c.set(
         ("next", "reward"),
@@ -1157,10 +1161,10 @@ fn composite_pop_remove_update_empty() {
         .unwrap()
         .with("a", Composite::new([]).unwrap())
         .unwrap();
-    assert!(!nest.is_empty(false));
-    assert!(nest.is_empty(true));
-    assert!(Composite::new([]).unwrap().is_empty(false));
-    assert!(!nested_composite().is_empty(true));
+    assert!(!nest.is_empty(Recurse::No));
+    assert!(nest.is_empty(Recurse::Yes));
+    assert!(Composite::new([]).unwrap().is_empty(Recurse::No));
+    assert!(!nested_composite().is_empty(Recurse::Yes));
     // update merges nested composites and replaces leaves
     let mut c = nested_composite();
     let upd = Composite::new([5])
@@ -1190,7 +1194,7 @@ fn composite_pop_remove_update_empty() {
     assert!(c.update(&bad).is_err(), "[1] does not start with [5]");
     assert_eq!(c, before);
     let e = c.empty();
-    assert!(e.is_empty(false) && e.shape() == [5]);
+    assert!(e.is_empty(Recurse::No) && e.shape() == [5]);
 }
 
 #[test]

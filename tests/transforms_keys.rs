@@ -23,6 +23,7 @@ use torchrl::envs::transforms::{
 };
 use torchrl::envs::{EnvBase, EnvCore, EnvSpecs};
 use torchrl::specs::{Bounded, Composite, TensorSpec, Unbounded};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{check_env_specs, Error, NestedKey, Result, RolloutConfig, TensorDict};
 
 // ====================================================================== the test env
@@ -350,7 +351,7 @@ fn check_group(c: &Composite, expected: &Value, path: &str) -> std::result::Resu
             check_tensor_close(b.high(), &s["high"], &format!("{path}[{key}].high"))?;
         }
     }
-    let act: BTreeSet<NestedKey> = c.keys(true, true).into_iter().collect();
+    let act: BTreeSet<NestedKey> = c.keys(KeysOptions::nested_leaves()).into_iter().collect();
     if act != exp_keys {
         return Err(format!("{path}: spec keys {act:?}, expected {exp_keys:?}"));
     }

@@ -18,6 +18,7 @@ use torchrl::envs::transforms::{
 };
 use torchrl::envs::{check_env_specs, EnvBase, EnvSpecs, RolloutConfig};
 use torchrl::specs::{Bounded, TensorSpec, Unbounded};
+use torchrl::tensordict::KeysOptions;
 use torchrl::{NestedKey, TensorDict};
 
 type R<T> = Result<T, String>;
@@ -368,7 +369,7 @@ fn check_specs(env: &TransformedEnv<CountingEnv>, expect: &Value) -> R<()> {
             .as_array()
             .ok_or(format!("specs.{group}"))?;
         let mut want_keys: Vec<NestedKey> = want.iter().map(|e| key_of(&e[0])).collect::<R<_>>()?;
-        let mut got_keys = comp.keys(true, true);
+        let mut got_keys = comp.keys(KeysOptions::nested_leaves());
         want_keys.sort();
         got_keys.sort();
         if want_keys != got_keys {

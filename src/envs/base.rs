@@ -64,6 +64,37 @@ macro_rules! env_core_field {
 }
 pub(crate) use env_core_field;
 
+/// The key-list getters of [`EnvBase`] (`action_keys`, …): each a copy of one of the lists
+/// its [`EnvCore`] caches.
+macro_rules! key_lists {
+    ($($(#[$doc:meta])* $name:ident => $field:ident;)*) => {$(
+        $(#[$doc])*
+        fn $name(&self) -> Vec<NestedKey> {
+            self.core().keys().$field.clone()
+        }
+    )*};
+}
+
+/// Errors ([`Error::ShapeMismatch`] under `op`, naming `what`) when a tensordict an env
+/// returned does not have the env's batch size.
+#[inline]
+fn check_returned_batch(
+    op: &'static str,
+    what: &str,
+    td: &TensorDict,
+    specs: &EnvSpecs,
+) -> Result<()> {
+    if td.batch_size() == specs.batch_size() {
+        return Ok(());
+    }
+    Err(Error::ShapeMismatch {
+        op,
+        key: what.into(),
+        expected: specs.batch_size().to_vec(),
+        actual: td.batch_size().to_vec(),
+    })
+}
+
 /// The state every environment carries: its (finalized, locked) specs, a seedable generator
 /// for random actions and initial states, and flags. Embed one in your env and return it from
 /// [`EnvBase::core`] / [`EnvBase::core_mut`].
@@ -209,44 +240,31 @@ pub trait EnvBase: Send {
         self.specs().device()
     }
 
-    /// Action leaf keys.
-    fn action_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().action.clone()
-    }
-    /// Reward leaf keys.
-    fn reward_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().reward.clone()
-    }
-    /// Done leaf keys.
-    fn done_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().done.clone()
-    }
-    /// Observation leaf keys.
-    fn observation_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().observation.clone()
-    }
-    /// State leaf keys.
-    fn state_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().state.clone()
-    }
-    /// `"_reset"` keys, one per done group.
-    fn reset_keys(&self) -> Vec<NestedKey> {
-        self.core().keys().reset.clone()
+    key_lists! {
+        /// Action leaf keys.
+        action_keys => action;
+        /// Reward leaf keys.
+        reward_keys => reward;
+        /// Done leaf keys.
+        done_keys => done;
+        /// Observation leaf keys.
+        observation_keys => observation;
+        /// State leaf keys.
+        state_keys => state;
+        /// `"_reset"` keys, one per done group.
+        reset_keys => reset;
     }
 
     /// [`EnvBase::step_impl`] followed by reward reshaping and done completion: the next
     /// tensordict as the env's specs describe it. Wrappers call this on their inner env.
     fn step_next(&mut self, td: &TensorDict) -> Result<TensorDict> {
         let mut next = self.step_impl(td)?;
-        let specs = self.specs();
-        if next.batch_size() != specs.batch_size() {
-            return Err(Error::ShapeMismatch {
-                op: "step (batch size of the returned tensordict)",
-                key: "<next>".into(),
-                expected: specs.batch_size().to_vec(),
-                actual: next.batch_size().to_vec(),
-            });
-        }
+        check_returned_batch(
+            "step (batch size of the returned tensordict)",
+            "<next>",
+            &next,
+            self.specs(),
+        )?;
         let keys = self.core().keys();
         reshape_rewards(&mut next, keys)?;
         complete_done(&mut next, keys)?;
@@ -256,15 +274,12 @@ pub trait EnvBase: Send {
     /// [`EnvBase::reset_impl`] followed by done completion and the partial-reset merge.
     fn reset_next(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let mut out = self.reset_impl(td)?;
-        let specs = self.specs();
-        if out.batch_size() != specs.batch_size() {
-            return Err(Error::ShapeMismatch {
-                op: "reset (batch size of the returned tensordict)",
-                key: "<reset>".into(),
-                expected: specs.batch_size().to_vec(),
-                actual: out.batch_size().to_vec(),
-            });
-        }
+        check_returned_batch(
+            "reset (batch size of the returned tensordict)",
+            "<reset>",
+            &out,
+            self.specs(),
+        )?;
         complete_done(&mut out, self.core().keys())?;
         if let Some(prev) = td {
             out = merge_partial_reset(prev, out, self.core())?;

@@ -25,7 +25,7 @@ use tch::{Device, Kind};
 
 use crate::data::specs::{Categorical, Composite, TensorSpec};
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{AsKey, NestedKey};
+use crate::tensordict::{AsKey, KeysOptions, NestedKey};
 
 /// The five spec groups of an environment, plus its batch size and device.
 #[derive(Clone, PartialEq)]
@@ -212,7 +212,7 @@ impl EnvSpecs {
     }
 
     fn complete_done_specs(&mut self) -> Result<()> {
-        if self.done.keys(true, true).is_empty() {
+        if self.done.keys(KeysOptions::nested_leaves()).is_empty() {
             let mut shape = self.batch_size.clone();
             shape.push(1);
             let spec = Categorical::new(2)?
@@ -241,7 +241,7 @@ impl EnvSpecs {
     /// The prefixes of the done groups: `[]` for the root group, `["agents"]` for a nested one.
     pub fn done_group_prefixes(&self) -> Vec<NestedKey> {
         let mut out: Vec<NestedKey> = Vec::new();
-        for k in self.done.keys(true, true) {
+        for k in self.done.keys(KeysOptions::nested_leaves()) {
             let prefix: NestedKey = k
                 .parts()
                 .take(k.len().saturating_sub(1))
@@ -308,8 +308,10 @@ impl EnvSpecs {
             }
         }
         let collide = |a: &Composite, b: &Composite| -> Option<NestedKey> {
-            let bk = b.keys(true, true);
-            a.keys(true, true).into_iter().find(|k| bk.contains(k))
+            let bk = b.keys(KeysOptions::nested_leaves());
+            a.keys(KeysOptions::nested_leaves())
+                .into_iter()
+                .find(|k| bk.contains(k))
         };
         let pairs = [
             (&self.done, &self.observation, "done", "observation"),
@@ -344,23 +346,23 @@ impl EnvSpecs {
 
     /// Action leaf keys, shallow first.
     pub fn action_keys(&self) -> Vec<NestedKey> {
-        by_depth(self.action.keys(true, true))
+        by_depth(self.action.keys(KeysOptions::nested_leaves()))
     }
     /// Reward leaf keys, shallow first.
     pub fn reward_keys(&self) -> Vec<NestedKey> {
-        by_depth(self.reward.keys(true, true))
+        by_depth(self.reward.keys(KeysOptions::nested_leaves()))
     }
     /// Done leaf keys (`done`, `terminated`, `truncated`, …), shallow first.
     pub fn done_keys(&self) -> Vec<NestedKey> {
-        by_depth(self.done.keys(true, true))
+        by_depth(self.done.keys(KeysOptions::nested_leaves()))
     }
     /// Observation leaf keys, shallow first.
     pub fn observation_keys(&self) -> Vec<NestedKey> {
-        by_depth(self.observation.keys(true, true))
+        by_depth(self.observation.keys(KeysOptions::nested_leaves()))
     }
     /// State leaf keys, shallow first.
     pub fn state_keys(&self) -> Vec<NestedKey> {
-        by_depth(self.state.keys(true, true))
+        by_depth(self.state.keys(KeysOptions::nested_leaves()))
     }
     /// One `(*prefix, "_reset")` key per done group.
     pub fn reset_keys(&self) -> Vec<NestedKey> {

@@ -1,5 +1,5 @@
 //! Environments: the [`EnvBase`] trait, [`EnvSpecs`], rollouts, [`check_env_specs`], and
-//! [`transforms`] with [`TransformedEnv`](transforms::TransformedEnv).
+//! [`transforms`] with [`TransformedEnv`].
 //!
 //! See [`base`] for a complete custom environment.
 

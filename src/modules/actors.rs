@@ -91,29 +91,13 @@ use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
 use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
+pub use super::probabilistic::ExplorationType;
 use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::module::setters;
+use crate::macros::setters;
 use crate::rng::Generator;
 use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
-
-// ------------------------------------------------------------------ exploration
-
-/// How an actor turns a distribution into an action (TorchRL's `ExplorationType` /
-/// `InteractionType`); see the [module docs](self).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ExplorationType {
-    /// A (reparameterised when possible) sample.
-    Random,
-    /// `deterministic_sample()` (TorchRL's default for a `ProbabilisticActor`).
-    #[default]
-    Deterministic,
-    /// `mode()`.
-    Mode,
-    /// `mean()`, or a Monte-Carlo mean where it has no closed form.
-    Mean,
-}
 
 // ------------------------------------------------------------------ distribution builders
 
@@ -534,9 +518,9 @@ impl NormalParamExtractor {
 
     setters! {
         /// Sets the scale mapping.
-        with_scale_mapping: mapping: ScaleMapping;
+        with_scale_mapping(mapping: ScaleMapping);
         /// Sets the scale's lower bound.
-        with_scale_lb: scale_lb: f64;
+        with_scale_lb(scale_lb: f64);
     }
 
     /// Splits `x` (`[*, 2d]`) into `loc` and `scale` (`[*, d]` each). Errors when the last dim
@@ -663,9 +647,9 @@ impl ProbabilisticActor {
 
     setters! {
         /// Whether `forward` also writes `dist.log_prob(action)`.
-        with_return_log_prob: return_log_prob: bool;
+        with_return_log_prob(return_log_prob: bool);
         /// Sets the exploration type used by `forward`.
-        with_exploration_type: exploration: ExplorationType;
+        with_exploration_type(exploration: ExplorationType);
     }
 
     /// Sets the exploration type used by `forward`.

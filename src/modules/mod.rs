@@ -25,8 +25,8 @@ pub mod probabilistic;
 pub mod sequential;
 
 pub use actor_value::ActorValueOperator;
-pub use actors::{DistributionBuilder, ExplorationType, NormalParamExtractor, ProbabilisticActor};
+pub use actors::{DistributionBuilder, NormalParamExtractor, ProbabilisticActor};
 pub use models::{MlpConfig, ValueOperator, MLP};
 pub use module::{from_fn, TdModule, TensorDictModule};
-pub use probabilistic::ProbabilisticTensorDictModule;
+pub use probabilistic::{ExplorationType, ProbabilisticTensorDictModule};
 pub use sequential::TensorDictSequential;

@@ -109,22 +109,6 @@ impl<M: TensorDictModule + ?Sized> TensorDictModule for Box<M> {
 
 // ------------------------------------------------------------------ shared helpers
 
-/// Builder setters `fn $name(mut self, $field: $ty) -> Self` that store their argument in the
-/// field of the same name, each with its doc comment (the plain `with_*` of configs and
-/// modules, written once).
-macro_rules! setters {
-    ($($(#[$m:meta])* $name:ident: $field:ident: $ty:ty;)*) => {
-        $(
-            $(#[$m])*
-            pub fn $name(mut self, $field: $ty) -> Self {
-                self.$field = $field;
-                self
-            }
-        )*
-    };
-}
-pub(crate) use setters;
-
 /// Owned keys from any list of keys; an empty key (no segment) is an error.
 pub(crate) fn to_keys<K: AsKey>(
     op: &'static str,

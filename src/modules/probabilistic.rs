@@ -32,12 +32,26 @@
 
 use tch::Tensor;
 
-use super::actors::ExplorationType;
 use super::distributions::Distribution;
 use super::module::{read_input, TensorDictModule};
 use crate::error::Result;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
+
+/// How an actor turns a distribution into an action (TorchRL's `ExplorationType` /
+/// `InteractionType`); see the [actor docs](super::actors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExplorationType {
+    /// A (reparameterised when possible) sample.
+    Random,
+    /// `deterministic_sample()` (TorchRL's default for a `ProbabilisticActor`).
+    #[default]
+    Deterministic,
+    /// `mode()`.
+    Mode,
+    /// `mean()`, or a Monte-Carlo mean where it has no closed form.
+    Mean,
+}
 
 /// A [`TensorDictModule`] that builds a distribution (tensordict.nn's
 /// `ProbabilisticTensorDictModule`, with the parameter module in front as in TorchRL's

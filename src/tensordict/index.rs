@@ -5,7 +5,7 @@ use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo};
 use tch::{Kind, Tensor};
 
 use super::Elements;
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{ensure_kind, Error, Result, ShapeFmt};
 
 /// One index item over batch dims, like one element of a Python index tuple.
 ///
@@ -288,14 +288,7 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
                 let k = m.dim();
                 let expected = dims(src..src + k)?;
                 let actual = m.size();
-                if m.kind() != Kind::Bool {
-                    return Err(Error::DtypeMismatch {
-                        op,
-                        key: "<mask>".into(),
-                        expected: Kind::Bool,
-                        actual: m.kind(),
-                    });
-                }
+                ensure_kind(op, "<mask>", Kind::Bool, m.kind())?;
                 if k == 0 {
                     // A 0-d mask consumes no dim and inserts one of size 1 (true) or 0 (false),
                     // as in PyTorch: a new axis, sliced to nothing when false.
@@ -576,4 +569,32 @@ fn ensure_last(op: &'static str, i: usize, n: usize) -> Result<()> {
         ));
     }
     Ok(())
+}
+/// `dim` (negative counts from the end) as an index into `ndim` dims, if it is one.
+#[inline]
+pub(crate) fn wrap_dim(dim: i64, ndim: usize) -> Option<usize> {
+    let n = i64::try_from(ndim).ok()?;
+    let d = if dim < 0 { dim + n } else { dim };
+    if (0..n).contains(&d) {
+        usize::try_from(d).ok()
+    } else {
+        None
+    }
+}
+
+/// [`wrap_dim`], or an [`Error::IndexOutOfRange`] under `op` naming `dim` and what the `ndim`
+/// dims are (`what`, only formatted on error).
+#[inline]
+pub(crate) fn norm_dim(
+    op: &'static str,
+    dim: i64,
+    ndim: usize,
+    what: impl FnOnce() -> String,
+) -> Result<usize> {
+    wrap_dim(dim, ndim).ok_or_else(|| Error::IndexOutOfRange {
+        op,
+        index: dim,
+        what: what(),
+        size: i64::try_from(ndim).unwrap_or(i64::MAX),
+    })
 }

@@ -29,6 +29,7 @@ mod key;
 mod ops;
 mod options;
 mod shape;
+mod walk;
 
 use std::hash::BuildHasherDefault;
 
@@ -38,16 +39,16 @@ use smallvec::SmallVec;
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
-// The host helpers' old home: `crate::tensordict::host::HostOut` still names them.
-pub(crate) use crate::host;
 pub(crate) use crate::host::ffi::leading_dims_are;
 pub(crate) use crate::host::Elements;
 pub use index::BatchIndex;
+pub(crate) use index::{norm_dim, wrap_dim};
 pub(crate) use key::{collect_keys, display_segments, fmt_key_list};
 pub use key::{AsKey, NestedKey, Segments};
 pub(crate) use ops::{clamp_f64, fits_kind, full_f64};
 pub use options::{IfExists, KeysOptions, Strict};
 pub use shape::{cat, stack, StackReserve};
+pub(crate) use walk::Levels;
 
 pub(crate) type Map<V> = IndexMap<std::sync::Arc<str>, V, BuildHasherDefault<FxHasher>>;
 pub(crate) type Dims = SmallVec<[i64; 4]>;
@@ -168,20 +169,19 @@ impl TensorDict {
     /// Errors when a dimension is negative.
     pub fn new(batch_size: impl AsRef<[i64]>) -> Result<Self> {
         let bs = batch_size.as_ref();
-        if let Some(d) = bs.iter().find(|d| **d < 0) {
-            return Err(Error::invalid(
-                "TensorDict::new",
-                format!(
-                    "batch size {} has a negative dimension {d}",
-                    crate::error::ShapeFmt(bs)
-                ),
-            ));
-        }
-        Ok(TensorDict {
+        refuse_negative_dims("TensorDict::new", "batch_size", bs, "")?;
+        Ok(TensorDict::empty_level(bs.iter().copied().collect(), None))
+    }
+
+    /// An empty level with these batch dims and device, unchecked: for batch sizes derived
+    /// from valid ones.
+    #[inline]
+    pub(crate) fn empty_level(batch_size: Dims, device: Option<Device>) -> TensorDict {
+        TensorDict {
             entries: Map::default(),
-            batch_size: bs.iter().copied().collect(),
-            device: None,
-        })
+            batch_size,
+            device,
+        }
     }
 
     /// Sets the device: every leaf (already present or inserted later) is moved to it, and
@@ -236,11 +236,7 @@ impl TensorDict {
 
     /// A tensordict with the same batch size and device and no entries.
     pub fn empty(&self) -> TensorDict {
-        TensorDict {
-            entries: Map::default(),
-            batch_size: self.batch_size.clone(),
-            device: self.device,
-        }
+        TensorDict::empty_level(self.batch_size.clone(), self.device)
     }
 
     /// Changes the device (moving every leaf), or removes it (`None`: leaves stay where they are).
@@ -263,15 +259,7 @@ impl TensorDict {
     /// (`[3, 4]` → `[3]`) is always allowed when the new size is a prefix.
     pub fn set_batch_size(&mut self, batch_size: impl AsRef<[i64]>) -> Result<()> {
         let bs = batch_size.as_ref();
-        if let Some(d) = bs.iter().find(|d| **d < 0) {
-            return Err(Error::invalid(
-                "set_batch_size",
-                format!(
-                    "batch size {} has a negative dimension {d}",
-                    crate::error::ShapeFmt(bs)
-                ),
-            ));
-        }
+        refuse_negative_dims("set_batch_size", "batch_size", bs, "")?;
         for (k, e) in &self.entries {
             let shape = match e {
                 Entry::Tensor(t) => t.size(),
@@ -316,34 +304,11 @@ impl TensorDict {
         self.entries.get_index_mut(i).map(|(_, e)| e)
     }
 
-    /// Walks `prefix` and returns the level it names, or `None`.
-    fn level(&self, prefix: &[&str]) -> Option<&TensorDict> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.entry_at(seg)? {
-                Entry::Dict(d) => cur = d,
-                Entry::Tensor(_) => return None,
-            }
-        }
-        Some(cur)
-    }
-
-    fn level_mut(&mut self, prefix: &[&str]) -> Option<&mut TensorDict> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.entry_at_mut(seg)? {
-                Entry::Dict(d) => cur = d,
-                Entry::Tensor(_) => return None,
-            }
-        }
-        Some(cur)
-    }
-
     /// The entry (leaf or level) at `key`, or `None`.
     pub fn get_entry(&self, key: impl AsKey) -> Option<&Entry> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level(prefix)?.entry_at(last)
+        self.level_at(prefix)?.entry_at(last)
     }
 
     /// The leaf tensor at `key`, or `None` when absent or when `key` names a nested level.
@@ -359,7 +324,7 @@ impl TensorDict {
     /// The nested tensordict at `key`, mutably, or `None`.
     pub fn get_dict_mut(&mut self, key: impl AsKey) -> Option<&mut TensorDict> {
         let segs = key.segments();
-        self.level_mut(&segs).filter(|_| !segs.is_empty())
+        self.level_at_mut(&segs).filter(|_| !segs.is_empty())
     }
 
     /// Builds the error for a failed lookup of `segs`: which level failed and what it holds.
@@ -368,14 +333,7 @@ impl TensorDict {
         let mut cur = self;
         for (i, seg) in segs.iter().enumerate() {
             match cur.entries.get(*seg) {
-                None => {
-                    let available = cur
-                        .keys(KeysOptions::nested())
-                        .into_iter()
-                        .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
-                        .collect();
-                    return Error::KeyNotFound { op, key, available };
-                }
+                None => return cur.key_not_found(op, key, segs.get(..i).unwrap_or(segs)),
                 Some(Entry::Tensor(_)) if i + 1 < segs.len() => {
                     return Error::NotALevel {
                         op,
@@ -563,7 +521,7 @@ impl TensorDict {
     pub fn remove(&mut self, key: impl AsKey) -> Option<Entry> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level_mut(prefix)?.entries.shift_remove(*last)
+        self.level_at_mut(prefix)?.entries.shift_remove(*last)
     }
 
     /// Returns the leaf at `key`, first inserting `default` when the key is absent.
@@ -684,36 +642,7 @@ impl TensorDict {
 
     /// `(key, entry)` pairs with the same rules as [`TensorDict::keys`].
     pub fn items(&self, options: KeysOptions) -> Vec<(NestedKey, &Entry)> {
-        let mut out = Vec::new();
-        let KeysOptions {
-            nested,
-            leaves_only,
-        } = options;
-        self.visit(&NestedKey::default(), nested, leaves_only, &mut out);
-        out
-    }
-
-    fn visit<'a>(
-        &'a self,
-        prefix: &NestedKey,
-        include_nested: bool,
-        leaves_only: bool,
-        out: &mut Vec<(NestedKey, &'a Entry)>,
-    ) {
-        for (k, e) in &self.entries {
-            let key = prefix.join(&**k);
-            match e {
-                Entry::Tensor(_) => out.push((key, e)),
-                Entry::Dict(d) => {
-                    if include_nested {
-                        d.visit(&key, include_nested, leaves_only, out);
-                    }
-                    if !leaves_only {
-                        out.push((key, e));
-                    }
-                }
-            }
-        }
+        self.nested_items(options)
     }
 
     /// Calls `f(path, tensor)` for every leaf, in order, with the path as borrowed segments
@@ -796,23 +725,59 @@ impl TensorDict {
     }
 }
 
-/// Rewrites the key of an error raised on a sub-level so it names the full path.
-fn rekey(err: Error, path: &[&str]) -> Error {
-    let full = display_segments(path);
-    match err {
-        Error::BatchSizeMismatch {
-            op,
-            batch_size,
-            shape,
-            ..
-        } => Error::BatchSizeMismatch {
-            op,
-            key: full,
-            batch_size,
-            shape,
-        },
-        other => other,
+impl Levels for TensorDict {
+    type Entry<'a> = &'a Entry;
+
+    #[inline]
+    fn level_entries(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.entries.iter().map(|(k, e)| (&**k, e))
     }
+
+    #[inline]
+    fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a TensorDict> {
+        entry.as_dict()
+    }
+
+    #[inline]
+    fn child(&self, name: &str) -> Option<&Entry> {
+        self.entry_at(name)
+    }
+
+    #[inline]
+    fn child_level_mut(&mut self, name: &str) -> Option<&mut TensorDict> {
+        match self.entry_at_mut(name)? {
+            Entry::Dict(d) => Some(d),
+            Entry::Tensor(_) => None,
+        }
+    }
+}
+
+/// Errors ([`Error::InvalidValue`] on the argument `name`) when `dims` has a negative
+/// dimension; `context` is appended to the dims in the message (`""`, or e.g. the batch size).
+#[inline]
+pub(crate) fn refuse_negative_dims(
+    op: &'static str,
+    name: &str,
+    dims: &[i64],
+    context: &str,
+) -> Result<()> {
+    match dims.iter().find(|d| **d < 0) {
+        None => Ok(()),
+        Some(d) => Err(Error::argument(
+            op,
+            name,
+            "no negative dimension",
+            format!("{} (dimension {d}){context}", crate::error::ShapeFmt(dims)),
+        )),
+    }
+}
+
+/// Rewrites the key of an error raised on a sub-level so it names the full path.
+fn rekey(mut err: Error, path: &[&str]) -> Error {
+    if let Error::BatchSizeMismatch { key, .. } = &mut err {
+        *key = display_segments(path);
+    }
+    err
 }
 
 #[cfg(test)]

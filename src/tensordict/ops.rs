@@ -15,7 +15,7 @@
 
 use tch::{Device, Kind, Scalar, Tensor};
 
-use super::{display_segments, starts_with, AsKey, Elements, Entry, KeysOptions, Map, TensorDict};
+use super::{display_segments, starts_with, AsKey, Elements, Entry, KeysOptions, TensorDict};
 use crate::error::{Error, Result};
 
 impl TensorDict {
@@ -57,11 +57,7 @@ impl TensorDict {
     where
         F: FnMut(&Tensor, Option<&Tensor>) -> Result<Option<Tensor>>,
     {
-        let mut out = TensorDict {
-            entries: Map::default(),
-            batch_size: self.batch_size.clone(),
-            device: self.device,
-        };
+        let mut out = self.empty();
         for (k, e) in &self.entries {
             path.push(k);
             let o = other.and_then(|o| o.entries.get(k));
@@ -174,13 +170,11 @@ impl TensorDict {
         // the error) when an op taking a `Scalar` fails: check first.
         let v = value.to_float()?;
         if !fits_kind(v, t.kind()) {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 "fill_",
-                format!(
-                    "cannot fill key {} (dtype {:?}) with {v}: the dtype cannot hold it",
-                    display_segments(&segs),
-                    t.kind()
-                ),
+                display_segments(&segs),
+                format!("a fill value its dtype {:?} can hold", t.kind()),
+                v.to_string(),
             ));
         }
         let _guard = tch::no_grad_guard();
@@ -287,20 +281,14 @@ pub(crate) fn full_f64(
 ) -> Result<Tensor> {
     let float = matches!(kind_range(kind), Some((_, _, false)));
     if !float && !fits_kind(value, kind) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("the value {value} does not fit dtype {kind:?}"),
+            "value",
+            format!("a value dtype {kind:?} can hold"),
+            value.to_string(),
         ));
     }
-    if let Some(d) = shape.iter().find(|d| **d < 0) {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "shape {} has a negative dimension {d}",
-                crate::error::ShapeFmt(shape)
-            ),
-        ));
-    }
+    super::refuse_negative_dims(op, "shape", shape, "")?;
     Ok(scalar_tensor(value, kind, device)?
         .f_expand(shape, false)?
         .f_contiguous()?)
@@ -319,9 +307,11 @@ pub(crate) fn clamp_f64(
 ) -> Result<Tensor> {
     let kind = t.kind();
     if lo.is_some_and(f64::is_nan) || hi.is_some_and(f64::is_nan) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("clamp bounds must not be NaN, got [{lo:?}, {hi:?}]"),
+            "clamp bounds",
+            "bounds that are not NaN",
+            format!("[{lo:?}, {hi:?}]"),
         ));
     }
     let Some((min, max, integral)) = kind_range(kind).filter(|_| kind != Kind::Bool) else {

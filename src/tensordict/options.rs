@@ -1,5 +1,6 @@
 //! Options of [`TensorDict`](super::TensorDict) methods, named instead of positional
-//! booleans: [`KeysOptions`] for `keys` / `items`, [`Strict`] for `select`, [`IfExists`] for
+//! booleans: [`KeysOptions`] for `keys` / `items` (of tensordicts and of
+//! [`Composite`](crate::specs::Composite) specs), [`Strict`] for `select`, [`IfExists`] for
 //! `rename_key`. Each keeps TorchRL's meaning of the flag it replaces.
 //!
 //! ```
@@ -21,8 +22,9 @@
 //! # Ok(()) }
 //! ```
 
-/// Which keys [`TensorDict::keys`](super::TensorDict::keys) and
-/// [`TensorDict::items`](super::TensorDict::items) list (TorchRL's `include_nested` and
+/// Which keys [`TensorDict::keys`](super::TensorDict::keys),
+/// [`TensorDict::items`](super::TensorDict::items) and their
+/// [`Composite`](crate::specs::Composite) twins list (TorchRL's `include_nested` and
 /// `leaves_only`). The default is TorchRL's: the root level only, levels included.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct KeysOptions {

@@ -20,7 +20,9 @@ use std::borrow::Borrow;
 use tch::Tensor;
 
 use super::index::{apply_plan, prepare_write, resolve, BatchIndex};
-use super::{display_segments, Dims, Entry, KeysOptions, Map, NestedKey, TensorDict};
+use super::{
+    display_segments, refuse_negative_dims, Dims, Entry, KeysOptions, NestedKey, TensorDict,
+};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::host::stack::Reserve;
 use crate::host::stack_plan::{self, Leaf};
@@ -28,12 +30,7 @@ use crate::host::stack_plan::{self, Leaf};
 /// Normalises `dim` (negative counts from the end) against `ndim` positions: the batch dims of
 /// `batch`, or one more where a new dim is inserted (unsqueeze, stack). The error names `batch`.
 fn norm_dim(op: &'static str, dim: i64, ndim: usize, batch: &[i64]) -> Result<usize> {
-    let n = ndim as i64;
-    let d = if dim < 0 { dim + n } else { dim };
-    if d < 0 || d >= n {
-        return Err(dim_error(op, dim, ndim, batch));
-    }
-    Ok(d as usize)
+    super::wrap_dim(dim, ndim).ok_or_else(|| dim_error(op, dim, ndim, batch))
 }
 
 /// The error for a dim outside `-ndim..ndim`.
@@ -163,19 +160,12 @@ impl TensorDict {
     {
         let mut batch: Dims = new_root.iter().copied().collect();
         batch.extend_from_slice(dims_after("map_batch", &self.batch_size, root_nd)?);
-        let mut out = TensorDict {
-            entries: Map::default(),
-            batch_size: batch,
-            device: self.device,
-        };
-        for (k, e) in &self.entries {
-            let ne = match e {
+        rebuild(self, batch, |_, e| {
+            Ok(match e {
                 Entry::Tensor(t) => Entry::Tensor(f(t)?),
                 Entry::Dict(d) => Entry::Dict(d.map_batch_rec(root_nd, new_root, f)?),
-            };
-            out.entries.insert(k.clone(), ne);
-        }
-        Ok(out)
+            })
+        })
     }
 
     /// Indexes the batch dims (like `td[idx]` in Python). Indexing past the batch dims is an
@@ -252,15 +242,9 @@ impl TensorDict {
     /// explicit: a negative size (libtorch's "keep this dim") is an error.
     pub fn expand(&self, shape: impl AsRef<[i64]>) -> Result<TensorDict> {
         let shape = shape.as_ref();
-        if let Some(d) = shape.iter().find(|d| **d < 0) {
-            return Err(Error::invalid(
-                "expand",
-                format!(
-                    "shape {} has a negative dimension {d} (batch size {})",
-                    ShapeFmt(shape),
-                    ShapeFmt(&self.batch_size)
-                ),
-            ));
+        if shape.iter().any(|d| *d < 0) {
+            let context = format!(" for batch size {}", ShapeFmt(&self.batch_size));
+            refuse_negative_dims("expand", "shape", shape, &context)?;
         }
         let nd = self.batch_size.len();
         let ok = shape
@@ -749,19 +733,25 @@ fn build_level(
 ) -> Result<TensorDict> {
     let mut batch: Dims = first.batch_size.clone();
     batch.insert(d, n);
-    let mut out = TensorDict {
-        entries: Map::default(),
-        batch_size: batch,
-        device: first.device,
-    };
-    for (k, e) in &first.entries {
-        let ne = match e {
+    rebuild(first, batch, |_, e| {
+        Ok(match e {
             Entry::Tensor(_) => Entry::Tensor(outputs.next().ok_or_else(|| {
                 Error::invalid("stack", "internal: fewer stacked leaves than leaves")
             })?),
             Entry::Dict(sub) => Entry::Dict(build_level(sub, d, n, outputs)?),
-        };
-        out.entries.insert(k.clone(), ne);
+        })
+    })
+}
+
+/// A level of batch dims `batch` on `src`'s device whose entries are `src`'s, in order, each
+/// mapped by `f` (given its name and entry).
+fn rebuild<F>(src: &TensorDict, batch: Dims, mut f: F) -> Result<TensorDict>
+where
+    F: FnMut(&std::sync::Arc<str>, &Entry) -> Result<Entry>,
+{
+    let mut out = TensorDict::empty_level(batch, src.device);
+    for (k, e) in &src.entries {
+        out.entries.insert(k.clone(), f(k, e)?);
     }
     Ok(out)
 }
@@ -844,13 +834,8 @@ fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<T
         Some(slot) => *slot = total,
         None => return Err(dim_error("cat", d as i64, batch.len(), &batch)),
     }
-    let mut out = TensorDict {
-        entries: Map::default(),
-        batch_size: batch,
-        device: first.device,
-    };
-    for (k, e) in &first.entries {
-        let ne = match e {
+    rebuild(first, batch, |k, e| {
+        Ok(match e {
             Entry::Tensor(_) => {
                 let ts: Vec<&Tensor> = tds
                     .iter()
@@ -870,10 +855,8 @@ fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<T
                     .collect();
                 Entry::Dict(cat_level(&subs, d, total)?)
             }
-        };
-        out.entries.insert(k.clone(), ne);
-    }
-    Ok(out)
+        })
+    })
 }
 
 #[cfg(test)]

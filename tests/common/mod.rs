@@ -871,6 +871,7 @@ use torchrl::specs::{
     Binary, Bounded, Categorical, Composite, MultiCategorical, MultiOneHot, OneHot, TensorSpec,
     Unbounded,
 };
+use torchrl::tensordict::KeysOptions;
 
 /// The spec classes of the case files (TorchRL's names, which are also
 /// [`TensorSpec::class_name`]).
@@ -1395,7 +1396,7 @@ fn check_composite(actual: &Composite, expected: &Value, path: &str) -> Result<(
     let entries = expected["entries"]
         .as_object()
         .ok_or_else(|| format!("{path}: Composite.entries is not an object"))?;
-    let items = actual.items(false, false);
+    let items = actual.items(KeysOptions::top_level());
     let got: Vec<String> = items
         .iter()
         .map(|(k, _)| k.parts().collect::<Vec<_>>().join("."))

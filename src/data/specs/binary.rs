@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
-/// A spec for vectors of 0/1 values.
+/// A spec for vectors of 0/1 values (a `Bool` dtype gives `false`/`true`).
 #[derive(Clone, PartialEq)]
 pub struct Binary {
     pub(crate) shape: Vec<i64>,
@@ -60,13 +60,6 @@ impl Binary {
         Ok(self)
     }
 
-    /// Sets the dtype (`Bool` gives `false`/`true` values).
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("Binary::with_dtype", dtype)?;
-        self.dtype = dtype;
-        Ok(self)
-    }
-
     /// The vector length (the last dim). TorchRL's `Binary.n` attribute is 2 instead.
     pub fn n(&self) -> i64 {
         self.shape.last().copied().unwrap_or(0)
@@ -83,7 +76,7 @@ impl Binary {
     }
 }
 
-leaf_spec_api!(Binary; dtype, project, index);
+leaf_spec_api!(Binary; dtype, with_dtype, project, index);
 
 impl LeafSpec for Binary {
     const PROTECTED_LAST: bool = true;

@@ -28,7 +28,7 @@ use tch::{Device, Kind, Tensor};
 use super::common::{self, concat, is_float, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{ensure_kind, Error, Result, ShapeFmt};
 use crate::rng::Generator;
 use crate::tensordict::{fits_kind, full_f64, AsKey, BatchIndex, Elements};
 
@@ -111,14 +111,7 @@ impl Bounded {
     pub fn from_tensors(low: Tensor, high: Tensor) -> Result<Self> {
         let op = "Bounded::from_tensors";
         common::check_kind(op, low.kind())?;
-        if low.kind() != high.kind() {
-            return Err(Error::DtypeMismatch {
-                op,
-                key: "<high>".into(),
-                expected: low.kind(),
-                actual: high.kind(),
-            });
-        }
+        ensure_kind(op, "<high>", low.kind(), high.kind())?;
         let shape = broadcast(&low.size(), &high.size()).ok_or_else(|| {
             Error::argument(
                 op,
@@ -289,14 +282,7 @@ impl LeafSpec for Bounded {
         } else {
             format!("> high {}", common::fmt_scalar(h, k))
         };
-        let range = match common::min_max(value)? {
-            Some((lo, hi)) => format!(
-                "value min={}, max={}",
-                common::fmt_scalar(lo, k),
-                common::fmt_scalar(hi, k)
-            ),
-            None => String::new(),
-        };
+        let range = common::value_range(value, k)?;
         Ok(Some(format!(
             "out of bounds: {count} of {} values outside [low, high] ({range}; spec low={}, high={}); \
              first at index {:?} (value shape {}): {} {side}",

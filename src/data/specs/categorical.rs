@@ -35,6 +35,9 @@ use crate::rng::Generator;
 use crate::tensordict::{AsKey, BatchIndex};
 
 /// A spec for class indices in `[0, n)`.
+///
+/// Its dtype is any integer, bool or floating kind that holds every class `0..n` exactly: e.g.
+/// at most 128 classes for `Int8`, 2 for `Bool`, 2049 for `Half`.
 #[derive(Clone, PartialEq)]
 pub struct Categorical {
     pub(crate) n: i64,
@@ -48,21 +51,7 @@ pub struct Categorical {
 impl Categorical {
     /// `n` classes, shape `[]`, dtype `Int64`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        if n < 1 {
-            return Err(Error::argument(
-                "Categorical::new",
-                "n",
-                "n >= 1",
-                n.to_string(),
-            ));
-        }
-        Ok(Categorical {
-            n,
-            shape: vec![],
-            dtype: Kind::Int64,
-            device: Device::Cpu,
-            mask: None,
-        })
+        Self::of_classes("Categorical::new", n, vec![], Kind::Int64)
     }
 
     /// Sets the shape (a mask is re-expanded to `[*shape, n]`, which must work).
@@ -73,16 +62,6 @@ impl Categorical {
         if let Some(m) = self.mask.take() {
             self.mask = Some(self.prepared_mask("Categorical::with_shape", &m)?);
         }
-        Ok(self)
-    }
-
-    /// Sets the dtype (any integer, bool or floating kind that holds every class `0..n`
-    /// exactly: e.g. at most 128 classes for `Int8`, 2 for `Bool`, 2049 for `Half`).
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        let op = "Categorical::with_dtype";
-        common::check_kind(op, dtype)?;
-        check_classes_fit(op, self.n, dtype)?;
-        self.dtype = dtype;
         Ok(self)
     }
 
@@ -110,9 +89,13 @@ impl Categorical {
     }
 }
 
-leaf_spec_api!(Categorical; dtype, project, index, masked);
+leaf_spec_api!(Categorical; dtype, with_dtype, project, index, masked);
 
 impl LeafSpec for Categorical {
+    fn check_dtype(&self, op: &'static str, dtype: Kind) -> Result<()> {
+        check_classes_fit(op, self.n, dtype)
+    }
+
     fn held(&self) -> Vec<&Tensor> {
         self.mask.as_deref().into_iter().collect()
     }

@@ -50,14 +50,7 @@ pub(crate) fn class_violation(
         let (count, first) = common::first_false(&ok)?;
         let first = first.unwrap_or(0);
         let v = value.f_reshape([-1])?.f_double_value(&[first as i64])?;
-        let range = match common::min_max(value)? {
-            Some((lo, hi)) => format!(
-                "value min={}, max={}",
-                common::fmt_scalar(lo, kind),
-                common::fmt_scalar(hi, kind)
-            ),
-            None => String::new(),
-        };
+        let range = common::value_range(value, kind)?;
         return Ok(Some(format!(
             "out of range: {count} of {} values outside [0, {}] ({range}); first at index {:?} \
              (value shape {}): {}",

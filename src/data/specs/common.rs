@@ -149,17 +149,7 @@ pub(crate) fn check_expand(class: &str, old: &[i64], new: &[i64]) -> Result<()> 
 
 /// Normalises `dim` for a shape of `ndim` dims (negative counts from the end).
 pub(crate) fn norm_dim(op: &'static str, dim: i64, ndim: usize) -> Result<usize> {
-    let n = ndim as i64;
-    let d = if dim < 0 { dim + n } else { dim };
-    if d < 0 || d >= n {
-        return Err(Error::IndexOutOfRange {
-            op,
-            index: dim,
-            what: format!("spec dims (ndim {ndim})"),
-            size: n,
-        });
-    }
-    Ok(d as usize)
+    crate::tensordict::norm_dim(op, dim, ndim, || format!("spec dims (ndim {ndim})"))
 }
 
 /// The squeezed shape, or `None` when nothing changes. Like TorchRL, `dim = None` on a 1-d
@@ -333,6 +323,19 @@ pub(crate) fn all_binary(value: &Tensor) -> Result<bool> {
 pub(crate) fn all_true(t: &Tensor) -> Result<bool> {
     let all = t.f_all()?;
     Ok(i64::try_from(&all)? != 0)
+}
+
+/// `"value min=…, max=…"` of `value`, in the notation of `kind` (`""` when it is empty): the
+/// range an out-of-spec message reports.
+pub(crate) fn value_range(value: &Tensor, kind: Kind) -> Result<String> {
+    Ok(match min_max(value)? {
+        Some((lo, hi)) => format!(
+            "value min={}, max={}",
+            fmt_scalar(lo, kind),
+            fmt_scalar(hi, kind)
+        ),
+        None => String::new(),
+    })
 }
 
 /// Min and max of a tensor (as f64), `None` when empty.

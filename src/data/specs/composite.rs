@@ -19,12 +19,13 @@
 //! ```
 //! use tch::{Device, Kind, Tensor};
 //! use torchrl::specs::{Bounded, Categorical, Composite, Unbounded};
+//! use torchrl::tensordict::KeysOptions;
 //! use torchrl::{Error, Generator, TensorDict};
 //! # fn main() -> torchrl::Result<()> {
 //! let mut spec = Composite::new([3])?
 //!     .with("obs", Bounded::new(0.0, 1.0, [3, 2])?)?
 //!     .with(("next", "reward"), Unbounded::new().with_shape([3, 1])?)?;
-//! let keys: Vec<String> = spec.keys(true, false).iter().map(|k| k.to_string()).collect();
+//! let keys: Vec<String> = spec.keys(KeysOptions::nested()).iter().map(|k| k.to_string()).collect();
 //! assert_eq!(keys, [r#""obs""#, r#"("next", "reward")"#, r#""next""#]);
 //! // a missing key is an error naming it, not `false`
 //! let td = TensorDict::new([3])?.with("obs", Tensor::zeros([3, 2], (Kind::Float, Device::Cpu)))?;
@@ -48,10 +49,21 @@ use super::common::{self, concat};
 use super::TensorSpec;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
-use crate::tensordict::{display_segments, AsKey, BatchIndex, Entry, NestedKey, TensorDict};
+use crate::tensordict::{
+    display_segments, AsKey, BatchIndex, Entry, KeysOptions, Levels, NestedKey, TensorDict,
+};
 
 /// Keys a Composite refuses (they name attributes in TorchRL).
 const RESERVED: [&str; 4] = ["shape", "device", "dtype", "space"];
+
+/// Whether [`Composite::is_empty`] looks into nested Composites (TorchRL's `recurse`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Recurse {
+    /// Count leaf specs at any depth (`recurse=True`).
+    Yes,
+    /// Count this level's entries (`recurse=False`).
+    No,
+}
 
 /// An ordered, nested collection of specs sharing leading (batch) dims.
 pub struct Composite {
@@ -66,6 +78,36 @@ impl Clone for Composite {
     /// unlocked, as in TorchRL.
     fn clone(&self) -> Self {
         self.copy(false)
+    }
+}
+
+impl Levels for Composite {
+    type Entry<'a> = Option<&'a TensorSpec>;
+
+    #[inline]
+    fn level_entries(&self) -> impl Iterator<Item = (&str, Option<&TensorSpec>)> {
+        self.specs.iter().map(|(k, v)| (k.as_str(), v.as_ref()))
+    }
+
+    #[inline]
+    fn as_level<'a>(entry: Self::Entry<'a>) -> Option<&'a Composite> {
+        match entry {
+            Some(TensorSpec::Composite(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn child(&self, name: &str) -> Option<Option<&TensorSpec>> {
+        self.specs.get(name).map(Option::as_ref)
+    }
+
+    #[inline]
+    fn child_level_mut(&mut self, name: &str) -> Option<&mut Composite> {
+        match self.specs.get_mut(name)? {
+            Some(TensorSpec::Composite(c)) => Some(c),
+            _ => None,
+        }
     }
 }
 
@@ -108,42 +150,15 @@ fn check_segments(op: &'static str, segs: &[&str]) -> Result<()> {
 }
 
 /// Rewrites the key of an error raised on a sub-level so it names the full key.
-fn rekey(err: Error, full: &str) -> Error {
-    let key = full.to_string();
-    match err {
-        Error::BatchSizeMismatch {
-            op,
-            batch_size,
-            shape,
-            ..
-        } => Error::BatchSizeMismatch {
-            op,
-            key,
-            batch_size,
-            shape,
-        },
-        Error::DeviceMismatch {
-            op,
-            expected,
-            actual,
-            ..
-        } => Error::DeviceMismatch {
-            op,
-            key,
-            expected,
-            actual,
-        },
-        Error::NotInSpec {
-            op, spec, reason, ..
-        } => Error::NotInSpec {
-            op,
-            key,
-            spec,
-            reason,
-        },
-        Error::Locked { op, what, .. } => Error::Locked { op, what, key },
-        other => other,
+fn rekey(mut err: Error, full: &str) -> Error {
+    match &mut err {
+        Error::BatchSizeMismatch { key, .. }
+        | Error::DeviceMismatch { key, .. }
+        | Error::NotInSpec { key, .. }
+        | Error::Locked { key, .. } => *key = full.to_string(),
+        _ => {}
     }
+    err
 }
 
 /// Is the spec one whose last dim is protected from indexing?
@@ -286,33 +301,11 @@ impl Composite {
 
     // ------------------------------------------------------------------ lookups
 
-    fn level(&self, prefix: &[&str]) -> Option<&Composite> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.specs.get(*seg)? {
-                Some(TensorSpec::Composite(c)) => cur = c,
-                _ => return None,
-            }
-        }
-        Some(cur)
-    }
-
-    fn level_mut(&mut self, prefix: &[&str]) -> Option<&mut Composite> {
-        let mut cur = self;
-        for seg in prefix {
-            match cur.specs.get_mut(*seg)? {
-                Some(TensorSpec::Composite(c)) => cur = c,
-                _ => return None,
-            }
-        }
-        Some(cur)
-    }
-
     /// The spec at `key`, or `None` when absent or when the entry is `None`.
     pub fn get(&self, key: impl AsKey) -> Option<&TensorSpec> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level(prefix)?.specs.get(*last)?.as_ref()
+        self.level_at(prefix)?.specs.get(*last)?.as_ref()
     }
 
     /// The spec at `key`, mutably. The lock guards the key structure (`set`, `pop`, …), not
@@ -320,7 +313,7 @@ impl Composite {
     pub fn get_mut(&mut self, key: impl AsKey) -> Option<&mut TensorSpec> {
         let segs = key.segments();
         let (last, prefix) = segs.split_last()?;
-        self.level_mut(prefix)?.specs.get_mut(*last)?.as_mut()
+        self.level_at_mut(prefix)?.specs.get_mut(*last)?.as_mut()
     }
 
     /// The spec at `key`, or an error: [`Error::KeyNotFound`] naming the available keys,
@@ -341,14 +334,7 @@ impl Composite {
         for (i, seg) in segs.iter().enumerate() {
             let last = i + 1 == segs.len();
             match cur.specs.get(*seg) {
-                None => {
-                    let available = cur
-                        .keys(true, false)
-                        .into_iter()
-                        .map(|k| k.prefixed(segs.get(..i).unwrap_or(segs)).to_string())
-                        .collect();
-                    return Error::KeyNotFound { op, key, available };
-                }
+                None => return cur.key_not_found(op, key, segs.get(..i).unwrap_or(segs)),
                 Some(Some(TensorSpec::Composite(c))) if !last => cur = c,
                 Some(_) if !last => {
                     return Error::NotALevel {
@@ -380,75 +366,44 @@ impl Composite {
         let segs = key.segments();
         match segs.split_last() {
             Some((last, prefix)) => self
-                .level(prefix)
+                .level_at(prefix)
                 .is_some_and(|l| l.specs.contains_key(*last)),
             None => false,
         }
     }
 
-    /// Keys in insertion order. With `include_nested`, keys of nested Composites are listed too
-    /// (a level's own key comes after its children's, as in TorchRL and
-    /// [`TensorDict::keys`]); with `leaves_only`, Composites themselves are left out (`None`
-    /// entries count as leaves).
-    pub fn keys(&self, include_nested: bool, leaves_only: bool) -> Vec<NestedKey> {
-        self.items(include_nested, leaves_only)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect()
+    /// Keys in insertion order, chosen as [`TensorDict::keys`] chooses them: with
+    /// [`KeysOptions::nested`], keys of nested Composites are listed too (a level's own key
+    /// comes after its children's, as in TorchRL); with [`KeysOptions::leaves_only`],
+    /// Composites themselves are left out (`None` entries count as leaves).
+    pub fn keys(&self, options: KeysOptions) -> Vec<NestedKey> {
+        self.items(options).into_iter().map(|(k, _)| k).collect()
     }
 
     /// `(key, spec)` pairs with the rules of [`Composite::keys`]; `None` entries give `None`.
-    pub fn items(
-        &self,
-        include_nested: bool,
-        leaves_only: bool,
-    ) -> Vec<(NestedKey, Option<&TensorSpec>)> {
-        let mut out = Vec::new();
-        self.visit(&NestedKey::default(), include_nested, leaves_only, &mut out);
-        out
-    }
-
-    fn visit<'a>(
-        &'a self,
-        prefix: &NestedKey,
-        include_nested: bool,
-        leaves_only: bool,
-        out: &mut Vec<(NestedKey, Option<&'a TensorSpec>)>,
-    ) {
-        for (k, v) in &self.specs {
-            let key = prefix.join(k.as_str());
-            match v {
-                Some(spec @ TensorSpec::Composite(c)) => {
-                    if include_nested {
-                        c.visit(&key, include_nested, leaves_only, out);
-                    }
-                    if !leaves_only {
-                        out.push((key, Some(spec)));
-                    }
-                }
-                other => out.push((key, other.as_ref())),
-            }
-        }
+    pub fn items(&self, options: KeysOptions) -> Vec<(NestedKey, Option<&TensorSpec>)> {
+        self.nested_items(options)
     }
 
     /// Every non-`None` leaf spec with its full key, in order.
     pub fn leaves(&self) -> Vec<(NestedKey, &TensorSpec)> {
-        self.items(true, true)
+        self.items(KeysOptions::nested_leaves())
             .into_iter()
             .filter_map(|(k, s)| s.map(|s| (k, s)))
             .collect()
     }
 
-    /// Without `recurse`: true when there are no entries at all. With `recurse`: true when
-    /// there is no leaf spec at any depth (`None` entries and empty sub-composites do not
-    /// count), so `Composite(a=Composite())` is non-empty unless `recurse`.
-    pub fn is_empty(&self, recurse: bool) -> bool {
-        if !recurse {
+    /// With [`Recurse::No`]: true when there are no entries at all. With [`Recurse::Yes`]: true
+    /// when there is no leaf spec at any depth (`None` entries and empty sub-composites do not
+    /// count), so `Composite(a=Composite())` is non-empty unless recursing (TorchRL's
+    /// `is_empty(recurse)`).
+    pub fn is_empty(&self, recurse: Recurse) -> bool {
+        if recurse == Recurse::No {
             return self.specs.is_empty();
         }
         self.specs.values().all(|v| match v {
             None => true,
-            Some(TensorSpec::Composite(c)) => c.is_empty(true),
+            Some(TensorSpec::Composite(c)) => c.is_empty(Recurse::Yes),
             Some(_) => false,
         })
     }
@@ -531,7 +486,7 @@ impl Composite {
             return Err(self.lookup_error("pop", &segs));
         };
         let found = self
-            .level_mut(prefix)
+            .level_at_mut(prefix)
             .and_then(|l| l.specs.shift_remove(*last));
         match found {
             Some(v) => Ok(v),
@@ -549,7 +504,7 @@ impl Composite {
             return Ok(false);
         };
         Ok(self
-            .level_mut(prefix)
+            .level_at_mut(prefix)
             .and_then(|l| l.specs.shift_remove(*last))
             .is_some())
     }
@@ -688,21 +643,13 @@ impl Composite {
         for (k, v) in &self.specs {
             let Some(spec) = v else { continue };
             if let TensorSpec::Composite(c) = spec {
-                if c.is_empty(false) {
+                if c.is_empty(Recurse::No) {
                     continue;
                 }
             }
             let key = prefix.join(k.as_str());
             let Some(entry) = td.get_entry(k.as_str()) else {
-                return Err(Error::KeyNotFound {
-                    op,
-                    key: key.to_string(),
-                    available: td
-                        .keys(crate::tensordict::KeysOptions::nested())
-                        .iter()
-                        .map(|x| x.prefixed(prefix).to_string())
-                        .collect(),
-                });
+                return Err(td.key_not_found(op, key.to_string(), prefix));
             };
             let reason = match (spec, entry) {
                 (TensorSpec::Composite(c), Entry::Dict(d)) => {
@@ -764,15 +711,7 @@ impl Composite {
         for (k, v) in &self.specs {
             let Some(spec) = v else { continue };
             let key = prefix.join(k.as_str());
-            let missing = |td: &TensorDict| Error::KeyNotFound {
-                op: "project",
-                key: key.to_string(),
-                available: td
-                    .keys(crate::tensordict::KeysOptions::nested())
-                    .iter()
-                    .map(|x| x.prefixed(prefix).to_string())
-                    .collect(),
-            };
+            let missing = |td: &TensorDict| td.key_not_found("project", key.to_string(), prefix);
             let wrong = |found: &str| Error::NotInSpec {
                 op: "project",
                 key: key.to_string(),
@@ -781,7 +720,7 @@ impl Composite {
             };
             match spec {
                 TensorSpec::Composite(c) => {
-                    if c.is_empty(false) {
+                    if c.is_empty(Recurse::No) {
                         continue;
                     }
                     match td.get_entry(k.as_str()) {

@@ -101,6 +101,12 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
         self.with_held(shape.to_vec(), held)
     }
 
+    /// Errors when the spec cannot take `dtype` beyond the kinds every leaf refuses (a class
+    /// spec whose classes the dtype cannot hold exactly); any dtype by default.
+    fn check_dtype(&self, _op: &'static str, _dtype: Kind) -> Result<()> {
+        Ok(())
+    }
+
     /// Writes what the repr shows after the dtype (`, low=-1, high=1`, `, n=3, masked`).
     fn fmt_extra(&self, _f: &mut fmt::Formatter<'_>) -> fmt::Result {
         Ok(())
@@ -303,7 +309,8 @@ pub(crate) fn not_in_spec(
 /// The public methods every leaf spec shares, forwarding to [`LeafSpec`]: `shape`, `device`,
 /// `with_device`, `to_device`, `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`,
 /// `Display` (see [`LeafSpec::fmt_leaf`]) and `Debug` (as `Display`); and [`LeafFields`] from the struct's fields. Optional extras:
-/// `dtype` (a spec with a fixed dtype), `project`, `index` (a spec whose own version needs
+/// `dtype` (a spec with a fixed dtype), `with_dtype` (its setter, checked by
+/// [`LeafSpec::check_dtype`]), `project`, `index` (a spec whose own version needs
 /// nothing more than [`LeafSpec`]'s), `masked` (`n`, `mask`, `with_mask`, `update_mask` of
 /// a class spec with a mask).
 macro_rules! leaf_spec_api {
@@ -400,6 +407,19 @@ macro_rules! leaf_spec_api {
             }
         }
     };
+    (@ with_dtype $t:ident) => {
+        impl $t {
+            /// Sets the dtype. Errors on complex or quantized kinds, and for a class spec on a
+            /// kind that cannot hold every class exactly (see the type's docs).
+            pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
+                let op = concat!(stringify!($t), "::with_dtype");
+                $crate::data::specs::common::check_kind(op, dtype)?;
+                LeafSpec::check_dtype(&self, op, dtype)?;
+                self.dtype = dtype;
+                Ok(self)
+            }
+        }
+    };
     (@ project $t:ident) => {
         impl $t {
             /// The value unchanged when it is in the spec; otherwise the value mapped into the
@@ -412,6 +432,21 @@ macro_rules! leaf_spec_api {
     };
     (@ masked $t:ident) => {
         impl $t {
+            /// `n` classes at `shape` with `dtype`, on the CPU, no mask; errors under `op` when
+            /// `n < 1`.
+            fn of_classes(op: &'static str, n: i64, shape: Vec<i64>, dtype: Kind) -> Result<Self> {
+                if n < 1 {
+                    return Err(Error::argument(op, "n", "n >= 1", n.to_string()));
+                }
+                Ok($t {
+                    n,
+                    shape,
+                    dtype,
+                    device: Device::Cpu,
+                    mask: None,
+                })
+            }
+
             /// The number of classes.
             pub fn n(&self) -> i64 {
                 self.n

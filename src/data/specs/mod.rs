@@ -77,7 +77,7 @@ use tch::{Device, Kind, Tensor};
 pub use binary::Binary;
 pub use bounded::Bounded;
 pub use categorical::Categorical;
-pub use composite::Composite;
+pub use composite::{Composite, Recurse};
 pub use multi_categorical::MultiCategorical;
 pub use multi_one_hot::MultiOneHot;
 pub use non_tensor::NonTensor;

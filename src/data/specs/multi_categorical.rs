@@ -33,6 +33,9 @@ use crate::rng::{build, Generator};
 use crate::tensordict::{AsKey, BatchIndex, Elements};
 
 /// A spec for vectors of class indices with per-entry cardinalities `nvec`.
+///
+/// Its dtype must hold every class of every entry exactly (as for a
+/// [`Categorical`](super::Categorical)).
 #[derive(Clone, PartialEq)]
 pub struct MultiCategorical {
     pub(crate) nvec: Vec<i64>,
@@ -59,17 +62,6 @@ impl MultiCategorical {
         let shape = shape.as_ref();
         Self::check_last_dim(op, shape, "len(nvec)", self.nvec.len() as i64)?;
         self.shape = shape.to_vec();
-        Ok(self)
-    }
-
-    /// Sets the dtype, which must hold every class of every entry exactly (see
-    /// [`Categorical::with_dtype`](super::Categorical::with_dtype)).
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        let op = "MultiCategorical::with_dtype";
-        common::check_kind(op, dtype)?;
-        let max = self.nvec.iter().copied().max().unwrap_or(1);
-        check_classes_fit(op, max, dtype)?;
-        self.dtype = dtype;
         Ok(self)
     }
 
@@ -121,9 +113,13 @@ impl MultiCategorical {
     }
 }
 
-leaf_spec_api!(MultiCategorical; dtype, project, index);
+leaf_spec_api!(MultiCategorical; dtype, with_dtype, project, index);
 
 impl LeafSpec for MultiCategorical {
+    fn check_dtype(&self, op: &'static str, dtype: Kind) -> Result<()> {
+        check_classes_fit(op, self.nvec.iter().copied().max().unwrap_or(1), dtype)
+    }
+
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, ", nvec={:?}", self.nvec)
     }

@@ -72,13 +72,6 @@ impl MultiOneHot {
         Ok(self)
     }
 
-    /// Sets the dtype.
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("MultiOneHot::with_dtype", dtype)?;
-        self.dtype = dtype;
-        Ok(self)
-    }
-
     /// The width of each group.
     pub fn nvec(&self) -> &[i64] {
         &self.nvec
@@ -158,7 +151,7 @@ impl MultiOneHot {
     }
 }
 
-leaf_spec_api!(MultiOneHot; dtype, project, index);
+leaf_spec_api!(MultiOneHot; dtype, with_dtype, project, index);
 
 impl LeafSpec for MultiOneHot {
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

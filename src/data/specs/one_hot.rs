@@ -45,16 +45,7 @@ pub struct OneHot {
 impl OneHot {
     /// `n` classes, shape `[n]`, dtype `Bool`, on the CPU, no mask. Errors when `n < 1`.
     pub fn new(n: i64) -> Result<Self> {
-        if n < 1 {
-            return Err(Error::argument("OneHot::new", "n", "n >= 1", n.to_string()));
-        }
-        Ok(OneHot {
-            n,
-            shape: vec![n],
-            dtype: Kind::Bool,
-            device: Device::Cpu,
-            mask: None,
-        })
+        Self::of_classes("OneHot::new", n, vec![n], Kind::Bool)
     }
 
     /// Sets the shape, whose last dim must be `n` (a mask is re-expanded to it).
@@ -66,13 +57,6 @@ impl OneHot {
         if let Some(m) = self.mask.take() {
             self.mask = Some(self.prepared_mask(op, &m)?);
         }
-        Ok(self)
-    }
-
-    /// Sets the dtype.
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("OneHot::with_dtype", dtype)?;
-        self.dtype = dtype;
         Ok(self)
     }
 
@@ -110,7 +94,7 @@ impl OneHot {
     }
 }
 
-leaf_spec_api!(OneHot; dtype, project, index, masked);
+leaf_spec_api!(OneHot; dtype, with_dtype, project, index, masked);
 
 impl LeafSpec for OneHot {
     fn held(&self) -> Vec<&Tensor> {

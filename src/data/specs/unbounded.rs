@@ -59,13 +59,6 @@ impl Unbounded {
         Ok(self)
     }
 
-    /// Sets the dtype (errors on complex or quantized kinds).
-    pub fn with_dtype(mut self, dtype: Kind) -> Result<Self> {
-        common::check_kind("Unbounded::with_dtype", dtype)?;
-        self.dtype = dtype;
-        Ok(self)
-    }
-
     /// True for integer and bool dtypes (`UnboundedDiscrete` in TorchRL).
     pub fn is_discrete(&self) -> bool {
         !is_float(self.dtype)
@@ -104,7 +97,7 @@ impl Unbounded {
     }
 }
 
-leaf_spec_api!(Unbounded; dtype, project, index);
+leaf_spec_api!(Unbounded; dtype, with_dtype, project, index);
 
 impl LeafSpec for Unbounded {
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {

@@ -33,10 +33,11 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::{not_attached, setters, Transform};
+use super::{attached, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, Elements, NestedKey, TensorDict};
 
 /// What [`ActionClamp`] does with NaN actions.
@@ -81,7 +82,7 @@ impl ActionClamp {
 
 setters!(ActionClamp {
     /// What to do with NaN actions (default [`NanPolicy::Error`]).
-    with_nan_policy(nan: NanPolicy) => nan = nan;
+    with_nan_policy(nan: NanPolicy);
 });
 
 impl Transform for ActionClamp {
@@ -150,10 +151,7 @@ impl Transform for ActionClamp {
 
     fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let op = "ActionClamp::inv";
-        if self.bounds.is_empty() {
-            return Err(not_attached(op, self));
-        }
-        for (key, low, high) in &self.bounds {
+        for (key, low, high) in attached(op, self, &self.bounds)? {
             let Some(a) = td.get(key) else { continue };
             let (kind, device) = (a.kind(), a.device());
             // Bounds cast to another float dtype stay ordered; to or from an integer dtype

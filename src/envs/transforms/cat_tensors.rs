@@ -36,10 +36,11 @@
 //! # Ok(()) }
 //! ```
 
-use super::{setters, Transform};
+use super::Transform;
 use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 const OP: &str = "CatTensors";
@@ -206,11 +207,11 @@ setters!(CatTensors {
     /// Where the result is written (default `"observation_vector"`).
     with_out_key(key: impl Into<NestedKey>) => out_key = key.into();
     /// The dim to concatenate along (default `-1`; see the module docs for non-negative dims).
-    with_dim(dim: i64) => dim = dim;
+    with_dim(dim: i64);
     /// Whether the inputs are deleted (default true).
-    with_del_keys(del_keys: bool) => del_keys = del_keys;
+    with_del_keys(del_keys: bool);
     /// Whether the in keys are sorted (default true).
-    with_sort(sort: bool) => sort = sort;
+    with_sort(sort: bool);
 });
 
 impl Transform for CatTensors {

@@ -43,10 +43,11 @@
 
 use tch::Kind;
 
-use super::{added_keys, input_keys_available, key_pairs, key_setters, missing_key, Transform};
+use super::{added_keys, input_keys_available, key_pairs, map_key_pairs, Transform};
 use crate::data::specs::{Composite, TensorSpec};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::fmt_key_list;
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -275,43 +276,36 @@ impl DTypeCast {
         }
     }
 
-    /// Casts `pairs` in `td`, reading `src` and writing `dst` (`tolerant`: skip missing keys).
-    fn cast_pairs<'a>(
+    /// Casts the `(parent-side, policy-side)` key pairs `pairs` in `td`: on the way out each
+    /// parent-side entry to `to`, written at its policy-side key; with `inverse`, each
+    /// policy-side entry to `from`, written at its parent-side key (`tolerant`: skip missing
+    /// keys).
+    fn cast_pairs(
         &self,
         td: &mut TensorDict,
-        pairs: impl Iterator<Item = (&'a NestedKey, &'a NestedKey)>,
-        to: Kind,
+        pairs: &[(NestedKey, NestedKey)],
+        inverse: bool,
         tolerant: bool,
         op: &'static str,
     ) -> Result<()> {
-        for (src, dst) in pairs {
-            let v = match td.get(src) {
-                Some(v) => v.f_to_kind(to)?,
-                None if tolerant => continue,
-                None => return Err(missing_key(op, td, src)),
-            };
-            td.set(dst, v)?;
-        }
-        Ok(())
+        let to = if inverse { self.from } else { self.to };
+        map_key_pairs(
+            td,
+            pairs,
+            inverse,
+            tolerant,
+            op,
+            |v, _| Ok(v.f_to_kind(to)?),
+        )
     }
 
     fn cast_out(&self, mut td: TensorDict, tolerant: bool, op: &'static str) -> Result<TensorDict> {
         let r = self.resolved()?;
-        self.cast_pairs(
-            &mut td,
-            r.forward.iter().map(|(i, o)| (i, o)),
-            self.to,
-            tolerant,
-            op,
-        )?;
-        // State entries returned by the parent are cast to the transformed state spec.
-        self.cast_pairs(
-            &mut td,
-            r.state.iter().map(|(i, o)| (i, o)),
-            self.to,
-            true,
-            op,
-        )?;
+        // The output entries, then the state entries returned by the parent (cast to the
+        // transformed state spec; they may be absent).
+        for (pairs, tolerant) in [(&r.forward, tolerant), (&r.state, true)] {
+            self.cast_pairs(&mut td, pairs, false, tolerant, op)?;
+        }
         for (i, o) in &r.state {
             if i != o && td.get(o).is_some() {
                 td.remove(i);
@@ -321,19 +315,19 @@ impl DTypeCast {
     }
 }
 
-key_setters!(DTypeCast {
+setters!(DTypeCast {
     /// Casts only these output entries (observation or reward keys). Without
     /// [`DTypeCast::with_in_keys_inv`], nothing is cast on the way in.
-    with_in_keys => in_keys [Some], clears resolved;
+    with_in_keys(keys) => in_keys [Some], clears resolved;
     /// Where the cast values are written (one per in key; default: the in keys). Needs explicit
     /// in keys (checked when the transform is attached).
-    with_out_keys => out_keys [Some], clears resolved;
+    with_out_keys(keys) => out_keys [Some], clears resolved;
     /// Parent-side names of the entries cast back to `from` on the way in (action or state
     /// keys).
-    with_in_keys_inv => in_keys_inv [Some], clears resolved;
+    with_in_keys_inv(keys) => in_keys_inv [Some], clears resolved;
     /// Policy-side names of the inverse entries (one per inverse in key; default: the same
     /// names). Needs explicit inverse in keys.
-    with_out_keys_inv => out_keys_inv [Some], clears resolved;
+    with_out_keys_inv(keys) => out_keys_inv [Some], clears resolved;
 });
 
 impl Transform for DTypeCast {
@@ -429,13 +423,7 @@ impl Transform for DTypeCast {
 
     fn inv(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         let r = self.resolved()?;
-        self.cast_pairs(
-            &mut td,
-            r.inverse.iter().map(|(i, o)| (o, i)),
-            self.from,
-            false,
-            "DTypeCast (inverse)",
-        )?;
+        self.cast_pairs(&mut td, &r.inverse, true, false, "DTypeCast (inverse)")?;
         Ok(td)
     }
 
@@ -463,13 +451,7 @@ impl Transform for DTypeCast {
             return Ok(td);
         }
         let r = self.resolved()?;
-        self.cast_pairs(
-            &mut td,
-            r.forward.iter().map(|(i, o)| (i, o)),
-            self.to,
-            false,
-            "DTypeCast (forward)",
-        )?;
+        self.cast_pairs(&mut td, &r.forward, false, false, "DTypeCast (forward)")?;
         Ok(td)
     }
 }

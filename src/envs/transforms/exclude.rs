@@ -26,10 +26,11 @@
 //! # Ok(()) }
 //! ```
 
-use super::reward_sum::check_done_groups;
-use super::{output_keys_available, setters, Transform};
+use super::reward_sum::{check_done_groups, refuse_state_keys};
+use super::{output_keys_available, Transform};
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// Removes entries from the env's outputs (or, inverse, its inputs). See the module docs.
@@ -63,7 +64,7 @@ impl ExcludeTransform {
 setters!(ExcludeTransform {
     /// With `true`, exclude the keys from the data going into the parent instead (specs
     /// unchanged).
-    with_inverse(inverse: bool) => inverse = inverse;
+    with_inverse(inverse: bool);
 });
 
 impl Transform for ExcludeTransform {
@@ -82,22 +83,16 @@ impl Transform for ExcludeTransform {
         for k in &self.keys {
             // The env reads state keys back at the next step (StepCounter's counts, RewardSum's
             // sums): removing them from the outputs would break the following step.
-            let states: Vec<NestedKey> = specs
-                .state_keys()
-                .into_iter()
-                .filter(|s| s.starts_with(k))
-                .collect();
-            if !states.is_empty() {
-                return Err(Error::invalid(
-                    "ExcludeTransform",
-                    format!(
-                        "{}: key {k} is (or holds) the state key(s) {}, which the env reads back at \
-                         the next step; they cannot be excluded from its outputs",
-                        self.name(),
-                        fmt_key_list(&states)
-                    ),
-                ));
-            }
+            refuse_state_keys(
+                "ExcludeTransform",
+                &self.name(),
+                &specs,
+                [k],
+                (
+                    "a key other than a state key",
+                    "it cannot be excluded from the env's outputs",
+                ),
+            )?;
             let mut found = false;
             for g in [SpecGroup::Done, SpecGroup::Reward, SpecGroup::Observation] {
                 if specs.group(g).contains(k) {

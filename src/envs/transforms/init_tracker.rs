@@ -25,10 +25,11 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, setters, Transform};
+use super::{attached, refuse_taken_key, Transform, OUTPUT_GROUPS};
 use crate::data::specs::Categorical;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// Writes `is_init`: true right after a reset, false after a step. See the module docs.
@@ -71,9 +72,11 @@ impl Transform for InitTracker {
         let op = "InitTracker::attach";
         let name = self.init_key.as_str();
         if name.is_empty() || name == "_reset" || name == "next" {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("the init key must be a non-empty leaf name other than \"_reset\" and \"next\", got {name:?}"),
+                "init_key",
+                "a non-empty leaf name other than \"_reset\" and \"next\"",
+                format!("{name:?}"),
             ));
         }
         let roots = required_reset_roots(parent, op, "to track resets for")?;
@@ -81,18 +84,13 @@ impl Transform for InitTracker {
         for root in roots {
             let shape = done_shape(parent, &root, op)?;
             let key = root.join(name);
-            for (what, c) in [
-                ("observation", &parent.observation),
-                ("reward", &parent.reward),
-                ("done", &parent.done),
-            ] {
-                if c.contains(&key) {
-                    return Err(Error::invalid(
-                        op,
-                        format!("the init key {key} is already in the parent's {what} spec"),
-                    ));
-                }
-            }
+            refuse_taken_key(
+                op,
+                parent,
+                &OUTPUT_GROUPS,
+                &key,
+                "an init key that is new to the parent's specs",
+            )?;
             groups.push((root, key, shape));
         }
         self.device = parent.device();
@@ -119,9 +117,7 @@ impl Transform for InitTracker {
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
-        if self.groups.is_empty() {
-            return Err(not_attached("InitTracker::step", self));
-        }
+        attached("InitTracker::step", self, &self.groups)?;
         for (_, key, shape) in &self.groups {
             if next.get(key).is_none() {
                 next.set(
@@ -135,9 +131,7 @@ impl Transform for InitTracker {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "InitTracker::reset";
-        if self.groups.is_empty() {
-            return Err(not_attached(op, self));
-        }
+        attached(op, self, &self.groups)?;
         for (root, key, shape) in &self.groups {
             let value = match reset_mask(td, root)? {
                 Some(m) => expand_right(&m, shape, op, key)?

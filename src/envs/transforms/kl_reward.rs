@@ -89,7 +89,7 @@ use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::ProbabilisticTensorDictModule;
-use crate::tensordict::{fmt_key_list, AsKey, Entry, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, AsKey, Entry, KeysOptions, NestedKey, TensorDict};
 
 /// What [`KLRewardTransform`] needs from a policy: the crate's probabilistic module trait,
 /// under its former name. Implemented by [`ProbabilisticActor`](crate::modules::ProbabilisticActor) and
@@ -383,8 +383,8 @@ impl KLRewardTransform {
                         "the in key {} is in neither the observation spec (keys: {}) nor the \
                          reward spec (keys: {})",
                         self.in_key,
-                        fmt_key_list(&specs.observation.keys(true, true)),
-                        fmt_key_list(&specs.reward.keys(true, true))
+                        fmt_key_list(&specs.observation.keys(KeysOptions::nested_leaves())),
+                        fmt_key_list(&specs.reward.keys(KeysOptions::nested_leaves()))
                     ),
                 )
             })

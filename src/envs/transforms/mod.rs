@@ -74,10 +74,12 @@ pub use kl_reward::{DistributionSource, KLRewardTransform, DEFAULT_LOG_PROB_KEY}
 pub use compose::Compose;
 pub use transformed_env::TransformedEnv;
 
-use super::EnvSpecs;
-use crate::data::specs::Composite;
+use tch::Tensor;
+
+use super::{EnvSpecs, SpecGroup};
+use crate::data::specs::{Composite, TensorSpec};
 use crate::error::{Error, Result};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 
 /// Pairs each in key with its out key (with itself when there are no out keys). When the
 /// counts differ: an error under `op` naming the transform (`who`; its name is only formatted
@@ -106,54 +108,6 @@ pub(crate) fn key_pairs(
         )),
     }
 }
-
-/// The key-list builder methods of the transforms (`with_in_keys`, `with_out_keys`,
-/// `with_in_keys_inv`, `with_out_keys_inv`, …), written once: each listed method takes any
-/// iterator of keys and stores them in a field, wrapped in `Some` where the field is optional
-/// (`None`: the transform's default), and clears a cached resolution where one is named.
-macro_rules! key_setters {
-    ($t:ident {
-        $(
-            $(#[$doc:meta])*
-            $name:ident => $($field:ident).+ $([$wrap:ident])? $(, clears $cache:ident)?;
-        )+
-    }) => {
-        impl $t {
-            $(
-                $(#[$doc])*
-                pub fn $name<K: Into<NestedKey>>(mut self, keys: impl IntoIterator<Item = K>) -> Self {
-                    self.$($field).+ = $($wrap)?(crate::tensordict::collect_keys(keys));
-                    $(self.$cache = None;)?
-                    self
-                }
-            )+
-        }
-    };
-}
-pub(crate) use key_setters;
-
-/// The plain builder methods of the transforms (`with_dim`, `with_sort`, …), written once:
-/// each listed `with_x(arg: T) => field = value;` takes `self` by value, stores `value` (an
-/// expression of `arg`) in `field` and returns `self`.
-macro_rules! setters {
-    ($t:ident {
-        $(
-            $(#[$doc:meta])*
-            $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;
-        )+
-    }) => {
-        impl $t {
-            $(
-                $(#[$doc])*
-                pub fn $name(mut self, $arg: $ty) -> Self {
-                    self.$field = $value;
-                    self
-                }
-            )+
-        }
-    };
-}
-pub(crate) use setters;
 
 /// The floating-point `Unbounded` reward spec at `input` in `spec`, for a transform (`who`)
 /// that only handles those; the errors name the key and the spec found, and `only` says what
@@ -215,17 +169,16 @@ pub(crate) fn float_unbounded_reward(
             op,
             format!(
                 "the in key {input} is not in the reward spec (reward keys: {})",
-                fmt_key_list(&spec.keys(true, true))
+                fmt_key_list(&spec.keys(KeysOptions::nested_leaves()))
             ),
         )),
     }
 }
 
-/// The out keys of `pairs` that are not their own in key: the entries a transform adds.
 /// The error of a data hook of a transform that has not joined an environment yet (its keys
 /// are discovered when it is attached).
 #[cold]
-pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
+fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
     Error::invalid(
         op,
         format!(
@@ -233,6 +186,45 @@ pub(crate) fn not_attached(op: &'static str, who: &dyn Transform) -> Error {
             who.name()
         ),
     )
+}
+
+/// `slots`, what a transform resolved when it joined its environment, or the
+/// [`not_attached`] error under `op` when there are none (it has not joined one yet).
+#[inline]
+pub(crate) fn attached<'a, T>(
+    op: &'static str,
+    who: &dyn Transform,
+    slots: &'a [T],
+) -> Result<&'a [T]> {
+    if slots.is_empty() {
+        return Err(not_attached(op, who));
+    }
+    Ok(slots)
+}
+
+/// Rewrites the `(parent-side, policy-side)` key pairs `pairs` of `td`: each source entry (the
+/// parent-side one, or with `inverse` the policy-side one) mapped by `f` (given the entry and
+/// its key) and written at the other key. A missing source is skipped when `tolerant`, else a
+/// [`missing_key`] error under `op`.
+#[inline]
+pub(crate) fn map_key_pairs(
+    td: &mut TensorDict,
+    pairs: &[(NestedKey, NestedKey)],
+    inverse: bool,
+    tolerant: bool,
+    op: &'static str,
+    mut f: impl FnMut(&Tensor, &NestedKey) -> Result<Tensor>,
+) -> Result<()> {
+    for (a, b) in pairs {
+        let (src, dst) = if inverse { (b, a) } else { (a, b) };
+        let v = match td.get(src) {
+            Some(v) => f(v, src)?,
+            None if tolerant => continue,
+            None => return Err(missing_key(op, td, src)),
+        };
+        td.set(dst, v)?;
+    }
+    Ok(())
 }
 
 /// [`Error::KeyNotFound`] for `key`, missing from `td`, listing the keys `td` has.
@@ -322,6 +314,59 @@ pub(crate) fn map_reward_specs(
     Ok(spec)
 }
 
+/// Rewrites the input specs of inverse `(in_key, out_key)` pairs: each in key (parent side)
+/// is looked up in the action spec, then the state spec (else a [`Error::KeyNotFound`] under
+/// `op` listing the input keys), its spec mapped by `f` (given the key, the spec and its group)
+/// and set at the out key, the in key's entry removed when the two differ.
+pub(crate) fn map_input_specs(
+    op: &'static str,
+    mut specs: EnvSpecs,
+    pairs: Vec<(NestedKey, NestedKey)>,
+    mut f: impl FnMut(&NestedKey, &TensorSpec, SpecGroup) -> Result<TensorSpec>,
+) -> Result<EnvSpecs> {
+    for (in_key, out_key) in pairs {
+        let Some(group) = specs.input_group_of(&in_key) else {
+            return Err(Error::KeyNotFound {
+                op,
+                key: in_key.to_string(),
+                available: input_keys_available(&specs),
+            });
+        };
+        let mapped = f(&in_key, specs.group(group).get_or_err(&in_key)?, group)?;
+        let g = specs.group_mut(group);
+        if in_key != out_key {
+            g.remove(&in_key)?;
+        }
+        g.set(&out_key, mapped)?;
+    }
+    Ok(specs)
+}
+
+/// The spec groups an env outputs (observation, reward, done), for [`refuse_taken_key`].
+pub(crate) const OUTPUT_GROUPS: [SpecGroup; 3] =
+    [SpecGroup::Observation, SpecGroup::Reward, SpecGroup::Done];
+
+/// Errors ([`Error::InvalidValue`] on `key` under `op`) when one of the parent's `groups`
+/// already holds `key`, a key the transform means to add; `expected` says what it should be.
+pub(crate) fn refuse_taken_key(
+    op: &'static str,
+    parent: &EnvSpecs,
+    groups: &[SpecGroup],
+    key: &NestedKey,
+    expected: &str,
+) -> Result<()> {
+    match groups.iter().find(|g| parent.group(**g).contains(key)) {
+        None => Ok(()),
+        Some(g) => Err(Error::value(
+            op,
+            key,
+            expected,
+            format!("a key already in the parent's {g} spec"),
+        )),
+    }
+}
+
+/// The out keys of `pairs` that differ from their in keys (the keys a transform adds).
 pub(crate) fn added_keys(pairs: &[(NestedKey, NestedKey)]) -> Vec<NestedKey> {
     pairs
         .iter()

@@ -70,14 +70,15 @@
 use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
-use super::reward_sum::refuse_state_keys;
+use super::reward_sum::{refuse_state_keys, IN_PLACE};
 use super::{
-    added_keys, input_keys_available, key_setters, missing_key, setters, KeyMap, Transform,
-    TransformedEnv,
+    added_keys, input_keys_available, map_input_specs, map_key_pairs, missing_key, KeyMap,
+    Transform, TransformedEnv,
 };
 use crate::data::specs::{Bounded, TensorSpec};
 use crate::envs::{EnvBase, EnvSpecs, RolloutConfig, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::tensordict::{clamp_f64, Elements, NestedKey, TensorDict};
 use crate::tensordict::{collect_keys, fmt_key_list};
 
@@ -386,16 +387,9 @@ impl ObservationNorm {
         tolerant: bool,
         op: &'static str,
     ) -> Result<()> {
-        for (a, b) in pairs {
-            let (src, dst) = if inverse { (b, a) } else { (a, b) };
-            let v = match td.get(src) {
-                Some(v) => self.apply(v, inverse, src)?,
-                None if tolerant => continue,
-                None => return Err(missing_key(op, td, src)),
-            };
-            td.set(dst, v)?;
-        }
-        Ok(())
+        map_key_pairs(td, pairs, inverse, tolerant, op, |v, src| {
+            self.apply(v, inverse, src)
+        })
     }
 
     /// Computes `loc` and `scale` from rollouts of `parent`, the env this transform is about to
@@ -671,19 +665,17 @@ impl ObservationNorm {
             }
             Ok(n)
         };
-        let mut reduce: Vec<i64> = cfg
-            .reduce_dim
-            .iter()
-            .map(|d| to_neg(*d))
-            .collect::<Result<_>>()?;
-        reduce.sort_unstable();
+        let sorted = |dims: &[i64]| -> Result<Vec<i64>> {
+            let mut out = dims
+                .iter()
+                .map(|d| to_neg(*d))
+                .collect::<Result<Vec<_>>>()?;
+            out.sort_unstable();
+            Ok(out)
+        };
+        let mut reduce = sorted(&cfg.reduce_dim)?;
         reduce.dedup();
-        let mut keep: Vec<i64> = cfg
-            .keep_dims
-            .iter()
-            .map(|d| to_neg(*d))
-            .collect::<Result<_>>()?;
-        keep.sort_unstable();
+        let keep = sorted(&cfg.keep_dims)?;
         if let Some(k) = keep.iter().find(|k| !reduce.contains(k)) {
             return Err(Error::config(
                 "ObservationNorm::init_stats",
@@ -704,23 +696,16 @@ impl ObservationNorm {
             scale = clamp_f64(OP, &scale, Some(self.eps), None)?.f_reciprocal()?;
             loc = loc.f_neg()?.f_mul(&scale)?;
         }
-        if !all_true(&loc.f_isfinite()?)? {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: non-finite values found in loc ({}); collect more frames",
-                    describe(&loc)
-                ),
-            ));
-        }
-        if !all_true(&scale.f_isfinite()?)? {
-            return Err(Error::invalid(
-                OP,
-                format!(
-                    "init_stats: non-finite values found in scale ({}); collect more frames",
-                    describe(&scale)
-                ),
-            ));
+        for (name, t) in [("loc", &loc), ("scale", &scale)] {
+            if !all_true(&t.f_isfinite()?)? {
+                return Err(Error::invalid(
+                    OP,
+                    format!(
+                        "init_stats: non-finite values found in {name} ({}); collect more frames",
+                        describe(t)
+                    ),
+                ));
+            }
         }
         self.scale = Some(clamp_f64(OP, &scale, Some(self.eps), None)?);
         self.loc = Some(loc);
@@ -731,19 +716,17 @@ impl ObservationNorm {
 setters!(ObservationNorm {
     /// Standardise, `(obs - loc) / scale`, instead of `obs * scale + loc`; `init_stats` then
     /// stores the mean and standard deviation as they are.
-    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
+    with_standard_normal(standard_normal: bool);
     /// The floor of the standard deviations computed by `init_stats` (default `1e-6`, or the
     /// machine epsilon of a tensor scale's dtype).
-    with_eps(eps: f64) => eps = eps;
-});
+    with_eps(eps: f64);
 
-key_setters!(ObservationNorm {
     /// Where the results are written (one per in key; default: the in keys).
-    with_out_keys => keys.outs [Some];
+    with_out_keys(keys) => keys.outs [Some];
     /// Parent-side names of the action / state entries mapped back on their way in.
-    with_in_keys_inv => keys_inv.ins;
+    with_in_keys_inv(keys) => keys_inv.ins;
     /// Policy-side names of the inverse entries (one per inverse in key; default: the same).
-    with_out_keys_inv => keys_inv.outs [Some];
+    with_out_keys_inv(keys) => keys_inv.outs [Some];
 });
 
 impl Transform for ObservationNorm {
@@ -781,6 +764,7 @@ impl Transform for ObservationNorm {
             &self.name(),
             parent,
             pairs.iter().filter(|(i, o)| i == o).map(|(i, _)| i),
+            IN_PLACE,
         )?;
         for (k, _) in pairs {
             if !parent.observation.contains(&k) {
@@ -823,24 +807,13 @@ impl Transform for ObservationNorm {
         Ok(spec)
     }
 
-    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
-        for (in_key, out_key) in self.pairs_inv()? {
-            let Some(group) = specs.input_group_of(&in_key) else {
-                return Err(Error::KeyNotFound {
-                    op: "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
-                    key: in_key.to_string(),
-                    available: input_keys_available(&specs),
-                });
-            };
-            let leaf = specs.group(group).get_or_err(&in_key)?;
-            let mapped = self.map_spec(&in_key, leaf, group)?;
-            let g = specs.group_mut(group);
-            if in_key != out_key {
-                g.remove(&in_key)?;
-            }
-            g.set(&out_key, mapped)?;
-        }
-        Ok(specs)
+    fn transform_input_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
+        map_input_specs(
+            "ObservationNorm (inverse in keys are looked up in the action, then the state spec)",
+            specs,
+            self.pairs_inv()?,
+            |key, leaf, group| self.map_spec(key, leaf, group),
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {

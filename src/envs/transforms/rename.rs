@@ -35,12 +35,13 @@
 //! # Ok(()) }
 //! ```
 
-use super::reward_sum::check_done_groups;
-use super::{input_keys_available, output_keys_available, setters, Transform};
+use super::reward_sum::{check_done_groups, refuse_state_keys};
+use super::{input_keys_available, output_keys_available, Transform};
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
-use crate::tensordict::{collect_keys, fmt_key_list};
+use crate::macros::setters;
+use crate::tensordict::{collect_keys, fmt_key_list, Levels};
 use crate::tensordict::{NestedKey, TensorDict};
 
 const OP: &str = "RenameTransform";
@@ -172,15 +173,7 @@ impl RenameTransform {
                 if tolerant {
                     continue;
                 }
-                return Err(Error::KeyNotFound {
-                    op,
-                    key: from.to_string(),
-                    available: td
-                        .keys(crate::tensordict::KeysOptions::nested())
-                        .into_iter()
-                        .map(|k| k.to_string())
-                        .collect(),
-                });
+                return Err(td.key_not_found(op, from.to_string(), NestedKey::default()));
             };
             if self.create_copy {
                 td.set(to, entry)?;
@@ -231,22 +224,16 @@ impl RenameTransform {
             // A state key (StepCounter's count, RewardSum's sum) is read back by the env at the
             // next step under its name: renaming it away would break that step.
             if !self.create_copy {
-                let states: Vec<NestedKey> = specs
-                    .state_keys()
-                    .into_iter()
-                    .filter(|s| s.starts_with(from))
-                    .collect();
-                if !states.is_empty() {
-                    return Err(Error::invalid(
-                        OP,
-                        format!(
-                            "{}: {from} is (or holds) the state key(s) {}, which the env reads \
-                             back at the next step; copy it instead (with_create_copy(true))",
-                            self.name(),
-                            fmt_key_list(&states)
-                        ),
-                    ));
-                }
+                refuse_state_keys(
+                    OP,
+                    &self.name(),
+                    &specs,
+                    [from],
+                    (
+                        "a key other than a state key",
+                        "copy it instead (with_create_copy(true))",
+                    ),
+                )?;
             }
             for g in holders {
                 move_spec(specs.group_mut(g), from, to, self.create_copy)?;
@@ -259,7 +246,7 @@ impl RenameTransform {
 
 setters!(RenameTransform {
     /// Copy instead of rename: the original entries (and specs) stay.
-    with_create_copy(create_copy: bool) => create_copy = create_copy;
+    with_create_copy(create_copy: bool);
 });
 
 /// The spec groups one direction of a rename works on, and its wording in errors.

@@ -23,9 +23,10 @@
 //! # Ok(()) }
 //! ```
 
-use super::{added_keys, key_setters, map_reward_specs, map_rewards, KeyMap, Transform};
+use super::{added_keys, map_reward_specs, map_rewards, KeyMap, Transform};
 use crate::data::specs::{Bounded, Composite};
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{clamp_f64, fmt_key_list, full_f64, NestedKey, TensorDict};
 
 /// Clamps rewards into `[clamp_min, clamp_max]`. See the module docs.
@@ -41,9 +42,11 @@ impl RewardClipping {
     /// `clamp_min > clamp_max`.
     pub fn new(clamp_min: f64, clamp_max: f64) -> Result<Self> {
         if clamp_min.is_nan() || clamp_max.is_nan() || clamp_min > clamp_max {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "RewardClipping::new",
-                format!("expected clamp_min <= clamp_max (no NaN), got clamp_min={clamp_min}, clamp_max={clamp_max}"),
+                "clamp_min, clamp_max",
+                "clamp_min <= clamp_max (no NaN)",
+                format!("clamp_min={clamp_min}, clamp_max={clamp_max}"),
             ));
         }
         Ok(RewardClipping {
@@ -76,11 +79,11 @@ impl RewardClipping {
     }
 }
 
-key_setters!(RewardClipping {
+setters!(RewardClipping {
     /// The reward keys to read (default `["reward"]`).
-    with_in_keys => keys.ins;
+    with_in_keys(keys) => keys.ins;
     /// The keys to write, one per in key (default: the in keys).
-    with_out_keys => keys.outs [Some];
+    with_out_keys(keys) => keys.outs [Some];
 });
 
 impl Transform for RewardClipping {

@@ -31,9 +31,10 @@
 
 use tch::Tensor;
 
-use super::{added_keys, key_setters, map_reward_specs, map_rewards, setters, KeyMap, Transform};
+use super::{added_keys, map_reward_specs, map_rewards, KeyMap, Transform};
 use crate::data::specs::Composite;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// `reward * scale + loc` (or `(reward - loc) / scale`). See the module docs.
@@ -51,7 +52,12 @@ impl RewardScaling {
     pub fn new(loc: f64, scale: f64) -> Result<Self> {
         let op = "RewardScaling::new";
         if !loc.is_finite() {
-            return Err(Error::invalid(op, format!("loc must be finite, got {loc}")));
+            return Err(Error::argument(
+                op,
+                "loc",
+                "a finite number",
+                loc.to_string(),
+            ));
         }
         if !scale.is_finite() || scale <= 0.0 {
             return Err(Error::invalid(
@@ -104,14 +110,12 @@ impl RewardScaling {
 
 setters!(RewardScaling {
     /// Standardizes instead: `(reward - loc) / scale`.
-    with_standard_normal(standard_normal: bool) => standard_normal = standard_normal;
-});
+    with_standard_normal(standard_normal: bool);
 
-key_setters!(RewardScaling {
     /// The reward keys to read (default `["reward"]`).
-    with_in_keys => keys.ins;
+    with_in_keys(keys) => keys.ins;
     /// The keys to write, one per in key (default: the in keys).
-    with_out_keys => keys.outs [Some];
+    with_out_keys(keys) => keys.outs [Some];
 });
 
 impl Transform for RewardScaling {

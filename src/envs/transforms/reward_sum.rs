@@ -38,11 +38,12 @@
 
 use tch::{Kind, Tensor};
 
-use super::{key_setters, not_attached, setters, Transform};
+use super::{attached, refuse_taken_key, Transform, OUTPUT_GROUPS};
 use crate::data::specs::{Composite, TensorSpec, Unbounded};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+use crate::macros::setters;
+use crate::tensordict::{fmt_key_list, norm_dim, Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ helpers shared by the
 // reward & episode transforms (step_counter, init_tracker, tensordict_primer)
@@ -60,15 +61,23 @@ pub(super) fn replace_last(key: &NestedKey, leaf: &str) -> NestedKey {
     parent_of(key).join(leaf)
 }
 
-/// Errors when a transform would rewrite, in place, an output entry that is also a state key
-/// (StepCounter's counts, RewardSum's sums): the env reads state keys back at the next step, so
-/// the rewritten value (renamed, reshaped, normalised, deleted) would feed the next step.
-/// `keys` are the in keys the transform rewrites in place.
+/// The in-place rewrite of [`refuse_state_keys`]: `(expected, why)`.
+pub(super) const IN_PLACE: (&str, &str) = (
+    "an out key other than a state key (write to another out key)",
+    "it cannot be rewritten in place",
+);
+
+/// Errors when a transform would rewrite an output entry that is also a state key
+/// (StepCounter's counts, RewardSum's sums) in place, rename it or delete it: the env reads
+/// state keys back at the next step, so the rewritten (or missing) value would feed the next
+/// step. `keys` are the keys the transform would touch; the error ([`Error::InvalidValue`] on
+/// the key) says what `who` needs instead and why not, `(expected, why)` (e.g. [`IN_PLACE`]).
 pub(super) fn refuse_state_keys<'a>(
     op: &'static str,
     who: &str,
     specs: &EnvSpecs,
     keys: impl IntoIterator<Item = &'a NestedKey>,
+    (expected, why): (&str, &str),
 ) -> Result<()> {
     let state = specs.state_keys();
     for k in keys {
@@ -77,10 +86,10 @@ pub(super) fn refuse_state_keys<'a>(
             return Err(Error::value(
                 op,
                 k,
-                format!("{who}: an out key other than a state key (write to another out key)"),
+                format!("{who}: {expected}"),
                 format!(
                     "a key that is (or holds) the state key(s) {}, which the env reads back at \
-                     the next step; it cannot be rewritten in place",
+                     the next step; {why}",
                     fmt_key_list(&hit)
                 ),
             ));
@@ -360,22 +369,20 @@ impl RewardSum {
 setters!(RewardSum {
     /// Registers the episode sums in the reward spec instead of the observation spec (TorchRL's
     /// `reward_spec=True`); they are then reward keys.
-    with_reward_spec(reward_spec: bool) => reward_spec = reward_spec;
+    with_reward_spec(reward_spec: bool);
     /// The batch dim of offline tensordicts that is time, for [`Transform::forward`] (negative
     /// values count from the last batch dim).
     with_time_dim(dim: i64) => time_dim = Some(dim);
-});
 
-key_setters!(RewardSum {
     /// The reward keys to sum (default: every reward key of the parent env). Each must be a leaf
     /// of the parent's reward spec (checked when the transform joins an env).
-    with_in_keys => in_keys [Some];
+    with_in_keys(keys) => in_keys [Some];
     /// The keys the sums are written to, one per in key (default: each in key with its last
     /// segment `name` replaced by `episode_<name>`).
-    with_out_keys => out_keys [Some];
+    with_out_keys(keys) => out_keys [Some];
     /// The `"_reset"` keys (e.g. `"_reset"`, `("agents", "_reset")`) whose masks reset each sum:
     /// one for all in keys, or one per in key (default: the done group that owns each reward).
-    with_reset_keys => reset_keys [Some];
+    with_reset_keys(keys) => reset_keys [Some];
 });
 
 impl Transform for RewardSum {
@@ -465,20 +472,13 @@ impl Transform for RewardSum {
                     "the in key itself; choose another out key",
                 ));
             }
-            for (g, what) in [
-                (&parent.observation, "observation"),
-                (&parent.reward, "reward"),
-                (&parent.done, "done"),
-            ] {
-                if g.contains(output) {
-                    return Err(Error::value(
-                        op,
-                        output,
-                        "an out key that is new to the parent's specs",
-                        format!("a key already in the parent's {what} spec"),
-                    ));
-                }
-            }
+            refuse_taken_key(
+                op,
+                parent,
+                &OUTPUT_GROUPS,
+                output,
+                "an out key that is new to the parent's specs",
+            )?;
             let root = match &explicit_roots {
                 Some(r) => r.get(i).or_else(|| r.first()).cloned().unwrap_or_default(),
                 None => roots
@@ -533,10 +533,7 @@ impl Transform for RewardSum {
     }
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
-        if self.slots.is_empty() {
-            return Err(not_attached("RewardSum::step", self));
-        }
-        for s in &self.slots {
+        for s in attached("RewardSum::step", self, &self.slots)? {
             let reward = next.get(&s.input).ok_or_else(|| {
                 Error::value(
                     "RewardSum::step",
@@ -558,10 +555,7 @@ impl Transform for RewardSum {
     }
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
-        if self.slots.is_empty() {
-            return Err(not_attached("RewardSum::reset", self));
-        }
-        for s in &self.slots {
+        for s in attached("RewardSum::reset", self, &self.slots)? {
             let mask = reset_mask(td, &s.root)?;
             let value = match (td.get(&s.output), mask) {
                 (Some(prev), Some(m)) => {
@@ -570,8 +564,8 @@ impl Transform for RewardSum {
                 }
                 (Some(prev), None) => prev.f_zeros_like()?,
                 (None, _) => match s.spec.zero(&[])? {
-                    crate::Entry::Tensor(t) => t,
-                    crate::Entry::Dict(_) => {
+                    Entry::Tensor(t) => t,
+                    Entry::Dict(_) => {
                         return Err(Error::value(
                             "RewardSum::reset",
                             &s.input,
@@ -598,16 +592,9 @@ impl Transform for RewardSum {
                 "none",
             ));
         };
-        let nb = td.batch_dims() as i64;
-        let d = if dim < 0 { dim + nb } else { dim };
-        if d < 0 || d >= nb {
-            return Err(Error::IndexOutOfRange {
-                op,
-                index: dim,
-                what: "batch dims (the time dim must be a batch dim)".into(),
-                size: nb,
-            });
-        }
+        let d = norm_dim(op, dim, td.batch_dims(), || {
+            "batch dims (the time dim must be a batch dim)".into()
+        })? as i64;
         for (input, output) in self.pairs()? {
             let r = td.get_or_err(&input)?;
             let kind = r.kind();

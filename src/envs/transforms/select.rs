@@ -33,7 +33,7 @@ use super::Transform;
 use crate::data::specs::Composite;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
-use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 
 /// Keeps only the selected entries (plus rewards, dones and states). See the module docs.
 pub struct SelectTransform {
@@ -80,7 +80,7 @@ impl SelectTransform {
 
     /// Removes the leaves of `c` that are not selected.
     fn prune(&self, c: &mut Composite) -> Result<()> {
-        for k in c.keys(true, true) {
+        for k in c.keys(KeysOptions::nested_leaves()) {
             if !self.selected(&k) {
                 c.remove(&k)?;
             }
@@ -131,7 +131,7 @@ impl Transform for SelectTransform {
             if !groups.iter().any(|g| parent.group(*g).contains(k)) {
                 let available: Vec<String> = groups
                     .iter()
-                    .flat_map(|g| parent.group(*g).keys(true, true))
+                    .flat_map(|g| parent.group(*g).keys(KeysOptions::nested_leaves()))
                     .map(|k| k.to_string())
                     .collect();
                 return Err(Error::KeyNotFound {

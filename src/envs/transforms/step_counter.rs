@@ -39,10 +39,11 @@
 use tch::{Device, Kind, Tensor};
 
 use super::reward_sum::{done_shape, expand_right, required_reset_roots, reset_mask};
-use super::{not_attached, setters, Transform};
+use super::{attached, Transform};
 use crate::data::specs::{Bounded, Categorical};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
+use crate::macros::setters;
 use crate::tensordict::{fmt_key_list, NestedKey, TensorDict};
 
 /// The keys of one done group, resolved when the transform joins an env.
@@ -136,7 +137,7 @@ setters!(StepCounter {
     /// The leaf name of the counters (default `"step_count"`), placed in each done group.
     with_step_count_key(name: impl Into<String>) => step_count_key = name.into();
     /// Whether a truncation also sets `done` (default true).
-    with_update_done(update_done: bool) => update_done = update_done;
+    with_update_done(update_done: bool);
 });
 
 /// `t` as a bool tensor.
@@ -238,10 +239,7 @@ impl Transform for StepCounter {
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "StepCounter::step";
-        if self.groups.is_empty() {
-            return Err(not_attached(op, self));
-        }
-        for g in &self.groups {
+        for g in attached(op, self, &self.groups)? {
             let count = td.get(&g.step_count).ok_or_else(|| {
                 Error::value(
                     op,
@@ -276,10 +274,7 @@ impl Transform for StepCounter {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "StepCounter::reset";
-        if self.groups.is_empty() {
-            return Err(not_attached(op, self));
-        }
-        for g in &self.groups {
+        for g in attached(op, self, &self.groups)? {
             let mask = reset_mask(td, &g.root)?;
             let count = match (td.get(&g.step_count), mask) {
                 (Some(old), Some(m)) => {

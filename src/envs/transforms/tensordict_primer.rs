@@ -49,10 +49,11 @@
 use tch::{Device, Tensor};
 
 use super::reward_sum::{expand_right, parent_of, reset_mask, reset_roots};
-use super::{not_attached, setters, Transform};
+use super::{attached, refuse_taken_key, Transform};
 use crate::data::specs::TensorSpec;
-use crate::envs::EnvSpecs;
+use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::rng::Generator;
 use crate::tensordict::{fmt_key_list, full_f64, BatchIndex, Entry, NestedKey, TensorDict};
 
@@ -140,7 +141,7 @@ impl TensorDictPrimer {
 
 setters!(TensorDictPrimer {
     /// Initial values are samples of the specs instead of a constant.
-    with_random(random: bool) => random = random;
+    with_random(random: bool);
     /// Seeds the generator used by [`TensorDictPrimer::with_random`] (default seed 0; seeding
     /// the env it joins re-seeds it, see [`Transform::set_seed`]).
     with_seed(seed: u64) => generator = Generator::new(seed);
@@ -199,22 +200,19 @@ impl Transform for TensorDictPrimer {
                     "a Composite",
                 ));
             }
-            for (what, c) in [
-                ("observation", &parent.observation),
-                ("reward", &parent.reward),
-                ("done", &parent.done),
-                ("action", &parent.action),
-                ("state", &parent.state),
-            ] {
-                if c.contains(key) {
-                    return Err(Error::value(
-                        op,
-                        key,
-                        "a primer key that is new to the parent's specs",
-                        format!("a key already in the parent's {what} spec"),
-                    ));
-                }
-            }
+            refuse_taken_key(
+                op,
+                parent,
+                &[
+                    SpecGroup::Observation,
+                    SpecGroup::Reward,
+                    SpecGroup::Done,
+                    SpecGroup::Action,
+                    SpecGroup::State,
+                ],
+                key,
+                "a primer key that is new to the parent's specs",
+            )?;
             let spec = spec.to_device(parent.device())?;
             let (full, feature) = if self.expand_specs {
                 let shape: Vec<i64> = [batch.as_slice(), spec.shape()].concat();
@@ -316,10 +314,7 @@ impl Transform for TensorDictPrimer {
 
     fn step(&mut self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::step";
-        if self.resolved.is_empty() {
-            return Err(not_attached(op, self));
-        }
-        for r in &self.resolved {
+        for r in attached(op, self, &self.resolved)? {
             if next.get_entry(&r.key).is_some() {
                 continue;
             }
@@ -344,9 +339,7 @@ impl Transform for TensorDictPrimer {
 
     fn reset(&mut self, td: &TensorDict, mut reset: TensorDict) -> Result<TensorDict> {
         let op = "TensorDictPrimer::reset";
-        if self.resolved.is_empty() {
-            return Err(not_attached(op, self));
-        }
+        attached(op, self, &self.resolved)?;
         let mask = reset_mask(td, &self.root)?;
         let items = self.primed();
         for (key, spec) in items {

@@ -31,14 +31,12 @@
 //! # Ok(()) }
 //! ```
 
-use super::reward_sum::refuse_state_keys;
-use super::{
-    added_keys, input_keys_available, key_setters, missing_key, output_keys_available, KeyMap,
-    Transform,
-};
+use super::reward_sum::{refuse_state_keys, IN_PLACE};
+use super::{added_keys, map_input_specs, missing_key, output_keys_available, KeyMap, Transform};
 use crate::data::specs::TensorSpec;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::macros::setters;
 use crate::tensordict::{collect_keys, fmt_key_list};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -80,18 +78,24 @@ impl UnsqueezeTransform {
         self.keys_inv.pairs(OP, self, "inverse ")
     }
 
+    /// The index of the new dim in a shape of `ndim` dims (after unsqueezing) whose first `nb`
+    /// are batch dims; `None` when it would fall among the batch dims or past the end.
+    fn inserted_dim(&self, nb: usize, ndim: usize) -> Option<usize> {
+        let (nb, ndim) = (nb as i64, ndim as i64);
+        let p = if self.dim >= 0 {
+            nb + self.dim
+        } else {
+            ndim + self.dim
+        };
+        (nb..ndim).contains(&p).then_some(p as usize)
+    }
+
     /// Where the new dim goes in a shape of `ndim` dims (before unsqueezing) whose first `nb`
     /// are batch dims.
     fn position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
-        let ndim = shape.len() as i64;
-        let nb_i = nb as i64;
-        let p = if self.dim >= 0 {
-            nb_i + self.dim
-        } else {
-            ndim + 1 + self.dim
-        };
-        if p < nb_i || p > ndim {
-            return Err(Error::invalid(
+        self.inserted_dim(nb, shape.len() + 1).ok_or_else(|| {
+            let (ndim, nb_i) = (shape.len() as i64, nb as i64);
+            Error::invalid(
                 OP,
                 format!(
                     "{}: dim {} does not fit {key} of shape {} ({nb} batch dims): the new dim must \
@@ -102,22 +106,14 @@ impl UnsqueezeTransform {
                     ndim - nb_i,
                     nb_i - ndim - 1
                 ),
-            ));
-        }
-        Ok(p as usize)
+            )
+        })
     }
 
     /// Where the dim to squeeze is in a shape (already unsqueezed) with `nb` batch dims.
     fn squeeze_position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
-        let ndim = shape.len() as i64;
-        let nb_i = nb as i64;
-        let p = if self.dim >= 0 {
-            nb_i + self.dim
-        } else {
-            ndim + self.dim
-        };
-        if p < nb_i || p >= ndim {
-            return Err(Error::invalid(
+        let p = self.inserted_dim(nb, shape.len()).ok_or_else(|| {
+            Error::invalid(
                 OP,
                 format!(
                     "{}: dim {} does not fit {key} of shape {} ({nb} batch dims) for the inverse squeeze",
@@ -125,9 +121,9 @@ impl UnsqueezeTransform {
                     self.dim,
                     ShapeFmt(shape)
                 ),
-            ));
-        }
-        if shape.get(p as usize) != Some(&1) {
+            )
+        })?;
+        if shape.get(p) != Some(&1) {
             return Err(Error::value(
                 OP,
                 key,
@@ -135,7 +131,7 @@ impl UnsqueezeTransform {
                 format!("shape {}, whose dim {p} is not 1", ShapeFmt(shape)),
             ));
         }
-        Ok(p as usize)
+        Ok(p)
     }
 
     fn unsqueeze_spec(&self, nb: usize, key: &NestedKey, spec: &TensorSpec) -> Result<TensorSpec> {
@@ -168,14 +164,14 @@ impl UnsqueezeTransform {
     }
 }
 
-key_setters!(UnsqueezeTransform {
+setters!(UnsqueezeTransform {
     /// Where the results are written (one per in key; default: the in keys).
-    with_out_keys => keys.outs [Some];
+    with_out_keys(keys) => keys.outs [Some];
     /// Parent-side action / state keys: the policy gives them with the extra dim, which is
     /// squeezed out before the parent sees them.
-    with_in_keys_inv => keys_inv.ins;
+    with_in_keys_inv(keys) => keys_inv.ins;
     /// Policy-side names of the inverse entries (default: the same names).
-    with_out_keys_inv => keys_inv.outs [Some];
+    with_out_keys_inv(keys) => keys_inv.outs [Some];
 });
 
 impl Transform for UnsqueezeTransform {
@@ -223,6 +219,7 @@ impl Transform for UnsqueezeTransform {
             &self.name(),
             &specs,
             pairs.iter().filter(|(i, o)| i == o).map(|(i, _)| i),
+            IN_PLACE,
         )?;
         for (in_key, out_key) in pairs {
             let Some(group) = specs.output_group_of(&in_key) else {
@@ -239,25 +236,14 @@ impl Transform for UnsqueezeTransform {
         Ok(specs)
     }
 
-    fn transform_input_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
+    fn transform_input_spec(&self, specs: EnvSpecs) -> Result<EnvSpecs> {
         let nb = specs.batch_size().len();
-        for (in_key, out_key) in self.pairs_inv()? {
-            let Some(group) = specs.input_group_of(&in_key) else {
-                return Err(Error::KeyNotFound {
-                    op: "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
-                    key: in_key.to_string(),
-                    available: input_keys_available(&specs),
-                });
-            };
-            let spec = specs.group(group).get_or_err(&in_key)?;
-            let new = self.unsqueeze_spec(nb, &in_key, spec)?;
-            let g = specs.group_mut(group);
-            if in_key != out_key {
-                g.remove(&in_key)?;
-            }
-            g.set(&out_key, new)?;
-        }
-        Ok(specs)
+        map_input_specs(
+            "UnsqueezeTransform (inverse in keys are looked up in the action, then the state spec)",
+            specs,
+            self.pairs_inv()?,
+            |key, spec, _| self.unsqueeze_spec(nb, key, spec),
+        )
     }
 
     fn step(&mut self, _td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {

@@ -53,7 +53,7 @@ use super::{
     broadcast_shapes, check_device, check_float, check_sample_shape, finfo_eps, finfo_min,
     first_true, is_integer, no_rsample, read_flags, to_device, value_batch_shape, Distribution,
 };
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{ensure_kind, Error, Result, ShapeFmt};
 use crate::rng::Generator;
 
 /// A categorical distribution over `0..n`, optionally masked (see the [module docs](self)).
@@ -104,14 +104,7 @@ fn prepare(
     let Some(mask) = mask else {
         return Ok((None, ps));
     };
-    if mask.kind() != Kind::Bool {
-        return Err(Error::DtypeMismatch {
-            op,
-            key: "mask".into(),
-            expected: Kind::Bool,
-            actual: mask.kind(),
-        });
-    }
+    ensure_kind(op, "mask", Kind::Bool, mask.kind())?;
     let mask = to_device(mask, param.device())?;
     let ms = mask.size();
     let shape = broadcast_shapes(op, &[(name, &ps), ("mask", &ms)])?;

@@ -34,7 +34,7 @@ use super::{
     broadcast_shapes, check_float, check_sample_shape, float_value, read_flags, to_device,
     value_batch_shape, Distribution, LN_SQRT_2PI,
 };
-use crate::error::{Error, Result, ShapeFmt};
+use crate::error::{ensure_kind, Error, Result, ShapeFmt};
 use crate::rng::Generator;
 
 /// The Gaussian distribution `N(loc, scale²)` (see the [module docs](self)).
@@ -78,14 +78,7 @@ pub(crate) fn validate_loc_scale(
 ) -> Result<(Tensor, Vec<i64>)> {
     check_float(op, "loc", loc)?;
     check_float(op, "scale", scale)?;
-    if scale.kind() != loc.kind() {
-        return Err(Error::DtypeMismatch {
-            op,
-            key: "scale".into(),
-            expected: loc.kind(),
-            actual: scale.kind(),
-        });
-    }
+    ensure_kind(op, "scale", loc.kind(), scale.kind())?;
     let scale = to_device(scale, loc.device())?;
     let (ls, ss) = (loc.size(), scale.size());
     let mut named: Vec<(&str, &[i64])> = vec![("loc", &ls), ("scale", &ss)];

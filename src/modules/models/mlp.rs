@@ -44,7 +44,7 @@ use tch::nn::{Init, Path};
 use tch::Tensor;
 
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::module::setters;
+use crate::macros::setters;
 use crate::modules::module::{cat_last, TensorModule};
 
 /// An activation function (the `activation_class` of TorchRL's `MLP`), with torch's default
@@ -214,11 +214,11 @@ impl MlpConfig {
 
     setters! {
         /// Sets the activation.
-        with_activation: activation: Activation;
+        with_activation(activation: Activation);
         /// Sets whether the output is activated too.
-        with_activate_last_layer: activate_last_layer: bool;
+        with_activate_last_layer(activate_last_layer: bool);
         /// Sets whether the last linear layer has a bias.
-        with_bias_last_layer: bias_last_layer: bool;
+        with_bias_last_layer(bias_last_layer: bool);
     }
 
     /// The hidden widths, resolved with TorchRL's rules; errors name the conflict.
@@ -229,23 +229,24 @@ impl MlpConfig {
             (None, Some(d)) => vec![32; d],
             (Some(NumCells::Width(w)), Some(d)) => vec![*w; d],
             (Some(NumCells::Width(w)), None) => {
-                return Err(Error::invalid(
+                return Err(Error::config(
                     op,
+                    "depth",
                     format!(
-                        "num_cells is one width ({w}) but no depth is given; set a depth, or \
-                         give one width per layer"
+                        "a depth, since num_cells is one width ({w}) (or give one width per \
+                         layer)"
                     ),
+                    "no depth",
                 ))
             }
             (Some(NumCells::PerLayer(v)), None) => v.clone(),
             (Some(NumCells::PerLayer(v)), Some(d)) => {
                 if v.len() != d {
-                    return Err(Error::invalid(
+                    return Err(Error::config(
                         op,
-                        format!(
-                            "depth {d} conflicts with the {} per-layer widths {v:?}",
-                            v.len()
-                        ),
+                        "depth",
+                        format!("{}, the number of per-layer widths {v:?}", v.len()),
+                        format!("depth {d}"),
                     ));
                 }
                 v.clone()

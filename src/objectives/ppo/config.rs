@@ -2,7 +2,7 @@
 //! `with_*`), validated when a loss takes it.
 
 use crate::error::{Error, Result};
-use crate::modules::module::setters;
+use crate::macros::setters;
 use crate::objectives::common::Reduction;
 
 use super::CriticLossType;
@@ -95,35 +95,35 @@ impl PpoConfig {
 
     setters! {
         /// Sets [`clip_epsilon`](Self::clip_epsilon).
-        with_clip_epsilon: clip_epsilon: f64;
+        with_clip_epsilon(clip_epsilon: f64);
         /// Sets [`entropy_bonus`](Self::entropy_bonus).
-        with_entropy_bonus: entropy_bonus: bool;
+        with_entropy_bonus(entropy_bonus: bool);
         /// Sets [`entropy_coeff`](Self::entropy_coeff).
-        with_entropy_coeff: entropy_coeff: f64;
+        with_entropy_coeff(entropy_coeff: f64);
         /// Sets [`samples_mc_entropy`](Self::samples_mc_entropy).
-        with_samples_mc_entropy: samples_mc_entropy: i64;
+        with_samples_mc_entropy(samples_mc_entropy: i64);
         /// Sets [`critic_coeff`](Self::critic_coeff).
-        with_critic_coeff: critic_coeff: f64;
+        with_critic_coeff(critic_coeff: f64);
         /// Sets [`loss_critic_type`](Self::loss_critic_type).
-        with_loss_critic_type: loss_critic_type: CriticLossType;
+        with_loss_critic_type(loss_critic_type: CriticLossType);
         /// Sets [`clip_value`](Self::clip_value).
-        with_clip_value: clip_value: Option<f64>;
+        with_clip_value(clip_value: Option<f64>);
         /// Sets [`normalize_advantage`](Self::normalize_advantage).
-        with_normalize_advantage: normalize_advantage: bool;
+        with_normalize_advantage(normalize_advantage: bool);
         /// Sets [`reduction`](Self::reduction).
-        with_reduction: reduction: Reduction;
+        with_reduction(reduction: Reduction);
         /// Sets [`seed`](Self::seed).
-        with_seed: seed: u64;
+        with_seed(seed: u64);
         /// Sets [`dtarg`](Self::dtarg).
-        with_dtarg: dtarg: f64;
+        with_dtarg(dtarg: f64);
         /// Sets [`beta`](Self::beta).
-        with_beta: beta: f64;
+        with_beta(beta: f64);
         /// Sets [`increment`](Self::increment).
-        with_increment: increment: f64;
+        with_increment(increment: f64);
         /// Sets [`decrement`](Self::decrement).
-        with_decrement: decrement: f64;
+        with_decrement(decrement: f64);
         /// Sets [`samples_mc_kl`](Self::samples_mc_kl).
-        with_samples_mc_kl: samples_mc_kl: i64;
+        with_samples_mc_kl(samples_mc_kl: i64);
     }
 
     /// Checks the fields every PPO loss reads; `op` names the loss in the error.

@@ -36,6 +36,7 @@ use crate::kind::is_float;
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
+use crate::tensordict::norm_dim;
 
 /// The discount: one `γ` for every step, or a per-step tensor (e.g. `γ^steps_to_next_obs`).
 pub(crate) enum Gamma<'a> {
@@ -136,17 +137,11 @@ pub(crate) fn check_same_shape(op: &'static str, tensors: &[(&str, &Tensor)]) ->
 
 /// Resolves `time_dim` (negative counts from the end) against `ndim`.
 pub(crate) fn resolve_dim(op: &'static str, time_dim: i64, ndim: usize) -> Result<i64> {
-    let n = i64::try_from(ndim).unwrap_or(i64::MAX);
-    let d = if time_dim < 0 { time_dim + n } else { time_dim };
-    if d < 0 || d >= n {
-        return Err(Error::IndexOutOfRange {
-            op,
-            index: time_dim,
-            what: "the dims of the inputs (time_dim)".into(),
-            size: n,
-        });
-    }
-    Ok(d)
+    let d = norm_dim(op, time_dim, ndim, || {
+        "the dims of the inputs (time_dim)".into()
+    })?;
+    // `d < ndim`, which is a tensor's dim count: it fits an i64.
+    Ok(d as i64)
 }
 
 /// GAE with the time dim last: returns `(advantage, value_target)`.

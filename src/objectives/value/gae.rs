@@ -28,7 +28,6 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{gae_time_last, standardize};
 use super::{estimator_builders, Estimate, EstimatorCore};
-use crate::modules::module::setters;
 
 /// Generalized advantage estimation (Schulman et al. 2016), TorchRL's `GAE`.
 ///
@@ -51,30 +50,9 @@ pub struct Gae {
     average_gae: bool,
 }
 
-estimator_builders!(Gae);
+estimator_builders!(Gae, "GAE", with_average_gae => average_gae);
 
 impl Gae {
-    /// GAE with discount `gamma` and trace decay `lmbda`, no value network (precomputed
-    /// values are read), no standardisation, not differentiable.
-    ///
-    /// Errors when `gamma` or `lmbda` is not finite.
-    pub fn new(gamma: f64, lmbda: f64) -> Result<Self> {
-        Ok(Gae {
-            core: EstimatorCore::new("GAE", gamma, lmbda)?,
-            average_gae: false,
-        })
-    }
-
-    setters! {
-        /// Standardises the advantages (TorchRL's `average_gae`; default `false`).
-        with_average_gae: average_gae: bool;
-    }
-
-    /// Whether the advantages are standardised.
-    pub fn average_gae(&self) -> bool {
-        self.average_gae
-    }
-
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
         let (_guard, x) = self.core.start(td)?;

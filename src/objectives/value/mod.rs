@@ -550,11 +550,34 @@ fn keys_list(td: &TensorDict) -> String {
         .join(", ")
 }
 
-/// The builder methods, getters and [`ValueEstimator`] impl GAE and TD(λ) share (each
-/// provides `estimate`).
+/// The constructor, builder methods, getters and [`ValueEstimator`] impl GAE and TD(λ) share:
+/// `estimator_builders!(Type, "Name", with_flag => flag)` for a
+/// `Type { core: EstimatorCore, flag: bool }` (the standardisation flag, off by default, its
+/// setter and getter); each type documents the flag and provides `estimate`.
 macro_rules! estimator_builders {
-    ($ty:ident) => {
+    ($ty:ident, $name:literal, $setter:ident => $flag:ident) => {
         impl $ty {
+            $crate::macros::setters! {
+                #[doc = concat!("Sets TorchRL's `", stringify!($flag), "` (default `false`; see the type's docs).")]
+                $setter($flag: bool);
+            }
+
+            #[doc = concat!($name, " with discount `gamma` and trace decay `lmbda`, no value network")]
+            /// (precomputed values are read), no standardisation, not differentiable.
+            ///
+            /// Errors when `gamma` or `lmbda` is not finite.
+            pub fn new(gamma: f64, lmbda: f64) -> $crate::error::Result<Self> {
+                Ok($ty {
+                    core: $crate::objectives::value::EstimatorCore::new($name, gamma, lmbda)?,
+                    $flag: false,
+                })
+            }
+
+            #[doc = concat!("Whether `", stringify!($flag), "` standardisation is on.")]
+            pub fn $flag(&self) -> bool {
+                self.$flag
+            }
+
             /// Sets the state-value network, called on the tensordict and on its `"next"`
             /// sub-tensordict; without one, precomputed `value` and `("next", value)` entries
             /// are read.
@@ -566,27 +589,15 @@ macro_rules! estimator_builders {
                 self
             }
 
-            /// Whether gradients flow through the estimate (default `false`: it runs under
-            /// `no_grad`). The next-state value from a network is detached either way.
-            pub fn with_differentiable(mut self, differentiable: bool) -> Self {
-                self.core.differentiable = differentiable;
-                self
-            }
-
-            /// The time dim among the tensordict's batch dims (negative counts from the end);
-            /// default: the last batch dim.
-            pub fn with_time_dim(mut self, time_dim: i64) -> Self {
-                self.core.time_dim = Some(time_dim);
-                self
-            }
-
-            /// Builder form of [`ValueEstimator::set_tensor_keys`](crate::objectives::value::ValueEstimator::set_tensor_keys).
-            pub fn with_keys(
-                mut self,
-                keys: $crate::objectives::value::ValueEstimatorKeys,
-            ) -> Self {
-                self.core.keys = keys;
-                self
+            $crate::macros::setters! {
+                /// Whether gradients flow through the estimate (default `false`: it runs under
+                /// `no_grad`). The next-state value from a network is detached either way.
+                with_differentiable(differentiable: bool) => core.differentiable = differentiable;
+                /// The time dim among the tensordict's batch dims (negative counts from the
+                /// end); default: the last batch dim.
+                with_time_dim(time_dim: i64) => core.time_dim = Some(time_dim);
+                /// Builder form of [`ValueEstimator::set_tensor_keys`](crate::objectives::value::ValueEstimator::set_tensor_keys).
+                with_keys(keys: $crate::objectives::value::ValueEstimatorKeys) => core.keys = keys;
             }
 
             /// The discount γ.

@@ -25,7 +25,6 @@ use crate::tensordict::TensorDict;
 
 use super::functional::{standardize, td_lambda_time_last};
 use super::{estimator_builders, Estimate, EstimatorCore};
-use crate::modules::module::setters;
 
 /// TD(λ) estimator, TorchRL's `TDLambdaEstimator`.
 ///
@@ -45,31 +44,9 @@ pub struct TdLambdaEstimator {
     average_rewards: bool,
 }
 
-estimator_builders!(TdLambdaEstimator);
+estimator_builders!(TdLambdaEstimator, "TDLambdaEstimator", with_average_rewards => average_rewards);
 
 impl TdLambdaEstimator {
-    /// TD(λ) with discount `gamma` and trace decay `lmbda`, no value network (precomputed
-    /// values are read), no reward standardisation, not differentiable.
-    ///
-    /// Errors when `gamma` or `lmbda` is not finite.
-    pub fn new(gamma: f64, lmbda: f64) -> Result<Self> {
-        Ok(TdLambdaEstimator {
-            core: EstimatorCore::new("TDLambdaEstimator", gamma, lmbda)?,
-            average_rewards: false,
-        })
-    }
-
-    setters! {
-        /// Standardises the rewards before the estimate (TorchRL's `average_rewards`; default
-        /// `false`).
-        with_average_rewards: average_rewards: bool;
-    }
-
-    /// Whether the rewards are standardised.
-    pub fn average_rewards(&self) -> bool {
-        self.average_rewards
-    }
-
     /// `(advantage, value_target)` and the value writes, without touching `td`.
     fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
         let (_guard, x) = self.core.start(td)?;
