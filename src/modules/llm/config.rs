@@ -19,7 +19,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::modules::module::setters;
+use crate::macros::setters;
 
 /// The activation of GPT-2's MLP (`activation_function` in `config.json`, `transformers`'
 /// `ACT2FN` names).
@@ -190,29 +190,21 @@ impl Gpt2Config {
 
     setters! {
         /// Sets the context length.
-        with_n_positions: n_positions: i64;
+        with_n_positions(n_positions: i64);
         /// Sets the width.
-        with_n_embd: n_embd: i64;
+        with_n_embd(n_embd: i64);
         /// Sets the number of blocks.
-        with_n_layer: n_layer: i64;
+        with_n_layer(n_layer: i64);
         /// Sets the number of heads.
-        with_n_head: n_head: i64;
+        with_n_head(n_head: i64);
         /// Sets the layer-norm epsilon.
-        with_layer_norm_epsilon: layer_norm_epsilon: f64;
+        with_layer_norm_epsilon(layer_norm_epsilon: f64);
         /// Sets the initialisation's standard deviation.
-        with_initializer_range: initializer_range: f64;
-    }
-
-    /// Sets the MLP's hidden width.
-    pub fn with_n_inner(mut self, n: i64) -> Self {
-        self.n_inner = Some(n);
-        self
-    }
-
-    /// Sets the activation by its `transformers` name.
-    pub fn with_activation_function(mut self, name: impl Into<String>) -> Self {
-        self.activation_function = name.into();
-        self
+        with_initializer_range(initializer_range: f64);
+        /// Sets the MLP's hidden width.
+        with_n_inner(n: i64) => n_inner = Some(n);
+        /// Sets the activation by its `transformers` name.
+        with_activation_function(name: impl Into<String>) => activation_function = name.into();
     }
 
     /// Sets the special token ids (`None` leaves one unset).

@@ -55,7 +55,7 @@ use super::cache::KvCache;
 use super::config::require;
 use super::gpt2::{ForwardOptions, Gpt2Input, Gpt2Model};
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::module::setters;
+use crate::macros::setters;
 use crate::rng::Generator;
 
 /// How to generate (`transformers`' `GenerationConfig` names and defaults: greedy, 20 new
@@ -126,27 +126,19 @@ impl GenerationConfig {
 
     setters! {
         /// Sets `min_new_tokens`.
-        with_min_new_tokens: min_new_tokens: i64;
+        with_min_new_tokens(min_new_tokens: i64);
         /// Sets `do_sample`.
-        with_do_sample: do_sample: bool;
+        with_do_sample(do_sample: bool);
         /// Sets the temperature.
-        with_temperature: temperature: f64;
+        with_temperature(temperature: f64);
         /// Sets top-k (0 disables it).
-        with_top_k: top_k: i64;
+        with_top_k(top_k: i64);
         /// Sets top-p (1 disables it).
-        with_top_p: top_p: f64;
-    }
-
-    /// Sets the EOS id.
-    pub fn with_eos_token_id(mut self, id: i64) -> Self {
-        self.eos_token_id = Some(id);
-        self
-    }
-
-    /// Sets the pad id.
-    pub fn with_pad_token_id(mut self, id: i64) -> Self {
-        self.pad_token_id = Some(id);
-        self
+        with_top_p(top_p: f64);
+        /// Sets the EOS id.
+        with_eos_token_id(id: i64) => eos_token_id = Some(id);
+        /// Sets the pad id.
+        with_pad_token_id(id: i64) => pad_token_id = Some(id);
     }
 
     /// The pad id used: `pad_token_id`, else `eos_token_id`, else 0.
