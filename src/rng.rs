@@ -59,9 +59,14 @@ pub(crate) fn numel(op: &'static str, shape: &[i64]) -> Result<usize> {
         .iter()
         .try_fold(1usize, |acc, d| acc.checked_mul(usize::try_from(*d).ok()?))
         .ok_or_else(|| {
-            Error::invalid(
+            Error::argument(
                 op,
-                format!("shape {} has too many elements to sample", ShapeFmt(shape)),
+                "shape",
+                "a shape whose element count fits in usize",
+                format!(
+                    "shape {}, which has too many elements to sample",
+                    ShapeFmt(shape)
+                ),
             )
         })
 }
@@ -435,12 +440,15 @@ impl Generator {
                 for (r, row) in allowed.chunks(n as usize).enumerate() {
                     let count = row.iter().filter(|b| **b).count() as u64;
                     if count == 0 {
-                        return Err(Error::invalid(
+                        return Err(Error::InvalidValue {
                             op,
-                            format!(
+                            what: "mask row",
+                            key: r.to_string(),
+                            expected: "a row that allows at least one class".to_string(),
+                            got: format!(
                                 "row {r} of the mask allows no class: every class is masked out"
                             ),
-                        ));
+                        });
                     }
                     let k = self.below(count) as usize;
                     let idx = row

@@ -367,8 +367,8 @@ fn failed_saves_leave_no_partial_files() {
         .with("z", Tensor::zeros([2], (Kind::ComplexFloat, CPU)))
         .unwrap();
     match complex.save(&path) {
-        Err(Error::InvalidArgument { message, .. }) => assert!(message.contains("z"), "{message}"),
-        other => panic!("expected InvalidArgument, got {other:?}"),
+        Err(Error::InvalidValue { key, .. }) => assert!(key.contains("z"), "{key}"),
+        other => panic!("expected InvalidValue, got {other:?}"),
     }
     assert_identical(
         &old,

@@ -606,12 +606,12 @@ fn check_not_done_after_reset(
             None => v,
         };
         if hit.numel() > 0 && hit.f_any()?.int64_value(&[]) != 0 {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 "reset",
-                format!(
-                    "done entry {k} was (partially) true right after reset; an env must start \
-                     undone (set EnvCore::allow_done_after_reset to allow it)"
-                ),
+                k,
+                "a done entry that is false right after reset: an env must start undone (set \
+                 EnvCore::allow_done_after_reset to allow it)",
+                format!("done entry {k} was (partially) true right after reset"),
             ));
         }
     }

@@ -275,14 +275,18 @@ impl EnvSpecs {
         for (g, what) in [(&self.reward, "reward"), (&self.done, "done")] {
             for (k, s) in g.leaves() {
                 if s.shape().len() <= nb {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         "EnvSpecs::finalize",
+                        &k,
                         format!(
-                            "the {what} spec's leaf {k} has shape {}, which has no feature dim after \
-                             the batch size {}; use e.g. {}",
-                            ShapeFmt(s.shape()),
+                            "a {what} spec leaf with a feature dim after the batch size {}; use \
+                             e.g. {}",
                             ShapeFmt(&self.batch_size),
                             ShapeFmt(&[self.batch_size.as_slice(), &[1]].concat())
+                        ),
+                        format!(
+                            "shape {}, which has no feature dim after the batch size",
+                            ShapeFmt(s.shape())
                         ),
                     ));
                 }
@@ -321,9 +325,11 @@ impl EnvSpecs {
         ];
         for (a, b, an, bn) in pairs {
             if let Some(k) = collide(a, b) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     "EnvSpecs::finalize",
-                    format!("key {k} is in both the {an} spec and the {bn} spec; a key belongs to one spec"),
+                    &k,
+                    "a key in one spec only (a key belongs to one spec)",
+                    format!("key {k} is in both the {an} spec and the {bn} spec"),
                 ));
             }
         }
@@ -400,17 +406,20 @@ impl EnvSpecs {
 fn single(what: &'static str, keys: Vec<NestedKey>) -> Result<NestedKey> {
     match keys.as_slice() {
         [one] => Ok(one.clone()),
-        _ => Err(Error::invalid(
-            "EnvSpecs",
-            format!(
-                "expected exactly one {what} key, found {}: [{}]",
+        _ => Err(Error::InvalidValue {
+            op: "EnvSpecs",
+            what: "spec",
+            key: what.to_string(),
+            expected: format!("exactly one {what} key"),
+            got: format!(
+                "{} {what} keys: [{}]",
                 keys.len(),
                 keys.iter()
                     .map(|k| k.to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-        )),
+        }),
     }
 }
 

@@ -158,11 +158,13 @@ pub(crate) fn complete_done(td: &mut TensorDict, keys: &EnvKeys) -> Result<()> {
         );
         if d && !t {
             if tr {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     "step",
+                    &g.terminated,
+                    format!("an entry: return {} too", g.terminated),
                     format!(
-                        "cannot infer {} when only {} and {} are present; return {} too",
-                        g.terminated, g.done, g.truncated, g.terminated
+                        "none (cannot infer {} when only {} and {} are present)",
+                        g.terminated, g.done, g.truncated
                     ),
                 ));
             }

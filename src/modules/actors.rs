@@ -254,12 +254,15 @@ impl DistributionBuilder {
         };
         let shape = b.shape();
         let Some(feature) = shape.get(batch_dims..) else {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                "batch_dims",
                 format!(
-                    "cannot drop {batch_dims} batch dims from a spec of shape {}",
+                    "at most the {} dims of the spec of shape {}",
+                    shape.len(),
                     ShapeFmt(shape)
                 ),
+                format!("{batch_dims} (cannot drop {batch_dims} batch dims)"),
             ));
         };
         let strip = |t: &Tensor| -> Result<Tensor> {
@@ -268,9 +271,11 @@ impl DistributionBuilder {
             rows_shape.extend_from_slice(feature);
             let rows = full.f_reshape(rows_shape.as_slice())?;
             if rows.size().first() == Some(&0) {
-                return Err(Error::invalid(
+                return Err(Error::argument(
                     op,
-                    format!("the spec of shape {} has no element", ShapeFmt(shape)),
+                    "spec",
+                    "a spec with at least one element",
+                    format!("a spec of shape {}, which has no element", ShapeFmt(shape)),
                 ));
             }
             let first = rows.f_select(0, 0)?;
@@ -280,11 +285,16 @@ impl DistributionBuilder {
                 .f_int64_value(&[])?
                 == 1;
             if !same {
-                return Err(Error::invalid(
+                return Err(Error::argument(
                     op,
+                    "spec",
                     format!(
-                        "the bounds of the spec of shape {} differ across its first {batch_dims} \
-                         dim(s); give per-element bounds with tanh_normal_with_bounds",
+                        "bounds equal across the first {batch_dims} dim(s) (or give per-element \
+                         bounds with tanh_normal_with_bounds)"
+                    ),
+                    format!(
+                        "a spec of shape {} whose bounds differ across its first {batch_dims} \
+                         dim(s)",
                         ShapeFmt(shape)
                     ),
                 ));

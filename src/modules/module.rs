@@ -181,15 +181,18 @@ pub(crate) fn write_outputs(
     outputs: Vec<Tensor>,
 ) -> Result<()> {
     if outputs.len() != keys.len() {
-        return Err(Error::invalid(
+        return Err(Error::InvalidValue {
             op,
-            format!(
+            what: "outputs for out keys",
+            key: fmt_key_list(keys),
+            expected: format!("{} output(s), one per out key", keys.len()),
+            got: format!(
                 "the module returned {} output(s) for {} out key(s) {}",
                 outputs.len(),
                 keys.len(),
                 fmt_key_list(keys)
             ),
-        ));
+        });
     }
     for (k, v) in keys.iter().zip(&outputs) {
         check_output(op, td, k, v)?;
@@ -284,10 +287,12 @@ pub(crate) fn cat_last(op: &'static str, inputs: &[&Tensor]) -> Result<Tensor> {
         [one] => Ok(one.shallow_clone()),
         many => {
             if let Some(t) = many.iter().find(|t| t.dim() == 0) {
-                return Err(Error::invalid(
+                return Err(Error::argument(
                     op,
+                    "inputs",
+                    "inputs with at least one dim, to concatenate along the last dim",
                     format!(
-                        "cannot concatenate inputs along the last dim: an input has shape {}",
+                        "an input of shape {} (cannot concatenate inputs along the last dim)",
                         ShapeFmt(&t.size())
                     ),
                 ));
@@ -364,11 +369,16 @@ impl<M: TensorModule> TdModule<M> {
         let in_keys = to_keys(op, in_keys)?;
         let out_keys = to_keys(op, out_keys)?;
         if in_keys.is_empty() || out_keys.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                if in_keys.is_empty() {
+                    "in_keys"
+                } else {
+                    "out_keys"
+                },
+                "at least one key (a TdModule needs at least one in key and one out key)",
                 format!(
-                    "a TdModule needs at least one in key and one out key, got in_keys={} and \
-                     out_keys={}",
+                    "in_keys={} and out_keys={}",
                     fmt_key_list(&in_keys),
                     fmt_key_list(&out_keys)
                 ),
@@ -436,25 +446,25 @@ impl<M: TensorModule> TdModule<M> {
             return Ok(vec![out]);
         }
         let last = out.size().last().copied();
-        let bad = |why: String| {
-            Error::invalid(
-                op,
-                format!(
-                    "cannot split the output of shape {} into out keys {}: {why}",
-                    ShapeFmt(&out.size()),
-                    fmt_key_list(&self.out_keys)
-                ),
-            )
+        let bad = |expected: String| Error::InvalidValue {
+            op,
+            what: "module output for out keys",
+            key: fmt_key_list(&self.out_keys),
+            expected,
+            got: format!(
+                "an output of shape {}, which cannot be split into them",
+                ShapeFmt(&out.size())
+            ),
         };
         let Some(last) = last else {
-            return Err(bad("it has no dims".into()));
+            return Err(bad("an output with at least one dim".into()));
         };
         let sizes = match &self.split_sizes {
             Some(s) => s.clone(),
             None => {
                 if last % n as i64 != 0 {
                     return Err(bad(format!(
-                        "its last dim ({last}) is not a multiple of {n}"
+                        "a last dim that is a multiple of {n} (its last dim ({last}) is not)"
                     )));
                 }
                 vec![last / n as i64; n]
@@ -462,7 +472,8 @@ impl<M: TensorModule> TdModule<M> {
         };
         if sizes.iter().sum::<i64>() != last {
             return Err(bad(format!(
-                "the split sizes {sizes:?} do not add up to its last dim ({last})"
+                "a last dim equal to the sum of the split sizes {sizes:?} (they do not add up to \
+                 its last dim ({last}))"
             )));
         }
         Ok(out.f_split_with_sizes(sizes.as_slice(), -1)?)

@@ -146,15 +146,21 @@ fn apply_pairs<K: AcceptedKeys>(
                      Accepted keys are: {accepted}"
                 ),
             };
-            return Err(Error::invalid("set_keys", message));
+            return Err(Error::argument(
+                "set_keys",
+                name,
+                format!("one of the accepted tensordict keys {accepted}"),
+                message,
+            ));
         }
         match value {
             None if flavour == Flavour::Estimator => {
-                return Err(Error::invalid(
+                return Err(Error::argument(
                     "set_keys",
+                    name,
+                    "a key (an estimator's keys have no reset, pass the key to use)",
                     format!(
-                        "tensordict keys cannot be None (got None for {name} of {owner}); \
-                         an estimator's keys have no reset, pass the key to use"
+                        "None (tensordict keys cannot be None; got None for {name} of {owner})"
                     ),
                 ));
             }

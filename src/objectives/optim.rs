@@ -48,9 +48,11 @@ pub fn clip_grad_norm(vs: &nn::VarStore, max_norm: f64) -> Result<f64> {
 /// [`clip_grad_norm`] over explicit parameters.
 pub fn clip_grad_norm_tensors(params: &[Tensor], max_norm: f64) -> Result<f64> {
     if max_norm.is_nan() || max_norm < 0.0 {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             "clip_grad_norm",
-            format!("max_norm must be non-negative, got {max_norm}"),
+            "max_norm",
+            "a non-negative number (max_norm must be non-negative)",
+            max_norm.to_string(),
         ));
     }
     let _guard = tch::no_grad_guard();

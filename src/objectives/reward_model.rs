@@ -122,15 +122,16 @@ pub fn reward_model_loss_with_accuracy(
 fn rejected_margin(chosen_scores: &Tensor, rejected_scores: &Tensor) -> Result<Tensor> {
     let (cs, rs) = (chosen_scores.size(), rejected_scores.size());
     if cs != rs {
-        return Err(Error::invalid(
-            "reward_model_loss",
-            format!(
-                "chosen_scores and rejected_scores must have the same shape, got {} vs {}. \
-                 Mismatched shapes (e.g. [B] vs [B, 1]) would broadcast to an all-pairs loss.",
-                ShapeFmt(&cs),
-                ShapeFmt(&rs)
-            ),
-        ));
+        return Err(Error::InvalidValue {
+            op: "reward_model_loss",
+            what: "arguments",
+            key: "chosen_scores, rejected_scores".to_string(),
+            expected:
+                "the same shape (chosen_scores and rejected_scores must have the same shape: \
+                       mismatched shapes, e.g. [B] vs [B, 1], would broadcast to an all-pairs loss)"
+                    .to_string(),
+            got: format!("{} vs {}", ShapeFmt(&cs), ShapeFmt(&rs)),
+        });
     }
     Ok(rejected_scores.f_sub(chosen_scores)?)
 }
@@ -407,13 +408,15 @@ impl RewardModelLoss {
     fn network_score_key(&self, out_keys: &[NestedKey]) -> Result<NestedKey> {
         let default = RewardModelKeys::default().score;
         pick_out_key(out_keys, &[&self.keys.score, &default]).ok_or_else(|| {
-            Error::invalid(
+            Error::config(
                 OP,
+                "score",
                 format!(
-                    "Could not identify the score_network output key: expected {} among {}",
-                    self.keys.score,
-                    fmt_key_list(out_keys)
+                    "{} among the score_network's out keys (Could not identify the score_network \
+                     output key)",
+                    self.keys.score
                 ),
+                fmt_key_list(out_keys),
             )
         })
     }

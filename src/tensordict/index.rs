@@ -182,9 +182,11 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
         .filter(|i| matches!(i, BatchIndex::Ellipsis))
         .count();
     if n_ellipsis > 1 {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            "an index can only have a single ellipsis",
+            "index",
+            "at most one ellipsis (an index can only have a single ellipsis)",
+            format!("an index with {n_ellipsis} ellipses"),
         ));
     }
     if explicit > batch.len() {
@@ -203,9 +205,11 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
         .filter(|i| matches!(i, BatchIndex::Mask(_) | BatchIndex::Tensor(_)))
         .count();
     if n_adv > 1 {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            "at most one mask or index tensor is supported per index",
+            "index",
+            "at most one mask or index tensor (at most one is supported per index)",
+            format!("an index with {n_adv} masks or index tensors"),
         ));
     }
     // Source batch dims `range` (in range: `explicit <= batch.len()` was checked; an error
@@ -248,9 +252,11 @@ pub(crate) fn resolve(op: &'static str, idx: &[BatchIndex], batch: &[i64]) -> Re
             }
             BatchIndex::Slice { start, end, step } => {
                 if *step < 1 {
-                    return Err(Error::invalid(
+                    return Err(Error::argument(
                         op,
-                        format!("slice step must be >= 1, got {step}"),
+                        "index",
+                        "a slice step >= 1",
+                        format!("slice step {step}"),
                     ));
                 }
                 let size = dim_size(src)?;
@@ -536,12 +542,13 @@ pub(crate) fn prepare_write(
         }
     }
     if let Some((d, size)) = overlapping_dim(&view) {
-        return Err(Error::invalid(
+        return Err(Error::value(
             op,
+            key,
+            "a leaf that can be written in place (clone it first)",
             format!(
-                "cannot write into key {key} in place: it is an expanded view (dim {d} of its \
-                 written region, of size {size}, has stride 0, so its elements share one memory \
-                 location); clone it first"
+                "an expanded view: dim {d} of its written region, of size {size}, has stride 0, \
+                 so its elements share one memory location (cannot write into key {key} in place)"
             ),
         ));
     }
@@ -563,9 +570,12 @@ pub(crate) fn prepare_write(
 
 fn ensure_last(op: &'static str, i: usize, n: usize) -> Result<()> {
     if i + 1 != n {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            "writing through an index supports a mask or index tensor only as the last indexing step",
+            "index",
+            "a mask or index tensor only as the last indexing step (when writing through an \
+             index)",
+            format!("a mask or index tensor at step {} of {n}", i + 1),
         ));
     }
     Ok(())

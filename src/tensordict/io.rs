@@ -118,7 +118,12 @@ impl TensorDict {
                 ),
                 Entry::Tensor(t) => {
                     let dtype = kind_to_dtype(t.kind()).ok_or_else(|| {
-                        Error::invalid(op, format!("key {k}: dtype {:?} cannot be saved", t.kind()))
+                        Error::value(
+                            op,
+                            &k,
+                            "a dtype that can be saved",
+                            format!("dtype {:?}, which cannot be saved", t.kind()),
+                        )
                     })?;
                     let c = t.f_to_device(Device::Cpu)?.f_contiguous()?;
                     let numel = c.elements();

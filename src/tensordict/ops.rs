@@ -315,20 +315,22 @@ pub(crate) fn clamp_f64(
         ));
     }
     let Some((min, max, integral)) = kind_range(kind).filter(|_| kind != Kind::Bool) else {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("cannot clamp a tensor of dtype {kind:?}"),
+            "tensor",
+            "a tensor of a numeric, non-bool dtype",
+            format!("dtype {kind:?} (cannot clamp a tensor of dtype {kind:?})"),
         ));
     };
     let (lo, hi) = if integral {
         let lo = lo.map(f64::ceil);
         let hi = hi.map(f64::floor);
         if lo.is_some_and(|l| l > max) || hi.is_some_and(|h| h < min) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!(
-                    "clamp bounds [{lo:?}, {hi:?}] leave no value of dtype {kind:?} (range [{min}, {max}])"
-                ),
+                "bounds",
+                format!("clamp bounds that leave a value of dtype {kind:?} (range [{min}, {max}])"),
+                format!("clamp bounds [{lo:?}, {hi:?}], which leave no value of dtype {kind:?}"),
             ));
         }
         (lo.map(|l| l.max(min)), hi.map(|h| h.min(max)))

@@ -58,8 +58,10 @@ fn infer_shape(op: &'static str, shape: &[i64], numel: i64, from: &[i64]) -> Res
         .map(|(i, _)| i);
     let first_unknown = unknown.next();
     if unknown.next().is_some() || shape.iter().any(|d| *d < -1) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
+            "shape",
+            "a valid shape: sizes >= -1, at most one of them -1",
             format!("invalid shape {}", ShapeFmt(shape)),
         ));
     }
@@ -74,12 +76,16 @@ fn infer_shape(op: &'static str, shape: &[i64], numel: i64, from: &[i64]) -> Res
         .filter(|d| **d != -1)
         .try_fold(1i64, |acc, d| acc.checked_mul(*d))
         .ok_or_else(|| {
-            Error::invalid(
+            Error::argument(
                 op,
+                "shape",
                 format!(
-                    "shape {} has more elements than fit in i64 (batch size {})",
-                    ShapeFmt(shape),
+                    "a shape whose element count fits in i64 (batch size {})",
                     ShapeFmt(from)
+                ),
+                format!(
+                    "shape {}, which has more elements than fit in i64",
+                    ShapeFmt(shape)
                 ),
             )
         })?;
@@ -351,14 +357,15 @@ impl TensorDict {
         let nd = self.batch_size.len();
         let not_a_permutation = || {
             let all: Vec<i64> = (0..nd as i64).collect();
-            Error::invalid(
+            Error::argument(
                 "permute",
+                "dims",
                 format!(
-                    "dims {} are not a permutation of {} (batch size {})",
-                    ShapeFmt(dims),
+                    "a permutation of {} (batch size {})",
                     ShapeFmt(&all),
                     ShapeFmt(&self.batch_size)
                 ),
+                format!("dims {}, which are not a permutation", ShapeFmt(dims)),
             )
         };
         if dims.len() != nd {
@@ -410,13 +417,14 @@ impl TensorDict {
             |acc, s| if *s < 0 { None } else { acc.checked_add(*s) },
         );
         if total != Some(size) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "split",
+                "sizes",
                 format!(
-                    "split sizes {} must be non-negative and sum to batch dim {d} of size {size} (batch size {})",
-                    ShapeFmt(sizes),
+                    "non-negative split sizes that sum to batch dim {d} of size {size} (batch size {})",
                     ShapeFmt(&self.batch_size)
                 ),
+                format!("split sizes {}", ShapeFmt(sizes)),
             ));
         }
         // The sizes are non-negative and their sum fits: no partial sum overflows.
@@ -436,9 +444,11 @@ impl TensorDict {
     pub fn chunk_by(&self, size: i64, dim: i64) -> Result<Vec<TensorDict>> {
         let (_, n) = self.batch_dim("split", dim)?;
         if size < 1 {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "split",
-                format!("split size must be >= 1, got {size}"),
+                "size",
+                "a split size >= 1",
+                size.to_string(),
             ));
         }
         let full = n / size;
@@ -778,9 +788,14 @@ fn missing(path: &[String], i: usize) -> Error {
 /// The first of `tds`, or `op`'s error for an empty list.
 fn first_td<'a, T: Borrow<TensorDict>>(op: &'static str, tds: &'a [T]) -> Result<&'a TensorDict> {
     let verb = if op == "cat" { "concatenate" } else { "stack" };
-    tds.first()
-        .map(Borrow::borrow)
-        .ok_or_else(|| Error::invalid(op, format!("cannot {verb} an empty list of tensordicts")))
+    tds.first().map(Borrow::borrow).ok_or_else(|| {
+        Error::argument(
+            op,
+            "tds",
+            format!("a non-empty list of tensordicts to {verb}"),
+            format!("an empty list (cannot {verb} an empty list of tensordicts)"),
+        )
+    })
 }
 
 /// Concatenates tensordicts along existing batch dim `dim`. Key sets must be identical and all
@@ -815,8 +830,10 @@ pub fn cat<T: Borrow<TensorDict>>(tds: &[T], dim: i64) -> Result<TensorDict> {
         }
         // Checked: tensordicts without leaves can have batch dims of any size.
         total = total.checked_add(size).ok_or_else(|| {
-            Error::invalid(
+            Error::argument(
                 op,
+                "tds",
+                format!("tensordicts whose batch dims {d} sum to at most i64::MAX"),
                 format!(
                     "the concatenated batch dim {d} has more than i64::MAX entries (at tensordict {i}, batch size {})",
                     ShapeFmt(&td.batch_size)
@@ -842,8 +859,10 @@ fn cat_level<T: Borrow<TensorDict>>(tds: &[T], d: usize, total: i64) -> Result<T
                     .filter_map(|td| td.borrow().entries.get(k).and_then(Entry::as_tensor))
                     .collect();
                 Entry::Tensor(Tensor::f_cat(&ts, d as i64).map_err(|err| {
-                    Error::invalid(
+                    Error::value(
                         "cat",
+                        display_segments(&[k]),
+                        "leaves that can be concatenated",
                         format!("cannot concatenate key {}: {err}", display_segments(&[k])),
                     )
                 })?)

@@ -36,7 +36,12 @@ pub trait Sampler {
 
 fn check_args(op: &'static str, len: i64, batch_size: i64) -> Result<()> {
     if len < 1 {
-        return Err(Error::invalid(op, "cannot sample from an empty buffer"));
+        return Err(Error::argument(
+            op,
+            "len",
+            "a non-empty buffer (cannot sample from an empty buffer)",
+            len.to_string(),
+        ));
     }
     if batch_size < 1 {
         return Err(Error::InvalidValue {
@@ -168,12 +173,14 @@ impl Sampler for SamplerWithoutReplacement {
         let op = "SamplerWithoutReplacement::sample";
         check_args(op, len, batch_size)?;
         if self.drop_last && batch_size > len {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                "batch_size",
                 format!(
-                    "batch_size ({batch_size}) is larger than the buffer ({len} items) and \
-                     drop_last is set: no full batch can be drawn"
+                    "at most the buffer's {len} items (drop_last is set: no full batch can be \
+                     drawn from a smaller buffer)"
                 ),
+                format!("{batch_size}, which is larger than the buffer"),
             ));
         }
         let bs = usize::try_from(batch_size)

@@ -152,11 +152,12 @@ impl Bounded {
             let (_, hi) = common::min_max(&self.high)?.unwrap_or((0.0, 0.0));
             for (name, v) in [("low", lo), ("high", hi)] {
                 if !fits_kind(v, dtype) || (dtype == Kind::Bool && !(0.0..2.0).contains(&v)) {
-                    return Err(Error::invalid(
+                    return Err(Error::argument(
                         op,
+                        "dtype",
+                        format!("a dtype that fits the bounds of {self}"),
                         format!(
-                            "cannot cast the bounds of {self} to {dtype:?}: {name}={} does not \
-                             fit the dtype",
+                            "{dtype:?}: {name}={} does not fit the dtype (cannot cast the bounds)",
                             common::fmt_scalar(v, self.dtype)
                         ),
                     ));
@@ -350,15 +351,18 @@ fn check_ordered(op: &'static str, low: &Tensor, high: &Tensor, shape: &[i64]) -
     let first = first.unwrap_or(0);
     let l = low.f_reshape([-1])?.f_double_value(&[first as i64])?;
     let h = high.f_reshape([-1])?.f_double_value(&[first as i64])?;
-    Err(Error::invalid(
+    Err(Error::InvalidValue {
         op,
-        format!(
-            "low must be <= high everywhere; {count} position(s) violate it, first at index {:?} \
-             of shape {}: low={l}, high={h}",
+        what: "arguments",
+        key: "low, high".to_string(),
+        expected: "low <= high everywhere".to_string(),
+        got: format!(
+            "{count} position(s) that violate it, first at index {:?} of shape {}: low={l}, \
+             high={h}",
             common::unravel(first, shape),
             ShapeFmt(shape)
         ),
-    ))
+    })
 }
 
 #[cfg(test)]

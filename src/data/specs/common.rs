@@ -65,10 +65,12 @@ pub(crate) fn checked_numel(op: &'static str, shape: &[i64]) -> Result<i64> {
         .iter()
         .try_fold(1i64, |acc, d| acc.checked_mul(*d))
         .ok_or_else(|| {
-            Error::invalid(
+            Error::argument(
                 op,
+                "shape",
+                "a shape whose element count fits in i64",
                 format!(
-                    "shape {} has more elements than an i64 counts",
+                    "shape {}, which has more elements than an i64 counts",
                     ShapeFmt(shape)
                 ),
             )
@@ -133,15 +135,16 @@ pub(crate) fn check_expand(class: &str, old: &[i64], new: &[i64]) -> Result<()> 
     let ok = trailing(new, old.len())
         .is_some_and(|tail| old.iter().zip(tail).all(|(o, n)| o == n || *o == 1));
     if !ok {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             "expand",
+            "shape",
             format!(
-                "The last {} dims of the expanded shape {} must match the shape {} of the {class} \
-                 spec in expand() (a spec dim may only change when it is 1)",
+                "an expanded shape whose last {} dims match the shape {} of the {class} spec in \
+                 expand() (a spec dim may only change when it is 1)",
                 old.len(),
-                tuple_fmt(new),
                 ShapeFmt(old)
             ),
+            format!("the expanded shape {}", tuple_fmt(new)),
         ));
     }
     Ok(())

@@ -49,7 +49,12 @@ impl MultiOneHot {
             .iter()
             .try_fold(0i64, |acc, n| acc.checked_add(*n))
             .ok_or_else(|| {
-                Error::invalid(op, format!("sum(nvec) overflows i64 for nvec={nvec:?}"))
+                Error::argument(
+                    op,
+                    "nvec",
+                    "class counts whose sum fits in i64",
+                    format!("nvec={nvec:?}, whose sum(nvec) overflows i64"),
+                )
             })?;
         Ok(MultiOneHot {
             shape: vec![total],

@@ -49,17 +49,23 @@ pub(crate) fn batched_specs(sub: &EnvSpecs, n: usize) -> Result<EnvSpecs> {
 
 /// Checks that every sub-env has the same specs; returns them.
 pub(crate) fn common_specs<E: EnvBase>(envs: &[E]) -> Result<EnvSpecs> {
-    let first = envs
-        .first()
-        .ok_or_else(|| Error::invalid("SerialEnv::new", "needs at least one env"))?;
+    let first = envs.first().ok_or_else(|| {
+        Error::argument(
+            "SerialEnv::new",
+            "envs",
+            "at least one env (a batched env needs at least one env)",
+            "none",
+        )
+    })?;
     let specs = first.specs().clone();
     if let Some((i, _)) = envs.iter().enumerate().find(|(_, e)| e.specs() != &specs) {
-        return Err(Error::invalid(
-            "SerialEnv::new",
-            format!(
-                "env {i} has specs that differ from env 0's; batched envs need identical sub-envs"
-            ),
-        ));
+        return Err(Error::InvalidValue {
+            op: "SerialEnv::new",
+            what: "env",
+            key: i.to_string(),
+            expected: "the specs of env 0 (batched envs need identical sub-envs)".to_string(),
+            got: format!("env {i} has specs that differ from env 0's"),
+        });
     }
     Ok(specs)
 }

@@ -107,13 +107,16 @@ impl Transform for ActionClamp {
                     .map(|(k, _)| k)
                     .collect();
                 if found.is_empty() {
-                    return Err(Error::invalid(
+                    return Err(Error::InvalidValue {
                         op,
-                        format!(
+                        what: "spec",
+                        key: "action".to_string(),
+                        expected: "a Bounded leaf to clamp".to_string(),
+                        got: format!(
                             "the parent's action spec has no Bounded leaf to clamp (action keys: {})",
                             fmt_key_list(&parent.action_keys())
                         ),
-                    ));
+                    });
                 }
                 found
             }
@@ -186,14 +189,13 @@ impl Transform for ActionClamp {
                     NanPolicy::Error => {
                         let n = nan.f_sum(Kind::Int64)?.int64_value(&[]);
                         if n > 0 {
-                            return Err(Error::invalid(
+                            return Err(Error::value(
                                 op,
-                                format!(
-                                    "the action {key} holds {n} NaN value(s) (of {}); a NaN action \
-                                     cannot be clamped into its bounds (fix the policy, or use \
-                                     NanPolicy::Low to replace NaN by the lower bound)",
-                                    a.elements()
-                                ),
+                                key,
+                                "an action without NaN: a NaN action cannot be clamped into its \
+                                 bounds (fix the policy, or use NanPolicy::Low to replace NaN by \
+                                 the lower bound)",
+                                format!("{n} NaN value(s) (of {})", a.elements()),
                             ));
                         }
                     }

@@ -110,10 +110,12 @@ impl CatTensors {
 
     fn keys(&self) -> Result<Vec<NestedKey>> {
         let keys = self.in_keys().ok_or_else(|| {
-            Error::invalid(
+            Error::config(
                 OP,
-                "a lazy CatTensors finds its keys in the env's specs: append it to a TransformedEnv \
-                 first (or give in_keys)",
+                "in_keys",
+                "in keys: a lazy CatTensors finds its keys in the env's specs: append it to a \
+                 TransformedEnv first (or give in_keys)",
+                "none yet (a lazy CatTensors that is in no env)",
             )
         })?;
         if keys.is_empty() {
@@ -245,14 +247,19 @@ impl Transform for CatTensors {
                 .map(|(k, _)| k)
                 .collect();
             if found.is_empty() {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "a lazy CatTensors found no observation leaf with exactly one feature dim \
-                         (observation keys: {})",
+                return Err(Error::InvalidValue {
+                    op: OP,
+                    what: "spec",
+                    key: "observation".to_string(),
+                    expected: "an observation leaf with exactly one feature dim (for a lazy \
+                               CatTensors)"
+                        .to_string(),
+                    got: format!(
+                        "none: a lazy CatTensors found no observation leaf with exactly one \
+                         feature dim (observation keys: {})",
                         fmt_key_list(&parent.observation_keys())
                     ),
-                ));
+                });
             }
             self.found = Some(found);
         }
@@ -263,13 +270,17 @@ impl Transform for CatTensors {
             .cloned()
             .collect();
         if !missing.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
+                "in_keys",
                 format!(
-                    "{}: keys {} are not observation leaves; the observation spec has {}",
-                    self.name(),
-                    fmt_key_list(&missing),
+                    "observation leaves (the observation spec has {})",
                     fmt_key_list(&parent.observation_keys())
+                ),
+                format_args!(
+                    "{}: keys {} are not observation leaves",
+                    self.name(),
+                    fmt_key_list(&missing)
                 ),
             ));
         }
@@ -281,11 +292,13 @@ impl Transform for CatTensors {
             .filter(|k| parent.state.contains(k))
             .collect();
         if !states.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 OP,
-                format!(
-                    "{}: keys {} are also in the state spec (inputs the env reads back, such as \
-                     RewardSum's episode sums) and cannot be deleted; use with_del_keys(false)",
+                "del_keys",
+                "no deleted key in the state spec (inputs the env reads back, such as RewardSum's \
+                 episode sums, cannot be deleted); use with_del_keys(false)",
+                format_args!(
+                    "{}: keys {} are also in the state spec",
                     self.name(),
                     fmt_key_list(&states)
                 ),

@@ -173,11 +173,13 @@ pub(crate) fn attach_one(t: &mut dyn Transform, parent: EnvSpecs) -> Result<EnvS
     let specs = t.transform_specs(parent)?;
     for k in t.new_output_keys() {
         if specs.output_group_of(&k).is_none() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 "TransformedEnv::append",
+                &k,
+                "a key registered in an output spec (observation, reward or done): every new \
+                 entry must be declared in the specs",
                 format!(
-                    "{}: key {k} is written by the transform but registered in no output spec \
-                     (observation, reward or done); every new entry must be declared in the specs",
+                    "{}: key {k} is written by the transform but registered in no output spec",
                     t.name()
                 ),
             ));

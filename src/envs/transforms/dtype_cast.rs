@@ -206,13 +206,12 @@ impl DTypeCast {
                 .collect()
         };
         let no_parent = || {
-            Error::invalid(
+            Error::config(
                 op,
-                format!(
-                    "{}: keys are found from the env's specs, so without keys the transform must be \
-                     appended to a TransformedEnv first (or given in_keys)",
-                    self.name()
-                ),
+                "in_keys",
+                "in keys: they are found from the env's specs, so without keys the transform must \
+                 be appended to a TransformedEnv first (or given in_keys)",
+                format_args!("none yet ({} is in no env)", self.name()),
             )
         };
         let fwd_in = match (&self.in_keys, parent) {

@@ -124,6 +124,10 @@ impl fmt::Debug for KLRewardTransform {
 
 const OP: &str = "KLRewardTransform";
 
+/// What `attach` expects of the parent's action keys.
+const ONE_ACTION_KEY: &str =
+    "exactly one action key in the parent env (or pass it with KLRewardTransform::with_action_key)";
+
 impl KLRewardTransform {
     /// Builds the reference copy: `build` is called on the root of a new `VarStore` on
     /// `actor_vs`'s device, the values of `actor_vs` are copied into it, and it is frozen.
@@ -147,26 +151,27 @@ impl KLRewardTransform {
         only_src.sort();
         only_dst.sort();
         if !only_src.is_empty() || !only_dst.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                "build",
+                "a closure that builds a reference policy with the actor's variables (build the \
+                 reference with the same closure as the actor)",
                 format!(
-                    "the reference policy built by the closure does not have the actor's \
-                     variables: only in the actor: {only_src:?}, only in the reference: \
-                     {only_dst:?} (build the reference with the same closure as the actor)"
+                    "a reference policy whose variables differ: only in the actor: {only_src:?}, \
+                     only in the reference: {only_dst:?}"
                 ),
             ));
         }
         for (name, d) in &dst {
             if let Some(s) = src.get(name) {
                 if s.size() != d.size() {
-                    return Err(Error::invalid(
+                    return Err(Error::InvalidValue {
                         op,
-                        format!(
-                            "variable {name} has shape {} in the actor and {} in the reference",
-                            ShapeFmt(&s.size()),
-                            ShapeFmt(&d.size())
-                        ),
-                    ));
+                        what: "variable",
+                        key: name.clone(),
+                        expected: format!("shape {} (as in the actor)", ShapeFmt(&s.size())),
+                        got: format!("shape {} in the reference", ShapeFmt(&d.size())),
+                    });
                 }
             }
         }
@@ -299,10 +304,12 @@ impl KLRewardTransform {
 
     fn require_action_key(&self) -> Result<&NestedKey> {
         self.action_key.as_ref().ok_or_else(|| {
-            Error::invalid(
+            Error::config(
                 OP,
-                "the action key is unknown: add the transform to an env (it is discovered from \
-                 the env's action keys) or set it with KLRewardTransform::with_action_key",
+                "action_key",
+                "a known action key: add the transform to an env (it is discovered from the \
+                 env's action keys) or set it with KLRewardTransform::with_action_key",
+                "none (the action key is unknown)",
             )
         })
     }
@@ -322,29 +329,32 @@ impl KLRewardTransform {
         let curr = curr.f_unsqueeze(-1)?;
         let log_prob = log_prob.f_to_device(curr.device())?.f_unsqueeze(-1)?;
         if log_prob.size() != curr.size() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
+                &self.log_prob_key,
                 format!(
-                    "the log-probability tensor shapes must match: {} has shape {} (unsqueezed) \
-                     and the reference log-prob of {action_key} has shape {}",
-                    self.log_prob_key,
-                    ShapeFmt(&curr.size()),
+                    "the shape of the reference log-prob of {action_key}, {} (unsqueezed; the \
+                     log-probability tensor shapes must match)",
                     ShapeFmt(&log_prob.size())
                 ),
+                format!("shape {} (unsqueezed)", ShapeFmt(&curr.size())),
             ));
         }
         if reward.dim() != curr.dim() {
-            return Err(Error::invalid(
+            return Err(Error::value(
                 OP,
+                &self.in_key,
                 format!(
-                    "the number of dimensions of the reward {} (shape {}, ndim={}) must be that \
-                     of the KL term from {} (shape {} after unsqueeze, ndim={})",
-                    self.in_key,
-                    ShapeFmt(&reward.size()),
-                    reward.dim(),
+                    "the number of dimensions of the KL term from {} (shape {} after unsqueeze, \
+                     ndim={})",
                     self.log_prob_key,
                     ShapeFmt(&curr.size()),
                     curr.dim()
+                ),
+                format!(
+                    "a reward of shape {}, ndim={}",
+                    ShapeFmt(&reward.size()),
+                    reward.dim()
                 ),
             ));
         }
@@ -377,15 +387,16 @@ impl KLRewardTransform {
             .cloned()
             .map(Some)
             .ok_or_else(|| {
-                Error::invalid(
+                Error::config(
                     op,
+                    "in_key",
                     format!(
-                        "the in key {} is in neither the observation spec (keys: {}) nor the \
-                         reward spec (keys: {})",
-                        self.in_key,
+                        "a key of the observation spec (keys: {}) or of the reward spec (keys: \
+                         {})",
                         fmt_key_list(&specs.observation.keys(KeysOptions::nested_leaves())),
                         fmt_key_list(&specs.reward.keys(KeysOptions::nested_leaves()))
                     ),
+                    format!("{}, which is in neither", self.in_key),
                 )
             })
     }
@@ -412,14 +423,14 @@ fn reward_key(specs: &EnvSpecs) -> Result<NestedKey> {
     match keys.as_slice() {
         [k] => Ok(k.clone()),
         _ if keys.contains(&reward) => Ok(reward),
-        _ => Err(Error::invalid(
-            "KLRewardTransform::transform_output_spec",
-            format!(
-                "couldn't find the reward key: expected one reward key or \"reward\" among them, \
-                 got {}",
-                fmt_key_list(&keys)
-            ),
-        )),
+        _ => Err(Error::InvalidValue {
+            op: "KLRewardTransform::transform_output_spec",
+            what: "spec",
+            key: "reward".to_string(),
+            expected: "one reward key or \"reward\" among them (couldn't find the reward key)"
+                .to_string(),
+            got: fmt_key_list(&keys),
+        }),
     }
 }
 
@@ -455,21 +466,22 @@ impl Transform for KLRewardTransform {
             match keys.as_slice() {
                 [k] => self.action_key = Some(k.clone()),
                 [] => {
-                    return Err(Error::invalid(
-                        "KLRewardTransform::attach",
-                        "the parent env has no action key; pass it with \
-                         KLRewardTransform::with_action_key",
-                    ))
+                    return Err(Error::InvalidValue {
+                        op: "KLRewardTransform::attach",
+                        what: "spec",
+                        key: "action".to_string(),
+                        expected: ONE_ACTION_KEY.to_string(),
+                        got: "no action key in the parent env".to_string(),
+                    })
                 }
                 _ => {
-                    return Err(Error::invalid(
-                        "KLRewardTransform::attach",
-                        format!(
-                            "more than one action key found ({}); pass the action key with \
-                             KLRewardTransform::with_action_key",
-                            fmt_key_list(&keys)
-                        ),
-                    ))
+                    return Err(Error::InvalidValue {
+                        op: "KLRewardTransform::attach",
+                        what: "spec",
+                        key: "action".to_string(),
+                        expected: ONE_ACTION_KEY.to_string(),
+                        got: format!("more than one action key found ({})", fmt_key_list(&keys)),
+                    })
                 }
             }
         }
@@ -532,10 +544,12 @@ impl Transform for KLRewardTransform {
         let next = match td.pop("next") {
             Ok(Entry::Dict(d)) => d,
             Ok(Entry::Tensor(_)) => {
-                return Err(Error::invalid(
-                    "KLRewardTransform::forward",
-                    "\"next\" holds a tensor, expected a tensordict",
-                ))
+                return Err(Error::WrongEntryKind {
+                    op: "KLRewardTransform::forward",
+                    key: "\"next\"".to_string(),
+                    expected: "a tensordict",
+                    found: "a tensor",
+                })
             }
             Err(e) => return Err(e),
         };

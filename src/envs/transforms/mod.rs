@@ -95,13 +95,21 @@ pub(crate) fn key_pairs(
     match outs {
         None => Ok(ins.iter().map(|k| (k.clone(), k.clone())).collect()),
         Some(o) if o.len() == ins.len() => Ok(ins.iter().cloned().zip(o.iter().cloned()).collect()),
-        Some(o) => Err(Error::invalid(
+        Some(o) => Err(Error::config(
             op,
+            if what.is_empty() {
+                "out_keys"
+            } else {
+                "out_keys_inv"
+            },
             format!(
-                "{}: {} {what}in keys {} but {} {what}out keys {}; give one out key per in key",
-                who.name(),
+                "{} {what}out keys, one per {what}in key {} (give one out key per in key)",
                 ins.len(),
-                fmt_key_list(ins),
+                fmt_key_list(ins)
+            ),
+            format_args!(
+                "{}: {} {what}out keys {}",
+                who.name(),
                 o.len(),
                 fmt_key_list(o)
             ),
@@ -150,27 +158,29 @@ pub(crate) fn float_unbounded_reward(
     use crate::data::specs::TensorSpec;
     match spec.get(input) {
         Some(TensorSpec::Unbounded(u)) if !u.is_discrete() => Ok(u.clone()),
-        Some(leaf @ TensorSpec::Unbounded(u)) => Err(Error::invalid(
+        Some(leaf @ TensorSpec::Unbounded(u)) => Err(Error::value(
             op,
-            format!(
-                "{who} needs a floating-point reward, but the reward spec of {input} has dtype \
-                 {:?} ({leaf})",
-                u.dtype()
-            ),
+            input,
+            format!("a floating-point reward ({who} needs one)"),
+            format!("a reward spec of dtype {:?} ({leaf})", u.dtype()),
         )),
-        Some(other) => Err(Error::invalid(
+        Some(other) => Err(Error::value(
             op,
+            input,
+            format!("an Unbounded reward spec ({who}: {only})"),
             format!(
-                "{who} is not implemented for the {} reward spec of {input} ({other}); {only}",
+                "the {} reward spec {other} ({who} is not implemented for it)",
                 other.class_name()
             ),
         )),
-        None => Err(Error::invalid(
+        None => Err(Error::value(
             op,
+            input,
             format!(
-                "the in key {input} is not in the reward spec (reward keys: {})",
+                "an in key of the reward spec (reward keys: {})",
                 fmt_key_list(&spec.keys(KeysOptions::nested_leaves()))
             ),
+            "an in key that is not in the reward spec",
         )),
     }
 }
@@ -251,15 +261,14 @@ pub(crate) fn map_rewards(
     mut f: impl FnMut(&NestedKey, &tch::Tensor) -> Result<tch::Tensor>,
 ) -> Result<TensorDict> {
     for (input, output) in pairs {
-        let r = td.get(&input).ok_or_else(|| {
-            Error::invalid(
-                op,
-                format!(
-                    "{}: the reward {input} is missing (keys: {})",
-                    who.name(),
-                    fmt_key_list(&td.keys(crate::tensordict::KeysOptions::nested_leaves()))
-                ),
-            )
+        let r = td.get(&input).ok_or_else(|| Error::KeyNotFound {
+            op,
+            key: format!("{input} (the reward {} reads)", who.name()),
+            available: td
+                .keys(crate::tensordict::KeysOptions::nested_leaves())
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         })?;
         let v = f(&input, r)?;
         td.set(&output, v)?;

@@ -298,12 +298,13 @@ impl ObservationNorm {
     fn stats(&self) -> Result<(&Tensor, &Tensor)> {
         match (&self.loc, &self.scale) {
             (Some(l), Some(s)) => Ok((l, s)),
-            _ => Err(Error::invalid(
+            _ => Err(Error::config(
                 OP,
-                format!(
-                    "ObservationNorm on {}: loc/scale have not been initialized; pass them to the \
-                     constructor or call init_stats (ObservationNorm::init_stats_at for a \
-                     transform already in an env)",
+                "loc/scale",
+                "initialized statistics: pass them to the constructor or call init_stats \
+                 (ObservationNorm::init_stats_at for a transform already in an env)",
+                format_args!(
+                    "none: ObservationNorm on {}: loc/scale have not been initialized",
                     fmt_key_list(&self.keys.ins)
                 ),
             )),
@@ -484,14 +485,18 @@ impl ObservationNorm {
                 .get_as::<ObservationNorm>(*j)
                 .is_some_and(|n| !n.is_initialized())
         }) {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "ObservationNorms need to be initialized in the right order: trying to \
-                     initialize the ObservationNorm at index {index} while the parent \
-                     ObservationNorm at index {j} is still uninitialized"
+                what: "transform at index",
+                key: j.to_string(),
+                expected: "an initialized parent ObservationNorm (ObservationNorms need to be \
+                           initialized in the right order)"
+                    .to_string(),
+                got: format!(
+                    "an uninitialized one: trying to initialize the ObservationNorm at index \
+                     {index} while the parent ObservationNorm at index {j} is still uninitialized"
                 ),
-            ));
+            });
         }
         // Take out the transforms from `index` on; what is left is the parent env.
         let mut tail: Vec<Box<dyn Transform>> = Vec::with_capacity(len - index);
@@ -642,9 +647,11 @@ impl ObservationNorm {
             }
             data.push(v.shallow_clone());
             if td.numel() == 0 {
-                return Err(Error::invalid(
-                    OP,
-                    "init_stats: the rollouts are empty (a batch dim of size 0?)",
+                return Err(Error::value(
+                    "ObservationNorm::init_stats",
+                    key,
+                    "non-empty rollouts",
+                    "rollouts with no element (the rollouts are empty: a batch dim of size 0?)",
                 ));
             }
         }
@@ -698,12 +705,11 @@ impl ObservationNorm {
         }
         for (name, t) in [("loc", &loc), ("scale", &scale)] {
             if !all_true(&t.f_isfinite()?)? {
-                return Err(Error::invalid(
-                    OP,
-                    format!(
-                        "init_stats: non-finite values found in {name} ({}); collect more frames",
-                        describe(t)
-                    ),
+                return Err(Error::value(
+                    "ObservationNorm::init_stats",
+                    key,
+                    format!("finite statistics in {name} (collect more frames)"),
+                    format!("non-finite values found in {name} ({})", describe(t)),
                 ));
             }
         }

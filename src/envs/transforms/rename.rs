@@ -55,25 +55,37 @@ pub struct RenameTransform {
     create_copy: bool,
 }
 
+/// The field of the out keys `check_lists` checks (`what` is `""` or `"inverse "`).
+fn out_field(what: &str) -> &'static str {
+    if what.is_empty() {
+        "out_keys"
+    } else {
+        "out_keys_inv"
+    }
+}
+
 /// Length, duplicate and overlap checks for one pair of key lists.
 fn check_lists(ins: &[NestedKey], outs: &[NestedKey], what: &str) -> Result<()> {
     if ins.len() != outs.len() {
-        return Err(Error::invalid(
+        return Err(Error::config(
             OP,
+            out_field(what),
             format!(
-                "the number of {what}in_keys ({}: {}) should match the number of {what}out_keys ({}: {})",
+                "as many {what}out_keys as {what}in_keys ({}: {}) (the number of {what}in_keys \
+                 should match the number of {what}out_keys)",
                 ins.len(),
-                fmt_key_list(ins),
-                outs.len(),
-                fmt_key_list(outs)
+                fmt_key_list(ins)
             ),
+            format_args!("{}: {}", outs.len(), fmt_key_list(outs)),
         ));
     }
     for list in [ins, outs] {
         for (i, k) in list.iter().enumerate() {
             if list.iter().take(i).any(|x| x == k) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
+                    k,
+                    "a key listed once",
                     format!("key {k} is listed twice in {}", fmt_key_list(list)),
                 ));
             }
@@ -81,12 +93,16 @@ fn check_lists(ins: &[NestedKey], outs: &[NestedKey], what: &str) -> Result<()> 
     }
     let overlap: Vec<NestedKey> = outs.iter().filter(|k| ins.contains(k)).cloned().collect();
     if !overlap.is_empty() {
-        return Err(Error::invalid(
+        return Err(Error::config(
             OP,
+            out_field(what),
             format!(
-                "cannot have matching {what}in and out keys because order is unclear; use \
-                 separate transforms (got in_keys {}, out_keys {}, both contain {})",
-                fmt_key_list(ins),
+                "{what}out keys distinct from the {what}in keys {} (cannot have matching \
+                 {what}in and out keys because order is unclear; use separate transforms)",
+                fmt_key_list(ins)
+            ),
+            format_args!(
+                "out_keys {}, which also contain {}",
                 fmt_key_list(outs),
                 fmt_key_list(&overlap)
             ),
@@ -198,13 +214,14 @@ impl RenameTransform {
     ) -> Result<EnvSpecs> {
         for &(from, to) in pairs {
             if let Some(g) = side.groups.iter().find(|g| specs.group(**g).contains(to)) {
-                return Err(Error::invalid(
+                return Err(Error::value(
                     OP,
+                    to,
+                    format!("a {} that is new ({})", side.out_key, side.on_collision),
                     format!(
-                        "{}: {} {to} already exists in the {g} spec; {}",
+                        "{}: {} {to} already exists in the {g} spec",
                         self.name(),
-                        side.out_key,
-                        side.on_collision
+                        side.out_key
                     ),
                 ));
             }

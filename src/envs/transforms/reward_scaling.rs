@@ -155,16 +155,18 @@ impl Transform for RewardScaling {
                 };
                 let (loc, scale) = (cast(self.loc)?, cast(self.scale)?);
                 if !loc.is_finite() || !scale.is_finite() || scale <= 0.0 {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
+                        input,
                         format!(
-                            "{}: loc={} and scale={} must be finite (and scale > 0) in the \
-                     reward's dtype {kind:?} (reward {input}); as {kind:?} they are \
-                     {loc} and {scale}",
+                            "a reward dtype in which loc and scale are finite (and scale > 0) \
+                             ({}: loc={} and scale={} must be finite (and scale > 0) in the \
+                             reward's dtype)",
                             self.name(),
                             self.loc,
                             self.scale
                         ),
+                        format!("dtype {kind:?}, in which they are {loc} and {scale}"),
                     ));
                 }
                 Ok((output != input).then(|| u.into()))

@@ -109,15 +109,20 @@ pub(super) fn check_done_groups(op: &'static str, who: &str, specs: &EnvSpecs) -
         let group = parent_of(&k);
         if specs.done.contains(group.join("done")) && !specs.done.contains(group.join("terminated"))
         {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
+                what: "spec",
+                key: "done".to_string(),
+                expected: "a \"terminated\" key in every done group that holds \"done\" and \
+                           \"truncated\" (else terminations could no longer be told from \
+                           truncations)"
+                    .to_string(),
+                got: format!(
                     "{who}: the done group of {k} would hold \"done\" and \"truncated\" but no \
-                     \"terminated\" (done keys: {}); terminations could no longer be told from \
-                     truncations",
+                     \"terminated\" (done keys: {})",
                     fmt_key_list(&specs.done_keys())
                 ),
-            ));
+            });
         }
     }
     Ok(())
@@ -144,10 +149,13 @@ pub(super) fn required_reset_roots(
 ) -> Result<Vec<NestedKey>> {
     let roots = reset_roots(specs);
     if roots.is_empty() {
-        return Err(Error::invalid(
+        return Err(Error::InvalidValue {
             op,
-            format!("the parent env has no done group {purpose}"),
-        ));
+            what: "spec",
+            key: "done".to_string(),
+            expected: format!("a parent env with a done group {purpose}"),
+            got: "a parent env with no done group".to_string(),
+        });
     }
     Ok(roots)
 }
@@ -166,14 +174,15 @@ pub(super) fn done_shape(
         .into_iter()
         .find(|(k, _)| k.len() == prefix.len() + 1 && k.starts_with(prefix))
         .map(|(_, s)| s.shape().to_vec())
-        .ok_or_else(|| {
-            Error::invalid(
-                op,
-                format!(
-                    "the done spec has no leaf in the group at prefix {prefix:?} (done keys: {})",
-                    fmt_key_list(&specs.done_keys())
-                ),
-            )
+        .ok_or_else(|| Error::InvalidValue {
+            op,
+            what: "done group",
+            key: prefix.to_string(),
+            expected: "a done spec with a leaf in the group".to_string(),
+            got: format!(
+                "no leaf in the group at prefix {prefix} (done keys: {})",
+                fmt_key_list(&specs.done_keys())
+            ),
         })
 }
 
@@ -326,14 +335,15 @@ impl RewardSum {
         match &self.out_keys {
             Some(outs) => {
                 if outs.len() != ins.len() {
-                    return Err(Error::invalid(
+                    return Err(Error::config(
                         "RewardSum",
+                        "out_keys",
                         format!(
-                            "RewardSum expects the same number of input and output keys, got in keys \
-                             {} and out keys {}",
-                            fmt_key_list(ins),
-                            fmt_key_list(outs)
+                            "one out key per in key {} (RewardSum expects the same number of \
+                             input and output keys)",
+                            fmt_key_list(ins)
                         ),
+                        fmt_key_list(outs),
                     ));
                 }
                 Ok(outs.clone())
@@ -407,10 +417,13 @@ impl Transform for RewardSum {
             None => parent.reward_keys(),
         };
         if ins.is_empty() {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                "the parent env has no reward key to sum (its reward spec is empty)",
-            ));
+                what: "spec",
+                key: "reward".to_string(),
+                expected: "at least one reward key to sum".to_string(),
+                got: "an empty reward spec (the parent env has no reward key to sum)".to_string(),
+            });
         }
         let outs = self.out_keys_for(&ins)?;
         let roots = reset_roots(parent);
@@ -418,14 +431,14 @@ impl Transform for RewardSum {
             None => None,
             Some(keys) => {
                 if keys.len() != 1 && keys.len() != ins.len() {
-                    return Err(Error::invalid(
+                    return Err(Error::config(
                         op,
+                        "reset_keys",
                         format!(
-                            "got reset keys {} for in keys {}: give one reset key for all, or one \
-                             per in key",
-                            fmt_key_list(keys),
+                            "one reset key for all, or one per in key (in keys {})",
                             fmt_key_list(&ins)
                         ),
+                        fmt_key_list(keys),
                     ));
                 }
                 let mut out = Vec::with_capacity(keys.len());
@@ -487,13 +500,16 @@ impl Transform for RewardSum {
                     .max_by_key(|r| r.len())
                     .cloned()
                     .ok_or_else(|| {
-                        Error::invalid(
+                        Error::value(
                             op,
+                            input,
                             format!(
-                                "could not match the reward key {input} with a done group (reset \
-                                 keys: {}); pass the reset keys with RewardSum::with_reset_keys",
+                                "a reward key inside a done group (reset keys: {}), or reset keys \
+                                 passed with RewardSum::with_reset_keys",
                                 fmt_key_list(&parent.reset_keys())
                             ),
+                            "a key that matches no done group (could not match the reward key \
+                             with a done group)",
                         )
                     })?,
             };

@@ -89,9 +89,11 @@ impl StepCounter {
     /// Truncates episodes after `max_steps` steps. Errors when `max_steps < 1`.
     pub fn with_max_steps(mut self, max_steps: i64) -> Result<Self> {
         if max_steps < 1 {
-            return Err(Error::invalid(
+            return Err(Error::config(
                 "StepCounter::with_max_steps",
-                format!("max_steps should have a value greater or equal to one, got {max_steps}"),
+                "max_steps",
+                "a value >= 1 (max_steps should have a value greater or equal to one)",
+                max_steps,
             ));
         }
         self.max_steps = Some(max_steps);
@@ -188,15 +190,18 @@ impl Transform for StepCounter {
             for g in &groups {
                 let terminated = g.root.join("terminated");
                 if !parent.done.contains(&terminated) {
-                    return Err(Error::invalid(
+                    return Err(Error::InvalidValue {
                         op,
-                        format!(
-                            "the done group of {} has no {terminated} entry (done keys: {}); \
-                             truncating its episodes needs one (was it renamed or excluded?)",
-                            g.done,
+                        what: "done group of",
+                        key: g.done.to_string(),
+                        expected: format!(
+                            "a {terminated} entry (truncating its episodes needs one)"
+                        ),
+                        got: format!(
+                            "no {terminated} entry (done keys: {}; was it renamed or excluded?)",
                             fmt_key_list(&parent.done_keys())
                         ),
-                    ));
+                    });
                 }
             }
         }

@@ -259,11 +259,13 @@ impl Transform for TensorDictPrimer {
             None => match roots.as_slice() {
                 [one] => one.clone(),
                 _ => {
-                    return Err(Error::invalid(
+                    return Err(Error::config(
                         op,
-                        format!(
-                            "the parent env has {} reset groups ({}); choose one with \
-                             TensorDictPrimer::with_reset_key",
+                        "reset_key",
+                        "one reset group in the parent env, or one chosen with \
+                         TensorDictPrimer::with_reset_key",
+                        format_args!(
+                            "none, and the parent env has {} reset groups ({})",
                             roots.len(),
                             fmt_key_list(&parent.reset_keys())
                         ),
@@ -279,12 +281,16 @@ impl Transform for TensorDictPrimer {
             for (key, spec) in items {
                 let value = self.initial(&spec, &[], &key)?;
                 if !spec.is_in(&Entry::Tensor(value))? {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
+                        &key,
                         format!(
-                            "the default value {} of the primer {key} is not in its spec {spec}; \
-                             choose one with TensorDictPrimer::with_default_value, or use \
-                             TensorDictPrimer::with_random(true)",
+                            "a default value in its spec {spec} (choose one with \
+                             TensorDictPrimer::with_default_value, or use \
+                             TensorDictPrimer::with_random(true))"
+                        ),
+                        format!(
+                            "the default value {}, which is not in its spec",
                             self.default_value
                         ),
                     ));
@@ -377,14 +383,15 @@ impl Transform for TensorDictPrimer {
                         spec.index(&idx)?
                     }
                 } else {
-                    return Err(Error::invalid(
+                    return Err(Error::value(
                         op,
+                        key,
                         format!(
-                            "the spec of {key} has shape {}, which does not start with the \
-                             tensordict's batch size {}; use with_expand_specs(true) for per-env specs",
-                            ShapeFmt(spec.shape()),
+                            "a spec whose shape starts with the tensordict's batch size {} (use \
+                             with_expand_specs(true) for per-env specs)",
                             ShapeFmt(&batch)
                         ),
+                        format!("a spec of shape {}", ShapeFmt(spec.shape())),
                     ));
                 };
                 v.push((key.clone(), feature));

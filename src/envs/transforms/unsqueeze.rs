@@ -95,17 +95,17 @@ impl UnsqueezeTransform {
     fn position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
         self.inserted_dim(nb, shape.len() + 1).ok_or_else(|| {
             let (ndim, nb_i) = (shape.len() as i64, nb as i64);
-            Error::invalid(
+            Error::value(
                 OP,
+                key,
                 format!(
-                    "{}: dim {} does not fit {key} of shape {} ({nb} batch dims): the new dim must \
-                     go after the batch dims, i.e. dim in [0, {}] or [{}, -1]",
-                    self.name(),
-                    self.dim,
+                    "a dim that fits its shape {} ({nb} batch dims): the new dim must go after \
+                     the batch dims, i.e. dim in [0, {}] or [{}, -1]",
                     ShapeFmt(shape),
                     ndim - nb_i,
                     nb_i - ndim - 1
                 ),
+                format!("{}: dim {}, which does not fit", self.name(), self.dim),
             )
         })
     }
@@ -113,14 +113,14 @@ impl UnsqueezeTransform {
     /// Where the dim to squeeze is in a shape (already unsqueezed) with `nb` batch dims.
     fn squeeze_position(&self, nb: usize, shape: &[i64], key: &NestedKey) -> Result<usize> {
         let p = self.inserted_dim(nb, shape.len()).ok_or_else(|| {
-            Error::invalid(
+            Error::value(
                 OP,
+                key,
                 format!(
-                    "{}: dim {} does not fit {key} of shape {} ({nb} batch dims) for the inverse squeeze",
-                    self.name(),
-                    self.dim,
+                    "a dim that fits its shape {} ({nb} batch dims) for the inverse squeeze",
                     ShapeFmt(shape)
                 ),
+                format!("{}: dim {}, which does not fit", self.name(), self.dim),
             )
         })?;
         if shape.get(p) != Some(&1) {

@@ -93,12 +93,11 @@ fn prepare(
     check_float(op, name, param)?;
     let ps = param.size();
     if ps.last().copied().unwrap_or(0) < 1 {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!(
-                "{name} must have at least one dim holding at least one class, got shape {}",
-                ShapeFmt(&ps)
-            ),
+            name,
+            "at least one dim holding at least one class",
+            format!("shape {}", ShapeFmt(&ps)),
         ));
     }
     let Some(mask) = mask else {
@@ -109,13 +108,14 @@ fn prepare(
     let ms = mask.size();
     let shape = broadcast_shapes(op, &[(name, &ps), ("mask", &ms)])?;
     if shape.last() != ps.last() {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
+            "mask",
             format!(
-                "mask of shape {} must broadcast to {name}'s class dim {}",
-                ShapeFmt(&ms),
+                "a mask that broadcasts to {name}'s class dim (shape {})",
                 ShapeFmt(&ps)
             ),
+            format!("mask of shape {}", ShapeFmt(&ms)),
         ));
     }
     Ok((Some(mask.f_expand(shape.as_slice(), false)?), shape))
@@ -137,13 +137,13 @@ fn check_empty_rows(
     }
     let what = if masked { with_mask } else { without };
     let row = first_true(bad_rows)?.unwrap_or(0);
-    Err(Error::invalid(
+    Err(Error::InvalidValue {
         op,
-        format!(
-            "row {row} (flat index over batch_shape {}) {what}",
-            ShapeFmt(batch)
-        ),
-    ))
+        what: "row",
+        key: format!("{row} (flat index over batch_shape {})", ShapeFmt(batch)),
+        expected: "a row that keeps at least one class".to_string(),
+        got: format!("a row that {what}"),
+    })
 }
 
 impl Categorical {
@@ -178,9 +178,14 @@ impl Categorical {
             (read_flags(&[bad, empty.f_any()?])?, empty)
         };
         if flags.first() == Some(&true) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
-                format!("logits (shape {}) contain NaN or +inf", ShapeFmt(&shape)),
+                "logits",
+                "logits without NaN or +inf",
+                format!(
+                    "logits (shape {}) that contain NaN or +inf",
+                    ShapeFmt(&shape)
+                ),
             ));
         }
         let what = (
@@ -228,10 +233,12 @@ impl Categorical {
             (read_flags(&[bad, empty.f_any()?])?, empty)
         };
         if flags.first() == Some(&true) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                "probs",
+                "probs that are finite and >= 0 everywhere",
                 format!(
-                    "probs (shape {}) must be finite and >= 0 everywhere",
+                    "probs (shape {}) with a negative or non-finite entry",
                     ShapeFmt(&shape)
                 ),
             ));
@@ -336,12 +343,14 @@ impl Distribution for Categorical {
         let op = "Categorical::log_prob";
         check_device(op, value, self.device())?;
         if !is_integer(value.kind()) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                "value",
+                "integer class indices",
                 format!(
-                    "value (shape {}) must hold integer class indices, got dtype {:?}",
-                    ShapeFmt(&value.size()),
-                    value.kind()
+                    "dtype {:?} (value of shape {})",
+                    value.kind(),
+                    ShapeFmt(&value.size())
                 ),
             ));
         }
@@ -363,10 +372,12 @@ impl Distribution for Categorical {
                     idx.f_max()?.f_int64_value(&[])?,
                 )
             };
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                "value",
+                format!("class indices in 0..{}", self.num_classes),
                 format!(
-                    "value holds class indices in [{lo}, {hi}], outside 0..{} (value of shape {})",
+                    "class indices in [{lo}, {hi}], outside 0..{} (value of shape {})",
                     self.num_classes,
                     ShapeFmt(&value.size())
                 ),

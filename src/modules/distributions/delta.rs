@@ -76,10 +76,13 @@ impl Delta {
     /// Sets the tolerances of `log_prob`'s match (finite and `>= 0`).
     pub fn with_tolerance(mut self, atol: f64, rtol: f64) -> Result<Self> {
         if !(atol.is_finite() && rtol.is_finite() && atol >= 0.0 && rtol >= 0.0) {
-            return Err(Error::invalid(
-                "Delta::with_tolerance",
-                format!("atol and rtol must be finite and >= 0, got atol={atol}, rtol={rtol}"),
-            ));
+            return Err(Error::InvalidValue {
+                op: "Delta::with_tolerance",
+                what: "arguments",
+                key: "atol, rtol".to_string(),
+                expected: "finite values >= 0".to_string(),
+                got: format!("atol={atol}, rtol={rtol}"),
+            });
         }
         self.atol = atol;
         self.rtol = rtol;

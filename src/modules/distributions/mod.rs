@@ -243,12 +243,11 @@ pub(crate) fn check_float(op: &'static str, name: &str, t: &Tensor) -> Result<()
     if is_float(kind) {
         Ok(())
     } else {
-        Err(Error::invalid(
+        Err(Error::argument(
             op,
-            format!(
-                "{name} (shape {}) must have a floating dtype, got {kind:?}",
-                ShapeFmt(&t.size())
-            ),
+            name,
+            "a floating dtype",
+            format!("{kind:?} ({name} of shape {})", ShapeFmt(&t.size())),
         ))
     }
 }
@@ -306,10 +305,14 @@ pub(crate) fn broadcast_shapes(op: &'static str, shapes: &[(&str, &[i64])]) -> R
                     .iter()
                     .map(|(n, s)| format!("{n} of shape {}", ShapeFmt(s)))
                     .collect();
-                return Err(Error::invalid(
+                let names: Vec<&str> = shapes.iter().map(|(n, _)| *n).collect();
+                return Err(Error::InvalidValue {
                     op,
-                    format!("shapes do not broadcast: {}", list.join(", ")),
-                ));
+                    what: "arguments",
+                    key: names.join(", "),
+                    expected: "shapes that broadcast together".to_string(),
+                    got: format!("shapes that do not broadcast: {}", list.join(", ")),
+                });
             }
         }
     }
@@ -325,16 +328,16 @@ pub(crate) fn value_batch_shape(
     event: &[i64],
 ) -> Result<Vec<i64>> {
     let mismatch = || {
-        Error::invalid(
+        Error::argument(
             op,
+            "value",
             format!(
-                "value of shape {} does not match batch_shape {} + event_shape {}: its last \
-                 dims must equal the event shape and the dims before them must broadcast with \
-                 the batch shape",
-                ShapeFmt(value_shape),
+                "a value that matches batch_shape {} + event_shape {}: its last dims must equal \
+                 the event shape and the dims before them must broadcast with the batch shape",
                 ShapeFmt(batch),
                 ShapeFmt(event)
             ),
+            format!("value of shape {}", ShapeFmt(value_shape)),
         )
     };
     let split = value_shape
@@ -370,10 +373,12 @@ pub(crate) fn cat_shape(a: &[i64], b: &[i64]) -> Vec<i64> {
 /// Checks a sample shape (no negative dims).
 pub(crate) fn check_sample_shape(op: &'static str, sample_shape: &[i64]) -> Result<()> {
     if sample_shape.iter().any(|d| *d < 0) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
+            "sample_shape",
+            "no negative dimension",
             format!(
-                "sample_shape {} has a negative dimension",
+                "sample_shape {}, which has a negative dimension",
                 ShapeFmt(sample_shape)
             ),
         ));
@@ -417,10 +422,7 @@ pub(crate) fn straight_through(
 /// Checks the number of Monte-Carlo samples.
 pub(crate) fn check_num_samples(op: &'static str, n: i64) -> Result<()> {
     if n < 1 {
-        return Err(Error::invalid(
-            op,
-            format!("num_samples must be >= 1, got {n}"),
-        ));
+        return Err(Error::argument(op, "num_samples", ">= 1", n.to_string()));
     }
     Ok(())
 }

@@ -95,18 +95,19 @@ pub(crate) fn validate_loc_scale(
             let _guard = tch::no_grad_guard();
             scale.f_min()?.f_double_value(&[])?
         };
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!(
-                "scale (shape {}) must be > 0 and not NaN everywhere; found {min}",
-                ShapeFmt(&ss)
-            ),
+            "scale",
+            "a scale that is > 0 and not NaN everywhere",
+            format!("scale of shape {} with minimum {min}", ShapeFmt(&ss)),
         ));
     }
     if flags.get(1) == Some(&true) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!("loc (shape {}) contains NaN", ShapeFmt(&ls)),
+            "loc",
+            "a loc without NaN",
+            format!("loc of shape {} that contains NaN", ShapeFmt(&ls)),
         ));
     }
     Ok((scale, shape))

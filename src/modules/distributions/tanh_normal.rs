@@ -153,15 +153,17 @@ impl TanhNormal {
             read_flags(&[bad])?.first() == Some(&true)
         };
         if bad_bounds {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "the bounds must be finite with high > low everywhere (low of shape {}, \
-                     high of shape {})",
+                what: "arguments",
+                key: "low, high".to_string(),
+                expected: "bounds that are finite with high > low everywhere".to_string(),
+                got: format!(
+                    "bounds that are not (low of shape {}, high of shape {})",
                     ShapeFmt(&lo_s),
                     ShapeFmt(&hi_s)
                 ),
-            ));
+            });
         }
         let s = shape.as_slice();
         let low = low.f_expand(s, false)?;
@@ -199,12 +201,15 @@ impl TanhNormal {
     /// of dims of the full shape). `log_prob` sums over them.
     pub fn with_event_dims(mut self, event_dims: usize) -> Result<Self> {
         if event_dims > self.shape.len() {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "TanhNormal::with_event_dims",
+                "event_dims",
                 format!(
-                    "event_dims {event_dims} exceeds the number of dims of the shape {}",
-                    ShapeFmt(&self.shape)
+                    "at most the number of dims of the shape {} ({})",
+                    ShapeFmt(&self.shape),
+                    self.shape.len()
                 ),
+                format!("{event_dims}, which exceeds it"),
             ));
         }
         self.event_dims = event_dims;

@@ -369,13 +369,14 @@ impl MLP {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let size = x.size();
         if size.last() != Some(&self.config.in_features) {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 "MLP::forward",
+                "x",
                 format!(
-                    "the input of shape {} must have in_features = {} features in its last dim",
-                    ShapeFmt(&size),
+                    "an input with in_features = {} features in its last dim",
                     self.config.in_features
                 ),
+                format!("an input of shape {}", ShapeFmt(&size)),
             ));
         }
         let mut h = x.shallow_clone();

@@ -137,15 +137,17 @@ impl CriticLossType {
     fn distance(self, op: &'static str, target: &Tensor, value: &Tensor) -> Result<Tensor> {
         let (ts, vs) = (target.size(), value.size());
         if ts != vs {
-            return Err(Error::invalid(
+            return Err(Error::InvalidValue {
                 op,
-                format!(
-                    "the value target and the critic's value have shapes {} and {}, which \
-                     are incompatible",
+                what: "values",
+                key: "value target, critic's value".to_string(),
+                expected: "shapes that match".to_string(),
+                got: format!(
+                    "shapes {} and {}, which are incompatible",
                     ShapeFmt(&ts),
                     ShapeFmt(&vs)
                 ),
-            ));
+            });
         }
         Ok(match self {
             CriticLossType::SmoothL1 => {

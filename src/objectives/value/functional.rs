@@ -110,25 +110,25 @@ pub(crate) fn check_same_shape(op: &'static str, tensors: &[(&str, &Tensor)]) ->
     };
     let shape = first.size();
     if !is_float(first.kind()) {
-        return Err(Error::invalid(
+        return Err(Error::argument(
             op,
-            format!(
-                "{first_name} must be a floating-point tensor, got {:?}",
-                first.kind()
-            ),
+            first_name,
+            "a floating-point tensor",
+            format!("{:?}", first.kind()),
         ));
     }
     for (name, t) in tensors.iter().skip(1) {
         let s = t.size();
         if s != shape {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 op,
+                name,
                 format!(
-                    "all input tensors (value, reward and done states) must share one shape: \
-                     {first_name} is {} but {name} is {}",
-                    ShapeFmt(&shape),
-                    ShapeFmt(&s)
+                    "the shape of {first_name}, {} (all input tensors (value, reward and done \
+                     states) must share one shape)",
+                    ShapeFmt(&shape)
                 ),
+                format!("shape {}", ShapeFmt(&s)),
             ));
         }
     }

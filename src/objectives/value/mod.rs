@@ -50,7 +50,7 @@ use std::fmt;
 
 use tch::Tensor;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::module::{pick_out_key, read_input};
 use crate::modules::TensorDictModule;
 use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
@@ -380,9 +380,11 @@ impl EstimatorCore {
     fn time_dim(&self, td: &TensorDict) -> Result<i64> {
         let nb = td.batch_dims();
         if nb == 0 {
-            return Err(Error::invalid(
+            return Err(Error::argument(
                 self.name,
-                "expected a tensordict with at least one batch dim (time), got batch size []",
+                "td",
+                "a tensordict with at least one batch dim (time)",
+                "a tensordict of batch size []",
             ));
         }
         let nb_i = i64::try_from(nb).unwrap_or(i64::MAX);
@@ -413,42 +415,27 @@ impl EstimatorCore {
     fn values(&self, td: &TensorDict) -> Result<(Tensor, Tensor)> {
         match &self.value_network {
             Some(net) => {
-                let next = td.get_dict("next").ok_or_else(|| {
-                    Error::invalid(
-                        self.name,
-                        format!(
-                            "the value network needs the \"next\" sub-tensordict, absent; \
-                             keys: [{}]",
-                            keys_list(td)
-                        ),
-                    )
+                let next = td.get_dict("next").ok_or_else(|| Error::KeyNotFound {
+                    op: self.name,
+                    key: "\"next\" (the value network needs the \"next\" sub-tensordict)"
+                        .to_string(),
+                    available: available_keys(td),
                 })?;
                 let value = self.network_value(net.as_ref(), td)?;
                 let next_value = self.network_value(net.as_ref(), next)?.f_detach()?;
                 Ok((value, next_value))
             }
             None => {
-                let value = td.get(&self.keys.value).ok_or_else(|| {
-                    Error::invalid(
-                        self.name,
-                        format!(
-                            "the tensor with key {} is missing, and no value network was \
-                             provided; keys: [{}]",
-                            self.keys.value,
-                            keys_list(td)
-                        ),
-                    )
+                let value = td.get(&self.keys.value).ok_or_else(|| Error::KeyNotFound {
+                    op: self.name,
+                    key: format!("{} (no value network was provided)", self.keys.value),
+                    available: available_keys(td),
                 })?;
                 let next_key = self.keys.value.prefixed("next");
-                let next_value = td.get(&next_key).ok_or_else(|| {
-                    Error::invalid(
-                        self.name,
-                        format!(
-                            "the tensor with key {next_key} is missing, and no value network \
-                             was provided; keys: [{}]",
-                            keys_list(td)
-                        ),
-                    )
+                let next_value = td.get(&next_key).ok_or_else(|| Error::KeyNotFound {
+                    op: self.name,
+                    key: format!("{next_key} (no value network was provided)"),
+                    available: available_keys(td),
                 })?;
                 Ok((value.shallow_clone(), next_value.shallow_clone()))
             }
@@ -501,12 +488,14 @@ impl EstimatorCore {
         let gamma_steps = match td.get(&self.keys.steps_to_next_obs) {
             Some(steps) => {
                 let steps = steps.f_view_as(reward).map_err(|e| {
-                    Error::invalid(
+                    Error::value(
                         self.name,
+                        &self.keys.steps_to_next_obs,
                         format!(
-                            "{} must have as many elements as the reward ({e})",
-                            self.keys.steps_to_next_obs
+                            "as many elements as the reward (shape {})",
+                            ShapeFmt(&reward.size())
                         ),
+                        format!("shape {} ({e})", ShapeFmt(&steps.size())),
                     )
                 })?;
                 let g = Tensor::f_pow_scalar(self.gamma, &steps)?.f_to_kind(value.kind())?;
@@ -542,12 +531,11 @@ impl EstimatorCore {
     }
 }
 
-fn keys_list(td: &TensorDict) -> String {
+fn available_keys(td: &TensorDict) -> Vec<String> {
     td.keys(crate::tensordict::KeysOptions::nested_leaves())
         .iter()
         .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect()
 }
 
 /// The constructor, builder methods, getters and [`ValueEstimator`] impl GAE and TD(λ) share:
