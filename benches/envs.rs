@@ -5,24 +5,16 @@
 //!
 //! Run: `cargo bench --bench envs`, or `scripts/bench.sh` for the side-by-side table.
 
+mod common;
+use common::best_of;
+
 use std::hint::black_box;
-use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::builtin::PendulumEnv;
 use torchrl::envs::transforms::{RewardScaling, RewardSum, StepCounter};
 use torchrl::envs::{EnvBase, RolloutConfig, TransformedEnv};
 use torchrl::Generator;
-
-fn best_of(mut f: impl FnMut(), repeat: usize) -> f64 {
-    let mut best = f64::INFINITY;
-    for _ in 0..repeat {
-        let t0 = Instant::now();
-        f();
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    best
-}
 
 /// W1's math without the library: Pendulum-v1 dynamics on `[1]` tensors, a uniform random
 /// torque, reward scaling, a step counter and an episode sum, and the per-step outputs kept and

@@ -17,8 +17,10 @@
 //! Run: `cargo bench --bench llm` (`TORCHRL_BENCH_TINY_ONLY=1` stops after W8), or
 //! `scripts/bench.sh` for the side-by-side table.
 
+mod common;
+use common::try_best_of;
+
 use std::hint::black_box;
-use std::time::Instant;
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -26,16 +28,6 @@ use torchrl::modules::llm::{
     generate, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Config, Gpt2Input, Gpt2Model,
 };
 use torchrl::Generator;
-
-fn best_of(mut f: impl FnMut() -> torchrl::Result<()>, repeat: usize) -> torchrl::Result<f64> {
-    let mut best = f64::INFINITY;
-    for _ in 0..repeat {
-        let t0 = Instant::now();
-        f()?;
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    Ok(best)
-}
 
 fn tokens_per_s(cfg: &Gpt2Config, batch: i64, prompt: i64, new: i64) -> torchrl::Result<f64> {
     tch::manual_seed(0);
@@ -51,7 +43,7 @@ fn tokens_per_s(cfg: &Gpt2Config, batch: i64, prompt: i64, new: i64) -> torchrl:
     let mut rng = Generator::new(0);
     // warm-up (allocator, kernels)
     generate(&model, &ids, None, &gen_cfg, &mut rng)?;
-    let secs = best_of(
+    let secs = try_best_of(
         || {
             let out = generate(&model, &ids, None, &gen_cfg, &mut rng)?;
             black_box(&out.sequences);
@@ -94,7 +86,7 @@ fn main() -> torchrl::Result<()> {
     let _guard = tch::no_grad_guard();
     hydra.forward(&input)?;
     let n = 5;
-    let secs = best_of(
+    let secs = try_best_of(
         || {
             for _ in 0..n {
                 black_box(hydra.forward(&input)?);

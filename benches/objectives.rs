@@ -14,8 +14,10 @@
 //!
 //! Run: `cargo bench --bench objectives`, or `scripts/bench.sh` for the side-by-side table.
 
+mod common;
+use common::try_best_of;
+
 use std::hint::black_box;
-use std::time::Instant;
 
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -29,16 +31,6 @@ use torchrl::objectives::{
     RewardModelLoss,
 };
 use torchrl::TensorDict;
-
-fn best_of(mut f: impl FnMut() -> torchrl::Result<()>, repeat: usize) -> torchrl::Result<f64> {
-    let mut best = f64::INFINITY;
-    for _ in 0..repeat {
-        let t0 = Instant::now();
-        f()?;
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    Ok(best)
-}
 
 /// W6 inputs: precomputed chosen/rejected scores of batch 256, in a tensordict.
 fn w6_data() -> torchrl::Result<(Tensor, Tensor, TensorDict)> {
@@ -62,7 +54,7 @@ fn w6_data() -> torchrl::Result<(Tensor, Tensor, TensorDict)> {
 fn w6() -> torchrl::Result<f64> {
     let (_c, _r, data) = w6_data()?;
     let loss = RewardModelLoss::new();
-    let secs = best_of(
+    let secs = try_best_of(
         || {
             for _ in 0..1000 {
                 let out = loss.forward(&data)?;
@@ -80,7 +72,7 @@ fn w6() -> torchrl::Result<f64> {
 /// from the tensordict (what W6 measured before it measured the loss module).
 fn w6_function() -> torchrl::Result<f64> {
     let (_c, _r, data) = w6_data()?;
-    let secs = best_of(
+    let secs = try_best_of(
         || {
             for _ in 0..1000 {
                 let cs = data.get_or_err(("chosen", "score"))?;
@@ -100,7 +92,7 @@ fn w6_function() -> torchrl::Result<f64> {
 /// (`lt`, `mean`) written directly with `tch` ops on the two leaf tensors, then `backward`.
 fn w6_floor() -> torchrl::Result<f64> {
     let (c, r, _data) = w6_data()?;
-    let secs = best_of(
+    let secs = try_best_of(
         || {
             for _ in 0..1000 {
                 let margin = r.f_sub(&c)?;
@@ -160,7 +152,7 @@ fn w7() -> torchrl::Result<f64> {
         .with("advantage", advantage)?
         .with("value_target", value_target)?;
 
-    let secs = best_of(
+    let secs = try_best_of(
         || {
             for _ in 0..updates {
                 let out = loss.forward(&td)?;

@@ -4,21 +4,13 @@
 //!
 //! Run: `cargo bench --bench tensordict`, or `scripts/bench.sh` for the side-by-side table.
 
+mod common;
+use common::best_of;
+
 use std::hint::black_box;
-use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use torchrl::{stack, TensorDict};
-
-fn best_of(mut f: impl FnMut(), repeat: usize) -> f64 {
-    let mut best = f64::INFINITY;
-    for _ in 0..repeat {
-        let t0 = Instant::now();
-        f();
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    best
-}
 
 fn sample_td() -> torchrl::Result<TensorDict> {
     let z = |s: &[i64]| Tensor::zeros(s, (Kind::Float, Device::Cpu));
