@@ -41,14 +41,25 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
 }
 
+/// The recorded cases of one op, each with its model (named by the case's prefix) and its
+/// `input_ids`.
+fn cases_of(op: &str) -> Vec<(common::Case, VarStore, Gpt2Model, Tensor)> {
+    let file = load_cases("gpt2_cases.json");
+    file.cases
+        .into_iter()
+        .filter(|c| c.op == op)
+        .map(|case| {
+            let (vs, model) = load(case.name.split('/').next().unwrap());
+            let ids = tensor_from_json(case.arg("input_ids").unwrap()).unwrap();
+            (case, vs, model, ids)
+        })
+        .collect()
+}
+
 #[test]
 fn recorded_logits_match_transformers() {
-    let file = load_cases("gpt2_cases.json");
     let mut n = 0;
-    for case in file.cases.iter().filter(|c| c.op == "logits") {
-        let model_name = case.name.split('/').next().unwrap();
-        let (_vs, model) = load(model_name);
-        let ids = tensor_from_json(case.arg("input_ids").unwrap()).unwrap();
+    for (case, _vs, model, ids) in cases_of("logits") {
         let mask = opt_tensor(case.arg("attention_mask").unwrap());
         let pos = opt_tensor(case.arg("position_ids").unwrap());
         let expected = tensor_from_json(case.expect.get("logits").unwrap()).unwrap();
@@ -93,12 +104,8 @@ fn recorded_logits_match_transformers() {
 
 #[test]
 fn greedy_generation_matches_transformers() {
-    let file = load_cases("gpt2_cases.json");
     let mut n = 0;
-    for case in file.cases.iter().filter(|c| c.op == "generate") {
-        let model_name = case.name.split('/').next().unwrap();
-        let (_vs, model) = load(model_name);
-        let prompt = tensor_from_json(case.arg("input_ids").unwrap()).unwrap();
+    for (case, _vs, model, prompt) in cases_of("generate") {
         let mask = tensor_from_json(case.arg("attention_mask").unwrap()).unwrap();
         let max_new = case.arg("max_new_tokens").unwrap().as_i64().unwrap();
         let min_new = case.arg("min_new_tokens").unwrap().as_i64().unwrap();
