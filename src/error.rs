@@ -342,6 +342,22 @@ impl Error {
         out
     }
 
+    fn invalid_value(
+        op: &'static str,
+        what: &'static str,
+        key: String,
+        expected: String,
+        got: String,
+    ) -> Self {
+        Error::InvalidValue {
+            op,
+            what,
+            key,
+            expected,
+            got,
+        }
+    }
+
     /// Shorthand for [`Error::InvalidValue`] on a key.
     pub(crate) fn value(
         op: &'static str,
@@ -349,13 +365,7 @@ impl Error {
         expected: impl Into<String>,
         got: impl Into<String>,
     ) -> Self {
-        Error::InvalidValue {
-            op,
-            what: "key",
-            key: key.to_string(),
-            expected: expected.into(),
-            got: got.into(),
-        }
+        Self::invalid_value(op, "key", key.to_string(), expected.into(), got.into())
     }
 
     /// Shorthand for [`Error::InvalidConfig`].
@@ -380,13 +390,13 @@ impl Error {
         expected: impl Into<String>,
         got: impl Into<String>,
     ) -> Self {
-        Error::InvalidValue {
+        Self::invalid_value(
             op,
-            what: "argument",
-            key: name.to_string(),
-            expected: expected.into(),
-            got: got.into(),
-        }
+            "argument",
+            name.to_string(),
+            expected.into(),
+            got.into(),
+        )
     }
 
     /// Shorthand for [`Error::InvalidArgument`].

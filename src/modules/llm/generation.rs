@@ -305,6 +305,7 @@ pub fn generate_with(
         Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
         None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
     };
+    let prompt_mask = mask.shallow_clone();
     let mut cache = KvCache::new(model.config());
     let logits_only = ForwardOptions::default();
     // The prompt pass needs the logits of its last position only (transformers'
@@ -379,22 +380,7 @@ pub fn generate_with(
         last_logits = out.logits()?.f_select(1, 0)?;
         last_token = next;
     }
-    finish(
-        prompt,
-        attention_mask_or_ones(attention_mask, b, p, device)?,
-        tokens,
-        live,
-        log_probs,
-        b,
-        device,
-    )
-}
-
-fn attention_mask_or_ones(m: Option<&Tensor>, b: i64, p: i64, device: Device) -> Result<Tensor> {
-    Ok(match m {
-        Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
-        None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
-    })
+    finish(prompt, prompt_mask, tokens, live, log_probs, b, device)
 }
 
 /// Stacks the per-step outputs and trims steps after every row finished (from the lazy
