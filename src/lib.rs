@@ -49,6 +49,7 @@ pub mod modules;
 pub mod objectives;
 pub mod rng;
 pub mod tensordict;
+pub mod trainers;
 
 pub use data::specs;
 pub use envs::{check_env_specs, EnvBase, RolloutConfig, TransformedEnv};

@@ -9,6 +9,7 @@ pub mod builtin;
 mod check;
 mod env_specs;
 mod keys;
+pub mod llm;
 pub mod transforms;
 mod utils;
 

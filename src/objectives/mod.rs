@@ -32,6 +32,7 @@
 
 pub mod common;
 pub mod keys;
+pub mod llm;
 pub mod optim;
 pub mod ppo;
 pub mod reward_model;

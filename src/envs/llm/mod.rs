@@ -1,0 +1,9 @@
+//! Token-level LLM environments and their transforms (TorchRL's `torchrl.envs.llm`): the
+//! token env that scores a policy's response, the per-token KL transforms and reward scaling
+//! on `(B, T, 1)` rewards.
+
+pub mod env;
+pub mod kl;
+pub mod policy;
+pub mod scaling;
+pub mod scorer;

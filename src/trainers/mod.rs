@@ -1,0 +1,10 @@
+//! Trainers in the shape of trlX's `BaseRLModel` / `AccelerateRLModel`: the trainer API,
+//! configs, atomic checkpoints, the optimizer and schedule, and the RLHF trainers.
+
+pub mod api;
+pub mod checkpoint;
+pub mod config;
+pub mod optim;
+pub mod ppo;
+pub mod reward;
+pub mod sft;
