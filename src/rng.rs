@@ -189,6 +189,29 @@ impl Generator {
         Generator { s }
     }
 
+    /// The generator's whole state (four words), to checkpoint a stream and resume it
+    /// exactly with [`Generator::from_state`].
+    ///
+    /// ```
+    /// use torchrl::Generator;
+    /// let mut a = Generator::new(7);
+    /// a.next_u64();
+    /// let mut b = Generator::from_state(a.state());
+    /// assert_eq!(a.next_u64(), b.next_u64());
+    /// ```
+    pub fn state(&self) -> [u64; 4] {
+        self.s
+    }
+
+    /// A generator that continues from `state` (one saved by [`Generator::state`]). An
+    /// all-zero state, which xoshiro cannot leave, is replaced by the state of seed 0.
+    pub fn from_state(state: [u64; 4]) -> Self {
+        if state == [0; 4] {
+            return Generator::new(0);
+        }
+        Generator { s: state }
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);

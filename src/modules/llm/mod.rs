@@ -37,6 +37,6 @@ pub use heads::{
     IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch, ValueOutput,
 };
 pub use tokenizer::{
-    BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide, SpecialTokens,
-    TextTokenizer,
+    pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide,
+    SpecialTokens, TextTokenizer,
 };

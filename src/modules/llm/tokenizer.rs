@@ -71,6 +71,46 @@ pub struct Encoded {
     pub attention_mask: Tensor,
 }
 
+/// Pads token rows of different lengths into one `[B, T]` batch (`T` = the longest row) on
+/// the CPU: `input_ids` filled with `pad` and an `attention_mask` that is 1 on real tokens.
+///
+/// ```
+/// use torchrl::modules::llm::{pad_rows, PaddingSide};
+/// let rows = vec![vec![5i64, 6], vec![7]];
+/// let left = pad_rows(&rows, 0, PaddingSide::Left)?;
+/// assert_eq!(Vec::<i64>::try_from(left.input_ids.view([-1]))?, [5, 6, 0, 7]);
+/// assert_eq!(Vec::<i64>::try_from(left.attention_mask.view([-1]))?, [1, 1, 0, 1]);
+/// let right = pad_rows(&rows, 0, PaddingSide::Right)?;
+/// assert_eq!(Vec::<i64>::try_from(right.input_ids.view([-1]))?, [5, 6, 7, 0]);
+/// # Ok::<(), torchrl::Error>(())
+/// ```
+pub fn pad_rows(rows: &[Vec<i64>], pad: i64, side: PaddingSide) -> Result<Encoded> {
+    let width = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(rows.len() * width);
+    let mut mask = Vec::with_capacity(rows.len() * width);
+    for row in rows {
+        let n_pad = width - row.len();
+        let pads = std::iter::repeat_n(pad, n_pad);
+        let zeros = std::iter::repeat_n(0i64, n_pad);
+        let ones = std::iter::repeat_n(1i64, row.len());
+        match side {
+            PaddingSide::Left => {
+                ids.extend(pads.chain(row.iter().copied()));
+                mask.extend(zeros.chain(ones));
+            }
+            PaddingSide::Right => {
+                ids.extend(row.iter().copied().chain(pads));
+                mask.extend(ones.chain(zeros));
+            }
+        }
+    }
+    let shape = [rows.len() as i64, width as i64];
+    Ok(Encoded {
+        input_ids: Tensor::f_from_slice(&ids)?.f_view(shape)?,
+        attention_mask: Tensor::f_from_slice(&mask)?.f_view(shape)?,
+    })
+}
+
 /// Text ↔ token ids.
 pub trait TextTokenizer: Send {
     /// The ids of `text` (special-token strings inside it are recognised).
@@ -113,30 +153,7 @@ pub trait TextTokenizer: Send {
             }
             rows.push(ids);
         }
-        let width = rows.iter().map(Vec::len).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(rows.len() * width);
-        let mut mask = Vec::with_capacity(rows.len() * width);
-        for row in &rows {
-            let n_pad = width - row.len();
-            let pads = std::iter::repeat_n(pad, n_pad);
-            let zeros = std::iter::repeat_n(0i64, n_pad);
-            let ones = std::iter::repeat_n(1i64, row.len());
-            match options.padding_side {
-                PaddingSide::Left => {
-                    ids.extend(pads.chain(row.iter().copied()));
-                    mask.extend(zeros.chain(ones));
-                }
-                PaddingSide::Right => {
-                    ids.extend(row.iter().copied().chain(pads));
-                    mask.extend(ones.chain(zeros));
-                }
-            }
-        }
-        let shape = [rows.len() as i64, width as i64];
-        Ok(Encoded {
-            input_ids: Tensor::f_from_slice(&ids)?.f_view(shape)?,
-            attention_mask: Tensor::f_from_slice(&mask)?.f_view(shape)?,
-        })
+        pad_rows(&rows, pad, options.padding_side)
     }
 
     /// Decodes each row of `ids` `[B, T]`, keeping only the tokens where `mask` is 1.
