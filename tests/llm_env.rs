@@ -152,9 +152,65 @@ fn step_puts_the_score_at_the_last_real_response_token() {
     );
 }
 
+/// Full tokens, full mask, ended-with-EOS flags and batch size, as a batch scorer saw them.
+type BatchSeen = (Vec<i64>, Vec<i64>, Vec<bool>, i64);
+
+#[test]
+fn with_pad_equal_to_eos_the_first_eos_ends_the_response() {
+    // trlX's default setup: no pad id, so pad = EOS
+    let cfg = TokenEnvConfig::new(VOCAB, 16)
+        .with_batch_size(2)
+        .with_max_new_tokens(4)
+        .with_eos_token_id(EOS);
+    assert_eq!(cfg.pad_id(), EOS);
+    let seen: Seen = Arc::default();
+    let mut env = TokenEnv::new(
+        cfg,
+        vec![vec![1, 2], vec![3]],
+        recording_scorer(seen.clone()),
+    )
+    .unwrap();
+    let td = env.reset(None).unwrap();
+    assert_eq!(
+        ints(td.get(("tokens", "prompt")).unwrap()),
+        vec![1, 2, EOS, 3]
+    );
+    let resp = response(&[[7, EOS, EOS, EOS], [8, 9, 10, 11]]);
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    // lengths 2 and 4: scores 200 + 7 at 2 + 2 - 1 = 3, and 100 + 38 at 2 + 4 - 1 = 5
+    assert_eq!(
+        floats(td.get(("next", "reward")).unwrap()),
+        vec![0.0, 0.0, 0.0, 207.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 138.0]
+    );
+    assert_eq!(
+        bools(td.get(("next", "terminated")).unwrap()),
+        vec![true, false]
+    );
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![(vec![1, 2], vec![7]), (vec![3], vec![8, 9, 10, 11])]
+    );
+}
+
+#[test]
+fn config_reads_from_json_with_defaults() {
+    let cfg: TokenEnvConfig =
+        serde_json::from_str(r#"{"vocab_size": 20, "n_positions": 16, "eos_token_id": 19}"#)
+            .unwrap();
+    assert_eq!(cfg, TokenEnvConfig::new(20, 16).with_eos_token_id(19));
+    let g = env_cfg(1).generation_config();
+    assert_eq!(
+        (g.max_new_tokens, g.eos_token_id, g.pad_token_id),
+        (4, Some(EOS), Some(PAD))
+    );
+    assert!(g.do_sample);
+}
+
 #[test]
 fn batch_scorer_sees_the_full_tokens_and_mask() {
-    let seen: Arc<Mutex<Option<(Vec<i64>, Vec<i64>, Vec<bool>, i64)>>> = Arc::default();
+    let seen: Arc<Mutex<Option<BatchSeen>>> = Arc::default();
     let s2 = seen.clone();
     let scorer = BatchScorer::new(move |input: &ScoreInput<'_>| {
         *s2.lock().unwrap() = Some((
@@ -616,6 +672,19 @@ fn bad_responses_are_errors() {
             "built from the prompt and the response",
         ],
     );
+    // an assistant mask that marks a prompt position
+    let asst = Tensor::zeros([2, 6], (Kind::Int64, Device::Cpu));
+    let _ = asst.get(0).get(0).fill_(1);
+    let td3 = td
+        .clone()
+        .with(("tokens", "response"), ok.shallow_clone())
+        .unwrap()
+        .with(("masks", "all_assistant_mask"), asst)
+        .unwrap();
+    expect_err(
+        env.step(td3),
+        &["\"masks\", \"all_assistant_mask\"", "prompt position"],
+    );
     // the env's batch: a tensordict of batch [3] is refused by the base env
     let big = TensorDict::new([3]).unwrap();
     assert!(env.step(big).is_err());
@@ -647,6 +716,31 @@ fn generation_policy_errors_on_bad_prompts() {
         )
         .unwrap();
     expect_err(policy.call(td), &["\"tokens\", \"prompt\"", "int64"]);
+    // a value-head wrapper generates with its trunk: the same tokens for the same seed
+    tch::manual_seed(5);
+    let vs = VarStore::new(Device::Cpu);
+    let with_head =
+        torchrl::modules::llm::CausalLmWithValueHead::new(&vs.root(), &model_cfg()).unwrap();
+    let prompt = TensorDict::new([1])
+        .unwrap()
+        .with(
+            ("tokens", "prompt"),
+            Tensor::from_slice(&[1i64, 2]).view([1, 2]),
+        )
+        .unwrap();
+    let cfg = GenerationConfig::rlhf_sampling(3);
+    let a = GenerationPolicy::new(&with_head, cfg.clone(), 4)
+        .unwrap()
+        .call(prompt.clone())
+        .unwrap();
+    let b = GenerationPolicy::new(with_head.model(), cfg, 4)
+        .unwrap()
+        .call(prompt)
+        .unwrap();
+    assert!(a
+        .get(("tokens", "full"))
+        .unwrap()
+        .equal(b.get(("tokens", "full")).unwrap()));
     // a config whose EOS is outside the model's vocabulary
     assert!(
         GenerationPolicy::new(&model, GenerationConfig::new(2).with_eos_token_id(99), 0).is_err()

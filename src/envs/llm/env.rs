@@ -80,6 +80,7 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::scorer::{ScoreInput, Scorer};
@@ -110,27 +111,44 @@ pub const FULL_LOG_PROBS_KEY: (&str, &str) = ("log_probs", "full");
 
 // ------------------------------------------------------------------ config
 
-/// How a [`TokenEnv`] runs. `new(vocab_size, n_positions)` plus `with_*` setters.
-#[derive(Debug, Clone, PartialEq)]
+/// How a [`TokenEnv`] runs. `new(vocab_size, n_positions)` plus `with_*` setters; serde
+/// reads it from a file (fields other than `vocab_size` and `n_positions` default as in
+/// `new`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenEnvConfig {
     /// The number of token ids (the model's vocabulary).
     pub vocab_size: i64,
     /// The context length: prompt width + `max_new_tokens` must fit in it.
     pub n_positions: i64,
     /// The response length limit `R` (default 20).
+    #[serde(default = "twenty")]
     pub max_new_tokens: i64,
     /// The end-of-sequence id (`None`: no response terminates; every one is truncated).
+    #[serde(default)]
     pub eos_token_id: Option<i64>,
     /// The pad id (`None`: the EOS id, else 0, as [`GenerationConfig::pad_id`]).
+    #[serde(default)]
     pub pad_token_id: Option<i64>,
     /// Prompts per reset `B` (default 1).
+    #[serde(default = "one")]
     pub batch_size: i64,
     /// Serve the prompts in a seeded random order, a new permutation per pass (default false).
+    #[serde(default)]
     pub shuffle: bool,
     /// The seed of the prompt order (default 0; [`EnvBase::set_seed`] reseeds it too).
+    #[serde(default)]
     pub seed: u64,
     /// The padded prompt width `P` (`None`: the longest prompt of the source).
+    #[serde(default)]
     pub prompt_width: Option<i64>,
+}
+
+fn twenty() -> i64 {
+    20
+}
+
+fn one() -> i64 {
+    1
 }
 
 impl TokenEnvConfig {
