@@ -3,7 +3,7 @@
 //!
 //! It reads `("tokens", "prompt")` `[B, P]` (left-padded) and `("masks",
 //! "prompt_attention_mask")` (all ones when absent), runs the batched
-//! [`generate_with`](crate::modules::llm::generate_with) (KV cache, left padding, the config's
+//! [`generate_with`] (KV cache, left padding, the config's
 //! sampling options, an owned seeded [`Generator`]), pads the response to `max_new_tokens`,
 //! and writes (see the [env's layout](super::env)):
 //! - `("tokens", "response")` `[B, R]` (right-padded with the pad id) and `("tokens", "full")`
