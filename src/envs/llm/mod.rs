@@ -7,3 +7,7 @@ pub mod kl;
 pub mod policy;
 pub mod scaling;
 pub mod scorer;
+
+pub use env::{TokenEnv, TokenEnvConfig};
+pub use policy::{GeneratingModel, GenerationPolicy};
+pub use scorer::{BatchScorer, RewardModelScorer, ScoreInput, Scorer, TextScorer, TokenScorer};

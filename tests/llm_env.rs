@@ -1,0 +1,748 @@
+//! The token-level LLM environment (`torchrl::envs::llm`): TorchRL's tensordict layout (left-
+//! padded prompts, right-padded responses, full = cat(prompt, response), masks), the reward at
+//! the last real response token, done / terminated / truncated, what scorers see, the reward
+//! model scorer, the prompt order, the errors, and the specs with a generating policy.
+//!
+//! Expected values are derived by hand in the comments next to them.
+
+use std::sync::{Arc, Mutex};
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use torchrl::envs::llm::{
+    BatchScorer, GenerationPolicy, RewardModelScorer, ScoreInput, Scorer, TextScorer, TokenEnv,
+    TokenEnvConfig, TokenScorer,
+};
+use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig};
+use torchrl::modules::llm::{
+    token_log_probs, ByteTokenizer, GenerationConfig, Gpt2Config, Gpt2Input, Gpt2Model,
+    Gpt2ScoreModel,
+};
+use torchrl::{Error, TensorDict};
+
+const VOCAB: i64 = 20;
+const EOS: i64 = 19;
+const PAD: i64 = 18;
+
+fn model_cfg() -> Gpt2Config {
+    Gpt2Config::new(VOCAB)
+        .with_n_layer(2)
+        .with_n_embd(16)
+        .with_n_head(2)
+        .with_n_positions(16)
+}
+
+fn env_cfg(batch: i64) -> TokenEnvConfig {
+    TokenEnvConfig::new(VOCAB, 16)
+        .with_batch_size(batch)
+        .with_max_new_tokens(4)
+        .with_eos_token_id(EOS)
+        .with_pad_token_id(PAD)
+}
+
+fn ints(t: &Tensor) -> Vec<i64> {
+    Vec::<i64>::try_from(t.reshape([-1]).to_kind(Kind::Int64)).unwrap()
+}
+
+fn floats(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(t.reshape([-1]).to_kind(Kind::Float)).unwrap()
+}
+
+fn bools(t: &Tensor) -> Vec<bool> {
+    Vec::<bool>::try_from(t.reshape([-1])).unwrap()
+}
+
+fn zero_scorer() -> Box<dyn Scorer> {
+    Box::new(TokenScorer::new(|_: &[i64], _: &[i64]| 0.0))
+}
+
+/// Four prompts of widths 3, 1, 2, 1: padded width 3.
+fn four_prompts() -> Vec<Vec<i64>> {
+    vec![vec![1, 2, 3], vec![4], vec![5, 6], vec![7]]
+}
+
+fn response(rows: &[[i64; 4]]) -> Tensor {
+    let flat: Vec<i64> = rows.iter().flatten().copied().collect();
+    Tensor::from_slice(&flat).view([rows.len() as i64, 4])
+}
+
+#[test]
+fn reset_left_pads_the_prompts_and_writes_their_mask() {
+    let mut env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
+    assert_eq!(env.prompt_width(), 3);
+    let td = env.reset(None).unwrap();
+    assert_eq!(td.batch_size(), &[4]);
+    let prompt = td.get(("tokens", "prompt")).unwrap();
+    let mask = td.get(("masks", "prompt_attention_mask")).unwrap();
+    assert_eq!(prompt.size(), vec![4, 3]);
+    assert_eq!((prompt.kind(), mask.kind()), (Kind::Int64, Kind::Int64));
+    // pad 18 on the left of the short prompts
+    assert_eq!(
+        ints(prompt),
+        vec![1, 2, 3, PAD, PAD, 4, PAD, 5, 6, PAD, PAD, 7]
+    );
+    assert_eq!(ints(mask), vec![1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1]);
+    assert_eq!(floats(td.get("score").unwrap()), vec![0.0; 4]);
+    assert_eq!(bools(td.get("done").unwrap()), vec![false; 4]);
+}
+
+/// Scores `100 · prompt length + sum(response)`, and records what it was given.
+type Seen = Arc<Mutex<Vec<(Vec<i64>, Vec<i64>)>>>;
+
+fn recording_scorer(seen: Seen) -> Box<dyn Scorer> {
+    Box::new(TokenScorer::new(move |p: &[i64], r: &[i64]| {
+        seen.lock().unwrap().push((p.to_vec(), r.to_vec()));
+        100.0 * p.len() as f64 + r.iter().sum::<i64>() as f64
+    }))
+}
+
+#[test]
+fn step_puts_the_score_at_the_last_real_response_token() {
+    let seen: Seen = Arc::default();
+    let mut env =
+        TokenEnv::new(env_cfg(4), four_prompts(), recording_scorer(seen.clone())).unwrap();
+    let td = env.reset(None).unwrap();
+    let resp = response(&[
+        [7, EOS, PAD, PAD],  // EOS at 1: length 2, terminated
+        [8, 9, 10, 11],      // no EOS, full width: length 4, truncated
+        [12, PAD, PAD, PAD], // no EOS, trailing pads: length 1, truncated
+        [13, EOS, 14, 15],   // tokens after the first EOS are padding: length 2
+    ]);
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    let reward = td.get(("next", "reward")).unwrap();
+    assert_eq!(reward.size(), vec![4, 7, 1]);
+    assert_eq!(reward.kind(), Kind::Float);
+    // index = P + L - 1 with P = 3: rows at 4, 6, 3, 4; scores
+    // 300 + 7 = 307, 100 + 38 = 138, 200 + 12 = 212, 100 + 13 = 113
+    let mut expected = vec![0.0f32; 28];
+    expected[4] = 307.0;
+    expected[7 + 6] = 138.0;
+    expected[14 + 3] = 212.0;
+    expected[21 + 4] = 113.0;
+    assert_eq!(floats(reward), expected);
+    assert_eq!(
+        floats(td.get(("next", "score")).unwrap()),
+        vec![307.0, 138.0, 212.0, 113.0]
+    );
+    assert_eq!(bools(td.get(("next", "done")).unwrap()), vec![true; 4]);
+    assert_eq!(
+        bools(td.get(("next", "terminated")).unwrap()),
+        vec![true, false, false, true]
+    );
+    assert_eq!(
+        bools(td.get(("next", "truncated")).unwrap()),
+        vec![false, true, true, false]
+    );
+    for k in ["done", "terminated", "truncated"] {
+        let t = td.get(("next", k)).unwrap();
+        assert_eq!((t.size(), t.kind()), (vec![4, 1], Kind::Bool), "{k}");
+    }
+    // the scorer saw the unpadded prompts and the responses without pad and EOS
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            (vec![1, 2, 3], vec![7]),
+            (vec![4], vec![8, 9, 10, 11]),
+            (vec![5, 6], vec![12]),
+            (vec![7], vec![13]),
+        ]
+    );
+}
+
+/// Full tokens, full mask, ended-with-EOS flags and batch size, as a batch scorer saw them.
+type BatchSeen = (Vec<i64>, Vec<i64>, Vec<bool>, i64);
+
+#[test]
+fn with_pad_equal_to_eos_the_first_eos_ends_the_response() {
+    // trlX's default setup: no pad id, so pad = EOS
+    let cfg = TokenEnvConfig::new(VOCAB, 16)
+        .with_batch_size(2)
+        .with_max_new_tokens(4)
+        .with_eos_token_id(EOS);
+    assert_eq!(cfg.pad_id(), EOS);
+    let seen: Seen = Arc::default();
+    let mut env = TokenEnv::new(
+        cfg,
+        vec![vec![1, 2], vec![3]],
+        recording_scorer(seen.clone()),
+    )
+    .unwrap();
+    let td = env.reset(None).unwrap();
+    assert_eq!(
+        ints(td.get(("tokens", "prompt")).unwrap()),
+        vec![1, 2, EOS, 3]
+    );
+    let resp = response(&[[7, EOS, EOS, EOS], [8, 9, 10, 11]]);
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    // lengths 2 and 4: scores 200 + 7 at 2 + 2 - 1 = 3, and 100 + 38 at 2 + 4 - 1 = 5
+    assert_eq!(
+        floats(td.get(("next", "reward")).unwrap()),
+        vec![0.0, 0.0, 0.0, 207.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 138.0]
+    );
+    assert_eq!(
+        bools(td.get(("next", "terminated")).unwrap()),
+        vec![true, false]
+    );
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![(vec![1, 2], vec![7]), (vec![3], vec![8, 9, 10, 11])]
+    );
+}
+
+#[test]
+fn config_reads_from_json_with_defaults() {
+    let cfg: TokenEnvConfig =
+        serde_json::from_str(r#"{"vocab_size": 20, "n_positions": 16, "eos_token_id": 19}"#)
+            .unwrap();
+    assert_eq!(cfg, TokenEnvConfig::new(20, 16).with_eos_token_id(19));
+    let g = env_cfg(1).generation_config();
+    assert_eq!(
+        (g.max_new_tokens, g.eos_token_id, g.pad_token_id),
+        (4, Some(EOS), Some(PAD))
+    );
+    assert!(g.do_sample);
+}
+
+#[test]
+fn batch_scorer_sees_the_full_tokens_and_mask() {
+    let seen: Arc<Mutex<Option<BatchSeen>>> = Arc::default();
+    let s2 = seen.clone();
+    let scorer = BatchScorer::new(move |input: &ScoreInput<'_>| {
+        *s2.lock().unwrap() = Some((
+            ints(input.tokens),
+            ints(input.attention_mask),
+            input.ended_with_eos.to_vec(),
+            input.batch_size,
+        ));
+        Ok(Tensor::from_slice(&[1.5f64, -2.0]))
+    });
+    let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], Box::new(scorer)).unwrap();
+    let td = env.reset(None).unwrap();
+    let resp = response(&[[4, EOS, PAD, PAD], [5, 6, 7, 8]]);
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    let (tokens, mask, ended, b) = seen.lock().unwrap().clone().unwrap();
+    // full = cat(prompt, response), mask = cat(prompt mask, response mask)
+    assert_eq!(tokens, vec![1, 2, 4, EOS, PAD, PAD, PAD, 3, 5, 6, 7, 8]);
+    assert_eq!(mask, vec![1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1]);
+    assert_eq!(ended, vec![true, false]);
+    assert_eq!(b, 2);
+    // a float64 score is cast to float32; positions 2 + 2 - 1 = 3 and 2 + 4 - 1 = 5
+    let reward = td.get(("next", "reward")).unwrap();
+    assert_eq!(
+        floats(reward),
+        vec![0.0, 0.0, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -2.0]
+    );
+}
+
+#[test]
+fn text_scorer_gets_the_decoded_prompt_and_response() {
+    let tok = ByteTokenizer::new();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let s2 = seen.clone();
+    let scorer = TextScorer::new(ByteTokenizer::new(), move |p: &str, r: &str| {
+        s2.lock().unwrap().push((p.to_string(), r.to_string()));
+        r.len() as f64
+    });
+    // ByteTokenizer: 259 ids, EOS 256, PAD 257
+    let cfg = TokenEnvConfig::new(259, 32)
+        .with_batch_size(2)
+        .with_max_new_tokens(4)
+        .with_eos_token_id(256)
+        .with_pad_token_id(257);
+    let mut env = TokenEnv::from_text(cfg, &tok, &["hi", "abc"], Box::new(scorer)).unwrap();
+    let td = env.reset(None).unwrap();
+    assert_eq!(
+        ints(td.get(("tokens", "prompt")).unwrap()),
+        vec![257, 104, 105, 97, 98, 99]
+    );
+    // "yo" + EOS + PAD, and "xyz!" (no EOS)
+    let resp = Tensor::from_slice(&[121i64, 111, 256, 257, 120, 121, 122, 33]).view([2, 4]);
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![
+            ("hi".to_string(), "yo".to_string()),
+            ("abc".to_string(), "xyz!".to_string())
+        ]
+    );
+    assert_eq!(floats(td.get(("next", "score")).unwrap()), vec![2.0, 4.0]);
+}
+
+fn score_model(seed: i64) -> (VarStore, Gpt2ScoreModel) {
+    tch::manual_seed(seed);
+    let vs = VarStore::new(Device::Cpu);
+    let m = Gpt2ScoreModel::new(&vs.root(), &model_cfg()).unwrap();
+    (vs, m)
+}
+
+#[test]
+fn reward_model_scorer_equals_the_score_model_run_by_hand() {
+    let resp = response(&[[4, 5, EOS, PAD], [6, 7, 8, 9]]);
+    // by hand: full = cat(prompt, response) with the left-padded prompt [PAD, 3]
+    let full = Tensor::from_slice(&[1i64, 2, 4, 5, EOS, PAD, PAD, 3, 6, 7, 8, 9]).view([2, 6]);
+    let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1]).view([2, 6]);
+    let (_vs, by_hand) = score_model(3);
+    let expected = tch::no_grad(|| {
+        by_hand
+            .forward(&Gpt2Input::new(&full).with_attention_mask(&mask))
+            .unwrap()
+    });
+    let e = floats(&expected);
+
+    let (_vs2, model) = score_model(3);
+    let scorer = RewardModelScorer::new(model);
+    let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], Box::new(scorer)).unwrap();
+    let td = env.reset(None).unwrap();
+    let td = env
+        .step(
+            td.with(("tokens", "response"), resp.shallow_clone())
+                .unwrap(),
+        )
+        .unwrap();
+    let got = floats(td.get(("next", "score")).unwrap());
+    for (g, x) in got.iter().zip(&e) {
+        assert!((g - x).abs() < 1e-6, "{got:?} vs {e:?}");
+    }
+    // the reward holds it at 2 + 3 - 1 = 4 (row 0) and 2 + 4 - 1 = 5 (row 1)
+    let reward = floats(td.get(("next", "reward")).unwrap());
+    assert_eq!(reward[4], got[0]);
+    assert_eq!(reward[6 + 5], got[1]);
+    assert!(!td.get(("next", "score")).unwrap().requires_grad());
+
+    // clipped to [-c, c] with c below both magnitudes: ±c with the signs of the raw scores
+    let c = e.iter().map(|x| x.abs()).fold(f32::INFINITY, f32::min) as f64 / 2.0;
+    let (_vs3, model) = score_model(3);
+    let scorer = RewardModelScorer::new(model).with_clip(c).unwrap();
+    let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], Box::new(scorer)).unwrap();
+    let td = env.reset(None).unwrap();
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    let clipped = floats(td.get(("next", "score")).unwrap());
+    for (g, x) in clipped.iter().zip(&e) {
+        assert!((g - (c as f32) * x.signum()).abs() < 1e-6, "{clipped:?}");
+    }
+    let (_vs4, model) = score_model(3);
+    assert!(RewardModelScorer::new(model).with_clip(0.0).is_err());
+}
+
+fn first_tokens(env: &mut TokenEnv, resets: usize) -> Vec<Vec<i64>> {
+    (0..resets)
+        .map(|_| {
+            let td = env.reset(None).unwrap();
+            ints(td.get(("tokens", "prompt")).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn prompts_are_served_in_order_and_cycle() {
+    let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
+    // width 2 (the source's longest is 1) leaves room for the explicit prompts below
+    let cfg = env_cfg(2).with_prompt_width(2);
+    let mut env = TokenEnv::new(cfg, prompts, zero_scorer()).unwrap();
+    // 5 prompts, 2 per reset: [1,2], [3,4], [5,1], [2,3]
+    assert_eq!(
+        first_tokens(&mut env, 4),
+        vec![
+            vec![PAD, 1, PAD, 2],
+            vec![PAD, 3, PAD, 4],
+            vec![PAD, 5, PAD, 1],
+            vec![PAD, 2, PAD, 3]
+        ]
+    );
+    // explicit prompts do not advance the source
+    let td = env.reset_with_prompts(&[vec![9, 9], vec![8]]).unwrap();
+    assert_eq!(
+        ints(td.get(("tokens", "prompt")).unwrap()),
+        vec![9, 9, PAD, 8]
+    );
+    assert_eq!(first_tokens(&mut env, 1), vec![vec![PAD, 4, PAD, 5]]);
+}
+
+#[test]
+fn shuffled_prompts_are_seeded_permutations_per_pass() {
+    let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
+    let make = |seed: u64| {
+        let cfg = env_cfg(5).with_shuffle(true).with_seed(seed);
+        TokenEnv::new(cfg, prompts.clone(), zero_scorer()).unwrap()
+    };
+    let a = first_tokens(&mut make(7), 6);
+    let b = first_tokens(&mut make(7), 6);
+    assert_eq!(a, b, "same seed, same order");
+    for pass in &a {
+        let mut sorted = pass.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            vec![1, 2, 3, 4, 5],
+            "each pass serves every prompt once"
+        );
+    }
+    assert!(
+        a.iter().any(|p| p != &vec![1, 2, 3, 4, 5]),
+        "six passes in the identity order (1/120^6 for a shuffle)"
+    );
+    let c = first_tokens(&mut make(8), 6);
+    assert_ne!(a, c, "another seed, another order");
+    // set_seed restarts the order of that seed
+    let mut env = make(8);
+    env.set_seed(7).unwrap();
+    assert_eq!(first_tokens(&mut env, 6), a);
+}
+
+fn tiny_model(seed: i64) -> (VarStore, Gpt2Model) {
+    tch::manual_seed(seed);
+    let vs = VarStore::new(Device::Cpu);
+    let m = Gpt2Model::new(&vs.root(), &model_cfg()).unwrap();
+    (vs, m)
+}
+
+#[test]
+fn generation_policy_writes_the_llm_layout() {
+    let (_vs, model) = tiny_model(5);
+    let cfg = env_cfg(4);
+    let mut policy = GenerationPolicy::new(&model, cfg.generation_config(), 11).unwrap();
+    let mut env = TokenEnv::new(cfg, four_prompts(), zero_scorer()).unwrap();
+    let td = policy.call(env.reset(None).unwrap()).unwrap();
+    let prompt = td.get(("tokens", "prompt")).unwrap();
+    let pmask = td.get(("masks", "prompt_attention_mask")).unwrap();
+    let resp = td.get(("tokens", "response")).unwrap();
+    let full = td.get(("tokens", "full")).unwrap();
+    let att = td.get(("masks", "all_attention_mask")).unwrap();
+    let asst = td.get(("masks", "all_assistant_mask")).unwrap();
+    let lp_full = td.get(("log_probs", "full")).unwrap();
+    let lp_resp = td.get(("log_probs", "response")).unwrap();
+    assert_eq!(resp.size(), vec![4, 4], "padded to max_new_tokens");
+    for t in [full, att, asst, lp_full] {
+        assert_eq!(t.size(), vec![4, 7]);
+    }
+    for t in [resp, full, att, asst] {
+        assert_eq!(t.kind(), Kind::Int64);
+    }
+    assert_eq!((lp_full.kind(), lp_resp.kind()), (Kind::Float, Kind::Float));
+    assert!(full.equal(&Tensor::cat(&[prompt, resp], 1)));
+    let rmask = asst.narrow(1, 3, 4);
+    assert!(att.equal(&Tensor::cat(&[pmask, &rmask], 1)));
+    assert_eq!(ints(&asst.narrow(1, 0, 3)), vec![0; 12]);
+    // right padding: the response mask is a prefix of ones, the rest is pad
+    let (r, m) = (ints(resp), ints(&rmask));
+    for row in 0..4 {
+        let mrow = &m[row * 4..row * 4 + 4];
+        let len = mrow.iter().sum::<i64>() as usize;
+        assert!(mrow[..len].iter().all(|x| *x == 1), "{mrow:?}");
+        assert!(r[row * 4 + len..row * 4 + 4].iter().all(|t| *t == PAD));
+        // the mask ends at the first EOS (included), or runs the full width
+        let first_eos = r[row * 4..row * 4 + 4].iter().position(|t| *t == EOS);
+        assert_eq!(len, first_eos.map_or(4, |e| e + 1));
+    }
+    // log-probs: the response's, aligned with the full tokens, 0 off the assistant mask
+    assert!(lp_full.narrow(1, 3, 4).equal(lp_resp));
+    assert_eq!(floats(&lp_full.narrow(1, 0, 3)), vec![0.0; 12]);
+    // and they are the model's: a full forward's token_log_probs on the assistant tokens
+    let logits = tch::no_grad(|| {
+        model
+            .forward(&Gpt2Input::new(full).with_attention_mask(att), None)
+            .unwrap()
+            .logits()
+            .unwrap()
+    });
+    let by_hand = token_log_probs(&logits, full, Some(att)).unwrap() * asst.to_kind(Kind::Float);
+    let diff = (&by_hand - lp_full).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "max diff {diff}");
+
+    // stepping the policy's output: its full tokens and masks pass the env's checks
+    let td = env.step(td).unwrap();
+    assert_eq!(td.get(("next", "reward")).unwrap().size(), vec![4, 7, 1]);
+}
+
+#[test]
+fn reward_index_follows_the_policy_response_length() {
+    // 8 rows of up to 12 tokens (3 + 12 <= 16 positions): with this seed some rows end with
+    // EOS and some hit the limit, both asserted below
+    let (b, r, t) = (8usize, 12usize, 15usize);
+    let (_vs, model) = tiny_model(5);
+    let cfg = env_cfg(b as i64).with_max_new_tokens(r as i64);
+    let mut policy = GenerationPolicy::new(&model, cfg.generation_config(), 11).unwrap();
+    // score 1 + response length, never 0, so the reward's one nonzero slot is visible
+    let scorer = TokenScorer::new(|_: &[i64], r: &[i64]| 1.0 + r.len() as f64);
+    let mut env = TokenEnv::new(cfg, four_prompts(), Box::new(scorer)).unwrap();
+    let td = policy.call(env.reset(None).unwrap()).unwrap();
+    let td = env.step(td).unwrap();
+    let asst = ints(td.get(("masks", "all_assistant_mask")).unwrap());
+    let resp = ints(td.get(("tokens", "response")).unwrap());
+    let reward = floats(td.get(("next", "reward")).unwrap());
+    let term = bools(td.get(("next", "terminated")).unwrap());
+    let trunc = bools(td.get(("next", "truncated")).unwrap());
+    assert!(
+        term.iter().any(|x| *x) && trunc.iter().any(|x| *x),
+        "{term:?}"
+    );
+    for row in 0..b {
+        let len = asst[row * t..(row + 1) * t].iter().sum::<i64>() as usize;
+        let has_eos = resp[row * r..row * r + len].contains(&EOS);
+        assert_eq!(term[row], has_eos);
+        assert_eq!(trunc[row], !has_eos);
+        // without EOS the response ran to the limit
+        assert!(has_eos || len == r);
+        // score: 1 + (len - 1 if EOS else len); at index 3 + len - 1
+        let score = 1.0 + (len - usize::from(has_eos)) as f32;
+        let mut expected = vec![0.0f32; t];
+        expected[3 + len - 1] = score;
+        assert_eq!(
+            &reward[row * t..(row + 1) * t],
+            expected.as_slice(),
+            "row {row}"
+        );
+    }
+}
+
+#[test]
+fn check_env_specs_passes_and_a_policy_rollout_stays_in_the_specs() {
+    let mut env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
+    check_env_specs(&mut env, Some(0)).unwrap();
+
+    let (_vs, model) = tiny_model(6);
+    let cfg = env_cfg(4);
+    let mut policy = GenerationPolicy::new(&model, cfg.generation_config(), 1).unwrap();
+    let traj = env
+        .rollout(
+            3,
+            Some(&mut |td| policy.call(td)),
+            &RolloutConfig::no_break(),
+        )
+        .unwrap();
+    assert_eq!(traj.batch_size(), &[4, 3]);
+    let specs = env.specs().clone();
+    for t in 0..3 {
+        let step = traj
+            .index(&[torchrl::BatchIndex::full(), torchrl::BatchIndex::Int(t)])
+            .unwrap();
+        specs.observation.check(&step).unwrap();
+        specs.action.check(&step).unwrap();
+        let next = step.get_dict("next").unwrap();
+        specs.reward.check(next).unwrap();
+        specs.done.check(next).unwrap();
+        specs.observation.check(next).unwrap();
+    }
+    // one episode per step: the three steps took prompts 0-3, then 0-3 again (4 prompts)
+    let prompts = traj.get(("tokens", "prompt")).unwrap();
+    assert!(prompts.select(1, 0).equal(&prompts.select(1, 1)));
+}
+
+fn expect_err<T: std::fmt::Debug>(r: torchrl::Result<T>, needles: &[&str]) -> Error {
+    let e = r.unwrap_err();
+    let msg = e.to_string();
+    for n in needles {
+        assert!(msg.contains(n), "{msg:?} lacks {n:?}");
+    }
+    e
+}
+
+#[test]
+fn bad_prompts_and_configs_are_errors() {
+    expect_err(
+        TokenEnv::new(env_cfg(1), vec![], zero_scorer()),
+        &["prompts", "at least one prompt"],
+    );
+    expect_err(
+        TokenEnv::new(env_cfg(1), vec![vec![1], vec![]], zero_scorer()),
+        &["prompts[1]", "empty prompt"],
+    );
+    // 13 tokens + 4 new > 16 positions
+    expect_err(
+        TokenEnv::new(env_cfg(1), vec![vec![1; 13]], zero_scorer()),
+        &[
+            "prompts[0]",
+            "n_positions = 16",
+            "13 tokens",
+            "max_new_tokens 4",
+        ],
+    );
+    expect_err(
+        TokenEnv::new(env_cfg(1), vec![vec![1, VOCAB]], zero_scorer()),
+        &["prompts[0]", "[0, vocab_size = 20)", "token id 20"],
+    );
+    expect_err(
+        TokenEnv::new(env_cfg(1), vec![vec![-1]], zero_scorer()),
+        &["prompts[0]", "token id -1"],
+    );
+    expect_err(
+        TokenEnv::new(
+            TokenEnvConfig::new(VOCAB, 16)
+                .with_max_new_tokens(4)
+                .with_eos_token_id(20),
+            vec![vec![1]],
+            zero_scorer(),
+        ),
+        &["eos_token_id", "[0, vocab_size = 20)"],
+    );
+    expect_err(
+        TokenEnv::new(
+            env_cfg(1).with_max_new_tokens(16),
+            vec![vec![1]],
+            zero_scorer(),
+        ),
+        &["max_new_tokens", "16"],
+    );
+    // the tokenizer's vocabulary (259) is not the model's (20)
+    expect_err(
+        TokenEnv::from_text(env_cfg(1), &ByteTokenizer::new(), &["hi"], zero_scorer()),
+        &["tokenizer", "vocabulary size 20", "vocabulary size 259"],
+    );
+    // explicit prompts: count, width
+    let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], zero_scorer()).unwrap();
+    expect_err(
+        env.reset_with_prompts(&[vec![1]]),
+        &["2 prompts", "1 prompts"],
+    );
+    expect_err(
+        env.reset_with_prompts(&[vec![1], vec![1, 2, 3]]),
+        &["prompts[1]", "prompt width 2", "3 tokens"],
+    );
+    expect_err(
+        env.reset_with_prompts(&[vec![1], vec![20]]),
+        &["token id 20"],
+    );
+}
+
+#[test]
+fn bad_responses_are_errors() {
+    let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], zero_scorer()).unwrap();
+    let td = env.reset(None).unwrap();
+    let step = |env: &mut TokenEnv, resp: Tensor| {
+        env.step(td.clone().with(("tokens", "response"), resp).unwrap())
+    };
+    let ok = response(&[[4, EOS, PAD, PAD], [5, 6, 7, 8]]);
+    // dtype
+    let e = expect_err(
+        step(&mut env, ok.to_kind(Kind::Int)),
+        &["\"tokens\", \"response\""],
+    );
+    assert!(matches!(
+        e,
+        Error::DtypeMismatch {
+            expected: Kind::Int64,
+            actual: Kind::Int,
+            ..
+        }
+    ));
+    // width: 3 instead of max_new_tokens 4
+    let e = expect_err(
+        step(&mut env, ok.narrow(1, 0, 3)),
+        &["\"tokens\", \"response\""],
+    );
+    assert!(
+        matches!(e, Error::ShapeMismatch { ref expected, ref actual, .. } if expected == &[2, 4] && actual == &[2, 3])
+    );
+    // 1-D
+    expect_err(step(&mut env, ok.select(1, 0)), &["[2, 4]", "shape [2]"]);
+    // token id out of range
+    expect_err(
+        step(&mut env, ok.copy().fill_diagonal_(25, false)),
+        &["token ids in [0, vocab_size = 20)", "25"],
+    );
+    // missing
+    expect_err(
+        env.step(td.clone()),
+        &["\"tokens\", \"response\"", "no such entry"],
+    );
+    // a full sequence inconsistent with prompt + response
+    let ok = response(&[[4, EOS, PAD, PAD], [5, 6, 7, 8]]);
+    let bad_full = Tensor::zeros([2, 6], (Kind::Int64, Device::Cpu));
+    let td2 = td
+        .clone()
+        .with(("tokens", "response"), ok.shallow_clone())
+        .unwrap()
+        .with(("tokens", "full"), bad_full)
+        .unwrap();
+    expect_err(
+        env.step(td2),
+        &[
+            "\"tokens\", \"full\"",
+            "built from the prompt and the response",
+        ],
+    );
+    // an assistant mask that marks a prompt position
+    let asst = Tensor::zeros([2, 6], (Kind::Int64, Device::Cpu));
+    let _ = asst.get(0).get(0).fill_(1);
+    let td3 = td
+        .clone()
+        .with(("tokens", "response"), ok.shallow_clone())
+        .unwrap()
+        .with(("masks", "all_assistant_mask"), asst)
+        .unwrap();
+    expect_err(
+        env.step(td3),
+        &["\"masks\", \"all_assistant_mask\"", "prompt position"],
+    );
+    // the env's batch: a tensordict of batch [3] is refused by the base env
+    let big = TensorDict::new([3]).unwrap();
+    assert!(env.step(big).is_err());
+    // a scorer that returns the wrong shape
+    let scorer =
+        BatchScorer::new(|_: &ScoreInput<'_>| Ok(Tensor::zeros([3], (Kind::Float, Device::Cpu))));
+    let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], Box::new(scorer)).unwrap();
+    let td = env.reset(None).unwrap();
+    expect_err(
+        env.step(td.with(("tokens", "response"), ok).unwrap()),
+        &["scorer output", "[2]", "[3]"],
+    );
+}
+
+#[test]
+fn generation_policy_errors_on_bad_prompts() {
+    let (_vs, model) = tiny_model(5);
+    let mut policy = GenerationPolicy::new(&model, GenerationConfig::new(2), 0).unwrap();
+    let td = TensorDict::new([2]).unwrap();
+    assert!(matches!(
+        policy.call(td).unwrap_err(),
+        Error::KeyNotFound { .. }
+    ));
+    let td = TensorDict::new([2])
+        .unwrap()
+        .with(
+            ("tokens", "prompt"),
+            Tensor::zeros([2, 3], (Kind::Float, Device::Cpu)),
+        )
+        .unwrap();
+    expect_err(policy.call(td), &["\"tokens\", \"prompt\"", "int64"]);
+    // a value-head wrapper generates with its trunk: the same tokens for the same seed
+    tch::manual_seed(5);
+    let vs = VarStore::new(Device::Cpu);
+    let with_head =
+        torchrl::modules::llm::CausalLmWithValueHead::new(&vs.root(), &model_cfg()).unwrap();
+    let prompt = TensorDict::new([1])
+        .unwrap()
+        .with(
+            ("tokens", "prompt"),
+            Tensor::from_slice(&[1i64, 2]).view([1, 2]),
+        )
+        .unwrap();
+    let cfg = GenerationConfig::rlhf_sampling(3);
+    let a = GenerationPolicy::new(&with_head, cfg.clone(), 4)
+        .unwrap()
+        .call(prompt.clone())
+        .unwrap();
+    let b = GenerationPolicy::new(with_head.model(), cfg, 4)
+        .unwrap()
+        .call(prompt)
+        .unwrap();
+    assert!(a
+        .get(("tokens", "full"))
+        .unwrap()
+        .equal(b.get(("tokens", "full")).unwrap()));
+    // a config whose EOS is outside the model's vocabulary
+    assert!(
+        GenerationPolicy::new(&model, GenerationConfig::new(2).with_eos_token_id(99), 0).is_err()
+    );
+}
