@@ -7,3 +7,9 @@ pub mod kl;
 pub mod policy;
 pub mod scaling;
 pub mod scorer;
+
+pub use kl::{
+    trlx_logged_kl, KLComputation, KLRewardTransform, KlEstimator, LogProbSource, RetrieveKL,
+    RetrieveLogProb,
+};
+pub use scaling::{ScaleReward, ScoreScaling};
