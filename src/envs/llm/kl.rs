@@ -220,7 +220,10 @@ fn lookup<'a>(
     }
     Err(Error::KeyNotFound {
         op,
-        key: format!("{key} ({what}; looked up in the {} tensordict, then the {})", first.1, second.1),
+        key: format!(
+            "{key} ({what}; looked up in the {} tensordict, then the {})",
+            first.1, second.1
+        ),
         available: first
             .0
             .keys(crate::tensordict::KeysOptions::nested_leaves())
@@ -645,8 +648,20 @@ impl KLComputation {
     fn compute(&self, td: &TensorDict, mut next: TensorDict) -> Result<TensorDict> {
         let op = "KLComputation::step";
         let (gk, rk) = (&self.gen_log_probs_key, &self.ref_log_probs_key);
-        let lp = lookup(op, gk, "the generating log-probs", (td, "root"), (&next, "next"))?;
-        let rf = lookup(op, rk, "the reference log-probs", (&next, "next"), (td, "root"))?;
+        let lp = lookup(
+            op,
+            gk,
+            "the generating log-probs",
+            (td, "root"),
+            (&next, "next"),
+        )?;
+        let rf = lookup(
+            op,
+            rk,
+            "the reference log-probs",
+            (&next, "next"),
+            (td, "root"),
+        )?;
         require_float(op, gk, lp, "log-probs")?;
         require_float(op, rk, rf, "log-probs")?;
         if lp.kind() != rf.kind() {
@@ -753,7 +768,11 @@ impl Transform for KLComputation {
         let len = any_length(
             op,
             &specs,
-            &[&self.tokens_key, &self.gen_log_probs_key, &self.ref_log_probs_key],
+            &[
+                &self.tokens_key,
+                &self.gen_log_probs_key,
+                &self.ref_log_probs_key,
+            ],
             &self.reward_key,
         )?;
         let kl = kl_penalty_spec(&specs, len)?;
@@ -815,10 +834,7 @@ impl RetrieveKL {
             return Err(Error::config(
                 "RetrieveKL::from_parts",
                 "ref_log_probs_key",
-                format!(
-                    "the key RetrieveLogProb writes, {}",
-                    retrieve.out_key()
-                ),
+                format!("the key RetrieveLogProb writes, {}", retrieve.out_key()),
                 kl.ref_log_probs_key(),
             ));
         }

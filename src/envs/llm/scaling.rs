@@ -234,11 +234,10 @@ impl ScoreScaling {
         self.last_batch = Some(self.moments.update_with(&batch));
         let divisor = match self.mode {
             ScaleReward::Ignored => None,
-            ScaleReward::Running => Some(("the running std of the total scores", self.moments.std())),
-            ScaleReward::Ref => Some((
-                "ref_std",
-                self.ref_stats.map_or(f64::NAN, |(_, s)| s),
-            )),
+            ScaleReward::Running => {
+                Some(("the running std of the total scores", self.moments.std()))
+            }
+            ScaleReward::Ref => Some(("ref_std", self.ref_stats.map_or(f64::NAN, |(_, s)| s))),
         };
         let out = match divisor {
             None => clipped,
