@@ -52,8 +52,7 @@ fn batch() -> TensorDict {
 fn next_with_score(scores: &[f32; 2]) -> TensorDict {
     // the score at the last response token (position 5), 0 elsewhere
     let r = Tensor::zeros([2, 6, 1], (Kind::Float, Device::Cpu));
-    let _ = r
-        .select(1, 5)
+    r.select(1, 5)
         .copy_(&Tensor::from_slice(scores).view([2, 1]));
     let mut next = TensorDict::new([2]).unwrap();
     next.set("reward", r).unwrap();
@@ -516,8 +515,7 @@ fn reward_scaling_acts_elementwise_on_token_rewards() {
 fn scaling_step(s: &mut ScoreScaling, scores: &[f32]) -> Vec<f64> {
     let b = scores.len() as i64;
     let r = Tensor::zeros([b, 3, 1], (Kind::Float, Device::Cpu));
-    let _ = r
-        .select(1, 2)
+    r.select(1, 2)
         .copy_(&Tensor::from_slice(scores).view([b, 1]));
     let mut next = TensorDict::new([b]).unwrap();
     next.set("reward", r).unwrap();
@@ -550,7 +548,9 @@ fn score_scaling_running_and_ref_match_section_5_5() {
     // "scale_reward=running turns a score of 2.0 into 1.0690449676"
     assert!((2.0 / m.std() - 1.0690449676).abs() < 1e-9);
     let (bm, bs) = s.last_batch_stats().unwrap();
-    assert!((bm - 5.5).abs() < 1e-12 && (bs - 0.7071067812).abs() < 1e-9);
+    assert!(
+        (bm - 5.5).abs() < 1e-12 && (bs - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-9 /* §5.5: 0.7071067812 */
+    );
 
     // ref: the first batch's std, for ever
     let mut s = ScoreScaling::new(ScaleReward::Ref);
@@ -629,7 +629,9 @@ fn running_moments_section_5_5() {
     assert!((m.std() - 1.2909944487).abs() < 1e-9);
     assert_eq!(m.count(), 4.0);
     let (bm, bs) = m.update(&Tensor::from_slice(&[5.0f64, 6.0])).unwrap();
-    assert!((bm - 5.5).abs() < 1e-12 && (bs - 0.7071067812).abs() < 1e-9);
+    assert!(
+        (bm - 5.5).abs() < 1e-12 && (bs - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-9 /* §5.5: 0.7071067812 */
+    );
     assert!((m.mean() - 3.5).abs() < 1e-12);
     assert!((m.var() - 2.9166666667).abs() < 1e-9);
     assert!((m.std() - 1.8708286934).abs() < 1e-9);

@@ -79,7 +79,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
-use crate::data::specs::{Composite, TensorSpec, Unbounded};
+use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::transforms::Transform;
 use crate::envs::{EnvSpecs, SpecGroup};
 use crate::error::{Error, Result};
@@ -373,10 +373,6 @@ fn ref_log_probs_spec(specs: &EnvSpecs, len: i64) -> Result<TensorSpec> {
         .into())
 }
 
-fn set_observation(obs: &mut Composite, key: &NestedKey, spec: TensorSpec) -> Result<()> {
-    obs.set(key, spec)
-}
-
 // ------------------------------------------------------------------ RetrieveLogProb
 
 /// Where [`RetrieveLogProb`] gets the reference log-probs.
@@ -548,7 +544,7 @@ impl Transform for RetrieveLogProb {
         let op = "RetrieveLogProb::transform_output_spec";
         let len = any_length(op, &specs, &[&self.tokens_key], &"reward".into())?;
         let spec = ref_log_probs_spec(&specs, len)?;
-        set_observation(&mut specs.observation, &self.out_key, spec)?;
+        specs.observation.set(&self.out_key, spec)?;
         Ok(specs)
     }
 
@@ -777,9 +773,9 @@ impl Transform for KLComputation {
         )?;
         let kl = kl_penalty_spec(&specs, len)?;
         if let Some(k) = &self.k3_key {
-            set_observation(&mut specs.observation, k, kl.clone())?;
+            specs.observation.set(k, kl.clone())?;
         }
-        set_observation(&mut specs.observation, &self.kl_key, kl)?;
+        specs.observation.set(&self.kl_key, kl)?;
         if self.add_to_reward {
             let reward = llm_reward_spec(&specs, len, specs.reward.get(&self.reward_key))?;
             specs.reward.set(&self.reward_key, reward)?;
@@ -804,6 +800,34 @@ impl Transform for KLComputation {
 /// [`KLComputation`] against the generating log-probs the policy wrote with its action
 /// (TorchRL's `gen_model="from_collector"` path: the rollout already holds them, so the
 /// generating model is not run again).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use tch::{nn::VarStore, Device, Kind, Tensor};
+/// use torchrl::envs::llm::RetrieveKL;
+/// use torchrl::envs::transforms::Transform;
+/// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, HydraReference, LogProbModel};
+/// use torchrl::TensorDict;
+/// # fn main() -> torchrl::Result<()> {
+/// let vs = VarStore::new(Device::Cpu);
+/// let cfg = Gpt2Config::new(20).with_n_layer(2).with_n_embd(8).with_n_head(2).with_n_positions(8);
+/// let hydra = Arc::new(Mutex::new(CausalLmWithHydraValueHead::new(&vs.root(), &cfg, 1)?));
+/// let ids = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
+/// let mask = Tensor::ones([1, 4], (Kind::Int64, Device::Cpu));
+/// let mut td = TensorDict::new([1])?;
+/// td.set(("log_probs", "full"), hydra.token_log_probs(&ids, &mask)?)?;
+/// td.set(("tokens", "full"), ids)?;
+/// td.set(("masks", "all_attention_mask"), mask)?;
+/// td.set(("masks", "all_assistant_mask"), Tensor::from_slice(&[0i64, 0, 1, 1]).view([1, 4]))?;
+/// let mut next = TensorDict::new([1])?;
+/// next.set("reward", Tensor::from_slice(&[0.0f32, 0.0, 0.0, 1.0]).view([1, 4, 1]))?;
+/// let mut t = RetrieveKL::new(HydraReference::new(Arc::clone(&hydra))).with_coeff(0.1);
+/// let next = t.step(&td, next)?;
+/// // at construction the reference is the policy: KL 0, the reward is the score
+/// assert_eq!(next.get_or_err("kl_penalty")?.abs().sum(Kind::Double).double_value(&[]), 0.0);
+/// assert_eq!(next.get_or_err("reward")?.double_value(&[0, 3, 0]), 1.0);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct RetrieveKL {
     retrieve: RetrieveLogProb,
@@ -922,6 +946,33 @@ impl Transform for RetrieveKL {
 /// Unlike TorchRL's, which writes `[B, T, 1]` KL and reference log-probs under
 /// `"ref_log_probs"`, this writes [`RetrieveKL`]'s layout (`[B, T]` at `"kl_penalty"` and
 /// `("ref_log_probs", "full")`) so downstream code reads one layout.
+///
+/// ```
+/// use tch::{nn::VarStore, Device, Kind, Tensor};
+/// use torchrl::envs::llm::KLRewardTransform;
+/// use torchrl::envs::transforms::Transform;
+/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, LogProbModel};
+/// use torchrl::TensorDict;
+/// # fn main() -> torchrl::Result<()> {
+/// let cfg = Gpt2Config::new(20).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(8);
+/// let (vs_pi, vs_ref) = (VarStore::new(Device::Cpu), VarStore::new(Device::Cpu));
+/// let (policy, reference) = (Gpt2Model::new(&vs_pi.root(), &cfg)?, Gpt2Model::new(&vs_ref.root(), &cfg)?);
+/// let ids = Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
+/// let mask = Tensor::ones([1, 3], (Kind::Int64, Device::Cpu));
+/// let (lp, rf) = (policy.token_log_probs(&ids, &mask)?, reference.token_log_probs(&ids, &mask)?);
+/// let mut td = TensorDict::new([1])?;
+/// td.set(("log_probs", "full"), lp.shallow_clone())?;
+/// td.set(("tokens", "full"), ids)?;
+/// td.set(("masks", "all_attention_mask"), mask)?;
+/// let mut next = TensorDict::new([1])?;
+/// next.set("reward", Tensor::zeros([1, 3, 1], (Kind::Float, Device::Cpu)))?;
+/// let mut t = KLRewardTransform::new(reference, 0.5).with_assistant_only(false);
+/// let next = t.step(&td, next)?;
+/// let want = (rf - lp) * 0.5; // reward − 0.5·(lp − ref)
+/// let got = next.get_or_err("reward")?.squeeze_dim(-1);
+/// assert!((got - want).abs().max().double_value(&[]) < 1e-6);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct KLRewardTransform {
     inner: RetrieveKL,
