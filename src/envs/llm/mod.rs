@@ -11,3 +11,8 @@ pub mod scorer;
 pub use env::{TokenEnv, TokenEnvConfig};
 pub use policy::{GeneratingModel, GenerationPolicy};
 pub use scorer::{BatchScorer, RewardModelScorer, ScoreInput, Scorer, TextScorer, TokenScorer};
+pub use kl::{
+    trlx_logged_kl, KLComputation, KLRewardTransform, KlEstimator, LogProbSource, RetrieveKL,
+    RetrieveLogProb,
+};
+pub use scaling::{ScaleReward, ScoreScaling};

@@ -22,6 +22,7 @@ pub mod config;
 pub mod generation;
 pub mod gpt2;
 pub mod heads;
+pub mod log_prob;
 pub mod tokenizer;
 pub mod weights;
 
@@ -36,6 +37,7 @@ pub use heads::{
     CausalLmWithIlqlHeads, CausalLmWithValueHead, Gpt2ScoreModel, HydraOutput, IlqlHeads,
     IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch, ValueOutput,
 };
+pub use log_prob::{HydraReference, LogProbModel};
 pub use tokenizer::{
     pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide,
     SpecialTokens, TextTokenizer,
