@@ -513,7 +513,10 @@ impl RewardModelLoss {
             return Err(Error::value(
                 OP,
                 key,
-                format!("a floating-point margin of the scores' shape {}", ShapeFmt(shape)),
+                format!(
+                    "a floating-point margin of the scores' shape {}",
+                    ShapeFmt(shape)
+                ),
                 format!("{:?} of shape {}", m.kind(), ShapeFmt(&m.size())),
             ));
         }
@@ -649,7 +652,10 @@ impl LossModule for RewardModelLoss {
         let (accuracy, margin) = {
             let _guard = tch::no_grad_guard();
             let d = diff.f_detach()?;
-            (d.f_lt(0.0)?.f_mean(Kind::Float)?, d.f_mean(None::<Kind>)?.f_neg()?)
+            (
+                d.f_lt(0.0)?.f_mean(Kind::Float)?,
+                d.f_mean(None::<Kind>)?.f_neg()?,
+            )
         };
         Ok(RewardModelLossOutput {
             loss_reward_model,

@@ -140,7 +140,8 @@ impl AdaptiveKLController {
                 current.to_string(),
             ));
         }
-        let e = (current / self.target - 1.0).clamp(-PROPORTIONAL_ERROR_CLIP, PROPORTIONAL_ERROR_CLIP);
+        let e =
+            (current / self.target - 1.0).clamp(-PROPORTIONAL_ERROR_CLIP, PROPORTIONAL_ERROR_CLIP);
         let mult = 1.0 + e * n_steps as f64 / self.horizon;
         self.value *= mult;
         Ok(())
@@ -267,7 +268,11 @@ impl KlEstimator {
         Ok(match self {
             KlEstimator::K1 => log_ratio.shallow_clone(),
             KlEstimator::K2 => log_ratio.f_square()?.f_mul_scalar(0.5)?,
-            KlEstimator::K3 => log_ratio.f_neg()?.f_exp()?.f_sub_scalar(1.0)?.f_add(log_ratio)?,
+            KlEstimator::K3 => log_ratio
+                .f_neg()?
+                .f_exp()?
+                .f_sub_scalar(1.0)?
+                .f_add(log_ratio)?,
         })
     }
 }

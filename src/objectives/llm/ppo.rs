@@ -70,7 +70,9 @@ use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::llm::{token_log_probs, CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Input};
+use crate::modules::llm::{
+    token_log_probs, CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Input,
+};
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -82,7 +84,10 @@ pub const WHITEN_EPS: f64 = 1e-8;
 fn same_shape(op: &'static str, names: &str, tensors: &[&Tensor]) -> Result<Vec<i64>> {
     let first = tensors.first().map(|t| t.size()).unwrap_or_default();
     if tensors.iter().any(|t| t.size() != first) {
-        let got: Vec<String> = tensors.iter().map(|t| ShapeFmt(&t.size()).to_string()).collect();
+        let got: Vec<String> = tensors
+            .iter()
+            .map(|t| ShapeFmt(&t.size()).to_string())
+            .collect();
         return Err(Error::value(
             op,
             names,
@@ -118,14 +123,19 @@ fn at_least(op: &'static str, n: i64, min: i64, mask: &Tensor) -> Result<()> {
     Err(Error::value(
         op,
         "mask",
-        format!("at least {min} non-zero entr{}", if min == 1 { "y" } else { "ies" }),
+        format!(
+            "at least {min} non-zero entr{}",
+            if min == 1 { "y" } else { "ies" }
+        ),
         format!("{n} non-zero of {}", ShapeFmt(&mask.size())),
     ))
 }
 
 /// `(Σ x·m) / Σ m` with `m` the float mask; masked-out `x` must already be finite.
 fn mean_of(x: &Tensor, m: &Tensor) -> Result<Tensor> {
-    Ok(x.f_mul(m)?.f_sum(None::<Kind>)?.f_div(&m.f_sum(None::<Kind>)?)?)
+    Ok(x.f_mul(m)?
+        .f_sum(None::<Kind>)?
+        .f_div(&m.f_sum(None::<Kind>)?)?)
 }
 
 /// `x` where `keep`, 0 elsewhere (NaN-safe: a masked-out NaN does not leak).
@@ -134,7 +144,11 @@ fn zero_out(x: &Tensor, keep: &Tensor) -> Result<Tensor> {
 }
 
 /// Shape/dtype checks of a masked statistic; returns `(keep, float mask, x zeroed outside)`.
-fn prepare_masked(op: &'static str, values: &Tensor, mask: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+fn prepare_masked(
+    op: &'static str,
+    values: &Tensor,
+    mask: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
     same_shape(op, "values, mask", &[values, mask])?;
     floating(op, "values", values)?;
     let keep = mask.f_ne(0)?;
@@ -248,10 +262,18 @@ pub fn masked_whiten(values: &Tensor, mask: &Tensor, shift_mean: bool) -> Result
     whiten_masked(&x, &keep, &m, n, shift_mean)
 }
 
-fn whiten_masked(x: &Tensor, keep: &Tensor, m: &Tensor, n: i64, shift_mean: bool) -> Result<Tensor> {
+fn whiten_masked(
+    x: &Tensor,
+    keep: &Tensor,
+    m: &Tensor,
+    n: i64,
+    shift_mean: bool,
+) -> Result<Tensor> {
     let mean = mean_of(x, m)?;
     let var = var_of(x, keep, m, n, true)?;
-    let mut w = x.f_sub(&mean)?.f_mul(&var.f_add_scalar(WHITEN_EPS)?.f_rsqrt()?)?;
+    let mut w = x
+        .f_sub(&mean)?
+        .f_mul(&var.f_add_scalar(WHITEN_EPS)?.f_rsqrt()?)?;
     if !shift_mean {
         w = w.f_add(&mean)?;
     }
@@ -285,7 +307,9 @@ pub fn whiten(values: &Tensor, shift_mean: bool) -> Result<Tensor> {
         ));
     }
     let (var, mean) = values.f_var_mean(true)?;
-    let mut w = values.f_sub(&mean)?.f_mul(&var.f_add_scalar(WHITEN_EPS)?.f_rsqrt()?)?;
+    let mut w = values
+        .f_sub(&mean)?
+        .f_mul(&var.f_add_scalar(WHITEN_EPS)?.f_rsqrt()?)?;
     if !shift_mean {
         w = w.f_add(&mean)?;
     }
@@ -432,7 +456,10 @@ pub fn align_values_to_tokens(head_values: &Tensor) -> Result<Tensor> {
         return Ok(head_values.shallow_clone());
     }
     let first = Tensor::f_zeros([*b, 1], (head_values.kind(), head_values.device()))?;
-    Ok(Tensor::f_cat(&[&first, &head_values.f_narrow(1, 0, t - 1)?], 1)?)
+    Ok(Tensor::f_cat(
+        &[&first, &head_values.f_narrow(1, 0, t - 1)?],
+        1,
+    )?)
 }
 
 // ------------------------------------------------------------------------------ config
@@ -511,13 +538,21 @@ impl PpoRlhfConfig {
     /// [`Error::InvalidConfig`] naming the first field out of range.
     pub fn validate(&self) -> Result<()> {
         const OP: &str = "PpoRlhfConfig";
-        for (field, v) in [("cliprange", self.cliprange), ("cliprange_value", self.cliprange_value)] {
+        for (field, v) in [
+            ("cliprange", self.cliprange),
+            ("cliprange_value", self.cliprange_value),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(Error::config(OP, field, "finite and > 0", v));
             }
         }
         if !(self.vf_coef.is_finite() && self.vf_coef >= 0.0) {
-            return Err(Error::config(OP, "vf_coef", "finite and >= 0", self.vf_coef));
+            return Err(Error::config(
+                OP,
+                "vf_coef",
+                "finite and >= 0",
+                self.vf_coef,
+            ));
         }
         for (field, v) in [("gamma", self.gamma), ("lam", self.lam)] {
             if !(0.0..=1.0).contains(&v) {
@@ -653,7 +688,10 @@ impl LossOutput for PpoRlhfLossOutput {
 /// assert!(lp.grad().defined());
 /// # Ok(()) }
 /// ```
-pub fn ppo_rlhf_loss(inputs: &PpoRlhfInputs<'_>, config: &PpoRlhfConfig) -> Result<PpoRlhfLossOutput> {
+pub fn ppo_rlhf_loss(
+    inputs: &PpoRlhfInputs<'_>,
+    config: &PpoRlhfConfig,
+) -> Result<PpoRlhfLossOutput> {
     const OP: &str = "ppo_rlhf_loss";
     config.validate()?;
     let PpoRlhfInputs {
@@ -668,7 +706,15 @@ pub fn ppo_rlhf_loss(inputs: &PpoRlhfInputs<'_>, config: &PpoRlhfConfig) -> Resu
     let shape = same_shape(
         OP,
         "log_probs, values, old_log_probs, old_values, advantages, returns, mask",
-        &[log_probs, values, old_log_probs, old_values, advantages, returns, mask],
+        &[
+            log_probs,
+            values,
+            old_log_probs,
+            old_values,
+            advantages,
+            returns,
+            mask,
+        ],
     )?;
     let [b, _] = shape.as_slice() else {
         return Err(Error::value(
@@ -703,9 +749,8 @@ pub fn ppo_rlhf_loss(inputs: &PpoRlhfInputs<'_>, config: &PpoRlhfConfig) -> Resu
     let (adv, ret) = (z(&advantages.f_detach()?)?, z(&returns.f_detach()?)?);
     let m = keep.f_to_kind(lp.kind())?;
     let n = m.f_sum(None::<Kind>)?;
-    let masked_sum_over_n = |x: &Tensor| -> Result<Tensor> {
-        Ok(x.f_mul(&m)?.f_sum(None::<Kind>)?.f_div(&n)?)
-    };
+    let masked_sum_over_n =
+        |x: &Tensor| -> Result<Tensor> { Ok(x.f_mul(&m)?.f_sum(None::<Kind>)?.f_div(&n)?) };
 
     let cv = config.cliprange_value;
     let v_clipped = v.f_clamp_tensor(Some(&ov.f_sub_scalar(cv)?), Some(&ov.f_add_scalar(cv)?))?;
@@ -759,13 +804,21 @@ pub trait TokenPolicyValue {
     ///
     /// # Errors
     /// As the model's forward.
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)>;
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)>;
 }
 
 impl TokenPolicyValue for CausalLmWithValueHead {
     /// One trunk pass; log-probs from [`token_log_probs`] (0 where the token or the one
     /// before it is padding), values through [`align_values_to_tokens`].
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let out = self.forward(&Gpt2Input::new(tokens).with_attention_mask(attention_mask))?;
         let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
         Ok((lp, align_values_to_tokens(&out.values)?))
@@ -773,31 +826,51 @@ impl TokenPolicyValue for CausalLmWithValueHead {
 }
 
 impl TokenPolicyValue for CausalLmWithHydraValueHead {
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         self.policy().log_probs_and_values(tokens, attention_mask)
     }
 }
 
 impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for &T {
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         (**self).log_probs_and_values(tokens, attention_mask)
     }
 }
 
 impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for Box<T> {
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         (**self).log_probs_and_values(tokens, attention_mask)
     }
 }
 
 impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for Rc<T> {
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         (**self).log_probs_and_values(tokens, attention_mask)
     }
 }
 
 impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for Arc<T> {
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         (**self).log_probs_and_values(tokens, attention_mask)
     }
 }
@@ -828,7 +901,11 @@ impl<F> TokenPolicyValue for PolicyValueFn<F>
 where
     F: Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>,
 {
-    fn log_probs_and_values(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         (self.0)(tokens, attention_mask)
     }
 }
@@ -863,7 +940,12 @@ crate::accepted_keys! {
 }
 
 /// Reads `key` as a `[B, T]` tensor of `td` (a trailing singleton dim is squeezed).
-fn read_bt(op: &'static str, td: &TensorDict, key: &NestedKey, shape: Option<&[i64]>) -> Result<Tensor> {
+fn read_bt(
+    op: &'static str,
+    td: &TensorDict,
+    key: &NestedKey,
+    shape: Option<&[i64]>,
+) -> Result<Tensor> {
     let t = td.get_or_err(key)?;
     let t = if t.dim() == 3 && t.size().last() == Some(&1) {
         t.f_squeeze_dim(-1)?
@@ -913,14 +995,19 @@ fn read_bt(op: &'static str, td: &TensorDict, key: &NestedKey, shape: Option<&[i
 /// assert!((td.get_or_err("value_target")?.double_value(&[0, 3]) - 1.0).abs() < 1e-12);
 /// # Ok(()) }
 /// ```
-pub fn compute_ppo_rlhf_advantages(td: &mut TensorDict, keys: &PpoRlhfKeys, config: &PpoRlhfConfig) -> Result<()> {
+pub fn compute_ppo_rlhf_advantages(
+    td: &mut TensorDict,
+    keys: &PpoRlhfKeys,
+    config: &PpoRlhfConfig,
+) -> Result<()> {
     const OP: &str = "compute_ppo_rlhf_advantages";
     config.validate()?;
     let values = read_bt(OP, td, &keys.values, None)?;
     let shape = values.size();
     let rewards = read_bt(OP, td, &keys.reward, Some(&shape))?;
     let mask = read_bt(OP, td, &keys.assistant_mask, Some(&shape))?;
-    let (advantages, returns) = gae_advantages_and_returns(&values, &rewards, &mask, config.gamma, config.lam)?;
+    let (advantages, returns) =
+        gae_advantages_and_returns(&values, &rewards, &mask, config.gamma, config.lam)?;
     let advantages = if config.whiten_advantages {
         let _guard = tch::no_grad_guard();
         masked_whiten(&advantages, &mask, true)?
