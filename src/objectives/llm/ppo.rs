@@ -426,7 +426,8 @@ pub fn gae_advantages_and_returns(
 /// `values[:, t] = head[:, t − 1]`, `values[:, 0] = 0`: the value head's per-position output
 /// (the value of the state after reading token `t − 1`) moved onto the token it acts for,
 /// `V(state before token t)`. Use it on the rollout side and the learner side alike (see the
-/// [module docs](self)).
+/// [module docs](self)). Shifting both sides alike is what avoids b623d1b's rollout/learner
+/// off-by-one (the module docs' "Reference bug").
 ///
 /// # Shapes
 /// `[B, T]` → `[B, T]`.
