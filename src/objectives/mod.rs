@@ -45,8 +45,8 @@ pub use ppo::{
     PpoLoss, PpoLossOutput, PpoObjective,
 };
 pub use reward_model::{
-    reward_model_loss, reward_model_loss_with_accuracy, RewardModelKeys, RewardModelLoss,
-    RewardModelLossOutput, ScoreFn,
+    reward_model_loss, reward_model_loss_with_accuracy, Centering, RewardModelKeys,
+    RewardModelLoss, RewardModelLossOutput, ScoreFn,
 };
 pub use value::{
     forward_value_estimator_keys, Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys,

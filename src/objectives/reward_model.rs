@@ -6,6 +6,11 @@
 //! an annotator preferred the `chosen` response to the `rejected` one, it minimises
 //! `-log σ(r_chosen - r_rejected)`: small when the chosen response scores higher.
 //!
+//! Besides TorchRL's behaviour, TRL's `RewardTrainer` options are available under names of
+//! their own: the `(c + r)²` centring ([`RewardModelLoss::with_center_rewards_coefficient`],
+//! see [`Centering`]), a per-pair margin ([`RewardModelLoss::with_margin_key`]), and the
+//! logged `margin = mean(c − r)` ([`RewardModelLossOutput::margin`]).
+//!
 //! ```
 //! use tch::{Kind, Tensor};
 //! use torchrl::objectives::{LossModule, LossOutput, RewardModelLoss};
@@ -150,7 +155,7 @@ fn bradley_terry(margin: &Tensor, reduction: Reduction) -> Result<Tensor> {
 /// # Shapes
 /// Every field is `[]` under [`Reduction::Mean`] / [`Reduction::Sum`]; under
 /// [`Reduction::None`] the `loss_*` fields are `[B]` (the squeezed score shape) and `accuracy`
-/// stays `[]`.
+/// and `margin` stay `[]`.
 #[derive(Debug)]
 pub struct RewardModelLossOutput {
     /// The Bradley-Terry pairwise loss.
@@ -162,6 +167,9 @@ pub struct RewardModelLossOutput {
     /// counts as wrong); `float32`, detached. (TorchRL's field is optional, but its `forward`
     /// always sets it, so here it is always present.)
     pub accuracy: Tensor,
+    /// `mean(chosen − rejected)`, detached, in the scores' dtype: TRL's logged `margin` metric
+    /// (the per-pair margin input, when set, does not enter it).
+    pub margin: Tensor,
 }
 
 impl LossOutput for RewardModelLossOutput {
@@ -174,7 +182,7 @@ impl LossOutput for RewardModelLossOutput {
     }
 
     fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
-        vec![("accuracy", &self.accuracy)]
+        vec![("accuracy", &self.accuracy), ("margin", &self.margin)]
     }
 }
 
@@ -259,6 +267,35 @@ impl<F> fmt::Debug for ScoreFn<F> {
     }
 }
 
+/// What the centring term of [`RewardModelLoss`] penalises.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::{Centering, LossModule, RewardModelLoss};
+/// use torchrl::TensorDict;
+/// # fn main() -> torchrl::Result<()> {
+/// let td = TensorDict::new([3])?
+///     .with(("chosen", "score"), Tensor::from_slice(&[1.0f64, 0.5, -0.3]))?
+///     .with(("rejected", "score"), Tensor::from_slice(&[0.0f64, 1.0, -0.3]))?;
+/// // rlhf.md §5.6: TorchRL 0.01·mean(c² + r²) = 0.0081, TRL 0.01·mean((c + r)²) = 0.0120333…
+/// let torchrl = RewardModelLoss::new().with_center_coeff(0.01)?.forward(&td)?;
+/// let trl = RewardModelLoss::new().with_center_rewards_coefficient(0.01)?.forward(&td)?;
+/// let get = |t: &Option<Tensor>| t.as_ref().map_or(f64::NAN, |t| t.double_value(&[]));
+/// assert!((get(&torchrl.loss_center) - 0.0081).abs() < 1e-12);
+/// assert!((get(&trl.loss_center) - 0.0120333333333).abs() < 1e-12);
+/// assert_eq!(RewardModelLoss::new().with_center_rewards_coefficient(0.01)?.centering(), Centering::SquaredSum);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Centering {
+    /// `chosen² + rejected²`: TorchRL PR #3923's `center_coeff` (the default).
+    #[default]
+    SumOfSquares,
+    /// `(chosen + rejected)²`: TRL's `RewardConfig.center_rewards_coefficient` (Eisenstein et
+    /// al. 2023, Eq. 2), which only pins the pair's mean to 0.
+    SquaredSum,
+}
+
 /// The score network of a [`RewardModelLoss`], with its out keys read once.
 struct ScoreNet {
     module: Box<dyn TensorDictModule>,
@@ -285,9 +322,15 @@ struct ScoreNet {
 ///    Without a network, read the precomputed score under the `score` key. A trailing
 ///    singleton dim is squeezed (`[B, 1]` → `[B]`).
 /// 2. `loss_reward_model = reward_model_loss(chosen, rejected, reduction)` (shapes must match).
-/// 3. With a centring coefficient `c`: `loss_center = c * reduce(chosen² + rejected²)`, which
-///    keeps the scores from drifting to large magnitudes.
-/// 4. `accuracy = mean(chosen > rejected)`, detached, `float32`.
+///    With a margin key ([`with_margin_key`](Self::with_margin_key), TRL's `margin` column):
+///    `reduce(-log σ(chosen − rejected − margin))`, the per-pair margin read from the
+///    top-level tensordict.
+/// 3. With a centring coefficient `c`: `loss_center = c * reduce(chosen² + rejected²)`
+///    ([`with_center_coeff`](Self::with_center_coeff), TorchRL), or `c * reduce((chosen +
+///    rejected)²)` ([`with_center_rewards_coefficient`](Self::with_center_rewards_coefficient),
+///    TRL), which keeps the scores from drifting to large magnitudes.
+/// 4. `accuracy = mean(chosen > rejected)`, detached, `float32`; `margin = mean(chosen −
+///    rejected)`, detached (TRL's logged metric).
 ///
 /// # Shapes
 /// - input: a tensordict of batch size `[B]` with `chosen` and `rejected` sub-tensordicts
@@ -296,11 +339,13 @@ struct ScoreNet {
 ///
 /// # Keys
 /// `chosen`, `rejected`, `score`, settable with [`LossModule::set_keys`] (nested keys
-/// allowed); `in_keys()` is `[chosen, rejected]`.
+/// allowed); `in_keys()` is `[chosen, rejected]`, plus the margin key when one is set.
 pub struct RewardModelLoss {
     score_network: Option<ScoreNet>,
     reduction: Reduction,
     center_coeff: Option<f64>,
+    centering: Centering,
+    margin_key: Option<NestedKey>,
     keys: RewardModelKeys,
     in_keys: Vec<NestedKey>,
 }
@@ -323,6 +368,8 @@ impl fmt::Debug for RewardModelLoss {
             )
             .field("reduction", &self.reduction)
             .field("center_coeff", &self.center_coeff)
+            .field("centering", &self.centering)
+            .field("margin_key", &self.margin_key)
             .field("keys", &self.keys)
             .finish()
     }
@@ -333,11 +380,13 @@ impl RewardModelLoss {
     /// centring term: TorchRL's `RewardModelLoss()` defaults.
     pub fn new() -> Self {
         let keys = RewardModelKeys::default();
-        let in_keys = Self::compute_in_keys(&keys);
+        let in_keys = Self::compute_in_keys(&keys, None);
         RewardModelLoss {
             score_network: None,
             reduction: Reduction::Mean,
             center_coeff: None,
+            centering: Centering::SumOfSquares,
+            margin_key: None,
             keys,
             in_keys,
         }
@@ -361,7 +410,8 @@ impl RewardModelLoss {
         self
     }
 
-    /// Enables the centring term `center_coeff * reduce(chosen² + rejected²)`.
+    /// Enables the centring term `center_coeff * reduce(chosen² + rejected²)`
+    /// ([`Centering::SumOfSquares`], TorchRL). Replaces any centring set before.
     ///
     /// Errors when `center_coeff` is negative (or NaN): TorchRL's
     /// `ValueError("center_coeff must be non-negative.")`.
@@ -375,12 +425,43 @@ impl RewardModelLoss {
             ));
         }
         self.center_coeff = Some(center_coeff);
+        self.centering = Centering::SumOfSquares;
         Ok(self)
+    }
+
+    /// Enables TRL's centring term `coefficient * reduce((chosen + rejected)²)`
+    /// ([`Centering::SquaredSum`], TRL's `center_rewards_coefficient`; 0.01 is the value TRL
+    /// recommends). Replaces any centring set before. Under [`Reduction::Mean`] this is TRL's
+    /// `coefficient * mean((c + r)²)`.
+    ///
+    /// # Errors
+    /// When `coefficient` is negative, NaN or infinite.
+    pub fn with_center_rewards_coefficient(mut self, coefficient: f64) -> Result<Self> {
+        if !(coefficient.is_finite() && coefficient >= 0.0) {
+            return Err(Error::config(
+                OP,
+                "center_rewards_coefficient",
+                "finite and non-negative",
+                coefficient,
+            ));
+        }
+        self.center_coeff = Some(coefficient);
+        self.centering = Centering::SquaredSum;
+        Ok(self)
+    }
+
+    /// Reads a per-pair margin `[B]` (or `[B, 1]`) under `key` of the top-level tensordict and
+    /// trains on `-log σ(chosen − rejected − margin)` (TRL's `margin` column: a pair rated
+    /// "much better" must win by more). The accuracy and the logged `margin` metric ignore it.
+    pub fn with_margin_key(mut self, key: impl Into<NestedKey>) -> Self {
+        self.margin_key = Some(key.into());
+        self.in_keys = Self::compute_in_keys(&self.keys, self.margin_key.as_ref());
+        self
     }
 
     /// Builder form of [`LossModule::set_tensor_keys`].
     pub fn with_keys(mut self, keys: RewardModelKeys) -> Self {
-        self.in_keys = Self::compute_in_keys(&keys);
+        self.in_keys = Self::compute_in_keys(&keys, self.margin_key.as_ref());
         self.keys = keys;
         self
     }
@@ -395,13 +476,51 @@ impl RewardModelLoss {
         self.center_coeff
     }
 
+    /// What the centring term penalises (meaningful when [`center_coeff`](Self::center_coeff)
+    /// is set).
+    pub fn centering(&self) -> Centering {
+        self.centering
+    }
+
+    /// The per-pair margin key, if any.
+    pub fn margin_key(&self) -> Option<&NestedKey> {
+        self.margin_key.as_ref()
+    }
+
     /// The score network, if any.
     pub fn score_network(&self) -> Option<&dyn TensorDictModule> {
         self.score_network.as_ref().map(|n| n.module.as_ref())
     }
 
-    fn compute_in_keys(keys: &RewardModelKeys) -> Vec<NestedKey> {
-        vec![keys.chosen.clone(), keys.rejected.clone()]
+    fn compute_in_keys(keys: &RewardModelKeys, margin: Option<&NestedKey>) -> Vec<NestedKey> {
+        let mut k = vec![keys.chosen.clone(), keys.rejected.clone()];
+        k.extend(margin.cloned());
+        k
+    }
+
+    /// The per-pair margin under the margin key, shaped as the scores.
+    fn margin(&self, td: &TensorDict, shape: &[i64]) -> Result<Option<Tensor>> {
+        let Some(key) = &self.margin_key else {
+            return Ok(None);
+        };
+        let m = td.get_or_err(key)?;
+        let m = if m.dim() > 1 && m.size().last() == Some(&1) {
+            m.f_squeeze_dim(-1)?
+        } else {
+            m.shallow_clone()
+        };
+        if m.size() != shape || !m.is_floating_point() {
+            return Err(Error::value(
+                OP,
+                key,
+                format!(
+                    "a floating-point margin of the scores' shape {}",
+                    ShapeFmt(shape)
+                ),
+                format!("{:?} of shape {}", m.kind(), ShapeFmt(&m.size())),
+            ));
+        }
+        Ok(Some(m.f_detach()?))
     }
 
     /// The key under which the score network's score is read (the seed's `_score` rule).
@@ -501,7 +620,7 @@ impl LossModule for RewardModelLoss {
     }
 
     fn set_tensor_keys(&mut self, keys: RewardModelKeys) -> Result<()> {
-        self.in_keys = Self::compute_in_keys(&keys);
+        self.in_keys = Self::compute_in_keys(&keys, self.margin_key.as_ref());
         self.keys = keys;
         Ok(())
     }
@@ -513,21 +632,36 @@ impl LossModule for RewardModelLoss {
     fn forward(&self, td: &TensorDict) -> Result<RewardModelLossOutput> {
         let chosen = self.score(td, &self.keys.chosen)?;
         let rejected = self.score(td, &self.keys.rejected)?;
-        let (loss_reward_model, accuracy) =
-            reward_model_loss_with_accuracy(&chosen, &rejected, self.reduction)?;
+        let diff = rejected_margin(&chosen, &rejected)?; // rejected - chosen
+        let loss_reward_model = match self.margin(td, &chosen.size())? {
+            Some(m) => bradley_terry(&diff.f_add(&m)?, self.reduction)?,
+            None => bradley_terry(&diff, self.reduction)?,
+        };
         let loss_center = match self.center_coeff {
             Some(coeff) => {
-                let center = chosen
-                    .f_pow_tensor_scalar(2)?
-                    .f_add(&rejected.f_pow_tensor_scalar(2)?)?;
+                let center = match self.centering {
+                    Centering::SumOfSquares => chosen
+                        .f_pow_tensor_scalar(2)?
+                        .f_add(&rejected.f_pow_tensor_scalar(2)?)?,
+                    Centering::SquaredSum => chosen.f_add(&rejected)?.f_pow_tensor_scalar(2)?,
+                };
                 Some(self.reduction.apply(&center)?.f_mul_scalar(coeff)?)
             }
             None => None,
+        };
+        let (accuracy, margin) = {
+            let _guard = tch::no_grad_guard();
+            let d = diff.f_detach()?;
+            (
+                d.f_lt(0.0)?.f_mean(Kind::Float)?,
+                d.f_mean(None::<Kind>)?.f_neg()?,
+            )
         };
         Ok(RewardModelLossOutput {
             loss_reward_model,
             loss_center,
             accuracy,
+            margin,
         })
     }
 }

@@ -4,3 +4,12 @@
 pub mod kl_controller;
 pub mod moments;
 pub mod ppo;
+
+pub use kl_controller::{
+    mean_sequence_kl, AdaptiveKLController, FixedKLController, KlController, KlEstimator,
+};
+pub use ppo::{
+    align_values_to_tokens, compute_ppo_rlhf_advantages, gae_advantages_and_returns, masked_mean,
+    masked_var, masked_whiten, ppo_rlhf_loss, whiten, PolicyValueFn, PpoRlhfConfig, PpoRlhfInputs,
+    PpoRlhfKeys, PpoRlhfLoss, PpoRlhfLossOutput, TokenPolicyValue,
+};
