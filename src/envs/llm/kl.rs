@@ -89,73 +89,9 @@ use crate::tensordict::{Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ estimators
 
-/// The per-token KL estimate a [`KLComputation`] writes (see the [module docs](self)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KlEstimator {
-    /// `lp − ref`: trlX's, TRL's default and TorchRL's per-token KL.
-    #[default]
-    K1,
-    /// `½ (ref − lp)²`.
-    K2,
-    /// `exp(ref − lp) − 1 − (ref − lp)` (TRL's `"k3"`, TorchRL's direction).
-    K3,
-}
-
-impl KlEstimator {
-    /// TRL's name for it (`"k1"`, `"k2"`, `"k3"`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            KlEstimator::K1 => "k1",
-            KlEstimator::K2 => "k2",
-            KlEstimator::K3 => "k3",
-        }
-    }
-
-    /// The estimate per element of `log_probs` (the sampling policy's) and `ref_log_probs`
-    /// (same shape; not checked here, broadcasting applies).
-    ///
-    /// ```
-    /// use tch::Tensor;
-    /// use torchrl::envs::llm::KlEstimator;
-    /// let lp = Tensor::from_slice(&[-1.0f64, -2.0, -0.5]);
-    /// let rf = Tensor::from_slice(&[-1.2f64, -1.5, -0.7]);
-    /// let k3 = Vec::<f64>::try_from(KlEstimator::K3.estimate(&lp, &rf)?)?;
-    /// assert!((k3[1] - 0.14872127).abs() < 1e-8); // rlhf.md §5.3
-    /// # Ok::<(), torchrl::Error>(())
-    /// ```
-    pub fn estimate(&self, log_probs: &Tensor, ref_log_probs: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            KlEstimator::K1 => log_probs.f_sub(ref_log_probs)?,
-            KlEstimator::K2 => ref_log_probs
-                .f_sub(log_probs)?
-                .f_square()?
-                .f_mul_scalar(0.5)?,
-            KlEstimator::K3 => {
-                let r = ref_log_probs.f_sub(log_probs)?;
-                r.f_exp()?.f_sub_scalar(1.0)?.f_sub(&r)?
-            }
-        })
-    }
-}
-
-impl std::str::FromStr for KlEstimator {
-    type Err = Error;
-
-    /// TRL's names: `"k1"`, `"k2"`, `"k3"`.
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "k1" => Ok(KlEstimator::K1),
-            "k2" => Ok(KlEstimator::K2),
-            "k3" => Ok(KlEstimator::K3),
-            other => Err(Error::argument(
-                "KlEstimator::from_str",
-                "kl_estimator",
-                "\"k1\", \"k2\" or \"k3\"",
-                format!("{other:?}"),
-            )),
-        }
-    }
-}
+/// The per-token KL estimators (one enum for the transforms and the controller's input,
+/// defined with the controller in [`crate::objectives::llm`]).
+pub use crate::objectives::llm::KlEstimator;
 
 /// trlX's logged (and controller-fed) KL statistic, `exp(lp − ref) − 1 − (lp − ref)`: the
 /// inverted k3 (see the [module docs](self) for why it is not offered as an estimator).

@@ -263,6 +263,15 @@ pub enum KlEstimator {
 }
 
 impl KlEstimator {
+    /// TRL's name for it (`"k1"`, `"k2"`, `"k3"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            KlEstimator::K1 => "k1",
+            KlEstimator::K2 => "k2",
+            KlEstimator::K3 => "k3",
+        }
+    }
+
     /// The per-token estimate from `log_probs - ref_log_probs`.
     pub fn per_token(self, log_ratio: &Tensor) -> Result<Tensor> {
         Ok(match self {
@@ -274,6 +283,41 @@ impl KlEstimator {
                 .f_sub_scalar(1.0)?
                 .f_add(log_ratio)?,
         })
+    }
+
+    /// The estimate per element of `log_probs` (the sampling policy's) and `ref_log_probs`
+    /// (same shape; not checked here, broadcasting applies).
+    ///
+    /// ```
+    /// use tch::Tensor;
+    /// use torchrl::objectives::llm::KlEstimator;
+    /// let lp = Tensor::from_slice(&[-1.0f64, -2.0, -0.5]);
+    /// let rf = Tensor::from_slice(&[-1.2f64, -1.5, -0.7]);
+    /// let k3 = Vec::<f64>::try_from(KlEstimator::K3.estimate(&lp, &rf)?)?;
+    /// assert!((k3[1] - 0.14872127).abs() < 1e-8); // rlhf.md §5.3
+    /// # Ok::<(), torchrl::Error>(())
+    /// ```
+    pub fn estimate(self, log_probs: &Tensor, ref_log_probs: &Tensor) -> Result<Tensor> {
+        self.per_token(&log_probs.f_sub(ref_log_probs)?)
+    }
+}
+
+impl std::str::FromStr for KlEstimator {
+    type Err = Error;
+
+    /// TRL's names: `"k1"`, `"k2"`, `"k3"`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "k1" => Ok(KlEstimator::K1),
+            "k2" => Ok(KlEstimator::K2),
+            "k3" => Ok(KlEstimator::K3),
+            other => Err(Error::argument(
+                "KlEstimator::from_str",
+                "kl_estimator",
+                "\"k1\", \"k2\" or \"k3\"",
+                format!("{other:?}"),
+            )),
+        }
     }
 }
 

@@ -5,6 +5,8 @@ pub mod kl_controller;
 pub mod moments;
 pub mod ppo;
 
+pub use moments::{BatchMoments, RunningMoments};
+
 pub use kl_controller::{
     mean_sequence_kl, AdaptiveKLController, FixedKLController, KlController, KlEstimator,
 };
