@@ -64,10 +64,11 @@ impl AdamW {
     /// `with_*` methods or build from trlX's arguments with [`AdamW::from_kwargs`].
     ///
     /// # Errors
-    /// When a name repeats, a parameter is not floating point, or `lr` is not > 0.
+    /// When a name repeats, a parameter is not floating point, or `lr` is negative (0 is
+    /// allowed, as in PyTorch: a cosine schedule with `eta_min = 0` reaches it).
     pub fn new(params: Vec<(String, Tensor)>, lr: f64) -> Result<Self> {
-        if !(lr.is_finite() && lr > 0.0) {
-            return Err(Error::config(OP_NEW, "lr", "a finite number > 0", lr));
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::config(OP_NEW, "lr", "a finite number >= 0", lr));
         }
         let mut seen = HashSet::new();
         let mut names = Vec::with_capacity(params.len());
@@ -166,8 +167,8 @@ impl AdamW {
     }
 
     fn check_hyper(&self, op: &'static str) -> Result<()> {
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(Error::config(op, "lr", "a finite number > 0", self.lr));
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(Error::config(op, "lr", "a finite number >= 0", self.lr));
         }
         if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
             return Err(Error::config(
