@@ -392,12 +392,15 @@ fn adamw_and_cosine_replay_torch_optim() {
         for (i, step) in case["steps"].as_array().unwrap().iter().enumerate() {
             let grads = step["grads"].as_object().unwrap();
             // d/dp sum(p * g) = g exactly; zeroed grads accumulate it unchanged.
-            let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
-            for (n, g) in grads {
-                let p = by_name[n.as_str()];
-                let g = Tensor::from_slice(&f32_list(g)).reshape(p.size());
-                loss = loss + (p * g).sum(Kind::Float);
-            }
+            let terms: Vec<Tensor> = grads
+                .iter()
+                .map(|(n, g)| {
+                    let p = by_name[n.as_str()];
+                    let g = Tensor::from_slice(&f32_list(g)).reshape(p.size());
+                    (p * g).sum(Kind::Float)
+                })
+                .collect();
+            let loss = Tensor::stack(&terms, 0).sum(Kind::Float);
             loss.backward();
             opt.step().unwrap();
             opt.zero_grad();

@@ -53,7 +53,7 @@ pub struct Intervals {
 /// `step + 1` is a multiple of its interval. An interval of 0 (refused by
 /// [`TrlConfig::validate`]) is never due.
 pub fn intervals(train: &TrainConfig, step: usize) -> Intervals {
-    let due = |interval: usize| interval > 0 && (step + 1) % interval == 0;
+    let due = |interval: usize| interval > 0 && (step + 1).is_multiple_of(interval);
     Intervals {
         do_log: due(train.log_interval),
         do_eval: due(train.eval_interval),

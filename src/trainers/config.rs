@@ -511,7 +511,7 @@ impl TrlConfig {
         at_least("train.total_steps", t.total_steps, 1)?;
         at_least("train.batch_size", t.batch_size, 1)?;
         if let Some(mb) = t.minibatch_size {
-            if mb == 0 || mb > t.batch_size || t.batch_size % mb != 0 {
+            if mb == 0 || mb > t.batch_size || !t.batch_size.is_multiple_of(mb) {
                 return Err(Error::config(
                     OP,
                     "train.minibatch_size",
