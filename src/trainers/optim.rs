@@ -42,7 +42,10 @@ use crate::trainers::config::{AdamWKwargs, CosineKwargs};
 /// once is stepped (with a zero gradient) from then on.
 ///
 /// The parameters are shallow clones: `step` updates the caller's tensors (a `VarStore`'s
-/// variables) in place.
+/// variables) in place. The arithmetic follows PyTorch's single-tensor (`foreach=False`)
+/// kernel call for call, so on the CPU results match `torch.optim.AdamW` bit for bit (the
+/// recorded cases in `specs/trainers_cases.json`). `step` keeps two work buffers per dtype and
+/// device, each as large as the largest parameter, instead of allocating temporaries.
 #[derive(Debug)]
 pub struct AdamW {
     names: Vec<String>,
@@ -54,6 +57,51 @@ pub struct AdamW {
     betas: [f64; 2],
     eps: f64,
     weight_decay: f64,
+    /// Two flat work buffers per (device, dtype), as long as the largest such parameter:
+    /// `step` writes its temporaries into views of them instead of allocating.
+    scratch: Vec<Scratch>,
+}
+
+#[derive(Debug)]
+struct Scratch {
+    device: tch::Device,
+    kind: tch::Kind,
+    a: Tensor,
+    b: Tensor,
+}
+
+/// The work buffers for `p`, shaped as `p`, from `pool` (grown or added as needed).
+fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (device, kind, numel) = (p.device(), p.kind(), p.numel());
+    let pos = pool
+        .iter()
+        .position(|s| s.device == device && s.kind == kind);
+    let slot = match pos {
+        Some(i) => pool.get_mut(i),
+        None => {
+            pool.push(Scratch {
+                device,
+                kind,
+                a: Tensor::f_empty([0], (kind, device))?,
+                b: Tensor::f_empty([0], (kind, device))?,
+            });
+            pool.last_mut()
+        }
+    };
+    let Some(s) = slot else {
+        return Err(Error::invalid("AdamW::step", "scratch pool is empty"));
+    };
+    // Element counts of real tensors fit in i64.
+    let len = numel as i64;
+    if s.a.numel() < numel {
+        s.a = Tensor::f_empty([len], (kind, device))?;
+        s.b = Tensor::f_empty([len], (kind, device))?;
+    }
+    let shape = p.size();
+    Ok((
+        s.a.f_narrow(0, 0, len)?.f_view(shape.as_slice())?,
+        s.b.f_narrow(0, 0, len)?.f_view(shape.as_slice())?,
+    ))
 }
 
 const OP_NEW: &str = "AdamW::new";
@@ -109,6 +157,7 @@ impl AdamW {
             betas: [0.9, 0.999],
             eps: 1e-8,
             weight_decay: 0.01,
+            scratch: Vec::new(),
         })
     }
 
@@ -256,16 +305,22 @@ impl AdamW {
             *t += 1;
             // Step counts stay far below 2^53, so the conversion is exact.
             let step = *t as f64;
+            let (tmp, denom) = scratch_for(&mut self.scratch, p)?;
             let _ = p.f_mul_scalar_(decay)?;
             let _ = m.f_lerp_(&g, 1.0 - beta1)?;
             let _ = v.f_mul_scalar_(beta2)?;
-            let _ = v.f_addcmul_(&g.f_mul_scalar(1.0 - beta2)?, &g)?;
+            // v += ((1 - β2)·g)·g, as `addcmul_(g, g, value=1 - β2)`.
+            let _ = g.f_mul_scalar_out(&tmp, 1.0 - beta2)?;
+            let _ = v.f_addcmul_(&tmp, &g)?;
             let bias_correction1 = 1.0 - beta1.powf(step);
             let bias_correction2_sqrt = (1.0 - beta2.powf(step)).sqrt();
             let step_size = self.lr / bias_correction1;
-            let mut denom = v.f_sqrt()?.f_div_scalar(bias_correction2_sqrt)?;
+            let mut denom = v.f_sqrt_out(&denom)?;
+            let _ = denom.f_div_scalar_(bias_correction2_sqrt)?;
             let _ = denom.f_add_scalar_(self.eps)?;
-            let _ = p.f_addcdiv_(&m.f_mul_scalar(-step_size)?, &denom)?;
+            // p += (-step_size·m) / denom, as `addcdiv_(m, denom, value=-step_size)`.
+            let _ = m.f_mul_scalar_out(&tmp, -step_size)?;
+            let _ = p.f_addcdiv_(&tmp, &denom)?;
         }
         Ok(())
     }
