@@ -1,1 +1,539 @@
-//! (being written)
+//! The trainer API, in the shape of trlX's `BaseRLModel` / `AccelerateRLModel`.
+//!
+//! A trainer implements [`RlTrainer`]: `act`, `sample`, `learn`, `evaluate`,
+//! `get_components` / `set_components`, and says where its config and step count are. The
+//! trait provides the rest: [`RlTrainer::intervals`] (trlX's `(step + 1) % interval == 0`
+//! rule), [`RlTrainer::after_step`] (the periodic log / evaluate / save of trlX's learn loop,
+//! calling the user's [`Callbacks`]), and [`RlTrainer::save`] / [`RlTrainer::load`] on top of
+//! [atomic checkpoints](crate::trainers::checkpoint). The trait is object safe
+//! (`Box<dyn RlTrainer>`).
+//!
+//! Components are named as trlX's `get_components()`: `model`, `opt`, `scheduler`; a trainer
+//! adds its own state (the KL coefficient, running moments, the step count) as further
+//! components. Each is a group of named tensors and a JSON value.
+//!
+//! ```
+//! use torchrl::trainers::api::{intervals, Intervals};
+//! use torchrl::trainers::config::TrainConfig;
+//! let train = TrainConfig { log_interval: 2, eval_interval: 3, checkpoint_interval: 4, ..TrainConfig::default() };
+//! // Step 0 is the first optimizer step: it is the 1st, so nothing is due.
+//! assert_eq!(intervals(&train, 0), Intervals { do_log: false, do_eval: false, do_save: false });
+//! // Step 11 is the 12th: a multiple of 2, 3 and 4.
+//! assert_eq!(intervals(&train, 11), Intervals { do_log: true, do_eval: true, do_save: true });
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tch::Tensor;
+
+use crate::error::{Error, Result};
+use crate::tensordict::TensorDict;
+use crate::trainers::checkpoint::{Checkpoint, CheckpointStore};
+use crate::trainers::config::{TrainConfig, TrlConfig};
+use crate::trainers::optim::{AdamW, CosineAnnealingLr};
+
+/// Named scalar statistics of one optimizer step (`loss`, `lr`, `policy/approx_kl`, …).
+pub type Stats = BTreeMap<String, f64>;
+
+/// What is due after an optimizer step (trlX's `intervals()` dict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Intervals {
+    /// `(step + 1) % log_interval == 0`.
+    pub do_log: bool,
+    /// `(step + 1) % eval_interval == 0`.
+    pub do_eval: bool,
+    /// `(step + 1) % checkpoint_interval == 0`.
+    pub do_save: bool,
+}
+
+/// trlX's interval rule for the 0-based optimizer step `step`: each action is due when
+/// `step + 1` is a multiple of its interval. An interval of 0 (refused by
+/// [`TrlConfig::validate`]) is never due.
+pub fn intervals(train: &TrainConfig, step: usize) -> Intervals {
+    let due = |interval: usize| interval > 0 && (step + 1).is_multiple_of(interval);
+    Intervals {
+        do_log: due(train.log_interval),
+        do_eval: due(train.eval_interval),
+        do_save: due(train.checkpoint_interval),
+    }
+}
+
+/// The result of [`RlTrainer::evaluate`]: the samples, their rewards and mean, and named
+/// metrics (trlX logs `mean_reward` and `metrics/<name>`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EvalReport {
+    /// The generated evaluation samples.
+    pub samples: Vec<String>,
+    /// One reward per sample (empty without a reward function).
+    pub rewards: Vec<f64>,
+    /// The mean of `rewards` (`None` without a reward function).
+    pub mean_reward: Option<f64>,
+    /// Each metric function's mean over the samples, by name.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// A reward function: one reward per sample (trlX's `reward_fn(samples, …)`).
+pub type RewardFn<'a> = dyn Fn(&[String]) -> Result<Vec<f64>> + 'a;
+
+/// A metric function: one value per sample, reported as their mean (trlX's `metric_fn`
+/// returns a dict of such lists; here each list has its own named function).
+pub type MetricFn<'a> = dyn Fn(&[String]) -> Result<Vec<f64>> + 'a;
+
+fn mean_of(op: &'static str, what: &str, values: &[f64], n: usize) -> Result<f64> {
+    if values.len() != n {
+        return Err(Error::value(
+            op,
+            what,
+            format!("one value per sample ({n})"),
+            format!("{} values", values.len()),
+        ));
+    }
+    if n == 0 {
+        return Err(Error::value(op, what, "at least one sample", "none"));
+    }
+    // Sample counts are far below 2^53, so the conversion is exact.
+    Ok(values.iter().sum::<f64>() / n as f64)
+}
+
+impl EvalReport {
+    /// Scores `samples` with the reward function and the named metric functions.
+    ///
+    /// ```
+    /// use torchrl::trainers::api::EvalReport;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let samples = vec!["ab".to_string(), "abcd".to_string()];
+    /// let len = |s: &[String]| Ok(s.iter().map(|x| x.len() as f64).collect());
+    /// let has_c = |s: &[String]| Ok(s.iter().map(|x| f64::from(u8::from(x.contains('c')))).collect());
+    /// let report = EvalReport::from_samples(samples, Some(&len), &[("has_c", &has_c)])?;
+    /// assert_eq!(report.rewards, [2.0, 4.0]);
+    /// assert_eq!(report.mean_reward, Some(3.0));
+    /// assert_eq!(report.metrics["has_c"], 0.5);
+    /// assert_eq!(report.to_stats()["metrics/has_c"], 0.5);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// When a function fails, returns a value count other than the sample count, or there are
+    /// no samples to average.
+    pub fn from_samples(
+        samples: Vec<String>,
+        reward_fn: Option<&RewardFn<'_>>,
+        metric_fns: &[(&str, &MetricFn<'_>)],
+    ) -> Result<Self> {
+        const OP: &str = "EvalReport::from_samples";
+        let n = samples.len();
+        let (rewards, mean_reward) = match reward_fn {
+            Some(f) => {
+                let rewards = f(&samples)?;
+                let mean = mean_of(OP, "reward_fn", &rewards, n)?;
+                (rewards, Some(mean))
+            }
+            None => (Vec::new(), None),
+        };
+        let mut metrics = BTreeMap::new();
+        for (name, f) in metric_fns {
+            let values = f(&samples)?;
+            metrics.insert((*name).to_string(), mean_of(OP, name, &values, n)?);
+        }
+        Ok(EvalReport {
+            samples,
+            rewards,
+            mean_reward,
+            metrics,
+        })
+    }
+
+    /// The report as log statistics: `mean_reward` and `metrics/<name>`.
+    pub fn to_stats(&self) -> Stats {
+        let mut stats: Stats = self
+            .metrics
+            .iter()
+            .map(|(k, v)| (format!("metrics/{k}"), *v))
+            .collect();
+        if let Some(m) = self.mean_reward {
+            stats.insert("mean_reward".into(), m);
+        }
+        stats
+    }
+}
+
+/// A log callback: the 0-based step and that step's statistics.
+pub type LogFn<'a> = dyn FnMut(usize, &Stats) -> Result<()> + 'a;
+/// An evaluation callback: the 0-based step and the report.
+pub type EvalFn<'a> = dyn FnMut(usize, &EvalReport) -> Result<()> + 'a;
+/// A save callback: the 0-based step and the checkpoint folder just written.
+pub type SaveFn<'a> = dyn FnMut(usize, &Path) -> Result<()> + 'a;
+
+/// The optional callbacks of [`RlTrainer::learn`] (trlX's `learn(log_fn, save_fn, eval_fn)`),
+/// called by [`RlTrainer::after_step`] when their interval is due. An error from a callback
+/// stops training.
+///
+/// ```
+/// use torchrl::trainers::api::Callbacks;
+/// let mut logged = Vec::new();
+/// {
+///     let mut cb = Callbacks::new().on_log(|step, _stats| {
+///         logged.push(step);
+///         Ok(())
+///     });
+///     cb.log(4, &Default::default()).unwrap();
+///     cb.eval(4, &Default::default()).unwrap(); // no eval callback: nothing happens
+/// }
+/// assert_eq!(logged, [4]);
+/// ```
+#[derive(Default)]
+pub struct Callbacks<'a> {
+    log_fn: Option<Box<LogFn<'a>>>,
+    eval_fn: Option<Box<EvalFn<'a>>>,
+    save_fn: Option<Box<SaveFn<'a>>>,
+}
+
+impl fmt::Debug for Callbacks<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Callbacks")
+            .field("log_fn", &self.log_fn.is_some())
+            .field("eval_fn", &self.eval_fn.is_some())
+            .field("save_fn", &self.save_fn.is_some())
+            .finish()
+    }
+}
+
+impl<'a> Callbacks<'a> {
+    /// No callbacks.
+    pub fn new() -> Self {
+        Callbacks::default()
+    }
+
+    /// Sets the log callback.
+    pub fn on_log(mut self, f: impl FnMut(usize, &Stats) -> Result<()> + 'a) -> Self {
+        self.log_fn = Some(Box::new(f));
+        self
+    }
+
+    /// Sets the evaluation callback.
+    pub fn on_eval(mut self, f: impl FnMut(usize, &EvalReport) -> Result<()> + 'a) -> Self {
+        self.eval_fn = Some(Box::new(f));
+        self
+    }
+
+    /// Sets the save callback.
+    pub fn on_save(mut self, f: impl FnMut(usize, &Path) -> Result<()> + 'a) -> Self {
+        self.save_fn = Some(Box::new(f));
+        self
+    }
+
+    /// Calls the log callback, if any.
+    pub fn log(&mut self, step: usize, stats: &Stats) -> Result<()> {
+        self.log_fn.as_mut().map_or(Ok(()), |f| f(step, stats))
+    }
+
+    /// Calls the evaluation callback, if any.
+    pub fn eval(&mut self, step: usize, report: &EvalReport) -> Result<()> {
+        self.eval_fn.as_mut().map_or(Ok(()), |f| f(step, report))
+    }
+
+    /// Calls the save callback, if any.
+    pub fn save(&mut self, step: usize, dir: &Path) -> Result<()> {
+        self.save_fn.as_mut().map_or(Ok(()), |f| f(step, dir))
+    }
+}
+
+/// One checkpointable part of a trainer (trlX's `get_components()` values): named tensors
+/// (weights, optimizer moments) and a JSON state (step counts, hyper-parameters, a KL
+/// coefficient).
+#[derive(Debug, Default)]
+pub struct Component {
+    /// Named tensors, saved as `<component>.safetensors` (none: no file).
+    pub tensors: Vec<(String, Tensor)>,
+    /// JSON state, saved as `<component>.json` (`Null`: no file).
+    pub state: Value,
+}
+
+impl Component {
+    /// A component of named tensors only (a model's parameters, shallow clones).
+    pub fn tensors(tensors: Vec<(String, Tensor)>) -> Self {
+        Component {
+            tensors,
+            state: Value::Null,
+        }
+    }
+
+    /// A component of JSON state only.
+    pub fn json(state: Value) -> Self {
+        Component {
+            tensors: Vec::new(),
+            state,
+        }
+    }
+
+    /// An optimizer's moments and state ([`AdamW::state_tensors`], [`AdamW::state_json`]).
+    pub fn from_adamw(opt: &AdamW) -> Self {
+        Component {
+            tensors: opt.state_tensors(),
+            state: opt.state_json(),
+        }
+    }
+
+    /// A schedule's state ([`CosineAnnealingLr::state_json`]).
+    pub fn from_scheduler(sched: &CosineAnnealingLr) -> Self {
+        Component::json(sched.state_json())
+    }
+
+    /// Copies this component's tensors into `params` by name, under `no_grad`, converting
+    /// dtype and device to the destination's.
+    ///
+    /// ```
+    /// use tch::{Kind, Tensor};
+    /// use torchrl::trainers::api::Component;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let saved = Component::tensors(vec![("w".into(), Tensor::from_slice(&[1.0f32, 2.0]))]);
+    /// let w = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+    /// saved.copy_into(&[("w".into(), w.shallow_clone())])?;
+    /// assert_eq!(Vec::<f32>::try_from(&w)?, [1.0, 2.0]);
+    /// let other = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu));
+    /// assert!(saved.copy_into(&[("w".into(), other)]).is_err()); // shape [3] vs [2]
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Before copying anything: [`Error::KeyNotFound`] for a parameter the component lacks,
+    /// [`Error::ShapeMismatch`] for a mis-shaped one, [`Error::InvalidValue`] for a tensor
+    /// the parameters lack.
+    pub fn copy_into(&self, params: &[(String, Tensor)]) -> Result<()> {
+        const OP: &str = "Component::copy_into";
+        let given: BTreeMap<&str, &Tensor> =
+            self.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut pairs = Vec::with_capacity(params.len());
+        for (name, p) in params {
+            let src = given.get(name.as_str()).ok_or_else(|| Error::KeyNotFound {
+                op: OP,
+                key: format!("{name:?}"),
+                available: given.keys().map(|k| format!("{k:?}")).collect(),
+            })?;
+            if src.size() != p.size() {
+                return Err(Error::ShapeMismatch {
+                    op: OP,
+                    key: name.clone(),
+                    expected: p.size(),
+                    actual: src.size(),
+                });
+            }
+            pairs.push((p, *src));
+        }
+        if let Some(extra) = given
+            .keys()
+            .find(|k| !params.iter().any(|(n, _)| n.as_str() == **k))
+        {
+            return Err(Error::value(
+                OP,
+                format!("{extra:?}"),
+                "only tensors of the given parameters",
+                "a tensor no parameter has",
+            ));
+        }
+        let _guard = tch::no_grad_guard();
+        for (p, src) in pairs {
+            let mut dst = p.shallow_clone();
+            dst.f_copy_(&src.f_to_kind(p.kind())?.f_to_device(p.device())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Names of trlX's components.
+pub mod names {
+    /// The model's parameters.
+    pub const MODEL: &str = "model";
+    /// The optimizer's state.
+    pub const OPT: &str = "opt";
+    /// The schedule's state.
+    pub const SCHEDULER: &str = "scheduler";
+}
+
+/// A trainer in the shape of trlX's `BaseRLModel` / `AccelerateRLModel`.
+///
+/// Required: the config, the step count, `act`, `sample`, `learn`, `evaluate`, and the
+/// components. Provided: interval checks, the periodic log / evaluate / save after each step,
+/// and save / load through [`CheckpointStore`]. See `tests/trainers_api.rs` for a complete
+/// (toy) trainer.
+pub trait RlTrainer {
+    /// The trainer's config.
+    fn config(&self) -> &TrlConfig;
+
+    /// Optimizer steps taken so far (trlX's `iter_count`); the step saved checkpoints carry.
+    fn iter_count(&self) -> usize;
+
+    /// Runs the policy on a batch (trlX's `act(data: RLElement) -> RLElement`).
+    ///
+    /// # Errors
+    /// When the batch lacks the keys or shapes the policy reads.
+    fn act(&mut self, data: &TensorDict) -> Result<TensorDict>;
+
+    /// Generates `n_samples` continuations of up to `length` tokens for each prompt.
+    ///
+    /// # Errors
+    /// When generation fails.
+    fn sample(
+        &mut self,
+        prompts: &[String],
+        length: usize,
+        n_samples: usize,
+    ) -> Result<Vec<String>>;
+
+    /// Trains until the step budget is spent, calling [`RlTrainer::after_step`] after every
+    /// optimizer step, so `callbacks` run when their intervals are due.
+    ///
+    /// # Errors
+    /// When a step, an evaluation, a save or a callback fails.
+    fn learn(&mut self, callbacks: &mut Callbacks<'_>) -> Result<()>;
+
+    /// Generates on the evaluation prompts and scores the samples.
+    ///
+    /// # Errors
+    /// When generation or a scoring function fails.
+    fn evaluate(&mut self) -> Result<EvalReport>;
+
+    /// The checkpointable parts, by name: `model`, `opt`, `scheduler` (as trlX) and any state
+    /// of the trainer's own. Tensors are shallow clones.
+    fn get_components(&self) -> Vec<(String, Component)>;
+
+    /// Restores the parts [`RlTrainer::get_components`] returned (from a checkpoint).
+    ///
+    /// # Errors
+    /// When a part is missing or does not fit this trainer.
+    fn set_components(&mut self, components: Vec<(String, Component)>) -> Result<()>;
+
+    /// trlX's interval rule for this trainer's `train` config (see [`intervals`]).
+    fn intervals(&self, step: usize) -> Intervals {
+        intervals(&self.config().train, step)
+    }
+
+    /// Where periodic saves go: the `train.checkpoint_dir` store, keeping 3.
+    fn checkpoint_store(&self) -> CheckpointStore {
+        CheckpointStore::new(&self.config().train.checkpoint_dir)
+    }
+
+    /// The periodic work after the 0-based optimizer step `step` (what trlX's learn loop does
+    /// after `scheduler.step()`): logs `stats` when due; evaluates (and logs the report's
+    /// statistics) when due or on the `last` step; saves to [`RlTrainer::checkpoint_store`]
+    /// when due or on the `last` step. Returns what was due by the interval rule alone.
+    ///
+    /// # Errors
+    /// When evaluating, saving or a callback fails.
+    fn after_step(
+        &mut self,
+        step: usize,
+        stats: &Stats,
+        last: bool,
+        callbacks: &mut Callbacks<'_>,
+    ) -> Result<Intervals> {
+        let due = self.intervals(step);
+        if due.do_log {
+            callbacks.log(step, stats)?;
+        }
+        if due.do_eval || last {
+            let report = self.evaluate()?;
+            callbacks.eval(step, &report)?;
+        }
+        if due.do_save || last {
+            let dir = self.save_to(&self.checkpoint_store())?;
+            callbacks.save(step, &dir)?;
+        }
+        Ok(due)
+    }
+
+    /// The components as one [`Checkpoint`] at [`RlTrainer::iter_count`].
+    fn checkpoint(&self) -> Checkpoint {
+        // Step counts are far below 2^64.
+        let mut ckpt = Checkpoint::new(self.iter_count() as u64);
+        for (name, c) in self.get_components() {
+            if !c.tensors.is_empty() {
+                ckpt = ckpt.with_tensors(name.clone(), c.tensors);
+            }
+            if !c.state.is_null() {
+                ckpt = ckpt.with_json(name, c.state);
+            }
+        }
+        ckpt
+    }
+
+    /// Saves a checkpoint into `store` (atomically) and returns its folder.
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::save`].
+    fn save_to(&self, store: &CheckpointStore) -> Result<PathBuf> {
+        store.save(&self.checkpoint())
+    }
+
+    /// Saves a checkpoint into the store at `dir` (keeping its last 3) and returns its folder
+    /// (trlX's `save(directory)`).
+    ///
+    /// # Errors
+    /// As [`CheckpointStore::save`].
+    fn save(&self, dir: &Path) -> Result<PathBuf> {
+        self.save_to(&CheckpointStore::new(dir))
+    }
+
+    /// Restores the components from a loaded checkpoint.
+    ///
+    /// # Errors
+    /// As [`RlTrainer::set_components`].
+    fn load_checkpoint(&mut self, ckpt: Checkpoint) -> Result<()> {
+        let mut names: Vec<String> = ckpt
+            .tensor_groups()
+            .into_iter()
+            .chain(ckpt.json_names())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        let mut components = Vec::with_capacity(names.len());
+        for name in names {
+            let tensors = match ckpt.tensors(&name) {
+                Ok(t) => t
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            let state = ckpt.json(&name).cloned().unwrap_or(Value::Null);
+            components.push((name, Component { tensors, state }));
+        }
+        self.set_components(components)
+    }
+
+    /// Loads the latest complete checkpoint of the store at `dir` (trlX's `load(directory)`).
+    ///
+    /// # Errors
+    /// When the store holds no checkpoint, a file is missing or corrupt (naming its path), or
+    /// a component does not fit.
+    fn load(&mut self, dir: &Path) -> Result<()> {
+        let ckpt = CheckpointStore::new(dir)
+            .load_latest()?
+            .ok_or_else(|| Error::Io {
+                op: "RlTrainer::load",
+                path: dir.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no checkpoint here"),
+            })?;
+        self.load_checkpoint(ckpt)
+    }
+}
+
+/// The component named `name`, taken out of `components`.
+///
+/// # Errors
+/// [`Error::KeyNotFound`] listing the names present.
+pub fn take_component(components: &mut Vec<(String, Component)>, name: &str) -> Result<Component> {
+    let pos = components.iter().position(|(n, _)| n == name);
+    match pos {
+        Some(i) => Ok(components.swap_remove(i).1),
+        None => Err(Error::KeyNotFound {
+            op: "take_component",
+            key: format!("{name:?}"),
+            available: components.iter().map(|(n, _)| format!("{n:?}")).collect(),
+        }),
+    }
+}

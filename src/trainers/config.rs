@@ -1,1 +1,792 @@
-//! (being written)
+//! The trainer config, in the shape of trlX's `TRLConfig`: six sections (`train`, `model`,
+//! `tokenizer`, `optimizer`, `scheduler`, `method`) whose fields carry trlX's names, and whose
+//! [`Default`] is trlX HEAD's `default_ppo_config()`.
+//!
+//! A config loads from a TOML or JSON file ([`TrlConfig::from_file`], by extension) or string
+//! ([`TrlConfig::from_toml_str`], [`TrlConfig::from_json_str`]). A file may name only the fields
+//! it changes: the others keep their defaults. Unknown fields are errors that name the field (a
+//! typo never passes silently), and every loader runs [`TrlConfig::validate`], which returns
+//! [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the field and its range, before
+//! any compute starts.
+//!
+//! ```
+//! use torchrl::trainers::config::{ScaleReward, TrlConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let cfg = TrlConfig::from_toml_str(
+//!     r#"
+//!     [train]
+//!     batch_size = 8
+//!     [method]
+//!     target = 6.0
+//!     scale_reward = "running"
+//!     [optimizer.kwargs]
+//!     lr = 1.0e-5
+//!     "#,
+//! )?;
+//! assert_eq!(cfg.train.batch_size, 8);
+//! assert_eq!(cfg.train.seq_length, 1024); // trlX's default, kept
+//! assert_eq!(cfg.method.target, Some(6.0)); // Some = adaptive KL controller
+//! assert_eq!(cfg.method.scale_reward, ScaleReward::Running);
+//! assert_eq!(cfg.optimizer.kwargs.lr, 1.0e-5);
+//! assert_eq!(cfg.optimizer.kwargs.betas, [0.9, 0.95]);
+//!
+//! // A typo names the field.
+//! let err = TrlConfig::from_toml_str("[train]\nbatch_sise = 8").unwrap_err();
+//! assert!(err.to_string().contains("batch_sise"));
+//! // A bad value names the field and the range.
+//! let err = TrlConfig::from_json_str(r#"{"method": {"gamma": 1.5}}"#).unwrap_err();
+//! assert!(err.to_string().contains("method.gamma"));
+//! # Ok(()) }
+//! ```
+//!
+//! # Field names
+//!
+//! Fields are spelled as in trlX HEAD (`trlx/data/configs.py`, `trlx/models/modeling_ppo.py`);
+//! the file layout is trlX's `to_dict()` (optimizer and scheduler arguments under `kwargs`).
+//! Where ours differ from trlX, or where Hugging Face TRL names the same thing differently:
+//!
+//! | ours | trlX HEAD | TRL (`PPOConfig`) |
+//! |---|---|---|
+//! | `train.batch_size` | same | `per_device_train_batch_size` |
+//! | `train.minibatch_size` | same | `gradient_accumulation_steps` (the inverse) |
+//! | `train.total_steps` | same | `total_episodes` (counts samples) |
+//! | `train.log_interval` | none (logs every step; b623d1b's `intervals()` read it) | `logging_steps` |
+//! | `train.checkpoint_interval` | same | `save_steps` |
+//! | `train.eval_interval` | same | `eval_steps` |
+//! | `optimizer.kwargs.lr` | same (b623d1b: `train.learning_rate_init`) | `learning_rate` |
+//! | `optimizer.kwargs.betas` | same (b623d1b: `train.opt_betas`) | `adam_beta1`, `adam_beta2` |
+//! | `optimizer.kwargs.eps` | same | `adam_epsilon` |
+//! | `scheduler.kwargs.eta_min` | same (b623d1b: `train.learning_rate_target`) | none (`lr_scheduler_type`) |
+//! | `method.ppo_epochs` | same | `num_ppo_epochs` |
+//! | `method.init_kl_coef` | same | `kl_coef` (legacy: `init_kl_coef`) |
+//! | `method.target` | same (`None` = fixed) | legacy `target` with `adap_kl_ctrl` |
+//! | `method.cliprange_reward` | same | legacy `score_clip` |
+//! | `method.scale_reward` | same (`None` also means ignored) | legacy `use_score_scaling` |
+//! | `method.gen_kwargs.max_new_tokens` | same | `response_length` |
+//! | `method.num_value_layers_unfrozen` | same (in the method config, not `model`) | none |
+//!
+//! trlX fields for tracking and distributed runs (`tracker`, `entity_name`, `peft_config`,
+//! `trainer_kwargs`, `*_extra_configs`) are not part of this config.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::macros::setters;
+
+/// The whole config: trlX's `TRLConfig`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrlConfig {
+    /// The training loop: lengths, intervals, checkpoints, seed.
+    pub train: TrainConfig,
+    /// The model to fine-tune and how much of it trains.
+    pub model: ModelConfig,
+    /// The tokenizer and its padding / truncation sides.
+    pub tokenizer: TokenizerConfig,
+    /// The optimizer (AdamW) and its arguments.
+    pub optimizer: OptimizerConfig,
+    /// The learning-rate schedule (cosine annealing) and its arguments.
+    pub scheduler: SchedulerConfig,
+    /// The PPO method: rollouts, KL penalty, GAE, clipping, generation.
+    pub method: PpoMethodConfig,
+}
+
+/// trlX's `TrainConfig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Number of tokens of context (the tokenizer's max length). Default 1024.
+    pub seq_length: usize,
+    /// Passes over the rollouts (for PPO: rounds of collecting `num_rollouts` and learning on
+    /// them). Default 100.
+    pub epochs: usize,
+    /// Upper bound on optimizer steps (see [`TrlConfig::total_steps`]). Default 10000.
+    pub total_steps: usize,
+    /// Samples per optimizer step. Default 32.
+    pub batch_size: usize,
+    /// Samples per forward pass (gradient accumulation over `batch_size / minibatch_size`
+    /// micro-batches); must divide `batch_size`. Default `None` (= `batch_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minibatch_size: Option<usize>,
+    /// Save a checkpoint every this many optimizer steps. Default 10000.
+    pub checkpoint_interval: usize,
+    /// Evaluate every this many optimizer steps. Default 100.
+    pub eval_interval: usize,
+    /// Log every this many optimizer steps. Ours: trlX HEAD logs every step (the default, 1);
+    /// trlX b623d1b's `intervals()` read a `log_interval` its config never defined.
+    pub log_interval: usize,
+    /// Folder that holds the checkpoints. Default `"ckpts"`.
+    pub checkpoint_dir: String,
+    /// Keep the checkpoint with the best mean reward too. Default `true`.
+    pub save_best: bool,
+    /// Store the optimizer and scheduler state in checkpoints. Default `true`.
+    pub save_optimizer: bool,
+    /// Checkpoint folder to resume from. Default `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_from_checkpoint: Option<String>,
+    /// Random seed. Default 1000.
+    pub seed: u64,
+    /// The prompt pipeline's name (trlX's registry key). Default `"PromptPipeline"`.
+    pub pipeline: String,
+    /// The trainer's name (trlX's registry key). Default `"AcceleratePPOTrainer"`.
+    pub trainer: String,
+    /// Project name for logs. Default `"trlx"`.
+    pub project_name: String,
+    /// Run name for logs. Default `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_name: Option<String>,
+    /// Folder for logs (CSV, plots). Default `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logging_dir: Option<String>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            seq_length: 1024,
+            epochs: 100,
+            total_steps: 10000,
+            batch_size: 32,
+            minibatch_size: None,
+            checkpoint_interval: 10000,
+            eval_interval: 100,
+            log_interval: 1,
+            checkpoint_dir: "ckpts".into(),
+            save_best: true,
+            save_optimizer: true,
+            resume_from_checkpoint: None,
+            seed: 1000,
+            pipeline: "PromptPipeline".into(),
+            trainer: "AcceleratePPOTrainer".into(),
+            project_name: "trlx".into(),
+            run_name: None,
+            logging_dir: None,
+        }
+    }
+}
+
+/// trlX's `ModelConfig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Model folder or hub name. Default `"lvwerra/gpt2-imdb"`.
+    pub model_path: String,
+    /// `"causal"` or `"seq2seq"`. Default `"causal"`.
+    pub model_arch_type: String,
+    /// Trainable top blocks: `-1` all, `0` none (heads only), `k > 0` the last `k`. Default 2.
+    pub num_layers_unfrozen: i64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            model_path: "lvwerra/gpt2-imdb".into(),
+            model_arch_type: "causal".into(),
+            num_layers_unfrozen: 2,
+        }
+    }
+}
+
+/// Which side a tokenizer pads or truncates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// `"left"`.
+    Left,
+    /// `"right"`.
+    Right,
+}
+
+/// trlX's `TokenizerConfig`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizerConfig {
+    /// Tokenizer folder or hub name. Default `"gpt2"`.
+    pub tokenizer_path: String,
+    /// Default `"left"` (prompts end where generation starts).
+    pub padding_side: Side,
+    /// Default `"right"`.
+    pub truncation_side: Side,
+}
+
+impl Default for TokenizerConfig {
+    fn default() -> Self {
+        TokenizerConfig {
+            tokenizer_path: "gpt2".into(),
+            padding_side: Side::Left,
+            truncation_side: Side::Right,
+        }
+    }
+}
+
+/// The optimizers this crate implements (trlX's `OptimizerName`, serialised as its strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum OptimizerName {
+    /// `"adamw"`: [`AdamW`](crate::trainers::optim::AdamW).
+    #[default]
+    #[serde(rename = "adamw")]
+    AdamW,
+}
+
+/// trlX's `OptimizerConfig`: a name and the optimizer's keyword arguments.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Default `"adamw"`.
+    pub name: OptimizerName,
+    /// The optimizer's arguments.
+    pub kwargs: AdamWKwargs,
+}
+
+/// The arguments of `torch.optim.AdamW` that trlX sets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdamWKwargs {
+    /// Learning rate, > 0. Default 3e-5.
+    pub lr: f64,
+    /// Moment decay rates, each in [0, 1). Default (0.9, 0.95).
+    pub betas: [f64; 2],
+    /// Added to the root of the second moment, > 0. Default 1e-8.
+    pub eps: f64,
+    /// Decoupled weight decay, ≥ 0. Default 1e-6.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWKwargs {
+    fn default() -> Self {
+        AdamWKwargs {
+            lr: 3e-5,
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            weight_decay: 1e-6,
+        }
+    }
+}
+
+/// The schedules this crate implements (trlX's `SchedulerName`, serialised as its strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum SchedulerName {
+    /// `"cosine_annealing"`: [`CosineAnnealingLr`](crate::trainers::optim::CosineAnnealingLr).
+    #[default]
+    #[serde(rename = "cosine_annealing")]
+    CosineAnnealing,
+}
+
+/// trlX's `SchedulerConfig`: a name and the schedule's keyword arguments.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Default `"cosine_annealing"`.
+    pub name: SchedulerName,
+    /// The schedule's arguments.
+    pub kwargs: CosineKwargs,
+}
+
+/// The arguments of `torch.optim.lr_scheduler.CosineAnnealingLR`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CosineKwargs {
+    /// Half-period in scheduler steps, > 0. Default 1e12 (a constant rate in practice).
+    #[serde(rename = "T_max")]
+    pub t_max: f64,
+    /// The lowest rate, ≥ 0. Default 3e-5.
+    pub eta_min: f64,
+}
+
+impl Default for CosineKwargs {
+    fn default() -> Self {
+        CosineKwargs {
+            t_max: 1e12,
+            eta_min: 3e-5,
+        }
+    }
+}
+
+/// How PPO scales scores before the KL penalty (trlX's `scale_reward`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleReward {
+    /// `"ignored"`: scores as they come.
+    #[default]
+    Ignored,
+    /// `"running"`: divided by the running standard deviation of all scores so far.
+    Running,
+    /// `"ref"`: divided by `ref_std` (taken from the first rollout when not set).
+    Ref,
+}
+
+/// Generation arguments (the subset of Hugging Face `generate` kwargs that trlX sets).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenKwargs {
+    /// Tokens to generate after the prompt, ≥ 1. Default 40.
+    pub max_new_tokens: usize,
+    /// Keep the `top_k` most likely tokens; 0 keeps all. Default 0.
+    pub top_k: usize,
+    /// Nucleus sampling mass, in (0, 1]. Default 1.0.
+    pub top_p: f64,
+    /// Sample (`true`) or decode greedily. Default `true`.
+    pub do_sample: bool,
+    /// Logit temperature, > 0. Default 1.0.
+    pub temperature: f64,
+}
+
+impl Default for GenKwargs {
+    fn default() -> Self {
+        GenKwargs {
+            max_new_tokens: 40,
+            top_k: 0,
+            top_p: 1.0,
+            do_sample: true,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// trlX's `PPOConfig` (the method section).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpoMethodConfig {
+    /// The method's registry name. Default `"PPOConfig"`.
+    pub name: String,
+    /// Optimisation passes over each rollout batch, ≥ 1. Default 4.
+    pub ppo_epochs: usize,
+    /// Samples collected per rollout phase, ≥ 1. Default 128.
+    pub num_rollouts: usize,
+    /// Prompts generated at once while collecting, ≥ 1. Default 128.
+    pub chunk_size: usize,
+    /// Initial KL coefficient β, ≥ 0. Default 0.001.
+    pub init_kl_coef: f64,
+    /// Target KL: `Some` = adaptive controller, `None` = fixed β. Must be > 0. Default `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<f64>,
+    /// Adaptive controller horizon in samples, ≥ 1. Default 10000.
+    pub horizon: usize,
+    /// Discount, in [0, 1]. Default 1.
+    pub gamma: f64,
+    /// GAE λ, in [0, 1]. Default 0.95.
+    pub lam: f64,
+    /// Policy ratio clip ε, > 0. Default 0.2.
+    pub cliprange: f64,
+    /// Value clip, > 0. Default 0.2.
+    pub cliprange_value: f64,
+    /// Value loss weight, ≥ 0. Default 1.
+    pub vf_coef: f64,
+    /// Score scaling. Default `"ignored"`.
+    pub scale_reward: ScaleReward,
+    /// Reference score mean (for `"ref"`). Default `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ref_mean: Option<f64>,
+    /// Reference score std (for `"ref"`), > 0. Default `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ref_std: Option<f64>,
+    /// Scores are clipped to `[-cliprange_reward, cliprange_reward]`, > 0. Default 10.
+    pub cliprange_reward: f64,
+    /// Generation for evaluation (and for rollouts unless `gen_experience_kwargs` is set).
+    pub gen_kwargs: GenKwargs,
+    /// Generation for rollouts only. Default `None` (= `gen_kwargs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gen_experience_kwargs: Option<GenKwargs>,
+    /// Trainable blocks of the value branch, ≥ 0. Default 0.
+    pub num_value_layers_unfrozen: i64,
+}
+
+impl Default for PpoMethodConfig {
+    fn default() -> Self {
+        PpoMethodConfig {
+            name: "PPOConfig".into(),
+            ppo_epochs: 4,
+            num_rollouts: 128,
+            chunk_size: 128,
+            init_kl_coef: 0.001,
+            target: None,
+            horizon: 10000,
+            gamma: 1.0,
+            lam: 0.95,
+            cliprange: 0.2,
+            cliprange_value: 0.2,
+            vf_coef: 1.0,
+            scale_reward: ScaleReward::Ignored,
+            ref_mean: None,
+            ref_std: None,
+            cliprange_reward: 10.0,
+            gen_kwargs: GenKwargs::default(),
+            gen_experience_kwargs: None,
+            num_value_layers_unfrozen: 0,
+        }
+    }
+}
+
+impl PpoMethodConfig {
+    /// The generation arguments for rollouts: `gen_experience_kwargs` when set, else
+    /// `gen_kwargs`.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::{GenKwargs, PpoMethodConfig};
+    /// let mut m = PpoMethodConfig::default();
+    /// assert_eq!(m.experience_gen_kwargs().max_new_tokens, 40);
+    /// m.gen_experience_kwargs = Some(GenKwargs { max_new_tokens: 8, ..GenKwargs::default() });
+    /// assert_eq!(m.experience_gen_kwargs().max_new_tokens, 8);
+    /// ```
+    pub fn experience_gen_kwargs(&self) -> &GenKwargs {
+        self.gen_experience_kwargs
+            .as_ref()
+            .unwrap_or(&self.gen_kwargs)
+    }
+}
+
+setters!(TrlConfig {
+    /// Replaces the `train` section.
+    with_train(train: TrainConfig);
+    /// Replaces the `model` section.
+    with_model(model: ModelConfig);
+    /// Replaces the `tokenizer` section.
+    with_tokenizer(tokenizer: TokenizerConfig);
+    /// Replaces the `optimizer` section.
+    with_optimizer(optimizer: OptimizerConfig);
+    /// Replaces the `scheduler` section.
+    with_scheduler(scheduler: SchedulerConfig);
+    /// Replaces the `method` section.
+    with_method(method: PpoMethodConfig);
+});
+
+const OP: &str = "TrlConfig::validate";
+
+fn at_least(field: &'static str, value: usize, min: usize) -> Result<()> {
+    if value < min {
+        return Err(Error::config(OP, field, format!(">= {min}"), value));
+    }
+    Ok(())
+}
+
+fn positive(field: &'static str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value > 0.0) {
+        return Err(Error::config(OP, field, "a finite number > 0", value));
+    }
+    Ok(())
+}
+
+fn non_negative(field: &'static str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value >= 0.0) {
+        return Err(Error::config(OP, field, "a finite number >= 0", value));
+    }
+    Ok(())
+}
+
+fn unit_closed(field: &'static str, value: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err(Error::config(OP, field, "a number in [0, 1]", value));
+    }
+    Ok(())
+}
+
+/// Checks generation arguments; `fields` name `max_new_tokens`, `top_p` and `temperature`.
+fn validate_gen(g: &GenKwargs, fields: [&'static str; 3]) -> Result<()> {
+    let [max_new_tokens, top_p, temperature] = fields;
+    at_least(max_new_tokens, g.max_new_tokens, 1)?;
+    if !(g.top_p > 0.0 && g.top_p <= 1.0) {
+        return Err(Error::config(OP, top_p, "a number in (0, 1]", g.top_p));
+    }
+    positive(temperature, g.temperature)
+}
+
+impl TrlConfig {
+    /// Checks every field's range and the fields that depend on each other; the error names
+    /// the first bad field as `section.field` with the accepted range.
+    ///
+    /// ```
+    /// use torchrl::{trainers::config::TrlConfig, Error};
+    /// let mut cfg = TrlConfig::default();
+    /// assert!(cfg.validate().is_ok());
+    /// cfg.optimizer.kwargs.betas = [0.9, 1.0];
+    /// let err = cfg.validate().unwrap_err();
+    /// assert!(matches!(err, Error::InvalidConfig { field: "optimizer.kwargs.betas", .. }));
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.train;
+        at_least("train.seq_length", t.seq_length, 1)?;
+        at_least("train.epochs", t.epochs, 1)?;
+        at_least("train.total_steps", t.total_steps, 1)?;
+        at_least("train.batch_size", t.batch_size, 1)?;
+        if let Some(mb) = t.minibatch_size {
+            if mb == 0 || mb > t.batch_size || !t.batch_size.is_multiple_of(mb) {
+                return Err(Error::config(
+                    OP,
+                    "train.minibatch_size",
+                    format!("a divisor of train.batch_size ({})", t.batch_size),
+                    mb,
+                ));
+            }
+        }
+        at_least("train.checkpoint_interval", t.checkpoint_interval, 1)?;
+        at_least("train.eval_interval", t.eval_interval, 1)?;
+        at_least("train.log_interval", t.log_interval, 1)?;
+        if t.checkpoint_dir.is_empty() {
+            return Err(Error::config(
+                OP,
+                "train.checkpoint_dir",
+                "a non-empty path",
+                "\"\"",
+            ));
+        }
+
+        if self.model.num_layers_unfrozen < -1 {
+            return Err(Error::config(
+                OP,
+                "model.num_layers_unfrozen",
+                "-1 (all), 0 (none) or a positive count",
+                self.model.num_layers_unfrozen,
+            ));
+        }
+        if !matches!(self.model.model_arch_type.as_str(), "causal" | "seq2seq") {
+            return Err(Error::config(
+                OP,
+                "model.model_arch_type",
+                "\"causal\" or \"seq2seq\"",
+                format!("{:?}", self.model.model_arch_type),
+            ));
+        }
+
+        let o = &self.optimizer.kwargs;
+        positive("optimizer.kwargs.lr", o.lr)?;
+        for b in o.betas {
+            if !(0.0..1.0).contains(&b) {
+                return Err(Error::config(
+                    OP,
+                    "optimizer.kwargs.betas",
+                    "two numbers in [0, 1)",
+                    format!("{:?}", o.betas),
+                ));
+            }
+        }
+        positive("optimizer.kwargs.eps", o.eps)?;
+        non_negative("optimizer.kwargs.weight_decay", o.weight_decay)?;
+
+        positive("scheduler.kwargs.T_max", self.scheduler.kwargs.t_max)?;
+        non_negative("scheduler.kwargs.eta_min", self.scheduler.kwargs.eta_min)?;
+
+        let m = &self.method;
+        at_least("method.ppo_epochs", m.ppo_epochs, 1)?;
+        at_least("method.num_rollouts", m.num_rollouts, 1)?;
+        at_least("method.chunk_size", m.chunk_size, 1)?;
+        non_negative("method.init_kl_coef", m.init_kl_coef)?;
+        if let Some(target) = m.target {
+            positive("method.target", target)?;
+        }
+        at_least("method.horizon", m.horizon, 1)?;
+        unit_closed("method.gamma", m.gamma)?;
+        unit_closed("method.lam", m.lam)?;
+        positive("method.cliprange", m.cliprange)?;
+        positive("method.cliprange_value", m.cliprange_value)?;
+        non_negative("method.vf_coef", m.vf_coef)?;
+        if let Some(mean) = m.ref_mean {
+            if !mean.is_finite() {
+                return Err(Error::config(
+                    OP,
+                    "method.ref_mean",
+                    "a finite number",
+                    mean,
+                ));
+            }
+        }
+        if let Some(std) = m.ref_std {
+            positive("method.ref_std", std)?;
+        }
+        positive("method.cliprange_reward", m.cliprange_reward)?;
+        validate_gen(
+            &m.gen_kwargs,
+            [
+                "method.gen_kwargs.max_new_tokens",
+                "method.gen_kwargs.top_p",
+                "method.gen_kwargs.temperature",
+            ],
+        )?;
+        if let Some(g) = &m.gen_experience_kwargs {
+            validate_gen(
+                g,
+                [
+                    "method.gen_experience_kwargs.max_new_tokens",
+                    "method.gen_experience_kwargs.top_p",
+                    "method.gen_experience_kwargs.temperature",
+                ],
+            )?;
+        }
+        if m.num_value_layers_unfrozen < 0 {
+            return Err(Error::config(
+                OP,
+                "method.num_value_layers_unfrozen",
+                ">= 0",
+                m.num_value_layers_unfrozen,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Optimizer steps in one pass over a rollout: trlX's `len(store.create_loader(batch_size))`,
+    /// `ceil(num_rollouts / batch_size)` (the last batch may be short).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let mut cfg = TrlConfig::default(); // 128 rollouts, batches of 32
+    /// assert_eq!(cfg.batches_per_rollout(), 4);
+    /// cfg.train.batch_size = 48;
+    /// assert_eq!(cfg.batches_per_rollout(), 3);
+    /// ```
+    pub fn batches_per_rollout(&self) -> usize {
+        self.method
+            .num_rollouts
+            .div_ceil(self.train.batch_size.max(1))
+    }
+
+    /// trlX's step budget: `min(train.total_steps, epochs * ppo_epochs * batches_per_rollout)`
+    /// (`AcceleratePPOTrainer.prepare_learning`).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::default();
+    /// assert_eq!(cfg.total_steps(4), 1600); // 100 epochs * 4 ppo epochs * 4 batches < 10000
+    /// assert_eq!(cfg.total_steps(100), 10000); // capped by train.total_steps
+    /// ```
+    pub fn total_steps(&self, batches_per_rollout: usize) -> usize {
+        self.train
+            .epochs
+            .saturating_mul(self.method.ppo_epochs)
+            .saturating_mul(batches_per_rollout)
+            .min(self.train.total_steps)
+    }
+
+    /// Parses TOML (only the fields that differ from the defaults are needed) and validates.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::from_toml_str("[scheduler.kwargs]\nT_max = 500").unwrap();
+    /// assert_eq!(cfg.scheduler.kwargs.t_max, 500.0);
+    /// ```
+    pub fn from_toml_str(text: &str) -> Result<Self> {
+        let cfg: TrlConfig = toml::from_str(text).map_err(|e| {
+            Error::invalid(
+                "TrlConfig::from_toml_str",
+                format!("invalid TOML config: {e}"),
+            )
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses JSON (trlX's `to_dict()` layout; only the fields that differ from the defaults are
+    /// needed) and validates.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::from_json_str(r#"{"train": {"seed": 7}}"#).unwrap();
+    /// assert_eq!(cfg.train.seed, 7);
+    /// ```
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let cfg: TrlConfig = serde_json::from_str(text).map_err(|e| {
+            Error::invalid(
+                "TrlConfig::from_json_str",
+                format!("invalid JSON config: {e}"),
+            )
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads a `.toml` or `.json` file (chosen by extension) and validates it; errors name the
+    /// path.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let path = std::env::temp_dir().join(format!("trl-doc-{}.toml", std::process::id()));
+    /// let mut cfg = TrlConfig::default();
+    /// cfg.method.target = Some(6.0);
+    /// cfg.to_file(&path)?;
+    /// assert_eq!(TrlConfig::from_file(&path)?, cfg);
+    /// std::fs::remove_file(&path).ok();
+    /// # Ok(()) }
+    /// ```
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        const OP_FILE: &str = "TrlConfig::from_file";
+        let path = path.as_ref();
+        let format = Format::of(OP_FILE, path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            op: OP_FILE,
+            path: path.display().to_string(),
+            source,
+        })?;
+        let parsed = match format {
+            Format::Toml => toml::from_str::<TrlConfig>(&text).map_err(|e| e.to_string()),
+            Format::Json => serde_json::from_str::<TrlConfig>(&text).map_err(|e| e.to_string()),
+        };
+        let cfg = parsed.map_err(|reason| Error::InvalidFile {
+            op: OP_FILE,
+            path: path.display().to_string(),
+            reason,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Writes the config to a `.toml` or `.json` file (chosen by extension).
+    pub fn to_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        const OP_FILE: &str = "TrlConfig::to_file";
+        let path = path.as_ref();
+        let text = match Format::of(OP_FILE, path)? {
+            Format::Toml => self.to_toml()?,
+            Format::Json => self.to_json()?,
+        };
+        std::fs::write(path, text).map_err(|source| Error::Io {
+            op: OP_FILE,
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// The config as pretty-printed JSON (every field, `None`s left out).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::default();
+    /// assert_eq!(TrlConfig::from_json_str(&cfg.to_json().unwrap()).unwrap(), cfg);
+    /// ```
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(self)
+            .map_err(|e| Error::invalid("TrlConfig::to_json", e.to_string()))
+    }
+
+    /// The config as TOML (every field, `None`s left out).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::default();
+    /// let text = cfg.to_toml().unwrap();
+    /// assert!(text.contains("[method.gen_kwargs]"));
+    /// assert_eq!(TrlConfig::from_toml_str(&text).unwrap(), cfg);
+    /// ```
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(self).map_err(|e| Error::invalid("TrlConfig::to_toml", e.to_string()))
+    }
+}
+
+enum Format {
+    Toml,
+    Json,
+}
+
+impl Format {
+    fn of(op: &'static str, path: &Path) -> Result<Self> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("toml") => Ok(Format::Toml),
+            Some(e) if e.eq_ignore_ascii_case("json") => Ok(Format::Json),
+            _ => Err(Error::argument(
+                op,
+                "path",
+                "a file ending in .toml or .json",
+                path.display().to_string(),
+            )),
+        }
+    }
+}

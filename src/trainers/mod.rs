@@ -8,3 +8,8 @@ pub mod optim;
 pub mod ppo;
 pub mod reward;
 pub mod sft;
+
+pub use api::{Callbacks, Component, EvalReport, Intervals, RlTrainer, Stats};
+pub use checkpoint::{Checkpoint, CheckpointStore};
+pub use config::TrlConfig;
+pub use optim::{AdamW, CosineAnnealingLr};

@@ -1,1 +1,613 @@
-//! (being written)
+//! The trainers' optimizer and schedule: [`AdamW`] over named parameters (so its state can be
+//! checkpointed by name) with PyTorch's `torch.optim.AdamW` arithmetic, and
+//! [`CosineAnnealingLr`], PyTorch's `CosineAnnealingLR` in closed form, as trlX builds them
+//! from the `optimizer` and `scheduler` config sections.
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::trainers::optim::{AdamW, CosineAnnealingLr};
+//! # fn main() -> torchrl::Result<()> {
+//! let w = Tensor::from_slice(&[1.0f32, -1.0]).set_requires_grad(true);
+//! let mut opt = AdamW::new(vec![("w".into(), w.shallow_clone())], 0.1)?.with_weight_decay(0.0);
+//! let mut sched = CosineAnnealingLr::new(0.1, 10.0, 0.0)?;
+//! (&w * &w).sum(Kind::Float).backward(); // grad = 2w = [2, -2]
+//! opt.step()?;
+//! opt.zero_grad();
+//! opt.set_lr(sched.step());
+//! // The first Adam step moves each weight by lr against the sign of its gradient.
+//! let v = Vec::<f32>::try_from(&w)?;
+//! assert!((v[0] - 0.9).abs() < 1e-6 && (v[1] + 0.9).abs() < 1e-6);
+//! // lr(1) = 0.1 * (1 + cos(pi / 10)) / 2
+//! assert!((opt.lr() - 0.05 * (1.0 + (std::f64::consts::PI / 10.0).cos())).abs() < 1e-15);
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde_json::{json, Value};
+use tch::{nn, Tensor};
+
+use crate::error::{Error, Result};
+use crate::macros::setters;
+use crate::trainers::config::{AdamWKwargs, CosineKwargs};
+
+/// `torch.optim.AdamW` (`amsgrad=False`, `maximize=False`) over a list of named parameters.
+///
+/// Per parameter with a gradient `g`, at its step `t` (counted per parameter, as PyTorch):
+/// `p *= 1 - lr·wd`; `m = lerp(m, g, 1 - β1)`; `v = β2·v + (1 - β2)·g²`;
+/// `p -= lr / (1 - β1^t) · m / (sqrt(v) / sqrt(1 - β2^t) + eps)`.
+/// Parameters whose gradient is undefined (never computed) are skipped, their moments and
+/// step untouched. [`AdamW::zero_grad`] zeroes gradients in place (PyTorch's
+/// `set_to_none=False`; `tch` cannot unset a gradient), so a parameter that had a gradient
+/// once is stepped (with a zero gradient) from then on.
+///
+/// The parameters are shallow clones: `step` updates the caller's tensors (a `VarStore`'s
+/// variables) in place. The arithmetic follows PyTorch's single-tensor (`foreach=False`)
+/// kernel call for call, so on the CPU results match `torch.optim.AdamW` bit for bit (the
+/// recorded cases in `specs/trainers_cases.json`). `step` keeps two work buffers per dtype and
+/// device, each as large as the largest parameter, instead of allocating temporaries.
+#[derive(Debug)]
+pub struct AdamW {
+    names: Vec<String>,
+    params: Vec<Tensor>,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+    steps: Vec<u64>,
+    lr: f64,
+    betas: [f64; 2],
+    eps: f64,
+    weight_decay: f64,
+    /// Two flat work buffers per (device, dtype), as long as the largest such parameter:
+    /// `step` writes its temporaries into views of them instead of allocating.
+    scratch: Vec<Scratch>,
+}
+
+#[derive(Debug)]
+struct Scratch {
+    device: tch::Device,
+    kind: tch::Kind,
+    a: Tensor,
+    b: Tensor,
+}
+
+/// The work buffers for `p`, shaped as `p`, from `pool` (grown or added as needed).
+fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (device, kind, numel) = (p.device(), p.kind(), p.numel());
+    let pos = pool
+        .iter()
+        .position(|s| s.device == device && s.kind == kind);
+    let slot = match pos {
+        Some(i) => pool.get_mut(i),
+        None => {
+            pool.push(Scratch {
+                device,
+                kind,
+                a: Tensor::f_empty([0], (kind, device))?,
+                b: Tensor::f_empty([0], (kind, device))?,
+            });
+            pool.last_mut()
+        }
+    };
+    let Some(s) = slot else {
+        return Err(Error::invalid("AdamW::step", "scratch pool is empty"));
+    };
+    // Element counts of real tensors fit in i64.
+    let len = numel as i64;
+    if s.a.numel() < numel {
+        s.a = Tensor::f_empty([len], (kind, device))?;
+        s.b = Tensor::f_empty([len], (kind, device))?;
+    }
+    let shape = p.size();
+    Ok((
+        s.a.f_narrow(0, 0, len)?.f_view(shape.as_slice())?,
+        s.b.f_narrow(0, 0, len)?.f_view(shape.as_slice())?,
+    ))
+}
+
+const OP_NEW: &str = "AdamW::new";
+
+impl AdamW {
+    /// An optimizer over `params` (name, tensor) with learning rate `lr` and PyTorch's other
+    /// defaults (betas (0.9, 0.999), eps 1e-8, weight decay 0.01); change them with the
+    /// `with_*` methods or build from trlX's arguments with [`AdamW::from_kwargs`].
+    ///
+    /// # Errors
+    /// When a name repeats, a parameter is not floating point, or `lr` is negative (0 is
+    /// allowed, as in PyTorch: a cosine schedule with `eta_min = 0` reaches it).
+    pub fn new(params: Vec<(String, Tensor)>, lr: f64) -> Result<Self> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::config(OP_NEW, "lr", "a finite number >= 0", lr));
+        }
+        let mut seen = HashSet::new();
+        let mut names = Vec::with_capacity(params.len());
+        let mut tensors = Vec::with_capacity(params.len());
+        let mut exp_avg = Vec::with_capacity(params.len());
+        let mut exp_avg_sq = Vec::with_capacity(params.len());
+        for (name, p) in params {
+            if !seen.insert(name.clone()) {
+                return Err(Error::argument(
+                    OP_NEW,
+                    "params",
+                    "distinct parameter names",
+                    format!("{name:?} twice"),
+                ));
+            }
+            if !p.is_floating_point() {
+                return Err(Error::value(
+                    OP_NEW,
+                    &name,
+                    "a floating-point parameter",
+                    format!("{:?}", p.kind()),
+                ));
+            }
+            let _guard = tch::no_grad_guard();
+            exp_avg.push(p.f_zeros_like()?);
+            exp_avg_sq.push(p.f_zeros_like()?);
+            names.push(name);
+            tensors.push(p);
+        }
+        let steps = vec![0; names.len()];
+        Ok(AdamW {
+            names,
+            params: tensors,
+            exp_avg,
+            exp_avg_sq,
+            steps,
+            lr,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay: 0.01,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// An optimizer with trlX's `optimizer.kwargs` (lr, betas, eps, weight_decay).
+    ///
+    /// ```
+    /// use tch::Tensor;
+    /// use torchrl::trainers::{config::AdamWKwargs, optim::AdamW};
+    /// let p = Tensor::zeros([3], (tch::Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    /// let opt = AdamW::from_kwargs(vec![("p".into(), p)], &AdamWKwargs::default()).unwrap();
+    /// assert_eq!(opt.lr(), 3e-5);
+    /// assert_eq!(opt.betas(), [0.9, 0.95]);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`AdamW::new`], and when betas are outside [0, 1), eps is not > 0 or the weight
+    /// decay is negative.
+    pub fn from_kwargs(params: Vec<(String, Tensor)>, kwargs: &AdamWKwargs) -> Result<Self> {
+        let opt = AdamW::new(params, kwargs.lr)?
+            .with_betas(kwargs.betas)
+            .with_eps(kwargs.eps)
+            .with_weight_decay(kwargs.weight_decay);
+        opt.check_hyper(OP_NEW)?;
+        Ok(opt)
+    }
+
+    /// An optimizer over the trainable variables of `vs`, named as in the store, in name order.
+    ///
+    /// ```
+    /// use tch::{nn, Device};
+    /// use torchrl::trainers::optim::AdamW;
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let _lin = nn::linear(vs.root() / "lin", 3, 2, Default::default());
+    /// let opt = AdamW::from_var_store(&vs, 1e-3).unwrap();
+    /// assert_eq!(opt.names(), ["lin.bias", "lin.weight"]);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`AdamW::new`].
+    pub fn from_var_store(vs: &nn::VarStore, lr: f64) -> Result<Self> {
+        let vars: BTreeMap<String, Tensor> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
+        AdamW::new(vars.into_iter().collect(), lr)
+    }
+
+    setters! {
+        /// Sets the moment decay rates (β1, β2), each in [0, 1) (checked by `step`).
+        with_betas(betas: [f64; 2]);
+        /// Sets eps, added outside the square root, > 0 (checked by `step`).
+        with_eps(eps: f64);
+        /// Sets the decoupled weight decay, ≥ 0 (checked by `step`).
+        with_weight_decay(weight_decay: f64);
+    }
+
+    fn check_hyper(&self, op: &'static str) -> Result<()> {
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(Error::config(op, "lr", "a finite number >= 0", self.lr));
+        }
+        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
+            return Err(Error::config(
+                op,
+                "betas",
+                "two numbers in [0, 1)",
+                format!("{:?}", self.betas),
+            ));
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(Error::config(op, "eps", "a finite number > 0", self.eps));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(Error::config(
+                op,
+                "weight_decay",
+                "a finite number >= 0",
+                self.weight_decay,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The parameter names, in order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The parameters (shallow clones of the caller's), in the order of [`AdamW::names`].
+    pub fn params(&self) -> &[Tensor] {
+        &self.params
+    }
+
+    /// The current learning rate.
+    pub fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    /// Sets the learning rate (what a schedule does after each step).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    /// (β1, β2).
+    pub fn betas(&self) -> [f64; 2] {
+        self.betas
+    }
+
+    /// eps.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
+    /// The weight decay.
+    pub fn weight_decay(&self) -> f64 {
+        self.weight_decay
+    }
+
+    /// Steps taken by each parameter (0 for a parameter that never had a gradient).
+    pub fn steps(&self) -> &[u64] {
+        &self.steps
+    }
+
+    /// One AdamW update of every parameter that has a gradient, under `no_grad`.
+    ///
+    /// # Errors
+    /// When a hyper-parameter is out of range (set through a `with_*` method or
+    /// [`AdamW::set_lr`]), or on a libtorch error.
+    pub fn step(&mut self) -> Result<()> {
+        self.check_hyper("AdamW::step")?;
+        let _guard = tch::no_grad_guard();
+        let [beta1, beta2] = self.betas;
+        let decay = 1.0 - self.lr * self.weight_decay;
+        let items = self
+            .params
+            .iter_mut()
+            .zip(self.exp_avg.iter_mut())
+            .zip(self.exp_avg_sq.iter_mut())
+            .zip(self.steps.iter_mut());
+        for (((p, m), v), t) in items {
+            let g = p.grad();
+            if !g.defined() {
+                continue;
+            }
+            *t += 1;
+            // Step counts stay far below 2^53, so the conversion is exact.
+            let step = *t as f64;
+            let (tmp, denom) = scratch_for(&mut self.scratch, p)?;
+            let _ = p.f_mul_scalar_(decay)?;
+            let _ = m.f_lerp_(&g, 1.0 - beta1)?;
+            let _ = v.f_mul_scalar_(beta2)?;
+            // v += ((1 - β2)·g)·g, as `addcmul_(g, g, value=1 - β2)`.
+            let _ = g.f_mul_scalar_out(&tmp, 1.0 - beta2)?;
+            let _ = v.f_addcmul_(&tmp, &g)?;
+            let bias_correction1 = 1.0 - beta1.powf(step);
+            let bias_correction2_sqrt = (1.0 - beta2.powf(step)).sqrt();
+            let step_size = self.lr / bias_correction1;
+            let mut denom = v.f_sqrt_out(&denom)?;
+            let _ = denom.f_div_scalar_(bias_correction2_sqrt)?;
+            let _ = denom.f_add_scalar_(self.eps)?;
+            // p += (-step_size·m) / denom, as `addcdiv_(m, denom, value=-step_size)`.
+            let _ = m.f_mul_scalar_out(&tmp, -step_size)?;
+            let _ = p.f_addcdiv_(&tmp, &denom)?;
+        }
+        Ok(())
+    }
+
+    /// Zeroes every parameter's gradient in place (see the type's docs).
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.params {
+            p.zero_grad();
+        }
+    }
+
+    /// The moment tensors by name, `exp_avg.<param>` and `exp_avg_sq.<param>` for each
+    /// parameter (shallow clones), for a safetensors checkpoint.
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(2 * self.names.len());
+        for ((name, m), v) in self.names.iter().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
+            out.push((format!("exp_avg.{name}"), m.shallow_clone()));
+            out.push((format!("exp_avg_sq.{name}"), v.shallow_clone()));
+        }
+        out
+    }
+
+    /// The rest of the state as JSON: `lr`, `betas`, `eps`, `weight_decay` and `step`, a map
+    /// from parameter name to its step count.
+    ///
+    /// ```
+    /// use tch::Tensor;
+    /// use torchrl::trainers::optim::AdamW;
+    /// let p = Tensor::zeros([2], (tch::Kind::Float, tch::Device::Cpu));
+    /// let opt = AdamW::new(vec![("p".into(), p)], 0.5).unwrap();
+    /// let s = opt.state_json();
+    /// assert_eq!(s["lr"], 0.5);
+    /// assert_eq!(s["step"]["p"], 0);
+    /// ```
+    pub fn state_json(&self) -> Value {
+        let steps: serde_json::Map<String, Value> = self
+            .names
+            .iter()
+            .zip(&self.steps)
+            .map(|(n, s)| (n.clone(), json!(s)))
+            .collect();
+        json!({
+            "lr": self.lr,
+            "betas": self.betas,
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+            "step": steps,
+        })
+    }
+
+    /// Restores what [`AdamW::state_tensors`] and [`AdamW::state_json`] returned (from the
+    /// same parameter list): the moments are copied into this optimizer's tensors, the step
+    /// counts and hyper-parameters replaced. Nothing changes unless everything fits.
+    ///
+    /// ```
+    /// use tch::{Kind, Tensor};
+    /// use torchrl::trainers::optim::AdamW;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let p = Tensor::from_slice(&[1.0f32, 2.0]).set_requires_grad(true);
+    /// let mut a = AdamW::new(vec![("p".into(), p.shallow_clone())], 0.1)?;
+    /// (&p * &p).sum(Kind::Float).backward();
+    /// a.step()?;
+    /// let q = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    /// let mut b = AdamW::new(vec![("p".into(), q)], 0.9)?;
+    /// b.load_state(&a.state_tensors(), &a.state_json())?;
+    /// assert_eq!(b.steps(), [1]);
+    /// assert_eq!(b.lr(), 0.1);
+    /// // A state for other parameters is refused, naming what is missing.
+    /// let r = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu));
+    /// let mut c = AdamW::new(vec![("r".into(), r)], 0.1)?;
+    /// let err = c.load_state(&a.state_tensors(), &a.state_json()).unwrap_err();
+    /// assert!(err.to_string().contains("exp_avg.r"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] naming the first missing or mis-shaped moment tensor, an
+    /// unexpected tensor, or a missing / ill-typed JSON field.
+    pub fn load_state(&mut self, tensors: &[(String, Tensor)], state: &Value) -> Result<()> {
+        const OP: &str = "AdamW::load_state";
+        let given: BTreeMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut expected = HashSet::new();
+        let mut moments = Vec::with_capacity(self.names.len());
+        for (name, p) in self.names.iter().zip(&self.params) {
+            let mut pair = Vec::with_capacity(2);
+            for prefix in ["exp_avg", "exp_avg_sq"] {
+                let key = format!("{prefix}.{name}");
+                let t = given.get(key.as_str()).ok_or_else(|| {
+                    Error::value(OP, &key, "a moment tensor in the state", "none")
+                })?;
+                if t.size() != p.size() {
+                    return Err(Error::ShapeMismatch {
+                        op: OP,
+                        key,
+                        expected: p.size(),
+                        actual: t.size(),
+                    });
+                }
+                pair.push(*t);
+                expected.insert(key);
+            }
+            moments.push(pair);
+        }
+        if let Some(extra) = given.keys().find(|k| !expected.contains(**k)) {
+            return Err(Error::value(
+                OP,
+                extra,
+                "only moments of this optimizer's parameters",
+                "a tensor for another parameter",
+            ));
+        }
+        let num = |field: &str| -> Result<f64> {
+            state
+                .get(field)
+                .and_then(Value::as_f64)
+                .ok_or_else(|| Error::value(OP, field, "a number in the state JSON", "none"))
+        };
+        let lr = num("lr")?;
+        let eps = num("eps")?;
+        let weight_decay = num("weight_decay")?;
+        let betas = match state
+            .get("betas")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            Some([b1, b2]) => match (b1.as_f64(), b2.as_f64()) {
+                (Some(b1), Some(b2)) => [b1, b2],
+                _ => return Err(Error::value(OP, "betas", "two numbers", "other values")),
+            },
+            _ => return Err(Error::value(OP, "betas", "two numbers", "none")),
+        };
+        let step_map = state
+            .get("step")
+            .and_then(Value::as_object)
+            .ok_or_else(|| Error::value(OP, "step", "a map of step counts", "none"))?;
+        let mut steps = Vec::with_capacity(self.names.len());
+        for name in &self.names {
+            let s = step_map
+                .get(name)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| Error::value(OP, format!("step.{name}"), "a step count", "none"))?;
+            steps.push(s);
+        }
+        let _guard = tch::no_grad_guard();
+        for ((m, v), pair) in self
+            .exp_avg
+            .iter_mut()
+            .zip(self.exp_avg_sq.iter_mut())
+            .zip(&moments)
+        {
+            if let [src_m, src_v] = pair.as_slice() {
+                m.f_copy_(&src_m.f_to_kind(m.kind())?.f_to_device(m.device())?)?;
+                v.f_copy_(&src_v.f_to_kind(v.kind())?.f_to_device(v.device())?)?;
+            }
+        }
+        self.steps = steps;
+        self.lr = lr;
+        self.betas = betas;
+        self.eps = eps;
+        self.weight_decay = weight_decay;
+        Ok(())
+    }
+}
+
+/// PyTorch's `CosineAnnealingLR` in closed form, as trlX builds it
+/// (`T_max`, `eta_min` from `scheduler.kwargs`; `base_lr` is the optimizer's initial rate):
+/// after `e` steps, `lr = eta_min + (base_lr - eta_min) · (1 + cos(π·e / T_max)) / 2`
+/// (continuing past `T_max` as a cosine, as PyTorch does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CosineAnnealingLr {
+    /// The rate at step 0.
+    pub base_lr: f64,
+    /// The half period, in steps.
+    pub t_max: f64,
+    /// The rate at step `t_max`.
+    pub eta_min: f64,
+    /// Steps taken (PyTorch's `last_epoch`).
+    pub last_epoch: u64,
+}
+
+impl CosineAnnealingLr {
+    /// A schedule at step 0.
+    ///
+    /// # Errors
+    /// When `base_lr` or `t_max` is not > 0, or `eta_min` is negative.
+    pub fn new(base_lr: f64, t_max: f64, eta_min: f64) -> Result<Self> {
+        const OP: &str = "CosineAnnealingLr::new";
+        if !(base_lr.is_finite() && base_lr > 0.0) {
+            return Err(Error::config(OP, "base_lr", "a finite number > 0", base_lr));
+        }
+        if !(t_max.is_finite() && t_max > 0.0) {
+            return Err(Error::config(OP, "T_max", "a finite number > 0", t_max));
+        }
+        if !(eta_min.is_finite() && eta_min >= 0.0) {
+            return Err(Error::config(
+                OP,
+                "eta_min",
+                "a finite number >= 0",
+                eta_min,
+            ));
+        }
+        Ok(CosineAnnealingLr {
+            base_lr,
+            t_max,
+            eta_min,
+            last_epoch: 0,
+        })
+    }
+
+    /// The schedule of trlX's `scheduler.kwargs` for an optimizer starting at `base_lr`.
+    ///
+    /// ```
+    /// use torchrl::trainers::{config::CosineKwargs, optim::CosineAnnealingLr};
+    /// let s = CosineAnnealingLr::from_kwargs(3e-5, &CosineKwargs::default()).unwrap();
+    /// assert_eq!((s.t_max, s.eta_min), (1e12, 3e-5));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`CosineAnnealingLr::new`].
+    pub fn from_kwargs(base_lr: f64, kwargs: &CosineKwargs) -> Result<Self> {
+        CosineAnnealingLr::new(base_lr, kwargs.t_max, kwargs.eta_min)
+    }
+
+    /// The rate after `epoch` steps.
+    ///
+    /// ```
+    /// use torchrl::trainers::optim::CosineAnnealingLr;
+    /// let s = CosineAnnealingLr::new(1.0, 4.0, 0.0).unwrap();
+    /// assert_eq!(s.lr_at(0), 1.0);
+    /// assert!((s.lr_at(2) - 0.5).abs() < 1e-15);
+    /// assert_eq!(s.lr_at(4), 0.0);
+    /// assert!((s.lr_at(6) - 0.5).abs() < 1e-15); // past T_max it rises again
+    /// ```
+    pub fn lr_at(&self, epoch: u64) -> f64 {
+        // Step counts stay far below 2^53, so the conversion is exact.
+        let e = epoch as f64;
+        self.eta_min
+            + (self.base_lr - self.eta_min) * (1.0 + (std::f64::consts::PI * e / self.t_max).cos())
+                / 2.0
+    }
+
+    /// The current rate (PyTorch's `get_last_lr()`).
+    pub fn lr(&self) -> f64 {
+        self.lr_at(self.last_epoch)
+    }
+
+    /// Advances one step and returns the new rate (give it to [`AdamW::set_lr`]).
+    pub fn step(&mut self) -> f64 {
+        self.last_epoch += 1;
+        self.lr()
+    }
+
+    /// The schedule as JSON (`base_lr`, `T_max`, `eta_min`, `last_epoch`), for checkpoints.
+    pub fn state_json(&self) -> Value {
+        json!({
+            "base_lr": self.base_lr,
+            "T_max": self.t_max,
+            "eta_min": self.eta_min,
+            "last_epoch": self.last_epoch,
+        })
+    }
+
+    /// Restores a schedule from [`CosineAnnealingLr::state_json`].
+    ///
+    /// ```
+    /// use torchrl::trainers::optim::CosineAnnealingLr;
+    /// let mut s = CosineAnnealingLr::new(1.0, 4.0, 0.1).unwrap();
+    /// s.step();
+    /// let back = CosineAnnealingLr::from_state_json(&s.state_json()).unwrap();
+    /// assert_eq!(back, s);
+    /// ```
+    ///
+    /// # Errors
+    /// When a field is missing or out of range.
+    pub fn from_state_json(state: &Value) -> Result<Self> {
+        const OP: &str = "CosineAnnealingLr::from_state_json";
+        let num = |field: &str| -> Result<f64> {
+            state
+                .get(field)
+                .and_then(Value::as_f64)
+                .ok_or_else(|| Error::value(OP, field, "a number in the state JSON", "none"))
+        };
+        let mut s = CosineAnnealingLr::new(num("base_lr")?, num("T_max")?, num("eta_min")?)?;
+        s.last_epoch = state
+            .get("last_epoch")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| Error::value(OP, "last_epoch", "a step count", "none"))?;
+        Ok(s)
+    }
+}
