@@ -128,6 +128,10 @@ pub struct TrainConfig {
     pub resume_from_checkpoint: Option<String>,
     /// Random seed. Default 1000.
     pub seed: u64,
+    /// Global gradient-norm clip before each optimizer step; `None`: no clipping. Default
+    /// `Some(1.0)`. trlX has no such field (its accelerate runs leave gradients unclipped);
+    /// the name and default are Hugging Face `TrainingArguments`' (TRL's).
+    pub max_grad_norm: Option<f64>,
     /// The prompt pipeline's name (trlX's registry key). Default `"PromptPipeline"`.
     pub pipeline: String,
     /// The trainer's name (trlX's registry key). Default `"AcceleratePPOTrainer"`.
@@ -158,6 +162,7 @@ impl Default for TrainConfig {
             save_optimizer: true,
             resume_from_checkpoint: None,
             seed: 1000,
+            max_grad_norm: Some(1.0),
             pipeline: "PromptPipeline".into(),
             trainer: "AcceleratePPOTrainer".into(),
             project_name: "trlx".into(),
@@ -523,6 +528,16 @@ impl TrlConfig {
         at_least("train.checkpoint_interval", t.checkpoint_interval, 1)?;
         at_least("train.eval_interval", t.eval_interval, 1)?;
         at_least("train.log_interval", t.log_interval, 1)?;
+        if let Some(c) = t.max_grad_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::config(
+                    OP,
+                    "train.max_grad_norm",
+                    "a finite value > 0 (or null: no clipping)",
+                    c,
+                ));
+            }
+        }
         if t.checkpoint_dir.is_empty() {
             return Err(Error::config(
                 OP,

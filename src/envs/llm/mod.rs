@@ -9,10 +9,10 @@ pub mod scaling;
 pub mod scorer;
 
 pub use env::{TokenEnv, TokenEnvConfig};
-pub use policy::{GeneratingModel, GenerationPolicy};
-pub use scorer::{BatchScorer, RewardModelScorer, ScoreInput, Scorer, TextScorer, TokenScorer};
 pub use kl::{
     trlx_logged_kl, KLComputation, KLRewardTransform, KlEstimator, LogProbSource, RetrieveKL,
     RetrieveLogProb,
 };
+pub use policy::{GeneratingModel, GenerationPolicy};
 pub use scaling::{ScaleReward, ScoreScaling};
+pub use scorer::{BatchScorer, RewardModelScorer, ScoreInput, Scorer, TextScorer, TokenScorer};

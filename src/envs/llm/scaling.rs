@@ -174,6 +174,16 @@ impl ScoreScaling {
         Ok(self)
     }
 
+    /// Replaces the running moments (a checkpointed run resumes with its statistics).
+    pub fn set_running_moments(&mut self, moments: RunningMoments) {
+        self.moments = moments;
+    }
+
+    /// Replaces the reference statistics (`None`: taken from the next batch again).
+    pub fn set_ref_stats(&mut self, ref_stats: Option<(f64, f64)>) {
+        self.ref_stats = ref_stats;
+    }
+
     /// The mode.
     pub fn mode(&self) -> ScaleReward {
         self.mode

@@ -349,6 +349,26 @@ impl CausalLmWithValueHead {
         &self.v_head
     }
 
+    /// The trunk's parameters by `transformers` name, then the value head's as trlX names
+    /// them (`v_head.0.weight`, `v_head.0.bias`, `v_head.2.weight`, `v_head.2.bias`: its
+    /// `Sequential(Linear, ReLU, Linear)`).
+    pub fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut out = self.model.named_parameters();
+        let names = [
+            "v_head.0.weight",
+            "v_head.0.bias",
+            "v_head.2.weight",
+            "v_head.2.bias",
+        ];
+        out.extend(
+            names
+                .iter()
+                .map(|n| n.to_string())
+                .zip(self.v_head.parameters()),
+        );
+        out
+    }
+
     /// Logits and values from one trunk pass.
     pub fn forward(&self, input: &Gpt2Input<'_>) -> Result<ValueOutput> {
         let out = self.model.forward(input, None)?;

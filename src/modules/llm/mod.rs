@@ -39,6 +39,6 @@ pub use heads::{
 };
 pub use log_prob::{HydraReference, LogProbModel};
 pub use tokenizer::{
-    pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide,
-    SpecialTokens, TextTokenizer,
+    pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide, SpecialTokens,
+    TextTokenizer,
 };

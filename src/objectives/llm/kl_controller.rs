@@ -204,6 +204,19 @@ pub enum KlController {
 }
 
 impl KlController {
+    /// Sets β (a checkpointed run resumes with the coefficient it had).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a negative or non-finite `value`.
+    pub fn set_value(&mut self, value: f64) -> Result<()> {
+        finite_non_negative("KlController::set_value", "value", value)?;
+        match self {
+            KlController::Adaptive(c) => c.value = value,
+            KlController::Fixed(c) => c.value = value,
+        }
+        Ok(())
+    }
+
     /// trlX's rule: adaptive iff `target` is `Some`, else fixed at `init_kl_coef` (`horizon`
     /// is then unused, and not checked).
     ///

@@ -173,7 +173,9 @@ impl BatchMoments {
 
 /// trlX's `RunningMoments`: running mean, population variance and unbiased std of every value
 /// seen, in `f64`. See the [module docs](self) for the formula.
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// It (de)serialises with serde as `{mean, std, var, count}` (for checkpoints).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunningMoments {
     mean: f64,
     std: f64,
