@@ -48,7 +48,10 @@ use tch::{Kind, Tensor};
 use super::api::{Callbacks, Component, EvalReport, MetricFn, RewardFn, RlTrainer, Stats};
 use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrlConfig};
 use super::optim::{AdamW, CosineAnnealingLr};
-use crate::envs::llm::{GenerationPolicy, RetrieveKL, ScaleReward, ScoreScaling, TokenEnv};
+use crate::envs::llm::{
+    GenerationPolicy, KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling,
+    TokenEnv,
+};
 use crate::envs::{EnvBase, TransformedEnv};
 use crate::error::{Error, Result};
 use crate::modules::llm::{
@@ -201,7 +204,12 @@ impl PpoRlhfTrainer {
         if let (Some(mean), Some(std)) = (m.ref_mean, m.ref_std) {
             scaling = scaling.with_ref_stats(mean, std)?;
         }
-        let kl = RetrieveKL::precomputed().with_coeff(m.init_kl_coef);
+        let kl = RetrieveKL::from_parts(
+            RetrieveLogProb::precomputed(),
+            KLComputation::new()
+                .with_coeff(m.init_kl_coef)
+                .with_k3_key(K3_KEY),
+        )?;
         let env = TransformedEnv::new(env)?.with(scaling)?.with(kl)?;
         let kl_ctl = match m.target {
             Some(target) => KlController::Adaptive(AdaptiveKLController::new(
