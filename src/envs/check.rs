@@ -5,10 +5,55 @@
 //! then shapes and dtypes leaf by leaf, then that the last step's values are contained in the
 //! specs (actions, states, done flags and observations at the root; rewards, done flags and
 //! observations under `"next"`). Each error names the key, the spec and the value.
+//!
+//! **Dynamic specs.** When a spec has a dynamic (`-1`) dim (see [`crate::specs`]), successive
+//! steps may carry different lengths there, and a rollout cannot stack them (TorchRL lazily
+//! stacks them instead, with `return_contiguous=False`). `check_env_specs` then steps the env by
+//! hand (reset, then 3 random-action steps, stopping on done or auto-resetting, as the two
+//! rollouts do) and checks **each step on its own**: the same key sets, then every leaf's dtype
+//! and shape against its spec (a dynamic dim takes any size, the others must equal the spec's),
+//! then every value's containment. Padding the steps to one length was not chosen: the padding
+//! would be values no spec describes. Specs without dynamic dims keep the rollout check above.
+//!
+//! ```
+//! use tch::{Kind, Tensor};
+//! use torchrl::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs};
+//! use torchrl::specs::{Categorical, Unbounded};
+//! use torchrl::TensorDict;
+//!
+//! /// Emits one more token per step: observation `"tokens"` of shape `[t]`.
+//! struct Grow { core: EnvCore, t: i64 }
+//!
+//! impl EnvBase for Grow {
+//!     fn core(&self) -> &EnvCore { &self.core }
+//!     fn core_mut(&mut self) -> &mut EnvCore { &mut self.core }
+//!     fn reset_impl(&mut self, _td: Option<&TensorDict>) -> torchrl::Result<TensorDict> {
+//!         self.t = 1;
+//!         TensorDict::new([])?.with("tokens", Tensor::zeros([1], (Kind::Int64, tch::Device::Cpu)))
+//!     }
+//!     fn step_impl(&mut self, _td: &TensorDict) -> torchrl::Result<TensorDict> {
+//!         self.t += 1;
+//!         TensorDict::new([])?
+//!             .with("tokens", Tensor::zeros([self.t], (Kind::Int64, tch::Device::Cpu)))?
+//!             .with("reward", Tensor::from_slice(&[1.0f32]))?
+//!             .with("done", Tensor::from_slice(&[false]))
+//!     }
+//! }
+//!
+//! # fn main() -> torchrl::Result<()> {
+//! let tokens = Unbounded::new().with_dtype(Kind::Int64)?.with_dynamic_shape([-1])?;
+//! let specs = EnvSpecs::new([])?
+//!     .with_observation("tokens", tokens)?
+//!     .with_action("action", Categorical::new(2)?)?
+//!     .with_reward("reward", Unbounded::new())?;
+//! let mut env = Grow { core: EnvCore::new(specs)?, t: 0 };
+//! check_env_specs(&mut env, Some(0))?; // lengths 1, 2, 3, 4: each step checked on its own
+//! # Ok(()) }
+//! ```
 
 use super::EnvBase;
 use super::RolloutConfig;
-use crate::data::specs::Composite;
+use crate::data::specs::{Composite, TensorSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{fmt_key_list, KeysOptions, NestedKey, TensorDict};
 
@@ -27,6 +72,12 @@ pub fn check_env_specs<E: EnvBase + ?Sized>(env: &mut E, seed: Option<u64>) -> R
     if let Some(s) = seed {
         env.set_seed(s)?;
     }
+    if has_dynamic_specs(env.specs()) {
+        for break_when_any_done in [true, false] {
+            check_steps(env, break_when_any_done)?;
+        }
+        return Ok(());
+    }
     for break_when_any_done in [true, false] {
         let cfg = RolloutConfig {
             break_when_any_done: Some(break_when_any_done),
@@ -38,24 +89,111 @@ pub fn check_env_specs<E: EnvBase + ?Sized>(env: &mut E, seed: Option<u64>) -> R
     Ok(())
 }
 
-fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Result<()> {
+/// True when a spec of the env has a dynamic (`-1`) dim (TorchRL's `_has_dynamic_specs`).
+fn has_dynamic_specs(specs: &super::EnvSpecs) -> bool {
+    [
+        &specs.observation,
+        &specs.reward,
+        &specs.done,
+        &specs.action,
+        &specs.state,
+    ]
+    .iter()
+    .any(|c| c.is_dynamic())
+}
+
+/// The dynamic-spec check: 3 random-action steps, each checked on its own (see the module docs).
+fn check_steps<E: EnvBase + ?Sized>(env: &mut E, break_when_any_done: bool) -> Result<()> {
+    let stop_keys = env.core().keys().stop.clone();
+    let mut td = env.reset(None)?;
+    for _ in 0..3 {
+        td = env.rand_action(Some(td))?;
+        let (stepped, root) = if break_when_any_done {
+            let stepped = env.step(td)?;
+            let root = env.step_mdp(&stepped)?;
+            (stepped, root)
+        } else {
+            env.step_and_maybe_reset(td)?
+        };
+        check_step(env, &stepped)?;
+        if break_when_any_done {
+            let next = stepped.get_dict("next").cloned().unwrap_or(stepped.empty());
+            if super::utils::any_of(&next, &stop_keys)? {
+                break;
+            }
+        }
+        td = root;
+    }
+    Ok(())
+}
+
+/// One step `td` (with `"next"`) against the specs: key sets, dtypes and shapes (a dynamic spec
+/// dim takes any size), then containment.
+fn check_step<E: EnvBase + ?Sized>(env: &mut E, td: &TensorDict) -> Result<()> {
     let specs = env.specs().clone();
-    let nb = specs.batch_size().len();
-    let t = real.batch_size().get(nb).copied().unwrap_or(1);
-    let fake = env.fake_tensordict()?.unsqueeze(nb as i64)?;
-    let mut shape = specs.batch_size().to_vec();
-    shape.push(t);
-    let fake = fake.expand(&shape)?;
+    let fake = env.fake_tensordict()?;
+    let (real, fake) = compare_keys(&specs, td, &fake)?;
+    for (k, r) in real.leaves() {
+        let f = fake.get_or_err(&k)?;
+        let spec = leaf_spec(&specs, &k);
+        let expected = match spec {
+            Some(s) => s.shape().to_vec(),
+            None => f.size(),
+        };
+        let rs = r.size();
+        let fits =
+            rs.len() == expected.len() && expected.iter().zip(&rs).all(|(e, a)| *e == -1 || e == a);
+        if !fits {
+            return Err(Error::ShapeMismatch {
+                op: "check_env_specs (step leaf vs spec; -1 dims take any size)",
+                key: k.to_string(),
+                expected,
+                actual: rs,
+            });
+        }
+        if r.kind() != f.kind() {
+            return Err(Error::DtypeMismatch {
+                op: "check_env_specs (step leaf vs spec)",
+                key: k.to_string(),
+                expected: f.kind(),
+                actual: r.kind(),
+            });
+        }
+    }
+    check_containment(&specs, td)
+}
+
+/// The spec of a leaf of a step tensordict: root keys in the state, action, observation and done
+/// specs; `("next", k)` in the observation, reward and done specs.
+fn leaf_spec<'a>(specs: &'a super::EnvSpecs, key: &NestedKey) -> Option<&'a TensorSpec> {
+    let parts: Vec<&str> = key.parts().collect();
+    match parts.split_first() {
+        Some((&"next", rest)) if !rest.is_empty() => {
+            [&specs.observation, &specs.reward, &specs.done]
+                .into_iter()
+                .find_map(|c| c.get(rest))
+        }
+        _ => [&specs.state, &specs.action, &specs.observation, &specs.done]
+            .into_iter()
+            .find_map(|c| c.get(parts.as_slice())),
+    }
+}
+
+/// The key-set comparison of the data with the fake tensordict (both without the
+/// `("next", state key)` entries, TorchRL #3260); returns both filtered.
+fn compare_keys(
+    specs: &super::EnvSpecs,
+    real: &TensorDict,
+    fake: &TensorDict,
+) -> Result<(TensorDict, TensorDict)> {
     // ("next", state key) entries are not part of the contract (TorchRL #3260).
     let state_next: Vec<NestedKey> = specs
         .state_keys()
         .iter()
         .map(|k| k.prefixed("next"))
         .collect();
-    let full = real;
-    let real = full.exclude(&state_next);
+    let real = real.exclude(&state_next);
     let fake = fake.exclude(&state_next);
-
     let rk = real.keys(KeysOptions::nested_leaves());
     let fk = fake.keys(KeysOptions::nested_leaves());
     let only_real: Vec<NestedKey> = rk.iter().filter(|k| !fk.contains(k)).cloned().collect();
@@ -71,6 +209,42 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
             ),
         ));
     }
+    Ok((real, fake))
+}
+
+/// Every group's leaves are in their specs on the step `last` (root groups at the root; reward,
+/// done and observation under `"next"`).
+fn check_containment(specs: &super::EnvSpecs, last: &TensorDict) -> Result<()> {
+    let root_groups: [(&str, &Composite); 4] = [
+        ("action", &specs.action),
+        ("state", &specs.state),
+        ("done", &specs.done),
+        ("observation", &specs.observation),
+    ];
+    for (name, spec) in root_groups {
+        check_group(name, spec, last, None)?;
+    }
+    let next = last.get_dict("next").cloned().unwrap_or(last.empty());
+    for (name, spec) in [
+        ("reward", &specs.reward),
+        ("done", &specs.done),
+        ("observation", &specs.observation),
+    ] {
+        check_group(name, spec, &next, Some("next"))?;
+    }
+    Ok(())
+}
+
+fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Result<()> {
+    let specs = env.specs().clone();
+    let nb = specs.batch_size().len();
+    let t = real.batch_size().get(nb).copied().unwrap_or(1);
+    let fake = env.fake_tensordict()?.unsqueeze(nb as i64)?;
+    let mut shape = specs.batch_size().to_vec();
+    shape.push(t);
+    let fake = fake.expand(&shape)?;
+    let full = real;
+    let (real, fake) = compare_keys(&specs, full, &fake)?;
     for (k, f) in fake.leaves() {
         let r = real.get_or_err(&k)?;
         if r.size() != f.size() {
@@ -100,24 +274,7 @@ fn check_against_fake<E: EnvBase + ?Sized>(env: &mut E, real: &TensorDict) -> Re
     // comparison).
     let last = full.index(&idx)?;
     let last = env.rand_action(Some(last))?;
-    let root_groups: [(&str, &Composite); 4] = [
-        ("action", &specs.action),
-        ("state", &specs.state),
-        ("done", &specs.done),
-        ("observation", &specs.observation),
-    ];
-    for (name, spec) in root_groups {
-        check_group(name, spec, &last, None)?;
-    }
-    let next = last.get_dict("next").cloned().unwrap_or(last.empty());
-    for (name, spec) in [
-        ("reward", &specs.reward),
-        ("done", &specs.done),
-        ("observation", &specs.observation),
-    ] {
-        check_group(name, spec, &next, Some("next"))?;
-    }
-    Ok(())
+    check_containment(&specs, &last)
 }
 
 fn check_group(name: &str, spec: &Composite, td: &TensorDict, prefix: Option<&str>) -> Result<()> {

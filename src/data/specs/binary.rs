@@ -23,7 +23,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::classes::project_classes;
-use super::common::{self, concat};
+use super::common;
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result};
@@ -65,9 +65,10 @@ impl Binary {
         self.shape.last().copied().unwrap_or(0)
     }
 
-    /// Independent fair 0/1 draws of shape `[*shape, *self.shape]`.
+    /// Independent fair 0/1 draws of shape `[*shape, *self.shape]` (size 1 at dynamic dims).
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
-        gen.randint(&concat(shape, &self.shape), 0, 2, self.dtype, self.device)
+        let full = common::sample_shape(shape, &self.shape);
+        gen.randint(&full, 0, 2, self.dtype, self.device)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check).
@@ -76,7 +77,7 @@ impl Binary {
     }
 }
 
-leaf_spec_api!(Binary; dtype, with_dtype, project, index);
+leaf_spec_api!(Binary; dtype, with_dtype, project, index, dynamic_shape);
 
 impl LeafSpec for Binary {
     const PROTECTED_LAST: bool = true;

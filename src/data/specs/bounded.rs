@@ -25,7 +25,7 @@ use std::fmt;
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{self, concat, is_float, to_dev, SpecTensor};
+use super::common::{self, is_float, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{ensure_kind, Error, Result, ShapeFmt};
@@ -78,11 +78,13 @@ fn broadcast(a: &[i64], b: &[i64]) -> Option<Vec<i64>> {
 impl Bounded {
     /// Scalar bounds broadcast to an explicit `shape`, dtype `Float`, on the CPU.
     ///
-    /// Errors when `low > high`, a bound is NaN, or the shape has a negative dim.
+    /// Errors when `low > high`, a bound is NaN, or the shape has a negative dim (see
+    /// `with_dynamic_shape` for `-1` dims).
     pub fn new(low: f64, high: f64, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "Bounded::new";
         let shape = shape.as_ref();
         common::check_shape(op, shape)?;
+        let held = shape;
         if low.is_nan() || high.is_nan() || low > high {
             return Err(Error::argument(
                 op,
@@ -94,8 +96,8 @@ impl Bounded {
         // Bounds beyond float32's range round to ±inf (as a cast does; libtorch's `full`
         // refuses them).
         Ok(Bounded {
-            low: SpecTensor(full_f64(op, shape, low, Kind::Float, Device::Cpu)?),
-            high: SpecTensor(full_f64(op, shape, high, Kind::Float, Device::Cpu)?),
+            low: SpecTensor(full_f64(op, held, low, Kind::Float, Device::Cpu)?),
+            high: SpecTensor(full_f64(op, held, high, Kind::Float, Device::Cpu)?),
             shape: shape.to_vec(),
             dtype: Kind::Float,
             device: Device::Cpu,
@@ -182,12 +184,12 @@ impl Bounded {
         Ok(self)
     }
 
-    /// The lower bounds, of the spec's full shape.
+    /// The lower bounds, of the spec's full shape (size 1 at dynamic dims).
     pub fn low(&self) -> &Tensor {
         &self.low
     }
 
-    /// The upper bounds, of the spec's full shape.
+    /// The upper bounds, of the spec's full shape (size 1 at dynamic dims).
     pub fn high(&self) -> &Tensor {
         &self.high
     }
@@ -198,16 +200,27 @@ impl Bounded {
     }
 
     /// Uniform samples of shape `[*shape, *self.shape]`: in `[low, high)` for floats, over the
-    /// integers of `[low, high]` for integer dtypes. Errors on infinite float bounds.
+    /// integers of `[low, high]` for integer dtypes. Errors on infinite float bounds. Dynamic
+    /// dims have size 1 (as TorchRL; see `resolve_shape` to draw at another length).
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
-        let full = concat(shape, &self.shape);
+        let full = common::sample_shape(shape, &self.shape);
         if let (Some((l, h)), true) = (self.constant, is_float(self.dtype)) {
             return gen.uniform(&full, l, h, self.dtype, self.device);
         }
         let low = self.low.f_expand(full.as_slice(), false)?;
         let high = self.high.f_expand(full.as_slice(), false)?;
         gen.uniform_tensor(&low, &high)
+    }
+
+    /// The spec expanded to `safe_shape(shape)` (size 1 at each `-1` of `shape`, TorchRL's
+    /// expand rule otherwise), then dynamic at each `-1` of `shape` (any length; see
+    /// [`crate::specs`], "Dynamic dims"): `Bounded::new(-1.0, 1.0, [1])?.with_dynamic_shape([4,
+    /// -1])` has shape `[4, -1]`. The bounds must be the same along the dims made dynamic.
+    pub fn with_dynamic_shape(self, shape: impl AsRef<[i64]>) -> Result<Self> {
+        let shape = shape.as_ref();
+        common::check_spec_shape("with_dynamic_shape", shape)?;
+        self.expand(&common::safe_shape(shape))?.dynamic_at(shape)
     }
 
     /// A tensor of the spec's dtype and shape holding `values` (no range check, as TorchRL).
@@ -233,6 +246,10 @@ leaf_spec_api!(Bounded; dtype, project, index);
 impl LeafSpec for Bounded {
     fn held(&self) -> Vec<&Tensor> {
         vec![&self.low, &self.high]
+    }
+
+    fn held_name(&self) -> &'static str {
+        "bounds"
     }
 
     fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {

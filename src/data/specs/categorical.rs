@@ -66,9 +66,9 @@ impl Categorical {
     }
 
     /// Uniform classes of shape `[*shape, *self.shape]`, among the allowed ones when masked.
-    /// Errors when a mask row allows no class.
+    /// Errors when a mask row allows no class. Dynamic dims have size 1 (as TorchRL).
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
-        let full = concat(shape, &self.shape);
+        let full = common::sample_shape(shape, &self.shape);
         match &self.mask {
             None => gen.randint(&full, 0, self.n, self.dtype, self.device),
             Some(m) => Ok(gen
@@ -89,7 +89,7 @@ impl Categorical {
     }
 }
 
-leaf_spec_api!(Categorical; dtype, with_dtype, project, index, masked);
+leaf_spec_api!(Categorical; dtype, with_dtype, project, index, masked, dynamic_shape);
 
 impl LeafSpec for Categorical {
     fn check_dtype(&self, op: &'static str, dtype: Kind) -> Result<()> {
@@ -98,6 +98,10 @@ impl LeafSpec for Categorical {
 
     fn held(&self) -> Vec<&Tensor> {
         self.mask.as_deref().into_iter().collect()
+    }
+
+    fn held_name(&self) -> &'static str {
+        "mask"
     }
 
     fn held_shape(&self, shape: &[i64]) -> Vec<i64> {

@@ -3,7 +3,8 @@
 //!
 //! The `is_in` shape rule (TorchRL's): a value fits a spec of shape `S` when broadcasting `S`
 //! against the value's shape gives the value's shape back, i.e. the value may carry extra leading
-//! (batch) dims, and spec dims of size 1 may have any size in the value.
+//! (batch) dims, and spec dims of size 1 may have any size in the value. A dynamic spec dim
+//! (`-1`, TorchRL's "variable number of elements") takes any size, `0` included.
 //!
 //! ```
 //! use tch::{Device, Kind, Tensor};
@@ -58,9 +59,50 @@ pub(crate) fn check_shape(op: &'static str, shape: &[i64]) -> Result<()> {
     Ok(())
 }
 
+/// Errors for a spec shape with a dim below `-1` (`-1` is a dynamic dim: any length).
+pub(crate) fn check_spec_shape(op: &'static str, shape: &[i64]) -> Result<()> {
+    if let Some(d) = shape.iter().find(|d| **d < -1) {
+        return Err(Error::argument(
+            op,
+            "shape",
+            "dims >= 0, or -1 for a dynamic dim (any length)",
+            format!("shape {} with a dimension {d}", ShapeFmt(shape)),
+        ));
+    }
+    Ok(())
+}
+
+/// True when `shape` has a dynamic (`-1`) dim.
+pub(crate) fn is_dynamic(shape: &[i64]) -> bool {
+    shape.contains(&-1)
+}
+
+/// TorchRL's `_safe_shape`: `shape` with every dynamic (`-1`) dim replaced by 1. The tensors a
+/// spec holds (bounds, masks) and the placeholders it builds (`zero`, `one`, `rand`) have it.
+pub(crate) fn safe_shape(shape: &[i64]) -> Vec<i64> {
+    shape.iter().map(|d| if *d < 0 { 1 } else { *d }).collect()
+}
+
+/// `[*batch, *safe_shape(spec)]`: the shape of what `rand` / `zero` / `one` build.
+pub(crate) fn sample_shape(batch: &[i64], spec: &[i64]) -> Vec<i64> {
+    concat(batch, &safe_shape(spec))
+}
+
 /// The number of elements of `shape`, or an error when it overflows (a spec's shape may be
-/// huge; its tensors are never built then).
+/// huge; its tensors are never built then) or has a dynamic dim (it has no element count).
 pub(crate) fn checked_numel(op: &'static str, shape: &[i64]) -> Result<i64> {
+    if is_dynamic(shape) {
+        return Err(Error::argument(
+            op,
+            "shape",
+            "a spec shape without dynamic (-1) dims (resolve them first with resolve_shape or \
+             resolve_dynamic)",
+            format!(
+                "shape {}, which has no fixed element count",
+                ShapeFmt(shape)
+            ),
+        ));
+    }
     shape
         .iter()
         .try_fold(1i64, |acc, d| acc.checked_mul(*d))
@@ -107,10 +149,14 @@ pub(crate) fn lead(shape: &[i64]) -> &[i64] {
     shape.split_last().map(|(_, l)| l).unwrap_or(&[])
 }
 
-/// TorchRL's `is_in` shape rule: `broadcast(spec, value) == value`.
+/// TorchRL's `is_in` shape rule: `broadcast(spec, value) == value`, a dynamic (`-1`) spec dim
+/// matching any size.
 pub(crate) fn shape_fits(spec: &[i64], value: &[i64]) -> bool {
-    trailing(value, spec.len())
-        .is_some_and(|tail| spec.iter().zip(tail).all(|(s, v)| s == v || *s == 1))
+    trailing(value, spec.len()).is_some_and(|tail| {
+        spec.iter()
+            .zip(tail)
+            .all(|(s, v)| s == v || *s == 1 || *s == -1)
+    })
 }
 
 /// The last `n` dims of `shape`, or `None` when it has fewer.
@@ -129,18 +175,30 @@ pub(crate) fn tuple_fmt(shape: &[i64]) -> String {
     }
 }
 
-/// TorchRL's expand rule: the trailing dims of `new` equal `old`, or the `old` dim is 1.
+/// TorchRL's expand rule: the trailing dims of `new` equal `old`, or the `old` dim is 1. A
+/// dynamic (`-1`) spec dim stays dynamic: `new` has `-1` exactly there (a fixed dim never becomes
+/// dynamic through `expand`; see `make_neg_dim`).
 pub(crate) fn check_expand(class: &str, old: &[i64], new: &[i64]) -> Result<()> {
-    check_shape("expand", new)?;
-    let ok = trailing(new, old.len())
-        .is_some_and(|tail| old.iter().zip(tail).all(|(o, n)| o == n || *o == 1));
+    if is_dynamic(old) {
+        check_spec_shape("expand", new)?;
+    } else {
+        check_shape("expand", new)?;
+    }
+    let lead_len = new.len().saturating_sub(old.len());
+    let fixed_lead = new.iter().take(lead_len).all(|d| *d >= 0);
+    let ok = fixed_lead
+        && trailing(new, old.len()).is_some_and(|tail| {
+            old.iter()
+                .zip(tail)
+                .all(|(o, n)| o == n || (*o == 1 && *n >= 0))
+        });
     if !ok {
         return Err(Error::argument(
             "expand",
             "shape",
             format!(
                 "an expanded shape whose last {} dims match the shape {} of the {class} spec in \
-                 expand() (a spec dim may only change when it is 1)",
+                 expand() (a spec dim may only change when it is 1; a dynamic -1 dim stays -1)",
                 old.len(),
                 ShapeFmt(old)
             ),
@@ -272,6 +330,202 @@ pub(crate) fn index_lead(
     Ok((out.batch_size().to_vec(), res))
 }
 
+/// [`index_lead`] for leading dims `lead` that may be dynamic (`-1`), with TorchRL's rules
+/// (`_shape_indexing`): a dynamic dim survives only a full slice (`..` or an ellipsis) and stays
+/// dynamic; an integer removes it and an index tensor replaces it by the tensor's shape (both
+/// pick a position of unknown range); a partial slice or a mask over it is an error (its extent
+/// is unknown). The held `tensors` have size 1 at dynamic dims and are indexed at position 0
+/// there. With dynamic dims, at most one index tensor or mask, not mixed with integers, is
+/// supported (so that no advanced-indexing reordering applies).
+pub(crate) fn index_dynamic(
+    lead: &[i64],
+    tensors: &[&Tensor],
+    idx: &[BatchIndex],
+) -> Result<(Vec<i64>, Vec<Tensor>)> {
+    if !is_dynamic(lead) {
+        return index_lead(lead, tensors, idx);
+    }
+    let op = "index";
+    let unsupported = |what: String| {
+        Error::argument(
+            op,
+            "index",
+            format!(
+                "an index that keeps the dynamic (-1) dims of the spec shape {} whole (a full \
+                 slice or `...`), or picks one position of them (an integer or an index tensor)",
+                ShapeFmt(lead)
+            ),
+            what,
+        )
+    };
+    let advanced = idx
+        .iter()
+        .filter(|i| matches!(i, BatchIndex::Tensor(_) | BatchIndex::Mask(_)))
+        .count();
+    let ints = idx.iter().any(|i| matches!(i, BatchIndex::Int(_)));
+    if advanced > 1 || (advanced == 1 && ints) {
+        return Err(unsupported(
+            "several index tensors / masks, or one mixed with integers, on a spec with dynamic \
+             dims (not supported)"
+                .into(),
+        ));
+    }
+    let consumed = |i: &BatchIndex| match i {
+        BatchIndex::Int(_) | BatchIndex::Slice { .. } | BatchIndex::Tensor(_) => 1,
+        BatchIndex::Mask(m) => m.dim(),
+        BatchIndex::NewAxis | BatchIndex::Ellipsis => 0,
+    };
+    let explicit: usize = idx.iter().map(consumed).sum();
+    let fill = lead.len().saturating_sub(explicit);
+    let dynamic_at = |d: usize| lead.get(d) == Some(&-1);
+    let (mut d, mut out) = (0usize, 0usize);
+    let mut dyn_out: Vec<usize> = Vec::new();
+    let mut safe_idx: Vec<BatchIndex> = Vec::with_capacity(idx.len());
+    for item in idx {
+        match item {
+            BatchIndex::Int(i) => {
+                safe_idx.push(BatchIndex::Int(if dynamic_at(d) { 0 } else { *i }));
+                d += 1;
+            }
+            BatchIndex::Slice { start, end, step } => {
+                if dynamic_at(d) {
+                    if start.is_some() || end.is_some() || *step != 1 {
+                        return Err(unsupported(format!(
+                            "the slice {}:{}:{step} on dynamic dim {d}: the extent of the \
+                             dimension is unknown",
+                            start.map(|v| v.to_string()).unwrap_or_default(),
+                            end.map(|v| v.to_string()).unwrap_or_default(),
+                        )));
+                    }
+                    dyn_out.push(out);
+                }
+                safe_idx.push(item.shallow_clone());
+                d += 1;
+                out += 1;
+            }
+            BatchIndex::Tensor(t) => {
+                if dynamic_at(d) {
+                    safe_idx.push(BatchIndex::Tensor(t.f_zeros_like()?));
+                } else {
+                    safe_idx.push(item.shallow_clone());
+                }
+                d += 1;
+                out += t.dim();
+            }
+            BatchIndex::Mask(m) => {
+                if (d..d + m.dim()).any(dynamic_at) {
+                    return Err(unsupported(format!(
+                        "a mask of shape {} over dims {d}..{} of which one is dynamic: its \
+                         length is unknown",
+                        ShapeFmt(&m.size()),
+                        d + m.dim()
+                    )));
+                }
+                safe_idx.push(item.shallow_clone());
+                d += m.dim();
+                out += 1;
+            }
+            BatchIndex::NewAxis => {
+                safe_idx.push(BatchIndex::NewAxis);
+                out += 1;
+            }
+            BatchIndex::Ellipsis => {
+                dyn_out.extend((0..fill).filter(|j| dynamic_at(d + j)).map(|j| out + j));
+                safe_idx.push(BatchIndex::Ellipsis);
+                d += fill;
+                out += fill;
+            }
+        }
+    }
+    dyn_out.extend(
+        (d..lead.len())
+            .filter(|j| dynamic_at(*j))
+            .map(|j| out + (j - d)),
+    );
+    let (mut shape, held) = index_lead(&safe_shape(lead), tensors, &safe_idx)?;
+    for p in dyn_out {
+        if let Some(s) = shape.get_mut(p) {
+            *s = -1;
+        }
+    }
+    Ok((shape, held))
+}
+
+/// Checks that `concrete` resolves the spec shape `spec`: same ndim, the same size at every
+/// fixed dim, any size `>= 0` at a dynamic dim.
+pub(crate) fn check_resolves(class: &str, spec: &[i64], concrete: &[i64]) -> Result<()> {
+    check_shape("resolve_shape", concrete)?;
+    let ok =
+        spec.len() == concrete.len() && spec.iter().zip(concrete).all(|(s, c)| *s == -1 || s == c);
+    if !ok {
+        return Err(Error::argument(
+            "resolve_shape",
+            "shape",
+            format!(
+                "a shape of {} dims equal to the {class} spec shape {} at its fixed dims (a \
+                 dynamic -1 dim takes any size >= 0)",
+                spec.len(),
+                ShapeFmt(spec)
+            ),
+            format!("the shape {}", ShapeFmt(concrete)),
+        ));
+    }
+    Ok(())
+}
+
+/// `spec` with every dynamic (`-1`) dim set to `size` (which must be `>= 0`).
+pub(crate) fn resolved_with(spec: &[i64], size: i64) -> Result<Vec<i64>> {
+    if size < 0 {
+        return Err(Error::argument(
+            "resolve_dynamic",
+            "size",
+            "a size >= 0 for the dynamic (-1) dims",
+            size.to_string(),
+        ));
+    }
+    Ok(spec
+        .iter()
+        .map(|d| if *d == -1 { size } else { *d })
+        .collect())
+}
+
+/// `t` narrowed to size 1 along `dim`, or an error when its values differ along `dim` (a held
+/// tensor of a spec whose dim `dim` becomes dynamic must be the same at every position).
+pub(crate) fn collapse_dim(class: &str, what: &str, t: &Tensor, dim: usize) -> Result<Tensor> {
+    let d = dim as i64;
+    let size = t.size().get(dim).copied().unwrap_or(1);
+    if size == 1 {
+        return Ok(t.shallow_clone());
+    }
+    let differs = || {
+        Error::argument(
+            "make_neg_dim",
+            "dim",
+            format!(
+                "a dim along which the {what} of the {class} spec are the same at every position \
+                 (a dynamic dim holds one {what} row, broadcast to any length)"
+            ),
+            format!(
+                "dim {dim}, along which the {what} (shape {}) {}",
+                ShapeFmt(&t.size()),
+                if size == 0 {
+                    "have no row to keep"
+                } else {
+                    "differ"
+                }
+            ),
+        )
+    };
+    if size == 0 {
+        return Err(differs());
+    }
+    let first = t.f_narrow(d, 0, 1)?;
+    if !tensor_eq(&first.f_expand_as(t)?.f_contiguous()?, t) {
+        return Err(differs());
+    }
+    Ok(first.f_contiguous()?)
+}
+
 /// A zero-filled (or one-filled) tensor of shape `[*batch, *shape]`.
 pub(crate) fn filled(
     batch: &[i64],
@@ -281,7 +535,7 @@ pub(crate) fn filled(
     one: bool,
 ) -> Result<Tensor> {
     check_shape("zero", batch)?;
-    let full = concat(batch, shape);
+    let full = sample_shape(batch, shape);
     Ok(if one {
         Tensor::f_ones(full.as_slice(), (kind, device))?
     } else {
@@ -306,10 +560,15 @@ pub(crate) fn dtype_shape_violation(
         }
     }
     if !shape_fits(spec_shape, &vshape) {
+        let dynamic = if is_dynamic(spec_shape) {
+            ", dynamic -1 dims take any size"
+        } else {
+            ""
+        };
         return Some(format!(
             "shape mismatch: the value has shape {} which does not fit the spec shape {} (the \
-             value's trailing dims must equal the spec's, spec dims of size 1 broadcast, extra \
-             leading batch dims are allowed)",
+             value's trailing dims must equal the spec's, spec dims of size 1 broadcast{dynamic}, \
+             extra leading batch dims are allowed)",
             ShapeFmt(&vshape),
             ShapeFmt(spec_shape)
         ));

@@ -756,7 +756,11 @@ impl Composite {
 
     /// The composite expanded to `shape` (TorchRL's trailing-dims rule on its own shape); each
     /// child expands to `[*shape, *child.shape[self.ndim..]]`.
+    ///
+    /// The composite's own dims stay fixed: a `-1` in `shape` is an error (children keep their
+    /// dynamic dims).
     pub fn expand(&self, shape: &[i64]) -> Result<Composite> {
+        common::check_shape("Composite::expand", shape)?;
         common::check_expand("Composite", &self.shape, shape)?;
         let nd = self.shape.len();
         let mut out = self.empty();
@@ -771,6 +775,31 @@ impl Composite {
                             .map_err(|e| rekey(e, &display_segments(&[k.as_str()])))?,
                     )
                 }
+            };
+            out.specs.insert(k.clone(), nv);
+        }
+        Ok(out)
+    }
+
+    /// True when a leaf (at any depth) has a dynamic (`-1`) dim; the composite's own shape never
+    /// has one.
+    pub fn is_dynamic(&self) -> bool {
+        self.specs.values().flatten().any(TensorSpec::is_dynamic)
+    }
+
+    /// The composite with every dynamic (`-1`) dim of every leaf set to `size` (`>= 0`), e.g.
+    /// to draw a sample ([`Composite::rand`]) at a chosen length.
+    pub fn resolve_dynamic(&self, size: i64) -> Result<Composite> {
+        let mut out = self.empty();
+        for (k, v) in &self.specs {
+            let nv = match v {
+                None => None,
+                Some(spec) => Some(spec.resolve_dynamic(size).map_err(|e| {
+                    e.context(format!(
+                        "resolve_dynamic: at key {}",
+                        display_segments(&[k.as_str()])
+                    ))
+                })?),
             };
             out.specs.insert(k.clone(), nv);
         }

@@ -78,9 +78,16 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
     /// [`LeafSpec::held_shape`]). The caller has checked `shape`.
     fn with_held(&self, shape: Vec<i64>, held: Vec<Tensor>) -> Result<Self>;
 
+    /// The shape the held tensors of a spec of shape `shape` are stored at: [`LeafSpec::held_shape`]
+    /// with size 1 at dynamic (`-1`) dims (TorchRL's `_safe_shape`), so that they broadcast to
+    /// any length there.
+    fn held_safe_shape(&self, shape: &[i64]) -> Vec<i64> {
+        common::safe_shape(&self.held_shape(shape))
+    }
+
     /// The same spec at `shape` (same number of elements), its held tensors reshaped to match.
     fn relaid(&self, shape: Vec<i64>) -> Result<Self> {
-        let target = self.held_shape(&shape);
+        let target = self.held_safe_shape(&shape);
         let held = self
             .held()
             .into_iter()
@@ -92,7 +99,7 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
     /// The spec expanded to `shape` (already checked against TorchRL's expand rule), its held
     /// tensors expanded to match.
     fn expanded(&self, shape: &[i64]) -> Result<Self> {
-        let target = self.held_shape(shape);
+        let target = self.held_safe_shape(shape);
         let held = self
             .held()
             .into_iter()
@@ -244,13 +251,71 @@ pub(crate) trait LeafSpec: LeafFields + Clone + fmt::Display {
         let shape = self.spec_shape();
         let held = self.held();
         if Self::PROTECTED_LAST {
-            let (rows, held) = common::index_lead(common::lead(shape), &held, idx)?;
+            let (rows, held) = common::index_dynamic(common::lead(shape), &held, idx)?;
             let last = shape.last().copied().unwrap_or(0);
             self.with_held(common::concat(&rows, &[last]), held)
         } else {
-            let (shape, held) = common::index_lead(shape, &held, idx)?;
+            let (shape, held) = common::index_dynamic(shape, &held, idx)?;
             self.with_held(shape, held)
         }
+    }
+
+    /// True when the shape has a dynamic (`-1`) dim.
+    fn is_dynamic(&self) -> bool {
+        common::is_dynamic(self.spec_shape())
+    }
+
+    /// The spec with dim `dim` dynamic (TorchRL's `make_neg_dim`, without mutating): its held
+    /// tensors are narrowed to size 1 there, which needs them to be the same at every position
+    /// along `dim`. A protected last dim (the categories) cannot be dynamic.
+    fn make_neg_dim(&self, dim: i64) -> Result<Self> {
+        let shape = self.spec_shape();
+        let d = common::norm_dim("make_neg_dim", dim, shape.len())?;
+        if Self::PROTECTED_LAST && d + 1 == shape.len() {
+            return Err(common::final_dim_error("make_neg_dim", Self::CLASS));
+        }
+        if shape.get(d) == Some(&-1) {
+            return Ok(self.clone());
+        }
+        let mut new = shape.to_vec();
+        if let Some(s) = new.get_mut(d) {
+            *s = -1;
+        }
+        let held = self
+            .held()
+            .into_iter()
+            .map(|t| common::collapse_dim(Self::CLASS, self.held_name(), t, d))
+            .collect::<Result<Vec<_>>>()?;
+        self.with_held(new, held)
+    }
+
+    /// What the held tensors are, for messages (`"bounds"`, `"mask"`).
+    fn held_name(&self) -> &'static str {
+        "held tensors"
+    }
+
+    /// The spec at the concrete `shape` ([`common::check_resolves`]): its held tensors are
+    /// expanded there.
+    fn resolve_shape(&self, shape: &[i64]) -> Result<Self> {
+        common::check_resolves(Self::CLASS, self.spec_shape(), shape)?;
+        self.expanded(shape)
+    }
+
+    /// The spec with every dynamic dim set to `size`.
+    fn resolve_dynamic(&self, size: i64) -> Result<Self> {
+        let shape = common::resolved_with(self.spec_shape(), size)?;
+        self.expanded(&shape)
+    }
+
+    /// The spec made dynamic at every `-1` of `shape` (the spec already has the concrete
+    /// `safe_shape(shape)`): [`LeafSpec::make_neg_dim`] dim by dim.
+    fn dynamic_at(self, shape: &[i64]) -> Result<Self> {
+        common::check_spec_shape("with_dynamic_shape", shape)?;
+        let mut out = self;
+        for (d, _) in shape.iter().enumerate().filter(|(_, s)| **s == -1) {
+            out = out.make_neg_dim(d as i64)?;
+        }
+        Ok(out)
     }
 
     /// The spec and its held tensors on `device`.
@@ -308,7 +373,8 @@ pub(crate) fn not_in_spec(
 
 /// The public methods every leaf spec shares, forwarding to [`LeafSpec`]: `shape`, `device`,
 /// `with_device`, `to_device`, `zero`, `one`, `is_in`, `check`, `expand`, `squeeze`, `unsqueeze`,
-/// `Display` (see [`LeafSpec::fmt_leaf`]) and `Debug` (as `Display`); and [`LeafFields`] from the struct's fields. Optional extras:
+/// `is_dynamic`, `make_neg_dim`, `resolve_shape`, `resolve_dynamic`, `Display` (see
+/// [`LeafSpec::fmt_leaf`]) and `Debug` (as `Display`); and [`LeafFields`] from the struct's fields. Optional extras:
 /// `dtype` (a spec with a fixed dtype), `with_dtype` (its setter, checked by
 /// [`LeafSpec::check_dtype`]), `project`, `index` (a spec whose own version needs
 /// nothing more than [`LeafSpec`]'s), `masked` (`n`, `mask`, `with_mask`, `update_mask` of
@@ -348,14 +414,14 @@ macro_rules! leaf_spec_api {
                 self.device
             }
 
-            /// Zeros (`false` for bool) of shape `[*shape, *self.shape]`; not necessarily in
-            /// the spec (as in TorchRL).
+            /// Zeros (`false` for bool) of shape `[*shape, *self.shape]` (size 1 at dynamic
+            /// dims, as TorchRL); not necessarily in the spec (as in TorchRL).
             pub fn zero(&self, shape: &[i64]) -> Result<Tensor> {
                 LeafSpec::zero(self, shape)
             }
 
-            /// Ones (`true` for bool) of shape `[*shape, *self.shape]`; not necessarily in the
-            /// spec (as in TorchRL).
+            /// Ones (`true` for bool) of shape `[*shape, *self.shape]` (size 1 at dynamic dims);
+            /// not necessarily in the spec (as in TorchRL).
             pub fn one(&self, shape: &[i64]) -> Result<Tensor> {
                 LeafSpec::one(self, shape)
             }
@@ -375,9 +441,38 @@ macro_rules! leaf_spec_api {
             }
 
             /// The spec expanded to `shape` (TorchRL's rule: the trailing dims of `shape` equal
-            /// the spec's, or the spec dim is 1; a last dim holding categories must stay).
+            /// the spec's, or the spec dim is 1; a last dim holding categories must stay). A
+            /// dynamic (`-1`) dim stays dynamic (`shape` has `-1` there); other dims of `shape`
+            /// are `>= 0`.
             pub fn expand(&self, shape: &[i64]) -> Result<Self> {
                 LeafSpec::expand(self, shape)
+            }
+
+            /// True when the shape has a dynamic (`-1`) dim, one of any length (see
+            /// [`crate::specs`], "Dynamic dims").
+            pub fn is_dynamic(&self) -> bool {
+                LeafSpec::is_dynamic(self)
+            }
+
+            /// The spec with dim `dim` dynamic (`-1`), TorchRL's `make_neg_dim` returning a new
+            /// spec. Held bounds or masks keep one row there, so they must be the same at every
+            /// position along `dim` (else an error); a last dim holding categories cannot be
+            /// dynamic.
+            pub fn make_neg_dim(&self, dim: i64) -> Result<Self> {
+                LeafSpec::make_neg_dim(self, dim)
+            }
+
+            /// The spec at the concrete `shape`: same ndim, equal at every fixed dim, any size
+            /// `>= 0` at a dynamic dim (held bounds or masks are broadcast there). Use it to draw
+            /// (`rand`, `zero`) at a chosen length.
+            pub fn resolve_shape(&self, shape: &[i64]) -> Result<Self> {
+                LeafSpec::resolve_shape(self, shape)
+            }
+
+            /// The spec with every dynamic (`-1`) dim set to `size` (`>= 0`); a spec without
+            /// dynamic dims is returned as is.
+            pub fn resolve_dynamic(&self, size: i64) -> Result<Self> {
+                LeafSpec::resolve_dynamic(self, size)
             }
 
             /// Removes dim `dim` if it has size 1, or every size-1 dim with `None` (a 1-d spec
@@ -430,6 +525,20 @@ macro_rules! leaf_spec_api {
             }
         }
     };
+    (@ dynamic_shape $t:ident) => {
+        impl $t {
+            /// Like `with_shape`, where each `-1` dim of `shape` is dynamic (any length; see
+            /// [`crate::specs`], "Dynamic dims"): the spec is set to `shape` with size 1 there,
+            /// then [`make_neg_dim`](Self::make_neg_dim) marks those dims. Errors on dims below
+            /// -1 and on a `-1` last dim that holds the categories.
+            pub fn with_dynamic_shape(self, shape: impl AsRef<[i64]>) -> Result<Self> {
+                let shape = shape.as_ref();
+                $crate::data::specs::common::check_spec_shape("with_dynamic_shape", shape)?;
+                self.with_shape($crate::data::specs::common::safe_shape(shape))?
+                    .dynamic_at(shape)
+            }
+        }
+    };
     (@ masked $t:ident) => {
         impl $t {
             /// `n` classes at `shape` with `dtype`, on the CPU, no mask; errors under `op` when
@@ -453,7 +562,7 @@ macro_rules! leaf_spec_api {
             }
 
             /// The mask of allowed classes, expanded to the spec's mask shape (`[*shape, n]`
-            /// for a Categorical, the shape for a OneHot), if any.
+            /// for a Categorical, the shape for a OneHot; size 1 at dynamic dims), if any.
             pub fn mask(&self) -> Option<&Tensor> {
                 self.mask.as_deref()
             }
@@ -480,7 +589,7 @@ macro_rules! leaf_spec_api {
                 op: &'static str,
                 mask: &Tensor,
             ) -> Result<$crate::data::specs::common::SpecTensor> {
-                let target = LeafSpec::held_shape(self, &self.shape);
+                let target = LeafSpec::held_safe_shape(self, &self.shape);
                 $crate::data::specs::common::prepare_mask(op, mask, &target, self.n, self.device)
             }
         }

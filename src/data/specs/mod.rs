@@ -34,6 +34,61 @@
 //! clamp to the bounds. Only [`NonTensor`] (and a mask allowing no class) refuses with an
 //! error.
 //!
+//! **Dynamic dims.** A dim of `-1` in a leaf's shape means "any length" (TorchRL's "variable
+//! number of elements"), e.g. the `[B, -1]` tokens of a response or the `(*batch, -1, 1)` reward
+//! of an LLM env. Dynamic dims are asked for explicitly: `with_dynamic_shape([B, -1])` (every
+//! leaf) or `make_neg_dim(dim)` (TorchRL's name); `with_shape`, `Bounded::new` and `expand` keep
+//! refusing negative dims, where TorchRL's constructors take `-1` directly. As in TorchRL 0.14:
+//! - `is_in` / `check` / `project` accept any size (`0` included) at a dynamic dim; every other
+//!   dim follows the shape rule above.
+//! - `rand`, `zero` and `one` build size 1 there (TorchRL's `_safe_shape`; its `OneHot` and
+//!   `MultiOneHot` `rand` raise instead). To draw at a chosen length, resolve the spec first:
+//!   `resolve_shape(&[B, 7])` (leaves) or `resolve_dynamic(7)` (any spec, a Composite's leaves).
+//! - Held tensors ([`Bounded`]'s bounds, a class mask) have size 1 at dynamic dims and broadcast
+//!   along them: dynamic dims have the same bounds / mask at every position.
+//!   [`Unbounded::make_neg_dim`] (TorchRL's `make_neg_dim`, on every leaf) makes a dim dynamic
+//!   and errors when the held tensors differ along it.
+//! - `expand` keeps a dynamic dim dynamic (the target has `-1` there; expanding it to a size is
+//!   an error, as in TorchRL) and adds fixed leading dims. TorchRL would also turn a new
+//!   leading or a size-1 dim into `-1`; use `make_neg_dim` for that.
+//! - `index` keeps a dynamic dim under a full slice or `...`, removes it under an integer and
+//!   replaces it under an index tensor; a partial slice or a mask over it is an error (its
+//!   extent is unknown), as TorchRL's `_shape_indexing`.
+//! - `squeeze` never removes a dynamic dim (it is not of size 1); `unsqueeze`, `==`,
+//!   [`stack_specs`] (of identical specs) and `Display` (`shape=[-1, 3]`) treat `-1` as any
+//!   other size. `encode` needs a concrete shape.
+//! - A [`Composite`]'s own shape (its batch size) stays fixed: its leaves may have dynamic
+//!   feature dims after the batch dims (TorchRL would also allow a `-1` batch dim).
+//! - `is_dynamic()` tells whether a spec (or a Composite's leaf) has a dynamic dim.
+//!
+//! ```
+//! use tch::{Device, Kind, Tensor};
+//! use torchrl::specs::{Bounded, Composite, Unbounded};
+//! use torchrl::Generator;
+//! # fn main() -> torchrl::Result<()> {
+//! let spec = Unbounded::new().with_dynamic_shape([2, -1])?;
+//! assert!(spec.is_dynamic());
+//! for len in [0, 1, 7] {
+//!     assert!(spec.is_in(&Tensor::zeros([2, len], (Kind::Float, Device::Cpu)))?);
+//! }
+//! assert!(!spec.is_in(&Tensor::zeros([3, 7], (Kind::Float, Device::Cpu)))?, "fixed dim differs");
+//! assert_eq!(spec.zero(&[])?.size(), vec![2, 1], "size 1 at the dynamic dim, as TorchRL");
+//! assert_eq!(spec.expand(&[4, 2, -1])?.shape(), &[4, 2, -1]);
+//! assert!(spec.expand(&[2, 5]).is_err(), "a dynamic dim stays dynamic");
+//! // draw at a chosen length
+//! let b = Bounded::new(0.0, 1.0, [2, 1])?.make_neg_dim(1)?;
+//! let x = b.resolve_shape(&[2, 5])?.rand(&mut Generator::new(0), &[])?;
+//! assert_eq!(x.size(), vec![2, 5]);
+//! assert!(b.is_in(&x)?);
+//! // a Composite keeps its batch dims fixed; its leaves may be dynamic
+//! let c = Composite::new([2])?.with("tokens", spec)?;
+//! assert!(c.is_dynamic());
+//! let td = c.resolve_dynamic(3)?.rand(&mut Generator::new(0), &[])?;
+//! assert_eq!(td.get("tokens").map(|t| t.size()), Some(vec![2, 3]));
+//! assert!(c.is_in(&td)?);
+//! # Ok(()) }
+//! ```
+//!
 //! **Sampling** draws on the CPU from a seedable [`Generator`] and moves the result to the spec's
 //! device: the same seed gives bit-identical samples on every device.
 //!
@@ -368,6 +423,38 @@ impl TensorSpec {
     /// Inserts a size-1 dim at `dim`.
     pub fn unsqueeze(&self, dim: i64) -> Result<Self> {
         map_spec!(self, s => s.unsqueeze(dim))
+    }
+
+    /// True when the spec (for a Composite: one of its leaves) has a dynamic (`-1`) dim.
+    pub fn is_dynamic(&self) -> bool {
+        dispatch!(self, s => s.is_dynamic(), c => c.is_dynamic())
+    }
+
+    /// The leaf spec with dim `dim` dynamic (see each leaf's `make_neg_dim`). Errors for a
+    /// Composite: its dims (the batch size) stay fixed.
+    pub fn make_neg_dim(&self, dim: i64) -> Result<Self> {
+        dispatch!(self, s => Ok(s.make_neg_dim(dim)?.into()), c => Err(Error::argument(
+            "make_neg_dim",
+            "spec",
+            "a leaf spec (a Composite's dims, its batch size, stay fixed)",
+            format!("a Composite of shape {}", ShapeFmt(c.shape())),
+        )))
+    }
+
+    /// The leaf spec at the concrete `shape` (see each leaf's `resolve_shape`). Errors for a
+    /// Composite (use [`TensorSpec::resolve_dynamic`]).
+    pub fn resolve_shape(&self, shape: &[i64]) -> Result<Self> {
+        dispatch!(self, s => Ok(s.resolve_shape(shape)?.into()), c => Err(Error::argument(
+            "resolve_shape",
+            "spec",
+            "a leaf spec (a Composite resolves its leaves with resolve_dynamic)",
+            format!("a Composite of shape {}", ShapeFmt(c.shape())),
+        )))
+    }
+
+    /// The spec with every dynamic (`-1`) dim set to `size` (a Composite: in every leaf).
+    pub fn resolve_dynamic(&self, size: i64) -> Result<Self> {
+        map_spec!(self, s => s.resolve_dynamic(size))
     }
 
     /// The spec on another device (a Composite moves every leaf).

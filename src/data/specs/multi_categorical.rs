@@ -25,7 +25,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::classes::{check_classes_fit, check_nvec, project_classes, to_one_hot};
-use super::common::{self, concat, lead};
+use super::common::{self, lead};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use super::unbounded::encode_plain;
 use crate::error::{Error, Result, ShapeFmt};
@@ -74,11 +74,12 @@ impl MultiCategorical {
         build(&self.nvec, &[self.nvec.len() as i64], Kind::Int64, device)
     }
 
-    /// Uniform indices of shape `[*shape, *self.shape]`, entry `i` in `[0, nvec[i])`.
+    /// Uniform indices of shape `[*shape, *self.shape]` (size 1 at dynamic dims), entry `i` in
+    /// `[0, nvec[i])`.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
-        let full = concat(shape, &self.shape);
-        let rows = crate::rng::numel("rand", &concat(shape, lead(&self.shape)))?;
+        let full = common::sample_shape(shape, &self.shape);
+        let rows = crate::rng::numel("rand", &common::sample_shape(shape, lead(&self.shape)))?;
         let total = crate::rng::numel("rand", &full)?;
         let mut data = crate::rng::alloc("rand", total)?;
         for _ in 0..rows {
@@ -113,7 +114,7 @@ impl MultiCategorical {
     }
 }
 
-leaf_spec_api!(MultiCategorical; dtype, with_dtype, project, index);
+leaf_spec_api!(MultiCategorical; dtype, with_dtype, project, index, dynamic_shape);
 
 impl LeafSpec for MultiCategorical {
     fn check_dtype(&self, op: &'static str, dtype: Kind) -> Result<()> {

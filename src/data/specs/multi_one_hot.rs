@@ -25,7 +25,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::classes::{check_nvec, class_indices, one_hot_violation, project_one_hot};
-use super::common::{self, concat, lead};
+use super::common::{self, lead};
 use super::leaf::{leaf_spec_api, not_in_spec, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
@@ -82,10 +82,11 @@ impl MultiOneHot {
         &self.nvec
     }
 
-    /// Random values of shape `[*shape, *self.shape]`: one uniform hot entry per group.
+    /// Random values of shape `[*shape, *self.shape]`: one uniform hot entry per group. Dynamic
+    /// dims have size 1 (TorchRL 0.14's `MultiOneHot.rand` raises there instead).
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
         common::check_shape("rand", shape)?;
-        let full = concat(shape, &self.shape);
+        let full = common::sample_shape(shape, &self.shape);
         let total = self.total() as usize;
         let n = crate::rng::numel("rand", &full)?;
         let mut data = crate::rng::alloc("rand", n)?;
@@ -156,7 +157,7 @@ impl MultiOneHot {
     }
 }
 
-leaf_spec_api!(MultiOneHot; dtype, with_dtype, project, index);
+leaf_spec_api!(MultiOneHot; dtype, with_dtype, project, index, dynamic_shape);
 
 impl LeafSpec for MultiOneHot {
     fn fmt_extra(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

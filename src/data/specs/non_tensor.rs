@@ -55,7 +55,7 @@ impl NonTensor {
         }
     }
 
-    /// Sets the shape.
+    /// Sets the shape (errors on a negative dim; see `with_dynamic_shape` for `-1` dims).
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         common::check_shape("NonTensor::with_shape", shape.as_ref())?;
         self.shape = shape.as_ref().to_vec();
@@ -97,7 +97,7 @@ impl NonTensor {
     }
 }
 
-leaf_spec_api!(NonTensor; index);
+leaf_spec_api!(NonTensor; index, dynamic_shape);
 
 impl LeafSpec for NonTensor {
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {

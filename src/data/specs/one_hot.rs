@@ -25,7 +25,7 @@ use std::fmt;
 use tch::{Device, Kind, Tensor};
 
 use super::classes::{class_indices, one_hot_violation, project_one_hot};
-use super::common::{self, concat, lead, to_dev, SpecTensor};
+use super::common::{self, lead, to_dev, SpecTensor};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
@@ -61,9 +61,10 @@ impl OneHot {
     }
 
     /// Random one-hot values of shape `[*shape, *self.shape]`, among the allowed classes when
-    /// masked. Errors when a mask row allows no class.
+    /// masked. Errors when a mask row allows no class. Dynamic dims have size 1 (TorchRL 0.14's
+    /// `OneHot.rand` raises there instead; this follows its other specs).
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
-        let rows = concat(shape, lead(&self.shape));
+        let rows = common::sample_shape(shape, lead(&self.shape));
         let idx = gen.sample_categorical(&rows, self.n, self.mask.as_deref(), self.device)?;
         Ok(idx.f_one_hot(self.n)?.f_to_kind(self.dtype)?)
     }
@@ -94,11 +95,15 @@ impl OneHot {
     }
 }
 
-leaf_spec_api!(OneHot; dtype, with_dtype, project, index, masked);
+leaf_spec_api!(OneHot; dtype, with_dtype, project, index, masked, dynamic_shape);
 
 impl LeafSpec for OneHot {
     fn held(&self) -> Vec<&Tensor> {
         self.mask.as_deref().into_iter().collect()
+    }
+
+    fn held_name(&self) -> &'static str {
+        "mask"
     }
 
     fn with_held(&self, shape: Vec<i64>, mut held: Vec<Tensor>) -> Result<Self> {

@@ -22,7 +22,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::common::{self, concat, is_float};
+use super::common::{self, is_float};
 use super::leaf::{leaf_spec_api, LeafSpec};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::{build, Generator};
@@ -52,7 +52,7 @@ impl Unbounded {
         }
     }
 
-    /// Sets the shape (errors on a negative dim).
+    /// Sets the shape (errors on a negative dim; see `with_dynamic_shape` for `-1` dims).
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         common::check_shape("Unbounded::with_shape", shape.as_ref())?;
         self.shape = shape.as_ref().to_vec();
@@ -64,10 +64,11 @@ impl Unbounded {
         !is_float(self.dtype)
     }
 
-    /// A random value of shape `[*shape, *self.shape]`: standard normal for floats, uniform over
-    /// `[0, max]` of the dtype for integers, `{false, true}` for bool.
+    /// A random value of shape `[*shape, *self.shape]` (size 1 at dynamic dims, as TorchRL):
+    /// standard normal for floats, uniform over `[0, max]` of the dtype for integers,
+    /// `{false, true}` for bool.
     pub fn rand(&self, gen: &mut Generator, shape: &[i64]) -> Result<Tensor> {
-        let full = concat(shape, &self.shape);
+        let full = common::sample_shape(shape, &self.shape);
         let (kind, device) = (self.dtype, self.device);
         match kind {
             k if is_float(k) => gen.normal(&full, 0.0, 1.0, k, device),
@@ -97,7 +98,7 @@ impl Unbounded {
     }
 }
 
-leaf_spec_api!(Unbounded; dtype, with_dtype, project, index);
+leaf_spec_api!(Unbounded; dtype, with_dtype, project, index, dynamic_shape);
 
 impl LeafSpec for Unbounded {
     fn project_fitting(&self, value: &Tensor) -> Result<Tensor> {

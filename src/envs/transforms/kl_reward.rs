@@ -26,19 +26,27 @@
 //! in key, a zero of the out key's spec is written (TorchRL writes `reward_spec.zero()`), so the
 //! out key is present from the first tensordict on.
 //!
-//! **Specs** ([`Transform::transform_output_spec`], TorchRL v0.10's three cases):
-//! - in = out = `"reward"`: the reward spec becomes `Composite{reward_key: Unbounded(S)}` with
+//! **Specs** ([`Transform::transform_output_spec`], TorchRL v0.10's three cases, the last
+//! release of this classic class; `S` is the shape of the spec read, and the LLM shape
+//! `L(S) = (*S[:-2], -1, 1)` has a dynamic dim, see [`crate::specs`]):
+//! - in = out = `"reward"`: the reward spec becomes `Composite{reward_key: Unbounded(S')}` with
 //!   `reward_key` the single reward key (or `"reward"` when there are several and it is among
-//!   them; otherwise an error). As in TorchRL, other reward keys are dropped;
+//!   them; otherwise an error) and `S' = L(S)` when `len(S) > 2`, else `S`. As in TorchRL, other
+//!   reward keys are dropped;
 //! - in = `"reward"`, out ≠ `"reward"`: the observation spec gets `out` with a clone of the
-//!   reward leaf's spec (the reward spec is unchanged);
+//!   reward leaf's spec at `S'` (the reward spec is unchanged);
 //! - in ≠ `"reward"`: the observation spec gets `out` with a clone of the in key's spec (looked
-//!   up in the observation spec, then in the reward spec).
+//!   up in the observation spec, then in the reward spec) at `L(S)`, whatever `len(S)`. For
+//!   `len(S) <= 2` in a batched env this puts `-1` on a batch dim, which a Composite refuses
+//!   (TorchRL raises as well): an error names the key and both shapes.
 //!
-//! Deviation: TorchRL rewrites a shape `S` with `len(S) > 2` (and, in the third case, every
-//! shape) to the LLM shape `(*S[:-2], -1, 1)`. Specs in this crate have no dynamic (`-1`) dims,
-//! so `S` is kept; for the fixed-shape rewards produced here this is the shape of the data.
-//! The Unbounded spec keeps the reward's floating dtype (`Float` otherwise).
+//! A per-step reward `[*B, 1]` is kept as is; an LLM reward `[*B, T, 1]` becomes
+//! `[*B, -1, 1]`, so responses of any length `T` fit. The Unbounded spec keeps the reward's
+//! floating dtype (`Float` otherwise). A clone changes shape only where it can: an Unbounded
+//! spec takes any shape; another spec only gets dims made dynamic (its bounds or mask must be
+//! the same along them, see `make_neg_dim`), else an error. TorchRL 0.14 has only the LLM-based
+//! `KLRewardTransform`, which writes `(*batch, -1, 1)` in every case (so also for a `[*B, 1]`
+//! reward); for `[*B, T, 1]` rewards both agree.
 //!
 //! ```
 //! use tch::{nn, Device};
@@ -402,6 +410,73 @@ impl KLRewardTransform {
     }
 }
 
+/// TorchRL's LLM reward shape `(*S[:-2], -1, 1)`.
+fn llm_shape(s: &[i64]) -> Vec<i64> {
+    let mut out: Vec<i64> = s.iter().take(s.len().saturating_sub(2)).copied().collect();
+    out.extend([-1, 1]);
+    out
+}
+
+/// [`llm_shape`] when `len(S) > 2`, else `S` (TorchRL v0.10's first two cases).
+fn llm_shape_if_long(s: &[i64]) -> Vec<i64> {
+    if s.len() > 2 {
+        llm_shape(s)
+    } else {
+        s.to_vec()
+    }
+}
+
+/// The shape of the spec of `key` in the observation spec, then the reward spec (for messages).
+fn leaf_shape_of(specs: &EnvSpecs, key: &NestedKey) -> Vec<i64> {
+    specs
+        .observation
+        .get(key)
+        .or_else(|| specs.reward.get(key))
+        .map(|s| s.shape().to_vec())
+        .unwrap_or_default()
+}
+
+/// `leaf` (the spec of `key`) at `shape`, TorchRL's `spec.clone(); spec.shape = shape`: an
+/// Unbounded spec takes any shape; another spec only has dims made dynamic (`-1` in `shape`
+/// where it has a size), else an error.
+fn reshaped(leaf: &TensorSpec, shape: &[i64], key: &NestedKey) -> Result<TensorSpec> {
+    let old = leaf.shape();
+    if old == shape {
+        return Ok(leaf.clone());
+    }
+    if let TensorSpec::Unbounded(u) = leaf {
+        return Ok(Unbounded::new()
+            .with_dtype(u.dtype())?
+            .with_device(u.device())?
+            .with_dynamic_shape(shape)?
+            .into());
+    }
+    let marks_only =
+        old.len() == shape.len() && old.iter().zip(shape).all(|(o, n)| o == n || *n == -1);
+    if !marks_only {
+        return Err(Error::InvalidValue {
+            op: "KLRewardTransform::transform_output_spec",
+            what: "spec",
+            key: key.to_string(),
+            expected: format!(
+                "an Unbounded spec, or a spec that only needs dynamic dims, to take TorchRL's LLM \
+                 shape {}",
+                ShapeFmt(shape)
+            ),
+            got: format!("{leaf} of shape {}", ShapeFmt(old)),
+        });
+    }
+    let mut out = leaf.clone();
+    for (d, _) in shape
+        .iter()
+        .enumerate()
+        .filter(|(d, n)| **n == -1 && old.get(*d) != Some(&-1))
+    {
+        out = out.make_neg_dim(d as i64)?;
+    }
+    Ok(out)
+}
+
 /// The single key of `keys`, or an error naming them.
 fn one_key<K: AsKey>(what: &'static str, keys: impl IntoIterator<Item = K>) -> Result<NestedKey> {
     let keys: Vec<NestedKey> = keys.into_iter().map(|k| k.to_nested_key()).collect();
@@ -512,7 +587,7 @@ impl Transform for KLRewardTransform {
                 };
                 let device = leaf.device().unwrap_or_else(|| specs.device());
                 let unbounded = Unbounded::new()
-                    .with_shape(leaf.shape())?
+                    .with_dynamic_shape(llm_shape_if_long(leaf.shape()))?
                     .with_dtype(dtype)?
                     .with_device(device)?;
                 let reward = Composite::new(specs.reward.shape())?
@@ -520,7 +595,25 @@ impl Transform for KLRewardTransform {
                     .with_device(device)?;
                 specs.reward = reward;
             }
-            Some(leaf) => specs.observation.set(self.out_key(), leaf)?,
+            Some(leaf) => {
+                let reward = NestedKey::from("reward");
+                let shape = if self.in_key == reward {
+                    llm_shape_if_long(leaf.shape())
+                } else {
+                    llm_shape(leaf.shape())
+                };
+                let leaf = reshaped(&leaf, &shape, &self.in_key)?;
+                let out = self.out_key().clone();
+                specs.observation.set(&out, leaf).map_err(|e| {
+                    e.context(format!(
+                        "KLRewardTransform::transform_output_spec: the spec of {out} has TorchRL's \
+                         LLM shape {} (*S[:-2], -1, 1) from the shape {} of {}",
+                        ShapeFmt(&shape),
+                        ShapeFmt(&leaf_shape_of(&specs, &self.in_key)),
+                        self.in_key
+                    ))
+                })?
+            }
         }
         Ok(specs)
     }
