@@ -1,4 +1,5 @@
-//! Smoke runs of the training examples (`examples/ppo_pendulum.rs`, `examples/reward_model.rs`)
+//! Smoke runs of the training examples (`examples/ppo_pendulum.rs`, `examples/reward_model.rs`,
+//! the flagship `examples/rlhf/`)
 //! with tiny settings: their `run` functions are compiled in here, so the examples cannot rot
 //! and their seeding stays deterministic. The full runs (`cargo run --release --example ...`)
 //! check that learning happens; these only check that everything runs end to end.
@@ -10,6 +11,10 @@ mod ppo_pendulum;
 #[allow(dead_code)]
 #[path = "../examples/reward_model.rs"]
 mod reward_model;
+
+#[allow(dead_code)]
+#[path = "../examples/rlhf/main.rs"]
+mod rlhf;
 
 use std::sync::Mutex;
 
@@ -59,5 +64,50 @@ fn reward_model_smoke_run_learns() -> torchrl::Result<()> {
         "{s:?}"
     );
     assert!(s.test_loss < s.initial_test_loss, "{s:?}");
+    Ok(())
+}
+
+#[test]
+fn rlhf_flagship_smoke_run_writes_its_outputs_and_resumes() -> torchrl::Result<()> {
+    let _lock = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let out = std::env::temp_dir().join(format!("torchrl-rlhf-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let cfg = rlhf::Config {
+        out: out.clone(),
+        quiet: true,
+        sft_steps: 20,
+        corpus: 256,
+        rm_steps: 20,
+        pairs: 256,
+        test_pairs: 64,
+        iterations: 2,
+        rollouts: 16,
+        eval_prompts: 16,
+        batch: 8,
+        ..rlhf::Config::default()
+    };
+    let s = rlhf::run(&cfg)?;
+    assert_eq!(s.rows.len(), 2);
+    assert!(s.sft_loss_last < s.sft_loss_first, "{s:?}");
+    assert!((0.0..=1.0).contains(&s.rm_test_accuracy), "{s:?}");
+    // the first iteration's KL to the (identical) reference is exactly zero
+    assert_eq!(s.rows[0].kl, 0.0);
+    for r in &s.rows {
+        assert!((0.0..=1.0).contains(&r.true_score) && r.loss.is_finite(), "{r:?}");
+    }
+    for f in ["rlhf_log.csv", "rlhf_curves.png", "sft/config.json", "reward_model/model.safetensors"] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let csv = std::fs::read_to_string(out.join("rlhf_log.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    // --resume: two more iterations from the last checkpoint, reusing the SFT and reward model
+    let resumed = rlhf::run(&rlhf::Config {
+        resume: true,
+        iterations: 4,
+        ..cfg
+    })?;
+    assert_eq!(resumed.rows.len(), 2);
+    assert_eq!(resumed.rows[0].iteration, 2);
+    let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }

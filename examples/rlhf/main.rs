@@ -23,7 +23,7 @@
 //!
 //! Run: `cargo run --release --example rlhf` (the README's first command runs it through
 //! `scripts/demo.sh`). Options: `--out DIR` (default `target/rlhf`), `--iterations N`
-//! (default 30), `--seed S` (default 0), `--resume` (continue PPO from the last checkpoint
+//! (default 200), `--seed S` (default 0), `--resume` (continue PPO from the last checkpoint
 //! in `DIR/checkpoints`, reusing `DIR/sft` and `DIR/reward_model`), `--quiet`.
 
 mod task;
@@ -89,7 +89,7 @@ impl Default for Config {
             rm_steps: 300,
             pairs: 4096,
             test_pairs: 512,
-            iterations: 30,
+            iterations: 200,
             rollouts: 64,
             eval_prompts: 256,
             batch: 32,
@@ -287,9 +287,9 @@ fn ppo_config(cfg: &Config) -> TrlConfig {
     c.train.checkpoint_interval = 5 * 4 * cfg.rollouts.div_ceil(cfg.batch);
     c.train.checkpoint_dir = cfg.out.join("checkpoints").display().to_string();
     c.train.seed = cfg.seed;
-    c.optimizer.kwargs.lr = 5e-4;
+    c.optimizer.kwargs.lr = 1e-3;
     c.scheduler.kwargs.t_max = 1e12;
-    c.scheduler.kwargs.eta_min = 5e-4;
+    c.scheduler.kwargs.eta_min = 1e-3;
     let m = &mut c.method;
     m.num_rollouts = cfg.rollouts;
     m.chunk_size = cfg.rollouts;
@@ -531,7 +531,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
 
     let mut rows = Vec::new();
     let pb = bar(cfg.iterations, "PPO", cfg.quiet);
-    pb.set_position(trainer.history().len() as u64);
+    pb.set_position(trainer.epoch() as u64);
     if !cfg.quiet {
         pb.suspend(|| {
             println!(
@@ -541,8 +541,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         });
     }
     let mut callbacks = Callbacks::new();
-    let first_iteration = RlTrainer::iter_count(&trainer) / (4 * cfg.rollouts.div_ceil(cfg.batch));
-    for _ in first_iteration..cfg.iterations {
+    for _ in trainer.epoch()..cfg.iterations {
         let t0 = Instant::now();
         let stats: IterationStats = trainer.iteration(&mut callbacks)?;
         let (true_score, rm_agreement) = rollout_truth(&trainer, &tok)?;

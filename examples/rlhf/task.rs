@@ -1,4 +1,4 @@
-//! The flagship's embedded task (used by `examples/rlhf.rs`): prompts are short "topics" of
+//! The flagship's embedded task (used by `examples/rlhf/main.rs`): prompts are short "topics" of
 //! three lowercase letters and a colon (`"kqz:"`); responses are lowercase words. The
 //! *hidden rule* that the preference labels come from, and that the report measures, is the
 //! fraction of vowels (`a e i o u`) in the response. The SFT corpus is rule-blind (letters

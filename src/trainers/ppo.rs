@@ -284,6 +284,11 @@ impl PpoRlhfTrainer {
         &self.kl_ctl
     }
 
+    /// Iterations (rollout + updates) finished, counting those of a loaded checkpoint.
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
     /// What each finished iteration measured.
     pub fn history(&self) -> &[IterationStats] {
         &self.history

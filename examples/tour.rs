@@ -1,8 +1,9 @@
-//! Flagship example: build a nested TensorDict and a Composite spec that describes it, check the
+//! A tour of the classic stack: build a nested TensorDict and a Composite spec that describes it, check the
 //! data against the spec, catch a value that breaks the spec, project it back, sample from the
 //! spec, save and reload the data, and print everything as trees.
 //!
-//! Run with `scripts/demo.sh` (or `cargo run --release --example flagship`).
+//! Run with `cargo run --release --example tour` (the flagship, `scripts/demo.sh`, is the RLHF
+//! pipeline in `examples/rlhf/`).
 
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::builtin::PendulumEnv;
@@ -107,7 +108,7 @@ fn specs_and_tensordicts() -> torchrl::Result<()> {
     );
 
     // Save and reload (atomic write, validated read).
-    let path = std::env::temp_dir().join("torchrl-flagship.safetensors");
+    let path = std::env::temp_dir().join("torchrl-tour.safetensors");
     fixed.save(&path)?;
     let back = TensorDict::load(&path)?;
     println!(
