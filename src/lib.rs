@@ -63,6 +63,11 @@ pub use tensordict::{cat, stack, AsKey, BatchIndex, Entry, NestedKey, TensorDict
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The RLHF chapter's code, compiled as a doc test so that it stays true to the API.
+#[doc = include_str!("../docs/rlhf.md")]
+#[cfg(doctest)]
+pub struct RlhfDocDoctests;
+
 /// The most used items, for `use torchrl::prelude::*`.
 pub mod prelude {
     pub use crate::data::specs::*;

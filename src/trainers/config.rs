@@ -64,6 +64,7 @@
 //! | `method.scale_reward` | same (`None` also means ignored) | legacy `use_score_scaling` |
 //! | `method.gen_kwargs.max_new_tokens` | same | `response_length` |
 //! | `method.num_value_layers_unfrozen` | same (in the method config, not `model`) | none |
+//! | `train.max_grad_norm` | none (no clipping) | `max_grad_norm` (`TrainingArguments`) |
 //!
 //! trlX fields for tracking and distributed runs (`tracker`, `entity_name`, `peft_config`,
 //! `trainer_kwargs`, `*_extra_configs`) are not part of this config.
