@@ -14,6 +14,11 @@ for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//'); do
 done
 "$PY" benches/python/torchrl_baseline.py > "$py_out"
 "$PY" benches/python/gpt2_baseline.py 2>/dev/null >> "$py_out"
+# W11 / W12: a PPO-RLHF iteration against TRL 1.10's PPOTrainer (JSON -> the same tab format).
+for cfg in flagship:W11_ppo_rlhf_iteration_flagship small:W12_ppo_rlhf_iteration_gpt2_small; do
+  OMP_NUM_THREADS=1 "$PY" benches/python/rlhf_baseline.py --config "${cfg%%:*}" 2>/dev/null | tail -1 | \
+    "$PY" -c "import json,sys; r=json.load(sys.stdin); print(f'${cfg#*:}\t{1/r[\"iteration_s_best\"]:.4f}\t# peak RSS {r[\"peak_rss_mib\"]:.0f} MiB')" >> "$py_out"
+done
 printf '%-34s %14s %14s %9s\n' workload "rust ops/s" "torchrl ops/s" ratio
 while IFS=$'\t' read -r name rust; do
   py=$(awk -F'\t' -v n="$name" '$1==n {print $2}' "$py_out")

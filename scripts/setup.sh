@@ -3,7 +3,8 @@
 # environment outside the clone, and points cargo at it through .cargo/config.toml.
 # Idempotent: a present, version-checked environment is reused.
 # With TORCHRL_WITH_PYTHON_REFS=1 it also installs torchrl/tensordict/gymnasium and transformers /
-# tokenizers (for specs/record*.py and the Python half of the benchmarks); tests never need them.
+# tokenizers, trl (for specs/record*.py and the Python half of the benchmarks); tests never need
+# them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}"
@@ -22,6 +23,12 @@ if [ "${TORCHRL_WITH_PYTHON_REFS:-0}" = "1" ]; then
   "$PY" -c "import torchrl, tensordict, gymnasium, transformers, tokenizers" 2>/dev/null || \
     "$PY" -m pip install -q --disable-pip-version-check torchrl==0.14.1 tensordict gymnasium numpy \
       transformers==5.24.0 tokenizers safetensors
+  # TRL for the recorded RLHF cases (trl 1.16) and, in a folder of its own, TRL 1.10: the last
+  # release that ships PPOTrainer, the baseline of benches/python/rlhf_baseline.py.
+  "$PY" -c "import trl, accelerate, datasets" 2>/dev/null || \
+    "$PY" -m pip install -q --disable-pip-version-check trl==1.16.0 accelerate datasets
+  [ -d "$CACHE/trl110/trl/experimental/ppo" ] || \
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$CACHE/trl110" trl==1.10.0
 fi
 TORCH_DIR=$("$PY" -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
 mkdir -p .cargo
