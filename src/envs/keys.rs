@@ -32,7 +32,8 @@ pub struct EnvKeys {
     /// One `(*prefix, "_reset")` key per done group.
     pub reset: Vec<NestedKey>,
     pub(crate) groups: Vec<DoneGroup>,
-    /// Reward keys with their spec shapes (for reshaping step outputs).
+    /// Reward keys with their spec shapes: step outputs are reshaped to a fixed shape, and
+    /// checked against one with dynamic (`-1`) dims.
     pub(crate) reward_shapes: Vec<(NestedKey, Vec<i64>)>,
     /// Reward keys that `step_mdp` drops (those that are not also state keys).
     pub(crate) mdp_rewards: Vec<NestedKey>,

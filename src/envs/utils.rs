@@ -110,10 +110,27 @@ fn prune_emptied(out: &mut TensorDict, before: &TensorDict) {
     }
 }
 
-/// Views each reward to its spec's shape (a scalar-per-env reward becomes `[*batch, 1]`).
+/// Views each reward to its spec's shape (a scalar-per-env reward becomes `[*batch, 1]`). A
+/// spec with dynamic (`-1`) dims has no shape to view to: the reward is checked against it
+/// instead (same number of dims, fixed dims equal, any size at a `-1`).
 pub(crate) fn reshape_rewards(next: &mut TensorDict, keys: &EnvKeys) -> Result<()> {
     for (key, want) in &keys.reward_shapes {
         let Some(r) = next.get(key) else { continue };
+        if want.contains(&-1) {
+            let size = r.size();
+            let fits =
+                size.len() == want.len() && want.iter().zip(&size).all(|(w, s)| *w == -1 || w == s);
+            if !fits {
+                return Err(Error::ShapeMismatch {
+                    op: "step (reward vs its spec; -1 dims take any size, a dynamic reward is \
+                         not reshaped)",
+                    key: key.to_string(),
+                    expected: want.clone(),
+                    actual: size,
+                });
+            }
+            continue;
+        }
         if !leading_dims_are(r, want) || r.dim() != want.len() {
             if r.numel() as i64 != want.iter().product::<i64>() {
                 return Err(Error::ShapeMismatch {
