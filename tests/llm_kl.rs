@@ -458,17 +458,29 @@ fn specs_get_llm_shapes() {
     let out = RetrieveKL::precomputed()
         .transform_output_spec(specs.clone())
         .unwrap();
-    // TorchRL: reward (*batch, -1, 1), kl_penalty / ref_log_probs.full (*batch, -1); the -1 is
-    // the token length here until specs accept "any length" dims
-    assert_eq!(out.reward.get("reward").unwrap().shape(), &[2, 6, 1]);
-    assert_eq!(out.observation.get("kl_penalty").unwrap().shape(), &[2, 6]);
-    assert_eq!(
-        out.observation
-            .get(("ref_log_probs", "full"))
-            .unwrap()
-            .shape(),
-        &[2, 6]
-    );
+    // TorchRL: reward (*batch, -1, 1), kl_penalty / ref_log_probs.full (*batch, -1): "any
+    // length" dims, whatever the parent's token length (6 here)
+    let reward = out.reward.get("reward").unwrap();
+    assert_eq!(reward.shape(), &[2, -1, 1]);
+    assert!(reward.is_dynamic());
+    assert_eq!(reward.dtype(), Some(Kind::Float));
+    let kl = out.observation.get("kl_penalty").unwrap();
+    assert_eq!(kl.shape(), &[2, -1]);
+    assert!(kl.is_dynamic());
+    let rf = out.observation.get(("ref_log_probs", "full")).unwrap();
+    assert_eq!(rf.shape(), &[2, -1]);
+    assert!(rf.is_dynamic());
+    // any length is in the specs, the batch dim stays fixed
+    let fits = |spec: &torchrl::specs::TensorSpec, shape: &[i64]| {
+        let v = Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+        spec.is_in(&torchrl::Entry::Tensor(v)).unwrap()
+    };
+    for t in [1, 6, 9] {
+        assert!(fits(reward, &[2, t, 1]), "reward of length {t}");
+        assert!(fits(kl, &[2, t]), "kl_penalty of length {t}");
+        assert!(fits(rf, &[2, t]), "ref_log_probs of length {t}");
+    }
+    assert!(!fits(kl, &[3, 6]), "the batch dim is fixed");
     let t = RetrieveKL::precomputed();
     let keys: Vec<String> = t.new_output_keys().iter().map(|k| k.to_string()).collect();
     assert_eq!(keys.len(), 2, "{keys:?}");
@@ -478,15 +490,24 @@ fn specs_get_llm_shapes() {
         .transform_output_spec(specs)
         .unwrap();
     assert_eq!(out.reward.get("reward").unwrap().shape(), &[2, 1]);
-    // no way to tell the length: a clear error
+    // the parent needs no token spec any more (the length is -1), and a double reward keeps
+    // its dtype
     let bare = EnvSpecs::new([2])
         .unwrap()
-        .with_reward("reward", Unbounded::new().with_shape([2, 1]).unwrap())
+        .with_reward(
+            "reward",
+            Unbounded::new()
+                .with_dtype(Kind::Double)
+                .unwrap()
+                .with_shape([2, 1])
+                .unwrap(),
+        )
         .unwrap();
-    let e = KLComputation::new()
-        .transform_output_spec(bare)
-        .unwrap_err();
-    assert!(e.to_string().contains("sequence length"), "{e}");
+    let out = KLComputation::new().transform_output_spec(bare).unwrap();
+    let reward = out.reward.get("reward").unwrap();
+    assert_eq!(reward.shape(), &[2, -1, 1]);
+    assert_eq!(reward.dtype(), Some(Kind::Double));
+    assert_eq!(out.observation.get("kl_penalty").unwrap().shape(), &[2, -1]);
 }
 
 #[test]
@@ -503,13 +524,22 @@ fn reward_scaling_acts_elementwise_on_token_rewards() {
     let r = vec(out.get_or_err("reward").unwrap());
     assert_eq!(out.get_or_err("reward").unwrap().size(), vec![2, 3, 1]);
     assert_eq!(r, vec![0.5, 0.5, 2.5, 0.5, 0.5, -3.5]);
-    // the (B, T, 1) reward spec is kept (a -1 length dim once specs accept it)
+    // the (B, T, 1) reward spec is kept, fixed or "any length"
     let spec = torchrl::data::specs::Composite::new([2])
         .unwrap()
         .with("reward", Unbounded::new().with_shape([2, 3, 1]).unwrap())
         .unwrap();
     let out = t.transform_reward_spec(spec).unwrap();
     assert_eq!(out.get("reward").unwrap().shape(), &[2, 3, 1]);
+    let spec = torchrl::data::specs::Composite::new([2])
+        .unwrap()
+        .with(
+            "reward",
+            Unbounded::new().with_dynamic_shape([2, -1, 1]).unwrap(),
+        )
+        .unwrap();
+    let out = t.transform_reward_spec(spec).unwrap();
+    assert_eq!(out.get("reward").unwrap().shape(), &[2, -1, 1]);
 }
 
 fn scaling_step(s: &mut ScoreScaling, scores: &[f32]) -> Vec<f64> {

@@ -49,10 +49,10 @@
 //! 0.02140276]`.
 //!
 //! # Specs
-//! As TorchRL: the reward spec becomes `Unbounded` of shape `[*batch, L, 1]` (TorchRL's
-//! `(*batch, -1, 1)`), and `kl_penalty` / `ref_log_probs.full` are `Unbounded` observations of
-//! shape `[*batch, L]`. Until specs accept `-1` ("any length") dims, `L` is the sequence
-//! length of the parent's `("tokens", "full")` spec (or, failing that, of its reward spec).
+//! As TorchRL, with "any length" (`-1`) sequence dims (see the [specs' dynamic
+//! dims](crate::specs)): the reward spec becomes `Unbounded` `(*batch, -1, 1)` (in the parent
+//! reward's dtype), and `kl_penalty` / `ref_log_probs.full` are `Unbounded` float32
+//! observations `(*batch, -1)`: the sequence length `T` may change from one step to the next.
 //!
 //! ```
 //! use tch::{Kind, Tensor};
@@ -81,7 +81,7 @@ use tch::{Kind, Tensor};
 
 use crate::data::specs::{TensorSpec, Unbounded};
 use crate::envs::transforms::Transform;
-use crate::envs::{EnvSpecs, SpecGroup};
+use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::LogProbModel;
@@ -224,87 +224,37 @@ fn mask_to_response(
 
 // ------------------------------------------------------------------ specs
 
-/// The length `L` of the `[*batch, L]` / `[*batch, L, 1]` specs these transforms write.
-/// TorchRL writes `-1` ("any length"); our spec constructors refuse negative dims for now, so
-/// this reads the sequence length of the parent's first spec among `length_keys` whose shape
-/// is `[*batch, L]` (searching every group), then of the reward at `reward_key` when it is
-/// `[*batch, L, 1]`. **When specs accept `-1`, this function becomes `Ok(-1)`.**
-fn any_length(
-    op: &'static str,
-    specs: &EnvSpecs,
-    length_keys: &[&NestedKey],
-    reward_key: &NestedKey,
-) -> Result<i64> {
-    let nb = specs.batch_size().len();
-    let groups = [
-        SpecGroup::Observation,
-        SpecGroup::Action,
-        SpecGroup::State,
-        SpecGroup::Reward,
-    ];
-    for key in length_keys {
-        for g in groups {
-            if let Some(s) = specs.group(g).get(*key) {
-                if !s.is_composite() && s.shape().len() == nb + 1 {
-                    if let Some(l) = s.shape().last() {
-                        return Ok(*l);
-                    }
-                }
-            }
-        }
-    }
-    if let Some(s) = specs.reward.get(reward_key) {
-        let sh = s.shape();
-        if sh.len() == nb + 2 && sh.last() == Some(&1) {
-            if let Some(l) = sh.get(nb) {
-                return Ok(*l);
-            }
-        }
-    }
-    Err(Error::invalid(
-        op,
-        format!(
-            "cannot tell the sequence length of the LLM specs: none of {} has a [*batch, T] \
-             spec and the reward spec at {reward_key} is not [*batch, T, 1] (batch size {:?}); \
-             give the env a spec for the tokens",
-            length_keys
-                .iter()
-                .map(|k| k.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            specs.batch_size()
-        ),
-    ))
-}
+/// An "any length" spec dim (TorchRL's `-1`): the sequence dim of the specs written here.
+const ANY: i64 = -1;
 
 /// `batch` followed by `tail`.
 fn with_batch(batch: &[i64], tail: &[i64]) -> Vec<i64> {
     batch.iter().chain(tail).copied().collect()
 }
 
-/// The LLM reward spec: `Unbounded` `[*batch, L, 1]` (TorchRL's `(*batch, -1, 1)`) in the
-/// parent reward's dtype (float32 without one).
-fn llm_reward_spec(specs: &EnvSpecs, len: i64, parent: Option<&TensorSpec>) -> Result<TensorSpec> {
+/// The LLM reward spec: `Unbounded` `(*batch, -1, 1)` in the parent reward's dtype (float32
+/// without one).
+fn llm_reward_spec(specs: &EnvSpecs, parent: Option<&TensorSpec>) -> Result<TensorSpec> {
     let kind = parent.and_then(TensorSpec::dtype).unwrap_or(Kind::Float);
     Ok(Unbounded::new()
-        .with_shape(with_batch(specs.batch_size(), &[len, 1]))?
+        .with_dynamic_shape(with_batch(specs.batch_size(), &[ANY, 1]))?
         .with_dtype(kind)?
         .with_device(specs.device())?
         .into())
 }
 
-/// The `kl_penalty` spec: `Unbounded` float32 `[*batch, L]`.
-fn kl_penalty_spec(specs: &EnvSpecs, len: i64) -> Result<TensorSpec> {
+/// The `kl_penalty` spec: `Unbounded` float32 `(*batch, -1)`.
+fn kl_penalty_spec(specs: &EnvSpecs) -> Result<TensorSpec> {
     Ok(Unbounded::new()
-        .with_shape(with_batch(specs.batch_size(), &[len]))?
+        .with_dynamic_shape(with_batch(specs.batch_size(), &[ANY]))?
         .with_device(specs.device())?
         .into())
 }
 
-/// The `ref_log_probs.full` spec: `Unbounded` float32 `[*batch, L]`.
-fn ref_log_probs_spec(specs: &EnvSpecs, len: i64) -> Result<TensorSpec> {
+/// The `ref_log_probs.full` spec: `Unbounded` float32 `(*batch, -1)`.
+fn ref_log_probs_spec(specs: &EnvSpecs) -> Result<TensorSpec> {
     Ok(Unbounded::new()
-        .with_shape(with_batch(specs.batch_size(), &[len]))?
+        .with_dynamic_shape(with_batch(specs.batch_size(), &[ANY]))?
         .with_device(specs.device())?
         .into())
 }
@@ -477,9 +427,7 @@ impl Transform for RetrieveLogProb {
     }
 
     fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
-        let op = "RetrieveLogProb::transform_output_spec";
-        let len = any_length(op, &specs, &[&self.tokens_key], &"reward".into())?;
-        let spec = ref_log_probs_spec(&specs, len)?;
+        let spec = ref_log_probs_spec(&specs)?;
         specs.observation.set(&self.out_key, spec)?;
         Ok(specs)
     }
@@ -519,7 +467,6 @@ pub struct KLComputation {
     kl_key: NestedKey,
     k3_key: Option<NestedKey>,
     reward_key: NestedKey,
-    tokens_key: NestedKey,
     add_to_reward: bool,
     coeff: f64,
     estimator: KlEstimator,
@@ -543,7 +490,6 @@ impl KLComputation {
             kl_key: "kl_penalty".into(),
             k3_key: None,
             reward_key: "reward".into(),
-            tokens_key: ("tokens", "full").into(),
             add_to_reward: true,
             coeff: 1.0,
             estimator: KlEstimator::K1,
@@ -667,9 +613,6 @@ setters!(KLComputation {
     with_kl_key(key: impl Into<NestedKey>) => kl_key = key.into();
     /// The reward in the next tensordict (default `"reward"`).
     with_reward_key(key: impl Into<NestedKey>) => reward_key = key.into();
-    /// The tokens whose spec gives the sequence length of the specs (default
-    /// `("tokens", "full")`).
-    with_tokens_key(key: impl Into<NestedKey>) => tokens_key = key.into();
     /// Subtract `coeff · kl` from the reward (default `true`).
     with_add_to_reward(add_to_reward: bool);
     /// The KL coefficient (default 1; trlX's `init_kl_coef`, TRL's `kl_coef`).
@@ -696,24 +639,13 @@ impl Transform for KLComputation {
     }
 
     fn transform_output_spec(&self, mut specs: EnvSpecs) -> Result<EnvSpecs> {
-        let op = "KLComputation::transform_output_spec";
-        let len = any_length(
-            op,
-            &specs,
-            &[
-                &self.tokens_key,
-                &self.gen_log_probs_key,
-                &self.ref_log_probs_key,
-            ],
-            &self.reward_key,
-        )?;
-        let kl = kl_penalty_spec(&specs, len)?;
+        let kl = kl_penalty_spec(&specs)?;
         if let Some(k) = &self.k3_key {
             specs.observation.set(k, kl.clone())?;
         }
         specs.observation.set(&self.kl_key, kl)?;
         if self.add_to_reward {
-            let reward = llm_reward_spec(&specs, len, specs.reward.get(&self.reward_key))?;
+            let reward = llm_reward_spec(&specs, specs.reward.get(&self.reward_key))?;
             specs.reward.set(&self.reward_key, reward)?;
         }
         Ok(specs)
