@@ -69,7 +69,11 @@ fn response(rows: &[[i64; 4]]) -> Tensor {
 #[test]
 fn reset_left_pads_the_prompts_and_writes_their_mask() {
     let mut env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
-    assert_eq!(env.prompt_width(), 3);
+    assert_eq!(
+        env.prompt_width(),
+        None,
+        "no fixed width: each reset pads to its longest"
+    );
     let td = env.reset(None).unwrap();
     assert_eq!(td.batch_size(), &[4]);
     let prompt = td.get(("tokens", "prompt")).unwrap();
@@ -539,6 +543,309 @@ fn check_env_specs_passes_and_a_policy_rollout_stays_in_the_specs() {
     assert!(prompts.select(1, 0).equal(&prompts.select(1, 1)));
 }
 
+/// Records the full width `P + R` of every batch it scores.
+fn width_scorer(widths: Arc<Mutex<Vec<i64>>>) -> Box<dyn Scorer> {
+    Box::new(BatchScorer::new(move |input: &ScoreInput<'_>| {
+        widths.lock().unwrap().push(input.tokens.size()[1]);
+        Ok(Tensor::zeros(
+            [input.batch_size],
+            (Kind::Float, Device::Cpu),
+        ))
+    }))
+}
+
+/// Prompts of lengths 1, 1, then 3, 1, then 2, 2 (batch 2): padded widths 1, 3, 2.
+fn uneven_prompts() -> Vec<Vec<i64>> {
+    vec![
+        vec![1],
+        vec![2],
+        vec![3, 4, 5],
+        vec![6],
+        vec![7, 8],
+        vec![9, 10],
+    ]
+}
+
+#[test]
+fn specs_are_any_length_as_torchrl() {
+    let env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
+    let specs = env.specs();
+    let shape = |s: Option<&torchrl::specs::TensorSpec>| s.unwrap().shape().to_vec();
+    assert_eq!(
+        shape(specs.observation.get(("tokens", "prompt"))),
+        vec![4, -1]
+    );
+    assert_eq!(
+        shape(specs.observation.get(("masks", "prompt_attention_mask"))),
+        vec![4, -1]
+    );
+    assert_eq!(shape(specs.action.get(("tokens", "response"))), vec![4, -1]);
+    assert_eq!(shape(specs.reward.get("reward")), vec![4, -1, 1]);
+    assert_eq!(shape(specs.observation.get("score")), vec![4]);
+    assert_eq!(shape(specs.done.get("done")), vec![4, 1]);
+    assert!(specs.reward.get("reward").unwrap().is_dynamic());
+    // a fixed prompt width changes the data, not the specs (TorchRL's -1 either way)
+    let fixed = TokenEnv::new(
+        env_cfg(4).with_prompt_width(5),
+        four_prompts(),
+        zero_scorer(),
+    )
+    .unwrap();
+    assert_eq!(fixed.prompt_width(), Some(5));
+    assert_eq!(fixed.specs(), env.specs());
+}
+
+#[test]
+fn each_reset_pads_to_its_own_longest_prompt() {
+    let widths = Arc::default();
+    let mut env = TokenEnv::new(
+        env_cfg(2),
+        uneven_prompts(),
+        width_scorer(Arc::clone(&widths)),
+    )
+    .unwrap();
+    let specs = env.specs().clone();
+    let mut seen = Vec::new();
+    for (p, r) in [(1, 4), (3, 2), (2, 1)] {
+        let td = env.reset(None).unwrap();
+        let prompt = td.get(("tokens", "prompt")).unwrap().shallow_clone();
+        assert_eq!(prompt.size(), vec![2, p]);
+        specs.observation.check(&td).unwrap();
+        let resp = Tensor::full([2, r], 11, (Kind::Int64, Device::Cpu));
+        let td = env
+            .step(td.with(("tokens", "response"), resp).unwrap())
+            .unwrap();
+        assert_eq!(
+            td.get(("next", "reward")).unwrap().size(),
+            vec![2, p + r, 1]
+        );
+        specs.reward.check(td.get_dict("next").unwrap()).unwrap();
+        specs.action.check(&td).unwrap();
+        seen.push(ints(&prompt));
+    }
+    // left-padded per batch: [1], [2] / [3, 4, 5], [PAD, PAD, 6] / [7, 8], [9, 10]
+    assert_eq!(
+        seen,
+        vec![vec![1, 2], vec![3, 4, 5, PAD, PAD, 6], vec![7, 8, 9, 10]]
+    );
+    assert_eq!(widths.lock().unwrap().clone(), vec![5, 5, 3]);
+}
+
+#[test]
+fn a_partial_reset_pads_to_the_kept_rows_width() {
+    // batches [1, 2] / [3] (width 2), then [4] / [5] (width 1), then [6, 7, 8] / [9]
+    let prompts = vec![
+        vec![1, 2],
+        vec![3],
+        vec![4],
+        vec![5],
+        vec![6, 7, 8],
+        vec![9],
+    ];
+    let mut env = TokenEnv::new(env_cfg(2), prompts, zero_scorer()).unwrap();
+    let td = env.reset(None).unwrap();
+    let td = td
+        .with("_reset", Tensor::from_slice(&[false, true]).view([2, 1]))
+        .unwrap();
+    let td = env.reset(Some(td)).unwrap();
+    // row 0 kept, row 1 is the new batch's row 1 padded to width 2
+    assert_eq!(
+        ints(td.get(("tokens", "prompt")).unwrap()),
+        vec![1, 2, PAD, 5]
+    );
+    assert_eq!(
+        ints(td.get(("masks", "prompt_attention_mask")).unwrap()),
+        vec![1, 1, 0, 1]
+    );
+    // the next batch has a 3-token prompt: it cannot fit the kept width 2
+    let td = td
+        .with("_reset", Tensor::from_slice(&[true, false]).view([2, 1]))
+        .unwrap();
+    expect_err(
+        env.reset(Some(td)),
+        &["partial reset", "width 2", "prompt_width", "3 tokens"],
+    );
+}
+
+#[test]
+fn check_env_specs_passes_with_prompt_widths_changing_across_resets() {
+    let widths = Arc::new(Mutex::new(Vec::new()));
+    let mut env = TokenEnv::new(
+        env_cfg(2),
+        uneven_prompts(),
+        width_scorer(Arc::clone(&widths)),
+    )
+    .unwrap();
+    check_env_specs(&mut env, Some(0)).unwrap();
+    // the check's random responses are 1 wide (size 1 at a -1 dim), so each step's full width
+    // is P + 1: the resets served prompts of widths 1, 3 and 2, all checked step by step
+    let mut w = widths.lock().unwrap().clone();
+    w.sort_unstable();
+    w.dedup();
+    assert_eq!(
+        w,
+        vec![2, 3, 4],
+        "widths seen: {:?}",
+        widths.lock().unwrap()
+    );
+    // a shuffled source too
+    let mut env = TokenEnv::new(
+        env_cfg(2).with_shuffle(true).with_seed(3),
+        uneven_prompts(),
+        zero_scorer(),
+    )
+    .unwrap();
+    check_env_specs(&mut env, Some(1)).unwrap();
+}
+
+#[test]
+fn a_response_narrower_than_max_new_tokens_steps_fine() {
+    let seen: Seen = Arc::default();
+    let mut env =
+        TokenEnv::new(env_cfg(4), four_prompts(), recording_scorer(seen.clone())).unwrap();
+    let td = env.reset(None).unwrap();
+    // R = 2 < max_new_tokens = 4
+    let resp = Tensor::from_slice(&[7i64, EOS, 8, 9, 12, PAD, EOS, PAD]).view([4, 2]);
+    let td = env
+        .step(td.with(("tokens", "response"), resp).unwrap())
+        .unwrap();
+    let reward = td.get(("next", "reward")).unwrap();
+    assert_eq!(reward.size(), vec![4, 5, 1], "P + R = 3 + 2");
+    // lengths 2 (EOS), 2 (no EOS, the full width), 1, 1 (EOS only: an empty scored response);
+    // index P + L - 1 = 4, 4, 3, 3; scores 300 + 7, 100 + 17, 200 + 12, 100 + 0
+    let mut expected = vec![0.0f32; 20];
+    expected[4] = 307.0;
+    expected[5 + 4] = 117.0;
+    expected[10 + 3] = 212.0;
+    expected[15 + 3] = 100.0;
+    assert_eq!(floats(reward), expected);
+    assert_eq!(
+        bools(td.get(("next", "terminated")).unwrap()),
+        vec![true, false, false, true]
+    );
+    assert_eq!(
+        bools(td.get(("next", "truncated")).unwrap()),
+        vec![false, true, true, false]
+    );
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![
+            (vec![1, 2, 3], vec![7]),
+            (vec![4], vec![8, 9]),
+            (vec![5, 6], vec![12]),
+            (vec![7], vec![]),
+        ]
+    );
+    // the step is in the specs
+    let specs = env.specs().clone();
+    specs.action.check(&td).unwrap();
+    specs.reward.check(td.get_dict("next").unwrap()).unwrap();
+    // a given full sequence / assistant mask must be P + R wide too
+    let td = env.reset(None).unwrap();
+    let resp = Tensor::from_slice(&[7i64, EOS, 8, 9, 12, PAD, EOS, PAD]).view([4, 2]);
+    let wrong_asst = Tensor::zeros([4, 7], (Kind::Int64, Device::Cpu));
+    let e = env
+        .step(
+            td.with(("tokens", "response"), resp)
+                .unwrap()
+                .with(("masks", "all_assistant_mask"), wrong_asst)
+                .unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::ShapeMismatch { ref expected, ref actual, .. } if expected == &[4, 5] && actual == &[4, 7]),
+        "{e}"
+    );
+}
+
+/// A fixed-spec env with a `[B]` reward and `[B, 1]` spec, or a dynamic-spec one whose reward
+/// has the shape `reward` (spec `[B, -1, 1]`).
+struct RewardShapeEnv {
+    core: torchrl::envs::EnvCore,
+    reward: Vec<i64>,
+}
+
+impl RewardShapeEnv {
+    fn new(spec: &[i64], dynamic: bool, reward: &[i64]) -> Self {
+        let r = torchrl::specs::Unbounded::new();
+        let r = if dynamic {
+            r.with_dynamic_shape(spec).unwrap()
+        } else {
+            r.with_shape(spec).unwrap()
+        };
+        let specs = torchrl::envs::EnvSpecs::new([2])
+            .unwrap()
+            .with_action(
+                "action",
+                torchrl::specs::Categorical::new(2)
+                    .unwrap()
+                    .with_shape([2])
+                    .unwrap(),
+            )
+            .unwrap()
+            .with_reward("reward", r)
+            .unwrap();
+        RewardShapeEnv {
+            core: torchrl::envs::EnvCore::new(specs).unwrap(),
+            reward: reward.to_vec(),
+        }
+    }
+}
+
+impl EnvBase for RewardShapeEnv {
+    fn core(&self) -> &torchrl::envs::EnvCore {
+        &self.core
+    }
+    fn core_mut(&mut self) -> &mut torchrl::envs::EnvCore {
+        &mut self.core
+    }
+    fn reset_impl(&mut self, _td: Option<&TensorDict>) -> torchrl::Result<TensorDict> {
+        TensorDict::new([2])
+    }
+    fn step_impl(&mut self, _td: &TensorDict) -> torchrl::Result<TensorDict> {
+        let n: i64 = self.reward.iter().product();
+        let r = Tensor::arange(n, (Kind::Float, Device::Cpu)).view(self.reward.as_slice());
+        TensorDict::new([2])?.with("reward", r)
+    }
+}
+
+fn reward_after_step(env: &mut RewardShapeEnv) -> torchrl::Result<Tensor> {
+    let td = env.reset(None)?;
+    let td = env.rand_action(Some(td))?;
+    let td = env.step(td)?;
+    Ok(td.get_or_err(("next", "reward"))?.shallow_clone())
+}
+
+#[test]
+fn dynamic_reward_specs_are_checked_not_reshaped() {
+    // fixed spec: today's reshape ([2] -> [2, 1]; also tests/envs.rs
+    // step_validates_batch_size_and_reshapes_rewards and check.rs's doc example)
+    let r = reward_after_step(&mut RewardShapeEnv::new(&[2, 1], false, &[2])).unwrap();
+    assert_eq!((r.size(), floats(&r)), (vec![2, 1], vec![0.0, 1.0]));
+    let e = reward_after_step(&mut RewardShapeEnv::new(&[2, 1], false, &[2, 3])).unwrap_err();
+    assert!(e.to_string().contains("reward reshape"), "{e}");
+    // dynamic spec: any length at -1, kept as returned
+    for t in [1, 5] {
+        let r = reward_after_step(&mut RewardShapeEnv::new(&[2, -1, 1], true, &[2, t, 1])).unwrap();
+        assert_eq!(r.size(), vec![2, t, 1]);
+    }
+    // ...and no reshape: a [2, 5] reward (same elements as some [2, -1, 1]) is an error naming
+    // the key and both shapes, as is a wrong fixed dim
+    for bad in [vec![2, 5], vec![2, 5, 2], vec![2, 5, 1, 1]] {
+        let e = reward_after_step(&mut RewardShapeEnv::new(&[2, -1, 1], true, &bad)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::ShapeMismatch { .. }), "{msg}");
+        for needle in [
+            "reward",
+            "[2, -1, 1]",
+            &format!("{bad:?}"),
+            "-1 dims take any size",
+        ] {
+            assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+        }
+    }
+}
+
 fn expect_err<T: std::fmt::Debug>(r: torchrl::Result<T>, needles: &[&str]) -> Error {
     let e = r.unwrap_err();
     let msg = e.to_string();
@@ -599,19 +906,46 @@ fn bad_prompts_and_configs_are_errors() {
         TokenEnv::from_text(env_cfg(1), &ByteTokenizer::new(), &["hi"], zero_scorer()),
         &["tokenizer", "vocabulary size 20", "vocabulary size 259"],
     );
-    // explicit prompts: count, width
+    // explicit prompts: count, ids; wider than the source's prompts is fine without a fixed
+    // width (the reset pads to 3)
     let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], zero_scorer()).unwrap();
     expect_err(
         env.reset_with_prompts(&[vec![1]]),
         &["2 prompts", "1 prompts"],
     );
-    expect_err(
-        env.reset_with_prompts(&[vec![1], vec![1, 2, 3]]),
-        &["prompts[1]", "prompt width 2", "3 tokens"],
-    );
+    let td = env.reset_with_prompts(&[vec![1], vec![1, 2, 3]]).unwrap();
+    assert_eq!(td.get(("tokens", "prompt")).unwrap().size(), vec![2, 3]);
     expect_err(
         env.reset_with_prompts(&[vec![1], vec![20]]),
         &["token id 20"],
+    );
+    // a fixed width: wider prompts are refused, at construction and in explicit resets
+    expect_err(
+        TokenEnv::new(
+            env_cfg(2).with_prompt_width(1),
+            vec![vec![1, 2], vec![3]],
+            zero_scorer(),
+        ),
+        &["prompts[0]", "fixed prompt width 1", "2 tokens"],
+    );
+    let mut env = TokenEnv::new(
+        env_cfg(2).with_prompt_width(2),
+        vec![vec![1, 2], vec![3]],
+        zero_scorer(),
+    )
+    .unwrap();
+    expect_err(
+        env.reset_with_prompts(&[vec![1], vec![1, 2, 3]]),
+        &["prompts[1]", "fixed prompt width 2", "3 tokens"],
+    );
+    // and a width that leaves no room for max_new_tokens is a config error
+    expect_err(
+        TokenEnv::new(
+            env_cfg(2).with_prompt_width(13),
+            vec![vec![1]],
+            zero_scorer(),
+        ),
+        &["prompt_width", "16 - 4 = 12", "13"],
     );
 }
 
@@ -636,16 +970,79 @@ fn bad_responses_are_errors() {
             ..
         }
     ));
-    // width: 3 instead of max_new_tokens 4
-    let e = expect_err(
-        step(&mut env, ok.narrow(1, 0, 3)),
-        &["\"tokens\", \"response\""],
+    // width: wider than max_new_tokens 4, or empty
+    let wide = Tensor::cat(&[&ok, &ok.narrow(1, 0, 1)], 1);
+    expect_err(
+        step(&mut env, wide),
+        &[
+            "\"tokens\", \"response\"",
+            "1 <= R <= max_new_tokens = 4",
+            "shape [2, 5]",
+        ],
     );
+    expect_err(
+        step(&mut env, ok.narrow(1, 0, 0)),
+        &["1 <= R <= max_new_tokens = 4", "shape [2, 0]"],
+    );
+    // 1-D, 3-D (another batch is refused by the tensordict itself)
+    expect_err(step(&mut env, ok.select(1, 0)), &["[2, R]", "shape [2]"]);
+    expect_err(
+        step(&mut env, ok.unsqueeze(-1)),
+        &["[2, R]", "shape [2, 4, 1]"],
+    );
+    // a prompt of another batch, or wider than the context allows, or not the fixed width
+    let bad_prompt = |p: Tensor| {
+        td.clone()
+            .with(("tokens", "prompt"), p)
+            .unwrap()
+            .with(("tokens", "response"), ok.shallow_clone())
+            .unwrap()
+    };
+    let int = (Kind::Int64, Device::Cpu);
+    expect_err(
+        env.step(bad_prompt(Tensor::zeros([2, 13], int))),
+        &[
+            "\"tokens\", \"prompt\"",
+            "P <= n_positions - max_new_tokens = 12",
+            "shape [2, 13]",
+        ],
+    );
+    expect_err(
+        env.step(bad_prompt(Tensor::zeros([2], int))),
+        &["\"tokens\", \"prompt\"", "shape [2]"],
+    );
+    // a prompt mask of another width than the prompt
+    let td_mask = td
+        .clone()
+        .with(
+            ("masks", "prompt_attention_mask"),
+            Tensor::ones([2, 3], int),
+        )
+        .unwrap()
+        .with(("tokens", "response"), ok.shallow_clone())
+        .unwrap();
+    let e = expect_err(env.step(td_mask), &["prompt_attention_mask"]);
     assert!(
-        matches!(e, Error::ShapeMismatch { ref expected, ref actual, .. } if expected == &[2, 4] && actual == &[2, 3])
+        matches!(e, Error::ShapeMismatch { ref expected, ref actual, .. } if expected == &[2, 2] && actual == &[2, 3])
     );
-    // 1-D
-    expect_err(step(&mut env, ok.select(1, 0)), &["[2, 4]", "shape [2]"]);
+    let mut fixed = TokenEnv::new(
+        env_cfg(2).with_prompt_width(3),
+        vec![vec![1, 2], vec![3]],
+        zero_scorer(),
+    )
+    .unwrap();
+    let td_fixed = fixed.reset(None).unwrap();
+    assert_eq!(
+        td_fixed.get(("tokens", "prompt")).unwrap().size(),
+        vec![2, 3]
+    );
+    expect_err(
+        fixed.step(bad_prompt(Tensor::zeros([2, 2], int))),
+        &[
+            "[2, 3] (batch, TokenEnvConfig::prompt_width)",
+            "shape [2, 2]",
+        ],
+    );
     // token id out of range
     expect_err(
         step(&mut env, ok.copy().fill_diagonal_(25, false)),

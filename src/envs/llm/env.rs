@@ -2,8 +2,10 @@
 //! batch of prompts, the policy answers with a response, and the step scores it.
 //!
 //! # Layout
-//! Batch size `[B]`; every token tensor is int64. `P` is the padded prompt width and `R` the
-//! response width.
+//! Batch size `[B]`; every token tensor is int64. `P` is the padded prompt width of the
+//! reset (its batch's longest prompt, or [`TokenEnvConfig::prompt_width`] when set) and `R`
+//! the response width (the policy's output width, `1 ≤ R ≤ max_new_tokens`); both may
+//! change from one step to the next.
 //!
 //! Written by the reset (and kept under `"next"` by the step):
 //! - `("tokens", "prompt")` `[B, P]`: the prompts, **left**-padded with the pad id;
@@ -38,14 +40,21 @@
 //!   sequence the next prompt; here the episode is over and the next reset serves new prompts).
 //!
 //! # Specs
-//! Observation `("tokens", "prompt")` `Categorical(vocab)` `[B, P]`, its mask `Categorical(2)`
-//! `[B, P]`, `"score"` `Unbounded` `[B]`; action `("tokens", "response")` `Categorical(vocab)`
-//! `[B, R]`; reward `Unbounded` `[B, P + R, 1]`; `done` / `terminated` / `truncated` bool
-//! `[B, 1]`. TorchRL declares the token dims as "any length" (`-1`). Our specs do not take
-//! such dims yet, so the env uses fixed widths: `P` is the longest prompt of the source (or
-//! [`TokenEnvConfig::prompt_width`]), `R` is `max_new_tokens`, and a response must be exactly
-//! `R` wide (the [`GenerationPolicy`](super::policy::GenerationPolicy) pads to it). Each
-//! shape is built in one private function, so switching to `-1` is one line per spec.
+//! As TorchRL's, with "any length" (`-1`) token dims (see the [specs' dynamic
+//! dims](crate::specs)): observation `("tokens", "prompt")` `Categorical(vocab)` `[B, -1]`,
+//! its mask `Categorical(2)` `[B, -1]`, `"score"` `Unbounded` `[B]`; action `("tokens",
+//! "response")` `Categorical(vocab)` `[B, -1]`; reward `Unbounded` `[B, -1, 1]` (`P + R` on
+//! each step); `done` / `terminated` / `truncated` bool `[B, 1]`. The base env checks each
+//! reward against its spec's rule instead of reshaping it, and
+//! [`check_env_specs`](crate::envs::check_env_specs) checks such an env step by step.
+//!
+//! Without [`TokenEnvConfig::prompt_width`], each reset pads its batch to its own longest
+//! prompt, so `P` varies between resets (a partial reset pads to the width of the rows it
+//! keeps, and errors on a wider prompt). A trainer that concatenates chunks of rollouts along
+//! the batch (e.g. [`PpoRlhfTrainer`](crate::trainers::ppo::PpoRlhfTrainer)'s store) needs one
+//! width: set `prompt_width` (at least the longest prompt), and have the policy pad its
+//! responses to `max_new_tokens` (the [`GenerationPolicy`](super::policy::GenerationPolicy)
+//! does).
 //!
 //! # Prompts
 //! A list of token-id prompts, served `batch_size` at a time, in order or shuffled (a new
@@ -63,6 +72,8 @@
 //! // score = response length (EOS excluded)
 //! let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.len() as f64);
 //! let mut env = TokenEnv::new(cfg, vec![vec![1, 2], vec![3]], Box::new(scorer))?;
+//! let reward_spec = env.specs().reward.get("reward").map(|s| s.shape().to_vec());
+//! assert_eq!(reward_spec, Some(vec![2, -1, 1])); // any length: P + R of each step
 //! let td = env.reset(None)?;
 //! let prompt = td.get_or_err(("tokens", "prompt"))?;
 //! assert_eq!(Vec::<i64>::try_from(prompt.view([-1]))?, vec![1, 2, 0, 3]); // left-padded
@@ -138,7 +149,9 @@ pub struct TokenEnvConfig {
     /// The seed of the prompt order (default 0; [`EnvBase::set_seed`] reseeds it too).
     #[serde(default)]
     pub seed: u64,
-    /// The padded prompt width `P` (`None`: the longest prompt of the source).
+    /// A fixed padded prompt width `P` for every reset (`None`, the default: each reset pads
+    /// to its batch's longest prompt). A trainer that concatenates chunks of rollouts along
+    /// the batch wants one width: set it to at least the longest prompt.
     #[serde(default)]
     pub prompt_width: Option<i64>,
 }
@@ -190,7 +203,7 @@ impl TokenEnvConfig {
         with_shuffle(shuffle: bool);
         /// Sets the seed of the prompt order.
         with_seed(seed: u64);
-        /// Sets the padded prompt width.
+        /// Sets a fixed padded prompt width for every reset.
         with_prompt_width(width: i64) => prompt_width = Some(width);
     }
 
@@ -336,44 +349,29 @@ impl PromptSource {
 
 // ------------------------------------------------------------------ specs
 
-// One function per spec shape: when specs take "any length" (-1) dims, the token widths
-// become -1 here and nowhere else.
+/// An "any length" spec dim (TorchRL's `-1`).
+const ANY: i64 = -1;
 
-fn prompt_shape(b: i64, p: i64) -> [i64; 2] {
-    [b, p]
-}
-
-fn response_shape(b: i64, r: i64) -> [i64; 2] {
-    [b, r]
-}
-
-fn reward_shape(b: i64, t: i64) -> [i64; 3] {
-    [b, t, 1]
-}
-
-fn build_specs(cfg: &TokenEnvConfig, p: i64) -> Result<EnvSpecs> {
-    let (b, r, v) = (cfg.batch_size, cfg.max_new_tokens, cfg.vocab_size);
+fn build_specs(cfg: &TokenEnvConfig) -> Result<EnvSpecs> {
+    let (b, v) = (cfg.batch_size, cfg.vocab_size);
     let flag = Categorical::new(2)?
         .with_shape([b, 1])?
         .with_dtype(Kind::Bool)?;
     EnvSpecs::new([b])?
         .with_observation(
             PROMPT_KEY,
-            Categorical::new(v)?.with_shape(prompt_shape(b, p))?,
+            Categorical::new(v)?.with_dynamic_shape([b, ANY])?,
         )?
         .with_observation(
             PROMPT_MASK_KEY,
-            Categorical::new(2)?.with_shape(prompt_shape(b, p))?,
+            Categorical::new(2)?.with_dynamic_shape([b, ANY])?,
         )?
         .with_observation("score", Unbounded::new().with_shape([b])?)?
         .with_action(
             RESPONSE_KEY,
-            Categorical::new(v)?.with_shape(response_shape(b, r))?,
+            Categorical::new(v)?.with_dynamic_shape([b, ANY])?,
         )?
-        .with_reward(
-            "reward",
-            Unbounded::new().with_shape(reward_shape(b, p + r))?,
-        )?
+        .with_reward("reward", Unbounded::new().with_dynamic_shape([b, ANY, 1])?)?
         .with_done("done", flag.clone())?
         .with_done("terminated", flag.clone())?
         .with_done("truncated", flag)
@@ -385,7 +383,6 @@ fn build_specs(cfg: &TokenEnvConfig, p: i64) -> Result<EnvSpecs> {
 pub struct TokenEnv {
     core: EnvCore,
     config: TokenEnvConfig,
-    prompt_width: i64,
     source: PromptSource,
     scorer: Box<dyn Scorer>,
     /// Prompts for the next reset, from [`TokenEnv::reset_with_prompts`].
@@ -396,7 +393,6 @@ impl fmt::Debug for TokenEnv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TokenEnv")
             .field("config", &self.config)
-            .field("prompt_width", &self.prompt_width)
             .field("prompts", &self.source.prompts.len())
             .finish_non_exhaustive()
     }
@@ -420,16 +416,13 @@ impl TokenEnv {
                 "an empty list",
             ));
         }
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
-        let prompt_width = config.prompt_width.unwrap_or(longest);
         for (i, p) in prompts.iter().enumerate() {
-            check_prompt(op, &config, prompt_width, i, p)?;
+            check_prompt(op, &config, i, p)?;
         }
-        let specs = build_specs(&config, prompt_width)?;
+        let specs = build_specs(&config)?;
         Ok(TokenEnv {
             core: EnvCore::new(specs)?,
             source: PromptSource::new(prompts, config.shuffle, config.seed),
-            prompt_width,
             config,
             scorer,
             pending: None,
@@ -479,9 +472,10 @@ impl TokenEnv {
         &self.config
     }
 
-    /// The padded prompt width `P`.
-    pub fn prompt_width(&self) -> i64 {
-        self.prompt_width
+    /// The fixed padded prompt width of every reset ([`TokenEnvConfig::prompt_width`]);
+    /// `None` when each reset pads to its batch's longest prompt.
+    pub fn prompt_width(&self) -> Option<i64> {
+        self.config.prompt_width
     }
 
     /// Resets with these prompts (exactly `batch_size` of them, checked like the source's)
@@ -498,7 +492,7 @@ impl TokenEnv {
             ));
         }
         for (i, p) in prompts.iter().enumerate() {
-            check_prompt(op, &self.config, self.prompt_width, i, p)?;
+            check_prompt(op, &self.config, i, p)?;
         }
         self.pending = Some(prompts.to_vec());
         let out = self.reset(None);
@@ -506,13 +500,26 @@ impl TokenEnv {
         out
     }
 
-    /// The prompts, left-padded to `[B, P]`, with their mask.
-    fn pad_prompts(&self, prompts: &[Vec<i64>]) -> Result<(Tensor, Tensor)> {
+    /// The prompts, left-padded to `[B, P]`, with their mask. `P`: the fixed prompt width,
+    /// else `keep` (the width of the rows a partial reset keeps), else the longest prompt.
+    fn pad_prompts(&self, prompts: &[Vec<i64>], keep: Option<i64>) -> Result<(Tensor, Tensor)> {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) as i64;
         let (b, w, pad) = (
             self.config.batch_size,
-            self.prompt_width,
+            self.config.prompt_width.or(keep).unwrap_or(longest),
             self.config.pad_id(),
         );
+        if longest > w {
+            return Err(Error::value(
+                "TokenEnv::reset",
+                "(\"tokens\", \"prompt\")",
+                format!(
+                    "prompts of at most {w} tokens: a partial reset keeps its other rows at their \
+                     width {w} (set TokenEnvConfig::prompt_width to give every reset one width)"
+                ),
+                format!("a prompt of {longest} tokens"),
+            ));
+        }
         let wu = usize::try_from(w).unwrap_or(0);
         let mut ids = Vec::with_capacity(prompts.len() * wu);
         let mut mask = Vec::with_capacity(ids.capacity());
@@ -533,15 +540,22 @@ impl TokenEnv {
     }
 }
 
-/// Errors for an empty prompt, ids outside `[0, vocab)`, or a prompt wider than the env's
-/// prompt width / the context.
-fn check_prompt(
-    op: &'static str,
-    cfg: &TokenEnvConfig,
-    width: i64,
-    i: usize,
-    p: &[i64],
-) -> Result<()> {
+/// The prompt width of the rows a partial reset keeps: `td`'s `[B, P]` prompt when its
+/// `"_reset"` mask leaves a row out; `None` for a full reset.
+fn partial_reset_width(td: &TensorDict) -> Result<Option<i64>> {
+    let (Some(reset), Some(prompt)) = (td.get("_reset"), td.get(PROMPT_KEY)) else {
+        return Ok(None);
+    };
+    let keeps_a_row = crate::envs::utils::any_true(&reset.f_to_kind(Kind::Bool)?.f_logical_not()?)?;
+    Ok(match prompt.size().as_slice() {
+        [_, p] if keeps_a_row => Some(*p),
+        _ => None,
+    })
+}
+
+/// Errors for an empty prompt, ids outside `[0, vocab)`, or a prompt wider than the context /
+/// the config's fixed prompt width.
+fn check_prompt(op: &'static str, cfg: &TokenEnvConfig, i: usize, p: &[i64]) -> Result<()> {
     let name = format!("prompts[{i}]");
     if p.is_empty() {
         return Err(Error::argument(
@@ -572,18 +586,41 @@ fn check_prompt(
             format!("{n} tokens + max_new_tokens {}", cfg.max_new_tokens),
         ));
     }
-    if n > width {
+    if let Some(width) = cfg.prompt_width.filter(|w| n > *w) {
         return Err(Error::argument(
             op,
             &name,
-            format!(
-                "at most the env's prompt width {width} tokens (the longest prompt of its source, \
-                 or TokenEnvConfig::prompt_width; fixed until specs take any-length dims)"
-            ),
+            format!("at most the env's fixed prompt width {width} tokens (TokenEnvConfig::prompt_width)"),
             format!("{n} tokens"),
         ));
     }
     Ok(())
+}
+
+/// The width `P` of a step's `[B, P]` prompt: 2-D with the env's batch, at least one token,
+/// room for `max_new_tokens` in the context, and the config's fixed width when it has one.
+fn prompt_width_of(op: &'static str, cfg: &TokenEnvConfig, prompt: &Tensor) -> Result<i64> {
+    let (b, room) = (cfg.batch_size, cfg.n_positions - cfg.max_new_tokens);
+    let size = prompt.size();
+    let (fits, want) = match cfg.prompt_width {
+        Some(w) => (
+            size == [b, w],
+            format!("[{b}, {w}] (batch, TokenEnvConfig::prompt_width)"),
+        ),
+        None => (
+            matches!(size.as_slice(), [pb, p] if *pb == b && (1..=room).contains(p)),
+            format!("[{b}, P] with 1 <= P <= n_positions - max_new_tokens = {room}"),
+        ),
+    };
+    match (fits, size.as_slice()) {
+        (true, [_, p]) => Ok(*p),
+        _ => Err(Error::value(
+            op,
+            "(\"tokens\", \"prompt\")",
+            format!("a prompt of shape {want}"),
+            format!("shape {}", ShapeFmt(&size)),
+        )),
+    }
 }
 
 /// `t` as int64 of shape `expected`, or an error naming `key`.
@@ -710,15 +747,20 @@ impl EnvBase for TokenEnv {
     crate::envs::base::env_core_field!();
 
     /// Serves the next `batch_size` prompts (or those of [`TokenEnv::reset_with_prompts`]).
-    /// A partial reset draws a full batch too; the base env keeps the old rows it does not
-    /// reset.
-    fn reset_impl(&mut self, _td: Option<&TensorDict>) -> Result<TensorDict> {
+    /// A partial reset draws a full batch too, padded to the width of the prompts it is given
+    /// (an error when a new prompt is wider and no fixed width is set); the base env keeps
+    /// the old rows it does not reset.
+    fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let b = self.config.batch_size;
+        let keep = match td {
+            Some(td) => partial_reset_width(td)?,
+            None => None,
+        };
         let prompts = match self.pending.take() {
             Some(p) => p,
             None => self.source.next_batch(usize::try_from(b).unwrap_or(0)),
         };
-        let (ids, mask) = self.pad_prompts(&prompts)?;
+        let (ids, mask) = self.pad_prompts(&prompts, keep)?;
         let device = self.core.specs().device();
         let no = Tensor::f_zeros([b, 1], (Kind::Bool, device))?;
         TensorDict::new([b])?
@@ -733,10 +775,11 @@ impl EnvBase for TokenEnv {
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
         let op = "TokenEnv::step";
         let cfg = &self.config;
-        let (b, p, r) = (cfg.batch_size, self.prompt_width, cfg.max_new_tokens);
+        let (b, max_r) = (cfg.batch_size, cfg.max_new_tokens);
         let device = self.core.specs().device();
-        let prompt =
-            int_tensor(op, PROMPT_KEY, td.get_or_err(PROMPT_KEY)?, &[b, p])?.f_to_device(device)?;
+        let prompt = td.get_or_err(PROMPT_KEY)?;
+        let p = prompt_width_of(op, cfg, prompt)?;
+        let prompt = int_tensor(op, PROMPT_KEY, prompt, &[b, p])?.f_to_device(device)?;
         let prompt_mask = int_tensor(
             op,
             PROMPT_MASK_KEY,
@@ -744,25 +787,28 @@ impl EnvBase for TokenEnv {
             &[b, p],
         )?
         .f_to_device(device)?;
+        let want =
+            format!("[{b}, R] with 1 <= R <= max_new_tokens = {max_r} (batch, response width)");
         let Some(response) = td.get(RESPONSE_KEY) else {
             return Err(Error::value(
                 op,
                 "(\"tokens\", \"response\")",
-                format!("the policy's response, int64 [{b}, {r}] (batch, max_new_tokens)"),
+                format!("the policy's response, int64 {want}"),
                 "no such entry",
             ));
         };
-        if response.dim() != 2 || response.size().first() != Some(&b) {
-            return Err(Error::value(
-                op,
-                "(\"tokens\", \"response\")",
-                format!("a response of shape [{b}, {r}] (batch, max_new_tokens)"),
-                format!("shape {}", ShapeFmt(&response.size())),
-            ));
-        }
-        // Fixed width until specs take any-length dims (see the module docs).
-        let response =
-            int_tensor(op, RESPONSE_KEY, response, &response_shape(b, r))?.f_to_device(device)?;
+        let r = match response.size().as_slice() {
+            [rb, r] if *rb == b && (1..=max_r).contains(r) => *r,
+            other => {
+                return Err(Error::value(
+                    op,
+                    "(\"tokens\", \"response\")",
+                    format!("a response of shape {want}"),
+                    format!("shape {}", ShapeFmt(other)),
+                ))
+            }
+        };
+        let response = int_tensor(op, RESPONSE_KEY, response, &[b, r])?.f_to_device(device)?;
         check_ids(op, PROMPT_KEY, &prompt, cfg.vocab_size)?;
         check_ids(op, RESPONSE_KEY, &response, cfg.vocab_size)?;
 
