@@ -93,9 +93,17 @@ fn rlhf_flagship_smoke_run_writes_its_outputs_and_resumes() -> torchrl::Result<(
     // the first iteration's KL to the (identical) reference is exactly zero
     assert_eq!(s.rows[0].kl, 0.0);
     for r in &s.rows {
-        assert!((0.0..=1.0).contains(&r.true_score) && r.loss.is_finite(), "{r:?}");
+        assert!(
+            (0.0..=1.0).contains(&r.true_score) && r.loss.is_finite(),
+            "{r:?}"
+        );
     }
-    for f in ["rlhf_log.csv", "rlhf_curves.png", "sft/config.json", "reward_model/model.safetensors"] {
+    for f in [
+        "rlhf_log.csv",
+        "rlhf_curves.png",
+        "sft/config.json",
+        "reward_model/model.safetensors",
+    ] {
         assert!(out.join(f).exists(), "{f}");
     }
     let csv = std::fs::read_to_string(out.join("rlhf_log.csv")).unwrap();

@@ -43,7 +43,7 @@ fn cfg() -> Gpt2Config {
 fn trl_config(dir: &std::path::Path, target: Option<f64>) -> TrlConfig {
     let mut c = TrlConfig::default();
     c.train.batch_size = 4;
-    c.train.epochs = 3;
+    c.train.epochs = 10; // a budget the tests do not reach: every epoch ends with its KL update
     c.train.log_interval = 1;
     c.train.eval_interval = 1000;
     c.train.checkpoint_interval = 1000;
@@ -76,7 +76,8 @@ fn trainer(dir: &std::path::Path, target: Option<f64>) -> (VarStore, PpoRlhfTrai
         .with_max_new_tokens(NEW)
         .with_batch_size(8)
         .with_prompt_width(3);
-    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.iter().filter(|&&t| t == 97).count() as f64);
+    let scorer =
+        TokenScorer::new(|_p: &[i64], r: &[i64]| r.iter().filter(|&&t| t == 97).count() as f64);
     let prompts = ["ab", "cd", "efg", "h"];
     let env = TokenEnv::from_text(env_cfg, &tok, &prompts, Box::new(scorer)).unwrap();
     let t = PpoRlhfTrainer::new(trl_config(dir, target), model, env, Box::new(tok)).unwrap();
@@ -92,7 +93,9 @@ fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
     // row 0: 3 real tokens then padding; row 1: 4 real tokens
     let tokens = Tensor::from_slice(&[5i64, 6, 7, 257, 8, 9, 10, 11]).view([2, 4]);
     let mask = Tensor::from_slice(&[1i64, 1, 1, 0, 1, 1, 1, 1]).view([2, 4]);
-    let loss = causal_lm_loss(&model, &tokens, &mask).unwrap().double_value(&[]);
+    let loss = causal_lm_loss(&model, &tokens, &mask)
+        .unwrap()
+        .double_value(&[]);
     // by hand: row 0 predicts tokens 1..2 from a right-padded forward, row 1 predicts 1..3
     let logits = model
         .forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask), None)
@@ -113,7 +116,10 @@ fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
     // no predicted token at all is an error
     let one = Tensor::from_slice(&[5i64, 257]).view([1, 2]);
     let m = Tensor::from_slice(&[1i64, 0]).view([1, 2]);
-    assert!(matches!(causal_lm_loss(&model, &one, &m), Err(Error::InvalidValue { .. })));
+    assert!(matches!(
+        causal_lm_loss(&model, &one, &m),
+        Err(Error::InvalidValue { .. })
+    ));
 }
 
 #[test]
@@ -121,7 +127,8 @@ fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
     let _g = lock();
     tch::manual_seed(1);
     let vs = VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg()).unwrap()).unwrap();
+    let rm = Gpt2ScoreModel::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg()).unwrap())
+        .unwrap();
     let pairs = vec![
         PreferencePair::new(vec![1, 2, 3], vec![1, 2]),
         PreferencePair::new(vec![4, 5], vec![6, 7, 8, 9]),
@@ -131,25 +138,46 @@ fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
     let score = |side: &str| {
         let ids = td.get((side, "tokens", "full")).unwrap();
         let mask = td.get((side, "masks", "all_attention_mask")).unwrap();
-        rm.forward(&Gpt2Input::new(ids).with_attention_mask(mask)).unwrap()
+        rm.forward(&Gpt2Input::new(ids).with_attention_mask(mask))
+            .unwrap()
     };
     let (c, r) = tch::no_grad(|| (score("chosen"), score("rejected")));
     let margin = (&c - &r).mean(Kind::Double).double_value(&[]);
-    let accuracy = (&c - &r).gt(0.0).to_kind(Kind::Double).mean(Kind::Double).double_value(&[]);
+    let accuracy = (&c - &r)
+        .gt(0.0)
+        .to_kind(Kind::Double)
+        .mean(Kind::Double)
+        .double_value(&[]);
     // -log σ(c − r), mean, plus TorchRL's centring 0.01 · mean(c² + r²)
-    let bt = (&c - &r).neg().softplus().mean(Kind::Double).double_value(&[]);
-    let center = 0.01 * (c.square() + r.square()).mean(Kind::Double).double_value(&[]);
+    let bt = (&c - &r)
+        .neg()
+        .softplus()
+        .mean(Kind::Double)
+        .double_value(&[]);
+    let center = 0.01
+        * (c.square() + r.square())
+            .mean(Kind::Double)
+            .double_value(&[]);
     let trainer = RewardModelTrainer::new(
         rm,
-        RewardTrainerConfig::default().with_center_coeff(0.01).with_pad_token_id(257),
+        RewardTrainerConfig::default()
+            .with_center_coeff(0.01)
+            .with_pad_token_id(257),
     )
     .unwrap();
     let stats = trainer.evaluate(&pairs).unwrap();
     assert!((stats.margin - margin).abs() < 1e-6);
     assert!((stats.accuracy - accuracy).abs() < 1e-6); // the loss reports it in float32
-    assert!((stats.loss - (bt + center)).abs() < 1e-5, "{} vs {}", stats.loss, bt + center);
+    assert!(
+        (stats.loss - (bt + center)).abs() < 1e-5,
+        "{} vs {}",
+        stats.loss,
+        bt + center
+    );
     assert!(collate_preferences(&[], 257, Device::Cpu).is_err());
-    assert!(collate_preferences(&[PreferencePair::new(vec![], vec![1])], 257, Device::Cpu).is_err());
+    assert!(
+        collate_preferences(&[PreferencePair::new(vec![], vec![1])], 257, Device::Cpu).is_err()
+    );
 }
 
 #[test]
@@ -168,7 +196,10 @@ fn ppo_iteration_layout_zero_kl_at_init_and_unit_ratio_on_the_first_step() {
     };
     // 8 rollouts, minibatches of 4, 2 epochs: 4 optimizer steps, logged at steps 0..3
     assert_eq!(stats.iter_count, 4);
-    assert_eq!(logged.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(
+        logged.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
     // the hydra reference equals the policy at init: the first rollout's KL is exactly 0
     assert_eq!(stats.kl, 0.0);
     assert_eq!(stats.kl_k3, 0.0);
@@ -180,19 +211,38 @@ fn ppo_iteration_layout_zero_kl_at_init_and_unit_ratio_on_the_first_step() {
     // the store: TorchRL's layout, prompt width 3 + response width NEW
     let store = t.store().unwrap();
     assert_eq!(store.batch_size(), &[8]);
-    assert_eq!(store.get(("tokens", "full")).unwrap().size(), vec![8, 3 + NEW]);
-    assert_eq!(store.get(("next", "reward")).unwrap().size(), vec![8, 3 + NEW, 1]);
+    assert_eq!(
+        store.get(("tokens", "full")).unwrap().size(),
+        vec![8, 3 + NEW]
+    );
+    assert_eq!(
+        store.get(("next", "reward")).unwrap().size(),
+        vec![8, 3 + NEW, 1]
+    );
     // with zero KL the reward is the score at the last response token and 0 elsewhere
     let reward = store.get(("next", "reward")).unwrap().squeeze_dim(-1);
     let score = store.get(("next", "score")).unwrap();
     let summed = reward.sum_dim_intlist(1, false, Kind::Double);
-    assert!((summed - score.to_kind(Kind::Double)).abs().max().double_value(&[]) < 1e-6);
+    assert!(
+        (summed - score.to_kind(Kind::Double))
+            .abs()
+            .max()
+            .double_value(&[])
+            < 1e-6
+    );
     let assistant = store.get(("masks", "all_assistant_mask")).unwrap();
     let outside = reward.abs() * (assistant.ones_like() - assistant).to_kind(Kind::Float);
     assert_eq!(outside.sum(Kind::Double).double_value(&[]), 0.0);
     // values are aligned with the tokens: column 0 holds no value
     let values = store.get("values").unwrap();
-    assert_eq!(values.narrow(1, 0, 1).abs().sum(Kind::Double).double_value(&[]), 0.0);
+    assert_eq!(
+        values
+            .narrow(1, 0, 1)
+            .abs()
+            .sum(Kind::Double)
+            .double_value(&[]),
+        0.0
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -225,7 +275,11 @@ fn evaluate_and_sample_decode_the_responses() {
     let dir = tempdir("eval");
     let (_vs, t) = trainer(&dir, None);
     let lens = |s: &[String]| Ok(s.iter().map(|x| x.len() as f64).collect());
-    let mut t = t.with_evaluation(vec!["ab".into(), "c".into()], Some(Box::new(lens)), Vec::new());
+    let mut t = t.with_evaluation(
+        vec!["ab".into(), "c".into()],
+        Some(Box::new(lens)),
+        Vec::new(),
+    );
     let report = t.evaluate().unwrap();
     assert_eq!(report.samples.len(), 2);
     let mean = report.samples.iter().map(|s| s.len() as f64).sum::<f64>() / 2.0;
@@ -277,7 +331,10 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
     let build = |config: TrlConfig, env_vocab: i64, tok_vocab_ok: bool| {
         let vs = VarStore::new(Device::Cpu);
         let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1).unwrap();
-        let env_cfg = TokenEnvConfig::new(env_vocab, 16).with_max_new_tokens(NEW).with_batch_size(2);
+        let env_cfg = TokenEnvConfig::new(env_vocab, 16)
+            .with_max_new_tokens(NEW)
+            .with_batch_size(2);
+        // (2 prompts per reset: chunk_size 2, num_rollouts 2 in `good` below)
         let scorer = TokenScorer::new(|_p: &[i64], _r: &[i64]| 0.0);
         let env = TokenEnv::new(env_cfg, vec![vec![1, 2]], Box::new(scorer)).unwrap();
         let tok: Box<dyn TextTokenizer> = if tok_vocab_ok {
@@ -287,7 +344,9 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
         };
         PpoRlhfTrainer::new(config, model, env, tok).map(|_| ())
     };
-    let good = trl_config(&dir, None);
+    let mut good = trl_config(&dir, None);
+    good.method.chunk_size = 2;
+    good.method.num_rollouts = 2;
     assert!(build(good.clone(), 259, true).is_ok());
     // the tokenizer's vocabulary is not the model's
     let err = build(good.clone(), 259, false).unwrap_err();
@@ -298,7 +357,20 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
     // a bad PPO field names itself
     let mut bad = good.clone();
     bad.method.cliprange = 0.0;
-    assert!(matches!(build(bad, 259, true), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(
+        build(bad, 259, true),
+        Err(Error::InvalidConfig { .. })
+    ));
+    // a chunk size other than the env's batch
+    let mut chunk = good.clone();
+    chunk.method.chunk_size = 4;
+    let err = build(chunk, 259, true).unwrap_err();
+    assert!(err.to_string().contains("chunk_size"), "{err}");
+    // several chunks per rollout need one prompt width
+    let mut many = good.clone();
+    many.method.num_rollouts = 4;
+    let err = build(many, 259, true).unwrap_err();
+    assert!(err.to_string().contains("prompt_width"), "{err}");
     // generation wider than the env's responses
     let mut wide = good;
     wide.method.gen_kwargs.max_new_tokens = 9;
@@ -314,7 +386,11 @@ impl TextTokenizer for SmallVocab {
     fn encode(&self, text: &str) -> torchrl::Result<Vec<i64>> {
         Ok(text.bytes().map(|b| i64::from(b % 10)).collect())
     }
-    fn decode(&self, ids: &[i64], _special: torchrl::modules::llm::SpecialTokens) -> torchrl::Result<String> {
+    fn decode(
+        &self,
+        ids: &[i64],
+        _special: torchrl::modules::llm::SpecialTokens,
+    ) -> torchrl::Result<String> {
         Ok(ids.iter().map(|i| i.to_string()).collect())
     }
     fn vocab_size(&self) -> i64 {
@@ -332,7 +408,10 @@ impl TextTokenizer for SmallVocab {
 }
 
 fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("torchrl-rlhf-trainer-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "torchrl-rlhf-trainer-{name}-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }

@@ -395,76 +395,69 @@ fn register_font() -> bool {
     false
 }
 
+/// One panel of the plot: a title and one named curve.
+struct Panel {
+    title: &'static str,
+    label: &'static str,
+    color: plotters::style::RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
 fn plot(path: &Path, rows: &[Row]) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     let text = register_font();
     let root = BitMapBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(500);
-    let n = rows.len().max(2) as f64 - 1.0;
-    let panels: [(
-        &DrawingArea<_, _>,
-        &str,
-        Vec<(&str, RGBColor, Vec<(f64, f64)>)>,
-    ); 2] = [
-        (
-            &left,
-            "hidden-rule score of the rollouts",
-            vec![(
-                "true score",
-                BLUE,
-                rows.iter()
-                    .map(|r| (r.iteration as f64, r.true_score))
-                    .collect(),
-            )],
-        ),
-        (
-            &right,
-            "KL to the reference (k1, per sequence)",
-            vec![(
-                "KL",
-                RED,
-                rows.iter().map(|r| (r.iteration as f64, r.kl)).collect(),
-            )],
-        ),
+    let x0 = rows.first().map_or(0.0, |r| r.iteration as f64);
+    let x1 = rows
+        .last()
+        .map_or(1.0, |r| r.iteration as f64)
+        .max(x0 + 1.0);
+    let panels = [
+        Panel {
+            title: "hidden-rule score of the rollouts",
+            label: "true score",
+            color: BLUE,
+            points: rows
+                .iter()
+                .map(|r| (r.iteration as f64, r.true_score))
+                .collect(),
+        },
+        Panel {
+            title: "KL to the reference (k1, per sequence)",
+            label: "KL",
+            color: RED,
+            points: rows.iter().map(|r| (r.iteration as f64, r.kl)).collect(),
+        },
     ];
-    for (area, title, series) in panels {
-        let ys = series.iter().flat_map(|(_, _, p)| p.iter().map(|q| q.1));
-        let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| {
-            (a.min(y), b.max(y))
-        });
-        let (lo, hi) = if lo.is_finite() {
-            (lo.min(0.0), hi.max(lo + 1e-3) * 1.1)
-        } else {
-            (0.0, 1.0)
-        };
+    for (area, panel) in [&left, &right].into_iter().zip(panels) {
+        let (lo, hi) = panel
+            .points
+            .iter()
+            .fold((0.0f64, 1e-3f64), |(a, b), p| (a.min(p.1), b.max(p.1)));
         let mut builder = ChartBuilder::on(area);
         builder
             .margin(12)
             .x_label_area_size(if text { 30 } else { 5 })
             .y_label_area_size(if text { 45 } else { 5 });
         if text {
-            builder.caption(title, ("sans-serif", 18));
+            builder.caption(panel.title, ("sans-serif", 18));
         }
-        let mut chart = builder.build_cartesian_2d(0.0..n, lo..hi)?;
+        let mut chart = builder.build_cartesian_2d(x0..x1, lo..hi * 1.1)?;
         let mut mesh = chart.configure_mesh();
         if text {
             mesh.x_desc("iteration");
         } else {
-            mesh.disable_x_mesh()
-                .disable_y_mesh()
-                .x_labels(0)
-                .y_labels(0);
+            mesh.x_labels(0).y_labels(0);
         }
         mesh.draw()?;
-        for (name, color, points) in series {
-            let s = chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?;
-            if text {
-                s.label(name)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-            }
-        }
+        let color = panel.color;
+        let series = chart.draw_series(LineSeries::new(panel.points, color.stroke_width(2)))?;
         if text {
+            series
+                .label(panel.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
             chart.configure_series_labels().border_style(BLACK).draw()?;
         }
     }
@@ -521,7 +514,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let env = TokenEnv::from_text(env_config, &tok, &prompt_refs, Box::new(scorer))?;
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
-    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg), model, env, Box::new(tok.clone()))?
+    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg), model, env, Box::new(tok))?
         .with_evaluation(eval_prompts, Some(Box::new(hidden)), Vec::new());
     let ckpt_dir = cfg.out.join("checkpoints");
     if cfg.resume {

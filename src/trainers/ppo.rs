@@ -197,6 +197,26 @@ impl PpoRlhfTrainer {
             ));
         }
         let m = &config.method;
+        if env.config().batch_size != m.chunk_size as i64 {
+            return Err(Error::config(
+                OP,
+                "method.chunk_size",
+                format!(
+                    "the env's batch size (prompts per reset), {}",
+                    env.config().batch_size
+                ),
+                m.chunk_size,
+            ));
+        }
+        if m.num_rollouts > m.chunk_size && env.prompt_width().is_none() {
+            return Err(Error::config(
+                OP,
+                "method.num_rollouts",
+                "at most chunk_size, or an env with a fixed TokenEnvConfig::prompt_width (chunks \
+                 of rollouts are concatenated along the batch, so their prompts need one width)",
+                m.num_rollouts,
+            ));
+        }
         let rollout_gen = generation_config(m.experience_gen_kwargs(), &env)?;
         let eval_gen = generation_config(&m.gen_kwargs, &env)?;
         let mut scaling = ScoreScaling::new(scale_mode(m.scale_reward))
@@ -712,12 +732,13 @@ impl RlTrainer for PpoRlhfTrainer {
             .into_iter()
             .map(|(n, p)| (n, p.shallow_clone()))
             .collect();
-        let reference: Vec<(String, Tensor)> = self
+        let mut reference: Vec<(String, Tensor)> = self
             .model
             .reference_store()
             .variables()
             .into_iter()
             .collect();
+        reference.sort_by(|a, b| a.0.cmp(&b.0));
         vec![
             ("model".to_string(), Component::tensors(model)),
             ("reference".to_string(), Component::tensors(reference)),

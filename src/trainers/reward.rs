@@ -302,12 +302,12 @@ impl RewardModelTrainer {
         }
         let out = self.loss.forward(&td)?;
         let total = out.total_loss()?;
-        let c = td.get_or_err(keys.chosen.join("score"))?;
-        let r = td.get_or_err(keys.rejected.join("score"))?;
+        let c = td.get_or_err(keys.chosen.join(&keys.score))?;
+        let r = td.get_or_err(keys.rejected.join(&keys.score))?;
         let stats = RewardStats {
             loss: total.double_value(&[]),
             accuracy: out.accuracy.double_value(&[]),
-            margin: c.f_sub(&r)?.f_mean(Kind::Float)?.double_value(&[]),
+            margin: out.margin.double_value(&[]),
             chosen: c.f_mean(Kind::Float)?.double_value(&[]),
             rejected: r.f_mean(Kind::Float)?.double_value(&[]),
         };
