@@ -13,7 +13,8 @@
 //! side), then the peak resident memory (`VmHWM`) and the parameter bytes held. Env:
 //! `TORCHRL_BENCH_RLHF=flagship|small|both` (default `both`; each config in its own process
 //! gives clean peak-memory numbers), `TORCHRL_BENCH_ITERS` (timed iterations, default 4 for
-//! the flagship, 2 for small), `TORCHRL_BENCH_THREADS` (default 1).
+//! the flagship, 2 for small), `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN`
+//! (the hydra split; `-1` trains every block against a full frozen copy, as TRL does).
 
 use std::time::Instant;
 
@@ -113,7 +114,10 @@ fn run(shape: &Shape, iters: usize) -> Result<()> {
     tch::manual_seed(0);
     let (eos, pad) = if shape.vocab == 259 {
         let t = ByteTokenizer::new();
-        (t.eos_token_id().unwrap_or(256), t.pad_token_id().unwrap_or(257))
+        (
+            t.eos_token_id().unwrap_or(256),
+            t.pad_token_id().unwrap_or(257),
+        )
     } else {
         (50256, 50256) // GPT-2's single special id, as the Python side
     };
@@ -124,13 +128,21 @@ fn run(shape: &Shape, iters: usize) -> Result<()> {
         .with_n_head(shape.heads)
         .with_special_tokens(None, eos, pad);
     let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, shape.unfrozen)?;
+    let unfrozen = std::env::var("TORCHRL_BENCH_UNFROZEN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(shape.unfrozen);
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, unfrozen)?;
     let rm_vs = VarStore::new(Device::Cpu);
     let rm = Gpt2ScoreModel::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
     let mut rng = Generator::new(0);
     let top = if shape.vocab == 259 { 256 } else { 50255 };
     let prompts: Vec<Vec<i64>> = (0..shape.prompts * (iters + 1))
-        .map(|_| (0..shape.prompt_len).map(|_| rng.below(top) as i64).collect())
+        .map(|_| {
+            (0..shape.prompt_len)
+                .map(|_| rng.below(top) as i64)
+                .collect()
+        })
         .collect();
     let env_cfg = TokenEnvConfig::for_model(&cfg)
         .with_max_new_tokens(shape.new_tokens)
@@ -177,11 +189,14 @@ fn run(shape: &Shape, iters: usize) -> Result<()> {
         .sum();
     println!("{}\t{:.4}", shape.name, 1.0 / best);
     println!(
-        "# {}: best {:.4} s/iteration over {:?}; peak RSS {:.0} MiB; parameters held {:.1} MiB \
-         (policy + value head + hydra reference + reward model)",
+        "# {}: num_layers_unfrozen {unfrozen}; best {:.4} s/iteration over {:?}; peak RSS {:.0} \
+         MiB; parameters held {:.1} MiB (policy + value head + hydra reference + reward model)",
         shape.name,
         best,
-        times.iter().map(|t| (t * 1e4).round() / 1e4).collect::<Vec<_>>(),
+        times
+            .iter()
+            .map(|t| (t * 1e4).round() / 1e4)
+            .collect::<Vec<_>>(),
         peak_rss_mib(),
         params as f64 / (1024.0 * 1024.0)
     );
