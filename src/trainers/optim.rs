@@ -29,6 +29,7 @@ use tch::{nn, Tensor};
 
 use crate::error::{Error, Result};
 use crate::macros::setters;
+use crate::objectives::optim::clip_grad_norm_tensors;
 use crate::trainers::config::{AdamWKwargs, CosineKwargs};
 
 /// `torch.optim.AdamW` (`amsgrad=False`, `maximize=False`) over a list of named parameters.
@@ -325,6 +326,37 @@ impl AdamW {
         Ok(())
     }
 
+    /// One training step on `loss`: zero the gradients, backward, clip the global gradient
+    /// norm to `max_grad_norm` (when given), step. Returns the norm before clipping (`None`
+    /// without clipping).
+    ///
+    /// ```
+    /// use tch::{Kind, Tensor};
+    /// use torchrl::trainers::optim::AdamW;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let w = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
+    /// let mut opt = AdamW::new(vec![("w".into(), w.shallow_clone())], 0.1)?;
+    /// let loss = (&w * &w).sum(Kind::Float) * 0.5; // gradient = w = (3, 4), norm 5
+    /// let norm = opt.backward_step(&loss, Some(1.0))?;
+    /// assert!((norm.unwrap() - 5.0).abs() < 1e-6);
+    /// assert!(w.double_value(&[0]) < 3.0);
+    /// # Ok(()) }
+    /// ```
+    pub fn backward_step(
+        &mut self,
+        loss: &Tensor,
+        max_grad_norm: Option<f64>,
+    ) -> Result<Option<f64>> {
+        self.zero_grad();
+        loss.f_backward()?;
+        let norm = match max_grad_norm {
+            Some(max) => Some(clip_grad_norm_tensors(&self.params, max)?),
+            None => None,
+        };
+        self.step()?;
+        Ok(norm)
+    }
+
     /// Zeroes every parameter's gradient in place (see the type's docs).
     pub fn zero_grad(&mut self) {
         for p in &mut self.params {
@@ -610,4 +642,14 @@ impl CosineAnnealingLr {
             .ok_or_else(|| Error::value(OP, "last_epoch", "a step count", "none"))?;
         Ok(s)
     }
+}
+
+/// Shallow clones of named parameters (what [`AdamW::new`] and
+/// [`Component::tensors`](super::api::Component::tensors) take from a model's
+/// `named_parameters()`).
+pub fn shallow_named(params: Vec<(String, &Tensor)>) -> Vec<(String, Tensor)> {
+    params
+        .into_iter()
+        .map(|(n, p)| (n, p.shallow_clone()))
+        .collect()
 }

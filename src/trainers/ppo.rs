@@ -47,7 +47,7 @@ use tch::{Kind, Tensor};
 
 use super::api::{Callbacks, Component, EvalReport, MetricFn, RewardFn, RlTrainer, Stats};
 use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrlConfig};
-use super::optim::{AdamW, CosineAnnealingLr};
+use super::optim::{shallow_named, AdamW, CosineAnnealingLr};
 use crate::envs::llm::{
     GenerationPolicy, KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling,
     TokenEnv,
@@ -62,7 +62,6 @@ use crate::objectives::llm::{
     align_values_to_tokens, compute_ppo_rlhf_advantages, AdaptiveKLController, FixedKLController,
     KlController, PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
 };
-use crate::objectives::optim::clip_grad_norm_tensors;
 use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
 use crate::tensordict::{cat, BatchIndex, TensorDict};
@@ -419,13 +418,7 @@ impl PpoRlhfTrainer {
         compute_ppo_rlhf_advantages(&mut mb, &keys, &self.loss_config)?;
         let loss = PpoRlhfLoss::new(self.model.policy()).with_config(self.loss_config.clone())?;
         let out = loss.forward(&mb)?;
-        self.opt.zero_grad();
-        out.loss.f_backward()?;
-        let grad_norm = match self.max_grad_norm {
-            Some(max) => clip_grad_norm_tensors(self.opt.params(), max)?,
-            None => f64::NAN,
-        };
-        self.opt.step()?;
+        let grad_norm = self.opt.backward_step(&out.loss, self.max_grad_norm)?;
         let lr = self.sched.step();
         self.opt.set_lr(lr);
         let mut stats: Stats = out
@@ -437,8 +430,8 @@ impl PpoRlhfTrainer {
         stats.insert("loss".into(), out.loss.double_value(&[]));
         stats.insert("lr".into(), lr);
         stats.insert("kl_coef".into(), self.kl_ctl.value());
-        if grad_norm.is_finite() {
-            stats.insert("grad_norm".into(), grad_norm);
+        if let Some(norm) = grad_norm {
+            stats.insert("grad_norm".into(), norm);
         }
         Ok(stats)
     }
@@ -562,6 +555,23 @@ impl PpoRlhfTrainer {
         Ok(out)
     }
 
+    /// Every policy parameter (trunk and value head) by name.
+    fn policy_params(&self) -> Vec<(String, Tensor)> {
+        shallow_named(self.model.policy().named_parameters())
+    }
+
+    /// The frozen reference branch's parameters, sorted by name.
+    fn reference_params(&self) -> Vec<(String, Tensor)> {
+        let mut named: Vec<(String, Tensor)> = self
+            .model
+            .reference_store()
+            .variables()
+            .into_iter()
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    }
+
     /// The trainer's own state (KL coefficient, counters, running moments, generator).
     fn state_json(&self) -> Value {
         let scaling = self.env.transform().get_as::<ScoreScaling>(SCALING);
@@ -648,13 +658,9 @@ impl PpoRlhfTrainer {
 /// The policy's trainable parameters (trunk blocks above the frozen ones and the value head)
 /// by name.
 fn named_trainable(model: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
-    model
-        .policy()
-        .named_parameters()
-        .into_iter()
-        .filter(|(_, p)| p.requires_grad())
-        .map(|(n, p)| (n, p.shallow_clone()))
-        .collect()
+    let mut named = shallow_named(model.policy().named_parameters());
+    named.retain(|(_, p)| p.requires_grad());
+    named
 }
 
 impl RlTrainer for PpoRlhfTrainer {
@@ -725,23 +731,15 @@ impl RlTrainer for PpoRlhfTrainer {
     }
 
     fn get_components(&self) -> Vec<(String, Component)> {
-        let model: Vec<(String, Tensor)> = self
-            .model
-            .policy()
-            .named_parameters()
-            .into_iter()
-            .map(|(n, p)| (n, p.shallow_clone()))
-            .collect();
-        let mut reference: Vec<(String, Tensor)> = self
-            .model
-            .reference_store()
-            .variables()
-            .into_iter()
-            .collect();
-        reference.sort_by(|a, b| a.0.cmp(&b.0));
         vec![
-            ("model".to_string(), Component::tensors(model)),
-            ("reference".to_string(), Component::tensors(reference)),
+            (
+                "model".to_string(),
+                Component::tensors(self.policy_params()),
+            ),
+            (
+                "reference".to_string(),
+                Component::tensors(self.reference_params()),
+            ),
             ("opt".to_string(), Component::from_adamw(&self.opt)),
             (
                 "scheduler".to_string(),
@@ -758,23 +756,9 @@ impl RlTrainer for PpoRlhfTrainer {
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         use super::api::take_component;
         let model = take_component(&mut components, "model")?;
-        let named: Vec<(String, Tensor)> = self
-            .model
-            .policy()
-            .named_parameters()
-            .into_iter()
-            .map(|(n, p)| (n, p.shallow_clone()))
-            .collect();
-        model.copy_into(&named)?;
+        model.copy_into(&self.policy_params())?;
         let reference = take_component(&mut components, "reference")?;
-        let mut ref_named: Vec<(String, Tensor)> = self
-            .model
-            .reference_store()
-            .variables()
-            .into_iter()
-            .collect();
-        ref_named.sort_by(|a, b| a.0.cmp(&b.0));
-        reference.copy_into(&ref_named)?;
+        reference.copy_into(&self.reference_params())?;
         let opt = take_component(&mut components, "opt")?;
         self.opt.load_state(&opt.tensors, &opt.state)?;
         let sched = take_component(&mut components, "scheduler")?;

@@ -41,12 +41,11 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::optim::AdamW;
+use super::optim::{shallow_named, AdamW};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{pad_rows, Gpt2ScoreModel, PaddingSide};
 use crate::modules::TensorDictModule;
-use crate::objectives::optim::clip_grad_norm_tensors;
 use crate::objectives::{LossModule, LossOutput, RewardModelLoss};
 use crate::tensordict::TensorDict;
 
@@ -185,7 +184,6 @@ pub struct RewardStats {
 pub struct RewardModelTrainer {
     model: Gpt2ScoreModel,
     loss: RewardModelLoss,
-    params: Vec<Tensor>,
     opt: AdamW,
     config: RewardTrainerConfig,
     steps: usize,
@@ -203,13 +201,8 @@ impl std::fmt::Debug for RewardModelTrainer {
 impl RewardModelTrainer {
     /// A trainer of every parameter of `model`.
     pub fn new(model: Gpt2ScoreModel, config: RewardTrainerConfig) -> Result<Self> {
-        let named: Vec<(String, Tensor)> = model
-            .named_parameters()
-            .into_iter()
-            .map(|(n, t)| (n, t.shallow_clone()))
-            .collect();
-        let params = named.iter().map(|(_, t)| t.shallow_clone()).collect();
-        let opt = AdamW::new(named, config.lr)?.with_weight_decay(config.weight_decay);
+        let opt = AdamW::new(shallow_named(model.named_parameters()), config.lr)?
+            .with_weight_decay(config.weight_decay);
         let mut loss = RewardModelLoss::new();
         if let Some(c) = config.center_coeff {
             loss = loss.with_center_coeff(c)?;
@@ -217,7 +210,6 @@ impl RewardModelTrainer {
         Ok(RewardModelTrainer {
             model,
             loss,
-            params,
             opt,
             config,
             steps: 0,
@@ -253,13 +245,8 @@ impl RewardModelTrainer {
     /// One optimizer step on an already collated batch ([`collate_preferences`]'s layout
     /// under the loss's keys).
     pub fn step_on(&mut self, td: TensorDict) -> Result<RewardStats> {
-        self.opt.zero_grad();
         let (total, stats) = self.forward(td)?;
-        total.f_backward()?;
-        if let Some(max) = self.config.max_grad_norm {
-            clip_grad_norm_tensors(&self.params, max)?;
-        }
-        self.opt.step()?;
+        self.opt.backward_step(&total, self.config.max_grad_norm)?;
         self.steps += 1;
         Ok(stats)
     }
@@ -276,7 +263,10 @@ impl RewardModelTrainer {
     }
 
     fn device(&self) -> Device {
-        self.params.first().map_or(Device::Cpu, Tensor::device)
+        self.opt
+            .params()
+            .first()
+            .map_or(Device::Cpu, Tensor::device)
     }
 
     fn forward(&self, td: TensorDict) -> Result<(Tensor, RewardStats)> {

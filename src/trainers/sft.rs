@@ -33,13 +33,12 @@
 
 use tch::{Kind, Tensor};
 
-use super::optim::AdamW;
+use super::optim::{shallow_named, AdamW};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{
     pad_rows, position_ids_from_mask, token_log_probs, Gpt2Input, Gpt2Model, PaddingSide,
 };
-use crate::objectives::optim::clip_grad_norm_tensors;
 
 /// Mean next-token negative log-likelihood of `tokens` `[B, T]` under `model`, over the
 /// positions whose token and previous token are real (`attention_mask` 1). An error when no
@@ -129,7 +128,6 @@ impl SftConfig {
 /// docs](self)).
 #[derive(Debug)]
 pub struct SftTrainer {
-    params: Vec<Tensor>,
     opt: AdamW,
     config: SftConfig,
     steps: usize,
@@ -138,17 +136,10 @@ pub struct SftTrainer {
 impl SftTrainer {
     /// A trainer of every parameter of `model`.
     pub fn new(model: &Gpt2Model, config: SftConfig) -> Result<Self> {
-        let named: Vec<(String, Tensor)> = model
-            .named_parameters()
-            .into_iter()
-            .map(|(n, t)| (n, t.shallow_clone()))
-            .collect();
-        let params = named.iter().map(|(_, t)| t.shallow_clone()).collect();
-        let opt = AdamW::new(named, config.lr)?
+        let opt = AdamW::new(shallow_named(model.named_parameters()), config.lr)?
             .with_betas([config.betas.0, config.betas.1])
             .with_weight_decay(config.weight_decay);
         Ok(SftTrainer {
-            params,
             opt,
             config,
             steps: 0,
@@ -164,13 +155,8 @@ impl SftTrainer {
     /// the step.
     pub fn step(&mut self, model: &Gpt2Model, rows: &[Vec<i64>]) -> Result<f64> {
         let (tokens, mask) = self.batch(model, rows)?;
-        self.opt.zero_grad();
         let loss = causal_lm_loss(model, &tokens, &mask)?;
-        loss.f_backward()?;
-        if let Some(max) = self.config.max_grad_norm {
-            clip_grad_norm_tensors(&self.params, max)?;
-        }
-        self.opt.step()?;
+        self.opt.backward_step(&loss, self.config.max_grad_norm)?;
         self.steps += 1;
         Ok(loss.double_value(&[]))
     }

@@ -836,45 +836,22 @@ impl TokenPolicyValue for CausalLmWithHydraValueHead {
     }
 }
 
-impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for &T {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        (**self).log_probs_and_values(tokens, attention_mask)
-    }
+/// `TokenPolicyValue` through a reference or a smart pointer, forwarding to the pointee.
+macro_rules! forward_token_policy_value {
+    ($($ptr:ty),*) => {$(
+        impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for $ptr {
+            fn log_probs_and_values(
+                &self,
+                tokens: &Tensor,
+                attention_mask: &Tensor,
+            ) -> Result<(Tensor, Tensor)> {
+                (**self).log_probs_and_values(tokens, attention_mask)
+            }
+        }
+    )*};
 }
 
-impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for Box<T> {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        (**self).log_probs_and_values(tokens, attention_mask)
-    }
-}
-
-impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for Rc<T> {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        (**self).log_probs_and_values(tokens, attention_mask)
-    }
-}
-
-impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for Arc<T> {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        (**self).log_probs_and_values(tokens, attention_mask)
-    }
-}
+forward_token_policy_value!(&T, Box<T>, Rc<T>, Arc<T>);
 
 /// A closure `(tokens, attention_mask) -> (log_probs, values)` as a [`TokenPolicyValue`].
 ///
