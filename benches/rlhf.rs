@@ -150,7 +150,7 @@ fn run(shape: &Shape, iters: usize) -> Result<()> {
     let env = TokenEnv::new(env_cfg, prompts, Box::new(RewardModelScorer::new(rm)))?;
     let mut c = TrlConfig::default();
     c.train.batch_size = shape.minibatch;
-    c.train.epochs = iters + 1;
+    c.train.epochs = iters + 2; // never the last step: no final evaluate + save inside the timing
     c.train.log_interval = 1_000_000;
     c.train.eval_interval = 1_000_000;
     c.train.checkpoint_interval = 1_000_000;

@@ -6,7 +6,7 @@
 //! specs (actions, states, done flags and observations at the root; rewards, done flags and
 //! observations under `"next"`). Each error names the key, the spec and the value.
 //!
-//! **Dynamic specs.** When a spec has a dynamic (`-1`) dim (see [`crate::specs`]), successive
+//! **Dynamic specs.** When a spec has a dynamic (`-1`) dim (see [`crate::data::specs`]), successive
 //! steps may carry different lengths there, and a rollout cannot stack them (TorchRL lazily
 //! stacks them instead, with `return_contiguous=False`). `check_env_specs` then steps the env by
 //! hand (reset, then 3 random-action steps, stopping on done or auto-resetting, as the two

@@ -215,7 +215,7 @@ impl Bounded {
 
     /// The spec expanded to `safe_shape(shape)` (size 1 at each `-1` of `shape`, TorchRL's
     /// expand rule otherwise), then dynamic at each `-1` of `shape` (any length; see
-    /// [`crate::specs`], "Dynamic dims"): `Bounded::new(-1.0, 1.0, [1])?.with_dynamic_shape([4,
+    /// [`crate::data::specs`], "Dynamic dims"): `Bounded::new(-1.0, 1.0, [1])?.with_dynamic_shape([4,
     /// -1])` has shape `[4, -1]`. The bounds must be the same along the dims made dynamic.
     pub fn with_dynamic_shape(self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let shape = shape.as_ref();

@@ -427,7 +427,7 @@ macro_rules! leaf_spec_api {
             }
 
             /// True when `value` is in the spec: its dtype matches, its shape fits (the shape
-            /// rule of [`crate::specs`]) and its values are in the spec's domain (see the type's
+            /// rule of [`crate::data::specs`]) and its values are in the spec's domain (see the type's
             /// docs).
             pub fn is_in(&self, value: &Tensor) -> Result<bool> {
                 LeafSpec::is_in(self, value)
@@ -449,7 +449,7 @@ macro_rules! leaf_spec_api {
             }
 
             /// True when the shape has a dynamic (`-1`) dim, one of any length (see
-            /// [`crate::specs`], "Dynamic dims").
+            /// [`crate::data::specs`], "Dynamic dims").
             pub fn is_dynamic(&self) -> bool {
                 LeafSpec::is_dynamic(self)
             }
@@ -528,7 +528,7 @@ macro_rules! leaf_spec_api {
     (@ dynamic_shape $t:ident) => {
         impl $t {
             /// Like `with_shape`, where each `-1` dim of `shape` is dynamic (any length; see
-            /// [`crate::specs`], "Dynamic dims"): the spec is set to `shape` with size 1 there,
+            /// [`crate::data::specs`], "Dynamic dims"): the spec is set to `shape` with size 1 there,
             /// then [`make_neg_dim`](Self::make_neg_dim) marks those dims. Errors on dims below
             /// -1 and on a `-1` last dim that holds the categories.
             pub fn with_dynamic_shape(self, shape: impl AsRef<[i64]>) -> Result<Self> {

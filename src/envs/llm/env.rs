@@ -41,7 +41,7 @@
 //!
 //! # Specs
 //! As TorchRL's, with "any length" (`-1`) token dims (see the [specs' dynamic
-//! dims](crate::specs)): observation `("tokens", "prompt")` `Categorical(vocab)` `[B, -1]`,
+//! dims](crate::data::specs)): observation `("tokens", "prompt")` `Categorical(vocab)` `[B, -1]`,
 //! its mask `Categorical(2)` `[B, -1]`, `"score"` `Unbounded` `[B]`; action `("tokens",
 //! "response")` `Categorical(vocab)` `[B, -1]`; reward `Unbounded` `[B, -1, 1]` (`P + R` on
 //! each step); `done` / `terminated` / `truncated` bool `[B, 1]`. The base env checks each
@@ -51,7 +51,7 @@
 //! Without [`TokenEnvConfig::prompt_width`], each reset pads its batch to its own longest
 //! prompt, so `P` varies between resets (a partial reset pads to the width of the rows it
 //! keeps, and errors on a wider prompt). A trainer that concatenates chunks of rollouts along
-//! the batch (e.g. [`PpoRlhfTrainer`](crate::trainers::ppo::PpoRlhfTrainer)'s store) needs one
+//! the batch (e.g. the PPO-RLHF trainer's store, `trainers::ppo`) needs one
 //! width: set `prompt_width` (at least the longest prompt), and have the policy pad its
 //! responses to `max_new_tokens` (the [`GenerationPolicy`](super::policy::GenerationPolicy)
 //! does).

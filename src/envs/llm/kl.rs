@@ -50,7 +50,7 @@
 //!
 //! # Specs
 //! As TorchRL, with "any length" (`-1`) sequence dims (see the [specs' dynamic
-//! dims](crate::specs)): the reward spec becomes `Unbounded` `(*batch, -1, 1)` (in the parent
+//! dims](crate::data::specs)): the reward spec becomes `Unbounded` `(*batch, -1, 1)` (in the parent
 //! reward's dtype), and `kl_penalty` / `ref_log_probs.full` are `Unbounded` float32
 //! observations `(*batch, -1)`: the sequence length `T` may change from one step to the next.
 //!

@@ -11,7 +11,7 @@
 //! ([`NanPolicy::Error`]) a NaN action is an error naming the key and the number of NaN values:
 //! a NaN almost always means a broken policy, and replacing it silently would hide that. With
 //! [`NanPolicy::Low`] NaNs are replaced by the lower bound instead (what
-//! [`Bounded::project`](crate::specs::Bounded::project) does); this needs no device sync, so it
+//! [`Bounded::project`](crate::data::specs::Bounded::project) does); this needs no device sync, so it
 //! is also the fast choice. The error check reads one bool back from the device per step.
 //!
 //! ```

@@ -28,7 +28,7 @@
 //!
 //! **Specs** ([`Transform::transform_output_spec`], TorchRL v0.10's three cases, the last
 //! release of this classic class; `S` is the shape of the spec read, and the LLM shape
-//! `L(S) = (*S[:-2], -1, 1)` has a dynamic dim, see [`crate::specs`]):
+//! `L(S) = (*S[:-2], -1, 1)` has a dynamic dim, see [`crate::data::specs`]):
 //! - in = out = `"reward"`: the reward spec becomes `Composite{reward_key: Unbounded(S')}` with
 //!   `reward_key` the single reward key (or `"reward"` when there are several and it is among
 //!   them; otherwise an error) and `S' = L(S)` when `len(S) > 2`, else `S`. As in TorchRL, other

@@ -1,5 +1,5 @@
 //! [`LogProbModel`]: a model that gives the per-token log-probs of given tokens, the one thing
-//! the LLM KL transforms ([`RetrieveLogProb`](crate::envs::llm::RetrieveLogProb)) need from a
+//! the LLM KL transforms (`envs::llm::RetrieveLogProb`) need from a
 //! reference (or generating) model.
 //!
 //! The log-probs are aligned with the tokens as [`token_log_probs`] aligns them:
@@ -138,7 +138,7 @@ impl<M: LogProbModel + ?Sized> LogProbModel for Arc<Mutex<M>> {
 ///
 /// Within a rollout a hydra policy computes the reference log-probs in the same trunk pass as
 /// its own (its [`TensorDictModule`](crate::modules::TensorDictModule) output writes them);
-/// [`RetrieveLogProb::precomputed`](crate::envs::llm::RetrieveLogProb::precomputed) reads
+/// `envs::llm::RetrieveLogProb::precomputed` reads
 /// those instead of running this view.
 #[derive(Debug, Clone)]
 pub struct HydraReference<H> {

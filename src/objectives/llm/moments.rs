@@ -1,6 +1,6 @@
 //! `RunningMoments`: trlX's running mean and standard deviation of per-sample scores (HEAD
 //! `trlx/utils/modeling.py`; TRL ≤ 0.11 had the same class), the statistic behind
-//! `scale_reward = "running"` (see [`ScoreScaling`](crate::envs::llm::ScoreScaling)).
+//! `scale_reward = "running"` (see `envs::llm::ScoreScaling`, which uses it).
 //!
 //! The state is four `f64`s, initialised as trlX does: `mean = 0`, `var = 1`, `std = 1` and
 //! `count = 1e-24` (a count that is not exactly zero, so the first update needs no special
