@@ -4,6 +4,7 @@
 pub mod api;
 pub mod checkpoint;
 pub mod config;
+pub mod ilql;
 pub mod optim;
 pub mod ppo;
 pub mod reward;

@@ -22,6 +22,7 @@ pub mod config;
 pub mod generation;
 pub mod gpt2;
 pub mod heads;
+pub mod ilql_generation;
 pub mod log_prob;
 pub mod tokenizer;
 pub mod weights;

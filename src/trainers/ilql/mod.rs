@@ -1,0 +1,4 @@
+//! ILQL in the shape of trlX's `AccelerateILQLTrainer`: offline data of scored samples
+//! ([`data`]), the ILQL loss, Polyak-synced target Q-heads and β-shaped generation.
+
+pub mod data;
