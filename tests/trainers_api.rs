@@ -752,8 +752,8 @@ impl Toy {
 }
 
 impl RlTrainer for Toy {
-    fn config(&self) -> &TrlConfig {
-        &self.cfg
+    fn train_config(&self) -> &TrainConfig {
+        &self.cfg.train
     }
 
     fn iter_count(&self) -> usize {

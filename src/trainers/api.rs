@@ -32,7 +32,7 @@ use tch::Tensor;
 use crate::error::{Error, Result};
 use crate::tensordict::TensorDict;
 use crate::trainers::checkpoint::{Checkpoint, CheckpointStore};
-use crate::trainers::config::{TrainConfig, TrlConfig};
+use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
 
 /// Named scalar statistics of one optimizer step (`loss`, `lr`, `policy/approx_kl`, …).
@@ -51,7 +51,7 @@ pub struct Intervals {
 
 /// trlX's interval rule for the 0-based optimizer step `step`: each action is due when
 /// `step + 1` is a multiple of its interval. An interval of 0 (refused by
-/// [`TrlConfig::validate`]) is never due.
+/// [`TrlConfigOf::validate`](crate::trainers::config::TrlConfigOf::validate)) is never due.
 pub fn intervals(train: &TrainConfig, step: usize) -> Intervals {
     let due = |interval: usize| interval > 0 && (step + 1).is_multiple_of(interval);
     Intervals {
@@ -355,13 +355,14 @@ pub mod names {
 
 /// A trainer in the shape of trlX's `BaseRLModel` / `AccelerateRLModel`.
 ///
-/// Required: the config, the step count, `act`, `sample`, `learn`, `evaluate`, and the
+/// Required: the train config, the step count, `act`, `sample`, `learn`, `evaluate`, and the
 /// components. Provided: interval checks, the periodic log / evaluate / save after each step,
 /// and save / load through [`CheckpointStore`]. See `tests/trainers_api.rs` for a complete
 /// (toy) trainer.
 pub trait RlTrainer {
-    /// The trainer's config.
-    fn config(&self) -> &TrlConfig;
+    /// The `train` section of the trainer's config (trlX's `config.train`): intervals,
+    /// checkpoint folder, seed.
+    fn train_config(&self) -> &TrainConfig;
 
     /// Optimizer steps taken so far (trlX's `iter_count`); the step saved checkpoints carry.
     fn iter_count(&self) -> usize;
@@ -408,12 +409,12 @@ pub trait RlTrainer {
 
     /// trlX's interval rule for this trainer's `train` config (see [`intervals`]).
     fn intervals(&self, step: usize) -> Intervals {
-        intervals(&self.config().train, step)
+        intervals(self.train_config(), step)
     }
 
     /// Where periodic saves go: the `train.checkpoint_dir` store, keeping 3.
     fn checkpoint_store(&self) -> CheckpointStore {
-        CheckpointStore::new(&self.config().train.checkpoint_dir)
+        CheckpointStore::new(&self.train_config().checkpoint_dir)
     }
 
     /// The periodic work after the 0-based optimizer step `step` (what trlX's learn loop does

@@ -69,6 +69,7 @@
 //! trlX fields for tracking and distributed runs (`tracker`, `entity_name`, `peft_config`,
 //! `trainer_kwargs`, `*_extra_configs`) are not part of this config.
 
+use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -76,10 +77,15 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 
-/// The whole config: trlX's `TRLConfig`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrlConfig {
+/// The whole config: trlX's `TRLConfig`, generic over its method section ([`TrlConfig`] for
+/// PPO, [`IlqlTrlConfig`](super::ilql::IlqlTrlConfig) for ILQL).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    default,
+    bound(serialize = "M: Serialize", deserialize = "M: MethodConfig")
+)]
+pub struct TrlConfigOf<M> {
     /// The training loop: lengths, intervals, checkpoints, seed.
     pub train: TrainConfig,
     /// The model to fine-tune and how much of it trains.
@@ -90,8 +96,35 @@ pub struct TrlConfig {
     pub optimizer: OptimizerConfig,
     /// The learning-rate schedule (cosine annealing) and its arguments.
     pub scheduler: SchedulerConfig,
-    /// The PPO method: rollouts, KL penalty, GAE, clipping, generation.
-    pub method: PpoMethodConfig,
+    /// The method: [`PpoMethodConfig`] by default (rollouts, KL penalty, GAE, clipping,
+    /// generation), or another [`MethodConfig`] (ILQL's).
+    pub method: M,
+}
+
+/// trlX's `TRLConfig` with the PPO method (HEAD's `default_ppo_config()`): the config of
+/// [`PpoRlhfTrainer`](super::ppo::PpoRlhfTrainer).
+pub type TrlConfig = TrlConfigOf<PpoMethodConfig>;
+
+/// What a method section provides: trlX's defaults and its own validation (errors name the
+/// field as `method.<field>`).
+pub trait MethodConfig:
+    Clone + fmt::Debug + PartialEq + Default + Serialize + for<'de> Deserialize<'de>
+{
+    /// The whole config with this method's defaults in every section (trlX's
+    /// `default_ppo_config()` / `default_ilql_config()`): what a file's missing fields take.
+    fn default_config() -> TrlConfigOf<Self>;
+
+    /// Checks the method's fields.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first bad field.
+    fn validate(&self) -> Result<()>;
+}
+
+impl<M: MethodConfig> Default for TrlConfigOf<M> {
+    fn default() -> Self {
+        M::default_config()
+    }
 }
 
 /// trlX's `TrainConfig`.
@@ -498,7 +531,7 @@ fn validate_gen(g: &GenKwargs, fields: [&'static str; 3]) -> Result<()> {
     positive(temperature, g.temperature)
 }
 
-impl TrlConfig {
+impl<M: MethodConfig> TrlConfigOf<M> {
     /// Checks every field's range and the fields that depend on each other; the error names
     /// the first bad field as `section.field` with the accepted range.
     ///
@@ -583,7 +616,178 @@ impl TrlConfig {
         positive("scheduler.kwargs.T_max", self.scheduler.kwargs.t_max)?;
         non_negative("scheduler.kwargs.eta_min", self.scheduler.kwargs.eta_min)?;
 
-        let m = &self.method;
+        self.method.validate()
+    }
+
+    /// Parses TOML (only the fields that differ from the defaults are needed) and validates.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::from_toml_str("[scheduler.kwargs]\nT_max = 500").unwrap();
+    /// assert_eq!(cfg.scheduler.kwargs.t_max, 500.0);
+    /// ```
+    pub fn from_toml_str(text: &str) -> Result<Self> {
+        let cfg: TrlConfigOf<M> = toml::from_str(text).map_err(|e| {
+            Error::invalid(
+                "TrlConfig::from_toml_str",
+                format!("invalid TOML config: {e}"),
+            )
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses JSON (trlX's `to_dict()` layout; only the fields that differ from the defaults are
+    /// needed) and validates.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::from_json_str(r#"{"train": {"seed": 7}}"#).unwrap();
+    /// assert_eq!(cfg.train.seed, 7);
+    /// ```
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let cfg: TrlConfigOf<M> = serde_json::from_str(text).map_err(|e| {
+            Error::invalid(
+                "TrlConfig::from_json_str",
+                format!("invalid JSON config: {e}"),
+            )
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads a `.toml` or `.json` file (chosen by extension) and validates it; errors name the
+    /// path.
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let path = std::env::temp_dir().join(format!("trl-doc-{}.toml", std::process::id()));
+    /// let mut cfg = TrlConfig::default();
+    /// cfg.method.target = Some(6.0);
+    /// cfg.to_file(&path)?;
+    /// assert_eq!(TrlConfig::from_file(&path)?, cfg);
+    /// std::fs::remove_file(&path).ok();
+    /// # Ok(()) }
+    /// ```
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        const OP_FILE: &str = "TrlConfig::from_file";
+        let path = path.as_ref();
+        let format = Format::of(OP_FILE, path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            op: OP_FILE,
+            path: path.display().to_string(),
+            source,
+        })?;
+        let parsed = match format {
+            Format::Toml => toml::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string()),
+            Format::Json => serde_json::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string()),
+        };
+        let cfg = parsed.map_err(|reason| Error::InvalidFile {
+            op: OP_FILE,
+            path: path.display().to_string(),
+            reason,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Writes the config to a `.toml` or `.json` file (chosen by extension).
+    pub fn to_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        const OP_FILE: &str = "TrlConfig::to_file";
+        let path = path.as_ref();
+        let text = match Format::of(OP_FILE, path)? {
+            Format::Toml => self.to_toml()?,
+            Format::Json => self.to_json()?,
+        };
+        std::fs::write(path, text).map_err(|source| Error::Io {
+            op: OP_FILE,
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// The config as pretty-printed JSON (every field, `None`s left out).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::default();
+    /// assert_eq!(TrlConfig::from_json_str(&cfg.to_json().unwrap()).unwrap(), cfg);
+    /// ```
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(self)
+            .map_err(|e| Error::invalid("TrlConfig::to_json", e.to_string()))
+    }
+
+    /// The config as TOML (every field, `None`s left out).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::default();
+    /// let text = cfg.to_toml().unwrap();
+    /// assert!(text.contains("[method.gen_kwargs]"));
+    /// assert_eq!(TrlConfig::from_toml_str(&text).unwrap(), cfg);
+    /// ```
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(self).map_err(|e| Error::invalid("TrlConfig::to_toml", e.to_string()))
+    }
+}
+
+enum Format {
+    Toml,
+    Json,
+}
+
+impl TrlConfigOf<PpoMethodConfig> {
+    /// Optimizer steps in one pass over a rollout: trlX's `len(store.create_loader(batch_size))`,
+    /// `ceil(num_rollouts / batch_size)` (the last batch may be short).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let mut cfg = TrlConfig::default(); // 128 rollouts, batches of 32
+    /// assert_eq!(cfg.batches_per_rollout(), 4);
+    /// cfg.train.batch_size = 48;
+    /// assert_eq!(cfg.batches_per_rollout(), 3);
+    /// ```
+    pub fn batches_per_rollout(&self) -> usize {
+        self.method
+            .num_rollouts
+            .div_ceil(self.train.batch_size.max(1))
+    }
+
+    /// trlX's step budget: `min(train.total_steps, epochs * ppo_epochs * batches_per_rollout)`
+    /// (`AcceleratePPOTrainer.prepare_learning`).
+    ///
+    /// ```
+    /// use torchrl::trainers::config::TrlConfig;
+    /// let cfg = TrlConfig::default();
+    /// assert_eq!(cfg.total_steps(4), 1600); // 100 epochs * 4 ppo epochs * 4 batches < 10000
+    /// assert_eq!(cfg.total_steps(100), 10000); // capped by train.total_steps
+    /// ```
+    pub fn total_steps(&self, batches_per_rollout: usize) -> usize {
+        self.train
+            .epochs
+            .saturating_mul(self.method.ppo_epochs)
+            .saturating_mul(batches_per_rollout)
+            .min(self.train.total_steps)
+    }
+
+}
+
+impl MethodConfig for PpoMethodConfig {
+    fn default_config() -> TrlConfigOf<Self> {
+        TrlConfigOf {
+            train: TrainConfig::default(),
+            model: ModelConfig::default(),
+            tokenizer: TokenizerConfig::default(),
+            optimizer: OptimizerConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            method: PpoMethodConfig::default(),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let m = self;
         at_least("method.ppo_epochs", m.ppo_epochs, 1)?;
         at_least("method.num_rollouts", m.num_rollouts, 1)?;
         at_least("method.chunk_size", m.chunk_size, 1)?;
@@ -639,157 +843,6 @@ impl TrlConfig {
         }
         Ok(())
     }
-
-    /// Optimizer steps in one pass over a rollout: trlX's `len(store.create_loader(batch_size))`,
-    /// `ceil(num_rollouts / batch_size)` (the last batch may be short).
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// let mut cfg = TrlConfig::default(); // 128 rollouts, batches of 32
-    /// assert_eq!(cfg.batches_per_rollout(), 4);
-    /// cfg.train.batch_size = 48;
-    /// assert_eq!(cfg.batches_per_rollout(), 3);
-    /// ```
-    pub fn batches_per_rollout(&self) -> usize {
-        self.method
-            .num_rollouts
-            .div_ceil(self.train.batch_size.max(1))
-    }
-
-    /// trlX's step budget: `min(train.total_steps, epochs * ppo_epochs * batches_per_rollout)`
-    /// (`AcceleratePPOTrainer.prepare_learning`).
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// let cfg = TrlConfig::default();
-    /// assert_eq!(cfg.total_steps(4), 1600); // 100 epochs * 4 ppo epochs * 4 batches < 10000
-    /// assert_eq!(cfg.total_steps(100), 10000); // capped by train.total_steps
-    /// ```
-    pub fn total_steps(&self, batches_per_rollout: usize) -> usize {
-        self.train
-            .epochs
-            .saturating_mul(self.method.ppo_epochs)
-            .saturating_mul(batches_per_rollout)
-            .min(self.train.total_steps)
-    }
-
-    /// Parses TOML (only the fields that differ from the defaults are needed) and validates.
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// let cfg = TrlConfig::from_toml_str("[scheduler.kwargs]\nT_max = 500").unwrap();
-    /// assert_eq!(cfg.scheduler.kwargs.t_max, 500.0);
-    /// ```
-    pub fn from_toml_str(text: &str) -> Result<Self> {
-        let cfg: TrlConfig = toml::from_str(text).map_err(|e| {
-            Error::invalid(
-                "TrlConfig::from_toml_str",
-                format!("invalid TOML config: {e}"),
-            )
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Parses JSON (trlX's `to_dict()` layout; only the fields that differ from the defaults are
-    /// needed) and validates.
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// let cfg = TrlConfig::from_json_str(r#"{"train": {"seed": 7}}"#).unwrap();
-    /// assert_eq!(cfg.train.seed, 7);
-    /// ```
-    pub fn from_json_str(text: &str) -> Result<Self> {
-        let cfg: TrlConfig = serde_json::from_str(text).map_err(|e| {
-            Error::invalid(
-                "TrlConfig::from_json_str",
-                format!("invalid JSON config: {e}"),
-            )
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Reads a `.toml` or `.json` file (chosen by extension) and validates it; errors name the
-    /// path.
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// # fn main() -> torchrl::Result<()> {
-    /// let path = std::env::temp_dir().join(format!("trl-doc-{}.toml", std::process::id()));
-    /// let mut cfg = TrlConfig::default();
-    /// cfg.method.target = Some(6.0);
-    /// cfg.to_file(&path)?;
-    /// assert_eq!(TrlConfig::from_file(&path)?, cfg);
-    /// std::fs::remove_file(&path).ok();
-    /// # Ok(()) }
-    /// ```
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        const OP_FILE: &str = "TrlConfig::from_file";
-        let path = path.as_ref();
-        let format = Format::of(OP_FILE, path)?;
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            op: OP_FILE,
-            path: path.display().to_string(),
-            source,
-        })?;
-        let parsed = match format {
-            Format::Toml => toml::from_str::<TrlConfig>(&text).map_err(|e| e.to_string()),
-            Format::Json => serde_json::from_str::<TrlConfig>(&text).map_err(|e| e.to_string()),
-        };
-        let cfg = parsed.map_err(|reason| Error::InvalidFile {
-            op: OP_FILE,
-            path: path.display().to_string(),
-            reason,
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Writes the config to a `.toml` or `.json` file (chosen by extension).
-    pub fn to_file(&self, path: impl AsRef<Path>) -> Result<()> {
-        const OP_FILE: &str = "TrlConfig::to_file";
-        let path = path.as_ref();
-        let text = match Format::of(OP_FILE, path)? {
-            Format::Toml => self.to_toml()?,
-            Format::Json => self.to_json()?,
-        };
-        std::fs::write(path, text).map_err(|source| Error::Io {
-            op: OP_FILE,
-            path: path.display().to_string(),
-            source,
-        })
-    }
-
-    /// The config as pretty-printed JSON (every field, `None`s left out).
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// let cfg = TrlConfig::default();
-    /// assert_eq!(TrlConfig::from_json_str(&cfg.to_json().unwrap()).unwrap(), cfg);
-    /// ```
-    pub fn to_json(&self) -> Result<String> {
-        serde_json::to_string_pretty(self)
-            .map_err(|e| Error::invalid("TrlConfig::to_json", e.to_string()))
-    }
-
-    /// The config as TOML (every field, `None`s left out).
-    ///
-    /// ```
-    /// use torchrl::trainers::config::TrlConfig;
-    /// let cfg = TrlConfig::default();
-    /// let text = cfg.to_toml().unwrap();
-    /// assert!(text.contains("[method.gen_kwargs]"));
-    /// assert_eq!(TrlConfig::from_toml_str(&text).unwrap(), cfg);
-    /// ```
-    pub fn to_toml(&self) -> Result<String> {
-        toml::to_string(self).map_err(|e| Error::invalid("TrlConfig::to_toml", e.to_string()))
-    }
-}
-
-enum Format {
-    Toml,
-    Json,
 }
 
 impl Format {

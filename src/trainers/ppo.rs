@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
 use super::api::{Callbacks, Component, EvalReport, MetricFn, RewardFn, RlTrainer, Stats};
-use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrlConfig};
+use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
 use super::optim::{shallow_named, AdamW, CosineAnnealingLr};
 use crate::envs::llm::{
     GenerationPolicy, KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling,
@@ -286,6 +286,11 @@ impl PpoRlhfTrainer {
         self.reward_fn = reward_fn;
         self.metric_fns = metric_fns;
         self
+    }
+
+    /// The whole config.
+    pub fn config(&self) -> &TrlConfig {
+        &self.config
     }
 
     /// The model being trained (policy, value head and frozen reference).
@@ -664,8 +669,8 @@ fn named_trainable(model: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> 
 }
 
 impl RlTrainer for PpoRlhfTrainer {
-    fn config(&self) -> &TrlConfig {
-        &self.config
+    fn train_config(&self) -> &TrainConfig {
+        &self.config.train
     }
 
     fn iter_count(&self) -> usize {
