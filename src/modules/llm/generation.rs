@@ -53,7 +53,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::cache::KvCache;
 use super::config::require;
-use super::gpt2::{ForwardOptions, Gpt2Input, Gpt2Model};
+use super::gpt2::{ForwardOptions, Gpt2Input, Gpt2Model, Gpt2Output};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::rng::Generator;
@@ -271,6 +271,62 @@ pub fn generate_with(
     let op = "generate";
     let vocab = model.config().vocab_size;
     config.validate(vocab)?;
+    let [b, p] = check_prompt(op, model, prompt, config.max_new_tokens)?;
+    check_logit_mask(op, options.logit_mask, vocab)?;
+    let (mut decoder, first) = Decoder::start(model, prompt, attention_mask, [b, p])?;
+    let mut last_logits = model.lm_head(&first)?;
+    let steps = config.max_new_tokens;
+    let uniforms = if config.do_sample {
+        draw_uniforms(rng, steps, b, decoder.device())?
+    } else {
+        None
+    };
+    let mut rows = Rows::new(b, steps, config.pad_id(), config.eos_token_id, decoder.device())?;
+    let mut log_probs = Vec::with_capacity(rows.capacity());
+    for step in 0..steps {
+        let logits = last_logits.f_to_kind(Kind::Float)?;
+        let scaled = if config.do_sample && config.temperature != 1.0 {
+            logits.f_div_scalar(config.temperature)?
+        } else {
+            logits
+        };
+        let logp = scaled.f_log_softmax(-1, None::<Kind>)?;
+        let scores = process(&scaled, config, options, decoder.last_token(), step, vocab)?;
+        let next = match &uniforms {
+            None => scores.f_argmax(-1, false)?,
+            Some(u) => sample_rows(&scores, &u.f_select(0, step)?)?,
+        };
+        let lp = logp
+            .f_gather(-1, &next.f_unsqueeze(-1)?, false)?
+            .f_squeeze_dim(-1)?;
+        log_probs.push(lp.f_mul(&rows.unfinished().f_to_kind(Kind::Float)?)?);
+        let next = rows.push(next)?;
+        if rows.done(step, steps)? {
+            break;
+        }
+        let out = decoder.step(next, ForwardOptions::default())?;
+        last_logits = out.logits()?.f_select(1, 0)?;
+    }
+    let done = rows.finish(decoder.prompt, decoder.prompt_mask)?;
+    let log_probs = done.trim(&log_probs)?;
+    Ok(GenerationOutput {
+        sequences: done.sequences,
+        response: done.response,
+        response_mask: done.response_mask,
+        log_probs,
+        attention_mask: done.attention_mask,
+    })
+}
+
+// ------------------------------------------------------------------ shared with ILQL generation
+
+/// Checks a prompt `[B, P]` (`P ≥ 1`) and that `P + max_new_tokens` fits `model`'s context.
+pub(crate) fn check_prompt(
+    op: &'static str,
+    model: &Gpt2Model,
+    prompt: &Tensor,
+    max_new_tokens: i64,
+) -> Result<[i64; 2]> {
     let [b, p] = super::gpt2::dims2(op, "prompt", prompt, "[batch, prompt_len]")?;
     if p == 0 {
         return Err(Error::value(
@@ -281,145 +337,269 @@ pub fn generate_with(
         ));
     }
     let n_pos = model.config().n_positions;
-    if p + config.max_new_tokens > n_pos {
+    if p + max_new_tokens > n_pos {
         return Err(Error::config(
             op,
             "max_new_tokens",
             format!("prompt length {p} + max_new_tokens <= n_positions = {n_pos}"),
-            config.max_new_tokens,
+            max_new_tokens,
         ));
     }
-    if let Some(m) = options.logit_mask {
-        if m.table().size() != [vocab, vocab] {
-            return Err(Error::ShapeMismatch {
-                op,
-                key: "logit_mask".into(),
-                expected: vec![vocab, vocab],
-                actual: m.table().size(),
-            });
-        }
-    }
-    let device = model.device();
-    let prompt = prompt.f_to_device(device)?;
-    let mut mask = match attention_mask {
-        Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
-        None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
-    };
-    let prompt_mask = mask.shallow_clone();
-    let mut cache = KvCache::new(model.config());
-    let logits_only = ForwardOptions::default();
-    // The prompt pass needs the logits of its last position only (transformers'
-    // `logits_to_keep=1`): the LM head runs on one position, not P.
-    let hidden_only = ForwardOptions {
-        logits: false,
-        capture_block_input: None,
-    };
-    let first = model.forward_with(
-        &Gpt2Input::new(&prompt).with_attention_mask(&mask),
-        Some(&mut cache),
-        hidden_only,
-    )?;
-    let mut last_logits = model.lm_head(&first.last_hidden.f_select(1, p - 1)?)?;
-    let mut positions = super::gpt2::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
-    let mut last_token = prompt.f_select(1, p - 1)?;
-
-    let steps = config.max_new_tokens;
-    let uniforms = if config.do_sample && steps > 0 {
-        Some(rng.uniform(&[steps, b], 0.0, 1.0, Kind::Double, device)?)
-    } else {
-        None
-    };
-    let pad = Tensor::f_full([b], config.pad_id(), (Kind::Int64, device))?;
-    let mut unfinished = Tensor::f_ones([b], (Kind::Bool, device))?;
-    let mut tokens = Vec::with_capacity(usize::try_from(steps).unwrap_or(0));
-    let mut live = Vec::with_capacity(tokens.capacity());
-    let mut log_probs = Vec::with_capacity(tokens.capacity());
-    let check_every = if device == Device::Cpu { 1 } else { 8 };
-    let ones = Tensor::f_ones([b, 1], (Kind::Int64, device))?;
-    // Without padding in the prompt, a one-token step attends every cached key: no mask is
-    // needed (one host read here saves the mask's ops on every step).
-    let padded = attention_mask.is_some() && !bool::try_from(mask.f_all()?)?;
-    for step in 0..steps {
-        let logits = last_logits.f_to_kind(Kind::Float)?;
-        let scaled = if config.do_sample && config.temperature != 1.0 {
-            logits.f_div_scalar(config.temperature)?
-        } else {
-            logits
-        };
-        let logp = scaled.f_log_softmax(-1, None::<Kind>)?;
-        let scores = process(&scaled, config, options, &last_token, step, vocab)?;
-        let next = match &uniforms {
-            None => scores.f_argmax(-1, false)?,
-            Some(u) => sample_rows(&scores, &u.f_select(0, step)?)?,
-        };
-        let lp = logp
-            .f_gather(-1, &next.f_unsqueeze(-1)?, false)?
-            .f_squeeze_dim(-1)?;
-        let next = next.f_where_self(&unfinished, &pad)?;
-        log_probs.push(lp.f_mul(&unfinished.f_to_kind(Kind::Float)?)?);
-        live.push(unfinished.shallow_clone());
-        tokens.push(next.shallow_clone());
-        if let Some(eos) = config.eos_token_id {
-            unfinished = unfinished.f_logical_and(&next.f_ne(eos)?)?;
-        }
-        if step + 1 == steps {
-            break;
-        }
-        if (step + 1) % check_every == 0 && !bool::try_from(unfinished.f_any()?)? {
-            break;
-        }
-        positions = positions.f_add_scalar(1)?;
-        let ids = next.f_unsqueeze(1)?;
-        let mut input = Gpt2Input::new(&ids).with_position_ids(&positions);
-        if padded {
-            // transformers extends the mask with ones, finished rows included
-            mask = Tensor::f_cat(&[&mask, &ones], 1)?;
-            input = input.with_attention_mask(&mask);
-        }
-        let out = model.forward_unchecked(&input, Some(&mut cache), logits_only)?;
-        last_logits = out.logits()?.f_select(1, 0)?;
-        last_token = next;
-    }
-    finish(prompt, prompt_mask, tokens, live, log_probs, b, device)
+    Ok([b, p])
 }
 
-/// Stacks the per-step outputs and trims steps after every row finished (from the lazy
-/// all-finished check on accelerators).
-fn finish(
-    prompt: Tensor,
-    prompt_mask: Tensor,
-    tokens: Vec<Tensor>,
-    live: Vec<Tensor>,
-    log_probs: Vec<Tensor>,
+/// Checks that a logit mask is `[vocab, vocab]`.
+pub(crate) fn check_logit_mask(
+    op: &'static str,
+    mask: Option<&LogitMask>,
+    vocab: i64,
+) -> Result<()> {
+    match mask {
+        Some(m) if m.table().size() != [vocab, vocab] => Err(Error::ShapeMismatch {
+            op,
+            key: "logit_mask".into(),
+            expected: vec![vocab, vocab],
+            actual: m.table().size(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `scores` with the tokens that `mask` forbids after `last_token` `[B]` set to `-inf`.
+pub(crate) fn apply_logit_mask(
+    scores: Tensor,
+    mask: Option<&LogitMask>,
+    last_token: &Tensor,
+) -> Result<Tensor> {
+    match mask {
+        Some(m) => Ok(scores.f_masked_fill(&m.forbidden(last_token)?, f64::NEG_INFINITY)?),
+        None => Ok(scores),
+    }
+}
+
+/// The uniforms of every sampled step, `[steps, B]` float64, drawn up front (one host-to-device
+/// copy); `None` when there is no step.
+pub(crate) fn draw_uniforms(
+    rng: &mut Generator,
+    steps: i64,
     b: i64,
     device: Device,
-) -> Result<GenerationOutput> {
-    let (response, response_mask, log_probs) = if tokens.is_empty() {
-        (
-            Tensor::f_zeros([b, 0], (Kind::Int64, device))?,
-            Tensor::f_zeros([b, 0], (Kind::Bool, device))?,
-            Tensor::f_zeros([b, 0], (Kind::Float, device))?,
-        )
+) -> Result<Option<Tensor>> {
+    if steps > 0 {
+        Ok(Some(rng.uniform(&[steps, b], 0.0, 1.0, Kind::Double, device)?))
     } else {
-        let response_mask = Tensor::f_stack(&live, 1)?;
-        // steps in which no row was live are trailing padding: drop them
-        let any_live = response_mask.f_any_dim(0, false)?;
-        let g = i64::try_from(any_live.f_sum(Kind::Int64)?)?.max(1);
-        (
-            Tensor::f_stack(&tokens, 1)?.f_narrow(1, 0, g)?,
-            response_mask.f_narrow(1, 0, g)?,
-            Tensor::f_stack(&log_probs, 1)?.f_narrow(1, 0, g)?,
-        )
-    };
-    let sequences = Tensor::f_cat(&[&prompt, &response], 1)?;
-    let attention_mask = Tensor::f_cat(&[&prompt_mask, &response_mask.f_to_kind(Kind::Int64)?], 1)?;
-    Ok(GenerationOutput {
-        sequences,
-        response,
-        response_mask,
-        log_probs,
-        attention_mask,
-    })
+        Ok(None)
+    }
+}
+
+/// The KV-cached state of a batched decode: the prompt (on the model's device), its mask, the
+/// growing mask, the next position ids and each row's last token.
+pub(crate) struct Decoder<'m> {
+    model: &'m Gpt2Model,
+    cache: KvCache,
+    pub(crate) prompt: Tensor,
+    pub(crate) prompt_mask: Tensor,
+    mask: Tensor,
+    positions: Tensor,
+    last_token: Tensor,
+    padded: bool,
+    ones: Tensor,
+}
+
+impl<'m> Decoder<'m> {
+    /// Runs the prompt `[B, P]` (left-padded by `attention_mask`; `None`: no padding) through
+    /// `model` into a fresh cache; returns the decoder and the last position's hidden state
+    /// `[B, n_embd]` (`transformers`' `logits_to_keep=1`: the LM head is left to the caller).
+    pub(crate) fn start(
+        model: &'m Gpt2Model,
+        prompt: &Tensor,
+        attention_mask: Option<&Tensor>,
+        [b, p]: [i64; 2],
+    ) -> Result<(Self, Tensor)> {
+        let device = model.device();
+        let prompt = prompt.f_to_device(device)?;
+        let mask = match attention_mask {
+            Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
+            None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
+        };
+        let mut cache = KvCache::new(model.config());
+        let hidden_only = ForwardOptions {
+            logits: false,
+            capture_block_input: None,
+        };
+        let first = model.forward_with(
+            &Gpt2Input::new(&prompt).with_attention_mask(&mask),
+            Some(&mut cache),
+            hidden_only,
+        )?;
+        let last_hidden = first.last_hidden.f_select(1, p - 1)?;
+        let positions = super::gpt2::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
+        let last_token = prompt.f_select(1, p - 1)?;
+        // Without padding in the prompt, a one-token step attends every cached key: no mask
+        // is needed (one host read here saves the mask's ops on every step).
+        let padded = attention_mask.is_some() && !bool::try_from(mask.f_all()?)?;
+        let decoder = Decoder {
+            model,
+            cache,
+            prompt_mask: mask.shallow_clone(),
+            prompt,
+            mask,
+            positions,
+            last_token,
+            padded,
+            ones: Tensor::f_ones([b, 1], (Kind::Int64, device))?,
+        };
+        Ok((decoder, last_hidden))
+    }
+
+    /// The device of the model (and of every tensor here).
+    pub(crate) fn device(&self) -> Device {
+        self.model.device()
+    }
+
+    /// Each row's last token, `[B]`.
+    pub(crate) fn last_token(&self) -> &Tensor {
+        &self.last_token
+    }
+
+    /// Feeds `next` `[B]` (one token per row) at the next position; the output is over that
+    /// one position.
+    pub(crate) fn step(&mut self, next: Tensor, options: ForwardOptions) -> Result<Gpt2Output> {
+        self.positions = self.positions.f_add_scalar(1)?;
+        let ids = next.f_unsqueeze(1)?;
+        let mut input = Gpt2Input::new(&ids).with_position_ids(&self.positions);
+        if self.padded {
+            // transformers extends the mask with ones, finished rows included
+            self.mask = Tensor::f_cat(&[&self.mask, &self.ones], 1)?;
+            input = input.with_attention_mask(&self.mask);
+        }
+        let out = self
+            .model
+            .forward_unchecked(&input, Some(&mut self.cache), options)?;
+        self.last_token = next;
+        Ok(out)
+    }
+}
+
+/// The EOS / pad bookkeeping of a batched decode: which rows are still live, the tokens and
+/// live masks of every step, and when to stop.
+pub(crate) struct Rows {
+    pad: Tensor,
+    eos: Option<i64>,
+    unfinished: Tensor,
+    tokens: Vec<Tensor>,
+    live: Vec<Tensor>,
+    check_every: i64,
+    b: i64,
+    device: Device,
+}
+
+impl Rows {
+    /// `b` live rows, room for `steps` steps; finished rows receive `pad_id`.
+    pub(crate) fn new(
+        b: i64,
+        steps: i64,
+        pad_id: i64,
+        eos: Option<i64>,
+        device: Device,
+    ) -> Result<Self> {
+        let capacity = usize::try_from(steps).unwrap_or(0);
+        Ok(Rows {
+            pad: Tensor::f_full([b], pad_id, (Kind::Int64, device))?,
+            eos,
+            unfinished: Tensor::f_ones([b], (Kind::Bool, device))?,
+            tokens: Vec::with_capacity(capacity),
+            live: Vec::with_capacity(capacity),
+            // the all-finished check reads the device: every step on the CPU, every 8 elsewhere
+            check_every: if device == Device::Cpu { 1 } else { 8 },
+            b,
+            device,
+        })
+    }
+
+    /// The steps there is room for.
+    pub(crate) fn capacity(&self) -> usize {
+        self.tokens.capacity()
+    }
+
+    /// `[B]` bool: the rows that have not produced EOS yet (before this step's token).
+    pub(crate) fn unfinished(&self) -> &Tensor {
+        &self.unfinished
+    }
+
+    /// Records this step's `next` `[B]` (the pad id on finished rows), which it returns.
+    pub(crate) fn push(&mut self, next: Tensor) -> Result<Tensor> {
+        let next = next.f_where_self(&self.unfinished, &self.pad)?;
+        self.live.push(self.unfinished.shallow_clone());
+        self.tokens.push(next.shallow_clone());
+        if let Some(eos) = self.eos {
+            self.unfinished = self.unfinished.f_logical_and(&next.f_ne(eos)?)?;
+        }
+        Ok(next)
+    }
+
+    /// Whether generation stops after step `step` of `steps`.
+    pub(crate) fn done(&self, step: i64, steps: i64) -> Result<bool> {
+        if step + 1 == steps {
+            return Ok(true);
+        }
+        Ok((step + 1) % self.check_every == 0 && !bool::try_from(self.unfinished.f_any()?)?)
+    }
+
+    /// Stacks the steps and trims those after every row finished (from the lazy all-finished
+    /// check on accelerators).
+    pub(crate) fn finish(self, prompt: Tensor, prompt_mask: Tensor) -> Result<Finished> {
+        let (response, response_mask, steps) = if self.tokens.is_empty() {
+            (
+                Tensor::f_zeros([self.b, 0], (Kind::Int64, self.device))?,
+                Tensor::f_zeros([self.b, 0], (Kind::Bool, self.device))?,
+                0,
+            )
+        } else {
+            let response_mask = Tensor::f_stack(&self.live, 1)?;
+            // steps in which no row was live are trailing padding: drop them
+            let any_live = response_mask.f_any_dim(0, false)?;
+            let g = i64::try_from(any_live.f_sum(Kind::Int64)?)?.max(1);
+            (
+                Tensor::f_stack(&self.tokens, 1)?.f_narrow(1, 0, g)?,
+                response_mask.f_narrow(1, 0, g)?,
+                g,
+            )
+        };
+        let sequences = Tensor::f_cat(&[&prompt, &response], 1)?;
+        let attention_mask =
+            Tensor::f_cat(&[&prompt_mask, &response_mask.f_to_kind(Kind::Int64)?], 1)?;
+        Ok(Finished {
+            sequences,
+            response,
+            response_mask,
+            attention_mask,
+            steps,
+            b: self.b,
+            device: self.device,
+        })
+    }
+}
+
+/// The stacked result of a decode (see [`GenerationOutput`] for the fields).
+pub(crate) struct Finished {
+    pub(crate) sequences: Tensor,
+    pub(crate) response: Tensor,
+    pub(crate) response_mask: Tensor,
+    pub(crate) attention_mask: Tensor,
+    steps: i64,
+    b: i64,
+    device: Device,
+}
+
+impl Finished {
+    /// Per-step float values `[B]` stacked to `[B, G]` and trimmed like the response.
+    pub(crate) fn trim(&self, per_step: &[Tensor]) -> Result<Tensor> {
+        if per_step.is_empty() || self.steps == 0 {
+            return Ok(Tensor::f_zeros([self.b, 0], (Kind::Float, self.device))?);
+        }
+        Ok(Tensor::f_stack(per_step, 1)?.f_narrow(1, 0, self.steps)?)
+    }
 }
 
 /// The scores a step chooses from: masks always, temperature-scaled warpers when sampling.
@@ -432,10 +612,7 @@ fn process(
     vocab: i64,
 ) -> Result<Tensor> {
     let neg_inf = f64::NEG_INFINITY;
-    let mut scores = scaled.shallow_clone();
-    if let Some(m) = options.logit_mask {
-        scores = scores.f_masked_fill(&m.forbidden(last_token)?, neg_inf)?;
-    }
+    let mut scores = apply_logit_mask(scaled.shallow_clone(), options.logit_mask, last_token)?;
     if let Some(eos) = config.eos_token_id {
         if step < config.min_new_tokens {
             let idx = Tensor::f_from_slice(&[eos])?.f_to_device(scores.device())?;
@@ -443,14 +620,22 @@ fn process(
         }
     }
     if config.do_sample {
-        if config.top_k > 0 && config.top_k < vocab {
-            scores = top_k_filter(&scores, config.top_k)?;
-        }
+        scores = top_k(scores, config.top_k, vocab)?;
         if config.top_p < 1.0 {
             scores = top_p_filter(&scores, config.top_p)?;
         }
     }
     Ok(scores)
+}
+
+/// [`top_k_filter`] when `0 < k < vocab`; `scores` unchanged otherwise (0 disables it, and
+/// `k ≥ vocab` keeps every token).
+pub(crate) fn top_k(scores: Tensor, k: i64, vocab: i64) -> Result<Tensor> {
+    if k > 0 && k < vocab {
+        top_k_filter(&scores, k)
+    } else {
+        Ok(scores)
+    }
 }
 
 /// Scores below the k-th largest of each row become `-inf`.
@@ -477,7 +662,7 @@ fn top_p_filter(scores: &Tensor, p: f64) -> Result<Tensor> {
 /// One draw per row from `softmax(scores)` by inverting the CDF at `u` `[B]` in `[0, 1)`: the
 /// first token whose cumulative probability exceeds `u` times the total (so a token of
 /// probability 0 is never drawn).
-fn sample_rows(scores: &Tensor, u: &Tensor) -> Result<Tensor> {
+pub(crate) fn sample_rows(scores: &Tensor, u: &Tensor) -> Result<Tensor> {
     let probs = scores.f_softmax(-1, None::<Kind>)?;
     let cdf = probs.f_cumsum(-1, Kind::Double)?;
     let vocab = cdf.size().last().copied().unwrap_or(1);
