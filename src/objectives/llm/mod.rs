@@ -6,6 +6,10 @@ pub mod kl_controller;
 pub mod moments;
 pub mod ppo;
 
+pub use ilql::{
+    expectile_loss, ilql_loss, IlqlConfig, IlqlInputs, IlqlKeys, IlqlLoss, IlqlLossOutput,
+    IlqlModel,
+};
 pub use moments::{BatchMoments, RunningMoments};
 
 pub use kl_controller::{
