@@ -38,6 +38,10 @@ pub use heads::{
     CausalLmWithIlqlHeads, CausalLmWithValueHead, Gpt2ScoreModel, HydraOutput, IlqlHeads,
     IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch, ValueOutput,
 };
+pub use ilql_generation::{
+    ilql_generate, ilql_generate_with, ilql_scores, IlqlGenerationConfig, IlqlGenerationOutput,
+    IlqlScores,
+};
 pub use log_prob::{HydraReference, LogProbModel};
 pub use tokenizer::{
     pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide, SpecialTokens,
