@@ -3,5 +3,7 @@
 
 pub mod config;
 pub mod data;
+pub mod trainer;
 
 pub use config::{BetaSweep, IlqlGenKwargs, IlqlMethodConfig, IlqlTrlConfig};
+pub use trainer::IlqlTrainer;
