@@ -84,6 +84,8 @@ fn rlhf_flagship_smoke_run_writes_its_outputs_and_resumes() -> torchrl::Result<(
         rollouts: 16,
         eval_prompts: 16,
         batch: 8,
+        ilql_samples: 32,
+        ilql_epochs: 1,
         ..rlhf::Config::default()
     };
     let s = rlhf::run(&cfg)?;

@@ -16,9 +16,15 @@
 //!    model's score, the true (hidden-rule) score, the KL to the reference, and how often
 //!    the reward model orders two rollouts as the hidden rule does.
 //!
+//! 4. **ILQL** (`trainers::ilql`), offline: 2048 samples of the SFT policy scored by the
+//!    hidden rule are the dataset; ILQL (two Q heads with Polyak targets, expectile V, CQL,
+//!    AWAC) learns from them alone, and trlX's β sweep (`log π + β (Q − V)`, β ∈ {0, 1, 4, 16})
+//!    generates on the held-out prompts.
+//!
 //! Before / after: the hidden-rule score of samples on held-out prompts from the SFT policy
-//! and from the trained one. Written to the output folder: `rlhf_log.csv` (one row per
-//! iteration), `rlhf_curves.png` (score and KL curves), `sft/` and `reward_model/`
+//! and from the trained one; for ILQL, the behaviour data's mean score and each β's. Written to the output folder: `rlhf_log.csv` (one row per
+//! iteration), `rlhf_curves.png` (score and KL curves), `ilql_beta_sweep.png`, `sft/` and
+//! `reward_model/`
 //! (`transformers`-layout folders) and `checkpoints/` (atomic PPO checkpoints).
 //!
 //! Run: `cargo run --release --example rlhf` (the README's first command runs it through
@@ -38,11 +44,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tch::{nn, Device, Kind};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Model, Gpt2ScoreModel,
-    SpecialTokens, TextTokenizer,
+    generate, pad_rows, ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads,
+    GenerationConfig, Gpt2Config, Gpt2Model, Gpt2ScoreModel, PaddingSide, SpecialTokens,
+    TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, RlTrainer};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
+use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
 use torchrl::trainers::ppo::{IterationStats, PpoRlhfTrainer};
 use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
@@ -75,6 +84,10 @@ pub struct Config {
     pub eval_prompts: usize,
     /// Minibatch size (SFT, reward model and PPO).
     pub batch: usize,
+    /// ILQL: behaviour samples (from the SFT policy, scored by the hidden rule) and passes
+    /// over them.
+    pub ilql_samples: usize,
+    pub ilql_epochs: usize,
 }
 
 impl Default for Config {
@@ -93,6 +106,8 @@ impl Default for Config {
             rollouts: 64,
             eval_prompts: 256,
             batch: 32,
+            ilql_samples: 2048,
+            ilql_epochs: 6,
         }
     }
 }
@@ -162,6 +177,9 @@ pub struct Summary {
     pub score_before: f64,
     pub score_after: f64,
     pub rows: Vec<Row>,
+    /// ILQL: the behaviour data's mean hidden-rule score, and the held-out score at each β.
+    pub ilql_behaviour_score: f64,
+    pub ilql_sweep: Vec<(f64, f64)>,
     pub seconds: f64,
 }
 
@@ -465,6 +483,191 @@ fn plot(path: &Path, rows: &[Row]) -> std::result::Result<(), Box<dyn std::error
     Ok(())
 }
 
+/// The ILQL stage: behaviour samples from the SFT policy on the training prompts, scored by
+/// the hidden rule (the returns), ILQL on them, then trlX's β sweep on the held-out prompts.
+/// Returns the behaviour data's mean score and `(β, held-out score)` per β.
+fn run_ilql(
+    cfg: &Config,
+    tok: &ByteTokenizer,
+    sft_dir: &Path,
+    prompts: &[String],
+) -> Result<(f64, Vec<(f64, f64)>)> {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let trunk = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
+    let mut config = IlqlTrlConfig::default();
+    config.train.seq_length = 32;
+    config.train.batch_size = 64.min(cfg.ilql_samples.max(1));
+    config.train.epochs = cfg.ilql_epochs;
+    config.train.total_steps = 1_000_000;
+    config.train.eval_interval = 1_000_000;
+    config.train.checkpoint_interval = 1_000_000;
+    config.train.checkpoint_dir = cfg.out.join("ilql_checkpoints").display().to_string();
+    config.train.seed = cfg.seed;
+    config.optimizer.kwargs.lr = 1e-3;
+    config.scheduler.kwargs.eta_min = 1e-3;
+    config.method.alpha = 0.01;
+    config.method.steps_for_target_q_sync = 1;
+    config.method.gen_kwargs.max_new_tokens = MAX_NEW_TOKENS as usize;
+    config.method.gen_kwargs.beta = BetaSweep::Many(vec![0.0, 1.0, 4.0, 16.0]);
+    let model = CausalLmWithIlqlHeads::from_model(&vs.root(), trunk, true, config.method.alpha)?;
+
+    // behaviour data: sampled from the SFT policy (β = 0, no top-k: the LM itself)
+    let mut rng = Generator::new(cfg.seed + 7);
+    let eos = tok.eos_token_id().unwrap_or(0);
+    let pad = tok.pad_token_id().unwrap_or(0);
+    let behaviour = GenerationConfig {
+        eos_token_id: Some(eos),
+        pad_token_id: Some(pad),
+        ..GenerationConfig::rlhf_sampling(MAX_NEW_TOKENS)
+    };
+    let mut samples = Vec::with_capacity(cfg.ilql_samples);
+    let mut returns = Vec::with_capacity(cfg.ilql_samples);
+    let chunk = 256usize;
+    let mut at = 0usize;
+    while samples.len() < cfg.ilql_samples {
+        let n = chunk.min(cfg.ilql_samples - samples.len());
+        let rows: Vec<Vec<i64>> = (0..n)
+            .map(|i| tok.encode(&prompts[(at + i) % prompts.len()]))
+            .collect::<Result<_>>()?;
+        at += n;
+        let enc = pad_rows(&rows, pad, PaddingSide::Left)?;
+        let out = generate(
+            model.model(),
+            &enc.input_ids,
+            Some(&enc.attention_mask),
+            &behaviour,
+            &mut rng,
+        )?;
+        let (_, r) = out.response.size2()?;
+        let resp = Vec::<i64>::try_from(out.response.reshape([-1]))?;
+        let mask = Vec::<bool>::try_from(out.response_mask.reshape([-1]))?;
+        for ((prompt, row), m) in rows
+            .into_iter()
+            .zip(resp.chunks(r as usize))
+            .zip(mask.chunks(r as usize))
+        {
+            let response: Vec<i64> = row
+                .iter()
+                .zip(m)
+                .filter(|(_, m)| **m)
+                .map(|(t, _)| *t)
+                .collect();
+            if response.is_empty() {
+                continue;
+            }
+            returns.push(task::hidden_score(
+                &tok.decode(&response, SpecialTokens::Skip)?,
+            ));
+            samples.push(IlqlTokenSample::new(
+                prompt,
+                response,
+                *returns.last().unwrap_or(&0.0),
+            ));
+        }
+    }
+    let behaviour_score = returns.iter().sum::<f64>() / returns.len().max(1) as f64;
+    let data = IlqlDataset::from_token_rows(
+        &samples,
+        &IlqlDataConfig::new().with_seq_length(config.train.seq_length),
+    )?;
+    let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
+    let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
+    let mut trainer = IlqlTrainer::new(config, vs, model, data, Box::new(*tok))?.with_evaluation(
+        eval_prompts,
+        Some(Box::new(hidden)),
+        Vec::new(),
+    );
+    let pb = bar(cfg.ilql_epochs, "ILQL", cfg.quiet);
+    let mut callbacks = Callbacks::new();
+    for _ in 0..cfg.ilql_epochs {
+        let stats = trainer.train_epoch(&mut callbacks)?;
+        pb.set_message(format!(
+            "loss {:.3}",
+            stats.get("loss").copied().unwrap_or(f64::NAN)
+        ));
+        pb.inc(1);
+    }
+    pb.finish();
+    let sweep: Vec<(f64, f64)> = trainer
+        .evaluate_sweep()?
+        .into_iter()
+        .map(|(beta, r)| (beta, r.mean_reward.unwrap_or(f64::NAN)))
+        .collect();
+    let png = cfg.out.join("ilql_beta_sweep.png");
+    if let Err(e) = plot_sweep(&png, &sweep, behaviour_score) {
+        return Err(fail(format!("plotting {}: {e}", png.display())));
+    }
+    Ok((behaviour_score, sweep))
+}
+
+/// The β sweep: held-out hidden-rule score per β, beside the behaviour data's mean.
+fn plot_sweep(
+    path: &Path,
+    sweep: &[(f64, f64)],
+    behaviour: f64,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let text = register_font();
+    let root = BitMapBackend::new(path, (600, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    // β on a log-like axis: position i for the i-th β, labelled by value
+    let hi = sweep
+        .iter()
+        .map(|p| p.1)
+        .fold(behaviour, f64::max)
+        .max(1e-3)
+        * 1.15;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .margin(12)
+        .x_label_area_size(if text { 30 } else { 5 })
+        .y_label_area_size(if text { 45 } else { 5 });
+    if text {
+        builder.caption("ILQL: hidden-rule score per β", ("sans-serif", 18));
+    }
+    let n = sweep.len().max(1) as f64;
+    let mut chart = builder.build_cartesian_2d(-0.5..n - 0.5, 0.0..hi)?;
+    let labels: Vec<String> = sweep.iter().map(|p| format!("β={}", p.0)).collect();
+    let label_of = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            labels.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_labels(sweep.len()).x_label_formatter(&label_of);
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw()?;
+    let points: Vec<(f64, f64)> = sweep
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as f64, p.1))
+        .collect();
+    chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))?;
+    let level = vec![(-0.5, behaviour), (n - 0.5, behaviour)];
+    if text {
+        chart
+            .draw_series(LineSeries::new(points, BLUE.stroke_width(2)))?
+            .label("ILQL")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLUE));
+        chart
+            .draw_series(LineSeries::new(level, RED.stroke_width(1)))?
+            .label("behaviour data")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED));
+        chart.configure_series_labels().border_style(BLACK).draw()?;
+    } else {
+        chart.draw_series(LineSeries::new(points, BLUE.stroke_width(2)))?;
+        chart.draw_series(LineSeries::new(level, RED.stroke_width(1)))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
 /// The whole pipeline (see the [module docs](self)).
 pub fn run(cfg: &Config) -> Result<Summary> {
     let start = Instant::now();
@@ -579,6 +782,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             cfg.out.join("rlhf_curves.png").display()
         )));
     }
+    // 4. ILQL on offline data: the SFT policy's samples scored by the hidden rule.
+    let (ilql_behaviour_score, ilql_sweep) = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
     let summary = Summary {
         sft_loss_first: sft_first,
         sft_loss_last: sft_last,
@@ -586,6 +791,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         score_before,
         score_after,
         rows,
+        ilql_behaviour_score,
+        ilql_sweep,
         seconds: start.elapsed().as_secs_f64(),
     };
     if !cfg.quiet {
@@ -602,7 +809,15 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             println!("{k}: {v:.3}");
         }
         println!(
-            "wrote {}/rlhf_log.csv, rlhf_curves.png, sft/, reward_model/, checkpoints/ ({:.0} s)",
+            "ILQL (offline, behaviour data from the SFT policy, mean score {:.3}):",
+            summary.ilql_behaviour_score
+        );
+        println!("{:>8} {:>12}", "β", "true score");
+        for (beta, score) in &summary.ilql_sweep {
+            println!("{beta:>8} {score:>12.3}");
+        }
+        println!(
+            "wrote {}/rlhf_log.csv, rlhf_curves.png, ilql_beta_sweep.png, sft/, reward_model/, checkpoints/ ({:.0} s)",
             cfg.out.display(),
             summary.seconds
         );
