@@ -681,7 +681,9 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         })?;
         let parsed = match format {
             Format::Toml => toml::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string()),
-            Format::Json => serde_json::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string()),
+            Format::Json => {
+                serde_json::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string())
+            }
         };
         let cfg = parsed.map_err(|reason| Error::InvalidFile {
             op: OP_FILE,
@@ -771,7 +773,6 @@ impl TrlConfigOf<PpoMethodConfig> {
             .saturating_mul(batches_per_rollout)
             .min(self.train.total_steps)
     }
-
 }
 
 impl MethodConfig for PpoMethodConfig {
