@@ -22,9 +22,10 @@
 //!    generates on the held-out prompts.
 //!
 //! Before / after: the hidden-rule score of samples on held-out prompts from the SFT policy
-//! and from the trained one; for ILQL, the behaviour data's mean score and each β's. Written to the output folder: `rlhf_log.csv` (one row per
-//! iteration), `rlhf_curves.png` (score and KL curves), `ilql_beta_sweep.png`, `sft/` and
-//! `reward_model/`
+//! and from the trained one; for ILQL, the behaviour data's mean score and each β's.
+//!
+//! Written to the output folder: `rlhf_log.csv` (one row per PPO iteration),
+//! `rlhf_curves.png` (score and KL curves), `ilql_beta_sweep.png`, `sft/` and `reward_model/`
 //! (`transformers`-layout folders) and `checkpoints/` (atomic PPO checkpoints).
 //!
 //! Run: `cargo run --release --example rlhf` (the README's first command runs it through
