@@ -35,7 +35,9 @@
 //!
 //! Masked-out entries take no part even when they are not finite (trlX multiplies by the
 //! mask, so an `inf` AWAC weight on padding would turn the loss into NaN; here they are
-//! zeroed with `where`). On finite inputs the two agree exactly.
+//! zeroed with `where`). On finite inputs the two agree exactly. (trlX's expectile weights
+//! `(targetQ >= V).int() * tau` are computed in torch's default dtype, float32, even for
+//! float64 inputs; here they take the inputs' dtype.)
 //!
 //! **Reference note (trlX b623d1b's AWAC).** At b623d1b (`AccelerateILQLModel.loss`) the
 //! AWAC term was plain language-model cross-entropy over **all** tokens,

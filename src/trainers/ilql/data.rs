@@ -292,12 +292,14 @@ fn build_element(
     let mut input_ids = Vec::new();
     let mut actions_ixs = Vec::new();
     let mut first_output_at = None;
+    let mut untruncated = 0;
     for seg in segments {
         let start = input_ids.len();
         let keep = seg.tokens.len().min(seq_length.saturating_sub(start));
         if seg.output && first_output_at.is_none() {
-            first_output_at = Some(start);
+            first_output_at = Some(untruncated);
         }
+        untruncated += seg.tokens.len();
         if seg.output && keep > 0 {
             // start >= 1: the first prompt is non-empty and kept (seq_length >= 2)
             actions_ixs.extend((start as i64 - 1)..(start + keep) as i64 - 1);
