@@ -722,22 +722,23 @@ fn data_errors_are_clear() {
     let err = IlqlDataset::from_texts(&[IlqlSample::from("x")], &[0.0], &no_bos, &cfg).unwrap_err();
     assert!(err.to_string().contains("BOS"), "{err}");
     let err = IlqlDataset::from_texts(
-        &[ok.clone()],
+        std::slice::from_ref(&ok),
         &[0.0],
         &no_bos,
         &cfg.clone().with_add_bos(true),
     )
     .unwrap_err();
     assert!(err.to_string().contains("BOS"), "{err}");
-    assert!(IlqlDataset::from_texts(&[ok.clone()], &[0.0], &no_bos, &cfg).is_ok());
+    assert!(IlqlDataset::from_texts(std::slice::from_ref(&ok), &[0.0], &no_bos, &cfg).is_ok());
     let no_eos = Without {
         bos: true,
         eos: false,
     };
-    let err = IlqlDataset::from_texts(&[ok.clone()], &[0.0], &no_eos, &cfg).unwrap_err();
+    let err =
+        IlqlDataset::from_texts(std::slice::from_ref(&ok), &[0.0], &no_eos, &cfg).unwrap_err();
     assert!(err.to_string().contains("EOS"), "{err}");
     assert!(IlqlDataset::from_texts(
-        &[ok.clone()],
+        std::slice::from_ref(&ok),
         &[0.0],
         &no_eos,
         &cfg.clone().with_add_eos(false)
@@ -746,7 +747,7 @@ fn data_errors_are_clear() {
     // odd dialogues, count mismatches, empty first prompt, negative ids, bad indices
     let msg = text_err(&[IlqlSample::dialogue(["p", "o", "q"])], &[0.0], &cfg);
     assert!(msg.contains("even") && msg.contains("3 segments"), "{msg}");
-    let msg = text_err(&[ok.clone()], &[0.0, 1.0], &cfg);
+    let msg = text_err(std::slice::from_ref(&ok), &[0.0, 1.0], &cfg);
     assert!(
         msg.contains("returns") && msg.contains("2 returns"),
         "{msg}"
@@ -951,7 +952,8 @@ fn loss_module_equals_the_functional_core_on_its_forward() {
         assert_eq!(out.n_actions.double_value(&[]), 7.0);
         assert!(out.loss.double_value(&[]).is_finite());
         // the trait seam agrees with the model's forward
-        let seam = (&model)
+        let boxed: Box<&CausalLmWithIlqlHeads> = Box::new(&model); // Box<T> and &T impls
+        let seam = boxed
             .ilql_forward(
                 g(&k.tokens),
                 g(&k.attention_mask),

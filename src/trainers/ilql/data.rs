@@ -7,7 +7,7 @@
 //! - [`IlqlSample::Dialogue`]: text segments `[prompt, output, prompt, output, …]` (an even,
 //!   non-zero number); the outputs are the model's actions.
 //! - [`IlqlSample::Text`]: a bare string `s`, meaning the dialogue `(BOS, s)` as in trlX:
-//!   its tokens are `BOS + s + EOS` (b623d1b's `bos + text + eos`), the action are those of
+//!   its tokens are `BOS + s + EOS` (b623d1b's `bos + text + eos`), the actions are those of
 //!   `s + EOS`.
 //! - [`IlqlTokenSample`]: the same from token ids (a prompt and a response, or token
 //!   segments), e.g. from rollouts; nothing is added to them.
@@ -333,7 +333,7 @@ fn build_element(
 }
 
 fn check_segments(op: &'static str, i: usize, n: usize) -> Result<()> {
-    if n == 0 || n % 2 != 0 {
+    if n == 0 || !n.is_multiple_of(2) {
         return Err(Error::value(
             op,
             sample_key(i),
