@@ -41,8 +41,12 @@ fn main() -> Result<()> {
         .with_n_layer(2)
         .with_n_head(4);
     let vs = VarStore::new(Device::Cpu);
-    let model =
-        CausalLmWithIlqlHeads::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg)?, true, 0.001)?;
+    let model = CausalLmWithIlqlHeads::from_model(
+        &vs.root(),
+        Gpt2Model::new(&vs.root(), &cfg)?,
+        true,
+        0.001,
+    )?;
 
     // W13: generation
     let prompt = Tensor::randint(256, [BATCH, PROMPT], (Kind::Int64, Device::Cpu));
@@ -56,14 +60,21 @@ fn main() -> Result<()> {
         },
         3,
     )?;
-    println!("W13_ilql_generate_tokens_per_s\t{:.1}", (BATCH * NEW) as f64 / t);
+    println!(
+        "W13_ilql_generate_tokens_per_s\t{:.1}",
+        (BATCH * NEW) as f64 / t
+    );
 
     // W14: one optimizer step of the ILQL loss
     let mut g = Generator::new(1);
     let samples: Vec<IlqlTokenSample> = (0..BATCH)
         .map(|i| {
             let row = |n: i64, g: &mut Generator| (0..n).map(|_| g.below(256) as i64).collect();
-            IlqlTokenSample::new(row(18 - NEW, &mut g), row(NEW, &mut g), f64::from(i as i32 % 3))
+            IlqlTokenSample::new(
+                row(18 - NEW, &mut g),
+                row(NEW, &mut g),
+                f64::from(i as i32 % 3),
+            )
         })
         .collect();
     let data = IlqlDataset::from_token_rows(
