@@ -281,7 +281,13 @@ pub fn generate_with(
     } else {
         None
     };
-    let mut rows = Rows::new(b, steps, config.pad_id(), config.eos_token_id, decoder.device())?;
+    let mut rows = Rows::new(
+        b,
+        steps,
+        config.pad_id(),
+        config.eos_token_id,
+        decoder.device(),
+    )?;
     let mut log_probs = Vec::with_capacity(rows.capacity());
     for step in 0..steps {
         let logits = last_logits.f_to_kind(Kind::Float)?;
@@ -386,7 +392,13 @@ pub(crate) fn draw_uniforms(
     device: Device,
 ) -> Result<Option<Tensor>> {
     if steps > 0 {
-        Ok(Some(rng.uniform(&[steps, b], 0.0, 1.0, Kind::Double, device)?))
+        Ok(Some(rng.uniform(
+            &[steps, b],
+            0.0,
+            1.0,
+            Kind::Double,
+            device,
+        )?))
     } else {
         Ok(None)
     }
