@@ -7,7 +7,8 @@
 //! - W14: one ILQL optimizer step (`IlqlLoss` + AdamW) on 32 sequences of 18 tokens whose
 //!   last 12 positions are actions: steps/s.
 //!
-//! Best of 3 after a warm-up, one libtorch thread (`TORCHRL_BENCH_THREADS` to change).
+//! Best of 3 after a warm-up (`TORCHRL_BENCH_REPEAT` for W14, e.g. for a profile), one libtorch
+//! thread (`TORCHRL_BENCH_THREADS` to change).
 //! Prints `W<name>\t<ops/s>` lines, the format `scripts/bench.sh` pairs with the Python side.
 
 mod common;
@@ -92,7 +93,11 @@ fn main() -> Result<()> {
         Ok(())
     };
     step()?;
-    let t = try_best_of(step, 3)?;
+    let repeat = std::env::var("TORCHRL_BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let t = try_best_of(step, repeat)?;
     println!("W14_ilql_step_per_s\t{:.2}", 1.0 / t);
     Ok(())
 }

@@ -14,6 +14,7 @@ for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//'); do
 done
 "$PY" benches/python/torchrl_baseline.py > "$py_out"
 "$PY" benches/python/gpt2_baseline.py 2>/dev/null >> "$py_out"
+"$PY" benches/python/ilql_baseline.py 2>/dev/null | grep -P '^W\w+\t' >> "$py_out"
 # W11 / W12: a PPO-RLHF iteration against TRL 1.10's PPOTrainer (JSON -> the same tab format).
 for cfg in flagship:W11_ppo_rlhf_iteration_flagship small:W12_ppo_rlhf_iteration_gpt2_small; do
   OMP_NUM_THREADS=1 "$PY" benches/python/rlhf_baseline.py --config "${cfg%%:*}" 2>/dev/null | tail -1 | \
