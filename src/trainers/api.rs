@@ -538,3 +538,126 @@ pub fn take_component(components: &mut Vec<(String, Component)>, name: &str) -> 
         }),
     }
 }
+
+/// The evaluation a trainer runs (trlX's `eval_prompts`, `reward_fn`, `metric_fn`): prompts,
+/// a reward function and named metric functions over the decoded responses.
+#[derive(Default)]
+pub struct Evaluation {
+    /// The evaluation prompts.
+    pub prompts: Vec<String>,
+    /// One reward per response.
+    pub reward_fn: Option<Box<RewardFn<'static>>>,
+    /// Named metrics, each one value per response.
+    pub metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
+}
+
+impl fmt::Debug for Evaluation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Evaluation")
+            .field("prompts", &self.prompts.len())
+            .field("reward_fn", &self.reward_fn.is_some())
+            .field(
+                "metric_fns",
+                &self.metric_fns.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Evaluation {
+    /// Scores `samples` ([`EvalReport::from_samples`]).
+    ///
+    /// # Errors
+    /// As [`EvalReport::from_samples`].
+    pub fn report(&self, samples: Vec<String>) -> Result<EvalReport> {
+        let metrics: Vec<(&str, &MetricFn<'static>)> = self
+            .metric_fns
+            .iter()
+            .map(|(n, f)| (n.as_str(), f.as_ref()))
+            .collect();
+        EvalReport::from_samples(samples, self.reward_fn.as_deref(), &metrics)
+    }
+}
+
+/// Encodes `prompts` with `tokenizer` into one left-padded batch (`input_ids`,
+/// `attention_mask`, on the CPU). An empty prompt is an error naming its index.
+pub(crate) fn encode_prompts(
+    op: &'static str,
+    tokenizer: &dyn crate::modules::llm::TextTokenizer,
+    prompts: &[String],
+    pad: i64,
+) -> Result<crate::modules::llm::Encoded> {
+    let mut rows = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let ids = tokenizer.encode(p)?;
+        if ids.is_empty() {
+            return Err(Error::value(
+                op,
+                "prompts",
+                "non-empty prompts",
+                format!("prompt {i} encodes to no tokens"),
+            ));
+        }
+        rows.push(ids);
+    }
+    crate::modules::llm::pad_rows(&rows, pad, crate::modules::llm::PaddingSide::Left)
+}
+
+/// Decodes each row of `response` `[B, R]` keeping the tokens where `mask` `[B, R]` is set,
+/// special tokens skipped.
+pub(crate) fn decode_masked(
+    tokenizer: &dyn crate::modules::llm::TextTokenizer,
+    response: &Tensor,
+    mask: &Tensor,
+) -> Result<Vec<String>> {
+    let (b, r) = response.size2()?;
+    let cpu = tch::Device::Cpu;
+    let ids = Vec::<i64>::try_from(response.f_to_device(cpu)?.f_reshape([-1])?)?;
+    let keep = Vec::<i64>::try_from(
+        mask.f_to_device(cpu)?
+            .f_to_kind(tch::Kind::Int64)?
+            .f_reshape([-1])?,
+    )?;
+    let width = r.max(1) as usize;
+    let mut out = Vec::with_capacity(b as usize);
+    for (row, mrow) in ids.chunks(width).zip(keep.chunks(width)) {
+        let kept: Vec<i64> = row
+            .iter()
+            .zip(mrow)
+            .filter(|(_, m)| **m != 0)
+            .map(|(t, _)| *t)
+            .collect();
+        out.push(tokenizer.decode(&kept, crate::modules::llm::SpecialTokens::Skip)?);
+    }
+    Ok(out)
+}
+
+/// A generator's state as JSON (four decimal strings: JSON numbers lose 64-bit precision).
+pub(crate) fn rng_to_json(rng: &crate::rng::Generator) -> Value {
+    Value::Array(
+        rng.state()
+            .iter()
+            .map(|w| Value::String(w.to_string()))
+            .collect(),
+    )
+}
+
+/// The generator saved by [`rng_to_json`]; an error names `op` when `value` is not four words.
+pub(crate) fn rng_from_json(
+    op: &'static str,
+    value: Option<&Value>,
+) -> Result<crate::rng::Generator> {
+    let words: Vec<u64> = value
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|w| w.as_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    let state: [u64; 4] = words.try_into().map_err(|w: Vec<u64>| {
+        Error::value(
+            op,
+            "trainer state",
+            "rng as 4 words",
+            format!("{} words", w.len()),
+        )
+    })?;
+    Ok(crate::rng::Generator::from_state(state))
+}

@@ -45,7 +45,10 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
-use super::api::{Callbacks, Component, EvalReport, MetricFn, RewardFn, RlTrainer, Stats};
+use super::api::{
+    decode_masked, encode_prompts, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
+    Evaluation, MetricFn, RewardFn, RlTrainer, Stats,
+};
 use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
 use super::optim::{shallow_named, AdamW, CosineAnnealingLr};
 use crate::envs::llm::{
@@ -55,8 +58,7 @@ use crate::envs::llm::{
 use crate::envs::{EnvBase, TransformedEnv};
 use crate::error::{Error, Result};
 use crate::modules::llm::{
-    pad_rows, token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Input,
-    PaddingSide, SpecialTokens, TextTokenizer,
+    token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Input, TextTokenizer,
 };
 use crate::objectives::llm::{
     align_values_to_tokens, compute_ppo_rlhf_advantages, AdaptiveKLController, FixedKLController,
@@ -116,9 +118,7 @@ pub struct PpoRlhfTrainer {
     mean_kl: f64,
     iter_count: usize,
     epoch: usize,
-    eval_prompts: Vec<String>,
-    reward_fn: Option<Box<RewardFn<'static>>>,
-    metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
+    evaluation: Evaluation,
     history: Vec<IterationStats>,
 }
 
@@ -266,9 +266,7 @@ impl PpoRlhfTrainer {
             mean_kl: 0.0,
             iter_count: 0,
             epoch: 0,
-            eval_prompts: Vec::new(),
-            reward_fn: None,
-            metric_fns: Vec::new(),
+            evaluation: Evaluation::default(),
             history: Vec::new(),
         })
     }
@@ -282,9 +280,11 @@ impl PpoRlhfTrainer {
         reward_fn: Option<Box<RewardFn<'static>>>,
         metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
     ) -> Self {
-        self.eval_prompts = prompts;
-        self.reward_fn = reward_fn;
-        self.metric_fns = metric_fns;
+        self.evaluation = Evaluation {
+            prompts,
+            reward_fn,
+            metric_fns,
+        };
         self
     }
 
@@ -507,23 +507,10 @@ impl PpoRlhfTrainer {
 
     /// Encodes `prompts` into a left-padded `("tokens", "prompt")` batch.
     fn encode_prompts(&self, prompts: &[String]) -> Result<TensorDict> {
-        const OP: &str = "PpoRlhfTrainer::encode_prompts";
-        let mut rows = Vec::with_capacity(prompts.len());
-        for (i, p) in prompts.iter().enumerate() {
-            let ids = self.tokenizer.encode(p)?;
-            if ids.is_empty() {
-                return Err(Error::value(
-                    OP,
-                    "prompts",
-                    "non-empty prompts",
-                    format!("prompt {i} encodes to no tokens"),
-                ));
-            }
-            rows.push(ids);
-        }
-        let enc = pad_rows(&rows, self.env.base().config().pad_id(), PaddingSide::Left)?;
+        let pad = self.env.base().config().pad_id();
+        let enc = encode_prompts("PpoRlhfTrainer", self.tokenizer.as_ref(), prompts, pad)?;
         let device = self.model.policy().model().device();
-        TensorDict::new([rows.len() as i64])?
+        TensorDict::new([prompts.len() as i64])?
             .with(("tokens", "prompt"), enc.input_ids.f_to_device(device)?)?
             .with(
                 ("masks", "prompt_attention_mask"),
@@ -534,30 +521,14 @@ impl PpoRlhfTrainer {
     /// Decodes the responses of a policy step, special tokens skipped.
     fn decode_responses(&self, td: &TensorDict) -> Result<Vec<String>> {
         let resp = td.get_or_err(("tokens", "response"))?;
-        let (b, r) = resp.size2()?;
+        let r = resp.size().last().copied().unwrap_or(0);
         let full_mask = td.get_or_err(("masks", "all_assistant_mask"))?;
         let t = full_mask.size().last().copied().unwrap_or(0);
-        let mask = full_mask.f_narrow(1, t - r, r)?;
-        let ids = Vec::<i64>::try_from(resp.f_to_device(tch::Device::Cpu)?.f_reshape([-1])?)?;
-        let m = Vec::<i64>::try_from(
-            mask.f_to_device(tch::Device::Cpu)?
-                .f_to_kind(Kind::Int64)?
-                .f_reshape([-1])?,
-        )?;
-        let mut out = Vec::with_capacity(b as usize);
-        for (row, mrow) in ids
-            .chunks(r.max(1) as usize)
-            .zip(m.chunks(r.max(1) as usize))
-        {
-            let kept: Vec<i64> = row
-                .iter()
-                .zip(mrow)
-                .filter(|(_, m)| **m != 0)
-                .map(|(t, _)| *t)
-                .collect();
-            out.push(self.tokenizer.decode(&kept, SpecialTokens::Skip)?);
-        }
-        Ok(out)
+        decode_masked(
+            self.tokenizer.as_ref(),
+            resp,
+            &full_mask.f_narrow(1, t - r, r)?,
+        )
     }
 
     /// Every policy parameter (trunk and value head) by name.
@@ -585,7 +556,7 @@ impl PpoRlhfTrainer {
             "epoch": self.epoch,
             "kl_coef": self.kl_ctl.value(),
             "mean_kl": self.mean_kl,
-            "rng": self.rng.state().iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+            "rng": rng_to_json(&self.rng),
             "running_moments": scaling.and_then(|s| serde_json::to_value(s.running_moments()).ok()),
             "ref_stats": scaling.and_then(ScoreScaling::ref_stats),
         })
@@ -628,19 +599,7 @@ impl PpoRlhfTrainer {
         self.kl_ctl
             .set_value(as_f64(field("kl_coef")?, "kl_coef")?)?;
         self.mean_kl = as_f64(field("mean_kl")?, "mean_kl")?;
-        let words: Vec<u64> = field("rng")?
-            .as_array()
-            .map(|a| a.iter().filter_map(|w| w.as_str()?.parse().ok()).collect())
-            .unwrap_or_default();
-        let rng: [u64; 4] = words.try_into().map_err(|w: Vec<u64>| {
-            Error::value(
-                OP,
-                "trainer state",
-                "rng as 4 words",
-                format!("{} words", w.len()),
-            )
-        })?;
-        self.rng = Generator::from_state(rng);
+        self.rng = rng_from_json(OP, state.get("rng"))?;
         let moments = field("running_moments")?.clone();
         let ref_stats = field("ref_stats")?.clone();
         if let Some(s) = self.env.transform_mut().get_as_mut::<ScoreScaling>(SCALING) {
@@ -718,21 +677,16 @@ impl RlTrainer for PpoRlhfTrainer {
     }
 
     fn evaluate(&mut self) -> Result<EvalReport> {
-        if self.eval_prompts.is_empty() {
+        if self.evaluation.prompts.is_empty() {
             return Ok(EvalReport::default());
         }
-        let td = self.encode_prompts(&self.eval_prompts.clone())?;
+        let td = self.encode_prompts(&self.evaluation.prompts.clone())?;
         let gen = self.eval_gen.clone();
         let seed = self.rng.next_u64();
         let mut policy = GenerationPolicy::new(self.model.policy(), gen, seed)?;
         let td = policy.call(td)?;
         let samples = self.decode_responses(&td)?;
-        let metrics: Vec<(&str, &MetricFn<'static>)> = self
-            .metric_fns
-            .iter()
-            .map(|(n, f)| (n.as_str(), f.as_ref()))
-            .collect();
-        EvalReport::from_samples(samples, self.reward_fn.as_deref(), &metrics)
+        self.evaluation.report(samples)
     }
 
     fn get_components(&self) -> Vec<(String, Component)> {

@@ -44,21 +44,21 @@ use std::fmt;
 
 use serde_json::{json, Value};
 use tch::nn::VarStore;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::config::IlqlTrlConfig;
 use super::data::IlqlDataset;
 use crate::error::{Error, Result};
 use crate::modules::llm::{
-    ilql_generate, pad_rows, CausalLmWithIlqlHeads, IlqlGenerationConfig, PaddingSide,
-    SpecialTokens, TextTokenizer,
+    ilql_generate, CausalLmWithIlqlHeads, IlqlGenerationConfig, TextTokenizer,
 };
 use crate::objectives::llm::{IlqlConfig, IlqlLoss};
 use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 use crate::trainers::api::{
-    take_component, Callbacks, Component, EvalReport, MetricFn, RewardFn, RlTrainer, Stats,
+    decode_masked, encode_prompts, rng_from_json, rng_to_json, take_component, Callbacks,
+    Component, EvalReport, Evaluation, MetricFn, RewardFn, RlTrainer, Stats,
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
@@ -76,9 +76,7 @@ pub struct IlqlTrainer {
     rng: Generator,
     iter_count: usize,
     epoch: usize,
-    eval_prompts: Vec<String>,
-    reward_fn: Option<Box<RewardFn<'static>>>,
-    metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
+    evaluation: Evaluation,
 }
 
 impl fmt::Debug for IlqlTrainer {
@@ -159,9 +157,7 @@ impl IlqlTrainer {
             rng,
             iter_count: 0,
             epoch: 0,
-            eval_prompts: Vec::new(),
-            reward_fn: None,
-            metric_fns: Vec::new(),
+            evaluation: Evaluation::default(),
         })
     }
 
@@ -173,9 +169,11 @@ impl IlqlTrainer {
         reward_fn: Option<Box<RewardFn<'static>>>,
         metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
     ) -> Self {
-        self.eval_prompts = prompts;
-        self.reward_fn = reward_fn;
-        self.metric_fns = metric_fns;
+        self.evaluation = Evaluation {
+            prompts,
+            reward_fn,
+            metric_fns,
+        };
         self
     }
 
@@ -273,22 +271,9 @@ impl IlqlTrainer {
         if prompts.is_empty() {
             return Ok(Vec::new());
         }
-        let mut rows = Vec::with_capacity(prompts.len());
-        for (i, p) in prompts.iter().enumerate() {
-            let ids = self.tokenizer.encode(p)?;
-            if ids.is_empty() {
-                return Err(Error::value(
-                    OP,
-                    "prompts",
-                    "non-empty prompts",
-                    format!("prompt {i} encodes to no tokens"),
-                ));
-            }
-            rows.push(ids);
-        }
         let eos = self.tokenizer.eos_token_id();
         let pad = self.tokenizer.pad_token_id().or(eos).unwrap_or(0);
-        let enc = pad_rows(&rows, pad, PaddingSide::Left)?;
+        let enc = encode_prompts(OP, self.tokenizer.as_ref(), prompts, pad)?;
         let device = self.model.model().device();
         let g = &self.config.method.gen_kwargs;
         let mut gen = IlqlGenerationConfig::new(g.max_new_tokens as i64)
@@ -304,45 +289,17 @@ impl IlqlTrainer {
             &gen,
             &mut self.rng,
         )?;
-        let (b, r) = out.response.size2()?;
-        let ids = Vec::<i64>::try_from(
-            out.response
-                .f_to_device(tch::Device::Cpu)?
-                .f_reshape([-1])?,
-        )?;
-        let mask = Vec::<i64>::try_from(
-            out.response_mask
-                .f_to_device(tch::Device::Cpu)?
-                .f_to_kind(Kind::Int64)?
-                .f_reshape([-1])?,
-        )?;
-        let width = r.max(1) as usize;
-        let mut texts = Vec::with_capacity(b as usize);
-        for (row, mrow) in ids.chunks(width).zip(mask.chunks(width)) {
-            let kept: Vec<i64> = row
-                .iter()
-                .zip(mrow)
-                .filter(|(_, m)| **m != 0)
-                .map(|(t, _)| *t)
-                .collect();
-            texts.push(self.tokenizer.decode(&kept, SpecialTokens::Skip)?);
-        }
-        Ok(texts)
+        decode_masked(self.tokenizer.as_ref(), &out.response, &out.response_mask)
     }
 
     /// trlX's evaluation sweep: one report per β of `gen_kwargs.beta`, in order.
     pub fn evaluate_sweep(&mut self) -> Result<Vec<(f64, EvalReport)>> {
         let betas = self.config.method.gen_kwargs.beta.values();
-        let prompts = self.eval_prompts.clone();
+        let prompts = self.evaluation.prompts.clone();
         let mut out = Vec::with_capacity(betas.len());
         for beta in betas {
             let samples = self.generate(&prompts, beta)?;
-            let metrics: Vec<(&str, &MetricFn<'static>)> = self
-                .metric_fns
-                .iter()
-                .map(|(n, f)| (n.as_str(), f.as_ref()))
-                .collect();
-            let report = EvalReport::from_samples(samples, self.reward_fn.as_deref(), &metrics)?;
+            let report = self.evaluation.report(samples)?;
             out.push((beta, report));
         }
         Ok(out)
@@ -429,7 +386,7 @@ impl RlTrainer for IlqlTrainer {
     }
 
     fn evaluate(&mut self) -> Result<EvalReport> {
-        if self.eval_prompts.is_empty() {
+        if self.evaluation.prompts.is_empty() {
             return Ok(EvalReport::default());
         }
         let sweep = self.evaluate_sweep()?;
@@ -461,7 +418,7 @@ impl RlTrainer for IlqlTrainer {
                 Component::json(json!({
                     "iter_count": self.iter_count,
                     "epoch": self.epoch,
-                    "rng": self.rng.state().iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+                    "rng": rng_to_json(&self.rng),
                 })),
             ),
             (
@@ -496,20 +453,7 @@ impl RlTrainer for IlqlTrainer {
         };
         self.iter_count = count("iter_count")?;
         self.epoch = count("epoch")?;
-        let words: Vec<u64> = state
-            .get("rng")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|w| w.as_str()?.parse().ok()).collect())
-            .unwrap_or_default();
-        let rng: [u64; 4] = words.try_into().map_err(|w: Vec<u64>| {
-            Error::value(
-                OP,
-                "trainer state",
-                "rng as 4 words",
-                format!("{} words", w.len()),
-            )
-        })?;
-        self.rng = Generator::from_state(rng);
+        self.rng = rng_from_json(OP, state.get("rng"))?;
         Ok(())
     }
 }
