@@ -1,6 +1,8 @@
 //! RLHF losses and their statistics on token-level data: the trlX-shaped PPO-RLHF loss with
 //! masked GAE and whitening, the KL controllers and running moments.
 
+pub mod dpo;
+pub mod grpo;
 pub mod ilql;
 pub mod kl_controller;
 pub mod moments;
