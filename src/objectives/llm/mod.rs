@@ -14,6 +14,11 @@ pub use ilql::{
 };
 pub use moments::{BatchMoments, RunningMoments};
 
+pub use dpo::{
+    dpo_loss, sequence_log_probs, DpoConfig, DpoKeys, DpoLoss, DpoLossOutput, DpoLossType,
+    DpoPolicy, DpoPolicyFn,
+};
+
 pub use kl_controller::{
     mean_sequence_kl, AdaptiveKLController, FixedKLController, KlController, KlEstimator,
 };
