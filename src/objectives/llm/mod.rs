@@ -8,6 +8,10 @@ pub mod kl_controller;
 pub mod moments;
 pub mod ppo;
 
+pub use grpo::{
+    group_advantages, grpo_loss, GroupScale, GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss,
+    GrpoLossOutput, MC_ADVANTAGE_STD_MIN, TRL_STD_EPS,
+};
 pub use ilql::{
     expectile_loss, ilql_loss, IlqlConfig, IlqlInputs, IlqlKeys, IlqlLoss, IlqlLossOutput,
     IlqlModel,
@@ -18,7 +22,6 @@ pub use dpo::{
     dpo_loss, sequence_log_probs, DpoConfig, DpoKeys, DpoLoss, DpoLossOutput, DpoLossType,
     DpoPolicy, DpoPolicyFn,
 };
-
 pub use kl_controller::{
     mean_sequence_kl, AdaptiveKLController, FixedKLController, KlController, KlEstimator,
 };
