@@ -40,6 +40,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
+use super::ppo::read_bt;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::objectives::llm::TokenPolicyValue;
@@ -594,37 +595,6 @@ crate::accepted_keys! {
         /// `("masks", "all_assistant_mask")`.
         assistant_mask: ("masks", "all_assistant_mask"),
     }
-}
-
-/// Reads `key` as a `[B, T]` tensor (a trailing singleton dim is squeezed).
-fn read_bt(
-    op: &'static str,
-    td: &TensorDict,
-    key: &NestedKey,
-    shape: Option<&[i64]>,
-) -> Result<Tensor> {
-    let t = td.get_or_err(key)?;
-    let t = if t.dim() == 3 && t.size().last() == Some(&1) {
-        t.f_squeeze_dim(-1)?
-    } else {
-        t.shallow_clone()
-    };
-    let ok = match shape {
-        Some(s) => t.size() == s,
-        None => t.dim() == 2,
-    };
-    if ok {
-        return Ok(t);
-    }
-    Err(Error::value(
-        op,
-        key,
-        match shape {
-            Some(s) => format!("shape {} (aligned with the tokens)", ShapeFmt(s)),
-            None => "a [B, T] tensor".to_string(),
-        },
-        ShapeFmt(&t.size()).to_string(),
-    ))
 }
 
 /// TorchRL's `GRPOLoss` as a [`LossModule`]: reads a rollout through [`GrpoKeys`], re-runs

@@ -917,8 +917,9 @@ crate::accepted_keys! {
     }
 }
 
-/// Reads `key` as a `[B, T]` tensor of `td` (a trailing singleton dim is squeezed).
-fn read_bt(
+/// Reads `key` as a `[B, T]` tensor of `td` (a trailing singleton dim is squeezed), of
+/// `shape` when given; shared by the token-level losses.
+pub(crate) fn read_bt(
     op: &'static str,
     td: &TensorDict,
     key: &NestedKey,
