@@ -9,7 +9,7 @@ use tch::Device;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Model, TextTokenizer,
 };
-use torchrl::trainers::api::{Callbacks, RlTrainer};
+use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
 use torchrl::Error;
@@ -101,11 +101,8 @@ fn learn_spends_the_budget_and_evaluates_every_beta() {
     let _g = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(1);
     let hidden = |s: &[String]| Ok(s.iter().map(|x| x.matches('a').count() as f64).collect());
-    let mut t = trainer("learn", 1, 0.5).with_evaluation(
-        vec!["b:".into(), "c:".into()],
-        Some(Box::new(hidden)),
-        Vec::new(),
-    );
+    let mut t = trainer("learn", 1, 0.5)
+        .with_evaluation(Evaluation::new(vec!["b:".into(), "c:".into()]).with_reward_fn(hidden));
     assert_eq!(t.total_steps(), 6); // 3 epochs of 2 minibatches
     let mut logged = Vec::new();
     {

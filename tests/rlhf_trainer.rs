@@ -12,7 +12,7 @@ use torchrl::modules::llm::{
     ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Input, Gpt2Model, Gpt2ScoreModel,
     TextTokenizer,
 };
-use torchrl::trainers::api::{Callbacks, RlTrainer, Stats};
+use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer, Stats};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::trainers::reward::{
@@ -275,11 +275,8 @@ fn evaluate_and_sample_decode_the_responses() {
     let dir = tempdir("eval");
     let (_vs, t) = trainer(&dir, None);
     let lens = |s: &[String]| Ok(s.iter().map(|x| x.len() as f64).collect());
-    let mut t = t.with_evaluation(
-        vec!["ab".into(), "c".into()],
-        Some(Box::new(lens)),
-        Vec::new(),
-    );
+    let mut t =
+        t.with_evaluation(Evaluation::new(vec!["ab".into(), "c".into()]).with_reward_fn(lens));
     let report = t.evaluate().unwrap();
     assert_eq!(report.samples.len(), 2);
     let mean = report.samples.iter().map(|s| s.len() as f64).sum::<f64>() / 2.0;

@@ -49,7 +49,7 @@ use torchrl::modules::llm::{
     GenerationConfig, Gpt2Config, Gpt2Model, Gpt2ScoreModel, PaddingSide, SpecialTokens,
     TextTokenizer,
 };
-use torchrl::trainers::api::{Callbacks, RlTrainer};
+use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
@@ -573,11 +573,8 @@ fn run_ilql(
     )?;
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
-    let mut trainer = IlqlTrainer::new(config, vs, model, data, Box::new(*tok))?.with_evaluation(
-        eval_prompts,
-        Some(Box::new(hidden)),
-        Vec::new(),
-    );
+    let mut trainer = IlqlTrainer::new(config, vs, model, data, Box::new(*tok))?
+        .with_evaluation(Evaluation::new(eval_prompts).with_reward_fn(hidden));
     let pb = bar(cfg.ilql_epochs, "ILQL", cfg.quiet);
     let mut callbacks = Callbacks::new();
     for _ in 0..cfg.ilql_epochs {
@@ -719,7 +716,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
     let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg), model, env, Box::new(tok))?
-        .with_evaluation(eval_prompts, Some(Box::new(hidden)), Vec::new());
+        .with_evaluation(Evaluation::new(eval_prompts).with_reward_fn(hidden));
     let ckpt_dir = cfg.out.join("checkpoints");
     if cfg.resume {
         trainer.load(&ckpt_dir)?;

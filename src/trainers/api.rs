@@ -565,6 +565,41 @@ impl fmt::Debug for Evaluation {
 }
 
 impl Evaluation {
+    /// An evaluation on `prompts`, with no reward or metric function yet.
+    ///
+    /// ```
+    /// use torchrl::trainers::api::Evaluation;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let eval = Evaluation::new(vec!["a".into()])
+    ///     .with_reward_fn(|s: &[String]| Ok(s.iter().map(|x| x.len() as f64).collect()))
+    ///     .with_metric("has_b", |s: &[String]| Ok(s.iter().map(|x| f64::from(u8::from(x.contains('b')))).collect()));
+    /// let report = eval.report(vec!["ab".into()])?;
+    /// assert_eq!((report.mean_reward, report.metrics["has_b"]), (Some(2.0), 1.0));
+    /// # Ok(()) }
+    /// ```
+    pub fn new(prompts: Vec<String>) -> Self {
+        Evaluation {
+            prompts,
+            ..Evaluation::default()
+        }
+    }
+
+    /// Sets the reward function (one reward per response).
+    pub fn with_reward_fn(mut self, f: impl Fn(&[String]) -> Result<Vec<f64>> + 'static) -> Self {
+        self.reward_fn = Some(Box::new(f));
+        self
+    }
+
+    /// Adds a named metric function (one value per response; the report holds the mean).
+    pub fn with_metric(
+        mut self,
+        name: impl Into<String>,
+        f: impl Fn(&[String]) -> Result<Vec<f64>> + 'static,
+    ) -> Self {
+        self.metric_fns.push((name.into(), Box::new(f)));
+        self
+    }
+
     /// Scores `samples` ([`EvalReport::from_samples`]).
     ///
     /// # Errors

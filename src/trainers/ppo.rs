@@ -47,7 +47,7 @@ use tch::{Kind, Tensor};
 
 use super::api::{
     decode_masked, encode_prompts, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
-    Evaluation, MetricFn, RewardFn, RlTrainer, Stats,
+    Evaluation, RlTrainer, Stats,
 };
 use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
 use super::optim::{shallow_named, AdamW, CosineAnnealingLr};
@@ -271,20 +271,11 @@ impl PpoRlhfTrainer {
         })
     }
 
-    /// Sets the evaluation prompts, the reward function and named metric functions that
-    /// [`RlTrainer::evaluate`] uses (trlX's `eval_prompts`, `reward_fn`, `metric_fn`). Each
-    /// function receives the decoded responses (special tokens skipped), in prompt order.
-    pub fn with_evaluation(
-        mut self,
-        prompts: Vec<String>,
-        reward_fn: Option<Box<RewardFn<'static>>>,
-        metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
-    ) -> Self {
-        self.evaluation = Evaluation {
-            prompts,
-            reward_fn,
-            metric_fns,
-        };
+    /// Sets what [`RlTrainer::evaluate`] runs (trlX's `eval_prompts`, `reward_fn`,
+    /// `metric_fn`): each function receives the decoded responses (special tokens skipped), in
+    /// prompt order.
+    pub fn with_evaluation(mut self, evaluation: Evaluation) -> Self {
+        self.evaluation = evaluation;
         self
     }
 

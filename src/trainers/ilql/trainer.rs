@@ -58,7 +58,7 @@ use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 use crate::trainers::api::{
     decode_masked, encode_prompts, rng_from_json, rng_to_json, take_component, Callbacks,
-    Component, EvalReport, Evaluation, MetricFn, RewardFn, RlTrainer, Stats,
+    Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
@@ -161,19 +161,11 @@ impl IlqlTrainer {
         })
     }
 
-    /// Sets the evaluation prompts, reward function and metric functions (each receives the
-    /// decoded responses, special tokens skipped).
-    pub fn with_evaluation(
-        mut self,
-        prompts: Vec<String>,
-        reward_fn: Option<Box<RewardFn<'static>>>,
-        metric_fns: Vec<(String, Box<MetricFn<'static>>)>,
-    ) -> Self {
-        self.evaluation = Evaluation {
-            prompts,
-            reward_fn,
-            metric_fns,
-        };
+    /// Sets what [`RlTrainer::evaluate`] runs (trlX's `eval_prompts`, `reward_fn`,
+    /// `metric_fn`): each function receives the decoded responses (special tokens skipped), in
+    /// prompt order.
+    pub fn with_evaluation(mut self, evaluation: Evaluation) -> Self {
+        self.evaluation = evaluation;
         self
     }
 
