@@ -12,6 +12,10 @@
 //! 4. `IlqlLoss` on a tiny random-init `CausalLmWithIlqlHeads`: equal to the functional core
 //!    on the model's own outputs; `set_keys` renames.
 
+mod recorded;
+
+use recorded::{f, tensor};
+
 use serde_json::Value;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -34,41 +38,7 @@ const TOL: f64 = 1e-10;
 // ------------------------------------------------------------------ helpers
 
 fn cases(kind: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/specs/ilql_cases.json"
-    ))
-    .expect("specs/ilql_cases.json (run specs/record_ilql.py)");
-    let v: Value = serde_json::from_str(&text).expect("valid JSON");
-    let out: Vec<Value> = v["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .filter(|c| c["kind"] == kind)
-        .cloned()
-        .collect();
-    assert!(!out.is_empty(), "no {kind} case recorded");
-    out
-}
-
-fn tensor(v: &Value) -> Tensor {
-    let shape: Vec<i64> = v["shape"]
-        .as_array()
-        .expect("shape")
-        .iter()
-        .map(|x| x.as_i64().expect("dim"))
-        .collect();
-    let data: Vec<f64> = v["data"]
-        .as_array()
-        .expect("data")
-        .iter()
-        .map(|x| x.as_f64().expect("a number"))
-        .collect();
-    Tensor::from_slice(&data).view(shape.as_slice())
-}
-
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+    recorded::cases("ilql_cases.json", "record_ilql.py", kind)
 }
 
 fn ints(v: &Value) -> Vec<i64> {
