@@ -374,6 +374,49 @@ fn prompts_are_served_in_order_and_cycle() {
 }
 
 #[test]
+fn num_generations_serves_each_prompt_in_consecutive_rows() {
+    let prompts: Vec<Vec<i64>> = (1..=3).map(|i| vec![i]).collect();
+    let cfg = env_cfg(4).with_num_generations(2).with_prompt_width(2);
+    assert_eq!(cfg.prompts_per_reset(), 2);
+    let mut env = TokenEnv::new(cfg, prompts, zero_scorer()).unwrap();
+    // 3 prompts, 2 distinct per reset, each twice: [1,1,2,2], [3,3,1,1]
+    assert_eq!(
+        first_tokens(&mut env, 2),
+        vec![
+            vec![PAD, 1, PAD, 1, PAD, 2, PAD, 2],
+            vec![PAD, 3, PAD, 3, PAD, 1, PAD, 1]
+        ]
+    );
+    // explicit prompts: batch / G of them, each repeated
+    let td = env.reset_with_prompts(&[vec![9, 9], vec![8]]).unwrap();
+    assert_eq!(
+        ints(td.get(("tokens", "prompt")).unwrap()),
+        vec![9, 9, 9, 9, PAD, 8, PAD, 8]
+    );
+    let err = env
+        .reset_with_prompts(&vec![vec![9]; 4])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2 prompts") && err.contains("num_generations 2"),
+        "{err}"
+    );
+    // G must divide the batch
+    let err = TokenEnv::new(
+        env_cfg(4).with_num_generations(3),
+        vec![vec![1]],
+        zero_scorer(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("num_generations"), "{err}");
+    // a config file may omit it (default 1)
+    let cfg: TokenEnvConfig =
+        serde_json::from_str(r#"{"vocab_size": 10, "n_positions": 8}"#).unwrap();
+    assert_eq!(cfg.num_generations, 1);
+}
+
+#[test]
 fn shuffled_prompts_are_seeded_permutations_per_pass() {
     let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
     let make = |seed: u64| {

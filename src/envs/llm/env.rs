@@ -59,7 +59,8 @@
 //! # Prompts
 //! A list of token-id prompts, served `batch_size` at a time, in order or shuffled (a new
 //! seeded permutation per pass), cycling forever; or explicit prompts through
-//! [`TokenEnv::reset_with_prompts`].
+//! [`TokenEnv::reset_with_prompts`]. With [`TokenEnvConfig::num_generations`] `G > 1` (GRPO's
+//! groups), a reset draws `batch_size / G` prompts and serves each in `G` consecutive rows.
 //!
 //! ```
 //! use tch::Kind;
@@ -154,6 +155,13 @@ pub struct TokenEnvConfig {
     /// the batch wants one width: set it to at least the longest prompt.
     #[serde(default)]
     pub prompt_width: Option<i64>,
+    /// Completions per prompt `G` (TRL's `num_generations`, TorchRL's `grpo_size`): each reset
+    /// draws `batch_size / G` prompts and serves each `G` times in consecutive rows, the
+    /// layout GRPO's group advantages read
+    /// ([`group_advantages`](crate::objectives::llm::group_advantages)). Must divide
+    /// `batch_size`. Default 1.
+    #[serde(default = "one")]
+    pub num_generations: i64,
 }
 
 fn twenty() -> i64 {
@@ -178,6 +186,7 @@ impl TokenEnvConfig {
             shuffle: false,
             seed: 0,
             prompt_width: None,
+            num_generations: 1,
         }
     }
 
@@ -205,6 +214,13 @@ impl TokenEnvConfig {
         with_seed(seed: u64);
         /// Sets a fixed padded prompt width for every reset.
         with_prompt_width(width: i64) => prompt_width = Some(width);
+        /// Sets the completions per prompt (each prompt fills `G` consecutive rows).
+        with_num_generations(num_generations: i64);
+    }
+
+    /// The distinct prompts of one reset, `batch_size / num_generations`.
+    pub fn prompts_per_reset(&self) -> i64 {
+        self.batch_size / self.num_generations.max(1)
     }
 
     /// The pad id used: `pad_token_id`, else `eos_token_id`, else 0.
@@ -267,6 +283,15 @@ impl TokenEnvConfig {
                 need((0..self.vocab_size).contains(&id), field, ids.clone(), id)?;
             }
         }
+        need(
+            self.num_generations >= 1 && self.batch_size % self.num_generations == 0,
+            "num_generations",
+            format!(
+                ">= 1 and a divisor of batch_size = {} (each prompt fills num_generations rows)",
+                self.batch_size
+            ),
+            self.num_generations,
+        )?;
         if let Some(w) = self.prompt_width {
             let room = self.n_positions - self.max_new_tokens;
             need(
@@ -478,23 +503,25 @@ impl TokenEnv {
         self.config.prompt_width
     }
 
-    /// Resets with these prompts (exactly `batch_size` of them, checked like the source's)
-    /// instead of the source's next ones; the source does not advance.
+    /// Resets with these prompts (exactly `batch_size / num_generations` of them, checked like
+    /// the source's; each fills `num_generations` consecutive rows) instead of the source's
+    /// next ones; the source does not advance.
     pub fn reset_with_prompts(&mut self, prompts: &[Vec<i64>]) -> Result<TensorDict> {
         let op = "TokenEnv::reset_with_prompts";
-        let b = self.config.batch_size;
-        if prompts.len() as i64 != b {
+        let (b, g) = (self.config.batch_size, self.config.num_generations);
+        let n = self.config.prompts_per_reset();
+        if prompts.len() as i64 != n {
             return Err(Error::argument(
                 op,
                 "prompts",
-                format!("{b} prompts (the env's batch size)"),
+                format!("{n} prompts (the env's batch size {b} / num_generations {g})"),
                 format!("{} prompts", prompts.len()),
             ));
         }
         for (i, p) in prompts.iter().enumerate() {
             check_prompt(op, &self.config, i, p)?;
         }
-        self.pending = Some(prompts.to_vec());
+        self.pending = Some(repeat_rows(prompts, g));
         let out = self.reset(None);
         self.pending = None;
         out
@@ -538,6 +565,15 @@ impl TokenEnv {
                 .f_to_device(device)?,
         ))
     }
+}
+
+/// Each of `prompts` `g` times in consecutive rows.
+fn repeat_rows(prompts: &[Vec<i64>], g: i64) -> Vec<Vec<i64>> {
+    let g = usize::try_from(g).unwrap_or(1).max(1);
+    prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p, g).cloned())
+        .collect()
 }
 
 /// The prompt width of the rows a partial reset keeps: `td`'s `[B, P]` prompt when its
@@ -758,7 +794,10 @@ impl EnvBase for TokenEnv {
         };
         let prompts = match self.pending.take() {
             Some(p) => p,
-            None => self.source.next_batch(usize::try_from(b).unwrap_or(0)),
+            None => {
+                let n = usize::try_from(self.config.prompts_per_reset()).unwrap_or(0);
+                repeat_rows(&self.source.next_batch(n), self.config.num_generations)
+            }
         };
         let (ids, mask) = self.pad_prompts(&prompts, keep)?;
         let device = self.core.specs().device();
