@@ -417,6 +417,27 @@ fn num_generations_serves_each_prompt_in_consecutive_rows() {
 }
 
 #[test]
+fn prompt_state_round_trips_and_a_bad_one_changes_nothing() {
+    let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
+    let cfg = env_cfg(2).with_shuffle(true).with_seed(3);
+    let mut a = TokenEnv::new(cfg.clone(), prompts.clone(), zero_scorer()).unwrap();
+    first_tokens(&mut a, 3); // mid-pass, second permutation drawn
+    let saved = a.prompt_state();
+    let json = serde_json::to_string(&saved).unwrap();
+    let want = first_tokens(&mut a, 4);
+    let mut b = TokenEnv::new(cfg, prompts, zero_scorer()).unwrap();
+    b.set_prompt_state(serde_json::from_str(&json).unwrap())
+        .unwrap();
+    assert_eq!(first_tokens(&mut b, 4), want);
+    let before = b.prompt_state();
+    let mut bad = before.clone();
+    bad.order = vec![0, 0, 1, 2, 3];
+    let err = b.set_prompt_state(bad).unwrap_err().to_string();
+    assert!(err.contains("5 prompts"), "{err}");
+    assert_eq!(b.prompt_state(), before);
+}
+
+#[test]
 fn shuffled_prompts_are_seeded_permutations_per_pass() {
     let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
     let make = |seed: u64| {

@@ -493,28 +493,28 @@ setters!(TrlConfig {
 
 const OP: &str = "TrlConfig::validate";
 
-fn at_least(field: &'static str, value: usize, min: usize) -> Result<()> {
+pub(crate) fn at_least(field: &'static str, value: usize, min: usize) -> Result<()> {
     if value < min {
         return Err(Error::config(OP, field, format!(">= {min}"), value));
     }
     Ok(())
 }
 
-fn positive(field: &'static str, value: f64) -> Result<()> {
+pub(crate) fn positive(field: &'static str, value: f64) -> Result<()> {
     if !(value.is_finite() && value > 0.0) {
         return Err(Error::config(OP, field, "a finite number > 0", value));
     }
     Ok(())
 }
 
-fn non_negative(field: &'static str, value: f64) -> Result<()> {
+pub(crate) fn non_negative(field: &'static str, value: f64) -> Result<()> {
     if !(value.is_finite() && value >= 0.0) {
         return Err(Error::config(OP, field, "a finite number >= 0", value));
     }
     Ok(())
 }
 
-fn unit_closed(field: &'static str, value: f64) -> Result<()> {
+pub(crate) fn unit_closed(field: &'static str, value: f64) -> Result<()> {
     if !(0.0..=1.0).contains(&value) {
         return Err(Error::config(OP, field, "a number in [0, 1]", value));
     }
@@ -522,7 +522,7 @@ fn unit_closed(field: &'static str, value: f64) -> Result<()> {
 }
 
 /// Checks generation arguments; `fields` name `max_new_tokens`, `top_p` and `temperature`.
-fn validate_gen(g: &GenKwargs, fields: [&'static str; 3]) -> Result<()> {
+pub(crate) fn validate_gen(g: &GenKwargs, fields: [&'static str; 3]) -> Result<()> {
     let [max_new_tokens, top_p, temperature] = fields;
     at_least(max_new_tokens, g.max_new_tokens, 1)?;
     if !(g.top_p > 0.0 && g.top_p <= 1.0) {

@@ -4,10 +4,13 @@
 pub mod api;
 pub mod checkpoint;
 pub mod config;
+pub mod dpo;
+pub mod grpo;
 pub mod ilql;
 pub mod optim;
 pub mod ppo;
 pub mod reward;
+mod rollout;
 pub mod sft;
 
 pub use api::{Callbacks, Component, EvalReport, Intervals, RlTrainer, Stats};

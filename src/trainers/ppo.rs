@@ -46,23 +46,23 @@ use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
 use super::api::{
-    decode_masked, encode_prompts, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
-    Evaluation, RlTrainer, Stats,
+    rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
-use super::config::{GenKwargs, ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
-use super::optim::{shallow_named, AdamW, CosineAnnealingLr};
+use super::config::{ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
+use super::optim::{AdamW, CosineAnnealingLr};
+use super::rollout::{
+    check_vocab, generate_text, generation_config, hydra_policy_step, policy_params, prompt_batch,
+    prompt_state_json, reference_params, set_prompt_state_json, trainable_params, StateFields,
+};
 use crate::envs::llm::{
-    GenerationPolicy, KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling,
-    TokenEnv,
+    KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling, TokenEnv,
 };
 use crate::envs::{EnvBase, TransformedEnv};
 use crate::error::{Error, Result};
-use crate::modules::llm::{
-    token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Input, TextTokenizer,
-};
+use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
 use crate::objectives::llm::{
-    align_values_to_tokens, compute_ppo_rlhf_advantages, AdaptiveKLController, FixedKLController,
-    KlController, PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
+    compute_ppo_rlhf_advantages, AdaptiveKLController, FixedKLController, KlController,
+    PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
 };
 use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
@@ -74,8 +74,11 @@ const SCALING: usize = 0;
 const KL: usize = 1;
 /// Where the trainer logs k3 (TRL's direction) per token, under `next`.
 const K3_KEY: &str = "kl_k3";
+/// The op named by errors of evaluation and sampling.
+const OP_EVAL: &str = "PpoRlhfTrainer";
 
-/// What one PPO-RLHF iteration (a rollout and its updates) measured.
+/// What one on-policy iteration (a rollout and its updates) measured: PPO-RLHF's, and
+/// [`GrpoTrainer`](super::grpo::GrpoTrainer)'s (with `kl_coef` its `beta`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct IterationStats {
     /// The 0-based iteration (trlX's outer epoch).
@@ -132,31 +135,6 @@ impl fmt::Debug for PpoRlhfTrainer {
     }
 }
 
-fn generation_config(kw: &GenKwargs, env: &TokenEnv) -> Result<GenerationConfig> {
-    let base = env.config().generation_config();
-    let mut cfg = GenerationConfig {
-        max_new_tokens: kw.max_new_tokens as i64,
-        do_sample: kw.do_sample,
-        temperature: kw.temperature,
-        top_k: kw.top_k as i64,
-        top_p: kw.top_p,
-        ..base
-    };
-    if cfg.max_new_tokens != env.config().max_new_tokens {
-        return Err(Error::config(
-            "PpoRlhfTrainer::new",
-            "method.gen_kwargs.max_new_tokens",
-            format!(
-                "the env's response width, max_new_tokens = {}",
-                env.config().max_new_tokens
-            ),
-            cfg.max_new_tokens,
-        ));
-    }
-    cfg.min_new_tokens = 0;
-    Ok(cfg)
-}
-
 fn scale_mode(mode: ConfigScaleReward) -> ScaleReward {
     match mode {
         ConfigScaleReward::Ignored => ScaleReward::Ignored,
@@ -178,23 +156,7 @@ impl PpoRlhfTrainer {
     ) -> Result<Self> {
         const OP: &str = "PpoRlhfTrainer::new";
         config.validate()?;
-        let vocab = model.policy().model().config().vocab_size;
-        if tokenizer.vocab_size() != vocab {
-            return Err(Error::argument(
-                OP,
-                "tokenizer",
-                format!("the model's vocabulary size {vocab}"),
-                format!("vocabulary size {}", tokenizer.vocab_size()),
-            ));
-        }
-        if env.config().vocab_size != vocab {
-            return Err(Error::argument(
-                OP,
-                "env",
-                format!("a TokenEnv over the model's vocabulary size {vocab}"),
-                format!("vocab_size {}", env.config().vocab_size),
-            ));
-        }
+        check_vocab(OP, &model, &env, tokenizer.as_ref())?;
         let m = &config.method;
         if env.config().batch_size != m.chunk_size as i64 {
             return Err(Error::config(
@@ -216,8 +178,13 @@ impl PpoRlhfTrainer {
                 m.num_rollouts,
             ));
         }
-        let rollout_gen = generation_config(m.experience_gen_kwargs(), &env)?;
-        let eval_gen = generation_config(&m.gen_kwargs, &env)?;
+        let rollout_gen = generation_config(
+            OP,
+            "method.gen_experience_kwargs",
+            m.experience_gen_kwargs(),
+            &env,
+        )?;
+        let eval_gen = generation_config(OP, "method.gen_kwargs", &m.gen_kwargs, &env)?;
         let mut scaling = ScoreScaling::new(scale_mode(m.scale_reward))
             .with_cliprange_reward((m.cliprange_reward > 0.0).then_some(m.cliprange_reward))?;
         if let (Some(mean), Some(std)) = (m.ref_mean, m.ref_std) {
@@ -245,7 +212,7 @@ impl PpoRlhfTrainer {
             .with_gamma(m.gamma)
             .with_lam(m.lam);
         loss_config.validate()?;
-        let opt = AdamW::from_kwargs(named_trainable(&model), &config.optimizer.kwargs)?;
+        let opt = AdamW::from_kwargs(trainable_params(&model, true), &config.optimizer.kwargs)?;
         let sched =
             CosineAnnealingLr::from_kwargs(config.optimizer.kwargs.lr, &config.scheduler.kwargs)?;
         let rng = Generator::new(config.train.seed);
@@ -327,23 +294,7 @@ impl PpoRlhfTrainer {
     /// The policy's generation and the one trunk pass on a tensordict holding
     /// `("tokens", "prompt")` and its mask (the [module docs](self)' step 1).
     fn policy_step(&mut self, td: TensorDict, gen: &GenerationConfig) -> Result<TensorDict> {
-        let seed = self.rng.next_u64();
-        let mut policy = GenerationPolicy::new(self.model.policy(), gen.clone(), seed)?;
-        let mut td = policy.call(td)?;
-        let _guard = tch::no_grad_guard();
-        let tokens = td.get_or_err(("tokens", "full"))?.shallow_clone();
-        let mask = td
-            .get_or_err(("masks", "all_attention_mask"))?
-            .shallow_clone();
-        let out = self
-            .model
-            .forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask))?;
-        let lp = token_log_probs(&out.logits, &tokens, Some(&mask))?;
-        let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
-        td.set(("log_probs", "full"), lp)?;
-        td.set(("ref_log_probs", "full"), ref_lp)?;
-        td.set("values", align_values_to_tokens(&out.values)?)?;
-        Ok(td)
+        hydra_policy_step(&self.model, &mut self.rng, td, gen)
     }
 
     /// trlX's `make_experience(num_rollouts)`: collects `num_rollouts` scored responses
@@ -499,44 +450,8 @@ impl PpoRlhfTrainer {
     /// Encodes `prompts` into a left-padded `("tokens", "prompt")` batch.
     fn encode_prompts(&self, prompts: &[String]) -> Result<TensorDict> {
         let pad = self.env.base().config().pad_id();
-        let enc = encode_prompts("PpoRlhfTrainer", self.tokenizer.as_ref(), prompts, pad)?;
         let device = self.model.policy().model().device();
-        TensorDict::new([prompts.len() as i64])?
-            .with(("tokens", "prompt"), enc.input_ids.f_to_device(device)?)?
-            .with(
-                ("masks", "prompt_attention_mask"),
-                enc.attention_mask.f_to_device(device)?,
-            )
-    }
-
-    /// Decodes the responses of a policy step, special tokens skipped.
-    fn decode_responses(&self, td: &TensorDict) -> Result<Vec<String>> {
-        let resp = td.get_or_err(("tokens", "response"))?;
-        let r = resp.size().last().copied().unwrap_or(0);
-        let full_mask = td.get_or_err(("masks", "all_assistant_mask"))?;
-        let t = full_mask.size().last().copied().unwrap_or(0);
-        decode_masked(
-            self.tokenizer.as_ref(),
-            resp,
-            &full_mask.f_narrow(1, t - r, r)?,
-        )
-    }
-
-    /// Every policy parameter (trunk and value head) by name.
-    fn policy_params(&self) -> Vec<(String, Tensor)> {
-        shallow_named(self.model.policy().named_parameters())
-    }
-
-    /// The frozen reference branch's parameters, sorted by name.
-    fn reference_params(&self) -> Vec<(String, Tensor)> {
-        let mut named: Vec<(String, Tensor)> = self
-            .model
-            .reference_store()
-            .variables()
-            .into_iter()
-            .collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        named
+        prompt_batch(OP_EVAL, self.tokenizer.as_ref(), prompts, pad, device)
     }
 
     /// The trainer's own state (KL coefficient, counters, running moments, generator).
@@ -548,6 +463,7 @@ impl PpoRlhfTrainer {
             "kl_coef": self.kl_ctl.value(),
             "mean_kl": self.mean_kl,
             "rng": rng_to_json(&self.rng),
+            "prompts": prompt_state_json(self.env.base()),
             "running_moments": scaling.and_then(|s| serde_json::to_value(s.running_moments()).ok()),
             "ref_stats": scaling.and_then(ScoreScaling::ref_stats),
         })
@@ -555,42 +471,14 @@ impl PpoRlhfTrainer {
 
     fn set_state_json(&mut self, state: &Value) -> Result<()> {
         const OP: &str = "PpoRlhfTrainer::load";
-        let field = |name: &str| {
-            state.get(name).ok_or_else(|| {
-                Error::value(
-                    OP,
-                    "trainer state",
-                    format!("a field {name:?}"),
-                    state.to_string(),
-                )
-            })
-        };
-        let as_usize = |v: &Value, name: &str| {
-            v.as_u64().map(|x| x as usize).ok_or_else(|| {
-                Error::value(
-                    OP,
-                    "trainer state",
-                    format!("{name} as an integer"),
-                    v.to_string(),
-                )
-            })
-        };
-        let as_f64 = |v: &Value, name: &str| {
-            v.as_f64().ok_or_else(|| {
-                Error::value(
-                    OP,
-                    "trainer state",
-                    format!("{name} as a number"),
-                    v.to_string(),
-                )
-            })
-        };
-        self.iter_count = as_usize(field("iter_count")?, "iter_count")?;
-        self.epoch = as_usize(field("epoch")?, "epoch")?;
-        self.kl_ctl
-            .set_value(as_f64(field("kl_coef")?, "kl_coef")?)?;
-        self.mean_kl = as_f64(field("mean_kl")?, "mean_kl")?;
+        let fields = StateFields::new(OP, state);
+        let field = |name: &str| fields.field(name);
+        self.iter_count = fields.usize("iter_count")?;
+        self.epoch = fields.usize("epoch")?;
+        self.kl_ctl.set_value(fields.f64("kl_coef")?)?;
+        self.mean_kl = fields.f64("mean_kl")?;
         self.rng = rng_from_json(OP, state.get("rng"))?;
+        set_prompt_state_json(OP, self.env.base_mut(), state)?;
         let moments = field("running_moments")?.clone();
         let ref_stats = field("ref_stats")?.clone();
         if let Some(s) = self.env.transform_mut().get_as_mut::<ScoreScaling>(SCALING) {
@@ -608,14 +496,6 @@ impl PpoRlhfTrainer {
         self.store = None;
         Ok(())
     }
-}
-
-/// The policy's trainable parameters (trunk blocks above the frozen ones and the value head)
-/// by name.
-fn named_trainable(model: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
-    let mut named = shallow_named(model.policy().named_parameters());
-    named.retain(|(_, p)| p.requires_grad());
-    named
 }
 
 impl RlTrainer for PpoRlhfTrainer {
@@ -653,10 +533,7 @@ impl RlTrainer for PpoRlhfTrainer {
             max_new_tokens: length as i64,
             ..self.eval_gen.clone()
         };
-        let seed = self.rng.next_u64();
-        let mut policy = GenerationPolicy::new(self.model.policy(), gen, seed)?;
-        let td = policy.call(td)?;
-        self.decode_responses(&td)
+        generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)
     }
 
     fn learn(&mut self, callbacks: &mut Callbacks<'_>) -> Result<()> {
@@ -673,10 +550,7 @@ impl RlTrainer for PpoRlhfTrainer {
         }
         let td = self.encode_prompts(&self.evaluation.prompts.clone())?;
         let gen = self.eval_gen.clone();
-        let seed = self.rng.next_u64();
-        let mut policy = GenerationPolicy::new(self.model.policy(), gen, seed)?;
-        let td = policy.call(td)?;
-        let samples = self.decode_responses(&td)?;
+        let samples = generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)?;
         self.evaluation.report(samples)
     }
 
@@ -684,11 +558,11 @@ impl RlTrainer for PpoRlhfTrainer {
         vec![
             (
                 "model".to_string(),
-                Component::tensors(self.policy_params()),
+                Component::tensors(policy_params(&self.model)),
             ),
             (
                 "reference".to_string(),
-                Component::tensors(self.reference_params()),
+                Component::tensors(reference_params(&self.model)),
             ),
             ("opt".to_string(), Component::from_adamw(&self.opt)),
             (
@@ -706,9 +580,9 @@ impl RlTrainer for PpoRlhfTrainer {
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         use super::api::take_component;
         let model = take_component(&mut components, "model")?;
-        model.copy_into(&self.policy_params())?;
+        model.copy_into(&policy_params(&self.model))?;
         let reference = take_component(&mut components, "reference")?;
-        reference.copy_into(&self.reference_params())?;
+        reference.copy_into(&reference_params(&self.model))?;
         let opt = take_component(&mut components, "opt")?;
         self.opt.load_state(&opt.tensors, &opt.state)?;
         let sched = take_component(&mut components, "scheduler")?;

@@ -310,6 +310,20 @@ impl TokenEnvConfig {
 
 // ------------------------------------------------------------------ prompt source
 
+/// Where a [`TokenEnv`]'s prompt source stands: the current pass's order, the position in
+/// it, and the shuffling generator. A trainer saves it with a checkpoint
+/// ([`TokenEnv::prompt_state`]) so a resumed run serves the prompts an uninterrupted one
+/// would.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptState {
+    /// The order of the current pass (a permutation of the prompt indices).
+    pub order: Vec<usize>,
+    /// The next position in `order`.
+    pub cursor: usize,
+    /// The generator's state ([`Generator::state`]).
+    pub rng: [u64; 4],
+}
+
 /// The prompts, served in order or in seeded per-pass permutations, cycling.
 #[derive(Debug, Clone)]
 struct PromptSource {
@@ -525,6 +539,47 @@ impl TokenEnv {
         let out = self.reset(None);
         self.pending = None;
         out
+    }
+
+    /// Where the prompt source stands, to save with a checkpoint.
+    pub fn prompt_state(&self) -> PromptState {
+        PromptState {
+            order: self.source.order.clone(),
+            cursor: self.source.cursor,
+            rng: self.source.rng.state(),
+        }
+    }
+
+    /// Restores a [`PromptState`] saved by [`TokenEnv::prompt_state`] of an env over the same
+    /// prompts.
+    ///
+    /// # Errors
+    /// When `order` is not a permutation of this env's prompt indices or `cursor` is past
+    /// its end; nothing changes then.
+    pub fn set_prompt_state(&mut self, state: PromptState) -> Result<()> {
+        let n = self.source.prompts.len();
+        let mut seen = vec![false; n];
+        let is_permutation = state.order.len() == n
+            && state
+                .order
+                .iter()
+                .all(|&i| seen.get_mut(i).is_some_and(|s| !std::mem::replace(s, true)));
+        if !is_permutation || state.cursor > n {
+            return Err(Error::value(
+                "TokenEnv::set_prompt_state",
+                "state",
+                format!("an order over this env's {n} prompts and a cursor <= {n}"),
+                format!(
+                    "an order of {} indices, cursor {}",
+                    state.order.len(),
+                    state.cursor
+                ),
+            ));
+        }
+        self.source.order = state.order;
+        self.source.cursor = state.cursor;
+        self.source.rng = Generator::from_state(state.rng);
+        Ok(())
     }
 
     /// The prompts, left-padded to `[B, P]`, with their mask. `P`: the fixed prompt width,

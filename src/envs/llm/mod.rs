@@ -8,7 +8,7 @@ pub mod policy;
 pub mod scaling;
 pub mod scorer;
 
-pub use env::{TokenEnv, TokenEnvConfig};
+pub use env::{PromptState, TokenEnv, TokenEnvConfig};
 pub use kl::{
     trlx_logged_kl, KLComputation, KLRewardTransform, KlEstimator, LogProbSource, RetrieveKL,
     RetrieveLogProb,

@@ -1,0 +1,731 @@
+//! DPO as a configuration of the trainer API: preference optimisation without a reward
+//! model, in the shape of TRL's `DPOTrainer` (rlhf.md §3.4), on the hydra model's frozen
+//! reference and [`DpoLoss`].
+//!
+//! # Data
+//! [`DpoPair`]s: a prompt and two completions of it, the preferred (`chosen`) and the other
+//! (`rejected`) — TRL's `prompt` / `chosen` / `rejected` columns, as token ids.
+//! [`collate_dpo_pairs`] lays a batch out as [`DpoLoss`] reads it: sub-tensordicts `"chosen"`
+//! and `"rejected"`, each with `"input_ids"` (prompt + completion, left-padded),
+//! `"attention_mask"` and `"completion_mask"` (1 on the completion's tokens).
+//!
+//! # One optimizer step ([`DpoTrainer::step`])
+//! The reference's sequence log-probs of both sides come from the frozen branch of the hydra
+//! model under no-grad — per batch, or once for the whole dataset when
+//! `precompute_ref_log_probs` is set (TRL's option) — then [`DpoLoss`] runs the policy on both
+//! sides with gradient and returns the loss and TRL's logged rewards; global gradient-norm
+//! clipping, AdamW and the schedule follow. An epoch is one shuffled pass over the pairs in
+//! batches of `train.batch_size`.
+//!
+//! # Defaults
+//! [`DpoTrlConfig::default`] is TRL 1.16's `DPOConfig`: `beta = 0.1`,
+//! `loss_type = "sigmoid"`, `label_smoothing = 0`, `precompute_ref_log_probs = false`, 3
+//! epochs, a batch of 8 pairs, AdamW with lr 1e-6, betas (0.9, 0.999), no weight decay,
+//! `max_grad_norm = 1`, seed 42, every layer trained (the reference is then a full frozen
+//! copy, TRL's `ref_model`). As for GRPO, the rate is constant where TRL decays it linearly
+//! ([`super::grpo`]'s docs say how to decay it).
+//!
+//! # Logged statistics
+//! Per step, TRL's names: `loss`, `rewards/chosen`, `rewards/rejected`,
+//! `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`, `lr`,
+//! `grad_norm`. [`DpoTrainer::evaluate_pairs`] gives the same (without `lr` / `grad_norm`) on
+//! held-out pairs, and [`RlTrainer::evaluate`] scores samples of the evaluation prompts.
+//!
+//! ```
+//! use torchrl::objectives::llm::DpoLossType;
+//! use torchrl::trainers::dpo::{collate_dpo_pairs, DpoPair, DpoTrlConfig};
+//! # fn main() -> torchrl::Result<()> {
+//! let cfg = DpoTrlConfig::from_toml_str("[method]\nloss_type = \"ipo\"\nbeta = 0.5")?;
+//! assert_eq!(cfg.method.loss_type, DpoLossType::Ipo);
+//! assert_eq!((cfg.train.epochs, cfg.train.batch_size), (3, 8)); // TRL's
+//! assert!(DpoTrlConfig::from_toml_str("[method]\nloss_type = \"nca\"").is_err());
+//! let pairs = [DpoPair::new(vec![5, 6], vec![7], vec![8, 9])];
+//! let td = collate_dpo_pairs(&pairs, 0, tch::Device::Cpu)?;
+//! let ids = td.get_or_err(("rejected", "input_ids"))?;
+//! assert_eq!(Vec::<i64>::try_from(ids.view([-1]))?, vec![5, 6, 8, 9]);
+//! let mask = td.get_or_err(("chosen", "completion_mask"))?;
+//! assert_eq!(Vec::<i64>::try_from(mask.view([-1]))?, vec![0, 0, 0, 1]); // left-padded
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{json, Value};
+use tch::{Device, Kind, Tensor};
+
+use super::api::{
+    rng_from_json, rng_to_json, take_component, Callbacks, Component, EvalReport, Evaluation,
+    RlTrainer, Stats,
+};
+use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
+use super::grpo::trl_defaults;
+use super::optim::{AdamW, CosineAnnealingLr};
+use super::rollout::{
+    generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params,
+    trainable_params, StateFields,
+};
+use crate::error::{Error, Result};
+use crate::modules::llm::{
+    pad_rows, CausalLmWithHydraValueHead, CausalLmWithValueHead, GenerationConfig, HydraReference,
+    LogProbModel, PaddingSide, TextTokenizer,
+};
+use crate::objectives::llm::{sequence_log_probs, DpoConfig, DpoLoss, DpoLossOutput, DpoLossType};
+use crate::objectives::{LossModule, LossOutput};
+use crate::rng::Generator;
+use crate::tensordict::TensorDict;
+
+const OP: &str = "DpoTrainer";
+
+// ------------------------------------------------------------------------------ config
+
+/// The DPO method section, with TRL's `DPOConfig` names and defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpoMethodConfig {
+    /// The method's name. Default `"DPOConfig"`.
+    pub name: String,
+    /// β, > 0. Default 0.1.
+    pub beta: f64,
+    /// TRL's `loss_type`: `"sigmoid"` (default), `"robust"`, `"hinge"` or `"ipo"`.
+    #[serde(serialize_with = "ser_loss_type", deserialize_with = "de_loss_type")]
+    pub loss_type: DpoLossType,
+    /// Label smoothing ε (`sigmoid`'s cDPO form, `robust`). Default 0.
+    pub label_smoothing: f64,
+    /// Compute the reference's log-probs of every pair once, before training (TRL's option).
+    /// Default `false`: per batch.
+    pub precompute_ref_log_probs: bool,
+    /// Generation for [`RlTrainer::evaluate`]'s samples (TRL's trainer does not generate):
+    /// sampling at temperature 1, 40 new tokens by default.
+    pub gen_kwargs: GenKwargs,
+}
+
+fn ser_loss_type<S: Serializer>(t: &DpoLossType, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&t.to_string())
+}
+
+fn de_loss_type<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<DpoLossType, D::Error> {
+    let name = String::deserialize(d)?;
+    DpoLossType::from_str(&name).map_err(serde::de::Error::custom)
+}
+
+impl Default for DpoMethodConfig {
+    fn default() -> Self {
+        DpoMethodConfig {
+            name: "DPOConfig".into(),
+            beta: 0.1,
+            loss_type: DpoLossType::Sigmoid,
+            label_smoothing: 0.0,
+            precompute_ref_log_probs: false,
+            gen_kwargs: GenKwargs::default(),
+        }
+    }
+}
+
+impl DpoMethodConfig {
+    /// The [`DpoConfig`] of the loss.
+    pub fn loss_config(&self) -> DpoConfig {
+        DpoConfig::new()
+            .with_beta(self.beta)
+            .with_loss_type(self.loss_type)
+            .with_label_smoothing(self.label_smoothing)
+    }
+}
+
+impl MethodConfig for DpoMethodConfig {
+    fn default_config() -> TrlConfigOf<Self> {
+        let mut cfg = trl_defaults("DPOTrainer", DpoMethodConfig::default());
+        cfg.train.epochs = 3;
+        cfg
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.loss_config().validate().map_err(|e| match e {
+            Error::InvalidConfig {
+                field,
+                expected,
+                got,
+                ..
+            } => Error::InvalidConfig {
+                op: "TrlConfig::validate",
+                field: match field {
+                    "beta" => "method.beta",
+                    "label_smoothing" => "method.label_smoothing",
+                    other => other,
+                },
+                expected,
+                got,
+            },
+            other => other,
+        })?;
+        validate_gen(
+            &self.gen_kwargs,
+            [
+                "method.gen_kwargs.max_new_tokens",
+                "method.gen_kwargs.top_p",
+                "method.gen_kwargs.temperature",
+            ],
+        )
+    }
+}
+
+/// The whole DPO config, TRL's defaults.
+pub type DpoTrlConfig = TrlConfigOf<DpoMethodConfig>;
+
+impl DpoTrlConfig {
+    /// Optimizer steps in one epoch over `pairs` pairs: `ceil(pairs / batch_size)`.
+    pub fn steps_per_epoch(&self, pairs: usize) -> usize {
+        pairs.div_ceil(self.train.batch_size.max(1))
+    }
+}
+
+// ------------------------------------------------------------------------------ data
+
+/// One preference: a prompt and two completions of it (token ids, without the prompt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DpoPair {
+    /// The prompt.
+    pub prompt: Vec<i64>,
+    /// The preferred completion.
+    pub chosen: Vec<i64>,
+    /// The other completion.
+    pub rejected: Vec<i64>,
+}
+
+impl DpoPair {
+    /// A pair.
+    pub fn new(prompt: Vec<i64>, chosen: Vec<i64>, rejected: Vec<i64>) -> Self {
+        DpoPair {
+            prompt,
+            chosen,
+            rejected,
+        }
+    }
+}
+
+/// Collates `pairs` into [`DpoLoss`]'s layout (the [module docs](self)) on `device`,
+/// left-padded with `pad`.
+///
+/// # Errors
+/// On an empty list, an empty prompt or an empty completion (naming the pair).
+pub fn collate_dpo_pairs(pairs: &[DpoPair], pad: i64, device: Device) -> Result<TensorDict> {
+    const OP: &str = "collate_dpo_pairs";
+    if pairs.is_empty() {
+        return Err(Error::value(OP, "pairs", "at least one pair", "0 pairs"));
+    }
+    for (i, p) in pairs.iter().enumerate() {
+        for (what, row) in [
+            ("prompt", &p.prompt),
+            ("chosen", &p.chosen),
+            ("rejected", &p.rejected),
+        ] {
+            if row.is_empty() {
+                return Err(Error::value(
+                    OP,
+                    format!("pairs[{i}].{what}"),
+                    "at least one token",
+                    "an empty row",
+                ));
+            }
+        }
+    }
+    let mut td = TensorDict::new([pairs.len() as i64])?.with_device(device)?;
+    for side in ["chosen", "rejected"] {
+        let completion = |p: &DpoPair| {
+            if side == "chosen" {
+                p.chosen.clone()
+            } else {
+                p.rejected.clone()
+            }
+        };
+        let rows: Vec<Vec<i64>> = pairs
+            .iter()
+            .map(|p| [p.prompt.clone(), completion(p)].concat())
+            .collect();
+        let marks: Vec<Vec<i64>> = pairs
+            .iter()
+            .map(|p| {
+                std::iter::repeat_n(0i64, p.prompt.len())
+                    .chain(std::iter::repeat_n(1, completion(p).len()))
+                    .collect()
+            })
+            .collect();
+        let enc = pad_rows(&rows, pad, PaddingSide::Left)?;
+        let completion_mask = pad_rows(&marks, 0, PaddingSide::Left)?.input_ids;
+        td.set((side, "input_ids"), enc.input_ids.f_to_device(device)?)?;
+        td.set(
+            (side, "attention_mask"),
+            enc.attention_mask.f_to_device(device)?,
+        )?;
+        td.set(
+            (side, "completion_mask"),
+            completion_mask.f_to_device(device)?,
+        )?;
+    }
+    Ok(td)
+}
+
+// ------------------------------------------------------------------------------ trainer
+
+/// A DPO trainer (see the [module docs](self)).
+pub struct DpoTrainer {
+    config: DpoTrlConfig,
+    model: CausalLmWithHydraValueHead,
+    tokenizer: Box<dyn TextTokenizer>,
+    pairs: Vec<DpoPair>,
+    /// The reference's `(chosen, rejected)` sequence log-probs of each pair, when
+    /// precomputed.
+    ref_cache: Option<Vec<(f64, f64)>>,
+    loss_config: DpoConfig,
+    gen: GenerationConfig,
+    opt: AdamW,
+    sched: CosineAnnealingLr,
+    rng: Generator,
+    iter_count: usize,
+    epoch: usize,
+    evaluation: Evaluation,
+    history: Vec<Stats>,
+}
+
+impl fmt::Debug for DpoTrainer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DpoTrainer")
+            .field("pairs", &self.pairs.len())
+            .field("iter_count", &self.iter_count)
+            .field("epoch", &self.epoch)
+            .field("loss", &self.loss_config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DpoTrainer {
+    /// A trainer of `model`'s policy on `pairs`, with `config` (validated); the model's frozen
+    /// reference branch is DPO's reference. Errors on an invalid config, no pairs, a pair with
+    /// an empty row, ids outside the model's vocabulary, a row longer than its context, or a
+    /// tokenizer of another vocabulary.
+    pub fn new(
+        config: DpoTrlConfig,
+        model: CausalLmWithHydraValueHead,
+        pairs: Vec<DpoPair>,
+        tokenizer: Box<dyn TextTokenizer>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let mc = model.policy().model().config().clone();
+        if tokenizer.vocab_size() != mc.vocab_size {
+            return Err(Error::argument(
+                OP,
+                "tokenizer",
+                format!("the model's vocabulary size {}", mc.vocab_size),
+                format!("vocabulary size {}", tokenizer.vocab_size()),
+            ));
+        }
+        check_pairs(&pairs, mc.vocab_size, mc.n_positions)?;
+        let kw = &config.method.gen_kwargs;
+        let mut gen = GenerationConfig::rlhf_sampling(kw.max_new_tokens as i64);
+        gen.do_sample = kw.do_sample;
+        gen.temperature = kw.temperature;
+        gen.top_k = kw.top_k as i64;
+        gen.top_p = kw.top_p;
+        gen.eos_token_id = mc.eos_token_id;
+        gen.pad_token_id = Some(mc.pad_token_id.or(mc.eos_token_id).unwrap_or(0));
+        let loss_config = config.method.loss_config();
+        let opt = AdamW::from_kwargs(trainable_params(&model, false), &config.optimizer.kwargs)?;
+        let sched =
+            CosineAnnealingLr::from_kwargs(config.optimizer.kwargs.lr, &config.scheduler.kwargs)?;
+        let mut trainer = DpoTrainer {
+            rng: Generator::new(config.train.seed),
+            config,
+            model,
+            tokenizer,
+            pairs,
+            ref_cache: None,
+            loss_config,
+            gen,
+            opt,
+            sched,
+            iter_count: 0,
+            epoch: 0,
+            evaluation: Evaluation::default(),
+            history: Vec::new(),
+        };
+        if trainer.config.method.precompute_ref_log_probs {
+            trainer.precompute_reference()?;
+        }
+        Ok(trainer)
+    }
+
+    /// Sets what [`RlTrainer::evaluate`] runs.
+    pub fn with_evaluation(mut self, evaluation: Evaluation) -> Self {
+        self.evaluation = evaluation;
+        self
+    }
+
+    /// The whole config.
+    pub fn config(&self) -> &DpoTrlConfig {
+        &self.config
+    }
+
+    /// The model (policy, unused value head, frozen reference).
+    pub fn model(&self) -> &CausalLmWithHydraValueHead {
+        &self.model
+    }
+
+    /// Epochs finished, counting those of a loaded checkpoint.
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// The mean step statistics of each finished epoch.
+    pub fn history(&self) -> &[Stats] {
+        &self.history
+    }
+
+    /// The step budget: `min(train.total_steps, epochs · steps_per_epoch)`.
+    pub fn total_steps(&self) -> usize {
+        self.config
+            .train
+            .epochs
+            .saturating_mul(self.config.steps_per_epoch(self.pairs.len()))
+            .min(self.config.train.total_steps)
+    }
+
+    fn pad(&self) -> i64 {
+        let mc = self.model.policy().model().config();
+        mc.pad_token_id.or(mc.eos_token_id).unwrap_or(0)
+    }
+
+    fn device(&self) -> Device {
+        self.model.policy().model().device()
+    }
+
+    /// The reference's sequence log-probs of both sides of a collated batch, `[B]` each.
+    fn reference_log_probs(&self, td: &TensorDict) -> Result<(Tensor, Tensor)> {
+        let reference = HydraReference::new(&self.model);
+        let side = |s: &str| -> Result<Tensor> {
+            let lp = reference.token_log_probs(
+                td.get_or_err((s, "input_ids"))?,
+                td.get_or_err((s, "attention_mask"))?,
+            )?;
+            Ok(sequence_log_probs(&lp, td.get_or_err((s, "completion_mask"))?)?.0)
+        };
+        Ok((side("chosen")?, side("rejected")?))
+    }
+
+    fn precompute_reference(&mut self) -> Result<()> {
+        let mb = self.config.train.batch_size.max(1);
+        let mut cache = Vec::with_capacity(self.pairs.len());
+        for chunk in self.pairs.chunks(mb) {
+            let td = collate_dpo_pairs(chunk, self.pad(), self.device())?;
+            let (c, r) = self.reference_log_probs(&td)?;
+            let c = Vec::<f64>::try_from(c.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+            let r = Vec::<f64>::try_from(r.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
+            cache.extend(c.into_iter().zip(r));
+        }
+        self.ref_cache = Some(cache);
+        Ok(())
+    }
+
+    /// The collated batch of `pairs`, with the reference's log-probs written
+    /// under `(side, "ref_log_probs")`.
+    fn batch(&self, pairs: &[DpoPair], cached: Option<Vec<(f64, f64)>>) -> Result<TensorDict> {
+        let mut td = collate_dpo_pairs(pairs, self.pad(), self.device())?;
+        let kind = self.model.policy().model().kind();
+        let (c, r) = match cached {
+            Some(refs) => {
+                let (c, r): (Vec<f64>, Vec<f64>) = refs.into_iter().unzip();
+                (Tensor::from_slice(&c), Tensor::from_slice(&r))
+            }
+            None => self.reference_log_probs(&td)?,
+        };
+        let device = self.device();
+        td.set(
+            ("chosen", "ref_log_probs"),
+            c.f_to_kind(kind)?.f_to_device(device)?,
+        )?;
+        td.set(
+            ("rejected", "ref_log_probs"),
+            r.f_to_kind(kind)?.f_to_device(device)?,
+        )?;
+        Ok(td)
+    }
+
+    fn loss(&self) -> Result<DpoLoss<&CausalLmWithValueHead>> {
+        DpoLoss::new(self.model.policy()).with_config(self.loss_config.clone())
+    }
+
+    /// One optimizer step on `pairs` (any count ≥ 1); returns TRL's logged statistics.
+    ///
+    /// # Errors
+    /// On an invalid pair, or a failing forward / backward.
+    pub fn step(&mut self, pairs: &[DpoPair]) -> Result<Stats> {
+        let mc = self.model.policy().model().config();
+        check_pairs(pairs, mc.vocab_size, mc.n_positions)?;
+        self.step_cached(pairs, None)
+    }
+
+    fn step_cached(&mut self, pairs: &[DpoPair], cached: Option<Vec<(f64, f64)>>) -> Result<Stats> {
+        let td = self.batch(pairs, cached)?;
+        let out = self.loss()?.forward(&td)?;
+        let total = out.total_loss()?;
+        let grad_norm = self
+            .opt
+            .backward_step(&total, self.config.train.max_grad_norm)?;
+        let lr = self.sched.step();
+        self.opt.set_lr(lr);
+        let mut stats = trl_stats(&out, &td, self.loss_config.beta)?;
+        stats.insert("lr".into(), lr);
+        if let Some(norm) = grad_norm {
+            stats.insert("grad_norm".into(), norm);
+        }
+        Ok(stats)
+    }
+
+    /// The loss and TRL's statistics on `pairs` (e.g. held-out ones), without gradient, in
+    /// batches of `train.batch_size`; averaged over the pairs.
+    ///
+    /// # Errors
+    /// On an invalid pair or a failing forward.
+    pub fn evaluate_pairs(&self, pairs: &[DpoPair]) -> Result<Stats> {
+        let mc = self.model.policy().model().config();
+        check_pairs(pairs, mc.vocab_size, mc.n_positions)?;
+        let _guard = tch::no_grad_guard();
+        let mut sums = Stats::new();
+        for chunk in pairs.chunks(self.config.train.batch_size.max(1)) {
+            let td = self.batch(chunk, None)?;
+            let out = self.loss()?.forward(&td)?;
+            for (k, v) in trl_stats(&out, &td, self.loss_config.beta)? {
+                *sums.entry(k).or_insert(0.0) += v * chunk.len() as f64;
+            }
+        }
+        for v in sums.values_mut() {
+            *v /= pairs.len() as f64;
+        }
+        Ok(sums)
+    }
+
+    /// One shuffled pass over the pairs in batches of `train.batch_size` (stopping at the step
+    /// budget), each step followed by the callbacks that are due; returns the mean step
+    /// statistics (also kept in [`DpoTrainer::history`]).
+    ///
+    /// # Errors
+    /// As [`DpoTrainer::step`] and the callbacks.
+    pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
+        let n = self.pairs.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            order.swap(i, j);
+        }
+        let total = self.total_steps();
+        let mut sums = Stats::new();
+        let mut steps = 0usize;
+        for idx in order.chunks(self.config.train.batch_size.max(1)) {
+            if self.iter_count >= total {
+                break;
+            }
+            // the indices are a permutation of 0..n
+            let batch: Vec<DpoPair> = idx
+                .iter()
+                .filter_map(|&i| self.pairs.get(i).cloned())
+                .collect();
+            let cached = self
+                .ref_cache
+                .as_ref()
+                .map(|c| idx.iter().filter_map(|&i| c.get(i).copied()).collect());
+            let stats = self.step_cached(&batch, cached)?;
+            for (k, v) in &stats {
+                *sums.entry(k.clone()).or_insert(0.0) += v;
+            }
+            steps += 1;
+            let step = self.iter_count;
+            self.iter_count += 1;
+            self.after_step(step, &stats, self.iter_count >= total, callbacks)?;
+        }
+        for v in sums.values_mut() {
+            *v /= steps.max(1) as f64;
+        }
+        self.epoch += 1;
+        self.history.push(sums.clone());
+        Ok(sums)
+    }
+
+    fn encode_prompts(&self, prompts: &[String]) -> Result<TensorDict> {
+        prompt_batch(
+            OP,
+            self.tokenizer.as_ref(),
+            prompts,
+            self.pad(),
+            self.device(),
+        )
+    }
+}
+
+/// TRL's logged DPO statistics of one batch: the loss, the metrics of [`DpoLossOutput`]
+/// (`rewards/*`), and the policy's mean sequence log-probs `logps/chosen` / `logps/rejected`
+/// (`π = rewards / β + ref`).
+fn trl_stats(out: &DpoLossOutput, td: &TensorDict, beta: f64) -> Result<Stats> {
+    let mut stats: Stats = out
+        .metrics()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.double_value(&[])))
+        .collect();
+    stats.insert("loss".into(), out.loss_dpo.double_value(&[]));
+    for (side, rewards) in [
+        ("chosen", &out.chosen_rewards),
+        ("rejected", &out.rejected_rewards),
+    ] {
+        let reference = td.get_or_err((side, "ref_log_probs"))?;
+        let policy = rewards
+            .f_div_scalar(beta)?
+            .f_add(&reference.f_to_kind(rewards.kind())?)?;
+        stats.insert(
+            format!("logps/{side}"),
+            policy.f_mean(Kind::Double)?.double_value(&[]),
+        );
+    }
+    Ok(stats)
+}
+
+/// Errors on an empty list, an empty row, ids outside `[0, vocab)`, or a prompt + completion
+/// longer than `n_positions`, naming the pair.
+fn check_pairs(pairs: &[DpoPair], vocab: i64, n_positions: i64) -> Result<()> {
+    if pairs.is_empty() {
+        return Err(Error::argument(OP, "pairs", "at least one pair", "0 pairs"));
+    }
+    for (i, p) in pairs.iter().enumerate() {
+        for (what, completion) in [("chosen", &p.chosen), ("rejected", &p.rejected)] {
+            let name = format!("pairs[{i}].{what}");
+            if p.prompt.is_empty() || completion.is_empty() {
+                return Err(Error::argument(
+                    OP,
+                    &name,
+                    "a non-empty prompt and completion",
+                    "an empty row",
+                ));
+            }
+            if let Some(bad) = p
+                .prompt
+                .iter()
+                .chain(completion.iter())
+                .find(|t| !(0..vocab).contains(*t))
+            {
+                return Err(Error::argument(
+                    OP,
+                    &name,
+                    format!("token ids in [0, vocab_size = {vocab})"),
+                    format!("token id {bad}"),
+                ));
+            }
+            let len = (p.prompt.len() + completion.len()) as i64;
+            if len > n_positions {
+                return Err(Error::argument(
+                    OP,
+                    &name,
+                    format!("prompt + completion of at most n_positions = {n_positions} tokens"),
+                    format!("{len} tokens"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl RlTrainer for DpoTrainer {
+    fn train_config(&self) -> &TrainConfig {
+        &self.config.train
+    }
+
+    fn iter_count(&self) -> usize {
+        self.iter_count
+    }
+
+    /// Samples responses for the `("tokens", "prompt")` batch of `data` and writes the
+    /// policy's and the reference's log-probs.
+    fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
+        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen)
+    }
+
+    fn sample(
+        &mut self,
+        prompts: &[String],
+        length: usize,
+        n_samples: usize,
+    ) -> Result<Vec<String>> {
+        let repeated: Vec<String> = prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.clone(), n_samples))
+            .collect();
+        if repeated.is_empty() {
+            return Ok(Vec::new());
+        }
+        let td = self.encode_prompts(&repeated)?;
+        let gen = GenerationConfig {
+            max_new_tokens: length as i64,
+            ..self.gen.clone()
+        };
+        generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)
+    }
+
+    fn learn(&mut self, callbacks: &mut Callbacks<'_>) -> Result<()> {
+        let total = self.total_steps();
+        while self.iter_count < total && self.epoch < self.config.train.epochs {
+            self.train_epoch(callbacks)?;
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self) -> Result<EvalReport> {
+        if self.evaluation.prompts.is_empty() {
+            return Ok(EvalReport::default());
+        }
+        let td = self.encode_prompts(&self.evaluation.prompts.clone())?;
+        let gen = self.gen.clone();
+        let samples = generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)?;
+        self.evaluation.report(samples)
+    }
+
+    fn get_components(&self) -> Vec<(String, Component)> {
+        vec![
+            (
+                "model".into(),
+                Component::tensors(policy_params(&self.model)),
+            ),
+            (
+                "reference".into(),
+                Component::tensors(reference_params(&self.model)),
+            ),
+            ("opt".into(), Component::from_adamw(&self.opt)),
+            ("scheduler".into(), Component::from_scheduler(&self.sched)),
+            (
+                "trainer".into(),
+                Component::json(json!({
+                    "iter_count": self.iter_count,
+                    "epoch": self.epoch,
+                    "rng": rng_to_json(&self.rng),
+                })),
+            ),
+            (
+                "config".into(),
+                Component::json(serde_json::to_value(&self.config).unwrap_or(Value::Null)),
+            ),
+        ]
+    }
+
+    fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
+        const LOAD: &str = "DpoTrainer::load";
+        take_component(&mut components, "model")?.copy_into(&policy_params(&self.model))?;
+        take_component(&mut components, "reference")?.copy_into(&reference_params(&self.model))?;
+        let opt = take_component(&mut components, "opt")?;
+        self.opt.load_state(&opt.tensors, &opt.state)?;
+        let sched = take_component(&mut components, "scheduler")?;
+        self.sched = CosineAnnealingLr::from_state_json(&sched.state)?;
+        self.opt.set_lr(self.sched.lr());
+        let trainer = take_component(&mut components, "trainer")?;
+        let fields = StateFields::new(LOAD, &trainer.state);
+        self.iter_count = fields.usize("iter_count")?;
+        self.epoch = fields.usize("epoch")?;
+        self.rng = rng_from_json(LOAD, trainer.state.get("rng"))?;
+        Ok(())
+    }
+}

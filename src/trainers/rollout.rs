@@ -1,0 +1,247 @@
+//! What the on-policy token trainers (PPO-RLHF, GRPO) and DPO share about a
+//! [`CausalLmWithHydraValueHead`]: generation settings checked against the env, the policy
+//! step of a rollout (generation, then one trunk pass for the policy's and the reference's
+//! log-probs and the values), prompt batches for evaluation, decoded responses, the per-side
+//! parameter lists of a checkpoint, and trainer-state fields read back from JSON.
+
+use serde_json::Value;
+use tch::{Device, Tensor};
+
+use super::api::{decode_masked, encode_prompts};
+use super::config::GenKwargs;
+use super::optim::shallow_named;
+use crate::envs::llm::{GenerationPolicy, PromptState, TokenEnv};
+use crate::error::{Error, Result};
+use crate::modules::llm::{
+    token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Input, TextTokenizer,
+};
+use crate::objectives::llm::align_values_to_tokens;
+use crate::rng::Generator;
+use crate::tensordict::TensorDict;
+
+/// The generation config of `kw` (a trainer's `gen_kwargs`) over the env's EOS / pad ids.
+/// `field` names the kwargs in errors (`"method.gen_kwargs"`).
+///
+/// # Errors
+/// When `max_new_tokens` differs from the env's response width.
+pub(crate) fn generation_config(
+    op: &'static str,
+    field: &'static str,
+    kw: &GenKwargs,
+    env: &TokenEnv,
+) -> Result<GenerationConfig> {
+    let base = env.config().generation_config();
+    let mut cfg = GenerationConfig {
+        max_new_tokens: kw.max_new_tokens as i64,
+        do_sample: kw.do_sample,
+        temperature: kw.temperature,
+        top_k: kw.top_k as i64,
+        top_p: kw.top_p,
+        ..base
+    };
+    if cfg.max_new_tokens != env.config().max_new_tokens {
+        return Err(Error::config(
+            op,
+            field,
+            format!(
+                "max_new_tokens = the env's response width, {}",
+                env.config().max_new_tokens
+            ),
+            cfg.max_new_tokens,
+        ));
+    }
+    cfg.min_new_tokens = 0;
+    Ok(cfg)
+}
+
+/// Errors unless the tokenizer and the env share the model's vocabulary.
+pub(crate) fn check_vocab(
+    op: &'static str,
+    model: &CausalLmWithHydraValueHead,
+    env: &TokenEnv,
+    tokenizer: &dyn TextTokenizer,
+) -> Result<()> {
+    let vocab = model.policy().model().config().vocab_size;
+    if tokenizer.vocab_size() != vocab {
+        return Err(Error::argument(
+            op,
+            "tokenizer",
+            format!("the model's vocabulary size {vocab}"),
+            format!("vocabulary size {}", tokenizer.vocab_size()),
+        ));
+    }
+    if env.config().vocab_size != vocab {
+        return Err(Error::argument(
+            op,
+            "env",
+            format!("a TokenEnv over the model's vocabulary size {vocab}"),
+            format!("vocab_size {}", env.config().vocab_size),
+        ));
+    }
+    Ok(())
+}
+
+/// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
+/// the policy generates (seeded from `rng`), then **one trunk pass** of the hydra model over
+/// prompt + response writes `("log_probs", "full")` (the policy's, from raw logits),
+/// `("ref_log_probs", "full")` (the frozen reference's) and `"values"`, all without gradient.
+pub(crate) fn hydra_policy_step(
+    model: &CausalLmWithHydraValueHead,
+    rng: &mut Generator,
+    td: TensorDict,
+    gen: &GenerationConfig,
+) -> Result<TensorDict> {
+    let seed = rng.next_u64();
+    let mut policy = GenerationPolicy::new(model.policy(), gen.clone(), seed)?;
+    let mut td = policy.call(td)?;
+    let _guard = tch::no_grad_guard();
+    let tokens = td.get_or_err(("tokens", "full"))?.shallow_clone();
+    let mask = td
+        .get_or_err(("masks", "all_attention_mask"))?
+        .shallow_clone();
+    let out = model.forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask))?;
+    let lp = token_log_probs(&out.logits, &tokens, Some(&mask))?;
+    let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
+    td.set(("log_probs", "full"), lp)?;
+    td.set(("ref_log_probs", "full"), ref_lp)?;
+    td.set("values", align_values_to_tokens(&out.values)?)?;
+    Ok(td)
+}
+
+/// `prompts` encoded and left-padded with `pad` into a `("tokens", "prompt")` batch with
+/// its `("masks", "prompt_attention_mask")`, on `device`.
+pub(crate) fn prompt_batch(
+    op: &'static str,
+    tokenizer: &dyn TextTokenizer,
+    prompts: &[String],
+    pad: i64,
+    device: Device,
+) -> Result<TensorDict> {
+    let enc = encode_prompts(op, tokenizer, prompts, pad)?;
+    TensorDict::new([prompts.len() as i64])?
+        .with(("tokens", "prompt"), enc.input_ids.f_to_device(device)?)?
+        .with(
+            ("masks", "prompt_attention_mask"),
+            enc.attention_mask.f_to_device(device)?,
+        )
+}
+
+/// Generates with the policy on a [`prompt_batch`] and decodes the responses (special tokens
+/// skipped), in prompt order.
+pub(crate) fn generate_text(
+    model: &CausalLmWithHydraValueHead,
+    tokenizer: &dyn TextTokenizer,
+    rng: &mut Generator,
+    td: TensorDict,
+    gen: GenerationConfig,
+) -> Result<Vec<String>> {
+    let seed = rng.next_u64();
+    let mut policy = GenerationPolicy::new(model.policy(), gen, seed)?;
+    let td = policy.call(td)?;
+    decode_responses(tokenizer, &td)
+}
+
+/// Decodes the responses of a policy step, special tokens skipped.
+pub(crate) fn decode_responses(
+    tokenizer: &dyn TextTokenizer,
+    td: &TensorDict,
+) -> Result<Vec<String>> {
+    let resp = td.get_or_err(("tokens", "response"))?;
+    let r = resp.size().last().copied().unwrap_or(0);
+    let full_mask = td.get_or_err(("masks", "all_assistant_mask"))?;
+    let t = full_mask.size().last().copied().unwrap_or(0);
+    decode_masked(tokenizer, resp, &full_mask.f_narrow(1, t - r, r)?)
+}
+
+/// Every policy parameter (trunk and value head) by name.
+pub(crate) fn policy_params(model: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
+    shallow_named(model.policy().named_parameters())
+}
+
+/// The policy's trainable parameters (trunk blocks above the frozen ones and the value head)
+/// by name; without the value head when `with_value_head` is false (GRPO, DPO).
+pub(crate) fn trainable_params(
+    model: &CausalLmWithHydraValueHead,
+    with_value_head: bool,
+) -> Vec<(String, Tensor)> {
+    let mut named = policy_params(model);
+    named.retain(|(name, p)| p.requires_grad() && (with_value_head || !name.starts_with("v_head")));
+    named
+}
+
+/// The frozen reference branch's parameters, sorted by name.
+pub(crate) fn reference_params(model: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
+    let mut named: Vec<(String, Tensor)> =
+        model.reference_store().variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// The env's prompt position as a trainer-state field.
+pub(crate) fn prompt_state_json(env: &TokenEnv) -> Value {
+    serde_json::to_value(env.prompt_state()).unwrap_or(Value::Null)
+}
+
+/// Restores the prompt position saved by [`prompt_state_json`]; an absent field (a
+/// checkpoint written before it was saved) leaves the env as it is.
+pub(crate) fn set_prompt_state_json(
+    op: &'static str,
+    env: &mut TokenEnv,
+    state: &Value,
+) -> Result<()> {
+    match state.get("prompts") {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) => {
+            let ps: PromptState = serde_json::from_value(v.clone())
+                .map_err(|e| Error::value(op, "trainer state", "prompts", e.to_string()))?;
+            env.set_prompt_state(ps)
+        }
+    }
+}
+
+/// Reads fields of a trainer's saved JSON state, with errors naming the field.
+pub(crate) struct StateFields<'a> {
+    op: &'static str,
+    state: &'a Value,
+}
+
+impl<'a> StateFields<'a> {
+    pub(crate) fn new(op: &'static str, state: &'a Value) -> Self {
+        StateFields { op, state }
+    }
+
+    pub(crate) fn field(&self, name: &str) -> Result<&'a Value> {
+        self.state.get(name).ok_or_else(|| {
+            Error::value(
+                self.op,
+                "trainer state",
+                format!("a field {name:?}"),
+                self.state.to_string(),
+            )
+        })
+    }
+
+    pub(crate) fn usize(&self, name: &str) -> Result<usize> {
+        let v = self.field(name)?;
+        v.as_u64().map(|x| x as usize).ok_or_else(|| {
+            Error::value(
+                self.op,
+                "trainer state",
+                format!("{name} as an integer"),
+                v.to_string(),
+            )
+        })
+    }
+
+    pub(crate) fn f64(&self, name: &str) -> Result<f64> {
+        let v = self.field(name)?;
+        v.as_f64().ok_or_else(|| {
+            Error::value(
+                self.op,
+                "trainer state",
+                format!("{name} as a number"),
+                v.to_string(),
+            )
+        })
+    }
+}
