@@ -45,3 +45,29 @@ pub fn tensor(v: &Value) -> Tensor {
 pub fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
+
+/// The whole of `specs/<file>` (for its `versions` and other top-level fields); panics naming
+/// the recorder when it is missing.
+pub fn file(file: &str, recorder: &str) -> Value {
+    let path = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (run specs/{recorder})"));
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+/// An int64 tensor from `{"shape", "data"}` whose data are integral numbers (token ids).
+pub fn int_tensor(v: &Value) -> Tensor {
+    let t = tensor(v);
+    let rounded = t.round();
+    assert!(t.equal(&rounded), "not integral: {v}");
+    rounded.to_kind(tch::Kind::Int64)
+}
+
+/// A number, or `None` for JSON `null`.
+pub fn opt_f(v: &Value) -> Option<f64> {
+    if v.is_null() {
+        None
+    } else {
+        Some(f(v))
+    }
+}

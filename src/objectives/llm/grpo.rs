@@ -7,11 +7,16 @@
 //!   none).
 //! - [`grpo_loss`]: `−min(ρ·A, clip(ρ)·A)` with the clamp done in log space
 //!   (`log ρ ∈ [log1p(−ε_lo), log1p(ε_hi)]`, symmetric or DAPO's asymmetric ε), aggregated as a
-//!   [`GrpoAggregation`], plus TorchRL's optional k3 KL to a reference; typed
-//!   [`GrpoLossOutput`] with TorchRL's names. Settings: [`GrpoConfig`].
+//!   [`GrpoAggregation`], plus TorchRL's optional k3 KL to a reference and entropy bonus;
+//!   typed [`GrpoLossOutput`] with TorchRL's names. Settings: [`GrpoConfig`].
+//!   [`grpo_loss_with_entropy`] takes the exact per-token entropy (from [`token_entropy`]).
 //! - [`GrpoLoss`]: the same as a [`LossModule`] over a rollout tensordict with TorchRL's keys
 //!   ([`GrpoKeys`]), re-running the policy through a [`TokenPolicyValue`] (its values are
-//!   ignored).
+//!   ignored; its entropy is used when it gives one).
+//!
+//! Fidelity: `tests/grpo_dpo_recorded.rs` replays TorchRL's `GRPOLoss` / `MCAdvantage` and
+//! TRL's `GRPOTrainer` loss and advantages (`specs/record_grpo_dpo.py`); where the references
+//! differ from each other or from us, the item's docs say how.
 //!
 //! Tensors are full-length `[B, T]` (TorchRL's layout, as in [`super::ppo`]); the mask is the
 //! assistant mask (1 on real response tokens).
@@ -31,6 +36,8 @@
 //! // at the rollout policy: nothing clipped, ESS 1
 //! assert_eq!(out.clip_fraction.double_value(&[]), 0.0);
 //! assert!((out.ess.double_value(&[]) - 1.0).abs() < 1e-12);
+//! // TorchRL's default entropy bonus, here its Monte-Carlo estimate −lp = 1 per token
+//! assert!((out.entropy.as_ref().unwrap().double_value(&[]) - 1.0).abs() < 1e-12);
 //! out.total_loss()?.backward();
 //! assert!(lp.grad().defined());
 //! # Ok(()) }
@@ -154,10 +161,12 @@ pub fn group_advantages(rewards: &Tensor, group_size: i64, scale: GroupScale) ->
 
 /// How [`grpo_loss`] reduces the per-token objective `ℓ[b, t]` (mask `m`, `n = Σ m`).
 ///
-/// Within one batch `TokenMean`, `Bnpo` and `Dapo { active_tokens: None }` agree, and so do
-/// `PromptMean` and `Grpo`; they are kept apart to name what each reference calls them (TRL's
-/// differ across gradient accumulation and processes, which is what `Dapo`'s and `DrGrpo`'s
-/// fields are for).
+/// Within one batch `TokenMean`, `Bnpo` and `Dapo { active_tokens: None }` agree on the
+/// objective, and so do `PromptMean` and `Grpo`; they are kept apart to name what each
+/// reference calls them (TRL's differ across gradient accumulation and processes, which is
+/// what `Dapo`'s and `DrGrpo`'s fields are for), and because the KL and entropy terms are
+/// reduced as the named reference does it ([`grpo_loss_with_entropy`]): under `PromptMean`
+/// the KL is a token mean (TorchRL), under `Grpo` a per-sequence mean like the objective (TRL).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum GrpoAggregation {
     /// `Σ ℓ·m / n`: TorchRL's `aggregation="token_mean"` (its default). The default.
@@ -198,10 +207,24 @@ impl GrpoAggregation {
             GrpoAggregation::Dapo { .. } => "dapo",
         }
     }
+
+    /// Whether this is one of TRL's `loss_type`s (`Grpo`, `Bnpo`, `DrGrpo`, `Dapo`) rather
+    /// than one of TorchRL's aggregations.
+    pub fn is_trl(&self) -> bool {
+        !matches!(
+            self,
+            GrpoAggregation::TokenMean | GrpoAggregation::PromptMean | GrpoAggregation::None
+        )
+    }
 }
 
 /// The settings of [`grpo_loss`] / [`GrpoLoss`], with TorchRL `GRPOLoss`'s defaults
-/// (`clip_epsilon=0.2`, `aggregation="token_mean"`, `kl_to_ref_coeff=None`).
+/// (`clip_epsilon=0.2`, `aggregation="token_mean"`, `kl_to_ref_coeff=None`,
+/// `entropy_bonus=True` with `entropy_coeff=0.01`).
+///
+/// TRL's `GRPOConfig` differs: `beta=0.0` (no KL), `entropy_coef=0.0` (no entropy bonus),
+/// `loss_type="dapo"`; `GrpoConfig::new().with_entropy_coeff(None).with_aggregation(
+/// GrpoAggregation::Dapo { active_tokens: None })` is TRL's.
 ///
 /// The setters do not check; [`grpo_loss`] and [`GrpoLoss::with_config`] call
 /// [`validate`](Self::validate).
@@ -216,6 +239,9 @@ impl GrpoAggregation {
 /// assert!(cfg.validate().is_ok());
 /// let err = GrpoConfig::new().with_clip_epsilon(1.0).validate().unwrap_err();
 /// assert!(matches!(err, torchrl::Error::InvalidConfig { field: "clip_epsilon_low", .. }));
+/// // TorchRL's entropy bonus is on by default; TRL's is off
+/// assert_eq!(GrpoConfig::new().entropy_coeff, Some(0.01));
+/// assert_eq!(GrpoConfig::new().with_entropy_coeff(None).entropy_coeff, None);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct GrpoConfig {
@@ -225,9 +251,18 @@ pub struct GrpoConfig {
     pub clip_epsilon_high: f64,
     /// The reduction of the token objective. Default [`GrpoAggregation::TokenMean`].
     pub aggregation: GrpoAggregation,
-    /// TorchRL's `kl_to_ref_coeff`: when set, `loss_kl_to_ref = coeff · mean_masked(k3)` is a
-    /// loss term and the reference log-probs are required; finite, `>= 0`. Default `None`.
+    /// TorchRL's `kl_to_ref_coeff` (TRL's `beta`): when set, `loss_kl_to_ref = coeff · k3`
+    /// reduced as [`grpo_loss_with_entropy`] says is a loss term and the reference log-probs
+    /// are required; finite, `>= 0`. Default `None`.
     pub kl_to_ref_coeff: Option<f64>,
+    /// The entropy bonus `loss_entropy = −coeff · H` (TorchRL's `entropy_bonus=True` with
+    /// `entropy_coeff`, TRL's `entropy_coef`), `None` = off; finite, `>= 0`. Default
+    /// `Some(0.01)`, TorchRL's default (its `entropy_bonus` defaults to `True`), so a TorchRL
+    /// user's loss is the same here; TRL's default is off (`entropy_coef=0.0`). `H` is the
+    /// exact per-token entropy of the policy's softmax when the policy gives it
+    /// ([`grpo_loss_with_entropy`], [`TokenPolicyValue::log_probs_values_entropy`]), otherwise
+    /// a one-sample Monte-Carlo estimate (see [`grpo_loss_with_entropy`]).
+    pub entropy_coeff: Option<f64>,
 }
 
 impl Default for GrpoConfig {
@@ -237,6 +272,7 @@ impl Default for GrpoConfig {
             clip_epsilon_high: 0.2,
             aggregation: GrpoAggregation::TokenMean,
             kl_to_ref_coeff: None,
+            entropy_coeff: Some(0.01),
         }
     }
 }
@@ -274,6 +310,12 @@ impl GrpoConfig {
         self
     }
 
+    /// Sets [`entropy_coeff`](Self::entropy_coeff) (`None` turns the entropy bonus off).
+    pub fn with_entropy_coeff(mut self, coeff: Option<f64>) -> Self {
+        self.entropy_coeff = coeff;
+        self
+    }
+
     /// Checks every field.
     ///
     /// # Errors
@@ -291,6 +333,11 @@ impl GrpoConfig {
         if let Some(c) = self.kl_to_ref_coeff {
             if !(c.is_finite() && c >= 0.0) {
                 return Err(Error::config(OP, "kl_to_ref_coeff", "finite and >= 0", c));
+            }
+        }
+        if let Some(c) = self.entropy_coeff {
+            if !(c.is_finite() && c >= 0.0) {
+                return Err(Error::config(OP, "entropy_coeff", "finite and >= 0", c));
             }
         }
         match self.aggregation {
@@ -319,11 +366,26 @@ impl GrpoConfig {
 
 /// The output of [`grpo_loss`] / [`GrpoLoss`], with TorchRL `GRPOLossOutput`'s names.
 ///
-/// The differentiable terms are `loss_objective` and, when a KL coefficient is set,
-/// `loss_kl_to_ref`; the rest are detached means over the `n = Σ mask` tokens.
+/// The differentiable terms ([`LossOutput::loss_terms`], summed by `total_loss`) are
+/// `loss_objective`, `loss_entropy` (when [`GrpoConfig::entropy_coeff`] is set) and
+/// `loss_kl_to_ref` (when [`GrpoConfig::kl_to_ref_coeff`] is set); the other fields are
+/// detached means over the `n = Σ mask` tokens.
+///
+/// # Differences from the references
+/// - TorchRL's `GRPOLoss` logs `clip_fraction`, `kl_approx`, `entropy` and `kl_to_ref`, and
+///   computes its `loss_kl_to_ref` term, as the mean over **every** position of its `[B, T]`
+///   tensors, the zeroed prompt and padding positions included: each of those is ours times
+///   `n / (B·T)`, so TorchRL's shrink as prompts and padding grow. Ours are over the response
+///   tokens only, as TRL's metrics are (`loss_objective`, `loss_entropy` and `ESS` are
+///   TorchRL's exactly). TorchRL's KL term is ours with `kl_to_ref_coeff · n / (B·T)`.
+/// - TRL logs `clip_ratio/region_mean`, the fraction of tokens whose clamp is active in the
+///   gradient (`ρ < 1 − ε_lo` with `A < 0`, or `ρ > 1 + ε_hi` with `A > 0`);
+///   `clip_fraction` counts every clamped token (TorchRL's definition), so it is at least
+///   TRL's.
 ///
 /// # Shapes
-/// Every field `[]`, except `loss_objective` under [`GrpoAggregation::None`] (`[B, T]`).
+/// Every field `[]`, except `loss_objective` and `loss_entropy` under
+/// [`GrpoAggregation::None`] (`[B, T]`).
 #[derive(Debug)]
 pub struct GrpoLossOutput {
     /// The aggregated `−min(ρ·A, clip(ρ)·A)`.
@@ -335,16 +397,26 @@ pub struct GrpoLossOutput {
     /// TorchRL's `ESS` (logged under that name):
     /// `exp(2·logsumexp(lw) − logsumexp(2·lw)) / n`, 1 when every weight is equal.
     pub ess: Tensor,
-    /// `coeff · kl_to_ref`, when [`GrpoConfig::kl_to_ref_coeff`] is set.
+    /// The mean per-token entropy `Σ H·m / n` (detached; TRL's logged `entropy`), when the
+    /// entropy bonus is on or an entropy was given.
+    pub entropy: Option<Tensor>,
+    /// `−entropy_coeff · H` reduced as [`grpo_loss_with_entropy`] says, when
+    /// [`GrpoConfig::entropy_coeff`] is set.
+    pub loss_entropy: Option<Tensor>,
+    /// `kl_to_ref_coeff · k3` reduced as [`grpo_loss_with_entropy`] says, when
+    /// [`GrpoConfig::kl_to_ref_coeff`] is set.
     pub loss_kl_to_ref: Option<Tensor>,
-    /// The k3 KL to the reference `mean(expm1(ref − lp) − (ref − lp))` (detached), when
-    /// reference log-probs were given.
+    /// The k3 KL to the reference `mean(expm1(ref − lp) − (ref − lp))` (detached; TRL's logged
+    /// `kl`), when reference log-probs were given.
     pub kl_to_ref: Option<Tensor>,
 }
 
 impl LossOutput for GrpoLossOutput {
     fn loss_terms(&self) -> Vec<(&'static str, &Tensor)> {
         let mut terms = vec![("loss_objective", &self.loss_objective)];
+        if let Some(t) = &self.loss_entropy {
+            terms.push(("loss_entropy", t));
+        }
         if let Some(t) = &self.loss_kl_to_ref {
             terms.push(("loss_kl_to_ref", t));
         }
@@ -357,6 +429,9 @@ impl LossOutput for GrpoLossOutput {
             ("kl_approx", &self.kl_approx),
             ("ESS", &self.ess),
         ];
+        if let Some(t) = &self.entropy {
+            m.push(("entropy", t));
+        }
         if let Some(t) = &self.kl_to_ref {
             m.push(("kl_to_ref", t));
         }
@@ -390,47 +465,116 @@ fn check_shape(op: &'static str, key: &str, t: &Tensor, shape: &[i64]) -> Result
     }
 }
 
-/// The advantages as `[B, 1]` or `[B, T]` (from `[B]`, `[B, 1]`, `[B, T]` or `[B, T, 1]`).
+/// The advantages as `[B, 1]` or `[B, T]` (from `[B]`, `[B, 1]`, `[B, 1, 1]`, `[B, T]` or
+/// `[B, T, 1]`).
 fn advantages_2d(op: &'static str, adv: &Tensor, b: i64, t: i64) -> Result<Tensor> {
     let size = adv.size();
     match size.as_slice() {
         [x] if *x == b => Ok(adv.f_view([b, 1])?),
         [x, 1] if *x == b => Ok(adv.shallow_clone()),
+        [x, 1, 1] if *x == b => Ok(adv.f_view([b, 1])?),
         [x, y] if *x == b && *y == t => Ok(adv.shallow_clone()),
         [x, y, 1] if *x == b && *y == t => Ok(adv.f_view([b, t])?),
         _ => Err(Error::value(
             op,
             "advantages",
-            format!("[{b}], [{b}, 1], [{b}, {t}] or [{b}, {t}, 1]"),
+            format!("[{b}], [{b}, 1], [{b}, 1, 1], [{b}, {t}] or [{b}, {t}, 1]"),
             ShapeFmt(&size).to_string(),
         )),
     }
 }
 
-/// TorchRL's `GRPOLoss` token objective (rlhf.md §4.4), with TRL's aggregations (§3.2):
+/// The per-token entropy of a causal LM's next-token distribution, aligned with the tokens as
+/// [`token_log_probs`](crate::modules::llm::token_log_probs) is: `H[t] = −Σ_v p_v·log p_v`
+/// of `softmax(logits[t − 1])`, the distribution `token[t]` is drawn from; 0 at `t = 0` and,
+/// with a `mask`, wherever the token or the one before it is padding. Differentiable in the
+/// logits; float64 logits give float64, other floating kinds float32 (as `token_log_probs`).
 ///
-/// ```text
-/// lw       = lp − lp_old                         (on masked tokens)
-/// lw_clip  = clamp(lw, log1p(−ε_lo), log1p(ε_hi))
-/// ℓ        = −min(exp(lw)·A, exp(lw_clip)·A)
-/// loss_objective = aggregate(ℓ, mask)             (GrpoAggregation)
-/// kl_to_ref      = mean_masked(expm1(ref − lp) − (ref − lp))      (k3)
-/// loss_kl_to_ref = kl_to_ref_coeff · kl_to_ref
+/// This is what [`GrpoConfig::entropy_coeff`]'s bonus uses when the policy gives it
+/// ([`TokenPolicyValue::log_probs_values_entropy`]); TorchRL's `LLMMaskedCategorical.entropy`
+/// and TRL's fused LM head compute the same quantity.
+///
+/// # Shapes
+/// `logits` `[B, T, V]`, `mask` `[B, T]`; the output `[B, T]`.
+///
+/// # Errors
+/// When `logits` is not a floating-point `[B, T, V]` tensor or `mask` is not `[B, T]`.
+///
 /// ```
-///
-/// `old_log_probs`, `advantages` and `ref_log_probs` are detached. Masked-out positions take
-/// no part even when they hold NaN. `ref_log_probs` is required when
-/// [`GrpoConfig::kl_to_ref_coeff`] is set; given without it, only `kl_to_ref` is logged.
+/// use tch::{Kind, Tensor};
+/// use torchrl::objectives::llm::token_entropy;
+/// # fn main() -> torchrl::Result<()> {
+/// // uniform logits over 4 tokens: log 4 everywhere but at t = 0; a one-hot row: 0
+/// let logits = Tensor::zeros([1, 3, 4], (Kind::Double, tch::Device::Cpu));
+/// let _ = logits.get(0).get(1).get(2).fill_(1e4);
+/// let h = Vec::<f64>::try_from(token_entropy(&logits, None)?.view([-1]))?;
+/// assert_eq!(h[0], 0.0);
+/// assert!((h[1] - 4f64.ln()).abs() < 1e-12 && h[2].abs() < 1e-12);
+/// # Ok(()) }
+/// ```
+pub fn token_entropy(logits: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    const OP: &str = "token_entropy";
+    let size = logits.size();
+    let (b, t) = match size.as_slice() {
+        [b, t, _] if logits.is_floating_point() => (*b, *t),
+        _ => {
+            return Err(Error::value(
+                OP,
+                "logits",
+                "a floating-point [B, T, V] tensor",
+                format!("{:?} of shape {}", logits.kind(), ShapeFmt(&size)),
+            ))
+        }
+    };
+    if let Some(m) = mask {
+        check_shape(OP, "mask", m, &[b, t])?;
+    }
+    let kind = if logits.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    };
+    let first = Tensor::f_zeros([b, 1], (kind, logits.device()))?;
+    if t == 0 {
+        return Ok(Tensor::f_zeros([b, 0], (kind, logits.device()))?);
+    }
+    let floor = if kind == Kind::Double {
+        f64::MIN
+    } else {
+        f64::from(f32::MIN)
+    };
+    // p·log p with log p floored, so a zero probability adds 0 rather than 0·(−∞)
+    let logp = logits
+        .f_narrow(1, 0, t - 1)?
+        .f_log_softmax(-1, kind)?
+        .f_clamp_min(floor)?;
+    let h = logp
+        .f_exp()?
+        .f_mul(&logp)?
+        .f_sum_dim_intlist(-1, false, None::<Kind>)?
+        .f_neg()?;
+    let h = Tensor::f_cat(&[&first, &h], 1)?;
+    match mask {
+        Some(m) => {
+            let m = m.f_ne(0)?.f_to_kind(kind)?;
+            let prev = Tensor::f_cat(&[&first, &m.f_narrow(1, 0, t - 1)?], 1)?;
+            Ok(h.f_mul(&m)?.f_mul(&prev)?)
+        }
+        None => Ok(h),
+    }
+}
+
+/// TorchRL's `GRPOLoss` token objective (rlhf.md §4.4), with TRL's aggregations (§3.2),
+/// without an exact entropy: [`grpo_loss_with_entropy`] with `entropy = None` (so the entropy
+/// bonus, on by default, uses its Monte-Carlo estimate).
 ///
 /// # Shapes
 /// `log_probs`, `old_log_probs`, `mask`, `ref_log_probs`: `[B, T]`; `advantages` `[B]`
-/// (one per sequence, broadcast over tokens), `[B, 1]`, `[B, T]` or `[B, T, 1]`. See
-/// [`GrpoLossOutput`].
+/// (one per sequence, broadcast over tokens), `[B, 1]`, `[B, 1, 1]`, `[B, T]` or
+/// `[B, T, 1]`. See [`GrpoLossOutput`].
 ///
 /// # Errors
-/// When shapes differ or are not 2-D, a tensor other than the mask is not floating point,
-/// the mask is all zero, `ref_log_probs` is missing while a KL coefficient is set, or the
-/// config is invalid.
+/// As [`grpo_loss_with_entropy`].
 ///
 /// ```
 /// use tch::Tensor;
@@ -457,6 +601,95 @@ pub fn grpo_loss(
     ref_log_probs: Option<&Tensor>,
     config: &GrpoConfig,
 ) -> Result<GrpoLossOutput> {
+    grpo_loss_with_entropy(
+        log_probs,
+        old_log_probs,
+        advantages,
+        mask,
+        ref_log_probs,
+        None,
+        config,
+    )
+}
+
+/// TorchRL's `GRPOLoss` (rlhf.md §4.4) with TRL's aggregations (§3.2), an optional k3 KL to
+/// a reference and an optional entropy bonus:
+///
+/// ```text
+/// lw       = lp − lp_old                         (on masked tokens)
+/// lw_clip  = clamp(lw, log1p(−ε_lo), log1p(ε_hi))
+/// ℓ        = −min(exp(lw)·A, exp(lw_clip)·A)
+/// loss_objective = aggregate(ℓ, mask)                          (GrpoAggregation)
+/// loss_entropy   = −entropy_coeff · reduce_H(H)
+/// loss_kl_to_ref = kl_to_ref_coeff · reduce_KL(k3),  k3 = expm1(ref − lp) − (ref − lp)
+/// ```
+///
+/// How the two extra terms are reduced follows the reference each aggregation is named after:
+///
+/// - TorchRL's `TokenMean`, `PromptMean`, `None`: `reduce_H` is the objective's aggregation
+///   (TorchRL aggregates every `loss_*` term), `reduce_KL` the masked token mean;
+/// - TRL's `Grpo`, `Bnpo`, `DrGrpo`, `Dapo`: `reduce_H` is the masked token mean (TRL's
+///   bonus is the mean per-token entropy whatever the loss type), `reduce_KL` the
+///   objective's aggregation (TRL adds `β·k3` to the per-token loss before reducing it);
+///
+/// so under TRL's names the total is TRL's `GRPOTrainer` loss (of one micro-batch on one
+/// process, before gradient-accumulation scaling), and under TorchRL's it is TorchRL's, up
+/// to TorchRL's KL term (see [`GrpoLossOutput`]).
+///
+/// `H` is `entropy` `[B, T]` when given: the exact per-token entropy of the policy's softmax
+/// ([`token_entropy`]), differentiable. Without it, the entropy bonus uses the one-sample
+/// Monte-Carlo estimate `H ≈ −lp` at the rollout's tokens. TorchRL's fallback (for
+/// distributions without a closed-form entropy, `samples_mc_entropy=1`) is also `−log π` of
+/// one sample, but draws the sample afresh from the current policy, which takes the logits;
+/// the rollout's token was drawn from the rollout policy, so `−lp` estimates the entropy there
+/// (exactly in expectation when `π = π_old`, the first epoch). As TorchRL's, its gradient is
+/// the score `−∇lp`, zero in expectation under the sampling policy: it logs the entropy well
+/// but barely regularises. Give the exact entropy to regularise.
+///
+/// `old_log_probs`, `advantages` and `ref_log_probs` are detached. Masked-out positions take
+/// no part even when they hold NaN. `ref_log_probs` is required when
+/// [`GrpoConfig::kl_to_ref_coeff`] is set; given without it, only `kl_to_ref` is logged (and
+/// likewise `entropy` for an entropy given with the bonus off).
+///
+/// # Shapes
+/// `log_probs`, `old_log_probs`, `mask`, `ref_log_probs`, `entropy`: `[B, T]`; `advantages`
+/// `[B]` (one per sequence, broadcast over tokens), `[B, 1]`, `[B, 1, 1]`, `[B, T]` or
+/// `[B, T, 1]`. See [`GrpoLossOutput`].
+///
+/// # Errors
+/// When shapes differ or are not 2-D, a tensor other than the mask is not floating point,
+/// the mask is all zero, `ref_log_probs` is missing while a KL coefficient is set, or the
+/// config is invalid.
+///
+/// ```
+/// use tch::{Kind, Tensor};
+/// use torchrl::objectives::llm::{grpo_loss_with_entropy, token_entropy, GrpoConfig};
+/// use torchrl::objectives::LossOutput;
+/// # fn main() -> torchrl::Result<()> {
+/// // uniform logits over V = 8 tokens: H = log 8 on each of the 2 response tokens
+/// let logits = Tensor::zeros([1, 3, 8], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true);
+/// let h = token_entropy(&logits, None)?;
+/// let lp = Tensor::full([1, 3], -(8f64.ln()), (Kind::Double, tch::Device::Cpu));
+/// let mask = Tensor::from_slice(&[0.0f64, 1.0, 1.0]).view([1, 3]);
+/// let adv = Tensor::from_slice(&[1.0f64]);
+/// let cfg = GrpoConfig::new().with_entropy_coeff(Some(0.5));
+/// let out = grpo_loss_with_entropy(&lp, &lp, &adv, &mask, None, Some(&h), &cfg)?;
+/// assert!((out.entropy.as_ref().unwrap().double_value(&[]) - 8f64.ln()).abs() < 1e-12);
+/// let bonus = out.loss_entropy.as_ref().unwrap().double_value(&[]);
+/// assert!((bonus + 0.5 * 8f64.ln()).abs() < 1e-12);
+/// out.total_loss()?.backward(); // the entropy's gradient reaches the logits
+/// assert!(logits.grad().defined());
+/// # Ok(()) }
+/// ```
+pub fn grpo_loss_with_entropy(
+    log_probs: &Tensor,
+    old_log_probs: &Tensor,
+    advantages: &Tensor,
+    mask: &Tensor,
+    ref_log_probs: Option<&Tensor>,
+    entropy: Option<&Tensor>,
+    config: &GrpoConfig,
+) -> Result<GrpoLossOutput> {
     const OP: &str = "grpo_loss";
     config.validate()?;
     let shape = log_probs.size();
@@ -477,6 +710,10 @@ pub fn grpo_loss(
     if let Some(r) = ref_log_probs {
         check_shape(OP, "ref_log_probs", r, &shape)?;
         floating(OP, "ref_log_probs", r)?;
+    }
+    if let Some(h) = entropy {
+        check_shape(OP, "entropy", h, &shape)?;
+        floating(OP, "entropy", h)?;
     }
     if config.kl_to_ref_coeff.is_some() && ref_log_probs.is_none() {
         return Err(Error::invalid(
@@ -504,6 +741,31 @@ pub fn grpo_loss(
     let adv = z(&adv.f_to_kind(kind)?.f_expand(&shape, false)?)?;
     let masked_mean =
         |x: &Tensor| -> Result<Tensor> { Ok(x.f_mul(&m)?.f_sum(None::<Kind>)?.f_div(&n)?) };
+    // the aggregation of a per-token tensor that is 0 outside the mask
+    let aggregate = |x: &Tensor| -> Result<Tensor> {
+        let total = || x.f_sum(None::<Kind>);
+        Ok(match config.aggregation {
+            GrpoAggregation::TokenMean | GrpoAggregation::Bnpo => total()?.f_div(&n)?,
+            GrpoAggregation::PromptMean | GrpoAggregation::Grpo => {
+                let dim = Some([1i64].as_slice());
+                let lens = m
+                    .f_sum_dim_intlist(dim, false, None::<Kind>)?
+                    .f_clamp_min(1.0)?;
+                x.f_sum_dim_intlist(dim, false, None::<Kind>)?
+                    .f_div(&lens)?
+                    .f_mean(None::<Kind>)?
+            }
+            GrpoAggregation::None => x.shallow_clone(),
+            GrpoAggregation::DrGrpo {
+                max_completion_length,
+            } => total()?.f_div_scalar((b * max_completion_length.unwrap_or(t)) as f64)?,
+            GrpoAggregation::Dapo { active_tokens } => match active_tokens {
+                Some(n_global) => total()?.f_div_scalar(n_global)?,
+                None => total()?.f_div(&n)?,
+            },
+        })
+    };
+    let trl_named = config.aggregation.is_trl();
 
     let lw = lp.f_sub(&olp)?;
     let (lo, hi) = (
@@ -514,35 +776,33 @@ pub fn grpo_loss(
     let gain = lw.f_exp()?.f_mul(&adv)?;
     let gain_clip = lw_clip.f_exp()?.f_mul(&adv)?;
     let per_token = gain.f_minimum(&gain_clip)?.f_neg()?.f_mul(&m)?;
-    let total = || per_token.f_sum(None::<Kind>);
-    let per_sequence_mean = || -> Result<Tensor> {
-        let dim = Some([1i64].as_slice());
-        let lens = m
-            .f_sum_dim_intlist(dim, false, None::<Kind>)?
-            .f_clamp_min(1.0)?;
-        Ok(per_token
-            .f_sum_dim_intlist(dim, false, None::<Kind>)?
-            .f_div(&lens)?
-            .f_mean(None::<Kind>)?)
+    let loss_objective = aggregate(&per_token)?;
+
+    let h = match (entropy, config.entropy_coeff) {
+        (Some(h), _) => Some(z(&h.f_to_kind(kind)?)?.f_mul(&m)?),
+        // the one-sample Monte-Carlo estimate at the rollout's tokens
+        (None, Some(_)) => Some(lp.f_neg()?.f_mul(&m)?),
+        (None, None) => None,
     };
-    let loss_objective = match config.aggregation {
-        GrpoAggregation::TokenMean | GrpoAggregation::Bnpo => total()?.f_div(&n)?,
-        GrpoAggregation::PromptMean | GrpoAggregation::Grpo => per_sequence_mean()?,
-        GrpoAggregation::None => per_token.shallow_clone(),
-        GrpoAggregation::DrGrpo {
-            max_completion_length,
-        } => total()?.f_div_scalar((b * max_completion_length.unwrap_or(t)) as f64)?,
-        GrpoAggregation::Dapo { active_tokens } => match active_tokens {
-            Some(n_global) => total()?.f_div_scalar(n_global)?,
-            None => total()?.f_div(&n)?,
-        },
+    let (loss_entropy, entropy_mean) = match h {
+        Some(h) => {
+            let loss = match config.entropy_coeff {
+                Some(c) if trl_named => Some(masked_mean(&h)?.f_mul_scalar(-c)?),
+                Some(c) => Some(aggregate(&h)?.f_mul_scalar(-c)?),
+                None => None,
+            };
+            (loss, Some(masked_mean(&h)?.f_detach()?))
+        }
+        None => (None, None),
     };
 
     let (loss_kl_to_ref, kl_to_ref) = match ref_log_probs {
         Some(r) => {
             let d = z(&r.f_detach()?.f_to_kind(kind)?)?.f_sub(&lp)?;
-            let kl = masked_mean(&d.f_expm1()?.f_sub(&d)?)?;
+            let k3 = d.f_expm1()?.f_sub(&d)?.f_mul(&m)?;
+            let kl = masked_mean(&k3)?;
             let loss = match config.kl_to_ref_coeff {
+                Some(c) if trl_named => Some(aggregate(&k3)?.f_mul_scalar(c)?),
                 Some(c) => Some(kl.f_mul_scalar(c)?),
                 None => None,
             };
@@ -568,6 +828,8 @@ pub fn grpo_loss(
         clip_fraction: masked_mean(&clipped)?,
         kl_approx: masked_mean(&lw_d.f_neg()?)?,
         ess,
+        entropy: entropy_mean,
+        loss_entropy,
         loss_kl_to_ref,
         kl_to_ref,
     })
@@ -599,10 +861,21 @@ crate::accepted_keys! {
 
 /// TorchRL's `GRPOLoss` as a [`LossModule`]: reads a rollout through [`GrpoKeys`], re-runs
 /// the policy on the tokens ([`TokenPolicyValue`]; the values it returns are ignored) and
-/// returns [`grpo_loss`]'s [`GrpoLossOutput`].
+/// returns [`grpo_loss_with_entropy`]'s [`GrpoLossOutput`].
 ///
-/// Not ported: TorchRL's entropy bonus, `kl_mask_threshold`, `kl_to_inference` and the
-/// `masking_strategy` choice (the assistant mask is always used).
+/// With the entropy bonus on ([`GrpoConfig::entropy_coeff`], TorchRL's default) the policy is
+/// run through [`TokenPolicyValue::log_probs_values_entropy`]: a policy that gives the exact
+/// per-token entropy from the same forward pass ([`CausalLmWithValueHead`],
+/// [`CausalLmWithHydraValueHead`]; TorchRL's closed-form `LLMMaskedCategorical.entropy`) gets
+/// the exact bonus, any other (a closure [`PolicyValueFn`]) the Monte-Carlo estimate
+/// [`grpo_loss_with_entropy`] describes.
+///
+/// Not ported: TorchRL's `kl_mask_threshold`, `kl_to_inference` and the `masking_strategy`
+/// choice (the assistant mask is always used).
+///
+/// [`CausalLmWithValueHead`]: crate::modules::llm::CausalLmWithValueHead
+/// [`CausalLmWithHydraValueHead`]: crate::modules::llm::CausalLmWithHydraValueHead
+/// [`PolicyValueFn`]: crate::objectives::llm::PolicyValueFn
 ///
 /// # Keys
 /// `in_keys()` = `action`, `attention_mask`, `assistant_mask`, `sample_log_prob`,
@@ -742,14 +1015,26 @@ impl<M: TokenPolicyValue> LossModule for GrpoLoss<M> {
             Some(_) => Some(read_bt(OP, td, &k.ref_log_probs, s)?),
             None => None,
         };
-        let (log_probs, _values) = self.model.log_probs_and_values(&tokens, &attention_mask)?;
+        let (log_probs, entropy) = if self.config.entropy_coeff.is_some() {
+            let (lp, _values, h) = self
+                .model
+                .log_probs_values_entropy(&tokens, &attention_mask)?;
+            (lp, h)
+        } else {
+            let (lp, _values) = self.model.log_probs_and_values(&tokens, &attention_mask)?;
+            (lp, None)
+        };
         check_shape(OP, "policy log_probs", &log_probs, &shape)?;
-        grpo_loss(
+        if let Some(h) = &entropy {
+            check_shape(OP, "policy entropy", h, &shape)?;
+        }
+        grpo_loss_with_entropy(
             &log_probs,
             &old_log_probs,
             advantages,
             &mask,
             ref_log_probs.as_ref(),
+            entropy.as_ref(),
             &self.config,
         )
     }

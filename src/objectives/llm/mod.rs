@@ -9,8 +9,9 @@ pub mod moments;
 pub mod ppo;
 
 pub use grpo::{
-    group_advantages, grpo_loss, GroupScale, GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss,
-    GrpoLossOutput, MC_ADVANTAGE_STD_MIN, TRL_STD_EPS,
+    group_advantages, grpo_loss, grpo_loss_with_entropy, token_entropy, GroupScale,
+    GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss, GrpoLossOutput, MC_ADVANTAGE_STD_MIN,
+    TRL_STD_EPS,
 };
 pub use ilql::{
     expectile_loss, ilql_loss, IlqlConfig, IlqlInputs, IlqlKeys, IlqlLoss, IlqlLossOutput,

@@ -74,6 +74,7 @@ use crate::modules::llm::{
     token_log_probs, CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Input,
 };
 use crate::objectives::common::{LossModule, LossOutput};
+use crate::objectives::llm::grpo::token_entropy;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// The variance floor of every whitening (`rsqrt(var + 1e-8)`, trlX and TRL).
@@ -810,6 +811,57 @@ pub trait TokenPolicyValue {
         tokens: &Tensor,
         attention_mask: &Tensor,
     ) -> Result<(Tensor, Tensor)>;
+
+    /// [`log_probs_and_values`](Self::log_probs_and_values) plus, when the policy can give it
+    /// from the same forward pass, the exact per-token entropy `[B, T]` of its next-token
+    /// softmax, aligned as the log-probs ([`token_entropy`]); what
+    /// [`GrpoLoss`](super::GrpoLoss) asks for when its entropy bonus is on.
+    ///
+    /// The provided method returns no entropy (`None`: the loss then uses its Monte-Carlo
+    /// estimate); [`CausalLmWithValueHead`] and [`CausalLmWithHydraValueHead`] override it
+    /// with the entropy of the logits of their one trunk pass (no second forward).
+    ///
+    /// # Errors
+    /// As the model's forward.
+    ///
+    /// ```
+    /// use tch::{Kind, Tensor};
+    /// use torchrl::objectives::llm::{token_entropy, PolicyValueFn, TokenPolicyValue};
+    /// // a policy with its own logits [B, T, V] gives the exact entropy
+    /// struct Logits(Tensor);
+    /// impl TokenPolicyValue for Logits {
+    ///     fn log_probs_and_values(&self, t: &Tensor, _m: &Tensor) -> torchrl::Result<(Tensor, Tensor)> {
+    ///         let z = t.zeros_like().to_kind(Kind::Double);
+    ///         Ok((z.shallow_clone(), z))
+    ///     }
+    ///     fn log_probs_values_entropy(
+    ///         &self, t: &Tensor, m: &Tensor,
+    ///     ) -> torchrl::Result<(Tensor, Tensor, Option<Tensor>)> {
+    ///         let (lp, v) = self.log_probs_and_values(t, m)?;
+    ///         Ok((lp, v, Some(token_entropy(&self.0, Some(m))?)))
+    ///     }
+    /// }
+    /// let tokens = Tensor::from_slice(&[1i64, 2]).view([1, 2]);
+    /// let mask = tokens.ones_like();
+    /// let uniform = Logits(Tensor::zeros([1, 2, 4], (Kind::Double, tch::Device::Cpu)));
+    /// let (_, _, h) = uniform.log_probs_values_entropy(&tokens, &mask)?;
+    /// assert!((h.unwrap().double_value(&[0, 1]) - 4f64.ln()).abs() < 1e-12);
+    /// // a closure policy gives none
+    /// let f = PolicyValueFn(|t: &Tensor, _m: &Tensor| {
+    ///     let z = t.zeros_like().to_kind(Kind::Float);
+    ///     Ok((z.shallow_clone(), z))
+    /// });
+    /// assert!(f.log_probs_values_entropy(&tokens, &mask)?.2.is_none());
+    /// # Ok::<(), torchrl::Error>(())
+    /// ```
+    fn log_probs_values_entropy(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (lp, values) = self.log_probs_and_values(tokens, attention_mask)?;
+        Ok((lp, values, None))
+    }
 }
 
 impl TokenPolicyValue for CausalLmWithValueHead {
@@ -824,6 +876,18 @@ impl TokenPolicyValue for CausalLmWithValueHead {
         let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
         Ok((lp, align_values_to_tokens(&out.values)?))
     }
+
+    /// The same trunk pass, and [`token_entropy`] of its logits (float32, as the log-probs).
+    fn log_probs_values_entropy(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let out = self.forward(&Gpt2Input::new(tokens).with_attention_mask(attention_mask))?;
+        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
+        let h = token_entropy(&out.logits, Some(attention_mask))?.f_to_kind(lp.kind())?;
+        Ok((lp, align_values_to_tokens(&out.values)?, Some(h)))
+    }
 }
 
 impl TokenPolicyValue for CausalLmWithHydraValueHead {
@@ -833,6 +897,15 @@ impl TokenPolicyValue for CausalLmWithHydraValueHead {
         attention_mask: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
         self.policy().log_probs_and_values(tokens, attention_mask)
+    }
+
+    fn log_probs_values_entropy(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        self.policy()
+            .log_probs_values_entropy(tokens, attention_mask)
     }
 }
 
@@ -846,6 +919,14 @@ macro_rules! forward_token_policy_value {
                 attention_mask: &Tensor,
             ) -> Result<(Tensor, Tensor)> {
                 (**self).log_probs_and_values(tokens, attention_mask)
+            }
+
+            fn log_probs_values_entropy(
+                &self,
+                tokens: &Tensor,
+                attention_mask: &Tensor,
+            ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+                (**self).log_probs_values_entropy(tokens, attention_mask)
             }
         }
     )*};
