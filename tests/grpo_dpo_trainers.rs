@@ -149,6 +149,7 @@ fn grpo_defaults_are_trl_grpo_config() {
     // the loss: no KL term at beta 0, symmetric clip, dapo
     let loss = m.loss_config();
     assert_eq!(loss.kl_to_ref_coeff, None);
+    assert_eq!(loss.entropy_coeff, None); // TRL has no entropy bonus by default
     assert_eq!((loss.clip_epsilon_low, loss.clip_epsilon_high), (0.2, 0.2));
     // a file names only what it changes
     let c = GrpoTrlConfig::from_toml_str(

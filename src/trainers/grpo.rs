@@ -24,7 +24,8 @@
 //! (= `epsilon`; DAPO: 0.28), `loss_type = "dapo"`, `scale_rewards = "group"`,
 //! `num_iterations = 1`, a batch of 8 completions, `max_completion_length = 512`
 //! (`gen_kwargs.max_new_tokens`), temperature 1, AdamW with lr 1e-6, betas (0.9, 0.999), no
-//! weight decay, `max_grad_norm = 1`, seed 42, every layer trained. TorchRL's `GRPOLoss`
+//! weight decay, `max_grad_norm = 1`, seed 42, every layer trained, no entropy bonus
+//! (`entropy_coeff`; TorchRL's `GRPOLoss` adds one at 0.01). TorchRL's `GRPOLoss`
 //! defaults to `aggregation="token_mean"` and `MCAdvantage`'s `std.clamp_min(1e-6)`; both are
 //! available (`loss_type = "token_mean"`, `scale_rewards = "group_clamp_min"`). One
 //! difference remains: TRL decays the rate linearly to 0, this crate has trlX's cosine
@@ -186,6 +187,11 @@ pub struct GrpoMethodConfig {
     pub loss_type: GrpoLossType,
     /// The advantage scaling. Default `"group"`.
     pub scale_rewards: ScaleRewards,
+    /// The entropy bonus coefficient (`loss −= coeff · mean entropy`, the exact entropy of
+    /// the policy's softmax), ≥ 0. Default `None`: no bonus, as TRL (TorchRL's `GRPOLoss`
+    /// defaults to 0.01).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entropy_coeff: Option<f64>,
     /// Generation for rollouts and evaluation (`max_new_tokens` is TRL's
     /// `max_completion_length`, default 512; temperature 1, no top-k / top-p).
     pub gen_kwargs: GenKwargs,
@@ -204,6 +210,7 @@ impl Default for GrpoMethodConfig {
             epsilon_high: None,
             loss_type: GrpoLossType::Dapo,
             scale_rewards: ScaleRewards::Group,
+            entropy_coeff: None,
             gen_kwargs: GenKwargs {
                 max_new_tokens: 512,
                 ..GenKwargs::default()
@@ -222,6 +229,7 @@ impl GrpoMethodConfig {
                     .aggregation(self.gen_kwargs.max_new_tokens as i64),
             )
             .with_kl_to_ref_coeff((self.beta > 0.0).then_some(self.beta))
+            .with_entropy_coeff(self.entropy_coeff)
     }
 }
 
@@ -302,6 +310,9 @@ impl MethodConfig for GrpoMethodConfig {
         }
         if let Some(hi) = m.epsilon_high {
             positive("method.epsilon_high", hi)?;
+        }
+        if let Some(c) = m.entropy_coeff {
+            non_negative("method.entropy_coeff", c)?;
         }
         validate_gen(
             &m.gen_kwargs,
