@@ -30,6 +30,24 @@ if [ "${TORCHRL_WITH_PYTHON_REFS:-0}" = "1" ]; then
   [ -d "$CACHE/trl110/trl/experimental/ppo" ] || \
     "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$CACHE/trl110" trl==1.10.0
 fi
+# The gloo headers that c10d's ProcessGroupGloo.hpp includes (the wheel ships c10d's headers but
+# not gloo's): Debian's libgloo-dev, for the cargo feature `distributed` (docs/distributed.md).
+# TORCHRL_GLOO_INCLUDE=<folder holding gloo/> skips this. Without apt-get it only warns: the
+# default build does not need it, and `--features distributed` then fails naming what is missing.
+if [ ! -d /usr/include/gloo ] && [ -z "${TORCHRL_GLOO_INCLUDE:-}" ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing libgloo-dev (gloo headers for the distributed feature)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get install -y -q libgloo-dev >/dev/null 2>&1 || {
+      $SUDO apt-get update -q >/dev/null 2>&1 || true
+      $SUDO apt-get install -y -q libgloo-dev >/dev/null 2>&1
+    } || echo "[setup] warning: could not install libgloo-dev; --features distributed will not build" >&2
+  else
+    echo "[setup] warning: no apt-get; install gloo's headers (Debian: libgloo-dev) for --features distributed" >&2
+  fi
+fi
 TORCH_DIR=$("$PY" -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
 mkdir -p .cargo
 cat > .cargo/config.toml <<CFG

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (unit, integration, reference-case replay and doc tests; examples
 # are built) after making sure libtorch is provisioned. Extra arguments go to `cargo test`.
+# The suite is built once, with the `distributed` feature, so that the two-process c10d tests
+# (tests/distributed.rs, on loopback) run with everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-cargo test "$@"
+cargo test --features distributed "$@"

@@ -251,6 +251,22 @@ pub enum Error {
         message: String,
     },
 
+    // === Distributed ===
+    /// A collective of a `torchrl::distributed::ProcessGroup` (or its creation) failed: a peer
+    /// vanished or did not arrive within the timeout, or c10d refused the call. `message` is
+    /// what c10d said (it often names the peer's address).
+    #[error("distributed {op} failed on rank {rank} of world size {world_size}: {message}")]
+    Distributed {
+        /// The operation (`"init"`, `"all_reduce"`, `"broadcast"`, `"all_gather"`, …).
+        op: &'static str,
+        /// This process's rank.
+        rank: usize,
+        /// The number of processes in the group.
+        world_size: usize,
+        /// What went wrong.
+        message: String,
+    },
+
     /// A value (a tensor at a key, a field of a call) is not what the operation requires.
     #[error("{op}: {what} {key}: expected {expected}, got {got}")]
     InvalidValue {

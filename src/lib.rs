@@ -8,6 +8,8 @@
 //! - [`envs`]: the [`EnvBase`] trait, [`check_env_specs`], built-in environments
 //!   ([`envs::builtin`]), batched environments ([`envs::batched`]) and transforms
 //!   ([`envs::transforms`]) composed in a [`TransformedEnv`].
+//! - `distributed` (cargo feature `distributed`): c10d process groups (Gloo) and data-parallel
+//!   helpers; `docs/distributed.md`.
 //! - [`Error`] / [`Result`]: every fallible operation returns a `Result` whose error names the
 //!   key, shapes, dtypes and what was expected.
 //!
@@ -40,6 +42,8 @@
 
 pub mod collectors;
 pub mod data;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 pub mod envs;
 pub mod error;
 mod host;
