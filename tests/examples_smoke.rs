@@ -86,10 +86,24 @@ fn rlhf_flagship_smoke_run_writes_its_outputs_and_resumes() -> torchrl::Result<(
         batch: 8,
         ilql_samples: 32,
         ilql_epochs: 1,
+        dpo_epochs: 1,
         ..rlhf::Config::default()
     };
     let s = rlhf::run(&cfg)?;
     assert_eq!(s.rows.len(), 2);
+    // the comparison table: SFT, PPO, GRPO, DPO, ILQL, each scored on the held-out prompts
+    let names: Vec<&str> = s.methods.iter().map(|m| m.method.as_str()).collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names[1].starts_with("PPO") && names[2] == "GRPO" && names[3] == "DPO");
+    assert!(names[4].starts_with("ILQL"), "{names:?}");
+    assert_eq!(s.methods[0].score, s.score_before);
+    assert_eq!(s.methods[1].score, s.score_after);
+    for m in &s.methods {
+        assert!((0.0..=1.0).contains(&m.score), "{m:?}");
+        // an exact KL is never negative (float noise aside)
+        assert!(m.kl.is_finite() && m.kl > -1e-4, "{m:?}");
+    }
+    assert!((0.0..=1.0).contains(&s.dpo_test_accuracy), "{s:?}");
     assert!(s.sft_loss_last < s.sft_loss_first, "{s:?}");
     assert!((0.0..=1.0).contains(&s.rm_test_accuracy), "{s:?}");
     // the first iteration's KL to the (identical) reference is exactly zero

@@ -21,8 +21,17 @@
 //!    AWAC) learns from them alone, and trlX's β sweep (`log π + β (Q − V)`, β ∈ {0, 1, 4, 16})
 //!    generates on the held-out prompts.
 //!
+//! 5. **GRPO** (`trainers::grpo`): the SFT model again as a hydra policy, groups of 8
+//!    completions per prompt scored by the reward model, TRL's group advantages, DAPO's loss
+//!    with clip-higher and a k3 KL term to the reference; no value model.
+//! 6. **DPO** (`trainers::dpo`): the SFT model trained directly on the preference pairs the
+//!    reward model learned from; no reward model, no sampling.
+//!
 //! Before / after: the hidden-rule score of samples on held-out prompts from the SFT policy
-//! and from the trained one; for ILQL, the behaviour data's mean score and each β's.
+//! and from the trained one; for ILQL, the behaviour data's mean score and each β's; then a
+//! comparison table of SFT / PPO / GRPO / DPO / ILQL: hidden-rule score on the held-out
+//! prompts, the exact KL of each trained sampler to the SFT model, and each stage's wall time
+//! (`compare.rs`).
 //!
 //! Written to the output folder: `rlhf_log.csv` (one row per PPO iteration),
 //! `rlhf_curves.png` (score and KL curves), `ilql_beta_sweep.png`, `sft/` and `reward_model/`
@@ -30,9 +39,11 @@
 //!
 //! Run: `cargo run --release --example rlhf` (the README's first command runs it through
 //! `scripts/demo.sh`). Options: `--out DIR` (default `target/rlhf`), `--iterations N`
-//! (default 200), `--seed S` (default 0), `--resume` (continue PPO from the last checkpoint
-//! in `DIR/checkpoints`, reusing `DIR/sft` and `DIR/reward_model`), `--quiet`.
+//! (default 200; PPO's and GRPO's), `--seed S` (default 0), `--resume` (continue PPO from the
+//! last checkpoint in `DIR/checkpoints`, reusing `DIR/sft` and `DIR/reward_model`; the later
+//! stages run again), `--quiet`.
 
+mod compare;
 mod task;
 
 use std::collections::BTreeMap;
@@ -42,15 +53,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tch::{nn, Device, Kind};
+use tch::{nn, Device, Kind, Tensor};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    generate, pad_rows, ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads,
-    GenerationConfig, Gpt2Config, Gpt2Model, Gpt2ScoreModel, PaddingSide, SpecialTokens,
-    TextTokenizer,
+    generate, ilql_generate, pad_rows, ByteTokenizer, CausalLmWithHydraValueHead,
+    CausalLmWithIlqlHeads, GenerationConfig, Gpt2Config, Gpt2Model, Gpt2ScoreModel,
+    IlqlGenerationConfig, PaddingSide, SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::dpo::DpoPair;
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
 use torchrl::trainers::ppo::{IterationStats, PpoRlhfTrainer};
@@ -89,6 +101,8 @@ pub struct Config {
     /// over them.
     pub ilql_samples: usize,
     pub ilql_epochs: usize,
+    /// DPO: passes over the reward model's training pairs.
+    pub dpo_epochs: usize,
 }
 
 impl Default for Config {
@@ -109,6 +123,7 @@ impl Default for Config {
             batch: 32,
             ilql_samples: 2048,
             ilql_epochs: 6,
+            dpo_epochs: 2,
         }
     }
 }
@@ -181,6 +196,10 @@ pub struct Summary {
     /// ILQL: the behaviour data's mean hidden-rule score, and the held-out score at each β.
     pub ilql_behaviour_score: f64,
     pub ilql_sweep: Vec<(f64, f64)>,
+    /// DPO: accuracy of its implicit reward on the held-out pairs.
+    pub dpo_test_accuracy: f64,
+    /// The comparison table: SFT, PPO, GRPO, DPO, ILQL.
+    pub methods: Vec<compare::MethodRow>,
     pub seconds: f64,
 }
 
@@ -222,19 +241,32 @@ fn corpus(rng: &mut Generator, tok: &ByteTokenizer, n: usize) -> Result<Vec<Vec<
         .collect()
 }
 
-fn pairs(rng: &mut Generator, tok: &ByteTokenizer, n: usize) -> Result<Vec<PreferencePair>> {
+/// `n` preference pairs, in both layouts: full rows for the reward model, and prompt /
+/// completions for DPO (the same pairs).
+fn pairs(
+    rng: &mut Generator,
+    tok: &ByteTokenizer,
+    n: usize,
+) -> Result<(Vec<PreferencePair>, Vec<DpoPair>)> {
     let eos = tok.eos_token_id().unwrap_or(0);
-    (0..n)
-        .map(|_| {
-            let (p, chosen, rejected) = task::preference(rng, MIN_WORD, MAX_WORD);
-            let row = |r: &str| -> Result<Vec<i64>> {
-                let mut ids = tok.encode(&format!("{p}{r}"))?;
-                ids.push(eos);
-                Ok(ids)
-            };
-            Ok(PreferencePair::new(row(&chosen)?, row(&rejected)?))
-        })
-        .collect()
+    let mut rm = Vec::with_capacity(n);
+    let mut dpo = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (p, chosen, rejected) = task::preference(rng, MIN_WORD, MAX_WORD);
+        let completion = |r: &str| -> Result<Vec<i64>> {
+            let mut ids = tok.encode(r)?;
+            ids.push(eos);
+            Ok(ids)
+        };
+        let prompt = tok.encode(&p)?;
+        let (c, r) = (completion(&chosen)?, completion(&rejected)?);
+        rm.push(PreferencePair::new(
+            [prompt.clone(), c.clone()].concat(),
+            [prompt.clone(), r.clone()].concat(),
+        ));
+        dpo.push(DpoPair::new(prompt, c, r));
+    }
+    Ok((rm, dpo))
 }
 
 fn train_sft(
@@ -271,11 +303,11 @@ fn train_reward_model(
     rng: &mut Generator,
     tok: &ByteTokenizer,
     vs: &nn::VarStore,
+    train: &[PreferencePair],
+    test: &[PreferencePair],
 ) -> Result<(Gpt2ScoreModel, f64)> {
     let trunk = Gpt2Model::new(&vs.root(), &model_config())?;
     let rm = Gpt2ScoreModel::from_model(&vs.root(), trunk)?;
-    let train = pairs(rng, tok, cfg.pairs)?;
-    let test = pairs(rng, tok, cfg.test_pairs)?;
     let rm_config = RewardTrainerConfig::default()
         .with_lr(1e-3)?
         .with_center_coeff(0.01)
@@ -291,7 +323,7 @@ fn train_reward_model(
         pb.inc(1);
     }
     pb.finish();
-    let held_out = trainer.evaluate(&test)?;
+    let held_out = trainer.evaluate(test)?;
     Ok((trainer.into_model(), held_out.accuracy))
 }
 
@@ -492,7 +524,8 @@ fn run_ilql(
     tok: &ByteTokenizer,
     sft_dir: &Path,
     prompts: &[String],
-) -> Result<(f64, Vec<(f64, f64)>)> {
+) -> Result<(f64, Vec<(f64, f64)>, compare::MethodRow)> {
+    let ilql_start = Instant::now();
     let vs = nn::VarStore::new(Device::Cpu);
     let trunk = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
     let mut config = IlqlTrlConfig::default();
@@ -591,11 +624,63 @@ fn run_ilql(
         .into_iter()
         .map(|(beta, r)| (beta, r.mean_reward.unwrap_or(f64::NAN)))
         .collect();
+    // the table's row: the best β, and its sampler's KL to the SFT model
+    let (best_beta, best_score) = sweep
+        .iter()
+        .copied()
+        .filter(|(_, score)| score.is_finite())
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((0.0, f64::NAN));
+    let ref_vs = nn::VarStore::new(Device::Cpu);
+    let sft = Gpt2Model::from_pretrained(&ref_vs.root(), sft_dir)?;
+    let eval_rows: Vec<Vec<i64>> =
+        task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts)
+            .iter()
+            .map(|p| tok.encode(p))
+            .collect::<Result<_>>()?;
+    let enc = pad_rows(&eval_rows, pad, PaddingSide::Left)?;
+    let top_k = trainer.config().method.gen_kwargs.top_k as i64;
+    let gen = IlqlGenerationConfig::new(MAX_NEW_TOKENS)
+        .with_beta(best_beta)
+        .with_top_k(top_k)
+        .with_eos_token_id(eos)
+        .with_pad_token_id(pad);
+    let out = ilql_generate(
+        trainer.model(),
+        &enc.input_ids,
+        Some(&enc.attention_mask),
+        &gen,
+        &mut rng,
+    )?;
+    let p = enc.input_ids.size()[1];
+    let kind = out.attention_mask.kind();
+    let response_mask = Tensor::cat(
+        &[
+            out.attention_mask.narrow(1, 0, p).zeros_like(),
+            out.response_mask.to_kind(kind),
+        ],
+        1,
+    );
+    let kl = compare::ilql_kl(
+        trainer.model(),
+        &sft,
+        &out.sequences,
+        &out.attention_mask,
+        &response_mask,
+        best_beta,
+        top_k,
+    )?;
+    let row = compare::MethodRow {
+        method: format!("ILQL (offline, β = {best_beta})"),
+        score: best_score,
+        kl,
+        seconds: ilql_start.elapsed().as_secs_f64(),
+    };
     let png = cfg.out.join("ilql_beta_sweep.png");
     if let Err(e) = plot_sweep(&png, &sweep, behaviour_score) {
         return Err(fail(format!("plotting {}: {e}", png.display())));
     }
-    Ok((behaviour_score, sweep))
+    Ok((behaviour_score, sweep, row))
 }
 
 /// The β sweep: held-out hidden-rule score per β, beside the behaviour data's mean.
@@ -683,6 +768,10 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let tok = ByteTokenizer::new();
     let mut rng = Generator::new(cfg.seed);
     let (sft_dir, rm_dir) = (cfg.out.join("sft"), cfg.out.join("reward_model"));
+    // the preference data (its own generator: the same pairs on --resume, for DPO)
+    let mut pair_rng = Generator::new(cfg.seed + 5);
+    let (rm_train, dpo_train) = pairs(&mut pair_rng, &tok, cfg.pairs)?;
+    let (rm_test, dpo_test) = pairs(&mut pair_rng, &tok, cfg.test_pairs)?;
 
     // 1-2. SFT and reward model (or, on --resume, the ones the first run saved).
     let policy_vs = nn::VarStore::new(Device::Cpu);
@@ -694,7 +783,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     } else {
         let (sft, first, last) = train_sft(cfg, &mut rng, &tok, &policy_vs)?;
         sft.save_pretrained(&sft_dir)?;
-        let (rm, acc) = train_reward_model(cfg, &mut rng, &tok, &rm_vs)?;
+        let (rm, acc) = train_reward_model(cfg, &mut rng, &tok, &rm_vs, &rm_train, &rm_test)?;
         rm.save_pretrained(&rm_dir)?;
         (sft, first, last, rm, acc)
     };
@@ -703,6 +792,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     }
 
     // 3. PPO against the SFT model (hydra: the top block and the value head train).
+    let ppo_start = Instant::now();
     let model = CausalLmWithHydraValueHead::from_model(&policy_vs.root(), sft, 1)?;
     let prompts: Vec<String> = task::prompts(&mut rng, 1024);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
@@ -716,7 +806,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
     let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg), model, env, Box::new(tok))?
-        .with_evaluation(Evaluation::new(eval_prompts).with_reward_fn(hidden));
+        .with_evaluation(Evaluation::new(eval_prompts.clone()).with_reward_fn(hidden));
     let ckpt_dir = cfg.out.join("checkpoints");
     if cfg.resume {
         trainer.load(&ckpt_dir)?;
@@ -773,6 +863,13 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     pb.finish();
     trainer.save(&ckpt_dir)?;
     let score_after = trainer.evaluate()?.mean_reward.unwrap_or(f64::NAN);
+    let td = trainer.act(&compare::prompt_batch(&tok, &eval_prompts)?)?;
+    let ppo_row = compare::MethodRow {
+        method: "PPO (trlX)".into(),
+        score: score_after,
+        kl: compare::hydra_kl(trainer.model(), &td)?,
+        seconds: ppo_start.elapsed().as_secs_f64(),
+    };
     write_csv(&cfg.out.join("rlhf_log.csv"), &rows)?;
     if let Err(e) = plot(&cfg.out.join("rlhf_curves.png"), &rows) {
         return Err(fail(format!(
@@ -781,7 +878,23 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         )));
     }
     // 4. ILQL on offline data: the SFT policy's samples scored by the hidden rule.
-    let (ilql_behaviour_score, ilql_sweep) = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
+    let (ilql_behaviour_score, ilql_sweep, ilql_row) = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
+    // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs.
+    let grpo_row = compare::run_grpo(cfg, &tok, &sft_dir, &rm_dir, &prompts, &eval_prompts)?;
+    let (dpo_row, dpo_test_accuracy) =
+        compare::run_dpo(cfg, &tok, &sft_dir, dpo_train, &dpo_test, &eval_prompts)?;
+    let methods = vec![
+        compare::MethodRow {
+            method: "SFT (the reference)".into(),
+            score: score_before,
+            kl: 0.0,
+            seconds: f64::NAN,
+        },
+        ppo_row,
+        grpo_row,
+        dpo_row,
+        ilql_row,
+    ];
     let summary = Summary {
         sft_loss_first: sft_first,
         sft_loss_last: sft_last,
@@ -791,6 +904,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         rows,
         ilql_behaviour_score,
         ilql_sweep,
+        dpo_test_accuracy,
+        methods,
         seconds: start.elapsed().as_secs_f64(),
     };
     if !cfg.quiet {
@@ -814,6 +929,9 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         for (beta, score) in &summary.ilql_sweep {
             println!("{beta:>8} {score:>12.3}");
         }
+        println!("DPO: implicit-reward accuracy on held-out pairs {dpo_test_accuracy:.3}");
+        println!("comparison on held-out prompts (KL: exact per-token KL to the SFT model, summed over the response):");
+        compare::print_table(&summary.methods);
         println!(
             "wrote {}/rlhf_log.csv, rlhf_curves.png, ilql_beta_sweep.png, sft/, reward_model/, checkpoints/ ({:.0} s)",
             cfg.out.display(),
