@@ -518,13 +518,13 @@ fn plot(path: &Path, rows: &[Row]) -> std::result::Result<(), Box<dyn std::error
 
 /// The ILQL stage: behaviour samples from the SFT policy on the training prompts, scored by
 /// the hidden rule (the returns), ILQL on them, then trlX's β sweep on the held-out prompts.
-/// Returns the behaviour data's mean score and `(β, held-out score)` per β.
+/// Returns the behaviour data's mean score, the sweep and the comparison table's row.
 fn run_ilql(
     cfg: &Config,
     tok: &ByteTokenizer,
     sft_dir: &Path,
     prompts: &[String],
-) -> Result<(f64, Vec<(f64, f64)>, compare::MethodRow)> {
+) -> Result<IlqlStage> {
     let ilql_start = Instant::now();
     let vs = nn::VarStore::new(Device::Cpu);
     let trunk = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
@@ -680,7 +680,21 @@ fn run_ilql(
     if let Err(e) = plot_sweep(&png, &sweep, behaviour_score) {
         return Err(fail(format!("plotting {}: {e}", png.display())));
     }
-    Ok((behaviour_score, sweep, row))
+    Ok(IlqlStage {
+        behaviour_score,
+        sweep,
+        row,
+    })
+}
+
+/// What the ILQL stage measured.
+struct IlqlStage {
+    /// The behaviour data's mean hidden-rule score.
+    behaviour_score: f64,
+    /// `(β, held-out score)` per β of the sweep.
+    sweep: Vec<(f64, f64)>,
+    /// The comparison table's row (the best β).
+    row: compare::MethodRow,
 }
 
 /// The β sweep: held-out hidden-rule score per β, beside the behaviour data's mean.
@@ -878,7 +892,11 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         )));
     }
     // 4. ILQL on offline data: the SFT policy's samples scored by the hidden rule.
-    let (ilql_behaviour_score, ilql_sweep, ilql_row) = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
+    let IlqlStage {
+        behaviour_score: ilql_behaviour_score,
+        sweep: ilql_sweep,
+        row: ilql_row,
+    } = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
     // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs.
     let grpo_row = compare::run_grpo(cfg, &tok, &sft_dir, &rm_dir, &prompts, &eval_prompts)?;
     let (dpo_row, dpo_test_accuracy) =
