@@ -412,3 +412,167 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
+
+// ---------------------------------------------------------------------------------------------
+// The data-parallel seam in a world of one (tests/distributed_ppo.rs runs two processes).
+// ---------------------------------------------------------------------------------------------
+
+fn params_of(t: &PpoRlhfTrainer) -> Vec<(String, Tensor)> {
+    let mut p: Vec<(String, Tensor)> = t
+        .model()
+        .policy()
+        .named_parameters()
+        .into_iter()
+        .map(|(n, p)| (n, p.detach().copy()))
+        .collect();
+    p.sort_by(|a, b| a.0.cmp(&b.0));
+    p
+}
+
+#[test]
+fn single_process_collective_and_learn_on_replay_an_iteration_bit_for_bit() {
+    use torchrl::trainers::parallel::{Collective, SingleProcess};
+    let _g = lock();
+    let dir = tempdir("single-collective");
+    tch::manual_seed(11);
+    let (_va, mut a) = trainer(&dir, Some(0.5));
+    tch::manual_seed(11);
+    let (_vb, b) = trainer(&dir, Some(0.5));
+    let mut b = b.with_collective(SingleProcess).unwrap();
+    assert_eq!((b.collective().rank(), b.collective().world_size()), (0, 1));
+    assert!(b.is_main_process());
+    // A: one iteration. B: the same rollouts, then the update phase on them through learn_on.
+    let sa = a.iteration(&mut Callbacks::new()).unwrap();
+    b.make_experience().unwrap();
+    let store = b.store().unwrap().clone();
+    let sb = b.learn_on(store, &mut Callbacks::new()).unwrap();
+    assert_eq!(sa.iter_count, 4);
+    assert_eq!(sb.iter_count, 4);
+    for ((na, pa), (nb, pb)) in params_of(&a).iter().zip(&params_of(&b)) {
+        assert_eq!(na, nb);
+        assert!(pa.equal(pb), "{na} differs");
+    }
+    assert_eq!(a.kl_controller().value(), b.kl_controller().value());
+    assert_eq!((sa.kl, sa.score, sa.kl_k3), (sb.kl, sb.score, sb.kl_k3));
+    assert_eq!(sa.update, sb.update);
+    // an empty store is refused with the trainer's name
+    let empty = b
+        .store()
+        .unwrap()
+        .index(&[torchrl::tensordict::BatchIndex::slice(Some(0), Some(0), 1)]);
+    if let Ok(empty) = empty {
+        let err = b.learn_on(empty, &mut Callbacks::new()).unwrap_err();
+        assert!(err.to_string().contains("learn_on"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn global_whitening_and_token_normalizer_reduce_to_the_local_ones_in_one_process() {
+    use torchrl::objectives::llm::ppo::{compute_ppo_rlhf_advantages_with, masked_whiten_global};
+    use torchrl::objectives::llm::{
+        compute_ppo_rlhf_advantages, masked_whiten, ppo_rlhf_loss, PpoRlhfConfig, PpoRlhfInputs,
+        PpoRlhfKeys,
+    };
+    use torchrl::TensorDict;
+    let _g = lock();
+    tch::manual_seed(4);
+    let x = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+    let mask = Tensor::from_slice(&[0i64, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1]).view([3, 5]);
+    let identity = |_: &mut Tensor| Ok(());
+    // bitwise the local whitening
+    let g = masked_whiten_global(&x, &mask, true, &identity).unwrap();
+    assert!(g.equal(&masked_whiten(&x, &mask, true).unwrap()));
+    let g = masked_whiten_global(&x, &mask, false, &identity).unwrap();
+    assert!(g.equal(&masked_whiten(&x, &mask, false).unwrap()));
+    // fewer than 2 response tokens over all processes is refused
+    let one = Tensor::from_slice(&[0i64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).view([3, 5]);
+    assert!(masked_whiten_global(&x, &one, true, &identity).is_err());
+    let doubled = |t: &mut Tensor| -> torchrl::Result<()> {
+        let _ = t.f_mul_scalar_(2.0)?;
+        Ok(())
+    };
+    // one token here, one "elsewhere": 2 globally, enough to whiten
+    assert!(masked_whiten_global(&x, &one, true, &doubled).is_ok());
+
+    // compute_ppo_rlhf_advantages_with the identity: bitwise the local advantages
+    let row = |v: &[f32]| Tensor::from_slice(v).view([1, 5]);
+    let td = TensorDict::new([1])
+        .unwrap()
+        .with("values", row(&[0.0, 0.5, 0.6, 0.7, 0.1]))
+        .unwrap()
+        .with(("next", "reward"), row(&[0.0, 0.0, 0.0, 0.2, 1.0]))
+        .unwrap()
+        .with(
+            ("masks", "all_assistant_mask"),
+            row(&[0.0, 1.0, 1.0, 1.0, 1.0]),
+        )
+        .unwrap();
+    let (mut l, mut d) = (td.clone(), td.clone());
+    let cfg = PpoRlhfConfig::new();
+    compute_ppo_rlhf_advantages(&mut l, &PpoRlhfKeys::default(), &cfg).unwrap();
+    compute_ppo_rlhf_advantages_with(&mut d, &PpoRlhfKeys::default(), &cfg, &identity).unwrap();
+    for key in ["advantage", "value_target"] {
+        assert!(l.get_or_err(key).unwrap().equal(d.get_or_err(key).unwrap()));
+    }
+
+    // the loss: Some(n) is bitwise None; Some(2n) halves every term; Some(< n) is refused
+    let lp = Tensor::randn([2, 4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let v = Tensor::randn([2, 4], (Kind::Float, Device::Cpu));
+    let r = || Tensor::randn([2, 4], (Kind::Float, Device::Cpu));
+    let (olp, ov, adv, ret) = (r(), r(), r(), r());
+    let m = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]).view([2, 4]);
+    let inputs = PpoRlhfInputs {
+        log_probs: &lp,
+        values: &v,
+        old_log_probs: &olp,
+        old_values: &ov,
+        advantages: &adv,
+        returns: &ret,
+        mask: &m,
+    };
+    let base = ppo_rlhf_loss(&inputs, &PpoRlhfConfig::new()).unwrap();
+    let same = ppo_rlhf_loss(
+        &inputs,
+        &PpoRlhfConfig::new().with_token_normalizer(Some(6.0)),
+    )
+    .unwrap();
+    assert!(base.loss.equal(&same.loss));
+    assert!(base.approx_kl.equal(&same.approx_kl));
+    let half = ppo_rlhf_loss(
+        &inputs,
+        &PpoRlhfConfig::new().with_token_normalizer(Some(12.0)),
+    )
+    .unwrap();
+    let h = half.loss.double_value(&[]);
+    let b = base.loss.double_value(&[]);
+    assert!((2.0 * h - b).abs() < 1e-6 * (1.0 + b.abs()), "{h} vs {b}");
+    assert!(
+        (2.0 * half.ratio.double_value(&[]) - base.ratio.double_value(&[])).abs() < 1e-6,
+        "the diagnostics use the given count too"
+    );
+    // padding_percentage stays this batch's
+    assert!(half.padding_percentage.equal(&base.padding_percentage));
+    let err = ppo_rlhf_loss(
+        &inputs,
+        &PpoRlhfConfig::new().with_token_normalizer(Some(5.0)),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("token_normalizer"), "{err}");
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let err = PpoRlhfConfig::new()
+            .with_token_normalizer(Some(bad))
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidConfig {
+                    field: "token_normalizer",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -103,6 +103,34 @@ pub fn all_reduce_gradients(
     params: &[(String, Tensor)],
     bucket_bytes: usize,
 ) -> Result<()> {
+    all_reduce_gradients_with(pg, params, bucket_bytes, ReduceOp::Mean)
+}
+
+/// [`all_reduce_gradients`] with another reduction: [`ReduceOp::Sum`] is what a trainer whose
+/// ranks divide their losses by the **global** normaliser (the token count over all ranks)
+/// needs, so that the summed gradient is the gradient of the global mean; `Mean` is DDP's
+/// (each rank's loss a local mean over equal-sized shards). Same requirements and checks.
+///
+/// ```
+/// use tch::{nn, nn::Module, Device, Kind, Tensor};
+/// use torchrl::distributed::{all_reduce_gradients_with, InitOptions, ProcessGroup, ReduceOp};
+/// # fn main() -> torchrl::Result<()> {
+/// let pg = ProcessGroup::new(InitOptions::single_process())?;
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let lin = nn::linear(vs.root(), 3, 1, Default::default());
+/// lin.forward(&Tensor::ones([4, 3], (Kind::Float, Device::Cpu))).sum(Kind::Float).backward();
+/// let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+/// let grad_before = vs.variables()["bias"].grad().copy();
+/// all_reduce_gradients_with(&pg, &params, 1 << 20, ReduceOp::Sum)?; // a sum over one rank
+/// assert!(vs.variables()["bias"].grad().equal(&grad_before));
+/// # Ok(()) }
+/// ```
+pub fn all_reduce_gradients_with(
+    pg: &ProcessGroup,
+    params: &[(String, Tensor)],
+    bucket_bytes: usize,
+    reduce: ReduceOp,
+) -> Result<()> {
     let op = "all_reduce_gradients";
     if bucket_bytes == 0 {
         return Err(Error::argument(op, "bucket_bytes", "at least 1 byte", "0"));
@@ -122,7 +150,7 @@ pub fn all_reduce_gradients(
             .iter()
             .filter_map(|&i| entries.get(i).map(|e| &e.1))
             .collect();
-        with_flat(&tensors, |flat| pg.all_reduce(flat, ReduceOp::Mean))?;
+        with_flat(&tensors, |flat| pg.all_reduce(flat, reduce))?;
     }
     Ok(())
 }

@@ -32,8 +32,8 @@ mod ffi;
 mod process_group;
 
 pub use data_parallel::{
-    all_reduce_gradients, all_reduce_moments, all_reduce_scalars, broadcast_parameters,
-    DEFAULT_BUCKET_BYTES,
+    all_reduce_gradients, all_reduce_gradients_with, all_reduce_moments, all_reduce_scalars,
+    broadcast_parameters, DEFAULT_BUCKET_BYTES,
 };
 pub use process_group::{
     Backend, InitOptions, ProcessGroup, ReduceOp, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT,

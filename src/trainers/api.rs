@@ -417,13 +417,38 @@ pub trait RlTrainer {
         CheckpointStore::new(&self.train_config().checkpoint_dir)
     }
 
+    /// Whether this process is the main one of a data-parallel group (rank 0): the one that
+    /// runs the log and evaluation callbacks and writes checkpoints. `true` by default (one
+    /// process); data-parallel trainers answer from their
+    /// [`Collective`](crate::trainers::parallel::Collective).
+    fn is_main_process(&self) -> bool {
+        true
+    }
+
+    /// The barrier after main-process-only work (`op`: `"evaluate"`, `"save"`): every process
+    /// waits here, and gets an error when another process failed (`ok` is whether this one
+    /// succeeded). A no-op by default (one process); data-parallel trainers call
+    /// [`Collective::check_all_ok`](crate::trainers::parallel::Collective::check_all_ok).
+    ///
+    /// # Errors
+    /// When another process failed at `op`, or the group failed.
+    fn sync_processes(&self, op: &'static str, ok: bool) -> Result<()> {
+        let _ = (op, ok);
+        Ok(())
+    }
+
     /// The periodic work after the 0-based optimizer step `step` (what trlX's learn loop does
     /// after `scheduler.step()`): logs `stats` when due; evaluates (and logs the report's
     /// statistics) when due or on the `last` step; saves to [`RlTrainer::checkpoint_store`]
     /// when due or on the `last` step. Returns what was due by the interval rule alone.
     ///
+    /// In a data-parallel group ([`RlTrainer::is_main_process`]) only the main process logs,
+    /// evaluates and saves (and runs those callbacks); every process then meets the others in
+    /// [`RlTrainer::sync_processes`], so none races ahead of a save and a failure on the main
+    /// process stops them all.
+    ///
     /// # Errors
-    /// When evaluating, saving or a callback fails.
+    /// When evaluating, saving or a callback fails (on another process too, in a group).
     fn after_step(
         &mut self,
         step: usize,
@@ -432,16 +457,25 @@ pub trait RlTrainer {
         callbacks: &mut Callbacks<'_>,
     ) -> Result<Intervals> {
         let due = self.intervals(step);
-        if due.do_log {
+        let main = self.is_main_process();
+        if due.do_log && main {
             callbacks.log(step, stats)?;
         }
         if due.do_eval || last {
-            let report = self.evaluate()?;
-            callbacks.eval(step, &report)?;
+            let done = if main {
+                self.evaluate()
+                    .and_then(|report| callbacks.eval(step, &report))
+            } else {
+                Ok(())
+            };
+            self.sync_processes("evaluate", done.is_ok())?;
+            done?;
         }
         if due.do_save || last {
             let dir = self.save_to(&self.checkpoint_store())?;
-            callbacks.save(step, &dir)?;
+            if main {
+                callbacks.save(step, &dir)?;
+            }
         }
         Ok(due)
     }
@@ -461,12 +495,21 @@ pub trait RlTrainer {
         ckpt
     }
 
-    /// Saves a checkpoint into `store` (atomically) and returns its folder.
+    /// Saves a checkpoint into `store` (atomically) and returns its folder. In a
+    /// data-parallel group only the main process writes; the others return the folder it
+    /// writes ([`CheckpointStore::path_of`] the step), and all meet in
+    /// [`RlTrainer::sync_processes`] after the write.
     ///
     /// # Errors
-    /// As [`CheckpointStore::save`].
+    /// As [`CheckpointStore::save`] (on the main process, reported on every process).
     fn save_to(&self, store: &CheckpointStore) -> Result<PathBuf> {
-        store.save(&self.checkpoint())
+        let saved = if self.is_main_process() {
+            store.save(&self.checkpoint())
+        } else {
+            Ok(store.path_of(self.iter_count() as u64))
+        };
+        self.sync_processes("save", saved.is_ok())?;
+        saved
     }
 
     /// Saves a checkpoint into the store at `dir` (keeping its last 3) and returns its folder

@@ -8,6 +8,7 @@ pub mod dpo;
 pub mod grpo;
 pub mod ilql;
 pub mod optim;
+pub mod parallel;
 pub mod ppo;
 pub mod reward;
 mod rollout;

@@ -347,14 +347,60 @@ impl AdamW {
         loss: &Tensor,
         max_grad_norm: Option<f64>,
     ) -> Result<Option<f64>> {
+        self.backward_step_with(loss, max_grad_norm, |_| Ok(()))
+    }
+
+    /// [`AdamW::backward_step`] with `reduce_grads` run on the named parameters between the
+    /// backward pass and the clipping: data-parallel training sums the gradients over the
+    /// ranks there ([`Collective::all_reduce_sum_gradients`]), so the norm that is clipped is
+    /// the global one and every rank clips and steps identically.
+    ///
+    /// [`Collective::all_reduce_sum_gradients`]: crate::trainers::parallel::Collective::all_reduce_sum_gradients
+    ///
+    /// ```
+    /// use tch::{Kind, Tensor};
+    /// use torchrl::trainers::optim::AdamW;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let w = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
+    /// let mut opt = AdamW::new(vec![("w".into(), w.shallow_clone())], 0.1)?;
+    /// let loss = (&w * &w).sum(Kind::Float) * 0.5;
+    /// // a stand-in for a sum over two ranks with equal gradients: the norm doubles
+    /// let norm = opt.backward_step_with(&loss, Some(1.0), |params| {
+    ///     for (_, p) in params {
+    ///         let _ = p.grad().f_mul_scalar_(2.0)?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// assert!((norm.unwrap() - 10.0).abs() < 1e-5);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`AdamW::step`]; what `reduce_grads` returns (nothing is stepped then).
+    pub fn backward_step_with(
+        &mut self,
+        loss: &Tensor,
+        max_grad_norm: Option<f64>,
+        reduce_grads: impl FnOnce(&[(String, Tensor)]) -> Result<()>,
+    ) -> Result<Option<f64>> {
         self.zero_grad();
         loss.f_backward()?;
+        reduce_grads(&self.named_params())?;
         let norm = match max_grad_norm {
             Some(max) => Some(clip_grad_norm_tensors(&self.params, max)?),
             None => None,
         };
         self.step()?;
         Ok(norm)
+    }
+
+    /// The parameters with their names (shallow clones, in the optimizer's order).
+    pub fn named_params(&self) -> Vec<(String, Tensor)> {
+        self.names
+            .iter()
+            .zip(&self.params)
+            .map(|(n, p)| (n.clone(), p.shallow_clone()))
+            .collect()
     }
 
     /// Zeroes every parameter's gradient in place (see the type's docs).

@@ -32,6 +32,32 @@
 //! - padding takes no part in GAE or whitening (trlX whitens the whole `[B, T]` tensor,
 //!   zeros included).
 //!
+//! # Data-parallel training
+//! [`PpoRlhfTrainer::with_collective`] makes the trainer one rank of a group (a
+//! [`Collective`]: `torchrl::distributed::ProcessGroup` with the cargo feature `distributed`,
+//! [`SingleProcess`](super::parallel::SingleProcess) by default). Then:
+//! - **per rank**: the env and its prompts, the rollouts (`num_rollouts` per rank, sampled with
+//!   the rank's own generator), the minibatches (`train.batch_size` per rank: the global
+//!   minibatch is `world_size ×` that), the GAE (per sequence);
+//! - **global**: the start-up weights (broadcast from rank 0), the score moments of
+//!   `scale_reward` (and the first batch's reference statistics), the whitening's mean and
+//!   variance (over every rank's minibatch tokens), the mean KL fed to the controller and
+//!   every logged statistic (the controller's `n_steps` is the global minibatch size,
+//!   `world_size × train.batch_size`), the loss normalisation (each rank divides its masked sums by the
+//!   **global** response-token count, [`PpoRlhfConfig::token_normalizer`]) and the
+//!   gradients (**summed** over the ranks, so they are the gradient of the global masked mean:
+//!   one process on the concatenated batch), hence the clipped norm and the AdamW steps, which
+//!   are identical on every rank;
+//! - **rank 0 only**: the log, evaluation and save callbacks and the checkpoint writes
+//!   ([`RlTrainer::is_main_process`]); every rank waits for them
+//!   ([`RlTrainer::sync_processes`]), and a failure there is an error on every rank.
+//!   [`RlTrainer::evaluate`] called directly runs on the rank that calls it.
+//!
+//! A checkpoint holds rank 0's generator and prompt position; on [`RlTrainer::load`] (every
+//! rank loads the same folder) rank 0 resumes exactly, other ranks derive a new generator from
+//! it and keep their env's prompt position, so a resumed group is not bitwise an
+//! uninterrupted one on ranks `> 0`.
+//!
 //! # Logged statistics
 //! Per optimizer step (`Stats`): `loss`, `loss/policy`, `loss/value`, `policy/approx_kl`,
 //! `policy/clipfrac`, `values/clipfrac`, `values/error`, `ratio`, `padding_percentage`, `lr`,
@@ -50,6 +76,7 @@ use super::api::{
 };
 use super::config::{ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
 use super::optim::{AdamW, CosineAnnealingLr};
+use super::parallel::{rank_seed, Collective, SharedCollective};
 use super::rollout::{
     check_vocab, generate_text, generation_config, hydra_policy_step, policy_params, prompt_batch,
     prompt_state_json, reference_params, set_prompt_state_json, trainable_params, StateFields,
@@ -60,9 +87,10 @@ use crate::envs::llm::{
 use crate::envs::{EnvBase, TransformedEnv};
 use crate::error::{Error, Result};
 use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
+use crate::objectives::llm::moments::MomentsReduce;
+use crate::objectives::llm::ppo::compute_ppo_rlhf_advantages_with;
 use crate::objectives::llm::{
-    compute_ppo_rlhf_advantages, AdaptiveKLController, FixedKLController, KlController,
-    PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
+    AdaptiveKLController, FixedKLController, KlController, PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
 };
 use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
@@ -123,6 +151,7 @@ pub struct PpoRlhfTrainer {
     epoch: usize,
     evaluation: Evaluation,
     history: Vec<IterationStats>,
+    collective: SharedCollective,
 }
 
 impl fmt::Debug for PpoRlhfTrainer {
@@ -131,6 +160,7 @@ impl fmt::Debug for PpoRlhfTrainer {
             .field("iter_count", &self.iter_count)
             .field("epoch", &self.epoch)
             .field("kl_coef", &self.kl_ctl.value())
+            .field("collective", &self.collective)
             .finish_non_exhaustive()
     }
 }
@@ -235,7 +265,77 @@ impl PpoRlhfTrainer {
             epoch: 0,
             evaluation: Evaluation::default(),
             history: Vec::new(),
+            collective: SharedCollective::default(),
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group (see the [module
+    /// docs](self#data-parallel-training)). A collective call: every rank calls it once, with
+    /// the same config, before training (or right after loading the same checkpoint).
+    ///
+    /// At attach time: checks that every rank has the same training schedule (batch size,
+    /// rollouts, epochs, …: a mismatch would desynchronise the collectives), broadcasts rank
+    /// 0's policy (trunk and value head) and frozen reference into every rank, gives ranks
+    /// `> 0` their own generator ([`rank_seed`] of `train.seed`), and makes the score
+    /// scaling's batch moments global.
+    ///
+    /// **Each rank's env should serve its own prompts** (a shard of the prompt set, or a
+    /// different `TokenEnvConfig::seed` with `shuffle`, e.g. `seed + rank`): the trainer
+    /// cannot tell, and ranks serving the same prompts only differ by their sampling.
+    ///
+    /// # Errors
+    /// When the ranks' schedules differ (on every rank, naming the fields), or a collective
+    /// fails.
+    ///
+    /// ```
+    /// # use tch::nn::VarStore;
+    /// # use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+    /// # use torchrl::modules::llm::{ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, TextTokenizer};
+    /// # use torchrl::trainers::config::{GenKwargs, TrlConfig};
+    /// use torchrl::trainers::parallel::{Collective, SingleProcess};
+    /// use torchrl::trainers::ppo::PpoRlhfTrainer;
+    /// # fn main() -> torchrl::Result<()> {
+    /// # let tok = ByteTokenizer::new();
+    /// # let gpt = Gpt2Config::new(tok.vocab_size()).with_n_positions(16).with_n_embd(8)
+    /// #     .with_n_layer(1).with_n_head(2)
+    /// #     .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id());
+    /// # let vs = VarStore::new(tch::Device::Cpu);
+    /// # let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt, 1)?;
+    /// # let env_cfg = TokenEnvConfig::for_model(&gpt).with_max_new_tokens(2).with_batch_size(2);
+    /// # let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.len() as f64);
+    /// # let env = TokenEnv::from_text(env_cfg, &tok, &["ab", "cd"], Box::new(scorer))?;
+    /// # let mut config = TrlConfig::default();
+    /// # config.method.num_rollouts = 2;
+    /// # config.method.chunk_size = 2;
+    /// # config.train.batch_size = 2;
+    /// # config.method.gen_kwargs = GenKwargs { max_new_tokens: 2, ..GenKwargs::default() };
+    /// // Under torchrl-launch: `.with_collective(ProcessGroup::init_from_env()?)`
+    /// // (cargo feature `distributed`); a world of one runs anywhere.
+    /// let trainer = PpoRlhfTrainer::new(config, model, env, Box::new(tok))?
+    ///     .with_collective(SingleProcess)?;
+    /// assert_eq!(trainer.collective().world_size(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
+        let shared = SharedCollective::new(collective);
+        check_same_schedule(&shared, &self.config)?;
+        shared.broadcast_parameters(&policy_params(&self.model), 0)?;
+        shared.broadcast_parameters(&reference_params(&self.model), 0)?;
+        if shared.rank() > 0 {
+            self.rng = Generator::new(rank_seed(self.config.train.seed, shared.rank()));
+        }
+        if let Some(s) = self.env.transform_mut().get_as_mut::<ScoreScaling>(SCALING) {
+            let c = shared.clone();
+            s.set_moments_reduce(Some(MomentsReduce::new(move |b| c.all_reduce_moments(b))));
+        }
+        self.collective = shared;
+        Ok(self)
+    }
+
+    /// The group this trainer is a rank of ([`SingleProcess`](super::parallel::SingleProcess)
+    /// unless [`PpoRlhfTrainer::with_collective`] was called).
+    pub fn collective(&self) -> &SharedCollective {
+        &self.collective
     }
 
     /// Sets what [`RlTrainer::evaluate`] runs (trlX's `eval_prompts`, `reward_fn`,
@@ -323,33 +423,42 @@ impl PpoRlhfTrainer {
         } else {
             store
         };
+        let stats = self.rollout_stats(&store, kl_coef, start)?;
+        self.store = Some(store);
+        Ok(stats)
+    }
+
+    /// The rollout statistics of `store` over every rank (means over all ranks' sequences;
+    /// with one rank exactly the local means); sets the mean KL the controller is fed.
+    fn rollout_stats(
+        &mut self,
+        store: &TensorDict,
+        kl_coef: f64,
+        start: Instant,
+    ) -> Result<IterationStats> {
         let assistant = store
             .get_or_err(("masks", "all_assistant_mask"))?
             .f_to_kind(Kind::Float)?;
         let kl = store.get_or_err(("next", "kl_penalty"))?;
         let k3 = store.get_or_err(("next", K3_KEY))?;
+        let c = &self.collective;
         let per_seq = |t: &Tensor| -> Result<f64> {
-            Ok(t.f_mul(&assistant)?
-                .f_sum_dim_intlist(1, false, Kind::Double)?
-                .f_mean(Kind::Double)?
-                .double_value(&[]))
+            c.mean_over_ranks(
+                &t.f_mul(&assistant)?
+                    .f_sum_dim_intlist(1, false, Kind::Double)?,
+            )
         };
-        self.mean_kl = per_seq(kl)?;
+        let mean_kl = per_seq(kl)?;
         let kl_k3 = per_seq(k3)?;
-        let score = store
-            .get_or_err(("next", "score"))?
-            .f_mean(Kind::Double)?
-            .double_value(&[]);
-        let response_length = assistant
-            .f_sum_dim_intlist(1, false, Kind::Double)?
-            .f_mean(Kind::Double)?
-            .double_value(&[]);
-        self.store = Some(store);
+        let score = c.mean_over_ranks(store.get_or_err(("next", "score"))?)?;
+        let response_length =
+            c.mean_over_ranks(&assistant.f_sum_dim_intlist(1, false, Kind::Double)?)?;
+        self.mean_kl = mean_kl;
         Ok(IterationStats {
             iteration: self.epoch,
             iter_count: self.iter_count,
             score,
-            kl: self.mean_kl,
+            kl: mean_kl,
             kl_k3,
             kl_coef,
             response_length,
@@ -359,22 +468,55 @@ impl PpoRlhfTrainer {
         })
     }
 
-    /// One optimizer step on the minibatch `mb` of the store; returns its statistics.
+    /// One optimizer step on the minibatch `mb` of the store (this rank's share of the global
+    /// minibatch); returns its statistics (global ones in a group).
     fn train_step(&mut self, mut mb: TensorDict) -> Result<Stats> {
         let keys = PpoRlhfKeys::default();
-        compute_ppo_rlhf_advantages(&mut mb, &keys, &self.loss_config)?;
-        let loss = PpoRlhfLoss::new(self.model.policy()).with_config(self.loss_config.clone())?;
+        let c = self.collective.clone();
+        let reduce = |t: &mut Tensor| c.all_reduce_sum(t);
+        compute_ppo_rlhf_advantages_with(&mut mb, &keys, &self.loss_config, &reduce)?;
+        // The global response-token count: each rank's masked sums are divided by it, so the
+        // sum of the ranks' gradients is the gradient of the global masked mean.
+        let local_n = mb
+            .get_or_err(&keys.assistant_mask)?
+            .f_count_nonzero(None::<i64>)?
+            .f_int64_value(&[])? as f64;
+        let global_n = c
+            .sum_scalars(&[local_n])?
+            .first()
+            .copied()
+            .unwrap_or(local_n);
+        let config = self
+            .loss_config
+            .clone()
+            .with_token_normalizer(Some(global_n));
+        let loss = PpoRlhfLoss::new(self.model.policy()).with_config(config)?;
         let out = loss.forward(&mb)?;
-        let grad_norm = self.opt.backward_step(&out.loss, self.max_grad_norm)?;
+        let grad_norm = self
+            .opt
+            .backward_step_with(&out.loss, self.max_grad_norm, |params| {
+                c.all_reduce_sum_gradients(params)
+            })?;
         let lr = self.sched.step();
         self.opt.set_lr(lr);
-        let mut stats: Stats = out
-            .loss_terms()
-            .into_iter()
-            .chain(out.metrics())
-            .map(|(k, v)| (k.to_string(), v.double_value(&[])))
-            .collect();
-        stats.insert("loss".into(), out.loss.double_value(&[]));
+        // Every term is a local sum over the global count: their sums over the ranks are the
+        // global values (padding_percentage, a local ratio, is averaged over the ranks).
+        let world = c.world_size() as f64;
+        let mut names = Vec::new();
+        let mut values = Vec::new();
+        for (k, v) in out.loss_terms().into_iter().chain(out.metrics()) {
+            let v = v.f_double_value(&[])?;
+            names.push(k.to_string());
+            values.push(if k == "padding_percentage" {
+                v / world
+            } else {
+                v
+            });
+        }
+        names.push("loss".into());
+        values.push(out.loss.f_double_value(&[])?);
+        let values = c.sum_scalars(&values)?;
+        let mut stats: Stats = names.into_iter().zip(values).collect();
         stats.insert("lr".into(), lr);
         stats.insert("kl_coef".into(), self.kl_ctl.value());
         if let Some(norm) = grad_norm {
@@ -388,7 +530,59 @@ impl PpoRlhfTrainer {
     /// are due. Returns the iteration's statistics (also kept in
     /// [`PpoRlhfTrainer::history`]).
     pub fn iteration(&mut self, callbacks: &mut Callbacks<'_>) -> Result<IterationStats> {
-        let mut stats = self.make_experience()?;
+        let stats = self.make_experience()?;
+        self.update_phase(stats, callbacks)
+    }
+
+    /// The learning half of an iteration on a given rollout store (offline replay of saved
+    /// rollouts, or a fixed store for a reproducible step): the store replaces the current
+    /// one, its statistics are computed (the mean KL the controller is fed after each epoch,
+    /// the score, the lengths; over every rank in a group), then `ppo_epochs` epochs of
+    /// shuffled minibatches of `train.batch_size` with the callbacks that are due, as in
+    /// [`PpoRlhfTrainer::iteration`]. Returns the iteration's statistics (also kept in
+    /// [`PpoRlhfTrainer::history`]); `kl_coef` there is the controller's value at the start.
+    ///
+    /// The store needs what [`PpoRlhfTrainer::make_experience`] writes: `("tokens", "full")`,
+    /// `("masks", "all_attention_mask")`, `("masks", "all_assistant_mask")`,
+    /// `("log_probs", "full")`, `"values"`, `("next", "reward")` (the KL penalty already in
+    /// it), `("next", "score")`, `("next", "kl_penalty")` and `("next", "kl_k3")`, all `[B,
+    /// T]` (or `[B, T, 1]`) but the score.
+    ///
+    /// **Data-parallel**: each rank passes its own share of the global store; with
+    /// `train.batch_size` per rank, rank `r`'s `k`-th minibatch is its share of the global
+    /// `k`-th minibatch. Each rank shuffles its share with its own generator, so a run equals
+    /// one process on the concatenated store exactly (up to rounding) when each minibatch
+    /// is a rank's whole share (the order within a minibatch does not change its sums).
+    ///
+    /// # Errors
+    /// An empty store, a missing key (naming what is there), or as
+    /// [`PpoRlhfTrainer::iteration`].
+    pub fn learn_on(
+        &mut self,
+        store: TensorDict,
+        callbacks: &mut Callbacks<'_>,
+    ) -> Result<IterationStats> {
+        let n = store.batch_size().first().copied().unwrap_or(0);
+        if n < 1 {
+            return Err(Error::value(
+                "PpoRlhfTrainer::learn_on",
+                "store",
+                "at least one rollout along the first batch dim",
+                format!("batch size {:?}", store.batch_size()),
+            ));
+        }
+        let stats = self.rollout_stats(&store, self.kl_ctl.value(), Instant::now())?;
+        self.store = Some(store);
+        self.update_phase(stats, callbacks)
+    }
+
+    /// `ppo_epochs` epochs of minibatch updates on the store, each step followed by the
+    /// callbacks that are due, each epoch by the KL controller's update.
+    fn update_phase(
+        &mut self,
+        mut stats: IterationStats,
+        callbacks: &mut Callbacks<'_>,
+    ) -> Result<IterationStats> {
         let start = Instant::now();
         let store = match &self.store {
             Some(s) => s.clone(),
@@ -420,9 +614,11 @@ impl PpoRlhfTrainer {
                     break 'epochs;
                 }
             }
-            // trlX HEAD's post_backward_callback, once per inner epoch
-            self.kl_ctl
-                .update(self.mean_kl, self.config.train.batch_size)?;
+            // trlX HEAD's post_backward_callback, once per inner epoch; n_steps is the
+            // global minibatch (trlX passes its per-process batch_size), so N ranks move the
+            // controller as one process on the N-times batch does
+            let n_steps = self.config.train.batch_size * self.collective.world_size();
+            self.kl_ctl.update(self.mean_kl, n_steps)?;
         }
         for v in sums.values_mut() {
             *v /= steps.max(1) as f64;
@@ -478,7 +674,14 @@ impl PpoRlhfTrainer {
         self.kl_ctl.set_value(fields.f64("kl_coef")?)?;
         self.mean_kl = fields.f64("mean_kl")?;
         self.rng = rng_from_json(OP, state.get("rng"))?;
-        set_prompt_state_json(OP, self.env.base_mut(), state)?;
+        let rank = self.collective.rank();
+        if rank == 0 {
+            set_prompt_state_json(OP, self.env.base_mut(), state)?;
+        } else {
+            // The checkpoint holds rank 0's generator and prompt position: other ranks draw
+            // their own stream from it and keep their own env's prompt position.
+            self.rng = Generator::new(rank_seed(self.rng.next_u64(), rank));
+        }
         let moments = field("running_moments")?.clone();
         let ref_stats = field("ref_stats")?.clone();
         if let Some(s) = self.env.transform_mut().get_as_mut::<ScoreScaling>(SCALING) {
@@ -505,6 +708,14 @@ impl RlTrainer for PpoRlhfTrainer {
 
     fn iter_count(&self) -> usize {
         self.iter_count
+    }
+
+    fn is_main_process(&self) -> bool {
+        self.collective.is_main()
+    }
+
+    fn sync_processes(&self, op: &'static str, ok: bool) -> Result<()> {
+        self.collective.check_all_ok(op, ok)
     }
 
     /// Generates responses for the `("tokens", "prompt")` batch of `data` (with its
@@ -591,4 +802,53 @@ impl RlTrainer for PpoRlhfTrainer {
         let trainer = take_component(&mut components, "trainer")?;
         self.set_state_json(&trainer.state)
     }
+}
+
+/// Errors on every rank unless every rank has rank 0's training schedule (what decides how many
+/// collectives each rank makes): one broadcast of the fields, one agreement.
+fn check_same_schedule(c: &SharedCollective, config: &TrlConfig) -> Result<()> {
+    if c.world_size() == 1 {
+        return Ok(());
+    }
+    let m = &config.method;
+    let t = &config.train;
+    let fields = [
+        ("train.batch_size", t.batch_size as f64),
+        ("train.epochs", t.epochs as f64),
+        ("train.total_steps", t.total_steps as f64),
+        ("train.log_interval", t.log_interval as f64),
+        ("train.eval_interval", t.eval_interval as f64),
+        ("train.checkpoint_interval", t.checkpoint_interval as f64),
+        ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+        ("method.num_rollouts", m.num_rollouts as f64),
+        ("method.chunk_size", m.chunk_size as f64),
+        ("method.ppo_epochs", m.ppo_epochs as f64),
+        ("method.init_kl_coef", m.init_kl_coef),
+        ("method.target", m.target.unwrap_or(-1.0)),
+        ("method.horizon", m.horizon as f64),
+    ];
+    let mine: Vec<f64> = fields.iter().map(|f| f.1).collect();
+    let mut main = Tensor::f_from_slice(&mine)?;
+    c.broadcast(&mut main, 0)?;
+    let main = Vec::<f64>::try_from(&main)?;
+    let differ: Vec<String> = fields
+        .iter()
+        .zip(&main)
+        .filter(|((_, v), m)| v.to_bits() != m.to_bits())
+        .map(|((name, v), m)| format!("{name} = {v} here, {m} on rank 0"))
+        .collect();
+    let same = differ.is_empty();
+    let agreed = c.check_all_ok("PpoRlhfTrainer::with_collective", same);
+    if !same {
+        return Err(Error::Distributed {
+            op: "PpoRlhfTrainer::with_collective",
+            rank: c.rank(),
+            world_size: c.world_size(),
+            message: format!(
+                "every rank needs rank 0's training schedule: {}",
+                differ.join(", ")
+            ),
+        });
+    }
+    agreed
 }

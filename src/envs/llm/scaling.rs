@@ -20,7 +20,13 @@
 //! After the KL transform it would scale the KL penalty too.
 //!
 //! The statistics are state: [`Transform::forward`] on offline data updates them as a step
-//! does. A divisor that is zero or not finite (a first batch of one sample has no std) is an
+//! does.
+//!
+//! **Data-parallel.** With [`ScoreScaling::with_moments_reduce`] the batch's moments are made
+//! global before they are used (trlX's `get_global_statistics`): the reference statistics of
+//! the first batch, the running moments and the logged batch statistics are then those of
+//! every rank's scores together, identical on every rank, and each rank divides its own
+//! scores by the same global running std. `PpoRlhfTrainer::with_collective` installs it. A divisor that is zero or not finite (a first batch of one sample has no std) is an
 //! error rather than NaN rewards.
 //!
 //! ```
@@ -56,7 +62,7 @@ use super::kl::forward_via_step;
 use crate::envs::transforms::Transform;
 use crate::error::{Error, Result};
 use crate::macros::setters;
-use crate::objectives::llm::moments::{BatchMoments, RunningMoments};
+use crate::objectives::llm::moments::{BatchMoments, MomentsReduce, RunningMoments};
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// trlX's `scale_reward`: what the (clipped) scores are divided by.
@@ -127,6 +133,7 @@ pub struct ScoreScaling {
     moments: RunningMoments,
     ref_stats: Option<(f64, f64)>,
     last_batch: Option<(f64, f64)>,
+    reduce: Option<MomentsReduce>,
 }
 
 impl ScoreScaling {
@@ -139,7 +146,47 @@ impl ScoreScaling {
             moments: RunningMoments::new(),
             ref_stats: None,
             last_batch: None,
+            reduce: None,
         }
+    }
+
+    /// Makes every batch's moments global with `reduce` before they are used (data-parallel
+    /// training; see the [module docs](self)). Every rank must then step the transform the
+    /// same number of times (`reduce` is a collective).
+    ///
+    /// ```
+    /// use tch::Tensor;
+    /// use torchrl::envs::llm::{ScaleReward, ScoreScaling};
+    /// use torchrl::envs::transforms::Transform;
+    /// use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce};
+    /// use torchrl::TensorDict;
+    /// # fn main() -> torchrl::Result<()> {
+    /// // a stand-in for a second rank whose scores were [3, 4]
+    /// let other = BatchMoments::of(&Tensor::from_slice(&[3.0f64, 4.0]))?;
+    /// let mut scaling = ScoreScaling::new(ScaleReward::Running)
+    ///     .with_moments_reduce(MomentsReduce::new(move |b: &BatchMoments| Ok(b.merge(&other))));
+    /// let mut next = TensorDict::new([2])?;
+    /// next.set("reward", Tensor::from_slice(&[1.0f64, 2.0]).view([2, 1]))?;
+    /// let out = scaling.step(&TensorDict::new([2])?, next)?;
+    /// // divided by the std of all four scores [1, 2, 3, 4]
+    /// let std = (5.0f64 / 3.0).sqrt();
+    /// assert!((out.get_or_err("reward")?.double_value(&[1, 0]) - 2.0 / std).abs() < 1e-12);
+    /// assert!((scaling.running_moments().mean() - 2.5).abs() < 1e-12);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_moments_reduce(mut self, reduce: MomentsReduce) -> Self {
+        self.reduce = Some(reduce);
+        self
+    }
+
+    /// Sets or removes the reduction of [`Self::with_moments_reduce`].
+    pub fn set_moments_reduce(&mut self, reduce: Option<MomentsReduce>) {
+        self.reduce = reduce;
+    }
+
+    /// Whether batch moments are made global (see [`Self::with_moments_reduce`]).
+    pub fn has_moments_reduce(&self) -> bool {
+        self.reduce.is_some()
     }
 
     /// Clips scores to `[-c, c]` first (trlX `cliprange_reward`, TRL ≤ 0.11 `score_clip`);
@@ -238,6 +285,10 @@ impl ScoreScaling {
             clipped.f_to_kind(Kind::Double)?
         };
         let batch = BatchMoments::of(&totals)?;
+        let batch = match &self.reduce {
+            Some(reduce) => reduce.apply(&batch)?,
+            None => batch,
+        };
         if self.ref_stats.is_none() {
             self.ref_stats = Some((batch.mean(), batch.unbiased_std()));
         }

@@ -171,6 +171,50 @@ impl BatchMoments {
     }
 }
 
+/// How a process's [`BatchMoments`] become the global ones of a data-parallel group: a shared
+/// function, e.g. `move |b| collective.all_reduce_moments(b)` over a
+/// [`SharedCollective`](crate::trainers::parallel::SharedCollective) (what
+/// `PpoRlhfTrainer::with_collective` installs in its `ScoreScaling`). Cloning shares the
+/// function.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce};
+/// # fn main() -> torchrl::Result<()> {
+/// // a stand-in for a group whose other rank saw [5, 6]
+/// let other = BatchMoments::of(&Tensor::from_slice(&[5.0f64, 6.0]))?;
+/// let reduce = MomentsReduce::new(move |b: &BatchMoments| Ok(b.merge(&other)));
+/// let mine = BatchMoments::of(&Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0]))?;
+/// let global = reduce.apply(&mine)?;
+/// assert_eq!((global.count(), global.mean()), (6.0, 3.5));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MomentsReduce(ReduceFn);
+
+type ReduceFn = std::sync::Arc<dyn Fn(&BatchMoments) -> Result<BatchMoments> + Send + Sync>;
+
+impl std::fmt::Debug for MomentsReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MomentsReduce(..)")
+    }
+}
+
+impl MomentsReduce {
+    /// Wraps `f` (local moments in, global moments out; the same on every rank).
+    pub fn new(f: impl Fn(&BatchMoments) -> Result<BatchMoments> + Send + Sync + 'static) -> Self {
+        MomentsReduce(std::sync::Arc::new(f))
+    }
+
+    /// The global moments of `local`.
+    ///
+    /// # Errors
+    /// What the function returns (a failed collective).
+    pub fn apply(&self, local: &BatchMoments) -> Result<BatchMoments> {
+        (self.0)(local)
+    }
+}
+
 /// trlX's `RunningMoments`: running mean, population variance and unbiased std of every value
 /// seen, in `f64`. See the [module docs](self) for the formula.
 ///

@@ -281,6 +281,71 @@ fn whiten_masked(
     zero_out(&w, keep)
 }
 
+/// A sum all-reduce over the processes of a data-parallel group, in place (e.g.
+/// `|t| collective.all_reduce_sum(t)` with a
+/// [`Collective`](crate::trainers::parallel::Collective)); the identity in one process.
+pub type SumReduce<'a> = dyn Fn(&mut Tensor) -> Result<()> + 'a;
+
+/// [`masked_whiten`] with the mean and variance of every process's masked values together
+/// (trlX's `whiten(..., distributed=True)`: `get_global_statistics` sums `(Σx, n)`, then
+/// `Σ(x − mean)²`; two calls of `reduce_sum`), each process whitening its own values with
+/// them. With the identity (`&|_| Ok(())`) the result is bitwise [`masked_whiten`]'s.
+///
+/// # Errors
+/// As [`masked_whiten`], with the count taken globally (at least 2 masked entries over all
+/// processes); what `reduce_sum` returns.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::llm::masked_whiten;
+/// use torchrl::objectives::llm::ppo::masked_whiten_global;
+/// # fn main() -> torchrl::Result<()> {
+/// let a = Tensor::from_slice(&[0.46575f64, 0.385, 0.3, 0.0]).view([1, 4]);
+/// let m = Tensor::from_slice(&[1i64, 1, 1, 0]).view([1, 4]);
+/// let one = masked_whiten_global(&a, &m, true, &|_| Ok(()))?;
+/// assert!(one.equal(&masked_whiten(&a, &m, true)?));
+/// // a stand-in for two processes holding the same values (the sums double): the mean of
+/// // the 6 values is unchanged, their unbiased variance is 2·m2 / 5
+/// let two = masked_whiten_global(&a, &m, true, &|t| { let _ = t.f_mul_scalar_(2.0)?; Ok(()) })?;
+/// let x = [0.46575f64, 0.385, 0.3];
+/// let mean = x.iter().sum::<f64>() / 3.0;
+/// let m2: f64 = x.iter().map(|v| (v - mean).powi(2)).sum();
+/// let want = (x[0] - mean) / (2.0 * m2 / 5.0 + 1e-8).sqrt();
+/// assert!((two.double_value(&[0, 0]) - want).abs() < 1e-9);
+/// # Ok(()) }
+/// ```
+pub fn masked_whiten_global(
+    values: &Tensor,
+    mask: &Tensor,
+    shift_mean: bool,
+    reduce_sum: &SumReduce<'_>,
+) -> Result<Tensor> {
+    const OP: &str = "masked_whiten_global";
+    let (keep, m, x) = prepare_masked(OP, values, mask)?;
+    let mut sums = Tensor::f_stack(
+        &[x.f_mul(&m)?.f_sum(None::<Kind>)?, m.f_sum(None::<Kind>)?],
+        0,
+    )?;
+    reduce_sum(&mut sums)?;
+    let total = sums.f_select(0, 0)?;
+    let count = sums.f_select(0, 1)?;
+    let n = count.f_double_value(&[])?.round() as i64;
+    at_least(OP, n, 2, mask)?;
+    let mean = total.f_div(&count)?;
+    let centered = zero_out(&x.f_sub(&mean)?, &keep)?;
+    let mut sq = centered.f_square()?.f_mul(&m)?.f_sum(None::<Kind>)?;
+    reduce_sum(&mut sq)?;
+    let nf = n as f64;
+    let var = sq.f_div(&count)?.f_mul_scalar(nf / (nf - 1.0))?;
+    let mut w = x
+        .f_sub(&mean)?
+        .f_mul(&var.f_add_scalar(WHITEN_EPS)?.f_rsqrt()?)?;
+    if !shift_mean {
+        w = w.f_add(&mean)?;
+    }
+    zero_out(&w, &keep)
+}
+
 /// trlX's `whiten(xs, shift_mean)`: `(x − mean) · rsqrt(var + 1e-8)` over **every** element
 /// (`torch.var_mean`, unbiased), padding included. Kept to show the reference's numbers; use
 /// [`masked_whiten`] on padded batches.
@@ -498,6 +563,14 @@ pub struct PpoRlhfConfig {
     /// Whether [`compute_ppo_rlhf_advantages`] whitens the advantages ([`masked_whiten`]);
     /// trlX's `use_whitening`. Default `true`.
     pub whiten_advantages: bool,
+    /// What [`ppo_rlhf_loss`] divides its masked sums by: `None` (the default) is this
+    /// batch's response-token count `n = Σ mask`; `Some(N)` is a count given from outside,
+    /// `N >= n`. **Data-parallel**: each rank passes the global count `N = Σ_ranks n_r`, so
+    /// its loss is its share `Σ_local / N` of the global masked mean, and the **sum** of the
+    /// ranks' gradients is exactly the gradient of one process on the concatenated batch.
+    /// Every term (the losses and the token-mean diagnostics) uses it; summing them over the
+    /// ranks gives the global means. Finite and `> 0`.
+    pub token_normalizer: Option<f64>,
 }
 
 impl Default for PpoRlhfConfig {
@@ -509,6 +582,7 @@ impl Default for PpoRlhfConfig {
             gamma: 1.0,
             lam: 0.95,
             whiten_advantages: true,
+            token_normalizer: None,
         }
     }
 }
@@ -532,6 +606,8 @@ impl PpoRlhfConfig {
         with_lam(lam: f64);
         /// Sets [`whiten_advantages`](Self::whiten_advantages).
         with_whiten_advantages(whiten_advantages: bool);
+        /// Sets [`token_normalizer`](Self::token_normalizer).
+        with_token_normalizer(token_normalizer: Option<f64>);
     }
 
     /// Checks every field.
@@ -559,6 +635,16 @@ impl PpoRlhfConfig {
         for (field, v) in [("gamma", self.gamma), ("lam", self.lam)] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(Error::config(OP, field, "in [0, 1]", v));
+            }
+        }
+        if let Some(n) = self.token_normalizer {
+            if !(n.is_finite() && n > 0.0) {
+                return Err(Error::config(
+                    OP,
+                    "token_normalizer",
+                    "None or a finite token count > 0",
+                    n,
+                ));
             }
         }
         Ok(())
@@ -750,7 +836,25 @@ pub fn ppo_rlhf_loss(
     let (olp, ov) = (z(&old_log_probs.f_detach()?)?, z(&old_values.f_detach()?)?);
     let (adv, ret) = (z(&advantages.f_detach()?)?, z(&returns.f_detach()?)?);
     let m = keep.f_to_kind(lp.kind())?;
-    let n = m.f_sum(None::<Kind>)?;
+    let local_n = m.f_sum(None::<Kind>)?;
+    let n = match config.token_normalizer {
+        None => local_n.shallow_clone(),
+        Some(global) => {
+            let have = local_n.f_double_value(&[])?;
+            if global < have {
+                return Err(Error::value(
+                    OP,
+                    "token_normalizer",
+                    format!(
+                        "a token count of at least this batch's {have} response tokens (the \
+                         global count over every rank)"
+                    ),
+                    global.to_string(),
+                ));
+            }
+            Tensor::f_scalar_tensor(global, (m.kind(), m.device()))?
+        }
+    };
     let masked_sum_over_n =
         |x: &Tensor| -> Result<Tensor> { Ok(x.f_mul(&m)?.f_sum(None::<Kind>)?.f_div(&n)?) };
 
@@ -775,7 +879,7 @@ pub fn ppo_rlhf_loss(
     };
     let ratio_d = ratio.f_detach()?;
     let log_ratio_d = log_ratio.f_detach()?;
-    let n_d = n.f_detach()?;
+    let n_d = local_n.f_detach()?;
     let width = (b * (hi - lo + 1)) as f64;
     Ok(PpoRlhfLossOutput {
         value_loss: vf_loss.f_detach()?,
@@ -1060,6 +1164,49 @@ pub fn compute_ppo_rlhf_advantages(
     keys: &PpoRlhfKeys,
     config: &PpoRlhfConfig,
 ) -> Result<()> {
+    advantages_impl(td, keys, config, None)
+}
+
+/// [`compute_ppo_rlhf_advantages`] for one process of a data-parallel group: the GAE is per
+/// sequence (local), the whitening uses the mean and variance of every process's response
+/// tokens ([`masked_whiten_global`] with `reduce_sum`). With the identity the result is
+/// bitwise [`compute_ppo_rlhf_advantages`]'s.
+///
+/// # Errors
+/// As [`compute_ppo_rlhf_advantages`] (the count of response tokens taken globally); what
+/// `reduce_sum` returns.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::llm::ppo::compute_ppo_rlhf_advantages_with;
+/// use torchrl::objectives::llm::{PpoRlhfConfig, PpoRlhfKeys};
+/// use torchrl::TensorDict;
+/// # fn main() -> torchrl::Result<()> {
+/// let row = |v: &[f64]| Tensor::from_slice(v).view([1, 4]);
+/// let mut td = TensorDict::new([1])?
+///     .with("values", row(&[0.0, 0.5, 0.6, 0.7]))?
+///     .with(("next", "reward"), row(&[0.0, 0.0, 0.0, 1.0]))?
+///     .with(("masks", "all_assistant_mask"), row(&[0.0, 1.0, 1.0, 1.0]))?;
+/// let single = |_: &mut Tensor| Ok(());
+/// compute_ppo_rlhf_advantages_with(&mut td, &PpoRlhfKeys::default(), &PpoRlhfConfig::new(), &single)?;
+/// assert_eq!(td.get_or_err("advantage")?.double_value(&[0, 0]), 0.0); // prompt token
+/// # Ok(()) }
+/// ```
+pub fn compute_ppo_rlhf_advantages_with(
+    td: &mut TensorDict,
+    keys: &PpoRlhfKeys,
+    config: &PpoRlhfConfig,
+    reduce_sum: &SumReduce<'_>,
+) -> Result<()> {
+    advantages_impl(td, keys, config, Some(reduce_sum))
+}
+
+fn advantages_impl(
+    td: &mut TensorDict,
+    keys: &PpoRlhfKeys,
+    config: &PpoRlhfConfig,
+    reduce_sum: Option<&SumReduce<'_>>,
+) -> Result<()> {
     const OP: &str = "compute_ppo_rlhf_advantages";
     config.validate()?;
     let values = read_bt(OP, td, &keys.values, None)?;
@@ -1070,7 +1217,10 @@ pub fn compute_ppo_rlhf_advantages(
         gae_advantages_and_returns(&values, &rewards, &mask, config.gamma, config.lam)?;
     let advantages = if config.whiten_advantages {
         let _guard = tch::no_grad_guard();
-        masked_whiten(&advantages, &mask, true)?
+        match reduce_sum {
+            None => masked_whiten(&advantages, &mask, true)?,
+            Some(reduce) => masked_whiten_global(&advantages, &mask, true, reduce)?,
+        }
     } else {
         advantages
     };

@@ -1,0 +1,570 @@
+//! Data-parallel training without `#[cfg]` in trainer code: the [`Collective`] trait is what a
+//! trainer needs from a group of cooperating processes (rank, world size, a sum all-reduce, a
+//! broadcast, a barrier, and helpers built on them), implemented by [`SingleProcess`] (a world
+//! of one, the default: every call is a no-op) and, with the cargo feature `distributed`, by
+//! [`crate::distributed::ProcessGroup`] (c10d Gloo). Trainers hold a [`SharedCollective`]
+//! (a cloneable handle), so the same trainer code runs in one process and in N.
+//!
+//! # What a data-parallel trainer does with it
+//! - at attach time, **broadcasts** rank 0's parameters ([`Collective::broadcast_parameters`]);
+//! - per optimizer step, **sums** every rank's gradients
+//!   ([`Collective::all_reduce_sum_gradients`]) after each rank divided its local masked sums
+//!   by the **global** token count (so the sum is the gradient of the mean over all ranks'
+//!   tokens, exactly as one process on the concatenated batch), then clips the global norm and
+//!   steps: the gradients are identical on every rank, so are the steps;
+//! - computes **global statistics** where trlX does ([`Collective::all_reduce_moments`] for the
+//!   running moments of scores, sums of `(Σx, n)` and `Σ(x − mean)²` for whitening,
+//!   [`Collective::mean_over_ranks`] for the KL controller's mean KL);
+//! - writes checkpoints and runs logging callbacks on the main rank only, with
+//!   [`Collective::check_all_ok`] as the barrier after them.
+//!
+//! The rules are c10d's: every rank makes every call, in the same order, with tensors of the
+//! same shape and dtype.
+//!
+//! ```
+//! use tch::Tensor;
+//! use torchrl::objectives::llm::moments::BatchMoments;
+//! use torchrl::trainers::parallel::{Collective, SharedCollective, SingleProcess};
+//! # fn main() -> torchrl::Result<()> {
+//! let c = SharedCollective::new(SingleProcess);
+//! assert_eq!((c.rank(), c.world_size(), c.is_main()), (0, 1, true));
+//! let mut g = Tensor::from_slice(&[1.0f64, 2.0]);
+//! c.all_reduce_sum(&mut g)?; // one rank: unchanged
+//! assert_eq!(Vec::<f64>::try_from(&g).unwrap(), vec![1.0, 2.0]);
+//! let local = BatchMoments::of(&Tensor::from_slice(&[1.0f64, 3.0]))?;
+//! assert_eq!(c.all_reduce_moments(&local)?, local);
+//! assert_eq!(c.mean_over_ranks(&Tensor::from_slice(&[1.0f64, 2.0, 6.0]))?, 3.0);
+//! assert_eq!(c.sum_scalars(&[4.0, 0.5])?, vec![4.0, 0.5]);
+//! c.check_all_ok("save", true)?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+#[cfg(feature = "distributed")]
+use tch::Device;
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::objectives::llm::moments::BatchMoments;
+
+/// What a data-parallel trainer needs from a group of processes. See the [module docs](self).
+///
+/// Required: [`rank`](Self::rank), [`world_size`](Self::world_size),
+/// [`all_reduce_sum`](Self::all_reduce_sum), [`broadcast`](Self::broadcast),
+/// [`barrier`](Self::barrier). The rest are provided in terms of those (an implementation may
+/// override them with bucketed or gathered versions, as `ProcessGroup` does).
+///
+/// Every method is a collective: every rank must call it, in the same order.
+pub trait Collective: Send {
+    /// This process's rank, in `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// The number of processes.
+    fn world_size(&self) -> usize;
+
+    /// Whether this is rank 0 (the one that writes checkpoints and logs).
+    fn is_main(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Sums `tensor` over the ranks, in place (any device; the result is on every rank).
+    ///
+    /// # Errors
+    /// When a peer failed or did not arrive within the timeout, or the tensor is refused.
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()>;
+
+    /// Copies rank `src`'s `tensor` into every rank's, in place.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`]; when `src` is not below the world size.
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()>;
+
+    /// Waits until every rank arrives.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`].
+    fn barrier(&self) -> Result<()>;
+
+    /// The moments of every rank's values together (trlX's `get_global_statistics`: the sum
+    /// and the count are summed, then the squared deviations from the global mean), identical
+    /// on every rank. The provided version makes two sum all-reduces; a world of one returns
+    /// `local` unchanged.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`]; when the global moments are invalid (not finite).
+    fn all_reduce_moments(&self, local: &BatchMoments) -> Result<BatchMoments> {
+        if self.world_size() == 1 {
+            return Ok(*local);
+        }
+        let mut s = Tensor::from_slice(&[local.count(), local.count() * local.mean()]);
+        self.all_reduce_sum(&mut s)?;
+        let v = Vec::<f64>::try_from(&s)?;
+        let (n, sum) = (
+            v.first().copied().unwrap_or(0.0),
+            v.get(1).copied().unwrap_or(0.0),
+        );
+        let mean = sum / n;
+        let d = local.mean() - mean;
+        let mut m2 = Tensor::from_slice(&[local.m2() + local.count() * d * d]);
+        self.all_reduce_sum(&mut m2)?;
+        BatchMoments::new(n, mean, m2.f_double_value(&[0])?)
+    }
+
+    /// The mean of every rank's `values` together (all elements, computed in `f64`): with one
+    /// rank `values.mean()`, else `Σ_r Σ values_r / Σ_r numel_r` (one all-reduce).
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`]; when no rank has a value.
+    fn mean_over_ranks(&self, values: &Tensor) -> Result<f64> {
+        if self.world_size() == 1 {
+            return Ok(values.f_mean(Kind::Double)?.f_double_value(&[])?);
+        }
+        let local = [
+            values.f_sum(Kind::Double)?.f_double_value(&[])?,
+            values.numel() as f64,
+        ];
+        let v = self.sum_scalars(&local)?;
+        match v.as_slice() {
+            [s, n] if *n > 0.0 => Ok(s / n),
+            _ => Err(Error::argument(
+                "Collective::mean_over_ranks",
+                "values",
+                "at least one value on some rank",
+                "no value on any rank",
+            )),
+        }
+    }
+
+    /// Sums a few `f64` scalars over the ranks (one all-reduce) and returns them.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`].
+    fn sum_scalars(&self, values: &[f64]) -> Result<Vec<f64>> {
+        if self.world_size() == 1 {
+            return Ok(values.to_vec());
+        }
+        let mut t = Tensor::from_slice(values);
+        self.all_reduce_sum(&mut t)?;
+        Ok(Vec::<f64>::try_from(&t)?)
+    }
+
+    /// A barrier that also says whether every rank succeeded at `op` (one all-reduce of the
+    /// failure count): `Ok` when every rank passed `ok = true`; an [`Error::Distributed`]
+    /// naming `op` when another rank failed. A rank that failed itself (`ok = false`) gets
+    /// `Ok` here and reports its own error. Used after rank-0-only work (a checkpoint save, an
+    /// evaluation) so that no rank races ahead of it and a failure there stops every rank.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`]; when another rank passed `ok = false`.
+    fn check_all_ok(&self, op: &'static str, ok: bool) -> Result<()> {
+        if self.world_size() == 1 {
+            return Ok(());
+        }
+        let mine = if ok { 0.0 } else { 1.0 };
+        let failed = self.sum_scalars(&[mine])?.first().copied().unwrap_or(0.0);
+        if failed > mine {
+            return Err(Error::Distributed {
+                op,
+                rank: self.rank(),
+                world_size: self.world_size(),
+                message: format!(
+                    "{} other rank(s) failed at {op} (see their errors)",
+                    (failed - mine).round()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies rank `src`'s parameters into every rank's, in place under `no_grad` (sorted by
+    /// name, so the order of `params` does not matter). The provided version broadcasts one
+    /// tensor at a time.
+    ///
+    /// # Errors
+    /// As [`Self::broadcast`]; on a repeated name.
+    fn broadcast_parameters(&self, params: &[(String, Tensor)], src: usize) -> Result<()> {
+        if self.world_size() == 1 {
+            return check_src("Collective::broadcast_parameters", src, 1);
+        }
+        let _guard = tch::no_grad_guard();
+        for (_, t) in sorted("Collective::broadcast_parameters", params)? {
+            let mut h = t.shallow_clone();
+            self.broadcast(&mut h, src)?;
+        }
+        Ok(())
+    }
+
+    /// Sums the gradients of `params` over the ranks, in place (parameters without a gradient
+    /// are skipped; every rank must have gradients for the same parameters). The provided
+    /// version reduces one gradient at a time.
+    ///
+    /// # Errors
+    /// As [`Self::all_reduce_sum`]; on a repeated name.
+    fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
+        if self.world_size() == 1 {
+            return Ok(());
+        }
+        let _guard = tch::no_grad_guard();
+        for (_, p) in sorted("Collective::all_reduce_sum_gradients", params)? {
+            let mut g = p.f_grad()?;
+            if g.defined() {
+                self.all_reduce_sum(&mut g)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_src(op: &'static str, src: usize, world_size: usize) -> Result<()> {
+    if src < world_size {
+        return Ok(());
+    }
+    Err(Error::argument(
+        op,
+        "src",
+        format!("a rank below the world size {world_size}"),
+        src.to_string(),
+    ))
+}
+
+/// `params` sorted by name; a repeated name is an error.
+fn sorted<'a>(
+    op: &'static str,
+    params: &'a [(String, Tensor)],
+) -> Result<Vec<(&'a str, &'a Tensor)>> {
+    let mut map = BTreeMap::new();
+    for (name, t) in params {
+        if map.insert(name.as_str(), t).is_some() {
+            return Err(Error::KeyExists {
+                op,
+                key: name.clone(),
+            });
+        }
+    }
+    Ok(map.into_iter().collect())
+}
+
+impl<C: Collective + ?Sized> Collective for Box<C> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn is_main(&self) -> bool {
+        (**self).is_main()
+    }
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
+        (**self).all_reduce_sum(tensor)
+    }
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        (**self).broadcast(tensor, src)
+    }
+    fn barrier(&self) -> Result<()> {
+        (**self).barrier()
+    }
+    fn all_reduce_moments(&self, local: &BatchMoments) -> Result<BatchMoments> {
+        (**self).all_reduce_moments(local)
+    }
+    fn mean_over_ranks(&self, values: &Tensor) -> Result<f64> {
+        (**self).mean_over_ranks(values)
+    }
+    fn sum_scalars(&self, values: &[f64]) -> Result<Vec<f64>> {
+        (**self).sum_scalars(values)
+    }
+    fn check_all_ok(&self, op: &'static str, ok: bool) -> Result<()> {
+        (**self).check_all_ok(op, ok)
+    }
+    fn broadcast_parameters(&self, params: &[(String, Tensor)], src: usize) -> Result<()> {
+        (**self).broadcast_parameters(params, src)
+    }
+    fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
+        (**self).all_reduce_sum_gradients(params)
+    }
+}
+
+/// A world of one process: rank 0 of 1, every collective a no-op (the default of every
+/// trainer, so results are exactly those of the single-process code).
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::trainers::parallel::{Collective, SingleProcess};
+/// # fn main() -> torchrl::Result<()> {
+/// let mut t = Tensor::from_slice(&[3.0f32]);
+/// SingleProcess.broadcast(&mut t, 0)?;
+/// assert_eq!(t.double_value(&[0]), 3.0);
+/// assert!(SingleProcess.broadcast(&mut t, 1).is_err()); // no rank 1
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SingleProcess;
+
+impl Collective for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _tensor: &mut Tensor) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast(&self, _tensor: &mut Tensor, src: usize) -> Result<()> {
+        check_src("SingleProcess::broadcast", src, 1)
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A cloneable, thread-safe handle on one [`Collective`] (an `Arc<Mutex<Box<dyn
+/// Collective>>>`), itself a `Collective`. A trainer holds one and hands clones to the parts
+/// of its env that need global statistics (the score scaling's running moments), since c10d's
+/// group is `Send` but not `Sync`. Rank and world size are cached, so they never lock.
+///
+/// ```
+/// use torchrl::trainers::parallel::{Collective, SharedCollective, SingleProcess};
+/// let c = SharedCollective::default();
+/// let d = c.clone();
+/// assert_eq!((d.rank(), d.world_size()), (0, 1));
+/// assert_eq!(format!("{c:?}"), "SharedCollective { rank: 0, world_size: 1 }");
+/// # let _ = SharedCollective::new(SingleProcess);
+/// ```
+#[derive(Clone)]
+pub struct SharedCollective {
+    inner: Arc<Mutex<Box<dyn Collective>>>,
+    rank: usize,
+    world_size: usize,
+}
+
+impl fmt::Debug for SharedCollective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedCollective")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .finish()
+    }
+}
+
+impl Default for SharedCollective {
+    /// A [`SingleProcess`].
+    fn default() -> Self {
+        SharedCollective::new(SingleProcess)
+    }
+}
+
+impl SharedCollective {
+    /// Wraps `collective` (a `ProcessGroup`, a [`SingleProcess`], a `Box<dyn Collective>`).
+    pub fn new(collective: impl Collective + 'static) -> Self {
+        let rank = collective.rank();
+        let world_size = collective.world_size();
+        SharedCollective {
+            inner: Arc::new(Mutex::new(Box::new(collective))),
+            rank,
+            world_size,
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&dyn Collective) -> Result<R>) -> Result<R> {
+        // A panic while the lock was held (in a collective) leaves the group in an unknown
+        // state; the lock's data is still the group, and its next call reports what c10d says.
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        f(guard.as_ref())
+    }
+}
+
+impl Collective for SharedCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
+        self.with(|c| c.all_reduce_sum(tensor))
+    }
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        self.with(|c| c.broadcast(tensor, src))
+    }
+    fn barrier(&self) -> Result<()> {
+        self.with(|c| c.barrier())
+    }
+    fn all_reduce_moments(&self, local: &BatchMoments) -> Result<BatchMoments> {
+        self.with(|c| c.all_reduce_moments(local))
+    }
+    fn mean_over_ranks(&self, values: &Tensor) -> Result<f64> {
+        self.with(|c| c.mean_over_ranks(values))
+    }
+    fn sum_scalars(&self, values: &[f64]) -> Result<Vec<f64>> {
+        self.with(|c| c.sum_scalars(values))
+    }
+    fn check_all_ok(&self, op: &'static str, ok: bool) -> Result<()> {
+        self.with(|c| c.check_all_ok(op, ok))
+    }
+    fn broadcast_parameters(&self, params: &[(String, Tensor)], src: usize) -> Result<()> {
+        self.with(|c| c.broadcast_parameters(params, src))
+    }
+    fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
+        self.with(|c| c.all_reduce_sum_gradients(params))
+    }
+}
+
+/// A per-rank seed derived from a run's seed: `seed` itself on rank 0 (so rank 0 of a
+/// data-parallel run draws what a single-process run draws), a well-mixed different value on
+/// every other rank (so the ranks' generators, and the rollouts they sample, differ).
+///
+/// ```
+/// use torchrl::trainers::parallel::rank_seed;
+/// assert_eq!(rank_seed(5, 0), 5);
+/// assert_ne!(rank_seed(5, 1), rank_seed(5, 2));
+/// assert_ne!(rank_seed(5, 1), 6);
+/// ```
+pub fn rank_seed(seed: u64, rank: usize) -> u64 {
+    if rank == 0 {
+        return seed;
+    }
+    // splitmix64 of (seed, rank)
+    let mut z = seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+// ---------------------------------------------------------------------------------------------
+// ProcessGroup
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `f` on a contiguous CPU tensor holding `tensor`'s values (`tensor` itself when it is
+/// one), then copies the result back (Gloo reduces CPU tensors only).
+#[cfg(feature = "distributed")]
+fn on_cpu(tensor: &mut Tensor, f: impl FnOnce(&mut Tensor) -> Result<()>) -> Result<()> {
+    if tensor.device() == Device::Cpu && tensor.is_contiguous() {
+        return f(tensor);
+    }
+    let _guard = tch::no_grad_guard();
+    let mut cpu = tensor.f_to_device(Device::Cpu)?.f_contiguous()?;
+    f(&mut cpu)?;
+    tensor.f_copy_(&cpu)?;
+    Ok(())
+}
+
+#[cfg(feature = "distributed")]
+fn all_on_cpu(params: &[(String, Tensor)]) -> bool {
+    params.iter().all(|(_, t)| t.device() == Device::Cpu)
+}
+
+/// c10d's Gloo group as a [`Collective`]: tensors on another device travel through a CPU copy;
+/// CPU parameters use the bucketed helpers of [`crate::distributed`]
+/// ([`broadcast_parameters`](crate::distributed::broadcast_parameters) with its layout check,
+/// [`all_reduce_gradients_with`](crate::distributed::all_reduce_gradients_with) and `Sum`), and
+/// moments the gathered [`all_reduce_moments`](crate::distributed::all_reduce_moments).
+#[cfg(feature = "distributed")]
+impl Collective for crate::distributed::ProcessGroup {
+    fn rank(&self) -> usize {
+        crate::distributed::ProcessGroup::rank(self)
+    }
+    fn world_size(&self) -> usize {
+        crate::distributed::ProcessGroup::world_size(self)
+    }
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
+        on_cpu(tensor, |t| {
+            self.all_reduce(t, crate::distributed::ReduceOp::Sum)
+        })
+    }
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        on_cpu(tensor, |t| {
+            crate::distributed::ProcessGroup::broadcast(self, t, src)
+        })
+    }
+    fn barrier(&self) -> Result<()> {
+        crate::distributed::ProcessGroup::barrier(self)
+    }
+    fn all_reduce_moments(&self, local: &BatchMoments) -> Result<BatchMoments> {
+        crate::distributed::all_reduce_moments(self, local)
+    }
+    fn broadcast_parameters(&self, params: &[(String, Tensor)], src: usize) -> Result<()> {
+        if all_on_cpu(params) {
+            return crate::distributed::broadcast_parameters(self, params, src);
+        }
+        let _guard = tch::no_grad_guard();
+        for (_, t) in sorted("broadcast_parameters", params)? {
+            let mut h = t.shallow_clone();
+            Collective::broadcast(self, &mut h, src)?;
+        }
+        Ok(())
+    }
+    fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
+        if all_on_cpu(params) {
+            return crate::distributed::all_reduce_gradients_with(
+                self,
+                params,
+                crate::distributed::DEFAULT_BUCKET_BYTES,
+                crate::distributed::ReduceOp::Sum,
+            );
+        }
+        let _guard = tch::no_grad_guard();
+        for (_, p) in sorted("all_reduce_gradients", params)? {
+            let mut g = p.f_grad()?;
+            if g.defined() {
+                self.all_reduce_sum(&mut g)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake two-rank group whose "other rank" holds a copy of this rank's values: sums
+    /// double, broadcasts keep. Enough to check the provided methods' arithmetic.
+    struct Mirror;
+
+    impl Collective for Mirror {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            2
+        }
+        fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
+            let _ = tensor.f_mul_scalar_(2.0)?;
+            Ok(())
+        }
+        fn broadcast(&self, _tensor: &mut Tensor, _src: usize) -> Result<()> {
+            Ok(())
+        }
+        fn barrier(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn provided_methods_combine_two_equal_ranks() {
+        let x = Tensor::from_slice(&[1.0f64, 2.0, 6.0]);
+        let local = BatchMoments::of(&x).unwrap();
+        let both = BatchMoments::of(&Tensor::cat(&[&x, &x], 0)).unwrap();
+        let g = Mirror.all_reduce_moments(&local).unwrap();
+        assert_eq!(g.count(), 6.0);
+        assert!((g.mean() - both.mean()).abs() < 1e-12);
+        assert!((g.m2() - both.m2()).abs() < 1e-12);
+        assert_eq!(Mirror.mean_over_ranks(&x).unwrap(), 3.0);
+        assert_eq!(Mirror.sum_scalars(&[1.5]).unwrap(), vec![3.0]);
+        // the mirror failed too: "another rank failed"
+        assert!(Mirror.check_all_ok("save", true).is_ok());
+        let err = Mirror.check_all_ok("save", false);
+        assert!(err.is_err(), "the mirrored rank failed as well");
+    }
+
+    #[test]
+    fn repeated_parameter_names_are_refused() {
+        let p = || ("a".to_string(), Tensor::from_slice(&[1.0f32]));
+        let err = Mirror.broadcast_parameters(&[p(), p()], 0).unwrap_err();
+        assert!(matches!(err, Error::KeyExists { .. }), "{err}");
+        assert!(SingleProcess.broadcast_parameters(&[p()], 1).is_err());
+    }
+}

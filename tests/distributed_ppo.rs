@@ -1,0 +1,868 @@
+//! Data-parallel PPO-RLHF on loopback: each test starts two processes of this test binary
+//! (`--exact worker_… --ignored`) with torchrun's variables, as `tests/distributed.rs` does.
+//!
+//! The independent derivation is the single-process trainer: the same tiny GPT-2 (same seed)
+//! trained by one process on the whole rollout store must end with the parameters, the KL
+//! coefficient and the statistics that two processes reach, each on its half of the store
+//! (`PpoRlhfTrainer::learn_on` on a fixed store, so nothing depends on sampling). Workers
+//! write what they computed to a folder; the parent compares.
+#![cfg(feature = "distributed")]
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use torchrl::distributed::{InitOptions, ProcessGroup};
+use torchrl::envs::llm::{
+    ScaleReward as EnvScaleReward, ScoreScaling, TokenEnv, TokenEnvConfig, TokenScorer,
+};
+use torchrl::envs::transforms::Transform;
+use torchrl::modules::llm::{ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, TextTokenizer};
+use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce, RunningMoments};
+use torchrl::tensordict::BatchIndex;
+use torchrl::trainers::api::{Callbacks, RlTrainer};
+use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::parallel::{Collective, SharedCollective};
+use torchrl::trainers::ppo::PpoRlhfTrainer;
+use torchrl::{Error, TensorDict};
+
+/// Set in the workers' environment; a worker test without it returns at once.
+const WORKER_ENV: &str = "TORCHRL_DIST_PPO_WORKER";
+/// The folder the workers write their results to.
+const OUT_ENV: &str = "TORCHRL_DIST_PPO_OUT";
+/// The timeout of rendezvous and of the collectives that must succeed.
+const SLOW: Duration = Duration::from_secs(120);
+/// The timeout of the collectives that must fail.
+const FAIL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Slack on top of the timeout for "no hang" bounds.
+const SLACK: Duration = Duration::from_secs(25);
+/// How long a parent waits for its workers before killing them and failing.
+const DEADLINE: Duration = Duration::from_secs(400);
+/// Response tokens per rollout.
+const NEW: i64 = 4;
+/// Rollouts in the global store (each of the two ranks holds half).
+const GLOBAL: usize = 8;
+
+// ---------------------------------------------------------------------------------------------
+// The parent side.
+// ---------------------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Worker {
+    rank: usize,
+    child: Child,
+    log: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+/// Workers (killed when dropped) and their output folder (removed when dropped).
+struct Workers {
+    workers: Vec<Worker>,
+    out: PathBuf,
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            if w.status.is_none() {
+                let _ = w.child.kill();
+                let _ = w.child.wait();
+            }
+            let _ = std::fs::remove_file(&w.log);
+        }
+        let _ = std::fs::remove_dir_all(&self.out);
+    }
+}
+
+fn spawn_workers(worker: &str, world: usize) -> Workers {
+    let exe = std::env::current_exe().unwrap();
+    let port = free_port();
+    let tag = format!("torchrl-dppo-{}-{worker}", std::process::id());
+    let out = std::env::temp_dir().join(&tag);
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let mut workers = Workers {
+        workers: Vec::new(),
+        out: out.clone(),
+    };
+    for rank in 0..world {
+        let log = std::env::temp_dir().join(format!("{tag}-{rank}.log"));
+        let stdout = File::create(&log).unwrap();
+        let stderr = stdout.try_clone().unwrap();
+        let child = Command::new(&exe)
+            .args([
+                "--exact",
+                worker,
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(WORKER_ENV, "1")
+            .env(OUT_ENV, &out)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("OMP_NUM_THREADS", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .unwrap();
+        workers.workers.push(Worker {
+            rank,
+            child,
+            log,
+            status: None,
+        });
+    }
+    workers
+}
+
+impl Workers {
+    fn wait(&mut self) {
+        let start = Instant::now();
+        while self.workers.iter().any(|w| w.status.is_none()) {
+            for w in &mut self.workers {
+                if w.status.is_none() {
+                    w.status = w.child.try_wait().unwrap();
+                }
+            }
+            if start.elapsed() > DEADLINE {
+                let logs = self.logs();
+                for w in &mut self.workers {
+                    if w.status.is_none() {
+                        let _ = w.child.kill();
+                        w.status = w.child.wait().ok();
+                    }
+                }
+                panic!("workers still running after {DEADLINE:?} (a hang):\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.workers
+            .iter()
+            .map(|w| {
+                format!(
+                    "--- rank {} ({:?}) ---\n{}",
+                    w.rank,
+                    w.status,
+                    std::fs::read_to_string(&w.log).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn status(&self, rank: usize) -> ExitStatus {
+        self.workers[rank].status.unwrap()
+    }
+
+    fn log(&self, rank: usize) -> String {
+        std::fs::read_to_string(&self.workers[rank].log).unwrap_or_default()
+    }
+
+    fn json(&self, name: &str) -> Value {
+        let text = std::fs::read_to_string(self.out.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", self.logs()));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn tensors(&self, name: &str) -> Vec<(String, Tensor)> {
+        let mut t = Tensor::load_multi(self.out.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", self.logs()));
+        t.sort_by(|a, b| a.0.cmp(&b.0));
+        t
+    }
+}
+
+/// Runs `worker` on two ranks, asserts that both succeed and ran their body.
+fn run_two(worker: &str) -> Workers {
+    let mut w = spawn_workers(worker, 2);
+    w.wait();
+    println!("{}", w.logs()); // shown with --nocapture
+    for rank in 0..2 {
+        assert!(
+            w.status(rank).success(),
+            "rank {rank} of {worker} failed:\n{}",
+            w.logs()
+        );
+        assert!(
+            w.log(rank).contains(&format!("{worker} rank {rank} done")),
+            "{}",
+            w.logs()
+        );
+    }
+    w
+}
+
+/// The largest absolute difference between two parameter lists of the same names and shapes.
+fn max_abs_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    for ((na, ta), (nb, tb)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        assert_eq!(ta.size(), tb.size(), "{na}");
+        let d = (ta.to_kind(Kind::Double) - tb.to_kind(Kind::Double))
+            .abs()
+            .max()
+            .double_value(&[]);
+        worst = worst.max(d);
+    }
+    worst
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker side: a tiny GPT-2 trainer, the group.
+// ---------------------------------------------------------------------------------------------
+
+fn join(timeout: Duration) -> Option<ProcessGroup> {
+    std::env::var_os(WORKER_ENV)?;
+    tch::set_num_threads(1);
+    let opts = InitOptions::from_env().unwrap().with_timeout(timeout);
+    Some(ProcessGroup::new(opts).unwrap())
+}
+
+fn out_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os(OUT_ENV).expect("the output folder"))
+}
+
+fn gpt() -> Gpt2Config {
+    let tok = ByteTokenizer::new();
+    Gpt2Config::new(tok.vocab_size())
+        .with_n_positions(16)
+        .with_n_embd(16)
+        .with_n_layer(2)
+        .with_n_head(2)
+        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
+}
+
+/// `rollouts` rollouts per iteration, all in one minibatch, 2 PPO epochs, the adaptive KL
+/// controller (so its value moves with the mean KL).
+fn trl_config(rollouts: usize, dir: &Path) -> TrlConfig {
+    let mut c = TrlConfig::default();
+    c.train.batch_size = rollouts;
+    c.train.epochs = 10;
+    c.train.log_interval = 1;
+    c.train.eval_interval = 1000;
+    c.train.checkpoint_interval = 1000;
+    c.train.checkpoint_dir = dir.display().to_string();
+    c.train.seed = 5;
+    c.optimizer.kwargs.lr = 1e-3;
+    c.method.num_rollouts = rollouts;
+    c.method.chunk_size = rollouts;
+    c.method.ppo_epochs = 2;
+    c.method.init_kl_coef = 0.1;
+    c.method.target = Some(6.0);
+    c.method.horizon = 100;
+    c.method.scale_reward = ScaleReward::Ignored;
+    c.method.gen_kwargs = GenKwargs {
+        max_new_tokens: NEW as usize,
+        top_k: 0,
+        top_p: 1.0,
+        do_sample: true,
+        temperature: 1.0,
+    };
+    c
+}
+
+const PROMPTS: [&str; 8] = ["ab", "cd", "efg", "h", "ij", "kl", "mno", "p"];
+
+/// A trainer over the same initial weights (seed 0) whose hidden reward is a varied function
+/// of the response bytes (`Σ (t mod 5) / 4`);
+/// its env serves `prompts` (`rollouts` at a time).
+fn trainer_with(config: TrlConfig, prompts: &[&str], env_seed: u64) -> (VarStore, PpoRlhfTrainer) {
+    tch::manual_seed(0);
+    let mut vs = VarStore::new(Device::Cpu);
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
+    // float64 weights, so that the comparison with one process is not limited by float32
+    // rounding of the gradients (Adam amplifies it for near-zero gradients)
+    vs.double();
+    for (_, mut t) in model.reference_store().variables() {
+        let d = t.to_kind(Kind::Double);
+        t.set_data(&d);
+    }
+    let tok = ByteTokenizer::new();
+    let env_cfg = TokenEnvConfig::for_model(&gpt())
+        .with_max_new_tokens(NEW)
+        .with_batch_size(config.method.chunk_size as i64)
+        .with_prompt_width(3)
+        .with_shuffle(true)
+        .with_seed(env_seed);
+    let scorer =
+        TokenScorer::new(|_p: &[i64], r: &[i64]| r.iter().map(|t| t % 5).sum::<i64>() as f64 / 4.0);
+    let env = TokenEnv::from_text(env_cfg, &tok, prompts, Box::new(scorer)).unwrap();
+    let t = PpoRlhfTrainer::new(config, model, env, Box::new(tok)).unwrap();
+    (vs, t)
+}
+
+/// The fixed global store: 8 rollouts of a policy trained one iteration away from the
+/// reference (so the KL and the policy ratio are not trivial), built the same way on every
+/// rank.
+fn global_store(dir: &Path) -> TensorDict {
+    let (_vs, mut t) = trainer_with(trl_config(GLOBAL, dir), &PROMPTS, 0);
+    t.iteration(&mut Callbacks::new()).unwrap();
+    t.make_experience().unwrap();
+    let mut store = t.store().unwrap().clone();
+    // Row 5 (in rank 1's half) ends one token early, its score moved to the new last token:
+    // the halves then hold different token counts (rank 0's half has an early EOS already),
+    // so a local normalisation or whitening would not give the single-process numbers.
+    let tm = |k: (&str, &str)| store.get_or_err(k).unwrap().copy();
+    let attention = tm(("masks", "all_attention_mask"));
+    let assistant = tm(("masks", "all_assistant_mask"));
+    let reward = tm(("next", "reward"));
+    let t_len = attention.size()[1];
+    let row = 5i64;
+    let last = reward.get(row).get(t_len - 1).copy();
+    let mut before = reward.get(row).get(t_len - 2);
+    let _ = before.f_add_(&last).unwrap();
+    let _ = reward.get(row).get(t_len - 1).fill_(0.0);
+    let _ = attention.get(row).get(t_len - 1).fill_(0);
+    let _ = assistant.get(row).get(t_len - 1).fill_(0);
+    store
+        .set(("masks", "all_attention_mask"), attention)
+        .unwrap();
+    store
+        .set(("masks", "all_assistant_mask"), assistant)
+        .unwrap();
+    store.set(("next", "reward"), reward).unwrap();
+    store
+}
+
+/// Response tokens in `store`.
+fn tokens_in(store: &TensorDict) -> i64 {
+    store
+        .get_or_err(("masks", "all_assistant_mask"))
+        .unwrap()
+        .count_nonzero(None::<i64>)
+        .int64_value(&[])
+}
+
+fn half(store: &TensorDict, rank: usize) -> TensorDict {
+    let h = (GLOBAL / 2) as i64;
+    let r = rank as i64;
+    store
+        .index(&[BatchIndex::slice(Some(r * h), Some((r + 1) * h), 1)])
+        .unwrap()
+}
+
+fn policy_params(t: &PpoRlhfTrainer) -> Vec<(String, Tensor)> {
+    t.model()
+        .policy()
+        .named_parameters()
+        .into_iter()
+        .map(|(n, p)| (n, p.detach().copy()))
+        .collect()
+}
+
+fn save_params(t: &PpoRlhfTrainer, path: &Path) {
+    let params = policy_params(t);
+    let named: Vec<(&str, &Tensor)> = params.iter().map(|(n, p)| (n.as_str(), p)).collect();
+    Tensor::save_multi(&named, path).unwrap();
+}
+
+fn write_json(path: &Path, v: &Value) {
+    std::fs::write(path, serde_json::to_string_pretty(v).unwrap()).unwrap();
+}
+
+fn done(name: &str, rank: usize) {
+    println!("{name} rank {rank} done");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) + (c): two steps of data-parallel PPO on the halves = one process on the whole store.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn data_parallel_ppo_equals_one_process_on_the_doubled_batch() {
+    let w = run_two("worker_learn_on_halves");
+    let single = w.tensors("single.ot");
+    let ranks = [w.tensors("dp_0.ot"), w.tensors("dp_1.ot")];
+    let init = w.tensors("init.ot");
+    // The step really moved the weights (a no-op would pass trivially).
+    let moved = max_abs_diff(&single, &init);
+    assert!(
+        moved > 1e-4,
+        "the single-process run moved the weights by {moved}"
+    );
+    let between_ranks = max_abs_diff(&ranks[0], &ranks[1]);
+    let vs_single = max_abs_diff(&ranks[0], &single);
+    println!(
+        "max |param difference|: data-parallel vs one process {vs_single:e}, rank 0 vs rank 1 \
+         {between_ranks:e}, moved by the steps {moved:e}"
+    );
+    assert_eq!(between_ranks, 0.0, "the ranks' parameters differ");
+    assert!(
+        vs_single <= 1e-6,
+        "data-parallel vs one process: {vs_single}"
+    );
+
+    // (c) the KL controller after each epoch, the mean KL and the logged statistics
+    let s = w.json("single.json");
+    let (n0, n1) = (
+        w.json("dp_0.json")["tokens"].clone(),
+        w.json("dp_1.json")["tokens"].clone(),
+    );
+    assert_ne!(n0, n1, "the halves should hold different token counts");
+    println!("response tokens: rank 0's half {n0}, rank 1's half {n1}");
+    for rank in 0..2 {
+        let d = w.json(&format!("dp_{rank}.json"));
+        assert!(
+            (f(&d, "kl_coef") - f(&s, "kl_coef")).abs() < 1e-12,
+            "rank {rank}: kl_coef {d} vs {s}"
+        );
+        assert!((f(&d, "kl") - f(&s, "kl")).abs() < 1e-9, "{d} vs {s}");
+        assert!((f(&d, "score") - f(&s, "score")).abs() < 1e-9, "{d} vs {s}");
+        for key in [
+            "loss",
+            "policy/approx_kl",
+            "policy/clipfrac",
+            "ratio",
+            "values/error",
+        ] {
+            let (a, b) = (f(&d["update"], key), f(&s["update"], key));
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{key}: {a} vs {b}");
+        }
+    }
+    // the controller moved: the check is not of an unchanged value
+    assert!((f(&s, "kl_coef") - 0.1).abs() > 1e-6, "{s}");
+    assert!(f(&s, "kl") > 0.0, "{s}");
+}
+
+/// One iteration's statistics as JSON (the update's means under `update`).
+fn stats_json(t: &PpoRlhfTrainer, stats: &torchrl::trainers::ppo::IterationStats) -> Value {
+    let mut update = serde_json::Map::new();
+    for (k, v) in &stats.update {
+        let key = match k.as_str() {
+            "loss" => "loss",
+            "approx_kl" => "policy/approx_kl",
+            "pg_clipfrac" => "policy/clipfrac",
+            "ratio" => "ratio",
+            "values_error" => "values/error",
+            other => other,
+        };
+        update.insert(key.to_string(), json!(v));
+    }
+    json!({
+        "kl_coef": t.kl_controller().value(),
+        "kl": stats.kl,
+        "score": stats.score,
+        "update": update,
+    })
+}
+
+#[test]
+#[ignore = "a worker process of data_parallel_ppo_equals_one_process_on_the_doubled_batch"]
+fn worker_learn_on_halves() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let out = out_dir();
+    let ckpt = out.join(format!("ckpt-{rank}"));
+    let store = global_store(&ckpt);
+    assert_eq!(store.batch_size()[0], GLOBAL as i64);
+
+    // One process on the whole store (rank 0 writes it; both compute it, it is cheap).
+    let (_vs1, mut single) = trainer_with(trl_config(GLOBAL, &ckpt), &PROMPTS, 0);
+    if rank == 0 {
+        save_params(&single, &out.join("init.ot"));
+    }
+    let s = single
+        .learn_on(store.clone(), &mut Callbacks::new())
+        .unwrap();
+    assert_eq!(single.iter_count(), 2);
+    if rank == 0 {
+        save_params(&single, &out.join("single.ot"));
+        write_json(&out.join("single.json"), &stats_json(&single, &s));
+    }
+
+    // Two processes, each on its half, the minibatch its whole half.
+    let (_vs2, dp) = trainer_with(trl_config(GLOBAL / 2, &ckpt), &PROMPTS[..4], rank as u64);
+    let mut dp = dp.with_collective(pg).unwrap();
+    let d = dp
+        .learn_on(half(&store, rank), &mut Callbacks::new())
+        .unwrap();
+    assert_eq!(dp.iter_count(), 2);
+    save_params(&dp, &out.join(format!("dp_{rank}.ot")));
+    let mut j = stats_json(&dp, &d);
+    j["tokens"] = json!(tokens_in(&half(&store, rank)));
+    write_json(&out.join(format!("dp_{rank}.json")), &j);
+    done("worker_learn_on_halves", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b): all-reduced running moments = single-process ones.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn all_reduced_score_moments_equal_single_process_moments() {
+    run_two("worker_score_moments");
+}
+
+/// Scores `[B]` as the `[B, 2, 1]` reward of token data (the score at the last position).
+fn scored(scores: &[f64]) -> TensorDict {
+    let b = scores.len() as i64;
+    let z = Tensor::zeros([b, 1, 1], (Kind::Double, Device::Cpu));
+    let r = Tensor::cat(&[z, Tensor::from_slice(scores).view([b, 1, 1])], 1);
+    let mut next = TensorDict::new([b]).unwrap();
+    next.set("reward", r).unwrap();
+    next
+}
+
+fn scale(s: &mut ScoreScaling, scores: &[f64]) -> Vec<f64> {
+    let b = scores.len() as i64;
+    let next = s
+        .step(&TensorDict::new([b]).unwrap(), scored(scores))
+        .unwrap();
+    Vec::<f64>::try_from(
+        next.get_or_err("reward")
+            .unwrap()
+            .select(1, 1)
+            .reshape([-1]),
+    )
+    .unwrap()
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+        "{what}: {a} vs {b}"
+    );
+}
+
+#[test]
+#[ignore = "a worker process of all_reduced_score_moments_equal_single_process_moments"]
+fn worker_score_moments() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let shared = SharedCollective::new(pg);
+    // Two batches, split unevenly: rank 0 holds 1 then 3 scores, rank 1 holds 4 then 2
+    // (a clipped one, 12 > 10, among them).
+    let batches: [(&[f64], &[f64]); 2] = [
+        (&[0.5], &[2.0, -1.5, 3.25, 12.0]),
+        (&[1.0, 4.5, -2.0], &[0.25, 6.0]),
+    ];
+    for mode in [EnvScaleReward::Running, EnvScaleReward::Ref] {
+        let c = shared.clone();
+        let mut dp = ScoreScaling::new(mode)
+            .with_moments_reduce(MomentsReduce::new(move |b| c.all_reduce_moments(b)));
+        let mut single = ScoreScaling::new(mode);
+        for (a, b) in batches {
+            let whole: Vec<f64> = a.iter().chain(b).copied().collect();
+            let mine = if rank == 0 { a } else { b };
+            let got = scale(&mut dp, mine);
+            let want = scale(&mut single, &whole);
+            let want = if rank == 0 {
+                &want[..a.len()]
+            } else {
+                &want[a.len()..]
+            };
+            for (g, w) in got.iter().zip(want) {
+                close(*g, *w, &format!("{mode:?} scaled score"));
+            }
+            let (m, s) = (dp.running_moments(), single.running_moments());
+            close(m.mean(), s.mean(), "running mean");
+            close(m.var(), s.var(), "running var");
+            close(m.std(), s.std(), "running std");
+            close(m.count(), s.count(), "running count");
+            let (dr, sr) = (dp.ref_stats().unwrap(), single.ref_stats().unwrap());
+            close(dr.0, sr.0, "ref_mean");
+            close(dr.1, sr.1, "ref_std");
+            let (db, sb) = (
+                dp.last_batch_stats().unwrap(),
+                single.last_batch_stats().unwrap(),
+            );
+            close(db.0, sb.0, "batch mean");
+            close(db.1, sb.1, "batch std");
+        }
+    }
+    // The provided two-pass moments (trlX's get_global_statistics) agree with the gathered
+    // ones of the group.
+    let mine = BatchMoments::of(&Tensor::from_slice(if rank == 0 {
+        &[1.0f64, 2.0, 3.0][..]
+    } else {
+        &[10.0f64, -4.0][..]
+    }))
+    .unwrap();
+    let gathered = shared.all_reduce_moments(&mine).unwrap();
+    let all = BatchMoments::of(&Tensor::from_slice(&[1.0f64, 2.0, 3.0, 10.0, -4.0])).unwrap();
+    close(gathered.mean(), all.mean(), "gathered mean");
+    close(gathered.m2(), all.m2(), "gathered m2");
+
+    // Through the trainer: scale_reward = "running", each rank samples its own rollouts;
+    // the running moments are those of both ranks' scores together, on both ranks.
+    let dir = out_dir().join(format!("ckpt-{rank}"));
+    let mut config = trl_config(GLOBAL / 2, &dir);
+    config.method.scale_reward = ScaleReward::Running;
+    let shard = if rank == 0 {
+        &PROMPTS[..4]
+    } else {
+        &PROMPTS[4..]
+    };
+    let (_vs, t) = trainer_with(config, shard, rank as u64);
+    let mut t = t.with_collective(shared.clone()).unwrap();
+    t.make_experience().unwrap();
+    let scores = t
+        .store()
+        .unwrap()
+        .get_or_err(("next", "score"))
+        .unwrap()
+        .to_kind(Kind::Double)
+        .reshape([-1]);
+    let mut all_scores = Vec::new();
+    for src in 0..2 {
+        let mut s = scores.copy();
+        shared.broadcast(&mut s, src).unwrap();
+        all_scores.push(s);
+    }
+    // a different stream on each rank: the rollouts differ
+    let tokens = t
+        .store()
+        .unwrap()
+        .get_or_err(("tokens", "full"))
+        .unwrap()
+        .copy();
+    let mut rank0_tokens = tokens.copy();
+    shared.broadcast(&mut rank0_tokens, 0).unwrap();
+    if rank == 1 {
+        assert!(
+            !tokens.equal(&rank0_tokens),
+            "both ranks sampled the same rollouts"
+        );
+    }
+    let mut expected = RunningMoments::new();
+    expected
+        .update(&Tensor::cat(&all_scores, 0).clamp(-10.0, 10.0))
+        .unwrap();
+    let got = t
+        .env()
+        .transform()
+        .get_as::<ScoreScaling>(0)
+        .unwrap()
+        .running_moments();
+    close(got.mean(), expected.mean(), "trainer running mean");
+    close(got.std(), expected.std(), "trainer running std");
+    close(got.count(), expected.count(), "trainer running count");
+    done("worker_score_moments", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A whole data-parallel iteration: own rollouts per rank, identical weights after it, rank 0
+// alone logs and saves.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_data_parallel_iteration_keeps_the_ranks_identical_and_saves_on_rank_zero() {
+    let w = run_two("worker_iteration");
+    let p0 = w.tensors("iter_0.ot");
+    let p1 = w.tensors("iter_1.ot");
+    let init = w.tensors("iter_init.ot");
+    assert_eq!(max_abs_diff(&p0, &p1), 0.0, "the ranks' weights differ");
+    assert!(max_abs_diff(&p0, &init) > 1e-4, "nothing was trained");
+    let r0 = w.json("iter_0.json");
+    let r1 = w.json("iter_1.json");
+    assert_eq!(r0["logs"], json!(2), "{r0}");
+    assert_eq!(r1["logs"], json!(0), "{r1}");
+    assert_eq!(r0["saves"], json!(1), "{r0}");
+    assert_eq!(r1["saves"], json!(0), "{r1}");
+    assert_eq!(r0["kl_coef"], r1["kl_coef"]);
+    assert_eq!(r0["ckpt_path"], r1["ckpt_path"]);
+    // the one checkpoint rank 0 wrote loads back into rank 0's final weights
+    assert_eq!(r0["checkpoints"], json!(1), "{r0}");
+}
+
+#[test]
+#[ignore = "a worker process of a_data_parallel_iteration_keeps_the_ranks_identical_and_saves_on_rank_zero"]
+fn worker_iteration() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let out = out_dir();
+    let ckpt = out.join("ckpt-shared"); // one folder for both ranks: only rank 0 writes
+    let mut config = trl_config(GLOBAL / 2, &ckpt);
+    config.train.checkpoint_interval = 2;
+    let shard = if rank == 0 {
+        &PROMPTS[..4]
+    } else {
+        &PROMPTS[4..]
+    };
+    let (_vs, t) = trainer_with(config, shard, rank as u64);
+    if rank == 1 {
+        // rank 1 starts from other weights: the broadcast must replace them
+        let _g = tch::no_grad_guard();
+        for (_, p) in t.model().policy().named_parameters() {
+            let _ = p.shallow_clone().fill_(0.5);
+        }
+    }
+    let mut t = t.with_collective(pg).unwrap();
+    if rank == 0 {
+        save_params(&t, &out.join("iter_init.ot"));
+    }
+    let mut logs = 0usize;
+    let mut saves = 0usize;
+    let mut ckpt_path = String::new();
+    {
+        let mut cb = Callbacks::new()
+            .on_log(|_, _| {
+                logs += 1;
+                Ok(())
+            })
+            .on_save(|_, dir| {
+                saves += 1;
+                ckpt_path = dir.display().to_string();
+                Ok(())
+            });
+        t.iteration(&mut cb).unwrap();
+    }
+    let after = t.save_to(&t.checkpoint_store()).unwrap();
+    if rank == 1 {
+        ckpt_path = after.display().to_string();
+    }
+    let checkpoints = t.checkpoint_store().steps().unwrap().len();
+    save_params(&t, &out.join(format!("iter_{rank}.ot")));
+    write_json(
+        &out.join(format!("iter_{rank}.json")),
+        &json!({
+            "logs": logs,
+            "saves": saves,
+            "kl_coef": t.kl_controller().value(),
+            "ckpt_path": ckpt_path,
+            "checkpoints": checkpoints,
+        }),
+    );
+    done("worker_iteration", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d): a rank that vanishes mid-training gives the other an error, not a hang.
+// ---------------------------------------------------------------------------------------------
+
+/// Delegates to the group, but exits the process where the gradients would be all-reduced.
+struct ExitBeforeGradients(ProcessGroup);
+
+impl Collective for ExitBeforeGradients {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<(), Error> {
+        Collective::all_reduce_sum(&self.0, tensor)
+    }
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<(), Error> {
+        Collective::broadcast(&self.0, tensor, src)
+    }
+    fn barrier(&self) -> Result<(), Error> {
+        Collective::barrier(&self.0)
+    }
+    fn all_reduce_moments(&self, local: &BatchMoments) -> Result<BatchMoments, Error> {
+        Collective::all_reduce_moments(&self.0, local)
+    }
+    fn broadcast_parameters(&self, params: &[(String, Tensor)], src: usize) -> Result<(), Error> {
+        Collective::broadcast_parameters(&self.0, params, src)
+    }
+    fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<(), Error> {
+        if self.0.rank() == 1 {
+            println!("rank 1 exits before the gradient all-reduce");
+            std::process::exit(17);
+        }
+        Collective::all_reduce_sum_gradients(&self.0, params)
+    }
+}
+
+#[test]
+fn a_rank_that_exits_mid_training_stops_the_other_with_an_error() {
+    let mut w = spawn_workers("worker_rank_exits", 2);
+    w.wait();
+    println!("{}", w.logs());
+    assert_eq!(w.status(1).code(), Some(17), "{}", w.logs());
+    assert!(w.status(0).success(), "{}", w.logs());
+    assert!(
+        w.log(0).contains("worker_rank_exits rank 0 done"),
+        "{}",
+        w.logs()
+    );
+}
+
+#[test]
+#[ignore = "a worker process of a_rank_that_exits_mid_training_stops_the_other_with_an_error"]
+fn worker_rank_exits() {
+    let Some(mut pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let dir = out_dir().join(format!("ckpt-{rank}"));
+    let (_vs, t) = trainer_with(trl_config(GLOBAL / 2, &dir), &PROMPTS[..4], rank as u64);
+    pg.set_timeout(FAIL_TIMEOUT).unwrap();
+    let mut t = t.with_collective(ExitBeforeGradients(pg)).unwrap();
+    let start = Instant::now();
+    let err = t
+        .iteration(&mut Callbacks::new())
+        .expect_err("an iteration with a vanished peer succeeded");
+    let elapsed = start.elapsed();
+    let msg = err.to_string();
+    match &err {
+        Error::Distributed {
+            rank: r,
+            world_size,
+            ..
+        } => assert_eq!((*r, *world_size), (0, 2), "{msg}"),
+        other => panic!("expected Error::Distributed, got {other}"),
+    }
+    assert!(elapsed < FAIL_TIMEOUT + SLACK, "took {elapsed:?}: {msg}");
+    println!("error after {elapsed:?}: {msg}");
+    done("worker_rank_exits", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mismatched schedules are refused at attach time, on every rank.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn ranks_with_different_schedules_are_refused_on_every_rank() {
+    run_two("worker_schedule_mismatch");
+}
+
+#[test]
+#[ignore = "a worker process of ranks_with_different_schedules_are_refused_on_every_rank"]
+fn worker_schedule_mismatch() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let dir = out_dir().join(format!("ckpt-{rank}"));
+    let mut config = trl_config(GLOBAL / 2, &dir);
+    if rank == 1 {
+        config.method.ppo_epochs = 3;
+    }
+    let (_vs, t) = trainer_with(config, &PROMPTS[..4], rank as u64);
+    let err = t.with_collective(pg).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Distributed { .. }), "{msg}");
+    if rank == 1 {
+        assert!(
+            msg.contains("method.ppo_epochs = 3 here, 2 on rank 0"),
+            "{msg}"
+        );
+    } else {
+        assert!(msg.contains("other rank(s) failed"), "{msg}");
+    }
+    done("worker_schedule_mismatch", rank);
+}
