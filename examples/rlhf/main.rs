@@ -65,6 +65,7 @@ use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
 use torchrl::trainers::dpo::DpoPair;
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
+use torchrl::trainers::parallel::{rank_seed, Collective};
 use torchrl::trainers::ppo::{IterationStats, PpoRlhfTrainer};
 use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
@@ -132,6 +133,28 @@ fn fail(message: impl Into<String>) -> Error {
     Error::InvalidArgument {
         op: "rlhf",
         message: message.into(),
+    }
+}
+
+/// The process group when the flagship runs under `torchrl-launch` (torchrun's `WORLD_SIZE`
+/// is set), built with `--features distributed`; `None` in a plain run.
+#[cfg(feature = "distributed")]
+fn launched() -> Result<Option<torchrl::distributed::ProcessGroup>> {
+    if std::env::var_os("WORLD_SIZE").is_none() {
+        return Ok(None);
+    }
+    Ok(Some(torchrl::distributed::ProcessGroup::init_from_env()?))
+}
+
+/// Without the `distributed` feature there is no process group; a launch with
+/// `WORLD_SIZE > 1` is refused rather than run N times independently.
+#[cfg(not(feature = "distributed"))]
+fn launched() -> Result<Option<torchrl::trainers::parallel::SingleProcess>> {
+    match std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse::<usize>().ok()) {
+        Some(w) if w > 1 => Err(fail(format!(
+            "WORLD_SIZE = {w}: build the flagship with `--features distributed` to run it on several processes"
+        ))),
+        _ => Ok(None),
     }
 }
 
@@ -327,12 +350,14 @@ fn train_reward_model(
     Ok((trainer.into_model(), held_out.accuracy))
 }
 
-fn ppo_config(cfg: &Config) -> TrlConfig {
+/// The PPO config for one of `world` ranks: each collects and learns on its share of the
+/// rollouts and of each minibatch (the global sizes are the flagship's).
+fn ppo_config(cfg: &Config, world: usize) -> TrlConfig {
     let mut c = TrlConfig::default();
     c.train.seq_length = 32;
     c.train.epochs = cfg.iterations;
     c.train.total_steps = 1_000_000;
-    c.train.batch_size = cfg.batch;
+    c.train.batch_size = cfg.batch / world;
     c.train.log_interval = 1_000_000;
     c.train.eval_interval = 1_000_000;
     c.train.checkpoint_interval = 5 * 4 * cfg.rollouts.div_ceil(cfg.batch);
@@ -342,8 +367,8 @@ fn ppo_config(cfg: &Config) -> TrlConfig {
     c.scheduler.kwargs.t_max = 1e12;
     c.scheduler.kwargs.eta_min = 1e-3;
     let m = &mut c.method;
-    m.num_rollouts = cfg.rollouts;
-    m.chunk_size = cfg.rollouts;
+    m.num_rollouts = cfg.rollouts / world;
+    m.chunk_size = cfg.rollouts / world;
     m.ppo_epochs = 4;
     m.init_kl_coef = 0.05;
     m.target = None;
@@ -778,6 +803,23 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             source: e,
         }
     };
+    // Under torchrl-launch: PPO is data-parallel over the ranks (each generates its share of
+    // the rollouts); rank 0 alone writes files, prints and runs the later stages.
+    let group = launched()?;
+    let (rank, world) = group
+        .as_ref()
+        .map_or((0, 1), |g| (Collective::rank(g), Collective::world_size(g)));
+    if !cfg.rollouts.is_multiple_of(world) || !cfg.batch.is_multiple_of(world) {
+        return Err(fail(format!(
+            "{world} processes: the rollouts ({}) and the minibatch ({}) must divide evenly",
+            cfg.rollouts, cfg.batch
+        )));
+    }
+    let is_main = rank == 0;
+    let cfg = &Config {
+        quiet: cfg.quiet || !is_main,
+        ..cfg.clone()
+    };
     fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let tok = ByteTokenizer::new();
     let mut rng = Generator::new(cfg.seed);
@@ -795,10 +837,13 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         let rm = Gpt2ScoreModel::from_pretrained(&rm_vs.root(), &rm_dir)?;
         (sft, f64::NAN, f64::NAN, rm, f64::NAN)
     } else {
+        // every rank trains the same SFT and reward model (same seeds); rank 0 saves them
         let (sft, first, last) = train_sft(cfg, &mut rng, &tok, &policy_vs)?;
-        sft.save_pretrained(&sft_dir)?;
         let (rm, acc) = train_reward_model(cfg, &mut rng, &tok, &rm_vs, &rm_train, &rm_test)?;
-        rm.save_pretrained(&rm_dir)?;
+        if is_main {
+            sft.save_pretrained(&sft_dir)?;
+            rm.save_pretrained(&rm_dir)?;
+        }
         (sft, first, last, rm, acc)
     };
     if !cfg.quiet && !cfg.resume {
@@ -812,15 +857,18 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let env_config = TokenEnvConfig::for_model(model.policy().model().config())
         .with_max_new_tokens(MAX_NEW_TOKENS)
-        .with_batch_size(cfg.rollouts as i64)
+        .with_batch_size((cfg.rollouts / world) as i64)
         .with_shuffle(true)
-        .with_seed(cfg.seed);
+        .with_seed(rank_seed(cfg.seed, rank));
     let scorer = RewardModelScorer::new(rm);
     let env = TokenEnv::from_text(env_config, &tok, &prompt_refs, Box::new(scorer))?;
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
-    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg), model, env, Box::new(tok))?
+    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg, world), model, env, Box::new(tok))?
         .with_evaluation(Evaluation::new(eval_prompts.clone()).with_reward_fn(hidden));
+    if let Some(group) = group {
+        trainer = trainer.with_collective(group)?;
+    }
     let ckpt_dir = cfg.out.join("checkpoints");
     if cfg.resume {
         trainer.load(&ckpt_dir)?;
@@ -884,6 +932,22 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         kl: compare::hydra_kl(trainer.model(), &td)?,
         seconds: ppo_start.elapsed().as_secs_f64(),
     };
+    if !is_main {
+        // the later stages are single-process: rank 0 runs them
+        return Ok(Summary {
+            sft_loss_first: sft_first,
+            sft_loss_last: sft_last,
+            rm_test_accuracy: rm_accuracy,
+            score_before,
+            score_after,
+            rows,
+            ilql_behaviour_score: f64::NAN,
+            ilql_sweep: Vec::new(),
+            dpo_test_accuracy: f64::NAN,
+            methods: vec![ppo_row],
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
     write_csv(&cfg.out.join("rlhf_log.csv"), &rows)?;
     if let Err(e) = plot(&cfg.out.join("rlhf_curves.png"), &rows) {
         return Err(fail(format!(
