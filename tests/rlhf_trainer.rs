@@ -414,7 +414,7 @@ fn tempdir(name: &str) -> std::path::PathBuf {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The data-parallel seam in a world of one (tests/distributed_ppo.rs runs two processes).
+// The data-parallel seam in a world of one (tests/distributed_trainers.rs runs two processes).
 // ---------------------------------------------------------------------------------------------
 
 fn params_of(t: &PpoRlhfTrainer) -> Vec<(String, Tensor)> {

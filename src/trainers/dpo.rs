@@ -25,6 +25,15 @@
 //! copy, TRL's `ref_model`). As for GRPO, the rate is constant where TRL decays it linearly
 //! ([`super::grpo`]'s docs say how to decay it).
 //!
+//! # Data-parallel ([`DpoTrainer::with_collective`])
+//! As TRL under `accelerate`: `train.batch_size` is the per-process batch
+//! (`per_device_train_batch_size`), a step takes `world_size × batch_size` pairs of one
+//! shuffled order (rank 0's, broadcast each epoch) and rank `r` forwards the `r`-th slice; each
+//! rank weights its mean loss by its share of the step's pairs and the gradients are summed,
+//! so the step is one process's on the whole global batch (clipped global norm, identical
+//! AdamW steps). Logged statistics are the global batch's; logging, evaluation and checkpoints
+//! run on rank 0 ([`RlTrainer::is_main_process`]). Every rank holds the same pairs.
+//!
 //! # Logged statistics
 //! Per step, TRL's names: `loss`, `rewards/chosen`, `rewards/rejected`,
 //! `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`, `lr`,
@@ -39,12 +48,18 @@
 //! assert_eq!(cfg.method.loss_type, DpoLossType::Ipo);
 //! assert_eq!((cfg.train.epochs, cfg.train.batch_size), (3, 8)); // TRL's
 //! assert!(DpoTrlConfig::from_toml_str("[method]\nloss_type = \"nca\"").is_err());
-//! let pairs = [DpoPair::new(vec![5, 6], vec![7], vec![8, 9])];
+//! let pairs = [
+//!     DpoPair::new(vec![5, 6], vec![7], vec![8, 9]),
+//!     DpoPair::new(vec![5], vec![7], vec![8]),
+//! ];
+//! // Each side is left-padded to its own longest row.
 //! let td = collate_dpo_pairs(&pairs, 0, tch::Device::Cpu)?;
 //! let ids = td.get_or_err(("rejected", "input_ids"))?;
-//! assert_eq!(Vec::<i64>::try_from(ids.view([-1]))?, vec![5, 6, 8, 9]);
+//! assert_eq!(Vec::<i64>::try_from(ids.view([-1]))?, vec![5, 6, 8, 9, 0, 0, 5, 8]);
+//! let attn = td.get_or_err(("chosen", "attention_mask"))?;
+//! assert_eq!(Vec::<i64>::try_from(attn.view([-1]))?, vec![1, 1, 1, 0, 1, 1]);
 //! let mask = td.get_or_err(("chosen", "completion_mask"))?;
-//! assert_eq!(Vec::<i64>::try_from(mask.view([-1]))?, vec![0, 0, 0, 1]); // left-padded
+//! assert_eq!(Vec::<i64>::try_from(mask.view([-1]))?, vec![0, 0, 1, 0, 0, 1]);
 //! # Ok(()) }
 //! ```
 
@@ -62,6 +77,7 @@ use super::api::{
 use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
 use super::grpo::trl_defaults;
 use super::optim::{AdamW, CosineAnnealingLr};
+use super::parallel::{check_same_schedule, Collective, SharedCollective};
 use super::rollout::{
     generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params,
     trainable_params, StateFields,
@@ -286,6 +302,7 @@ pub struct DpoTrainer {
     epoch: usize,
     evaluation: Evaluation,
     history: Vec<Stats>,
+    collective: SharedCollective,
 }
 
 impl fmt::Debug for DpoTrainer {
@@ -348,6 +365,7 @@ impl DpoTrainer {
             epoch: 0,
             evaluation: Evaluation::default(),
             history: Vec::new(),
+            collective: SharedCollective::default(),
         };
         if trainer.config.method.precompute_ref_log_probs {
             trainer.precompute_reference()?;
@@ -359,6 +377,76 @@ impl DpoTrainer {
     pub fn with_evaluation(mut self, evaluation: Evaluation) -> Self {
         self.evaluation = evaluation;
         self
+    }
+
+    /// Makes this trainer one rank of a data-parallel group (see the
+    /// [module docs](self#data-parallel-dpotrainerwith_collective)): checks that every rank
+    /// has rank 0's schedule and pair count, copies rank 0's policy and reference parameters to
+    /// every rank (and recomputes precomputed reference log-probs from them). Every rank must
+    /// call it, with the same pairs.
+    ///
+    /// ```
+    /// # use tch::nn::VarStore;
+    /// # use torchrl::modules::llm::{ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, TextTokenizer};
+    /// # use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
+    /// use torchrl::trainers::parallel::{Collective, SingleProcess};
+    /// # fn main() -> torchrl::Result<()> {
+    /// # let tok = ByteTokenizer::new();
+    /// # let gpt = Gpt2Config::new(tok.vocab_size()).with_n_positions(16).with_n_embd(8)
+    /// #     .with_n_layer(1).with_n_head(2)
+    /// #     .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id());
+    /// # let vs = VarStore::new(tch::Device::Cpu);
+    /// # let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt, 1)?;
+    /// let pairs = vec![DpoPair::new(vec![97], vec![98], vec![99]); 3];
+    /// // Under torchrl-launch: `.with_collective(ProcessGroup::init_from_env()?)`
+    /// // (cargo feature `distributed`); a world of one runs anywhere.
+    /// let trainer = DpoTrainer::new(DpoTrlConfig::default(), model, pairs, Box::new(tok))?
+    ///     .with_collective(SingleProcess)?;
+    /// assert_eq!(trainer.collective().world_size(), 1);
+    /// assert_eq!(trainer.total_steps(), 3); // 3 epochs of one batch of 8 pairs
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when a rank's schedule or pair count differs from rank 0's
+    /// (naming the fields), or the group fails.
+    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
+        let shared = SharedCollective::new(collective);
+        let t = &self.config.train;
+        let m = &self.config.method;
+        let fields = [
+            ("pairs", self.pairs.len() as f64),
+            ("train.batch_size", t.batch_size as f64),
+            ("train.epochs", t.epochs as f64),
+            ("train.total_steps", t.total_steps as f64),
+            ("train.log_interval", t.log_interval as f64),
+            ("train.eval_interval", t.eval_interval as f64),
+            ("train.checkpoint_interval", t.checkpoint_interval as f64),
+            ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+            (
+                "method.precompute_ref_log_probs",
+                f64::from(u8::from(m.precompute_ref_log_probs)),
+            ),
+        ];
+        check_same_schedule(&shared, "DpoTrainer::with_collective", &fields)?;
+        shared.broadcast_parameters(&policy_params(&self.model), 0)?;
+        shared.broadcast_parameters(&reference_params(&self.model), 0)?;
+        self.collective = shared;
+        if self.config.method.precompute_ref_log_probs {
+            self.precompute_reference()?;
+        }
+        Ok(self)
+    }
+
+    /// The group this trainer is a rank of ([`SingleProcess`](super::parallel::SingleProcess)
+    /// unless [`DpoTrainer::with_collective`] was called).
+    pub fn collective(&self) -> &SharedCollective {
+        &self.collective
+    }
+
+    /// Pairs per optimizer step over the whole group: `world_size × train.batch_size`.
+    pub fn global_batch_size(&self) -> usize {
+        self.config.train.batch_size.max(1) * self.collective.world_size()
     }
 
     /// The whole config.
@@ -381,12 +469,14 @@ impl DpoTrainer {
         &self.history
     }
 
-    /// The step budget: `min(train.total_steps, epochs · steps_per_epoch)`.
+    /// The step budget: `min(train.total_steps, epochs · steps per epoch)`, an epoch being
+    /// `ceil(pairs / global_batch_size)` steps ([`DpoTrlConfig::steps_per_epoch`] in one
+    /// process).
     pub fn total_steps(&self) -> usize {
         self.config
             .train
             .epochs
-            .saturating_mul(self.config.steps_per_epoch(self.pairs.len()))
+            .saturating_mul(self.pairs.len().div_ceil(self.global_batch_size()))
             .min(self.config.train.total_steps)
     }
 
@@ -454,26 +544,53 @@ impl DpoTrainer {
         DpoLoss::new(self.model.policy()).with_config(self.loss_config.clone())
     }
 
-    /// One optimizer step on `pairs` (any count ≥ 1); returns TRL's logged statistics.
+    /// One optimizer step on `pairs` (any count ≥ 1); returns TRL's logged statistics. In a
+    /// data-parallel group every rank calls it with its own pairs, and the step is that of one
+    /// process on all of them together (the statistics are theirs too).
     ///
     /// # Errors
-    /// On an invalid pair, or a failing forward / backward.
+    /// On an invalid pair, or a failing forward / backward or group.
     pub fn step(&mut self, pairs: &[DpoPair]) -> Result<Stats> {
         let mc = self.model.policy().model().config();
         check_pairs(pairs, mc.vocab_size, mc.n_positions)?;
-        self.step_cached(pairs, None)
+        self.step_cached(pairs, None, pairs.len())
     }
 
-    fn step_cached(&mut self, pairs: &[DpoPair], cached: Option<Vec<(f64, f64)>>) -> Result<Stats> {
+    /// One step on `pairs`, of which the first `local` count (0 when this rank has no pairs
+    /// in the step's tail: `pairs` is then a stand-in forwarded with weight 0, so that the
+    /// rank still joins the gradient sum).
+    fn step_cached(
+        &mut self,
+        pairs: &[DpoPair],
+        cached: Option<Vec<(f64, f64)>>,
+        local: usize,
+    ) -> Result<Stats> {
         let td = self.batch(pairs, cached)?;
         let out = self.loss()?.forward(&td)?;
-        let total = out.total_loss()?;
-        let grad_norm = self
-            .opt
-            .backward_step(&total, self.config.train.max_grad_norm)?;
+        let global = self
+            .collective
+            .sum_scalars(&[local as f64])?
+            .first()
+            .copied()
+            .unwrap_or(0.0);
+        // this rank's share of the global mean (1 in one process)
+        let weight = local as f64 / global.max(1.0);
+        let total = out.total_loss()?.f_mul_scalar(weight)?;
+        let c = self.collective.clone();
+        let grad_norm =
+            self.opt
+                .backward_step_with(&total, self.config.train.max_grad_norm, |params| {
+                    c.all_reduce_sum_gradients(params)
+                })?;
         let lr = self.sched.step();
         self.opt.set_lr(lr);
         let mut stats = trl_stats(&out, &td, self.loss_config.beta)?;
+        if self.collective.world_size() > 1 {
+            let names: Vec<String> = stats.keys().cloned().collect();
+            let shares: Vec<f64> = stats.values().map(|v| v * weight).collect();
+            let sums = self.collective.sum_scalars(&shares)?;
+            stats = names.into_iter().zip(sums).collect();
+        }
         stats.insert("lr".into(), lr);
         if let Some(norm) = grad_norm {
             stats.insert("grad_norm".into(), norm);
@@ -517,13 +634,31 @@ impl DpoTrainer {
             let j = self.rng.below(i as u64 + 1) as usize;
             order.swap(i, j);
         }
+        if self.collective.world_size() > 1 {
+            // every rank steps through rank 0's order
+            let ids: Vec<i64> = order.iter().map(|&i| i as i64).collect();
+            let mut t = Tensor::f_from_slice(&ids)?;
+            self.collective.broadcast(&mut t, 0)?;
+            order = Vec::<i64>::try_from(&t)?
+                .into_iter()
+                .map(|i| i as usize)
+                .collect();
+        }
         let total = self.total_steps();
+        let per_rank = self.config.train.batch_size.max(1);
+        let rank = self.collective.rank();
         let mut sums = Stats::new();
         let mut steps = 0usize;
-        for idx in order.chunks(self.config.train.batch_size.max(1)) {
+        for step_idx in order.chunks(self.global_batch_size()) {
             if self.iter_count >= total {
                 break;
             }
+            // this rank's slice of the step; in a short tail it may be empty
+            let lo = (rank * per_rank).min(step_idx.len());
+            let hi = ((rank + 1) * per_rank).min(step_idx.len());
+            let local = hi - lo;
+            let range = if local == 0 { 0..1 } else { lo..hi };
+            let idx = step_idx.get(range).unwrap_or(step_idx);
             // the indices are a permutation of 0..n
             let batch: Vec<DpoPair> = idx
                 .iter()
@@ -533,7 +668,7 @@ impl DpoTrainer {
                 .ref_cache
                 .as_ref()
                 .map(|c| idx.iter().filter_map(|&i| c.get(i).copied()).collect());
-            let stats = self.step_cached(&batch, cached)?;
+            let stats = self.step_cached(&batch, cached, local)?;
             for (k, v) in &stats {
                 *sums.entry(k.clone()).or_insert(0.0) += v;
             }
@@ -638,6 +773,14 @@ impl RlTrainer for DpoTrainer {
 
     fn iter_count(&self) -> usize {
         self.iter_count
+    }
+
+    fn is_main_process(&self) -> bool {
+        self.collective.is_main()
+    }
+
+    fn sync_processes(&self, op: &'static str, ok: bool) -> Result<()> {
+        self.collective.check_all_ok(op, ok)
     }
 
     /// Samples responses for the `("tokens", "prompt")` batch of `data` and writes the

@@ -18,6 +18,18 @@
 //!    `[1 − epsilon, 1 + epsilon_high]`, the `loss_type` aggregation, `beta · k3` KL to the
 //!    reference when `beta > 0`), global gradient-norm clipping, AdamW and the schedule.
 //!
+//! # Data-parallel ([`GrpoTrainer::with_collective`])
+//! As TRL under `accelerate`: `num_rollouts`, `chunk_size` and `train.batch_size` are per
+//! process; each rank generates its own completions (whole groups of `G`, so group advantages
+//! are local, as TRL's gathered ones are) from its own generator and prompts, and trains on
+//! its own minibatches. Per step each loss term is weighted by the rank's share of the global
+//! minibatch's unit (response tokens for `dapo` / `bnpo` / `token_mean` and the TRL-form
+//! entropy; completions for `grpo` / `dr_grpo` / `prompt_mean`) and the gradients are summed,
+//! so a step equals one process on the concatenated minibatch (clipped global norm, identical
+//! AdamW steps). `scale_rewards = "batch"` divides by the std of every rank's scores; the
+//! iteration's and the steps' statistics are global (`ESS` is the token-weighted mean of the
+//! ranks'); logging, evaluation and checkpoints run on rank 0.
+//!
 //! # Defaults: TRL's where they differ from TorchRL's
 //! [`GrpoTrlConfig::default`] is TRL 1.16's `GRPOConfig`: `num_generations = 8`,
 //! `beta = 0` (no KL term; DeepSeek-R1 used 0.001), `epsilon = 0.2`, `epsilon_high` unset
@@ -72,6 +84,7 @@ use super::config::{
     TrlConfigOf,
 };
 use super::optim::{AdamW, CosineAnnealingLr};
+use super::parallel::{check_same_schedule, rank_seed, Collective, SharedCollective};
 use super::ppo::IterationStats;
 use super::rollout::{
     check_vocab, generate_text, generation_config, hydra_policy_step, policy_params, prompt_batch,
@@ -81,8 +94,9 @@ use crate::envs::llm::{TokenEnv, TokenEnvConfig};
 use crate::envs::EnvBase;
 use crate::error::{Error, Result};
 use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
+use crate::objectives::llm::moments::BatchMoments;
 use crate::objectives::llm::{
-    group_advantages, GroupScale, GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss,
+    group_advantages, GroupScale, GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss, TRL_STD_EPS,
 };
 use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
@@ -362,6 +376,7 @@ pub struct GrpoTrainer {
     epoch: usize,
     evaluation: Evaluation,
     history: Vec<IterationStats>,
+    collective: SharedCollective,
 }
 
 impl std::fmt::Debug for GrpoTrainer {
@@ -449,6 +464,7 @@ impl GrpoTrainer {
             epoch: 0,
             evaluation: Evaluation::default(),
             history: Vec::new(),
+            collective: SharedCollective::default(),
         })
     }
 
@@ -456,6 +472,49 @@ impl GrpoTrainer {
     pub fn with_evaluation(mut self, evaluation: Evaluation) -> Self {
         self.evaluation = evaluation;
         self
+    }
+
+    /// Makes this trainer one rank of a data-parallel group (see the
+    /// [module docs](self#data-parallel-grpotrainerwith_collective)): checks that every rank
+    /// has rank 0's schedule, copies rank 0's policy and reference parameters to every rank,
+    /// and gives ranks `> 0` generators of their own ([`rank_seed`]). Every rank must call it;
+    /// each rank's env should serve its own prompts.
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when a rank's schedule differs from rank 0's (naming the
+    /// fields), or the group fails.
+    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
+        let shared = SharedCollective::new(collective);
+        let t = &self.config.train;
+        let m = &self.config.method;
+        let fields = [
+            ("train.batch_size", t.batch_size as f64),
+            ("train.epochs", t.epochs as f64),
+            ("train.total_steps", t.total_steps as f64),
+            ("train.log_interval", t.log_interval as f64),
+            ("train.eval_interval", t.eval_interval as f64),
+            ("train.checkpoint_interval", t.checkpoint_interval as f64),
+            ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+            ("method.num_rollouts", m.num_rollouts as f64),
+            ("method.chunk_size", m.chunk_size as f64),
+            ("method.num_generations", m.num_generations as f64),
+            ("method.num_iterations", m.num_iterations as f64),
+            ("method.beta", m.beta),
+        ];
+        check_same_schedule(&shared, "GrpoTrainer::with_collective", &fields)?;
+        shared.broadcast_parameters(&policy_params(&self.model), 0)?;
+        shared.broadcast_parameters(&reference_params(&self.model), 0)?;
+        if shared.rank() > 0 {
+            self.rng = Generator::new(rank_seed(self.config.train.seed, shared.rank()));
+        }
+        self.collective = shared;
+        Ok(self)
+    }
+
+    /// The group this trainer is a rank of ([`SingleProcess`](super::parallel::SingleProcess)
+    /// unless [`GrpoTrainer::with_collective`] was called).
+    pub fn collective(&self) -> &SharedCollective {
+        &self.collective
     }
 
     /// The whole config.
@@ -512,12 +571,65 @@ impl GrpoTrainer {
         if have > want {
             store = store.index(&[BatchIndex::slice(None, Some(want as i64), 1)])?;
         }
+        self.prepare_store(store, start)
+    }
+
+    /// The learning half of an iteration on a given rollout store (offline replay, or a fixed
+    /// store for a reproducible step): its group advantages and statistics are computed, it
+    /// replaces the current store, then `num_iterations` passes of shuffled minibatches with
+    /// the callbacks that are due, as in [`GrpoTrainer::iteration`].
+    ///
+    /// The store needs what [`GrpoTrainer::make_experience`] writes: `("tokens", "full")`,
+    /// `("masks", "all_attention_mask")`, `("masks", "all_assistant_mask")`,
+    /// `("log_probs", "full")`, `("ref_log_probs", "full")` (all `[B, T]`) and
+    /// `("next", "score")` `[B]`, its rows in groups of `num_generations` consecutive
+    /// completions of one prompt. **Data-parallel**: each rank passes its own whole groups;
+    /// when each minibatch is a rank's whole share, a run equals one process on the
+    /// concatenated store (up to rounding).
+    ///
+    /// # Errors
+    /// An empty store, a missing key, a batch that is not whole groups, or as
+    /// [`GrpoTrainer::iteration`].
+    pub fn learn_on(
+        &mut self,
+        store: TensorDict,
+        callbacks: &mut Callbacks<'_>,
+    ) -> Result<IterationStats> {
+        if store.batch_size().first().copied().unwrap_or(0) < 1 {
+            return Err(Error::value(
+                "GrpoTrainer::learn_on",
+                "store",
+                "at least one rollout along the first batch dim",
+                format!("batch size {:?}", store.batch_size()),
+            ));
+        }
+        let stats = self.prepare_store(store, Instant::now())?;
+        self.update_phase(stats, callbacks)
+    }
+
+    /// The group advantages of `score` `[B]` (f64): TRL's rule; under `scale_rewards =
+    /// "batch"` in a group, the std is that of every rank's scores (TRL scales the gathered
+    /// rewards).
+    fn advantages(&self, score: &Tensor) -> Result<Tensor> {
+        let g = self.config.method.num_generations as i64;
+        let scale = self.config.method.scale_rewards.group_scale();
+        if self.collective.world_size() == 1 || scale != GroupScale::BatchStdPlusEps {
+            return group_advantages(score, g, scale);
+        }
+        let centred = group_advantages(score, g, GroupScale::None)?;
+        let global = self
+            .collective
+            .all_reduce_moments(&BatchMoments::of(score)?)?;
+        let std = (global.m2() / (global.count() - 1.0).max(1.0)).sqrt();
+        Ok(centred.f_div_scalar(std + TRL_STD_EPS)?)
+    }
+
+    /// Writes the store's advantages, computes its statistics (over every rank) and keeps it.
+    fn prepare_store(&mut self, mut store: TensorDict, start: Instant) -> Result<IterationStats> {
         let score = store
             .get_or_err(("next", "score"))?
             .f_to_kind(Kind::Double)?;
-        let g = self.config.method.num_generations as i64;
-        let scale = self.config.method.scale_rewards.group_scale();
-        let advantage = group_advantages(&score, g, scale)?;
+        let advantage = self.advantages(&score)?;
         store.set("advantage", advantage.f_to_kind(Kind::Float)?)?;
         let assistant = store
             .get_or_err(("masks", "all_assistant_mask"))?
@@ -532,13 +644,25 @@ impl GrpoTrainer {
                 .f_mean(Kind::Double)?
                 .double_value(&[]))
         };
-        let kl = per_seq(d.f_neg()?)?;
-        let kl_k3 = per_seq(d.f_expm1()?.f_sub(&d)?)?;
-        let response_length = per_seq(assistant.ones_like())?;
+        let local = [
+            score.f_mean(Kind::Double)?.double_value(&[]),
+            per_seq(d.f_neg()?)?,
+            per_seq(d.f_expm1()?.f_sub(&d)?)?,
+            per_seq(assistant.ones_like())?,
+        ];
+        // every rank holds num_rollouts completions: the global means are the ranks' mean
+        let [score, kl, kl_k3, response_length] = if self.collective.world_size() > 1 {
+            let world = self.collective.world_size() as f64;
+            let sums = self.collective.sum_scalars(&local)?;
+            let at = |i: usize| sums.get(i).copied().unwrap_or(f64::NAN) / world;
+            [at(0), at(1), at(2), at(3)]
+        } else {
+            local
+        };
         let stats = IterationStats {
             iteration: self.epoch,
             iter_count: self.iter_count,
-            score: score.f_mean(Kind::Double)?.double_value(&[]),
+            score,
             kl,
             kl_k3,
             kl_coef: self.config.method.beta,
@@ -551,25 +675,87 @@ impl GrpoTrainer {
         Ok(stats)
     }
 
-    /// One optimizer step on the minibatch `mb` of the store; returns its statistics.
+    /// This rank's shares of the global minibatch: `(response tokens, completions)`, each
+    /// local / global (1 in one process).
+    fn shares(&self, mb: &TensorDict) -> Result<(f64, f64)> {
+        if self.collective.world_size() == 1 {
+            return Ok((1.0, 1.0));
+        }
+        let tokens = mb
+            .get_or_err(("masks", "all_assistant_mask"))?
+            .f_ne(0)?
+            .f_count_nonzero(None::<i64>)?
+            .int64_value(&[]) as f64;
+        let rows = mb.batch_size().first().copied().unwrap_or(0) as f64;
+        let global = self.collective.sum_scalars(&[tokens, rows])?;
+        let share = |local: f64, i: usize| local / global.get(i).copied().unwrap_or(1.0).max(1.0);
+        Ok((share(tokens, 0), share(rows, 1)))
+    }
+
+    /// One optimizer step on the minibatch `mb` of the store; returns its statistics (over
+    /// every rank's minibatch in a group).
     fn train_step(&mut self, mb: &TensorDict) -> Result<Stats> {
         let loss = GrpoLoss::new(self.model.policy())
             .with_config(self.loss_config.clone())?
             .with_keys(loss_keys());
         let out = loss.forward(mb)?;
-        let total = out.total_loss()?;
-        let grad_norm = self
-            .opt
-            .backward_step(&total, self.config.train.max_grad_norm)?;
+        let (token_share, row_share) = self.shares(mb)?;
+        let per_completion = matches!(
+            self.loss_config.aggregation,
+            GrpoAggregation::Grpo | GrpoAggregation::PromptMean | GrpoAggregation::DrGrpo { .. }
+        );
+        let unit_share = if per_completion {
+            row_share
+        } else {
+            token_share
+        };
+        let trl = self.loss_config.aggregation.is_trl();
+        // the term's weight: its denominator's share (grpo_loss: the TRL-form entropy and the
+        // TorchRL-form KL are token means, the rest follow the aggregation)
+        let share = |name: &str| match name {
+            "loss_entropy" if trl => token_share,
+            "loss_kl_to_ref" if !trl => token_share,
+            _ => unit_share,
+        };
+        let total = if self.collective.world_size() == 1 {
+            out.total_loss()?
+        } else {
+            let mut total: Option<Tensor> = None;
+            for (name, term) in out.loss_terms() {
+                let w = term.f_mul_scalar(share(name))?;
+                total = Some(match total {
+                    Some(t) => t.f_add(&w)?,
+                    None => w,
+                });
+            }
+            total.ok_or_else(|| Error::invalid(OP, "the loss has no terms"))?
+        };
+        let c = self.collective.clone();
+        let grad_norm =
+            self.opt
+                .backward_step_with(&total, self.config.train.max_grad_norm, |params| {
+                    c.all_reduce_sum_gradients(params)
+                })?;
         let lr = self.sched.step();
         self.opt.set_lr(lr);
-        let mut stats: Stats = out
+        let mut named: Vec<(String, f64, f64)> = out
             .loss_terms()
             .into_iter()
-            .chain(out.metrics())
-            .map(|(k, v)| (k.to_string(), v.double_value(&[])))
+            .map(|(k, v)| (k.to_string(), v.double_value(&[]), share(k)))
+            .chain(
+                out.metrics()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.double_value(&[]), token_share)),
+            )
             .collect();
-        stats.insert("loss".into(), total.double_value(&[]));
+        named.push(("loss".into(), total.double_value(&[]), 1.0));
+        let mut stats: Stats = if self.collective.world_size() == 1 {
+            named.into_iter().map(|(k, v, _)| (k, v)).collect()
+        } else {
+            let shares: Vec<f64> = named.iter().map(|(_, v, w)| v * w).collect();
+            let sums = self.collective.sum_scalars(&shares)?;
+            named.into_iter().map(|(k, ..)| k).zip(sums).collect()
+        };
         stats.insert("lr".into(), lr);
         if let Some(norm) = grad_norm {
             stats.insert("grad_norm".into(), norm);
@@ -580,7 +766,17 @@ impl GrpoTrainer {
     /// One iteration: a rollout, its group advantages, then `num_iterations` passes of
     /// minibatch updates, each step followed by the callbacks that are due.
     pub fn iteration(&mut self, callbacks: &mut Callbacks<'_>) -> Result<IterationStats> {
-        let mut stats = self.make_experience()?;
+        let stats = self.make_experience()?;
+        self.update_phase(stats, callbacks)
+    }
+
+    /// `num_iterations` passes of minibatch updates on the store, each step followed by the
+    /// callbacks that are due.
+    fn update_phase(
+        &mut self,
+        mut stats: IterationStats,
+        callbacks: &mut Callbacks<'_>,
+    ) -> Result<IterationStats> {
         let start = Instant::now();
         let store = match &self.store {
             Some(s) => s.clone(),
@@ -648,6 +844,14 @@ impl RlTrainer for GrpoTrainer {
 
     fn iter_count(&self) -> usize {
         self.iter_count
+    }
+
+    fn is_main_process(&self) -> bool {
+        self.collective.is_main()
+    }
+
+    fn sync_processes(&self, op: &'static str, ok: bool) -> Result<()> {
+        self.collective.check_all_ok(op, ok)
     }
 
     /// Samples completions for the `("tokens", "prompt")` batch of `data` and writes the
@@ -737,7 +941,14 @@ impl RlTrainer for GrpoTrainer {
         self.iter_count = fields.usize("iter_count")?;
         self.epoch = fields.usize("epoch")?;
         self.rng = rng_from_json(LOAD, trainer.state.get("rng"))?;
-        set_prompt_state_json(LOAD, &mut self.env, &trainer.state)?;
+        let rank = self.collective.rank();
+        if rank == 0 {
+            set_prompt_state_json(LOAD, &mut self.env, &trainer.state)?;
+        } else {
+            // The checkpoint holds rank 0's generator and prompt position: other ranks draw
+            // their own stream from it and keep their own env's prompt position.
+            self.rng = Generator::new(rank_seed(self.rng.next_u64(), rank));
+        }
         self.store = None;
         Ok(())
     }

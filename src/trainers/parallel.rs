@@ -433,6 +433,44 @@ pub fn rank_seed(seed: u64, rank: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// At attach time: errors on every rank unless every rank's `fields` (config values that
+/// must agree for the ranks to make the same collective calls: batch sizes, step budgets,
+/// intervals, …) equal rank 0's (one broadcast, then [`Collective::check_all_ok`]). The error
+/// names each field that differs, with this rank's and rank 0's values. A world of one passes.
+pub(crate) fn check_same_schedule(
+    c: &dyn Collective,
+    op: &'static str,
+    fields: &[(&str, f64)],
+) -> Result<()> {
+    if c.world_size() == 1 {
+        return Ok(());
+    }
+    let mine: Vec<f64> = fields.iter().map(|f| f.1).collect();
+    let mut main = Tensor::f_from_slice(&mine)?;
+    c.broadcast(&mut main, 0)?;
+    let main = Vec::<f64>::try_from(&main)?;
+    let differ: Vec<String> = fields
+        .iter()
+        .zip(&main)
+        .filter(|((_, v), m)| v.to_bits() != m.to_bits())
+        .map(|((name, v), m)| format!("{name} = {v} here, {m} on rank 0"))
+        .collect();
+    let same = differ.is_empty();
+    let agreed = c.check_all_ok(op, same);
+    if !same {
+        return Err(Error::Distributed {
+            op,
+            rank: c.rank(),
+            world_size: c.world_size(),
+            message: format!(
+                "every rank needs rank 0's training schedule: {}",
+                differ.join(", ")
+            ),
+        });
+    }
+    agreed
+}
+
 // ---------------------------------------------------------------------------------------------
 // ProcessGroup
 // ---------------------------------------------------------------------------------------------

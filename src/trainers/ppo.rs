@@ -807,9 +807,6 @@ impl RlTrainer for PpoRlhfTrainer {
 /// Errors on every rank unless every rank has rank 0's training schedule (what decides how many
 /// collectives each rank makes): one broadcast of the fields, one agreement.
 fn check_same_schedule(c: &SharedCollective, config: &TrlConfig) -> Result<()> {
-    if c.world_size() == 1 {
-        return Ok(());
-    }
     let m = &config.method;
     let t = &config.train;
     let fields = [
@@ -827,28 +824,5 @@ fn check_same_schedule(c: &SharedCollective, config: &TrlConfig) -> Result<()> {
         ("method.target", m.target.unwrap_or(-1.0)),
         ("method.horizon", m.horizon as f64),
     ];
-    let mine: Vec<f64> = fields.iter().map(|f| f.1).collect();
-    let mut main = Tensor::f_from_slice(&mine)?;
-    c.broadcast(&mut main, 0)?;
-    let main = Vec::<f64>::try_from(&main)?;
-    let differ: Vec<String> = fields
-        .iter()
-        .zip(&main)
-        .filter(|((_, v), m)| v.to_bits() != m.to_bits())
-        .map(|((name, v), m)| format!("{name} = {v} here, {m} on rank 0"))
-        .collect();
-    let same = differ.is_empty();
-    let agreed = c.check_all_ok("PpoRlhfTrainer::with_collective", same);
-    if !same {
-        return Err(Error::Distributed {
-            op: "PpoRlhfTrainer::with_collective",
-            rank: c.rank(),
-            world_size: c.world_size(),
-            message: format!(
-                "every rank needs rank 0's training schedule: {}",
-                differ.join(", ")
-            ),
-        });
-    }
-    agreed
+    super::parallel::check_same_schedule(c, "PpoRlhfTrainer::with_collective", &fields)
 }

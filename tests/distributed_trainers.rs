@@ -1,11 +1,12 @@
-//! Data-parallel PPO-RLHF on loopback: each test starts two processes of this test binary
-//! (`--exact worker_… --ignored`) with torchrun's variables, as `tests/distributed.rs` does.
+//! Data-parallel PPO-RLHF, GRPO and DPO on loopback: each test starts two processes of this
+//! test binary (`--exact worker_… --ignored`) with torchrun's variables, as
+//! `tests/distributed.rs` does.
 //!
 //! The independent derivation is the single-process trainer: the same tiny GPT-2 (same seed)
-//! trained by one process on the whole rollout store must end with the parameters, the KL
-//! coefficient and the statistics that two processes reach, each on its half of the store
-//! (`PpoRlhfTrainer::learn_on` on a fixed store, so nothing depends on sampling). Workers
-//! write what they computed to a folder; the parent compares.
+//! trained by one process on the whole batch must end with the parameters and the statistics
+//! that two processes reach, each on its half (`learn_on` on a fixed rollout store for PPO and
+//! GRPO, so nothing depends on sampling; DPO's shuffled epoch over fixed pairs). Workers write
+//! what they computed to a folder; the parent compares.
 #![cfg(feature = "distributed")]
 
 use std::fs::File;
@@ -27,6 +28,8 @@ use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce, RunningMome
 use torchrl::tensordict::BatchIndex;
 use torchrl::trainers::api::{Callbacks, RlTrainer};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
+use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
 use torchrl::trainers::parallel::{Collective, SharedCollective};
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::{Error, TensorDict};
@@ -865,4 +868,365 @@ fn worker_schedule_mismatch() {
         assert!(msg.contains("other rank(s) failed"), "{msg}");
     }
     done("worker_schedule_mismatch", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GRPO: two ranks, each on its whole groups of a fixed store = one process on all of them.
+// ---------------------------------------------------------------------------------------------
+
+/// Completions per prompt in the GRPO tests.
+const G: usize = 2;
+
+/// The policy and reference of `model` in float64 (see `trainer_with`).
+fn to_double(vs: &mut VarStore, model: &CausalLmWithHydraValueHead) {
+    vs.double();
+    for (_, mut t) in model.reference_store().variables() {
+        let d = t.to_kind(Kind::Double);
+        t.set_data(&d);
+    }
+}
+
+fn model_params(m: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
+    let mut p: Vec<(String, Tensor)> = m
+        .policy()
+        .named_parameters()
+        .into_iter()
+        .map(|(n, p)| (n, p.detach().copy()))
+        .collect();
+    p.sort_by(|a, b| a.0.cmp(&b.0));
+    p
+}
+
+fn save_model(m: &CausalLmWithHydraValueHead, path: &Path) {
+    let params = model_params(m);
+    let named: Vec<(&str, &Tensor)> = params.iter().map(|(n, p)| (n.as_str(), p)).collect();
+    Tensor::save_multi(&named, path).unwrap();
+}
+
+/// A GRPO trainer over the same initial weights (seed 0, float64), `rollouts` completions
+/// per iteration in one minibatch, 2 passes (so the second step sees a ratio ≠ 1), the KL
+/// term and the entropy bonus on, with `loss_type` and `scale_rewards = "batch"` (a global
+/// std in a group).
+fn grpo_trainer(
+    rollouts: usize,
+    loss_type: GrpoLossType,
+    prompts: &[&str],
+    env_seed: u64,
+    dir: &Path,
+) -> (VarStore, GrpoTrainer) {
+    tch::manual_seed(0);
+    let mut vs = VarStore::new(Device::Cpu);
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
+    to_double(&mut vs, &model);
+    let tok = ByteTokenizer::new();
+    let env_cfg = TokenEnvConfig::for_model(&gpt())
+        .with_max_new_tokens(NEW)
+        .with_batch_size(rollouts as i64)
+        .with_num_generations(G as i64)
+        .with_prompt_width(3)
+        .with_shuffle(true)
+        .with_seed(env_seed);
+    let scorer =
+        TokenScorer::new(|_p: &[i64], r: &[i64]| r.iter().map(|t| t % 5).sum::<i64>() as f64 / 4.0);
+    let env = TokenEnv::from_text(env_cfg, &tok, prompts, Box::new(scorer)).unwrap();
+    let mut c = GrpoTrlConfig::default();
+    c.train.batch_size = rollouts;
+    c.train.epochs = 10;
+    c.train.log_interval = 1;
+    c.train.eval_interval = 1000;
+    c.train.checkpoint_interval = 1000;
+    c.train.checkpoint_dir = dir.display().to_string();
+    c.train.seed = 5;
+    c.optimizer.kwargs.lr = 1e-3;
+    c.scheduler.kwargs.eta_min = 1e-3;
+    let m = &mut c.method;
+    m.num_generations = G;
+    m.num_rollouts = rollouts;
+    m.chunk_size = rollouts;
+    m.num_iterations = 2;
+    m.beta = 0.04;
+    m.epsilon_high = Some(0.28);
+    m.entropy_coeff = Some(0.01);
+    m.loss_type = loss_type;
+    m.scale_rewards = ScaleRewards::Batch;
+    m.gen_kwargs = GenKwargs {
+        max_new_tokens: NEW as usize,
+        top_k: 0,
+        top_p: 1.0,
+        do_sample: true,
+        temperature: 1.0,
+    };
+    let t = GrpoTrainer::new(c, model, env, Box::new(tok)).unwrap();
+    (vs, t)
+}
+
+/// The fixed GRPO store: 8 completions (4 prompts × 2) of a policy one iteration away from
+/// the reference; row 5 (rank 1's half) is one token shorter, so the halves hold different
+/// token counts and a local normalisation would not give the one-process numbers.
+fn grpo_store(loss_type: GrpoLossType, dir: &Path) -> TensorDict {
+    let (_vs, mut t) = grpo_trainer(GLOBAL, loss_type, &PROMPTS, 0, dir);
+    t.iteration(&mut Callbacks::new()).unwrap();
+    t.make_experience().unwrap();
+    let mut store = t.store().unwrap().clone();
+    let attention = store
+        .get_or_err(("masks", "all_attention_mask"))
+        .unwrap()
+        .copy();
+    let assistant = store
+        .get_or_err(("masks", "all_assistant_mask"))
+        .unwrap()
+        .copy();
+    let t_len = attention.size()[1];
+    let _ = attention.get(5).get(t_len - 1).fill_(0);
+    let _ = assistant.get(5).get(t_len - 1).fill_(0);
+    store
+        .set(("masks", "all_attention_mask"), attention)
+        .unwrap();
+    store
+        .set(("masks", "all_assistant_mask"), assistant)
+        .unwrap();
+    store
+}
+
+fn grpo_json(stats: &torchrl::trainers::ppo::IterationStats) -> Value {
+    json!({
+        "score": stats.score,
+        "kl": stats.kl,
+        "response_length": stats.response_length,
+        "update": stats.update,
+    })
+}
+
+const GRPO_CASES: [(GrpoLossType, &str); 2] =
+    [(GrpoLossType::Dapo, "dapo"), (GrpoLossType::Grpo, "grpo")];
+
+#[test]
+fn data_parallel_grpo_equals_one_process_on_the_whole_store() {
+    let w = run_two("worker_grpo_halves");
+    for (_, name) in GRPO_CASES {
+        let single = w.tensors(&format!("grpo_{name}_single.ot"));
+        let init = w.tensors("grpo_init.ot");
+        let ranks = [
+            w.tensors(&format!("grpo_{name}_0.ot")),
+            w.tensors(&format!("grpo_{name}_1.ot")),
+        ];
+        let moved = max_abs_diff(&single, &init);
+        assert!(
+            moved > 1e-4,
+            "{name}: the steps moved the weights by {moved}"
+        );
+        let between = max_abs_diff(&ranks[0], &ranks[1]);
+        let vs_single = max_abs_diff(&ranks[0], &single);
+        println!(
+            "GRPO {name}: max |param difference| data-parallel vs one process {vs_single:e}, \
+             rank 0 vs rank 1 {between:e}, moved {moved:e}"
+        );
+        assert_eq!(between, 0.0, "{name}: the ranks' parameters differ");
+        assert!(
+            vs_single <= 1e-9,
+            "{name}: data-parallel vs one process {vs_single}"
+        );
+        let s = w.json(&format!("grpo_{name}_single.json"));
+        for rank in 0..2 {
+            let d = w.json(&format!("grpo_{name}_{rank}.json"));
+            for key in ["score", "kl", "response_length"] {
+                assert!(
+                    (f(&d, key) - f(&s, key)).abs() < 1e-9,
+                    "{name} {key}: {d} vs {s}"
+                );
+            }
+            for key in [
+                "loss",
+                "loss_objective",
+                "loss_entropy",
+                "loss_kl_to_ref",
+                "clip_fraction",
+                "kl_approx",
+                "entropy",
+                "kl_to_ref",
+            ] {
+                // the store keeps advantages in float32: the global std's last-bit
+                // difference from one process's can round one of them the other way
+                let (a, b) = (f(&d["update"], key), f(&s["update"], key));
+                assert!(
+                    (a - b).abs() <= 1e-7 * (1.0 + b.abs()),
+                    "{name} {key}: {a} vs {b}"
+                );
+            }
+        }
+        // the halves differ in length: the check is not of a trivially equal split
+        let (l0, l1) = (
+            f(&w.json(&format!("grpo_{name}_0.json")), "tokens"),
+            f(&w.json(&format!("grpo_{name}_1.json")), "tokens"),
+        );
+        assert_ne!(l0, l1, "{name}");
+    }
+}
+
+#[test]
+#[ignore = "a worker process of data_parallel_grpo_equals_one_process_on_the_whole_store"]
+fn worker_grpo_halves() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let shared = SharedCollective::new(pg);
+    let out = out_dir();
+    let ckpt = out.join(format!("grpo-ckpt-{rank}"));
+    for (loss_type, name) in GRPO_CASES {
+        let store = grpo_store(loss_type, &ckpt);
+        assert_eq!(store.batch_size()[0], GLOBAL as i64);
+        let (_vs1, mut single) = grpo_trainer(GLOBAL, loss_type, &PROMPTS, 0, &ckpt);
+        if rank == 0 {
+            save_model(single.model(), &out.join("grpo_init.ot"));
+        }
+        let s = single
+            .learn_on(store.clone(), &mut Callbacks::new())
+            .unwrap();
+        assert_eq!(single.iter_count(), 2);
+        if rank == 0 {
+            save_model(single.model(), &out.join(format!("grpo_{name}_single.ot")));
+            write_json(
+                &out.join(format!("grpo_{name}_single.json")),
+                &grpo_json(&s),
+            );
+        }
+        let (_vs2, dp) = grpo_trainer(GLOBAL / 2, loss_type, &PROMPTS[..4], rank as u64, &ckpt);
+        let mut dp = dp.with_collective(shared.clone()).unwrap();
+        let mine = half(&store, rank);
+        let d = dp.learn_on(mine.clone(), &mut Callbacks::new()).unwrap();
+        assert_eq!(dp.iter_count(), 2);
+        save_model(dp.model(), &out.join(format!("grpo_{name}_{rank}.ot")));
+        let mut j = grpo_json(&d);
+        j["tokens"] = json!(tokens_in(&mine));
+        write_json(&out.join(format!("grpo_{name}_{rank}.json")), &j);
+    }
+    done("worker_grpo_halves", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DPO: two ranks splitting each global batch = one process on it; rank 0 alone saves.
+// ---------------------------------------------------------------------------------------------
+
+/// 10 preference pairs of varied lengths (ids are lowercase bytes).
+fn dpo_pairs() -> Vec<DpoPair> {
+    (0..10i64)
+        .map(|i| {
+            let prompt = vec![97 + i % 5, 98];
+            let chosen = (0..1 + i % 3).map(|k| 100 + (i + k) % 7).collect();
+            let rejected = (0..2 + i % 2).map(|k| 110 + (i * k) % 5).collect();
+            DpoPair::new(prompt, chosen, rejected)
+        })
+        .collect()
+}
+
+/// A DPO trainer over the same initial weights (seed 0, float64): one epoch over `pairs`
+/// in batches of `batch_size` per process.
+fn dpo_trainer(pairs: Vec<DpoPair>, batch_size: usize, dir: &Path) -> (VarStore, DpoTrainer) {
+    tch::manual_seed(0);
+    let mut vs = VarStore::new(Device::Cpu);
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
+    to_double(&mut vs, &model);
+    let mut c = DpoTrlConfig::default();
+    c.train.batch_size = batch_size;
+    c.train.epochs = 1;
+    c.train.log_interval = 1;
+    c.train.eval_interval = 1000;
+    c.train.checkpoint_interval = 1000;
+    c.train.checkpoint_dir = dir.display().to_string();
+    c.train.seed = 5;
+    c.optimizer.kwargs.lr = 1e-2;
+    c.scheduler.kwargs.eta_min = 1e-2;
+    let t = DpoTrainer::new(c, model, pairs, Box::new(ByteTokenizer::new())).unwrap();
+    (vs, t)
+}
+
+#[test]
+fn data_parallel_dpo_equals_one_process_on_the_global_batch() {
+    let w = run_two("worker_dpo_epoch");
+    let single = w.tensors("dpo_single.ot");
+    let init = w.tensors("dpo_init.ot");
+    let ranks = [w.tensors("dpo_0.ot"), w.tensors("dpo_1.ot")];
+    let moved = max_abs_diff(&single, &init);
+    assert!(moved > 1e-4, "the steps moved the weights by {moved}");
+    let between = max_abs_diff(&ranks[0], &ranks[1]);
+    let vs_single = max_abs_diff(&ranks[0], &single);
+    println!(
+        "DPO: max |param difference| data-parallel vs one process {vs_single:e}, rank 0 vs \
+         rank 1 {between:e}, moved {moved:e}"
+    );
+    assert_eq!(between, 0.0, "the ranks' parameters differ");
+    assert!(
+        vs_single <= 1e-9,
+        "data-parallel vs one process {vs_single}"
+    );
+    let s = w.json("dpo_single.json");
+    assert_eq!(s["steps"], json!(3)); // 10 pairs in global batches of 4
+    for rank in 0..2 {
+        let d = w.json(&format!("dpo_{rank}.json"));
+        assert_eq!(d["steps"], s["steps"]);
+        for key in [
+            "loss",
+            "rewards/accuracies",
+            "rewards/margins",
+            "rewards/chosen",
+            "logps/chosen",
+            "logps/rejected",
+            "grad_norm",
+        ] {
+            let (a, b) = (f(&d["epoch"], key), f(&s["epoch"], key));
+            assert!((a - b).abs() <= 1e-9 * (1.0 + b.abs()), "{key}: {a} vs {b}");
+        }
+        // the last step saved a checkpoint on rank 0 only
+        assert_eq!(d["saved"], json!(rank == 0), "rank {rank}: {d}");
+    }
+    // ranks with different pair counts are refused, naming the field
+    assert!(
+        w.json("dpo_1.json")["refused"]
+            .as_str()
+            .unwrap()
+            .contains("pairs = 9 here, 10 on rank 0"),
+        "{}",
+        w.json("dpo_1.json")
+    );
+}
+
+#[test]
+#[ignore = "a worker process of data_parallel_dpo_equals_one_process_on_the_global_batch"]
+fn worker_dpo_epoch() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let shared = SharedCollective::new(pg);
+    let out = out_dir();
+    let single_dir = out.join(format!("dpo-single-{rank}"));
+    let (_vs1, mut single) = dpo_trainer(dpo_pairs(), 4, &single_dir);
+    if rank == 0 {
+        save_model(single.model(), &out.join("dpo_init.ot"));
+    }
+    single.learn(&mut Callbacks::new()).unwrap();
+    if rank == 0 {
+        save_model(single.model(), &out.join("dpo_single.ot"));
+        let j = json!({"steps": single.iter_count(), "epoch": single.history()[0]});
+        write_json(&out.join("dpo_single.json"), &j);
+    }
+    let dir = out.join(format!("dpo-ckpt-{rank}"));
+    let (_vs2, dp) = dpo_trainer(dpo_pairs(), 2, &dir);
+    let mut dp = dp.with_collective(shared.clone()).unwrap();
+    assert_eq!(dp.total_steps(), 3);
+    dp.learn(&mut Callbacks::new()).unwrap();
+    save_model(dp.model(), &out.join(format!("dpo_{rank}.ot")));
+    // a group whose ranks hold different pairs is refused on every rank
+    let mut fewer = dpo_pairs();
+    if rank == 1 {
+        fewer.pop();
+    }
+    let (_vs3, other) = dpo_trainer(fewer, 2, &dir);
+    let err = other.with_collective(shared.clone()).unwrap_err();
+    assert!(matches!(err, Error::Distributed { .. }), "{err}");
+    let j = json!({
+        "steps": dp.iter_count(),
+        "epoch": dp.history()[0],
+        "saved": dir.exists(),
+        "refused": err.to_string(),
+    });
+    write_json(&out.join(format!("dpo_{rank}.json")), &j);
+    done("worker_dpo_epoch", rank);
 }
