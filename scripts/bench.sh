@@ -9,7 +9,7 @@ TORCHRL_WITH_PYTHON_REFS=1 ./scripts/setup.sh
 PY="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}/venv/bin/python"
 rust_out=$(mktemp); py_out=$(mktemp)
 trap 'rm -f "$rust_out" "$py_out"' EXIT
-for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//'); do
+for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vx distributed); do
   cargo bench --quiet --bench "$b" 2>/dev/null | grep -P '^W\w+\t' >> "$rust_out"
 done
 "$PY" benches/python/torchrl_baseline.py > "$py_out"
@@ -20,6 +20,17 @@ for cfg in flagship:W11_ppo_rlhf_iteration_flagship small:W12_ppo_rlhf_iteration
   OMP_NUM_THREADS=1 "$PY" benches/python/rlhf_baseline.py --config "${cfg%%:*}" 2>/dev/null | tail -1 | \
     "$PY" -c "import json,sys; r=json.load(sys.stdin); print(f'${cfg#*:}\t{1/r[\"iteration_s_best\"]:.4f}\t# peak RSS {r[\"peak_rss_mib\"]:.0f} MiB')" >> "$py_out"
 done
+# W15 / W16: a GRPO / DPO optimizer step against TRL 1.16's GRPOTrainer / DPOTrainer (JSON -> tab lines),
+# both training the same parameters (the top block and the final norm; TRL keeps its full reference copy).
+for cfg in grpo:W15_grpo_step_flagship dpo:W16_dpo_step_flagship; do
+  OMP_NUM_THREADS=1 "$PY" benches/python/grpo_dpo_baseline.py --workload "${cfg%%:*}" --unfrozen 1 2>/dev/null | tail -1 | \
+    "$PY" -c "import json,sys; r=json.load(sys.stdin); print(f'${cfg#*:}\t{1/r[\"step_s_best\"]:.4f}\t# median {r[\"step_s_median\"]:.4f} s/step')" >> "$py_out"
+done
+# W17: all_reduce(sum) between 2 processes on loopback, the Rust ProcessGroup against torch.distributed,
+# both on libtorch's c10d Gloo; W18: a data-parallel PPO-RLHF iteration on 1 vs 2 processes at a fixed
+# global batch (Rust only). The bench needs the `distributed` feature, so it is run here, not above.
+cargo bench --quiet --features distributed --bench distributed 2>/dev/null | grep -P '^W\w+\t' >> "$rust_out"
+"$PY" benches/python/allreduce_baseline.py 2>/dev/null | grep -P '^W\w+\t' >> "$py_out"
 printf '%-34s %14s %14s %9s\n' workload "rust ops/s" "torchrl ops/s" ratio
 while IFS=$'\t' read -r name rust; do
   py=$(awk -F'\t' -v n="$name" '$1==n {print $2}' "$py_out")
