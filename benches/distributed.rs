@@ -16,7 +16,8 @@
 //!   ranks (each generates 64 / N and trains on minibatches of 32 / N, gradients summed).
 //!   One thread per process; a warm-up iteration, then timed ones, each after a barrier.
 //!   Prints `W18_ppo_rlhf_iteration_1proc` / `_<N>proc` (iterations/s of the best one) and the
-//!   scaling efficiency `t₁ / (N · t_N)` (1 = perfect), with the rollout / update split.
+//!   scaling efficiency `t₁ / (N · t_N)` (1 = perfect), with the rollout / update split; the
+//!   same for GPT-2 small's trunk (`W18_ppo_rlhf_iteration_gpt2s_*`).
 //!
 //! Run without `RANK` (as `cargo bench --features distributed --bench distributed` does), the
 //! binary runs W18's one-process half itself, then starts N copies of itself with torchrun's
@@ -24,7 +25,9 @@
 //! free port) and waits for them. Prints `W<name>\t<ops/s>` lines (the format
 //! `scripts/bench.sh` pairs with the Python side) and `#` lines with the details. Env:
 //! `TORCHRL_BENCH_WORLD` (processes, default 2), `TORCHRL_BENCH_DIST=allreduce|ppo|both`
-//! (default `both`), `TORCHRL_BENCH_ITERS` (timed PPO iterations, default 4).
+//! (default `both`), `TORCHRL_BENCH_DIST_SHAPE=flagship|gpt2s|both` (W18's shapes, default
+//! `both`; `gpt2s` is GPT-2 small's 12 × 768 trunk, byte vocabulary, on W12's batch of 8:
+//! compute-bound), `TORCHRL_BENCH_ITERS` (timed PPO iterations, default 4 / 2).
 
 use std::net::TcpListener;
 use std::process::{Child, Command};
@@ -39,7 +42,7 @@ use torchrl::modules::llm::{
 };
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
-use torchrl::trainers::parallel::{rank_seed, Collective};
+use torchrl::trainers::parallel::{rank_seed, Collective, SharedCollective};
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::{Generator, Result};
 
@@ -61,7 +64,7 @@ fn free_port() -> u16 {
 }
 
 /// The parent: spawns the ranks, waits for all of them; when one fails, kills the others.
-fn launch(world: usize, extra: &[(&str, String)]) -> i32 {
+fn launch(world: usize, extra: &[(String, String)]) -> i32 {
     let exe = std::env::current_exe().expect("current_exe");
     let port = free_port();
     let mut children: Vec<(usize, Child)> = (0..world)
@@ -73,7 +76,7 @@ fn launch(world: usize, extra: &[(&str, String)]) -> i32 {
                 .env("LOCAL_WORLD_SIZE", world.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
-                .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
+                .envs(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .spawn()
                 .expect("spawn a rank");
             (rank, child)
@@ -168,11 +171,49 @@ fn allreduce(pg: &ProcessGroup) -> Result<()> {
     pg.barrier()
 }
 
-/// W18's global batch: rollouts per iteration and the global PPO minibatch (W11's).
-const PPO_ROLLOUTS: usize = 64;
-const PPO_MINIBATCH: usize = 32;
-const PPO_PROMPT_LEN: usize = 5;
-const PPO_NEW_TOKENS: i64 = 12;
+/// W18's shapes: the model and the global batch (rollouts per iteration, PPO minibatch).
+struct Shape {
+    name: &'static str,
+    layers: i64,
+    width: i64,
+    heads: i64,
+    unfrozen: i64,
+    rollouts: usize,
+    minibatch: usize,
+    prompt_len: usize,
+    new_tokens: i64,
+    iters: usize,
+}
+
+/// W11's flagship shape: 2 blocks × 64, 64 rollouts, minibatches of 32.
+const FLAGSHIP: Shape = Shape {
+    name: "W18_ppo_rlhf_iteration",
+    layers: 2,
+    width: 64,
+    heads: 4,
+    unfrozen: 1,
+    rollouts: 64,
+    minibatch: 32,
+    prompt_len: 5,
+    new_tokens: 12,
+    iters: 4,
+};
+
+/// GPT-2 small's trunk (12 × 768, 12 heads; the byte vocabulary), W12's batch: 8 rollouts of
+/// 16 + 16 tokens, minibatches of 8, hydra with 2 unfrozen blocks. Compute-bound, unlike the
+/// flagship's shape, where the collectives' latency is a large share of a step.
+const GPT2_SMALL: Shape = Shape {
+    name: "W18_ppo_rlhf_iteration_gpt2s",
+    layers: 12,
+    width: 768,
+    heads: 12,
+    unfrozen: 2,
+    rollouts: 8,
+    minibatch: 8,
+    prompt_len: 16,
+    new_tokens: 16,
+    iters: 2,
+};
 
 /// Best and median seconds per iteration, and the median rollout and update seconds.
 struct PpoTimes {
@@ -182,9 +223,10 @@ struct PpoTimes {
     update: f64,
 }
 
-/// W18 on one rank (`group` = `None`: the one-process run): W11's PPO-RLHF iteration with this
-/// rank's share of the global batch.
-fn ppo(group: Option<ProcessGroup>, iters: usize) -> Result<PpoTimes> {
+/// W18 on one rank (`group` = `None`: the one-process run): a PPO-RLHF iteration of `shape`
+/// with this rank's share of the global batch.
+fn ppo_on(shape: &Shape, group: Option<SharedCollective>) -> Result<PpoTimes> {
+    let iters = iters_of(shape);
     let (rank, world) = group
         .as_ref()
         .map_or((0, 1), |g| (g.rank(), g.world_size()));
@@ -192,29 +234,29 @@ fn ppo(group: Option<ProcessGroup>, iters: usize) -> Result<PpoTimes> {
     let tok = ByteTokenizer::new();
     let cfg = Gpt2Config::new(tok.vocab_size())
         .with_n_positions(64)
-        .with_n_embd(64)
-        .with_n_layer(2)
-        .with_n_head(4)
+        .with_n_embd(shape.width)
+        .with_n_layer(shape.layers)
+        .with_n_head(shape.heads)
         .with_special_tokens(None, tok.eos_token_id(), tok.pad_token_id());
     let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, 1)?;
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, shape.unfrozen)?;
     let rm_vs = VarStore::new(Device::Cpu);
     let rm = Gpt2ScoreModel::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
-    let local = PPO_ROLLOUTS / world;
+    let local = shape.rollouts / world;
     let mut rng = Generator::new(rank_seed(0, rank));
     let prompts: Vec<Vec<i64>> = (0..local * (iters + 2))
         .map(|_| {
-            (0..PPO_PROMPT_LEN)
+            (0..shape.prompt_len)
                 .map(|_| 97 + rng.below(26) as i64)
                 .collect()
         })
         .collect();
     let env_cfg = TokenEnvConfig::for_model(&cfg)
-        .with_max_new_tokens(PPO_NEW_TOKENS)
+        .with_max_new_tokens(shape.new_tokens)
         .with_batch_size(local as i64);
     let env = TokenEnv::new(env_cfg, prompts, Box::new(RewardModelScorer::new(rm)))?;
     let mut c = TrlConfig::default();
-    c.train.batch_size = PPO_MINIBATCH / world;
+    c.train.batch_size = shape.minibatch / world;
     c.train.epochs = iters + 2; // never the last step: no final evaluate + save inside the timing
     c.train.log_interval = 1_000_000;
     c.train.eval_interval = 1_000_000;
@@ -224,7 +266,7 @@ fn ppo(group: Option<ProcessGroup>, iters: usize) -> Result<PpoTimes> {
     c.method.ppo_epochs = 4;
     c.method.scale_reward = ScaleReward::Ignored;
     c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: PPO_NEW_TOKENS as usize,
+        max_new_tokens: shape.new_tokens as usize,
         top_k: 0,
         top_p: 1.0,
         do_sample: true,
@@ -259,8 +301,9 @@ fn ppo(group: Option<ProcessGroup>, iters: usize) -> Result<PpoTimes> {
     })
 }
 
-fn print_ppo(world: usize, t: &PpoTimes, one: Option<f64>) {
-    println!("W18_ppo_rlhf_iteration_{world}proc\t{:.4}", 1.0 / t.best);
+fn print_ppo(shape: &Shape, world: usize, t: &PpoTimes, one: Option<f64>) {
+    let name = shape.name;
+    println!("{name}_{world}proc\t{:.4}", 1.0 / t.best);
     let efficiency = one.map_or(String::new(), |t1| {
         format!(
             "; speed-up {:.2}x, scaling efficiency t1/({world}*t{world}) = {:.2}",
@@ -269,11 +312,35 @@ fn print_ppo(world: usize, t: &PpoTimes, one: Option<f64>) {
         )
     });
     println!(
-        "# W18_ppo_rlhf_iteration_{world}proc: {PPO_ROLLOUTS} rollouts, global minibatch \
-         {PPO_MINIBATCH}, {world} process(es) x 1 thread; best {:.4} / median {:.4} s/iteration; \
-         median rollout {:.4} s, update {:.4} s{efficiency}",
-        t.best, t.median, t.rollout, t.update
+        "# {name}_{world}proc: {} x {} blocks, {} rollouts, global minibatch {}, {world} \
+         process(es) x 1 thread; best {:.4} / median {:.4} s/iteration; median rollout {:.4} s, \
+         update {:.4} s{efficiency}",
+        shape.layers,
+        shape.width,
+        shape.rollouts,
+        shape.minibatch,
+        t.best,
+        t.median,
+        t.rollout,
+        t.update
     );
+}
+
+/// The shapes `TORCHRL_BENCH_DIST_SHAPE` names (`flagship`, `gpt2s` or `both`, the default).
+fn shapes() -> Vec<&'static Shape> {
+    match std::env::var("TORCHRL_BENCH_DIST_SHAPE").as_deref() {
+        Ok("flagship") => vec![&FLAGSHIP],
+        Ok("gpt2s") => vec![&GPT2_SMALL],
+        _ => vec![&FLAGSHIP, &GPT2_SMALL],
+    }
+}
+
+fn t1_var(shape: &Shape) -> String {
+    format!("TORCHRL_BENCH_T1_{}", shape.name)
+}
+
+fn iters_of(shape: &Shape) -> usize {
+    env_or("TORCHRL_BENCH_ITERS", shape.iters).max(1)
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -284,7 +351,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// One rank of the launched group.
-fn worker(which: &str, iters: usize) -> Result<()> {
+fn worker(which: &str) -> Result<()> {
     tch::set_num_threads(1);
     let opts = InitOptions::from_env()?.with_timeout(Duration::from_secs(300));
     let pg = ProcessGroup::new(opts)?;
@@ -292,16 +359,16 @@ fn worker(which: &str, iters: usize) -> Result<()> {
         allreduce(&pg)?;
     }
     if which != "allreduce" {
-        let (main, world) = (pg.is_main(), pg.world_size());
-        let t = ppo(Some(pg), iters)?;
-        if main {
-            print_ppo(
-                world,
-                &t,
-                std::env::var("TORCHRL_BENCH_T1")
+        let shared = SharedCollective::new(pg);
+        for shape in shapes() {
+            let (main, world) = (shared.is_main(), shared.world_size());
+            let t = ppo_on(shape, Some(shared.clone()))?;
+            if main {
+                let t1 = std::env::var(t1_var(shape))
                     .ok()
-                    .and_then(|v| v.parse().ok()),
-            );
+                    .and_then(|v| v.parse().ok());
+                print_ppo(shape, world, &t, t1);
+            }
         }
     }
     Ok(())
@@ -309,9 +376,8 @@ fn worker(which: &str, iters: usize) -> Result<()> {
 
 fn main() {
     let which = std::env::var("TORCHRL_BENCH_DIST").unwrap_or_else(|_| "both".into());
-    let iters = env_or("TORCHRL_BENCH_ITERS", 4usize).max(1);
     if std::env::var_os("RANK").is_some() {
-        if let Err(e) = worker(&which, iters) {
+        if let Err(e) = worker(&which) {
             eprintln!("distributed bench: {e}");
             std::process::exit(1);
         }
@@ -320,14 +386,16 @@ fn main() {
     let mut extra = Vec::new();
     if which != "allreduce" {
         tch::set_num_threads(1);
-        match ppo(None, iters) {
-            Ok(t) => {
-                print_ppo(1, &t, None);
-                extra.push(("TORCHRL_BENCH_T1", t.best.to_string()));
-            }
-            Err(e) => {
-                eprintln!("distributed bench: one-process PPO: {e}");
-                std::process::exit(1);
+        for shape in shapes() {
+            match ppo_on(shape, None) {
+                Ok(t) => {
+                    print_ppo(shape, 1, &t, None);
+                    extra.push((t1_var(shape), t.best.to_string()));
+                }
+                Err(e) => {
+                    eprintln!("distributed bench: one-process PPO: {e}");
+                    std::process::exit(1);
+                }
             }
         }
     }

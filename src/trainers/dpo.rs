@@ -786,7 +786,7 @@ impl RlTrainer for DpoTrainer {
     /// Samples responses for the `("tokens", "prompt")` batch of `data` and writes the
     /// policy's and the reference's log-probs.
     fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
-        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen)
+        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen, false)
     }
 
     fn sample(

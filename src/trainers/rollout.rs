@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::modules::llm::{
     token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Input, TextTokenizer,
 };
-use crate::objectives::llm::align_values_to_tokens;
+use crate::objectives::llm::{align_values_to_tokens, CachedTrunk, TokenPolicyValue};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
@@ -84,12 +84,15 @@ pub(crate) fn check_vocab(
 /// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
 /// the policy generates (seeded from `rng`), then **one trunk pass** of the hydra model over
 /// prompt + response writes `("log_probs", "full")` (the policy's, from raw logits),
-/// `("ref_log_probs", "full")` (the frozen reference's) and `"values"`, all without gradient.
+/// `("ref_log_probs", "full")` (the frozen reference's) and `"values"`, all without gradient;
+/// with `keep_trunk`, also the frozen trunk's output under [`CachedTrunk::KEY`] (when the
+/// model has a frozen trunk), so that the updates can start above it ([`update_policy`]).
 pub(crate) fn hydra_policy_step(
     model: &CausalLmWithHydraValueHead,
     rng: &mut Generator,
     td: TensorDict,
     gen: &GenerationConfig,
+    keep_trunk: bool,
 ) -> Result<TensorDict> {
     let seed = rng.next_u64();
     let mut policy = GenerationPolicy::new(model.policy(), gen.clone(), seed)?;
@@ -105,7 +108,27 @@ pub(crate) fn hydra_policy_step(
     td.set(("log_probs", "full"), lp)?;
     td.set(("ref_log_probs", "full"), ref_lp)?;
     td.set("values", align_values_to_tokens(&out.values)?)?;
+    if let (true, Some(trunk)) = (keep_trunk, out.trunk) {
+        td.set(CachedTrunk::KEY, trunk)?;
+    }
     Ok(td)
+}
+
+/// The policy an update step trains on the minibatch `mb`: continued from the rollout's
+/// frozen-trunk output when `mb` holds it ([`CachedTrunk`]: the frozen blocks are not run
+/// again), else the whole policy.
+pub(crate) fn update_policy<'a>(
+    model: &'a CausalLmWithHydraValueHead,
+    mb: &TensorDict,
+) -> Box<dyn TokenPolicyValue + 'a> {
+    match (mb.get(CachedTrunk::KEY), model.frozen_trunk_end()) {
+        (Some(hidden), Some(start)) => Box::new(CachedTrunk::new(
+            model.policy(),
+            hidden.shallow_clone(),
+            start,
+        )),
+        _ => Box::new(model.policy()),
+    }
 }
 
 /// `prompts` encoded and left-padded with `pad` into a `("tokens", "prompt")` batch with

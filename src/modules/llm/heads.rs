@@ -375,6 +375,23 @@ impl CausalLmWithValueHead {
         self.finish(out)
     }
 
+    /// [`CausalLmWithValueHead::forward`] from the hidden state entering block `start`
+    /// ([`Gpt2Model::forward_from_block`]), the value head on its final hidden state.
+    ///
+    /// # Errors
+    /// As [`Gpt2Model::forward_from_block`].
+    pub fn forward_from_block(
+        &self,
+        hidden: &Tensor,
+        start: usize,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<ValueOutput> {
+        let out = self
+            .model
+            .forward_from_block(hidden, start, attention_mask)?;
+        self.finish(out)
+    }
+
     fn finish(&self, out: Gpt2Output) -> Result<ValueOutput> {
         let values = self.v_head.forward(&out.last_hidden)?.f_squeeze_dim(-1)?;
         Ok(ValueOutput {
@@ -521,6 +538,10 @@ pub struct HydraOutput {
     pub values: Tensor,
     /// Reference logits `[B, T, vocab]`, detached.
     pub ref_logits: Tensor,
+    /// The frozen trunk's output `[B, T, n_embd]` (the hidden state entering block
+    /// [`CausalLmWithHydraValueHead::frozen_trunk_end`]), detached; `None` for a full-copy
+    /// reference (nothing is frozen then).
+    pub trunk: Option<Tensor>,
 }
 
 /// trlX's `GPTHydraHeadWithValueModel(config, num_layers_unfrozen)`: a policy with a value
@@ -672,13 +693,28 @@ impl CausalLmWithHydraValueHead {
             },
         )?;
         let branch_input = out.block_input.as_ref().map(|h| h.shallow_clone());
+        let trunk = match &branch_input {
+            Some(h) => Some(h.f_detach()?),
+            None => None,
+        };
         let ref_logits = self.reference_logits(input, branch_input)?;
         let policy = self.policy.finish(out)?;
         Ok(HydraOutput {
             logits: policy.logits,
             values: policy.values,
             ref_logits,
+            trunk,
         })
+    }
+
+    /// Where the frozen trunk ends: the first trainable policy block (`n_layer −
+    /// num_layers_unfrozen`), whose input [`HydraOutput::trunk`] is; `None` for a full-copy
+    /// reference.
+    pub fn frozen_trunk_end(&self) -> Option<usize> {
+        match &self.reference {
+            Reference::Branch(b) => Some(b.start_block()),
+            Reference::Full(_) => None,
+        }
     }
 
     /// The reference logits only (trlX's `forward_hydra`).

@@ -28,6 +28,6 @@ pub use kl_controller::{
 };
 pub use ppo::{
     align_values_to_tokens, compute_ppo_rlhf_advantages, gae_advantages_and_returns, masked_mean,
-    masked_var, masked_whiten, ppo_rlhf_loss, whiten, PolicyValueFn, PpoRlhfConfig, PpoRlhfInputs,
-    PpoRlhfKeys, PpoRlhfLoss, PpoRlhfLossOutput, TokenPolicyValue,
+    masked_var, masked_whiten, ppo_rlhf_loss, whiten, CachedTrunk, PolicyValueFn, PpoRlhfConfig,
+    PpoRlhfInputs, PpoRlhfKeys, PpoRlhfLoss, PpoRlhfLossOutput, TokenPolicyValue,
 };

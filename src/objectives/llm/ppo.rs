@@ -1013,6 +1013,101 @@ impl TokenPolicyValue for CausalLmWithHydraValueHead {
     }
 }
 
+/// A hydra policy whose frozen trunk was already run: the trunk's output `hidden`
+/// `[B, T, n_embd]` for exactly the rows being scored (what [`HydraOutput::trunk`] gave at the
+/// rollout, kept under [`CachedTrunk::KEY`] in the trainers' stores), and the block it
+/// enters. The trunk is frozen, so its output is the same at every update of the rollout;
+/// starting the forward there skips the frozen blocks (for GPT-2 small with 2 unfrozen
+/// blocks, 10 of 12 in every update forward) and gives the same log-probs and values up to
+/// rounding. The update's gradient never reached the frozen blocks anyway.
+///
+/// [`HydraOutput::trunk`]: crate::modules::llm::HydraOutput::trunk
+///
+/// ```
+/// use tch::nn::VarStore;
+/// use tch::Tensor;
+/// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, Gpt2Input};
+/// use torchrl::objectives::llm::{CachedTrunk, TokenPolicyValue};
+/// # fn main() -> torchrl::Result<()> {
+/// let cfg = Gpt2Config::new(20).with_n_layer(3).with_n_embd(8).with_n_head(2).with_n_positions(8);
+/// let vs = VarStore::new(tch::Device::Cpu);
+/// let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, 1)?;
+/// let ids = Tensor::from_slice(&[3i64, 4, 5, 6]).view([2, 2]);
+/// let mask = ids.ones_like();
+/// let out = model.forward(&Gpt2Input::new(&ids).with_attention_mask(&mask))?;
+/// let cached = CachedTrunk::new(model.policy(), out.trunk.unwrap(), model.frozen_trunk_end().unwrap());
+/// let (lp, v) = cached.log_probs_and_values(&ids, &mask)?;
+/// let (lp_full, v_full) = model.log_probs_and_values(&ids, &mask)?;
+/// assert!((lp - lp_full).abs().max().double_value(&[]) < 1e-6);
+/// assert!((v - v_full).abs().max().double_value(&[]) < 1e-6);
+/// assert!(cached.log_probs_and_values(&ids.narrow(0, 0, 1), &mask.narrow(0, 0, 1)).is_err());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct CachedTrunk<'a> {
+    policy: &'a CausalLmWithValueHead,
+    hidden: Tensor,
+    start: usize,
+}
+
+impl<'a> CachedTrunk<'a> {
+    /// Where the trainers keep the rollout's trunk output: `("hydra", "trunk")`.
+    pub const KEY: (&'static str, &'static str) = ("hydra", "trunk");
+
+    /// `policy` continued from `hidden`, the output of its frozen blocks `0..start`.
+    pub fn new(policy: &'a CausalLmWithValueHead, hidden: Tensor, start: usize) -> Self {
+        CachedTrunk {
+            policy,
+            hidden,
+            start,
+        }
+    }
+
+    fn forward(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<crate::modules::llm::ValueOutput> {
+        let size = tokens.size();
+        if self.hidden.size().get(..2) != Some(size.as_slice()) {
+            return Err(Error::value(
+                "CachedTrunk",
+                "tokens",
+                format!(
+                    "the rows of the cached trunk output, [B, T] of {}",
+                    ShapeFmt(&self.hidden.size())
+                ),
+                ShapeFmt(&size).to_string(),
+            ));
+        }
+        self.policy
+            .forward_from_block(&self.hidden, self.start, Some(attention_mask))
+    }
+}
+
+impl TokenPolicyValue for CachedTrunk<'_> {
+    fn log_probs_and_values(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let out = self.forward(tokens, attention_mask)?;
+        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
+        Ok((lp, align_values_to_tokens(&out.values)?))
+    }
+
+    fn log_probs_values_entropy(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let out = self.forward(tokens, attention_mask)?;
+        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
+        let h = token_entropy(&out.logits, Some(attention_mask))?.f_to_kind(lp.kind())?;
+        Ok((lp, align_values_to_tokens(&out.values)?, Some(h)))
+    }
+}
+
 /// `TokenPolicyValue` through a reference or a smart pointer, forwarding to the pointee.
 macro_rules! forward_token_policy_value {
     ($($ptr:ty),*) => {$(
