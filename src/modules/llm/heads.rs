@@ -50,7 +50,7 @@ use super::gpt2::{
     copy_layer_norm, copy_tensor, run_blocks, Block, ForwardOptions, Gpt2Input, Gpt2Model,
     Gpt2Output, LayerNorm,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::TensorDictModule;
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -148,6 +148,96 @@ pub fn token_log_probs(logits: &Tensor, tokens: &Tensor, mask: Option<&Tensor>) 
             Ok(lp.f_mul(&m)?.f_mul(&prev)?)
         }
         None => Ok(lp),
+    }
+}
+
+/// The per-token entropy of a causal LM's next-token distribution, aligned with the tokens as
+/// [`token_log_probs`] is: `H[t] = −Σ_v p_v·log p_v`
+/// of `softmax(logits[t − 1])`, the distribution `token[t]` is drawn from; 0 at `t = 0` and,
+/// with a `mask`, wherever the token or the one before it is padding. Differentiable in the
+/// logits; float64 logits give float64, other floating kinds float32 (as `token_log_probs`).
+///
+/// This is what [`GrpoConfig::entropy_coeff`]'s bonus uses when the policy gives it
+/// ([`TokenPolicyValue::log_probs_values_entropy`]); TorchRL's `LLMMaskedCategorical.entropy`
+/// and TRL's fused LM head compute the same quantity.
+///
+/// [`GrpoConfig::entropy_coeff`]: crate::objectives::llm::GrpoConfig::entropy_coeff
+/// [`TokenPolicyValue::log_probs_values_entropy`]: crate::objectives::llm::TokenPolicyValue::log_probs_values_entropy
+///
+/// # Shapes
+/// `logits` `[B, T, V]`, `mask` `[B, T]`; the output `[B, T]`.
+///
+/// # Errors
+/// When `logits` is not a floating-point `[B, T, V]` tensor or `mask` is not `[B, T]`.
+///
+/// ```
+/// use tch::{Kind, Tensor};
+/// use torchrl::objectives::llm::token_entropy;
+/// # fn main() -> torchrl::Result<()> {
+/// // uniform logits over 4 tokens: log 4 everywhere but at t = 0; a one-hot row: 0
+/// let logits = Tensor::zeros([1, 3, 4], (Kind::Double, tch::Device::Cpu));
+/// let _ = logits.get(0).get(1).get(2).fill_(1e4);
+/// let h = Vec::<f64>::try_from(token_entropy(&logits, None)?.view([-1]))?;
+/// assert_eq!(h[0], 0.0);
+/// assert!((h[1] - 4f64.ln()).abs() < 1e-12 && h[2].abs() < 1e-12);
+/// # Ok(()) }
+/// ```
+pub fn token_entropy(logits: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    const OP: &str = "token_entropy";
+    let size = logits.size();
+    let (b, t) = match size.as_slice() {
+        [b, t, _] if logits.is_floating_point() => (*b, *t),
+        _ => {
+            return Err(Error::value(
+                OP,
+                "logits",
+                "a floating-point [B, T, V] tensor",
+                format!("{:?} of shape {}", logits.kind(), ShapeFmt(&size)),
+            ))
+        }
+    };
+    if let Some(m) = mask {
+        if m.size() != [b, t] {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                key: "mask".into(),
+                expected: vec![b, t],
+                actual: m.size(),
+            });
+        }
+    }
+    let kind = if logits.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    };
+    let first = Tensor::f_zeros([b, 1], (kind, logits.device()))?;
+    if t == 0 {
+        return Ok(Tensor::f_zeros([b, 0], (kind, logits.device()))?);
+    }
+    let floor = if kind == Kind::Double {
+        f64::MIN
+    } else {
+        f64::from(f32::MIN)
+    };
+    // p·log p with log p floored, so a zero probability adds 0 rather than 0·(−∞)
+    let logp = logits
+        .f_narrow(1, 0, t - 1)?
+        .f_log_softmax(-1, kind)?
+        .f_clamp_min(floor)?;
+    let h = logp
+        .f_exp()?
+        .f_mul(&logp)?
+        .f_sum_dim_intlist(-1, false, None::<Kind>)?
+        .f_neg()?;
+    let h = Tensor::f_cat(&[&first, &h], 1)?;
+    match mask {
+        Some(m) => {
+            let m = m.f_ne(0)?.f_to_kind(kind)?;
+            let prev = Tensor::f_cat(&[&first, &m.f_narrow(1, 0, t - 1)?], 1)?;
+            Ok(h.f_mul(&m)?.f_mul(&prev)?)
+        }
+        None => Ok(h),
     }
 }
 

@@ -34,9 +34,10 @@ pub use generation::{
 };
 pub use gpt2::{position_ids_from_mask, ForwardOptions, Gpt2Input, Gpt2Model, Gpt2Output};
 pub use heads::{
-    batched_index_select, last_token_index, token_log_probs, CausalLmWithHydraValueHead,
-    CausalLmWithIlqlHeads, CausalLmWithValueHead, Gpt2ScoreModel, HydraOutput, IlqlHeads,
-    IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch, ValueOutput,
+    batched_index_select, last_token_index, token_entropy, token_log_probs,
+    CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithValueHead, Gpt2ScoreModel,
+    HydraOutput, IlqlHeads, IlqlHeadsOutput, IlqlOutput, LlmKeys, MlpHead, ModelBranch,
+    ValueOutput,
 };
 pub use ilql_generation::{
     ilql_generate, ilql_generate_with, ilql_scores, IlqlGenerationConfig, IlqlGenerationOutput,

@@ -71,10 +71,9 @@ use tch::{Kind, Tensor};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::modules::llm::{
-    token_log_probs, CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Input,
+    token_entropy, token_log_probs, CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Input,
 };
 use crate::objectives::common::{LossModule, LossOutput};
-use crate::objectives::llm::grpo::token_entropy;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// The variance floor of every whitening (`rsqrt(var + 1e-8)`, trlX and TRL).
