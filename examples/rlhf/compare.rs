@@ -22,6 +22,7 @@ use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::config::GenKwargs;
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
+use torchrl::trainers::parallel::{rank_seed, Collective, SharedCollective};
 use torchrl::{Result, TensorDict};
 
 use super::{bar, task, Config, MAX_NEW_TOKENS};
@@ -37,6 +38,18 @@ pub struct MethodRow {
     /// Seconds the stage took (data collection, training and its evaluations); NaN for the
     /// SFT row (its time is the shared first stage's).
     pub seconds: f64,
+}
+
+impl MethodRow {
+    /// The row of a stage that ran on a rank other than 0 (which evaluates for the group).
+    fn not_measured(method: &str) -> Self {
+        MethodRow {
+            method: method.into(),
+            score: f64::NAN,
+            kl: f64::NAN,
+            seconds: f64::NAN,
+        }
+    }
 }
 
 /// Sum over response positions of the exact per-state KL between two next-token log-prob
@@ -126,12 +139,12 @@ pub fn ilql_kl(
     )
 }
 
-fn grpo_config(cfg: &Config) -> GrpoTrlConfig {
+fn grpo_config(cfg: &Config, world: usize) -> GrpoTrlConfig {
     let mut c = GrpoTrlConfig::default();
     c.train.seq_length = 32;
     c.train.epochs = cfg.iterations;
     c.train.total_steps = 1_000_000;
-    c.train.batch_size = cfg.batch;
+    c.train.batch_size = cfg.batch / world;
     c.train.log_interval = 1_000_000;
     c.train.eval_interval = 1_000_000;
     c.train.checkpoint_interval = 1_000_000;
@@ -142,8 +155,8 @@ fn grpo_config(cfg: &Config) -> GrpoTrlConfig {
     c.scheduler.kwargs.eta_min = 1e-3;
     let m = &mut c.method;
     m.num_generations = 8;
-    m.num_rollouts = cfg.rollouts;
-    m.chunk_size = cfg.rollouts;
+    m.num_rollouts = cfg.rollouts / world;
+    m.chunk_size = cfg.rollouts / world;
     m.num_iterations = 2;
     m.beta = 0.04;
     m.epsilon_high = Some(0.28); // DAPO's clip-higher
@@ -166,21 +179,23 @@ pub fn run_grpo(
     rm_dir: &Path,
     prompts: &[String],
     eval_prompts: &[String],
+    group: Option<&SharedCollective>,
 ) -> Result<MethodRow> {
     let start = Instant::now();
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
     let vs = nn::VarStore::new(Device::Cpu);
     let sft = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
     let rm_vs = nn::VarStore::new(Device::Cpu);
     let rm = Gpt2ScoreModel::from_pretrained(&rm_vs.root(), rm_dir)?;
-    let config = grpo_config(cfg);
+    let config = grpo_config(cfg, world);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let env_config = TokenEnvConfig::for_model(model.policy().model().config())
         .with_max_new_tokens(MAX_NEW_TOKENS)
-        .with_batch_size(cfg.rollouts as i64)
+        .with_batch_size((cfg.rollouts / world) as i64)
         .with_num_generations(config.method.num_generations as i64)
         .with_shuffle(true)
-        .with_seed(cfg.seed + 3);
+        .with_seed(rank_seed(cfg.seed + 3, rank));
     let env = TokenEnv::from_text(
         env_config,
         tok,
@@ -190,6 +205,9 @@ pub fn run_grpo(
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
     let mut trainer = GrpoTrainer::new(config, model, env, Box::new(*tok))?
         .with_evaluation(Evaluation::new(eval_prompts.to_vec()).with_reward_fn(hidden));
+    if let Some(g) = group {
+        trainer = trainer.with_collective(g.clone())?;
+    }
     let pb = bar(cfg.iterations, "GRPO", cfg.quiet);
     let mut callbacks = Callbacks::new();
     for _ in 0..cfg.iterations {
@@ -198,6 +216,9 @@ pub fn run_grpo(
         pb.inc(1);
     }
     pb.finish();
+    if rank > 0 {
+        return Ok(MethodRow::not_measured("GRPO"));
+    }
     let score = trainer.evaluate()?.mean_reward.unwrap_or(f64::NAN);
     let td = trainer.act(&prompt_batch(tok, eval_prompts)?)?;
     let kl = hydra_kl(trainer.model(), &td)?;
@@ -209,12 +230,12 @@ pub fn run_grpo(
     })
 }
 
-fn dpo_config(cfg: &Config) -> DpoTrlConfig {
+fn dpo_config(cfg: &Config, world: usize) -> DpoTrlConfig {
     let mut c = DpoTrlConfig::default();
     c.train.seq_length = 32;
     c.train.epochs = cfg.dpo_epochs;
     c.train.total_steps = 1_000_000;
-    c.train.batch_size = cfg.batch;
+    c.train.batch_size = cfg.batch / world;
     c.train.log_interval = 1_000_000;
     c.train.eval_interval = 1_000_000;
     c.train.checkpoint_interval = 1_000_000;
@@ -238,14 +259,19 @@ pub fn run_dpo(
     pairs: Vec<DpoPair>,
     test_pairs: &[DpoPair],
     eval_prompts: &[String],
+    group: Option<&SharedCollective>,
 ) -> Result<(MethodRow, f64)> {
     let start = Instant::now();
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
     let vs = nn::VarStore::new(Device::Cpu);
     let sft = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
-    let mut trainer = DpoTrainer::new(dpo_config(cfg), model, pairs, Box::new(*tok))?
+    let mut trainer = DpoTrainer::new(dpo_config(cfg, world), model, pairs, Box::new(*tok))?
         .with_evaluation(Evaluation::new(eval_prompts.to_vec()).with_reward_fn(hidden));
+    if let Some(g) = group {
+        trainer = trainer.with_collective(g.clone())?;
+    }
     let pb = bar(cfg.dpo_epochs, "DPO", cfg.quiet);
     let mut callbacks = Callbacks::new();
     for _ in 0..cfg.dpo_epochs {
@@ -258,6 +284,9 @@ pub fn run_dpo(
         pb.inc(1);
     }
     pb.finish();
+    if rank > 0 {
+        return Ok((MethodRow::not_measured("DPO"), f64::NAN));
+    }
     let held_out = trainer.evaluate_pairs(test_pairs)?;
     let score = trainer.evaluate()?.mean_reward.unwrap_or(f64::NAN);
     let td = trainer.act(&prompt_batch(tok, eval_prompts)?)?;

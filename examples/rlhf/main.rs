@@ -65,7 +65,7 @@ use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
 use torchrl::trainers::dpo::DpoPair;
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
-use torchrl::trainers::parallel::{rank_seed, Collective};
+use torchrl::trainers::parallel::{rank_seed, Collective, SharedCollective};
 use torchrl::trainers::ppo::{IterationStats, PpoRlhfTrainer};
 use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
@@ -803,12 +803,13 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             source: e,
         }
     };
-    // Under torchrl-launch: PPO is data-parallel over the ranks (each generates its share of
-    // the rollouts); rank 0 alone writes files, prints and runs the later stages.
-    let group = launched()?;
+    // Under torchrl-launch: PPO, GRPO and DPO are data-parallel over the ranks (each generates
+    // its share of the rollouts, learns on its share of each minibatch); rank 0 alone writes
+    // files, prints, evaluates and runs ILQL.
+    let group = launched()?.map(SharedCollective::new);
     let (rank, world) = group
         .as_ref()
-        .map_or((0, 1), |g| (Collective::rank(g), Collective::world_size(g)));
+        .map_or((0, 1), |g| (g.rank(), g.world_size()));
     if !cfg.rollouts.is_multiple_of(world) || !cfg.batch.is_multiple_of(world) {
         return Err(fail(format!(
             "{world} processes: the rollouts ({}) and the minibatch ({}) must divide evenly",
@@ -866,8 +867,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
     let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg, world), model, env, Box::new(tok))?
         .with_evaluation(Evaluation::new(eval_prompts.clone()).with_reward_fn(hidden));
-    if let Some(group) = group {
-        trainer = trainer.with_collective(group)?;
+    if let Some(g) = &group {
+        trainer = trainer.with_collective(g.clone())?;
     }
     let ckpt_dir = cfg.out.join("checkpoints");
     if cfg.resume {
@@ -932,8 +933,27 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         kl: compare::hydra_kl(trainer.model(), &td)?,
         seconds: ppo_start.elapsed().as_secs_f64(),
     };
+    // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs (every rank).
+    let grpo_row = compare::run_grpo(
+        cfg,
+        &tok,
+        &sft_dir,
+        &rm_dir,
+        &prompts,
+        &eval_prompts,
+        group.as_ref(),
+    )?;
+    let (dpo_row, dpo_test_accuracy) = compare::run_dpo(
+        cfg,
+        &tok,
+        &sft_dir,
+        dpo_train,
+        &dpo_test,
+        &eval_prompts,
+        group.as_ref(),
+    )?;
     if !is_main {
-        // the later stages are single-process: rank 0 runs them
+        // ILQL (offline) and the reports are rank 0's
         return Ok(Summary {
             sft_loss_first: sft_first,
             sft_loss_last: sft_last,
@@ -943,8 +963,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             rows,
             ilql_behaviour_score: f64::NAN,
             ilql_sweep: Vec::new(),
-            dpo_test_accuracy: f64::NAN,
-            methods: vec![ppo_row],
+            dpo_test_accuracy,
+            methods: vec![ppo_row, grpo_row, dpo_row],
             seconds: start.elapsed().as_secs_f64(),
         });
     }
@@ -961,10 +981,6 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         sweep: ilql_sweep,
         row: ilql_row,
     } = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
-    // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs.
-    let grpo_row = compare::run_grpo(cfg, &tok, &sft_dir, &rm_dir, &prompts, &eval_prompts)?;
-    let (dpo_row, dpo_test_accuracy) =
-        compare::run_dpo(cfg, &tok, &sft_dir, dpo_train, &dpo_test, &eval_prompts)?;
     let methods = vec![
         compare::MethodRow {
             method: "SFT (the reference)".into(),
