@@ -933,6 +933,13 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         kl: compare::hydra_kl(trainer.model(), &td)?,
         seconds: ppo_start.elapsed().as_secs_f64(),
     };
+    // 4. ILQL on offline data (the SFT policy's samples scored by the hidden rule), on rank 0;
+    // the other ranks go on to GRPO and wait for rank 0 in its first collective.
+    let ilql = if is_main {
+        Some(run_ilql(cfg, &tok, &sft_dir, &prompts)?)
+    } else {
+        None
+    };
     // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs (every rank).
     let grpo_row = compare::run_grpo(
         cfg,
@@ -952,7 +959,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         &eval_prompts,
         group.as_ref(),
     )?;
-    if !is_main {
+    let Some(ilql) = ilql else {
         // ILQL (offline) and the reports are rank 0's
         return Ok(Summary {
             sft_loss_first: sft_first,
@@ -967,7 +974,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             methods: vec![ppo_row, grpo_row, dpo_row],
             seconds: start.elapsed().as_secs_f64(),
         });
-    }
+    };
     write_csv(&cfg.out.join("rlhf_log.csv"), &rows)?;
     if let Err(e) = plot(&cfg.out.join("rlhf_curves.png"), &rows) {
         return Err(fail(format!(
@@ -975,12 +982,11 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             cfg.out.join("rlhf_curves.png").display()
         )));
     }
-    // 4. ILQL on offline data: the SFT policy's samples scored by the hidden rule.
     let IlqlStage {
         behaviour_score: ilql_behaviour_score,
         sweep: ilql_sweep,
         row: ilql_row,
-    } = run_ilql(cfg, &tok, &sft_dir, &prompts)?;
+    } = ilql;
     let methods = vec![
         compare::MethodRow {
             method: "SFT (the reference)".into(),
