@@ -79,7 +79,7 @@ use super::grpo::trl_defaults;
 use super::optim::{AdamW, CosineAnnealingLr};
 use super::parallel::{check_same_schedule, Collective, SharedCollective};
 use super::rollout::{
-    generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params,
+    generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params, shuffled,
     trainable_params, StateFields,
 };
 use crate::error::{Error, Result};
@@ -628,12 +628,7 @@ impl DpoTrainer {
     /// # Errors
     /// As [`DpoTrainer::step`] and the callbacks.
     pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
-        let n = self.pairs.len();
-        let mut order: Vec<usize> = (0..n).collect();
-        for i in (1..n).rev() {
-            let j = self.rng.below(i as u64 + 1) as usize;
-            order.swap(i, j);
-        }
+        let mut order = shuffled(&mut self.rng, self.pairs.len());
         if self.collective.world_size() > 1 {
             // every rank steps through rank 0's order
             let ids: Vec<i64> = order.iter().map(|&i| i as i64).collect();

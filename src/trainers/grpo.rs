@@ -87,9 +87,9 @@ use super::optim::{AdamW, CosineAnnealingLr};
 use super::parallel::{check_same_schedule, rank_seed, Collective, SharedCollective};
 use super::ppo::IterationStats;
 use super::rollout::{
-    check_vocab, generate_text, generation_config, hydra_policy_step, policy_params, prompt_batch,
-    prompt_state_json, reference_params, set_prompt_state_json, trainable_params, update_policy,
-    StateFields,
+    check_store_rows, check_vocab, generate_text, generation_config, hydra_policy_step,
+    permutation, policy_params, prompt_batch, prompt_state_json, reference_params,
+    set_prompt_state_json, trainable_params, update_policy, StateFields,
 };
 use crate::envs::llm::{TokenEnv, TokenEnvConfig};
 use crate::envs::EnvBase;
@@ -611,14 +611,7 @@ impl GrpoTrainer {
         store: TensorDict,
         callbacks: &mut Callbacks<'_>,
     ) -> Result<IterationStats> {
-        if store.batch_size().first().copied().unwrap_or(0) < 1 {
-            return Err(Error::value(
-                "GrpoTrainer::learn_on",
-                "store",
-                "at least one rollout along the first batch dim",
-                format!("batch size {:?}", store.batch_size()),
-            ));
-        }
+        check_store_rows("GrpoTrainer::learn_on", &store)?;
         let stats = self.prepare_store(store, Instant::now())?;
         self.update_phase(stats, callbacks)
     }
@@ -804,7 +797,7 @@ impl GrpoTrainer {
         let mut sums = Stats::new();
         let mut steps = 0usize;
         'passes: for _ in 0..self.config.method.num_iterations {
-            let perm = self.permutation(n)?;
+            let perm = permutation(&mut self.rng, n, self.model.policy().model().device())?;
             let mut at = 0;
             while at < n {
                 let len = mb.min(n - at);
@@ -834,16 +827,6 @@ impl GrpoTrainer {
         self.epoch += 1;
         self.history.push(stats.clone());
         Ok(stats)
-    }
-
-    fn permutation(&mut self, n: i64) -> Result<Tensor> {
-        let mut idx: Vec<i64> = (0..n).collect();
-        for i in (1..idx.len()).rev() {
-            let j = self.rng.below(i as u64 + 1) as usize;
-            idx.swap(i, j);
-        }
-        let device = self.model.policy().model().device();
-        Ok(Tensor::f_from_slice(&idx)?.f_to_device(device)?)
     }
 
     fn encode_prompts(&self, prompts: &[String]) -> Result<TensorDict> {

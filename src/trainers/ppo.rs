@@ -78,9 +78,9 @@ use super::config::{ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
 use super::optim::{AdamW, CosineAnnealingLr};
 use super::parallel::{rank_seed, Collective, SharedCollective};
 use super::rollout::{
-    check_vocab, generate_text, generation_config, hydra_policy_step, policy_params, prompt_batch,
-    prompt_state_json, reference_params, set_prompt_state_json, trainable_params, update_policy,
-    StateFields,
+    check_store_rows, check_vocab, generate_text, generation_config, hydra_policy_step,
+    permutation, policy_params, prompt_batch, prompt_state_json, reference_params,
+    set_prompt_state_json, trainable_params, update_policy, StateFields,
 };
 use crate::envs::llm::{
     KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling, TokenEnv,
@@ -582,15 +582,7 @@ impl PpoRlhfTrainer {
         store: TensorDict,
         callbacks: &mut Callbacks<'_>,
     ) -> Result<IterationStats> {
-        let n = store.batch_size().first().copied().unwrap_or(0);
-        if n < 1 {
-            return Err(Error::value(
-                "PpoRlhfTrainer::learn_on",
-                "store",
-                "at least one rollout along the first batch dim",
-                format!("batch size {:?}", store.batch_size()),
-            ));
-        }
+        check_store_rows("PpoRlhfTrainer::learn_on", &store)?;
         let stats = self.rollout_stats(&store, self.kl_ctl.value(), Instant::now())?;
         self.store = Some(store);
         self.update_phase(stats, callbacks)
@@ -614,7 +606,7 @@ impl PpoRlhfTrainer {
         let mut sums = Stats::new();
         let mut steps = 0usize;
         'epochs: for _ in 0..self.config.method.ppo_epochs {
-            let perm = self.permutation(n)?;
+            let perm = permutation(&mut self.rng, n, self.model.policy().model().device())?;
             let mut at = 0;
             while at < n {
                 let len = mb.min(n - at);
@@ -649,18 +641,6 @@ impl PpoRlhfTrainer {
         self.epoch += 1;
         self.history.push(stats.clone());
         Ok(stats)
-    }
-
-    fn permutation(&mut self, n: i64) -> Result<Tensor> {
-        // Fisher-Yates on the trainer's own generator, so a resumed run draws the same
-        // minibatches as an uninterrupted one.
-        let mut idx: Vec<i64> = (0..n).collect();
-        for i in (1..idx.len()).rev() {
-            let j = self.rng.below(i as u64 + 1) as usize;
-            idx.swap(i, j);
-        }
-        let device = self.model.policy().model().device();
-        Ok(Tensor::f_from_slice(&idx)?.f_to_device(device)?)
     }
 
     /// Encodes `prompts` into a left-padded `("tokens", "prompt")` batch.

@@ -268,3 +268,36 @@ impl<'a> StateFields<'a> {
         })
     }
 }
+
+/// `0..n` shuffled by Fisher-Yates on the trainer's own generator (so a resumed run draws the
+/// same minibatches as an uninterrupted one).
+pub(crate) fn shuffled(rng: &mut Generator, n: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        idx.swap(i, j);
+    }
+    idx
+}
+
+/// [`shuffled`] as an int64 index tensor on `device`.
+pub(crate) fn permutation(rng: &mut Generator, n: i64, device: Device) -> Result<Tensor> {
+    let idx: Vec<i64> = shuffled(rng, n.max(0) as usize)
+        .into_iter()
+        .map(|i| i as i64)
+        .collect();
+    Ok(Tensor::f_from_slice(&idx)?.f_to_device(device)?)
+}
+
+/// Errors (naming `op`) unless a rollout store handed to `learn_on` has at least one row.
+pub(crate) fn check_store_rows(op: &'static str, store: &TensorDict) -> Result<()> {
+    if store.batch_size().first().copied().unwrap_or(0) < 1 {
+        return Err(Error::value(
+            op,
+            "store",
+            "at least one rollout along the first batch dim",
+            format!("batch size {:?}", store.batch_size()),
+        ));
+    }
+    Ok(())
+}
