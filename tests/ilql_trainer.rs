@@ -138,6 +138,16 @@ fn learn_spends_the_budget_and_evaluates_every_beta() {
     let mut u = trainer("learn", 1, 0.5);
     u.load(&dir).unwrap();
     assert_eq!(u.iter_count(), 6);
+    // the frozen target heads (their own store) are saved and restored too
+    let model = &u.get_components()[0].1;
+    assert!(
+        model
+            .tensors
+            .iter()
+            .any(|(n, _)| n.starts_with("target_q_heads.")),
+        "{:?}",
+        model.tensors.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
     for ((na, a), (nb, b)) in t.get_components().iter().zip(&u.get_components()) {
         assert_eq!(na, nb);
         for ((x, va), (y, vb)) in a.tensors.iter().zip(&b.tensors) {

@@ -42,6 +42,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::optim::{shallow_named, AdamW};
+use super::parallel::{check_same_schedule, Collective, SharedCollective};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{pad_rows, Gpt2ScoreModel, PaddingSide};
@@ -181,12 +182,20 @@ pub struct RewardStats {
 }
 
 /// Trains a [`Gpt2ScoreModel`] on [`PreferencePair`]s (see the [module docs](self)).
+///
+/// # Data-parallel ([`RewardModelTrainer::with_collective`])
+/// Every rank calls [`RewardModelTrainer::step`] with its own pairs; each rank weights its
+/// mean loss (Bradley-Terry and centring are both means over pairs) by its share of all
+/// ranks' pairs and the gradients are summed, so a step is one process's on every rank's
+/// pairs together (global clipped norm, identical AdamW steps), and the returned statistics
+/// are theirs. [`RewardModelTrainer::evaluate`] stays local.
 pub struct RewardModelTrainer {
     model: Gpt2ScoreModel,
     loss: RewardModelLoss,
     opt: AdamW,
     config: RewardTrainerConfig,
     steps: usize,
+    collective: SharedCollective,
 }
 
 impl std::fmt::Debug for RewardModelTrainer {
@@ -213,7 +222,55 @@ impl RewardModelTrainer {
             opt,
             config,
             steps: 0,
+            collective: SharedCollective::default(),
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group (see the [type's
+    /// docs](RewardModelTrainer#data-parallel-rewardmodeltrainerwith_collective)): checks that
+    /// every rank has rank 0's settings and step count, and copies rank 0's parameters into
+    /// every rank's model. Every rank must call it.
+    ///
+    /// ```
+    /// use tch::{nn, Device};
+    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, Gpt2ScoreModel};
+    /// use torchrl::trainers::parallel::{Collective, SingleProcess};
+    /// use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(8).with_n_layer(1).with_n_head(2);
+    /// let rm = Gpt2ScoreModel::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &config)?)?;
+    /// // Under torchrl-launch: `.with_collective(ProcessGroup::init_from_env()?)`
+    /// // (cargo feature `distributed`); a world of one runs anywhere.
+    /// let mut trainer = RewardModelTrainer::new(rm, RewardTrainerConfig::default())?
+    ///     .with_collective(SingleProcess)?;
+    /// assert_eq!(trainer.collective().world_size(), 1);
+    /// let s = trainer.step(&[PreferencePair::new(vec![1, 3], vec![1, 4])])?;
+    /// assert!(s.accuracy == 0.0 || s.accuracy == 1.0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when a rank's settings differ from rank 0's (naming them), or
+    /// the group fails.
+    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
+        let shared = SharedCollective::new(collective);
+        let fields = [
+            ("steps", self.steps as f64),
+            ("lr", self.config.lr),
+            ("max_grad_norm", self.config.max_grad_norm.unwrap_or(-1.0)),
+            ("center_coeff", self.config.center_coeff.unwrap_or(-1.0)),
+        ];
+        check_same_schedule(&shared, "RewardModelTrainer::with_collective", &fields)?;
+        shared.broadcast_parameters(&self.opt.named_params(), 0)?;
+        self.collective = shared;
+        Ok(self)
+    }
+
+    /// The group this trainer is a rank of ([`SingleProcess`](super::parallel::SingleProcess)
+    /// unless [`RewardModelTrainer::with_collective`] was called).
+    pub fn collective(&self) -> &SharedCollective {
+        &self.collective
     }
 
     /// The loss (rename its keys with `set_keys` to read other sub-tensordicts).
@@ -236,7 +293,9 @@ impl RewardModelTrainer {
         self.steps
     }
 
-    /// One optimizer step on `pairs`; the statistics are those before the step.
+    /// One optimizer step on `pairs`; the statistics are those before the step. In a
+    /// data-parallel group every rank calls it with its own pairs (see the [type's
+    /// docs](RewardModelTrainer#data-parallel-rewardmodeltrainerwith_collective)).
     pub fn step(&mut self, pairs: &[PreferencePair]) -> Result<RewardStats> {
         let td = self.batch(pairs)?;
         self.step_on(td)
@@ -245,13 +304,41 @@ impl RewardModelTrainer {
     /// One optimizer step on an already collated batch ([`collate_preferences`]'s layout
     /// under the loss's keys).
     pub fn step_on(&mut self, td: TensorDict) -> Result<RewardStats> {
+        let pairs = td.batch_size().first().copied().unwrap_or(0) as f64;
         let (total, stats) = self.forward(td)?;
-        self.opt.backward_step(&total, self.config.max_grad_norm)?;
+        // one all-reduce: every rank's pair count and pair-weighted statistics
+        let local = [
+            pairs,
+            pairs * stats.loss,
+            pairs * stats.accuracy,
+            pairs * stats.margin,
+            pairs * stats.chosen,
+            pairs * stats.rejected,
+        ];
+        let (weight, stats) = match self.collective.sum_scalars(&local)?.as_slice() {
+            [n, loss, accuracy, margin, chosen, rejected] if self.collective.world_size() > 1 => (
+                pairs / n.max(1.0),
+                RewardStats {
+                    loss: loss / n,
+                    accuracy: accuracy / n,
+                    margin: margin / n,
+                    chosen: chosen / n,
+                    rejected: rejected / n,
+                },
+            ),
+            _ => (1.0, stats),
+        };
+        let total = total.f_mul_scalar(weight)?;
+        let c = self.collective.clone();
+        self.opt
+            .backward_step_with(&total, self.config.max_grad_norm, |params| {
+                c.all_reduce_sum_gradients(params)
+            })?;
         self.steps += 1;
         Ok(stats)
     }
 
-    /// The statistics on `pairs` without a step.
+    /// The statistics on `pairs` without a step (this rank's pairs only; no collective).
     pub fn evaluate(&self, pairs: &[PreferencePair]) -> Result<RewardStats> {
         let _guard = tch::no_grad_guard();
         let td = self.batch(pairs)?;
@@ -298,8 +385,8 @@ impl RewardModelTrainer {
             loss: total.double_value(&[]),
             accuracy: out.accuracy.double_value(&[]),
             margin: out.margin.double_value(&[]),
-            chosen: c.f_mean(Kind::Float)?.double_value(&[]),
-            rejected: r.f_mean(Kind::Float)?.double_value(&[]),
+            chosen: c.f_mean(Kind::Double)?.double_value(&[]),
+            rejected: r.f_mean(Kind::Double)?.double_value(&[]),
         };
         Ok((total, stats))
     }

@@ -34,6 +34,7 @@
 use tch::{Kind, Tensor};
 
 use super::optim::{shallow_named, AdamW};
+use super::parallel::{check_same_schedule, Collective, SharedCollective};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{
@@ -48,12 +49,39 @@ pub fn causal_lm_loss(
     tokens: &Tensor,
     attention_mask: &Tensor,
 ) -> Result<Tensor> {
-    let positions = position_ids_from_mask(attention_mask)?;
-    let input = Gpt2Input::new(tokens)
-        .with_attention_mask(attention_mask)
-        .with_position_ids(&positions);
-    let logits = model.forward(&input, None)?.logits()?;
-    let lp = token_log_probs(&logits, tokens, Some(attention_mask))?;
+    let (sum, n) = causal_lm_nll(model, tokens, attention_mask)?;
+    if n < 1.0 {
+        return Err(no_predicted_token());
+    }
+    Ok(sum.f_div_scalar(n)?)
+}
+
+/// The parts of [`causal_lm_loss`]: the summed next-token negative log-likelihood (a
+/// differentiable 0-dim tensor) and the number of predicted positions it sums over (0 is
+/// allowed here: the sum is then 0). Data-parallel SFT divides every rank's sum by the
+/// positions of all ranks together.
+///
+/// ```
+/// use tch::{nn, Device, Kind, Tensor};
+/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
+/// use torchrl::trainers::sft::{causal_lm_loss, causal_lm_nll};
+/// # fn main() -> torchrl::Result<()> {
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(8).with_n_layer(1).with_n_head(2);
+/// let model = Gpt2Model::new(&vs.root(), &config)?;
+/// let tokens = Tensor::from_slice(&[1i64, 2, 3, 0]).view([1, 4]);
+/// let mask = Tensor::from_slice(&[1i64, 1, 1, 0]).view([1, 4]);
+/// let (sum, n) = causal_lm_nll(&model, &tokens, &mask)?;
+/// assert_eq!(n, 2.0); // tokens 2 and 3 are predicted
+/// let mean = causal_lm_loss(&model, &tokens, &mask)?;
+/// assert!((sum.double_value(&[]) / n - mean.double_value(&[])).abs() < 1e-6);
+/// # Ok(()) }
+/// ```
+pub fn causal_lm_nll(
+    model: &Gpt2Model,
+    tokens: &Tensor,
+    attention_mask: &Tensor,
+) -> Result<(Tensor, f64)> {
     let t = tokens.size().last().copied().unwrap_or(0);
     if t < 2 {
         return Err(Error::value(
@@ -63,18 +91,26 @@ pub fn causal_lm_loss(
             format!("{:?}", tokens.size()),
         ));
     }
+    let positions = position_ids_from_mask(attention_mask)?;
+    let input = Gpt2Input::new(tokens)
+        .with_attention_mask(attention_mask)
+        .with_position_ids(&positions);
+    let logits = model.forward(&input, None)?.logits()?;
+    let lp = token_log_probs(&logits, tokens, Some(attention_mask))?;
     let m = attention_mask.f_to_kind(Kind::Float)?;
     let predicted = m.f_narrow(1, 1, t - 1)?.f_mul(&m.f_narrow(1, 0, t - 1)?)?;
     let n = predicted.f_sum(Kind::Float)?.double_value(&[]);
-    if n < 1.0 {
-        return Err(Error::value(
-            "causal_lm_loss",
-            "attention_mask",
-            "at least one real token after a real token",
-            "none",
-        ));
-    }
-    Ok(lp.f_sum(Kind::Float)?.f_neg()?.f_div_scalar(n)?)
+    // summed in the model's precision (float64 models keep float64)
+    Ok((lp.f_sum(lp.kind())?.f_neg()?, n))
+}
+
+fn no_predicted_token() -> Error {
+    Error::value(
+        "causal_lm_loss",
+        "attention_mask",
+        "at least one real token after a real token",
+        "none",
+    )
 }
 
 /// Hyper-parameters of [`SftTrainer`].
@@ -126,11 +162,19 @@ impl SftConfig {
 
 /// Trains a [`Gpt2Model`]'s parameters on token rows with AdamW (see the [module
 /// docs](self)).
+///
+/// # Data-parallel ([`SftTrainer::with_collective`])
+/// Every rank calls [`SftTrainer::step`] with its own rows; each rank divides its summed
+/// negative log-likelihood by the predicted positions of **all** ranks' rows and the
+/// gradients are summed, so a step is one process's on every rank's rows together (the
+/// clipped norm is the global one, the AdamW steps are identical) and the returned loss is
+/// theirs. A rank may have rows without a predicted position, as long as some rank has one.
 #[derive(Debug)]
 pub struct SftTrainer {
     opt: AdamW,
     config: SftConfig,
     steps: usize,
+    collective: SharedCollective,
 }
 
 impl SftTrainer {
@@ -143,7 +187,52 @@ impl SftTrainer {
             opt,
             config,
             steps: 0,
+            collective: SharedCollective::default(),
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group (see the [type's
+    /// docs](SftTrainer#data-parallel-sfttrainerwith_collective)): checks that every rank has
+    /// rank 0's clip and step count, and copies rank 0's parameters into every rank's model.
+    /// Every rank must call it.
+    ///
+    /// ```
+    /// use tch::{nn, Device};
+    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
+    /// use torchrl::trainers::parallel::{Collective, SingleProcess};
+    /// use torchrl::trainers::sft::{SftConfig, SftTrainer};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(8).with_n_layer(1).with_n_head(2);
+    /// let model = Gpt2Model::new(&vs.root(), &config)?;
+    /// // Under torchrl-launch: `.with_collective(ProcessGroup::init_from_env()?)`
+    /// // (cargo feature `distributed`); a world of one runs anywhere.
+    /// let mut sft = SftTrainer::new(&model, SftConfig::default())?.with_collective(SingleProcess)?;
+    /// assert_eq!(sft.collective().world_size(), 1);
+    /// assert!(sft.step(&model, &[vec![1, 2, 3]])?.is_finite());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when a rank's settings differ from rank 0's (naming them), or
+    /// the group fails.
+    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
+        let shared = SharedCollective::new(collective);
+        let fields = [
+            ("steps", self.steps as f64),
+            ("max_grad_norm", self.config.max_grad_norm.unwrap_or(-1.0)),
+            ("lr", self.config.lr),
+        ];
+        check_same_schedule(&shared, "SftTrainer::with_collective", &fields)?;
+        shared.broadcast_parameters(&self.opt.named_params(), 0)?;
+        self.collective = shared;
+        Ok(self)
+    }
+
+    /// The group this trainer is a rank of ([`SingleProcess`](super::parallel::SingleProcess)
+    /// unless [`SftTrainer::with_collective`] was called).
+    pub fn collective(&self) -> &SharedCollective {
+        &self.collective
     }
 
     /// The optimizer steps taken.
@@ -152,16 +241,35 @@ impl SftTrainer {
     }
 
     /// One optimizer step on `rows` (right-padded into one batch); returns the loss before
-    /// the step.
+    /// the step. In a data-parallel group every rank calls it with its own rows, and the step
+    /// and the loss are those of one process on all of them.
+    ///
+    /// # Errors
+    /// On no rows, a row longer than the model's context, no predicted position (on any rank),
+    /// or a failing forward / backward or group.
     pub fn step(&mut self, model: &Gpt2Model, rows: &[Vec<i64>]) -> Result<f64> {
         let (tokens, mask) = self.batch(model, rows)?;
-        let loss = causal_lm_loss(model, &tokens, &mask)?;
-        self.opt.backward_step(&loss, self.config.max_grad_norm)?;
+        let (sum, n) = causal_lm_nll(model, &tokens, &mask)?;
+        // one all-reduce: the positions and the summed loss of every rank
+        let global = self.collective.sum_scalars(&[n, sum.double_value(&[])])?;
+        let (n_all, sum_all) = match global.as_slice() {
+            [n, s] => (*n, *s),
+            _ => (n, sum.double_value(&[])),
+        };
+        if n_all < 1.0 {
+            return Err(no_predicted_token());
+        }
+        let loss = sum.f_div_scalar(n_all)?;
+        let c = self.collective.clone();
+        self.opt
+            .backward_step_with(&loss, self.config.max_grad_norm, |params| {
+                c.all_reduce_sum_gradients(params)
+            })?;
         self.steps += 1;
-        Ok(loss.double_value(&[]))
+        Ok(sum_all / n_all)
     }
 
-    /// The loss on `rows` without a step.
+    /// The loss on `rows` without a step (this rank's rows only; no collective).
     pub fn evaluate(&self, model: &Gpt2Model, rows: &[Vec<i64>]) -> Result<f64> {
         let _guard = tch::no_grad_guard();
         let (tokens, mask) = self.batch(model, rows)?;

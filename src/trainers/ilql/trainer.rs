@@ -10,6 +10,17 @@
 //! sweep) and reports each β's mean reward as `metrics["reward@beta=<β>"]` (the first β's is
 //! `mean_reward`); [`IlqlTrainer::evaluate_sweep`] returns the reports one per β.
 //!
+//! # Data-parallel ([`IlqlTrainer::with_collective`])
+//! As trlX under `accelerate`: `train.batch_size` is per process, a step takes
+//! `world_size × batch_size` samples of one shuffled order (rank 0's, broadcast each epoch)
+//! and rank `r` forwards the `r`-th slice. Every ILQL term is a mean over real actions, so
+//! each rank weights its loss by its share of the step's real actions and the gradients are
+//! summed: the step is one process's on the whole global batch (global clipped norm,
+//! identical AdamW steps and Polyak syncs on every rank). Where trlX averages the ranks'
+//! means (equal only when every rank has as many actions), this is the exact global mean.
+//! The step statistics are the global batch's (`awac_weight_max` the largest over ranks);
+//! logging, evaluation and checkpoints run on rank 0. Every rank holds the same dataset.
+//!
 //! ```
 //! use tch::nn::VarStore;
 //! use tch::Device;
@@ -62,6 +73,7 @@ use crate::trainers::api::{
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
+use crate::trainers::parallel::{check_same_schedule, Collective, SharedCollective};
 
 /// An ILQL trainer (see the [module docs](self)).
 pub struct IlqlTrainer {
@@ -77,6 +89,7 @@ pub struct IlqlTrainer {
     iter_count: usize,
     epoch: usize,
     evaluation: Evaluation,
+    collective: SharedCollective,
 }
 
 impl fmt::Debug for IlqlTrainer {
@@ -158,7 +171,52 @@ impl IlqlTrainer {
             iter_count: 0,
             epoch: 0,
             evaluation: Evaluation::default(),
+            collective: SharedCollective::default(),
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group (see the
+    /// [module docs](self#data-parallel-ilqltrainerwith_collective)): checks that every rank
+    /// has rank 0's schedule and dataset size, and copies rank 0's variables (trunk, Q, V and
+    /// target heads) into every rank's. Every rank must call it, with the same dataset.
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when a rank's schedule or dataset size differs from rank 0's
+    /// (naming the fields), or the group fails.
+    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
+        let shared = SharedCollective::new(collective);
+        let t = &self.config.train;
+        let m = &self.config.method;
+        let fields = [
+            ("samples", self.data.len() as f64),
+            ("train.batch_size", t.batch_size as f64),
+            ("train.epochs", t.epochs as f64),
+            ("train.total_steps", t.total_steps as f64),
+            ("train.log_interval", t.log_interval as f64),
+            ("train.eval_interval", t.eval_interval as f64),
+            ("train.checkpoint_interval", t.checkpoint_interval as f64),
+            ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+            (
+                "method.steps_for_target_q_sync",
+                m.steps_for_target_q_sync as f64,
+            ),
+            ("method.alpha", m.alpha),
+        ];
+        check_same_schedule(&shared, "IlqlTrainer::with_collective", &fields)?;
+        shared.broadcast_parameters(&self.model_params(), 0)?;
+        self.collective = shared;
+        Ok(self)
+    }
+
+    /// The group this trainer is a rank of ([`SingleProcess`](crate::trainers::parallel::SingleProcess)
+    /// unless [`IlqlTrainer::with_collective`] was called).
+    pub fn collective(&self) -> &SharedCollective {
+        &self.collective
+    }
+
+    /// Samples per optimizer step over the whole group: `world_size × train.batch_size`.
+    pub fn global_batch_size(&self) -> usize {
+        self.config.train.batch_size.max(1) * self.collective.world_size()
     }
 
     /// Sets what [`RlTrainer::evaluate`] runs (trlX's `eval_prompts`, `reward_fn`,
@@ -184,12 +242,10 @@ impl IlqlTrainer {
         self.epoch
     }
 
-    /// `min(train.total_steps, epochs · minibatches per epoch)`.
+    /// `min(train.total_steps, epochs · minibatches per epoch)`, a minibatch being
+    /// [`IlqlTrainer::global_batch_size`] samples.
     pub fn total_steps(&self) -> usize {
-        let per_epoch = self
-            .data
-            .len()
-            .div_ceil(self.config.train.batch_size.max(1));
+        let per_epoch = self.data.len().div_ceil(self.global_batch_size());
         self.config
             .train
             .epochs
@@ -198,13 +254,51 @@ impl IlqlTrainer {
     }
 
     /// One optimizer step on a collated batch (the dataset's layout); syncs the targets when
-    /// due. Returns the step's statistics.
+    /// due. Returns the step's statistics. In a data-parallel group every rank calls it with
+    /// its own batch, and the step and the statistics are those of one process on all of them
+    /// (see the [module docs](self#data-parallel-ilqltrainerwith_collective)).
+    ///
+    /// # Errors
+    /// On a batch of another layout, or a failing forward / backward or group.
     pub fn train_step(&mut self, batch: &TensorDict) -> Result<Stats> {
+        self.train_step_weighted(batch, true)
+    }
+
+    /// [`IlqlTrainer::train_step`]; with `counts = false` the batch is a stand-in forwarded
+    /// with weight 0 (a rank with no samples in a step's short tail still joins the sums).
+    fn train_step_weighted(&mut self, batch: &TensorDict, counts: bool) -> Result<Stats> {
         let loss = IlqlLoss::new(&self.model).with_config(self.loss_config.clone())?;
         let out = loss.forward(batch)?;
-        let norm = self
-            .opt
-            .backward_step(&out.loss, self.config.train.max_grad_norm)?;
+        let mut stats: Stats = out
+            .loss_terms()
+            .into_iter()
+            .chain(out.metrics())
+            .map(|(k, v)| (k.to_string(), v.double_value(&[])))
+            .collect();
+        stats.insert("loss".into(), out.loss.double_value(&[]));
+        let weight = if self.collective.world_size() > 1 {
+            let actions = if counts {
+                real_actions(batch, loss.tensor_keys())?
+            } else {
+                0.0
+            };
+            let (w, global) = self.global_stats(actions, &stats)?;
+            stats = global;
+            w
+        } else {
+            1.0
+        };
+        let total = if weight == 1.0 {
+            out.loss.shallow_clone()
+        } else {
+            out.loss.f_mul_scalar(weight)?
+        };
+        let c = self.collective.clone();
+        let norm =
+            self.opt
+                .backward_step_with(&total, self.config.train.max_grad_norm, |params| {
+                    c.all_reduce_sum_gradients(params)
+                })?;
         let lr = self.sched.step();
         self.opt.set_lr(lr);
         self.iter_count += 1;
@@ -214,13 +308,6 @@ impl IlqlTrainer {
         {
             self.model.heads().sync_target_q_heads()?;
         }
-        let mut stats: Stats = out
-            .loss_terms()
-            .into_iter()
-            .chain(out.metrics())
-            .map(|(k, v)| (k.to_string(), v.double_value(&[])))
-            .collect();
-        stats.insert("loss".into(), out.loss.double_value(&[]));
         stats.insert("lr".into(), lr);
         if let Some(n) = norm {
             stats.insert("grad_norm".into(), n);
@@ -228,20 +315,62 @@ impl IlqlTrainer {
         Ok(stats)
     }
 
+    /// One all-reduce: this rank's share of the step's real actions (its loss weight) and the
+    /// global batch's statistics (action-weighted means; `awac_weight_max` the largest over
+    /// the ranks with actions; `n_actions` the global count).
+    fn global_stats(&self, actions: f64, stats: &Stats) -> Result<(f64, Stats)> {
+        let c = &self.collective;
+        let (world, rank) = (c.world_size(), c.rank());
+        let names: Vec<&String> = stats.keys().collect();
+        // [actions, actions·stat for each stat, one slot per rank for awac_weight_max]
+        let mut local = Vec::with_capacity(1 + names.len() + world);
+        local.push(actions);
+        local.extend(stats.values().map(|v| v * actions));
+        let max = stats.get("awac_weight_max").copied().unwrap_or(0.0);
+        local.extend((0..world).map(|r| if r == rank && actions > 0.0 { max } else { 0.0 }));
+        let sums = c.sum_scalars(&local)?;
+        let n = sums.first().copied().unwrap_or(0.0);
+        let mut global = Stats::new();
+        for (name, v) in names.iter().zip(sums.iter().skip(1)) {
+            global.insert((*name).clone(), if n > 0.0 { v / n } else { 0.0 });
+        }
+        let maxes = sums.iter().skip(1 + names.len());
+        global.insert("awac_weight_max".into(), maxes.copied().fold(0.0, f64::max));
+        global.insert("n_actions".into(), n.max(1.0));
+        Ok((if n > 0.0 { actions / n } else { 0.0 }, global))
+    }
+
     /// One pass over the dataset; returns the mean of the step statistics.
     pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
         let total = self.total_steps();
-        let mbs = self
-            .data
-            .shuffled_indices(self.config.train.batch_size, &mut self.rng)?;
+        let global = self.global_batch_size();
+        let mut mbs = self.data.shuffled_indices(global, &mut self.rng)?;
+        if self.collective.world_size() > 1 {
+            // every rank steps through rank 0's order
+            let flat: Vec<i64> = mbs.concat().into_iter().map(|i| i as i64).collect();
+            let mut t = Tensor::f_from_slice(&flat)?;
+            self.collective.broadcast(&mut t, 0)?;
+            let order: Vec<usize> = Vec::<i64>::try_from(&t)?
+                .into_iter()
+                .map(|i| i as usize)
+                .collect();
+            mbs = order.chunks(global).map(<[usize]>::to_vec).collect();
+        }
+        let per_rank = self.config.train.batch_size.max(1);
+        let rank = self.collective.rank();
         let mut sums = Stats::new();
         let mut steps = 0usize;
         for idx in mbs {
             if self.iter_count >= total {
                 break;
             }
-            let batch = self.data.batch(&idx)?;
-            let stats = self.train_step(&batch)?;
+            // this rank's slice of the step; in a short tail it may be empty
+            let lo = (rank * per_rank).min(idx.len());
+            let hi = ((rank + 1) * per_rank).min(idx.len());
+            let counts = hi > lo;
+            let mine = if counts { lo..hi } else { 0..1 };
+            let batch = self.data.batch(idx.get(mine).unwrap_or(&idx))?;
+            let stats = self.train_step_weighted(&batch, counts)?;
             for (k, v) in &stats {
                 *sums.entry(k.clone()).or_insert(0.0) += v;
             }
@@ -297,11 +426,31 @@ impl IlqlTrainer {
         Ok(out)
     }
 
+    /// Every variable of the model: the trunk, the Q and V heads (`vs`) and the frozen target
+    /// Q heads (their own store, `target_q_heads.*`), sorted by name.
     fn model_params(&self) -> Vec<(String, Tensor)> {
         let mut named: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        named.extend(self.model.heads().target_store().variables());
         named.sort_by(|a, b| a.0.cmp(&b.0));
         named
     }
+}
+
+/// The real actions of a batch: `continues[:, :A] != 0` counted, `A` the width of
+/// `actions_ixs` (the `m` every ILQL term is a mean over).
+fn real_actions(batch: &TensorDict, keys: &crate::objectives::llm::IlqlKeys) -> Result<f64> {
+    let a = batch
+        .get_or_err(&keys.actions_ixs)?
+        .size()
+        .get(1)
+        .copied()
+        .unwrap_or(0);
+    let cont = batch.get_or_err(&keys.continues)?;
+    Ok(cont
+        .f_narrow(1, 0, a)?
+        .f_ne(0)?
+        .f_sum(tch::Kind::Double)?
+        .f_double_value(&[])?)
 }
 
 impl RlTrainer for IlqlTrainer {
@@ -311,6 +460,14 @@ impl RlTrainer for IlqlTrainer {
 
     fn iter_count(&self) -> usize {
         self.iter_count
+    }
+
+    fn is_main_process(&self) -> bool {
+        self.collective.is_main()
+    }
+
+    fn sync_processes(&self, op: &'static str, ok: bool) -> Result<()> {
+        self.collective.check_all_ok(op, ok)
     }
 
     /// Runs the model's ILQL forward on a batch of the dataset's layout and returns it with
