@@ -292,11 +292,27 @@ fn pairs(
     Ok((rm, dpo))
 }
 
+/// This rank's slice of a global minibatch of `n` draws from `rng`: every rank draws the same
+/// `n` indices (so the generators stay in step, and one process draws what it always drew)
+/// and keeps the `rank`-th of `world` equal slices.
+fn my_draws(
+    rng: &mut Generator,
+    len: usize,
+    n: usize,
+    group: Option<&SharedCollective>,
+) -> Vec<usize> {
+    let all: Vec<usize> = (0..n).map(|_| rng.below(len as u64) as usize).collect();
+    let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+    let per = n / world;
+    all.into_iter().skip(rank * per).take(per).collect()
+}
+
 fn train_sft(
     cfg: &Config,
     rng: &mut Generator,
     tok: &ByteTokenizer,
     vs: &nn::VarStore,
+    group: Option<&SharedCollective>,
 ) -> Result<(Gpt2Model, f64, f64)> {
     let model = Gpt2Model::new(&vs.root(), &model_config())?;
     let rows = corpus(rng, tok, cfg.corpus)?;
@@ -304,11 +320,15 @@ fn train_sft(
         .with_lr(3e-3)?
         .with_pad_token_id(tok.pad_token_id().unwrap_or(0));
     let mut sft = SftTrainer::new(&model, sft_config)?;
+    if let Some(g) = group {
+        sft = sft.with_collective(g.clone())?;
+    }
     let pb = bar(cfg.sft_steps, "SFT", cfg.quiet);
     let (mut first, mut last) = (f64::NAN, f64::NAN);
     for step in 0..cfg.sft_steps {
-        let batch: Vec<Vec<i64>> = (0..cfg.batch)
-            .map(|_| rows[rng.below(rows.len() as u64) as usize].clone())
+        let batch: Vec<Vec<i64>> = my_draws(rng, rows.len(), cfg.batch, group)
+            .into_iter()
+            .map(|i| rows[i].clone())
             .collect();
         last = sft.step(&model, &batch)?;
         if step == 0 {
@@ -328,6 +348,7 @@ fn train_reward_model(
     vs: &nn::VarStore,
     train: &[PreferencePair],
     test: &[PreferencePair],
+    group: Option<&SharedCollective>,
 ) -> Result<(Gpt2ScoreModel, f64)> {
     let trunk = Gpt2Model::new(&vs.root(), &model_config())?;
     let rm = Gpt2ScoreModel::from_model(&vs.root(), trunk)?;
@@ -336,10 +357,14 @@ fn train_reward_model(
         .with_center_coeff(0.01)
         .with_pad_token_id(tok.pad_token_id().unwrap_or(0));
     let mut trainer = RewardModelTrainer::new(rm, rm_config)?;
+    if let Some(g) = group {
+        trainer = trainer.with_collective(g.clone())?;
+    }
     let pb = bar(cfg.rm_steps, "reward model", cfg.quiet);
     for _ in 0..cfg.rm_steps {
-        let batch: Vec<PreferencePair> = (0..cfg.batch)
-            .map(|_| train[rng.below(train.len() as u64) as usize].clone())
+        let batch: Vec<PreferencePair> = my_draws(rng, train.len(), cfg.batch, group)
+            .into_iter()
+            .map(|i| train[i].clone())
             .collect();
         let s = trainer.step(&batch)?;
         pb.set_message(format!("loss {:.3} acc {:.2}", s.loss, s.accuracy));
@@ -543,19 +568,24 @@ fn plot(path: &Path, rows: &[Row]) -> std::result::Result<(), Box<dyn std::error
 
 /// The ILQL stage: behaviour samples from the SFT policy on the training prompts, scored by
 /// the hidden rule (the returns), ILQL on them, then trlX's β sweep on the held-out prompts.
-/// Returns the behaviour data's mean score, the sweep and the comparison table's row.
+/// Returns the behaviour data's mean score, the sweep and the comparison table's row. In a
+/// group every rank builds the same behaviour data and trains on its slice of each minibatch;
+/// rank 0 alone evaluates (the others get `None`).
 fn run_ilql(
     cfg: &Config,
     tok: &ByteTokenizer,
     sft_dir: &Path,
     prompts: &[String],
-) -> Result<IlqlStage> {
+    group: Option<&SharedCollective>,
+) -> Result<Option<IlqlStage>> {
     let ilql_start = Instant::now();
     let vs = nn::VarStore::new(Device::Cpu);
     let trunk = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
     let mut config = IlqlTrlConfig::default();
     config.train.seq_length = 32;
-    config.train.batch_size = 64.min(cfg.ilql_samples.max(1));
+    let world = group.map_or(1, |g| g.world_size());
+    // the global minibatch is the one-process one: each rank takes its share
+    config.train.batch_size = (64.min(cfg.ilql_samples.max(1)) / world).max(1);
     config.train.epochs = cfg.ilql_epochs;
     config.train.total_steps = 1_000_000;
     config.train.eval_interval = 1_000_000;
@@ -633,6 +663,9 @@ fn run_ilql(
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
     let mut trainer = IlqlTrainer::new(config, vs, model, data, Box::new(*tok))?
         .with_evaluation(Evaluation::new(eval_prompts).with_reward_fn(hidden));
+    if let Some(g) = group {
+        trainer = trainer.with_collective(g.clone())?;
+    }
     let pb = bar(cfg.ilql_epochs, "ILQL", cfg.quiet);
     let mut callbacks = Callbacks::new();
     for _ in 0..cfg.ilql_epochs {
@@ -644,6 +677,9 @@ fn run_ilql(
         pb.inc(1);
     }
     pb.finish();
+    if !trainer.is_main_process() {
+        return Ok(None);
+    }
     let sweep: Vec<(f64, f64)> = trainer
         .evaluate_sweep()?
         .into_iter()
@@ -705,11 +741,11 @@ fn run_ilql(
     if let Err(e) = plot_sweep(&png, &sweep, behaviour_score) {
         return Err(fail(format!("plotting {}: {e}", png.display())));
     }
-    Ok(IlqlStage {
+    Ok(Some(IlqlStage {
         behaviour_score,
         sweep,
         row,
-    })
+    }))
 }
 
 /// What the ILQL stage measured.
@@ -803,9 +839,9 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             source: e,
         }
     };
-    // Under torchrl-launch: PPO, GRPO and DPO are data-parallel over the ranks (each generates
-    // its share of the rollouts, learns on its share of each minibatch); rank 0 alone writes
-    // files, prints, evaluates and runs ILQL.
+    // Under torchrl-launch every stage is data-parallel over the ranks (each learns on its
+    // share of each minibatch; PPO and GRPO ranks generate their own rollouts); rank 0 alone
+    // writes files, prints and evaluates.
     let group = launched()?.map(SharedCollective::new);
     let (rank, world) = group
         .as_ref()
@@ -838,9 +874,10 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         let rm = Gpt2ScoreModel::from_pretrained(&rm_vs.root(), &rm_dir)?;
         (sft, f64::NAN, f64::NAN, rm, f64::NAN)
     } else {
-        // every rank trains the same SFT and reward model (same seeds); rank 0 saves them
-        let (sft, first, last) = train_sft(cfg, &mut rng, &tok, &policy_vs)?;
-        let (rm, acc) = train_reward_model(cfg, &mut rng, &tok, &rm_vs, &rm_train, &rm_test)?;
+        // data-parallel: each rank trains on its slice of every minibatch; rank 0 saves
+        let g = group.as_ref();
+        let (sft, first, last) = train_sft(cfg, &mut rng, &tok, &policy_vs, g)?;
+        let (rm, acc) = train_reward_model(cfg, &mut rng, &tok, &rm_vs, &rm_train, &rm_test, g)?;
         if is_main {
             sft.save_pretrained(&sft_dir)?;
             rm.save_pretrained(&rm_dir)?;
@@ -933,13 +970,9 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         kl: compare::hydra_kl(trainer.model(), &td)?,
         seconds: ppo_start.elapsed().as_secs_f64(),
     };
-    // 4. ILQL on offline data (the SFT policy's samples scored by the hidden rule), on rank 0;
-    // the other ranks go on to GRPO and wait for rank 0 in its first collective.
-    let ilql = if is_main {
-        Some(run_ilql(cfg, &tok, &sft_dir, &prompts)?)
-    } else {
-        None
-    };
+    // 4. ILQL on offline data (the SFT policy's samples scored by the hidden rule); rank 0
+    // evaluates while the others go on to GRPO and wait for it in its first collective.
+    let ilql = run_ilql(cfg, &tok, &sft_dir, &prompts, group.as_ref())?;
     // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs (every rank).
     let grpo_row = compare::run_grpo(
         cfg,
