@@ -89,7 +89,7 @@ use crate::envs::{EnvBase, TransformedEnv};
 use crate::error::{Error, Result};
 use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
 use crate::objectives::llm::moments::MomentsReduce;
-use crate::objectives::llm::ppo::compute_ppo_rlhf_advantages_with;
+use crate::objectives::llm::ppo::compute_ppo_rlhf_advantages_counted;
 use crate::objectives::llm::{
     AdaptiveKLController, FixedKLController, KlController, PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
 };
@@ -462,17 +462,49 @@ impl PpoRlhfTrainer {
         let kl = store.get_or_err(("next", "kl_penalty"))?;
         let k3 = store.get_or_err(("next", K3_KEY))?;
         let c = &self.collective;
-        let per_seq = |t: &Tensor| -> Result<f64> {
-            c.mean_over_ranks(
-                &t.f_mul(&assistant)?
-                    .f_sum_dim_intlist(1, false, Kind::Double)?,
-            )
+        let per_seq = |t: &Tensor| -> Result<Tensor> {
+            Ok(t.f_mul(&assistant)?
+                .f_sum_dim_intlist(1, false, Kind::Double)?)
         };
-        let mean_kl = per_seq(kl)?;
-        let kl_k3 = per_seq(k3)?;
-        let score = c.mean_over_ranks(store.get_or_err(("next", "score"))?)?;
-        let response_length =
-            c.mean_over_ranks(&assistant.f_sum_dim_intlist(1, false, Kind::Double)?)?;
+        let series = [
+            per_seq(kl)?,
+            per_seq(k3)?,
+            store.get_or_err(("next", "score"))?.shallow_clone(),
+            assistant.f_sum_dim_intlist(1, false, Kind::Double)?,
+        ];
+        let means = if c.world_size() == 1 {
+            series
+                .iter()
+                .map(|t| c.mean_over_ranks(t))
+                .collect::<Result<Vec<f64>>>()?
+        } else {
+            // one all-reduce: every series' sum and element count
+            let mut local = Vec::with_capacity(2 * series.len());
+            for t in &series {
+                local.push(t.f_sum(Kind::Double)?.f_double_value(&[])?);
+                local.push(t.numel() as f64);
+            }
+            c.sum_scalars(&local)?
+                .chunks(2)
+                .map(|p| match p {
+                    [s, n] if *n > 0.0 => Ok(s / n),
+                    _ => Err(Error::argument(
+                        "PpoRlhfTrainer",
+                        "rollouts",
+                        "at least one rollout on some rank",
+                        "none on any rank",
+                    )),
+                })
+                .collect::<Result<Vec<f64>>>()?
+        };
+        let [mean_kl, kl_k3, score, response_length] = means[..] else {
+            return Err(Error::argument(
+                "PpoRlhfTrainer",
+                "rollout statistics",
+                "four means",
+                means.len().to_string(),
+            ));
+        };
         self.mean_kl = mean_kl;
         Ok(IterationStats {
             iteration: self.epoch,
@@ -494,18 +526,24 @@ impl PpoRlhfTrainer {
         let keys = PpoRlhfKeys::default();
         let c = self.collective.clone();
         let reduce = |t: &mut Tensor| c.all_reduce_sum(t);
-        compute_ppo_rlhf_advantages_with(&mut mb, &keys, &self.loss_config, &reduce)?;
+        let whitened_n =
+            compute_ppo_rlhf_advantages_counted(&mut mb, &keys, &self.loss_config, &reduce)?;
         // The global response-token count: each rank's masked sums are divided by it, so the
-        // sum of the ranks' gradients is the gradient of the global masked mean.
-        let local_n = mb
-            .get_or_err(&keys.assistant_mask)?
-            .f_count_nonzero(None::<i64>)?
-            .f_int64_value(&[])? as f64;
-        let global_n = c
-            .sum_scalars(&[local_n])?
-            .first()
-            .copied()
-            .unwrap_or(local_n);
+        // sum of the ranks' gradients is the gradient of the global masked mean. The
+        // whitening's first all-reduce already summed it; without whitening it takes one.
+        let global_n = match whitened_n {
+            Some(n) => n,
+            None => {
+                let local_n = mb
+                    .get_or_err(&keys.assistant_mask)?
+                    .f_count_nonzero(None::<i64>)?
+                    .f_int64_value(&[])? as f64;
+                c.sum_scalars(&[local_n])?
+                    .first()
+                    .copied()
+                    .unwrap_or(local_n)
+            }
+        };
         let config = self
             .loss_config
             .clone()

@@ -319,6 +319,16 @@ pub fn masked_whiten_global(
     shift_mean: bool,
     reduce_sum: &SumReduce<'_>,
 ) -> Result<Tensor> {
+    Ok(whiten_global_counted(values, mask, shift_mean, reduce_sum)?.0)
+}
+
+/// [`masked_whiten_global`] and the global count of masked entries.
+fn whiten_global_counted(
+    values: &Tensor,
+    mask: &Tensor,
+    shift_mean: bool,
+    reduce_sum: &SumReduce<'_>,
+) -> Result<(Tensor, f64)> {
     const OP: &str = "masked_whiten_global";
     let (keep, m, x) = prepare_masked(OP, values, mask)?;
     let mut sums = Tensor::f_stack(
@@ -342,7 +352,7 @@ pub fn masked_whiten_global(
     if !shift_mean {
         w = w.f_add(&mean)?;
     }
-    zero_out(&w, &keep)
+    Ok((zero_out(&w, &keep)?, nf))
 }
 
 /// trlX's `whiten(xs, shift_mean)`: `(x − mean) · rsqrt(var + 1e-8)` over **every** element
@@ -1258,7 +1268,7 @@ pub fn compute_ppo_rlhf_advantages(
     keys: &PpoRlhfKeys,
     config: &PpoRlhfConfig,
 ) -> Result<()> {
-    advantages_impl(td, keys, config, None)
+    advantages_impl(td, keys, config, None).map(|_| ())
 }
 
 /// [`compute_ppo_rlhf_advantages`] for one process of a data-parallel group: the GAE is per
@@ -1292,6 +1302,18 @@ pub fn compute_ppo_rlhf_advantages_with(
     config: &PpoRlhfConfig,
     reduce_sum: &SumReduce<'_>,
 ) -> Result<()> {
+    advantages_impl(td, keys, config, Some(reduce_sum)).map(|_| ())
+}
+
+/// [`compute_ppo_rlhf_advantages_with`], also returning the global count of masked tokens when
+/// the whitening computed it (its first all-reduce sums it), so that a data-parallel trainer
+/// needs no all-reduce of its own for the loss's token normaliser; `None` without whitening.
+pub(crate) fn compute_ppo_rlhf_advantages_counted(
+    td: &mut TensorDict,
+    keys: &PpoRlhfKeys,
+    config: &PpoRlhfConfig,
+    reduce_sum: &SumReduce<'_>,
+) -> Result<Option<f64>> {
     advantages_impl(td, keys, config, Some(reduce_sum))
 }
 
@@ -1300,7 +1322,7 @@ fn advantages_impl(
     keys: &PpoRlhfKeys,
     config: &PpoRlhfConfig,
     reduce_sum: Option<&SumReduce<'_>>,
-) -> Result<()> {
+) -> Result<Option<f64>> {
     const OP: &str = "compute_ppo_rlhf_advantages";
     config.validate()?;
     let values = read_bt(OP, td, &keys.values, None)?;
@@ -1309,18 +1331,21 @@ fn advantages_impl(
     let mask = read_bt(OP, td, &keys.assistant_mask, Some(&shape))?;
     let (advantages, returns) =
         gae_advantages_and_returns(&values, &rewards, &mask, config.gamma, config.lam)?;
-    let advantages = if config.whiten_advantages {
+    let (advantages, count) = if config.whiten_advantages {
         let _guard = tch::no_grad_guard();
         match reduce_sum {
-            None => masked_whiten(&advantages, &mask, true)?,
-            Some(reduce) => masked_whiten_global(&advantages, &mask, true, reduce)?,
+            None => (masked_whiten(&advantages, &mask, true)?, None),
+            Some(reduce) => {
+                let (w, n) = whiten_global_counted(&advantages, &mask, true, reduce)?;
+                (w, Some(n))
+            }
         }
     } else {
-        advantages
+        (advantages, None)
     };
     td.set(&keys.advantage, advantages)?;
     td.set(&keys.value_target, returns)?;
-    Ok(())
+    Ok(count)
 }
 
 /// The PPO-RLHF loss as a [`LossModule`]: reads a rollout through [`PpoRlhfKeys`], re-runs
