@@ -8,6 +8,8 @@
 //! With the cargo feature `distributed` it also compiles `src/distributed/shim.cpp` (the C ABI
 //! over libtorch's c10d: TCPStore + ProcessGroupGloo) against the wheel's headers and the system
 //! gloo headers (Debian's `libgloo-dev`, installed by `scripts/setup.sh`); docs/distributed.md.
+//! With the feature `nccl` the shim also compiles c10d's `ProcessGroupNCCL` path, against the
+//! CUDA / NCCL headers of the wheel's `nvidia-*` packages, and links `libtorch_cuda`.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
@@ -52,7 +54,8 @@ mod distributed {
                  (scripts/setup.sh does), or point TORCHRL_GLOO_INCLUDE at a folder holding gloo/"
             ));
         }
-        cc::Build::new()
+        let mut build = cc::Build::new();
+        build
             .cpp(true)
             .file(SHIM)
             .std("c++17")
@@ -64,11 +67,67 @@ mod distributed {
             // The wheel's headers are not warning-clean under -Wall; ours is checked by hand.
             .warnings(false)
             .extra_warnings(false)
-            .cargo_warnings(false)
-            .compile("torchrl_c10d");
+            .cargo_warnings(false);
+        #[cfg(feature = "nccl")]
+        nccl(&mut build, &torch, &lib);
+        build.compile("torchrl_c10d");
         println!("cargo:rustc-link-search=native={}", lib.display());
         println!("cargo:rustc-link-lib=dylib=torch_cpu");
         println!("cargo:rustc-link-lib=dylib=c10");
+    }
+
+    /// The NCCL path: c10d's `ProcessGroupNCCL.hpp` (in the wheel) includes CUDA's and NCCL's
+    /// headers, which the wheel's `nvidia-*` dependencies ship under
+    /// `site-packages/nvidia/*/include` (`TORCHRL_CUDA_INCLUDE`, a `:`-separated list, replaces
+    /// them), plus CUDA's `crt/` and `nv/` headers from `nvidia-cuda-crt` / `nvidia-cuda-cccl`.
+    #[cfg(feature = "nccl")]
+    fn nccl(build: &mut cc::Build, torch: &Path, lib: &Path) {
+        println!("cargo:rerun-if-env-changed=TORCHRL_CUDA_INCLUDE");
+        if !lib.join("libtorch_cuda.so").exists() {
+            fail(&format!(
+                "{}/libtorch_cuda.so is missing: the feature `nccl` needs a CUDA build of \
+                 libtorch (the torch==2.13.0 wheel from PyPI is one)",
+                lib.display()
+            ));
+        }
+        let dirs: Vec<PathBuf> = match std::env::var("TORCHRL_CUDA_INCLUDE") {
+            Ok(list) => list.split(':').map(PathBuf::from).collect(),
+            Err(_) => {
+                let nvidia = torch.parent().unwrap_or(Path::new("/")).join("nvidia");
+                let mut dirs: Vec<PathBuf> = std::fs::read_dir(&nvidia)
+                    .map(|rd| {
+                        rd.filter_map(|e| e.ok())
+                            .map(|e| e.path().join("include"))
+                            .filter(|p| p.is_dir())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                dirs.sort();
+                dirs
+            }
+        };
+        for header in [
+            "nccl.h",
+            "cuda_runtime_api.h",
+            "crt/host_config.h",
+            "nv/target",
+        ] {
+            if !dirs.iter().any(|d| d.join(header).exists()) {
+                fail(&format!(
+                    "{header} is in none of {dirs:?}: the feature `nccl` needs the CUDA and NCCL \
+                     headers (scripts/setup.sh installs nvidia-cuda-crt and nvidia-cuda-cccl \
+                     beside the wheel's nvidia-* packages; or set TORCHRL_CUDA_INCLUDE)"
+                ));
+            }
+        }
+        build
+            .define("TORCHRL_NCCL", None)
+            .define("USE_C10D_NCCL", None);
+        for d in &dirs {
+            build.include(d);
+        }
+        println!("cargo:rustc-link-lib=dylib=torch_cuda");
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
 
     fn fail(msg: &str) -> ! {

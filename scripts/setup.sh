@@ -49,6 +49,20 @@ if [ ! -d /usr/include/gloo ] && [ -z "${TORCHRL_GLOO_INCLUDE:-}" ]; then
   fi
 fi
 TORCH_DIR=$("$PY" -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
+# The CUDA headers c10d's ProcessGroupNCCL.hpp needs beyond the wheel's nvidia-* packages (CUDA's
+# crt/ and nv/ headers: nvidia-cuda-crt and nvidia-cuda-cccl, ~3 MB, of the wheel's CUDA
+# version), for the cargo feature `nccl`. A CPU-only libtorch skips this; a failed install only
+# warns (the feature then fails to build, naming the missing header).
+if [ -e "$TORCH_DIR/lib/libtorch_cuda.so" ] && \
+   ! ls "$TORCH_DIR"/../nvidia/*/include/crt/host_config.h >/dev/null 2>&1; then
+  CUDA_MM=$("$PY" -c "import torch;print(torch.version.cuda or '')" 2>/dev/null)
+  if [ -n "$CUDA_MM" ]; then
+    echo "[setup] installing CUDA $CUDA_MM headers (nvidia-cuda-crt, nvidia-cuda-cccl) for --features nccl" >&2
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps \
+      "nvidia-cuda-crt==$CUDA_MM.*" "nvidia-cuda-cccl==$CUDA_MM.*" || \
+      echo "[setup] warning: could not install the CUDA headers; --features nccl will not build" >&2
+  fi
+fi
 mkdir -p .cargo
 cat > .cargo/config.toml <<CFG
 # Written by scripts/setup.sh: where libtorch lives on this machine. Not committed.

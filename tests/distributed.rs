@@ -810,9 +810,114 @@ fn invalid_options_are_refused_before_any_connection() {
         field(InitOptions::single_process().with_timeout(Duration::ZERO)),
         "timeout"
     );
-    let err =
-        ProcessGroup::new(InitOptions::single_process().with_backend(Backend::Nccl)).unwrap_err();
-    assert!(err.to_string().contains("NCCL not built"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// NCCL: without the feature a clear refusal; with it, on a machine without a CUDA device, a
+// clear refusal naming the device count; on a GPU (scripts/nccl_smoke.sh), a group of one that
+// reduces, broadcasts, gathers and trains on the GPU.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn nccl_is_refused_clearly_or_works_on_a_gpu() {
+    let nccl = || {
+        InitOptions::single_process()
+            .with_backend(Backend::Nccl)
+            .with_timeout(SLOW)
+    };
+    assert_eq!(torchrl::distributed::nccl_built(), cfg!(feature = "nccl"));
+    if !cfg!(feature = "nccl") {
+        let err = ProcessGroup::new(nccl()).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{msg}");
+        assert!(
+            msg.contains("NCCL not built") && msg.contains("`nccl`"),
+            "{msg}"
+        );
+        return;
+    }
+    if !tch::Cuda::is_available() {
+        let err = ProcessGroup::new(nccl()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(
+                err,
+                Error::Distributed {
+                    op: "init",
+                    rank: 0,
+                    world_size: 1,
+                    ..
+                }
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("NCCL needs a CUDA device"), "{msg}");
+        assert!(msg.contains("device_count() = 0"), "{msg}");
+        println!("{msg}");
+        return;
+    }
+    nccl_one_gpu_smoke(ProcessGroup::new(nccl()).unwrap());
+}
+
+/// The one-GPU NCCL smoke check: every collective on a CUDA tensor of a group of one, a CPU
+/// tensor refused (naming the device), and one data-parallel SFT step on the GPU through the
+/// `Collective` seam equal to a single-process step.
+fn nccl_one_gpu_smoke(pg: ProcessGroup) {
+    use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
+    use torchrl::trainers::parallel::{Collective, SharedCollective};
+    use torchrl::trainers::sft::{SftConfig, SftTrainer};
+    let gpu = Device::Cuda(0);
+    assert_eq!(pg.backend(), Backend::Nccl);
+    assert_eq!(pg.device(), gpu);
+    let mut t = Tensor::from_slice(&[1.5f32, -2.0]).to_device(gpu);
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+        pg.all_reduce(&mut t, op).unwrap();
+        assert_eq!(f32s(&t.to_device(Device::Cpu)), vec![1.5, -2.0], "{op:?}");
+    }
+    let mut b = Tensor::from_slice(&[7i64, 8]).to_device(gpu);
+    pg.broadcast(&mut b, 0).unwrap();
+    assert_eq!(i64s(&b.to_device(Device::Cpu)), vec![7, 8]);
+    let all = pg.all_gather(&t).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].device(), gpu);
+    pg.barrier().unwrap();
+    let mut cpu = Tensor::from_slice(&[1.0f32]);
+    let err = pg.all_reduce(&mut cpu, ReduceOp::Sum).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
+    // through the Collective seam a CPU tensor travels to the GPU and back
+    let shared = SharedCollective::new(pg);
+    let mut x = Tensor::from_slice(&[2.0f64, 3.0]);
+    shared.all_reduce_sum(&mut x).unwrap();
+    assert_eq!(f64s(&x), vec![2.0, 3.0]);
+    // one SFT step on the GPU with the NCCL group = one without a group
+    let config = Gpt2Config::new(16)
+        .with_n_positions(8)
+        .with_n_embd(16)
+        .with_n_layer(1)
+        .with_n_head(2);
+    let rows = vec![vec![1i64, 2, 3, 4], vec![5, 6, 7]];
+    let step = |group: Option<&SharedCollective>| {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(gpu);
+        let model = Gpt2Model::new(&vs.root(), &config).unwrap();
+        let mut sft = SftTrainer::new(&model, SftConfig::default()).unwrap();
+        if let Some(g) = group {
+            sft = sft.with_collective(g.clone()).unwrap();
+        }
+        let loss = sft.step(&model, &rows).unwrap();
+        let mut p: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        p.sort_by(|a, b| a.0.cmp(&b.0));
+        (loss, p)
+    };
+    let (l1, p1) = step(Some(&shared));
+    let (l0, p0) = step(None);
+    assert!((l1 - l0).abs() < 1e-6, "{l1} vs {l0}");
+    for ((n, a), (_, b)) in p1.iter().zip(&p0) {
+        assert_eq!(a.device(), gpu, "{n}");
+        let d = (a - b).abs().max().double_value(&[]);
+        assert!(d < 1e-6, "{n}: {d}");
+    }
+    println!("NCCL one-GPU smoke check passed on {gpu:?}");
 }
 
 #[test]

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::process_group::{check_tensor, ProcessGroup, ReduceOp};
 use crate::error::{Error, Result};
@@ -56,6 +56,7 @@ pub fn broadcast_parameters(
     let entries = sorted_entries(
         op,
         params.iter().map(|(n, t)| (n.as_str(), t.shallow_clone())),
+        pg.device(),
     )?;
     check_same_layout(pg, op, &entries)?;
     let _guard = tch::no_grad_guard();
@@ -142,7 +143,7 @@ pub fn all_reduce_gradients_with(
             grads.push((name.as_str(), g));
         }
     }
-    let entries = sorted_entries(op, grads.into_iter())?;
+    let entries = sorted_entries(op, grads.into_iter(), pg.device())?;
     check_same_layout(pg, op, &entries)?;
     let _guard = tch::no_grad_guard();
     for bucket in plan_buckets(&layout(&entries)?, bucket_bytes) {
@@ -177,11 +178,12 @@ pub fn all_reduce_gradients_with(
 /// # Ok(()) }
 /// ```
 pub fn all_reduce_moments(pg: &ProcessGroup, local: &BatchMoments) -> Result<BatchMoments> {
-    let t = Tensor::from_slice(&[local.count(), local.mean(), local.m2()]);
+    let t =
+        Tensor::from_slice(&[local.count(), local.mean(), local.m2()]).f_to_device(pg.device())?;
     let all = pg.all_gather(&t)?;
     let mut merged: Option<BatchMoments> = None;
     for (r, t) in all.iter().enumerate() {
-        let v = Vec::<f64>::try_from(t)?;
+        let v = Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?;
         let (count, mean, m2) = match v.as_slice() {
             [c, m, s] => (*c, *m, *s),
             _ => {
@@ -219,19 +221,20 @@ pub fn all_reduce_moments(pg: &ProcessGroup, local: &BatchMoments) -> Result<Bat
 /// # Ok(()) }
 /// ```
 pub fn all_reduce_scalars(pg: &ProcessGroup, values: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
-    let mut t = Tensor::from_slice(values);
+    let mut t = Tensor::from_slice(values).f_to_device(pg.device())?;
     pg.all_reduce(&mut t, op)?;
-    Ok(Vec::<f64>::try_from(&t)?)
+    Ok(Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?)
 }
 
 /// `(name, tensor)` pairs sorted by name; a repeated name is an error.
 fn sorted_entries<'a>(
     op: &'static str,
     items: impl Iterator<Item = (&'a str, Tensor)>,
+    device: Device,
 ) -> Result<Vec<(String, Tensor)>> {
     let mut map = BTreeMap::new();
     for (name, t) in items {
-        check_tensor(op, name, &t, false)?;
+        check_tensor(op, name, &t, false, device)?;
         if map.insert(name.to_string(), t).is_some() {
             return Err(Error::KeyExists {
                 op,
@@ -330,11 +333,12 @@ fn check_same_layout(
     if pg.world_size() == 1 {
         return Ok(());
     }
-    let mine = Tensor::from_slice(&[entries.len() as i64, numel, hash as i64]);
+    let mine =
+        Tensor::from_slice(&[entries.len() as i64, numel, hash as i64]).f_to_device(pg.device())?;
     let all = pg.all_gather(&mine)?;
     let mut rows = Vec::with_capacity(all.len());
     for t in &all {
-        rows.push(Vec::<i64>::try_from(t)?);
+        rows.push(Vec::<i64>::try_from(t.f_to_device(Device::Cpu)?)?);
     }
     if rows.windows(2).all(|w| w.first() == w.get(1)) {
         return Ok(());
@@ -402,9 +406,19 @@ mod tests {
     #[test]
     fn repeated_names_are_refused() {
         let t = || Tensor::from_slice(&[1.0f32]);
-        let err = sorted_entries("test", vec![("a", t()), ("a", t())].into_iter()).unwrap_err();
+        let err = sorted_entries(
+            "test",
+            vec![("a", t()), ("a", t())].into_iter(),
+            Device::Cpu,
+        )
+        .unwrap_err();
         assert!(matches!(err, Error::KeyExists { .. }), "{err}");
-        let ok = sorted_entries("test", vec![("b", t()), ("a", t())].into_iter()).unwrap();
+        let ok = sorted_entries(
+            "test",
+            vec![("b", t()), ("a", t())].into_iter(),
+            Device::Cpu,
+        )
+        .unwrap();
         assert_eq!(
             ok.iter().map(|e| e.0.as_str()).collect::<Vec<_>>(),
             vec!["a", "b"]

@@ -1,4 +1,5 @@
-//! The C ABI of `shim.cpp` (c10d's TCPStore + ProcessGroupGloo). Every function catches every
+//! The C ABI of `shim.cpp` (c10d's TCPStore + ProcessGroupGloo, and ProcessGroupNCCL with the
+//! feature `nccl`). Every function catches every
 //! C++ exception and reports it as a status code plus a message written into the caller's
 //! buffer; no exception crosses this boundary.
 //!
@@ -31,6 +32,19 @@ extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> c_int;
+    #[cfg(feature = "nccl")]
+    pub(crate) fn trl_pg_new_nccl(
+        addr: *const c_char,
+        port: u16,
+        rank: c_int,
+        world_size: c_int,
+        timeout_ms: i64,
+        device: c_int,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    pub(crate) fn trl_pg_nccl_built() -> c_int;
     pub(crate) fn trl_pg_port(group: *mut c_void) -> c_int;
     pub(crate) fn trl_pg_set_timeout(
         group: *mut c_void,

@@ -1,14 +1,16 @@
 //! Multi-process training on libtorch's own collectives (c10d), behind the cargo feature
-//! `distributed`: a [`ProcessGroup`] (Gloo on CPU) created from torchrun's environment
-//! variables or explicit [`InitOptions`], with `all_reduce`, `broadcast`, `all_gather` and
-//! `barrier` bounded by a timeout, and the data-parallel helpers built on it
+//! `distributed`: a [`ProcessGroup`] (Gloo on CPU; NCCL on GPU with the feature `nccl`)
+//! created from torchrun's environment variables or explicit [`InitOptions`], with
+//! `all_reduce`, `broadcast`, `all_gather` and `barrier` bounded by a timeout, and the
+//! data-parallel helpers built on it
 //! ([`broadcast_parameters`], [`all_reduce_gradients`], [`all_reduce_moments`]).
 //!
 //! The group is c10d's `TCPStore` (served by rank 0 at `MASTER_ADDR:MASTER_PORT`) and
 //! `ProcessGroupGloo`, reached through a small C++ shim (`shim.cpp`) compiled by `build.rs`
 //! against the torch wheel's headers; the `torchrl-launch` binary starts N local processes
 //! with torchrun's variables. See `docs/distributed.md` for how it works, how to launch, and
-//! the limits (NCCL is not built).
+//! the limits (the NCCL path compiles and refuses a machine without a CUDA device clearly, but
+//! has not yet run on a GPU).
 //!
 //! A world of one is a valid group, so data-parallel code runs unchanged in one process:
 //!
@@ -36,7 +38,7 @@ pub use data_parallel::{
     broadcast_parameters, DEFAULT_BUCKET_BYTES,
 };
 pub use process_group::{
-    Backend, InitOptions, ProcessGroup, ReduceOp, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT,
+    nccl_built, Backend, InitOptions, ProcessGroup, ReduceOp, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT,
 };
 
 /// The chapter's code, compiled and run as doc tests so that it stays true to the API.

@@ -1,5 +1,6 @@
-//! [`ProcessGroup`]: a handle on a c10d Gloo process group (TCPStore rendezvous with rank 0 as
-//! the server), created from torchrun's environment variables or explicit [`InitOptions`].
+//! [`ProcessGroup`]: a handle on a c10d process group (Gloo; NCCL with the cargo feature
+//! `nccl`; TCPStore rendezvous with rank 0 as the server), created from torchrun's environment
+//! variables or explicit [`InitOptions`].
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -29,9 +30,10 @@ pub enum Backend {
     /// c10d's `ProcessGroupGloo`: CPU tensors, over TCP.
     #[default]
     Gloo,
-    /// c10d's `ProcessGroupNCCL`: CUDA tensors. **Not built** in this version: the shim
-    /// compiles only the Gloo path (no GPU was available to test NCCL), so
-    /// [`ProcessGroup::new`] refuses it with an error saying so (docs/distributed.md).
+    /// c10d's `ProcessGroupNCCL`: CUDA tensors on device `LOCAL_RANK`. Built with the cargo
+    /// feature `nccl` ([`nccl_built`]); without it [`ProcessGroup::new`] refuses it with an
+    /// error saying so, and with it on a machine without a CUDA device it refuses with c10d's
+    /// device count (docs/distributed.md).
     Nccl,
 }
 
@@ -42,6 +44,16 @@ impl fmt::Display for Backend {
             Backend::Nccl => "nccl",
         })
     }
+}
+
+/// Whether this build holds c10d's NCCL path (the cargo feature `nccl`).
+///
+/// ```
+/// assert_eq!(torchrl::distributed::nccl_built(), cfg!(feature = "nccl"));
+/// ```
+pub fn nccl_built() -> bool {
+    // SAFETY: a pure function of how the shim was compiled.
+    unsafe { ffi::trl_pg_nccl_built() != 0 }
 }
 
 /// How [`ProcessGroup::all_reduce`] combines the ranks' tensors element-wise.
@@ -292,11 +304,11 @@ impl InitOptions {
                 ));
             }
         }
-        if self.backend == Backend::Nccl {
+        if self.backend == Backend::Nccl && !cfg!(feature = "nccl") {
             return Err(Error::config(
                 op,
                 "backend",
-                "Backend::Gloo (NCCL not built: this torchrl compiles only c10d's Gloo path; \
+                "Backend::Gloo (NCCL not built: build torchrl with the cargo feature `nccl`; \
                  docs/distributed.md)",
                 "Backend::Nccl",
             ));
@@ -461,21 +473,45 @@ impl ProcessGroup {
         let timeout_ms = millis(opts.timeout);
         let mut raw: *mut c_void = std::ptr::null_mut();
         let mut err = ErrBuf::new();
-        // SAFETY: the strings are NUL-terminated and outlive the call; `raw` is a valid out
-        // pointer; the error buffer holds ERR_LEN writable bytes. Rank and world size fit a
-        // c_int (validate checked world_size <= i32::MAX and rank < world_size).
-        let status = unsafe {
-            ffi::trl_pg_new(
-                addr.as_ptr(),
-                opts.master_port,
-                opts.rank as c_int,
-                opts.world_size as c_int,
-                timeout_ms,
-                iface.as_ptr(),
-                &mut raw,
-                err.ptr(),
-                ERR_LEN,
-            )
+        let status = match opts.backend {
+            // SAFETY: the strings are NUL-terminated and outlive the call; `raw` is a valid
+            // out pointer; the error buffer holds ERR_LEN writable bytes. Rank and world size
+            // fit a c_int (validate checked world_size <= i32::MAX and rank < world_size).
+            Backend::Gloo => unsafe {
+                ffi::trl_pg_new(
+                    addr.as_ptr(),
+                    opts.master_port,
+                    opts.rank as c_int,
+                    opts.world_size as c_int,
+                    timeout_ms,
+                    iface.as_ptr(),
+                    &mut raw,
+                    err.ptr(),
+                    ERR_LEN,
+                )
+            },
+            #[cfg(feature = "nccl")]
+            Backend::Nccl => {
+                let device = c_int::try_from(opts.local_rank())
+                    .map_err(|_| dist_err("LOCAL_RANK does not fit a CUDA device index".into()))?;
+                // SAFETY: as for Gloo; `device` is checked against the device count by the
+                // shim.
+                unsafe {
+                    ffi::trl_pg_new_nccl(
+                        addr.as_ptr(),
+                        opts.master_port,
+                        opts.rank as c_int,
+                        opts.world_size as c_int,
+                        timeout_ms,
+                        device,
+                        &mut raw,
+                        err.ptr(),
+                        ERR_LEN,
+                    )
+                }
+            }
+            #[cfg(not(feature = "nccl"))]
+            Backend::Nccl => return Err(dist_err("NCCL not built".into())),
         };
         if status != ffi::OK {
             return Err(dist_err(err.message()));
@@ -528,6 +564,15 @@ impl ProcessGroup {
         self.backend
     }
 
+    /// The device this group's collectives take tensors on: the CPU for Gloo,
+    /// `Device::Cuda(local_rank)` for NCCL.
+    pub fn device(&self) -> Device {
+        match self.backend {
+            Backend::Gloo => Device::Cpu,
+            Backend::Nccl => Device::Cuda(self.local_rank),
+        }
+    }
+
     /// Rank 0's address.
     pub fn master_addr(&self) -> &str {
         &self.master_addr
@@ -569,7 +614,7 @@ impl ProcessGroup {
     /// every rank; [`ReduceOp::Mean`] needs a floating-point dtype.
     pub fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         let name = "all_reduce";
-        check_tensor(name, "tensor", tensor, true)?;
+        check_tensor(name, "tensor", tensor, true, self.device())?;
         let code = match op {
             ReduceOp::Sum | ReduceOp::Mean => ffi::OP_SUM,
             ReduceOp::Max => ffi::OP_MAX,
@@ -608,7 +653,7 @@ impl ProcessGroup {
     /// every rank; `src < world_size`.
     pub fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
         let name = "broadcast";
-        check_tensor(name, "tensor", tensor, true)?;
+        check_tensor(name, "tensor", tensor, true, self.device())?;
         self.check_rank(name, "src", src)?;
         let ptr = tensor.as_mut_ptr().cast::<c_void>();
         let timeout_ms = millis(self.timeout);
@@ -625,7 +670,7 @@ impl ProcessGroup {
     /// have `tensor`'s shape and dtype.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Vec<Tensor>> {
         let name = "all_gather";
-        check_tensor(name, "tensor", tensor, false)?;
+        check_tensor(name, "tensor", tensor, false, self.device())?;
         let input = if tensor.is_contiguous() {
             tensor.shallow_clone()
         } else {
@@ -747,17 +792,20 @@ impl Drop for ProcessGroup {
     /// Waits for the group's queued collectives (each bounded by the timeout), then closes the
     /// connections; rank 0 also stops the store.
     fn drop(&mut self) {
-        // SAFETY: `raw` was created by `trl_pg_new` and is freed exactly once, here.
+        // SAFETY: `raw` was created by `trl_pg_new` (or `trl_pg_new_nccl`) and is freed
+        // exactly once, here.
         unsafe { ffi::trl_pg_free(self.raw.as_ptr()) }
     }
 }
 
-/// Checks what c10d's Gloo backend needs of a tensor, with errors that say what to do.
+/// Checks what the group's backend needs of a tensor (on `expected`: the CPU for Gloo, the
+/// rank's GPU for NCCL), with errors that say what to do.
 pub(crate) fn check_tensor(
     op: &'static str,
     name: &str,
     t: &Tensor,
     need_contiguous: bool,
+    expected: Device,
 ) -> Result<()> {
     if !t.defined() {
         return Err(Error::argument(
@@ -768,11 +816,11 @@ pub(crate) fn check_tensor(
         ));
     }
     let device = t.device();
-    if device != Device::Cpu {
+    if device != expected {
         return Err(Error::DeviceMismatch {
             op,
             key: name.to_string(),
-            expected: Device::Cpu,
+            expected,
             actual: device,
         });
     }

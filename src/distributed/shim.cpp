@@ -1,7 +1,10 @@
-// The C ABI between `torchrl::distributed` and libtorch's c10d (TCPStore + ProcessGroupGloo).
+// The C ABI between `torchrl::distributed` and libtorch's c10d (TCPStore + ProcessGroupGloo, and
+// ProcessGroupNCCL when compiled with TORCHRL_NCCL).
 //
 // Compiled by build.rs only with the cargo feature `distributed`, against the torch wheel's
-// headers and Debian's `libgloo-dev` headers (see docs/distributed.md for why that pairing is
+// headers and Debian's `libgloo-dev` headers; the feature `nccl` adds TORCHRL_NCCL and the CUDA /
+// NCCL headers the wheel's nvidia-* dependencies ship (plus nvidia-cuda-crt / -cccl, installed by
+// scripts/setup.sh) (see docs/distributed.md for why that pairing is
 // sound: c10d's class layout holds gloo objects only behind pointers, and this file makes no
 // direct gloo call). Every entry point catches every C++ exception and reports it through a
 // caller-owned message buffer: no exception ever crosses the FFI boundary.
@@ -12,6 +15,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef TORCHRL_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <chrono>
 #include <cstdint>
@@ -23,10 +30,25 @@
 
 namespace {
 
+// Either backend, through c10d's common `Backend` interface (allreduce, broadcast, allgather,
+// barrier, setTimeout are virtual there).
 struct TrlGroup {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::Backend> pg;
 };
+
+// The rendezvous store: rank 0 serves a TCPStore at host:port; the group's keys live under a
+// prefix.
+c10::intrusive_ptr<c10d::TCPStore> make_store(const std::string& host, uint16_t port, int rank,
+                                              int world_size, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions sopts;
+  sopts.port = port;
+  sopts.isServer = rank == 0;
+  sopts.numWorkers = static_cast<size_t>(world_size);
+  sopts.waitWorkers = true;
+  sopts.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(host, sopts);
+}
 
 void write_message(char* buf, size_t len, const std::string& msg) {
   if (buf == nullptr || len == 0) {
@@ -106,13 +128,7 @@ int trl_pg_new(const char* addr, uint16_t port, int rank, int world_size, int64_
   return guarded(err, err_len, [&] {
     auto timeout = std::chrono::milliseconds(timeout_ms);
     std::string host(addr);
-    c10d::TCPStoreOptions sopts;
-    sopts.port = port;
-    sopts.isServer = rank == 0;
-    sopts.numWorkers = static_cast<size_t>(world_size);
-    sopts.waitWorkers = true;
-    sopts.timeout = timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(host, sopts);
+    auto tcp = make_store(host, port, rank, world_size, timeout);
     c10::intrusive_ptr<c10d::Store> store =
         c10::make_intrusive<c10d::PrefixStore>("torchrl/default_pg", tcp);
 
@@ -129,6 +145,51 @@ int trl_pg_new(const char* addr, uint16_t port, int rank, int world_size, int64_
     *out = new TrlGroup{tcp, pg};
   });
 }
+
+// 1 when this shim was compiled with ProcessGroupNCCL (the cargo feature `nccl`), else 0.
+int trl_pg_nccl_built() {
+#ifdef TORCHRL_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#ifdef TORCHRL_NCCL
+// As trl_pg_new, with c10d's ProcessGroupNCCL bound to CUDA device `device` (the rank's
+// LOCAL_RANK). Refused with a message when no CUDA device is visible or `device` is not one.
+// Collectives wait on the host with their timeout (TORCH_NCCL_BLOCKING_WAIT=1 unless the
+// environment sets it), so a vanished peer is an error, not the watchdog's abort.
+int trl_pg_new_nccl(const char* addr, uint16_t port, int rank, int world_size, int64_t timeout_ms,
+                    int device, void** out, char* err, size_t err_len) {
+  *out = nullptr;
+  return guarded(err, err_len, [&] {
+    auto count = static_cast<int>(c10::cuda::device_count());
+    if (count == 0) {
+      throw std::runtime_error(
+          "NCCL needs a CUDA device, and none is visible to this process "
+          "(c10::cuda::device_count() = 0); use Backend::Gloo on CPU");
+    }
+    if (device < 0 || device >= count) {
+      throw std::runtime_error("CUDA device " + std::to_string(device) +
+                               " (LOCAL_RANK) does not exist: " + std::to_string(count) +
+                               " device(s) are visible");
+    }
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    std::string host(addr);
+    auto tcp = make_store(host, port, rank, world_size, timeout);
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::PrefixStore>("torchrl/default_pg", tcp);
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
+    pg->setBoundDeviceId(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+    *out = new TrlGroup{tcp, pg};
+  });
+}
+#endif
 
 // The port the store listens on (the one the OS chose when port 0 was asked for).
 int trl_pg_port(void* group) {

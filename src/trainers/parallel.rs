@@ -475,27 +475,34 @@ pub(crate) fn check_same_schedule(
 // ProcessGroup
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `f` on a contiguous CPU tensor holding `tensor`'s values (`tensor` itself when it is
-/// one), then copies the result back (Gloo reduces CPU tensors only).
+/// Runs `f` on a contiguous tensor on `device` (the group's: the CPU for Gloo, the rank's GPU
+/// for NCCL) holding `tensor`'s values (`tensor` itself when it is one), then copies the
+/// result back.
 #[cfg(feature = "distributed")]
-fn on_cpu(tensor: &mut Tensor, f: impl FnOnce(&mut Tensor) -> Result<()>) -> Result<()> {
-    if tensor.device() == Device::Cpu && tensor.is_contiguous() {
+fn on_device(
+    tensor: &mut Tensor,
+    device: Device,
+    f: impl FnOnce(&mut Tensor) -> Result<()>,
+) -> Result<()> {
+    if tensor.device() == device && tensor.is_contiguous() {
         return f(tensor);
     }
     let _guard = tch::no_grad_guard();
-    let mut cpu = tensor.f_to_device(Device::Cpu)?.f_contiguous()?;
-    f(&mut cpu)?;
-    tensor.f_copy_(&cpu)?;
+    let mut there = tensor.f_to_device(device)?.f_contiguous()?;
+    f(&mut there)?;
+    tensor.f_copy_(&there)?;
     Ok(())
 }
 
 #[cfg(feature = "distributed")]
-fn all_on_cpu(params: &[(String, Tensor)]) -> bool {
-    params.iter().all(|(_, t)| t.device() == Device::Cpu)
+fn all_on(params: &[(String, Tensor)], device: Device) -> bool {
+    params.iter().all(|(_, t)| t.device() == device)
 }
 
-/// c10d's Gloo group as a [`Collective`]: tensors on another device travel through a CPU copy;
-/// CPU parameters use the bucketed helpers of [`crate::distributed`]
+/// c10d's group (Gloo, or NCCL with the feature `nccl`) as a [`Collective`]: tensors on
+/// another device than the group's ([`ProcessGroup::device`](crate::distributed::ProcessGroup::device))
+/// travel through a copy there; parameters on the group's device use the bucketed helpers of
+/// [`crate::distributed`]
 /// ([`broadcast_parameters`](crate::distributed::broadcast_parameters) with its layout check,
 /// [`all_reduce_gradients_with`](crate::distributed::all_reduce_gradients_with) and `Sum`), and
 /// moments the gathered [`all_reduce_moments`](crate::distributed::all_reduce_moments).
@@ -508,12 +515,12 @@ impl Collective for crate::distributed::ProcessGroup {
         crate::distributed::ProcessGroup::world_size(self)
     }
     fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
-        on_cpu(tensor, |t| {
+        on_device(tensor, self.device(), |t| {
             self.all_reduce(t, crate::distributed::ReduceOp::Sum)
         })
     }
     fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
-        on_cpu(tensor, |t| {
+        on_device(tensor, self.device(), |t| {
             crate::distributed::ProcessGroup::broadcast(self, t, src)
         })
     }
@@ -524,7 +531,7 @@ impl Collective for crate::distributed::ProcessGroup {
         crate::distributed::all_reduce_moments(self, local)
     }
     fn broadcast_parameters(&self, params: &[(String, Tensor)], src: usize) -> Result<()> {
-        if all_on_cpu(params) {
+        if all_on(params, self.device()) {
             return crate::distributed::broadcast_parameters(self, params, src);
         }
         let _guard = tch::no_grad_guard();
@@ -535,7 +542,7 @@ impl Collective for crate::distributed::ProcessGroup {
         Ok(())
     }
     fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
-        if all_on_cpu(params) {
+        if all_on(params, self.device()) {
             return crate::distributed::all_reduce_gradients_with(
                 self,
                 params,
