@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 use torchrl::distributed::{
-    all_reduce_gradients, all_reduce_moments, all_reduce_scalars, broadcast_parameters, Backend,
-    InitOptions, ProcessGroup, ReduceOp, DEFAULT_BUCKET_BYTES,
+    all_reduce_gradients, all_reduce_moments, all_reduce_scalars, broadcast_parameters,
+    gradient_hooks, Backend, InitOptions, ProcessGroup, ReduceOp, DEFAULT_BUCKET_BYTES,
 };
 use torchrl::objectives::llm::moments::BatchMoments;
 use torchrl::Error;
@@ -423,6 +423,44 @@ fn worker_gradients() {
             );
         }
     }
+
+    // Overlapped with backward (c10d's DDP reducer): after `prepare`, backward itself leaves
+    // the SUM of the ranks' gradients (the frozen vector, which needs no grad, is left out);
+    // 16-byte buckets, so several all-reduces run while backward goes on. A pass without
+    // `prepare` stays local.
+    let trainable: Vec<(String, Tensor)> = params
+        .iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let hooks = gradient_hooks(&pg, &trainable, 16).unwrap();
+    for pass in 0..2 {
+        zero_grads(&vs);
+        let (x, y) = batch(rank);
+        let loss = (net.forward(&x) - y).square().mean(Kind::Float);
+        hooks.prepare(&[&loss]).unwrap();
+        loss.backward();
+        for ((name, g), ((_, a), (_, b))) in grads(&vs).iter().zip(g0.iter().zip(g1.iter())) {
+            let diff = (g - (a + b)).abs().max().double_value(&[]);
+            assert!(
+                diff < 1e-6,
+                "hooks pass {pass}, {name}: max |diff| = {diff}"
+            );
+        }
+    }
+    backward_on(&vs, &net, rank);
+    let local = grads(&vs);
+    let mine = if rank == 0 { &g0 } else { &g1 };
+    for ((name, g), (_, m)) in local.iter().zip(mine.iter()) {
+        assert!(g.equal(m), "{name}: a pass without prepare was reduced");
+    }
+    let frozen = params
+        .iter()
+        .find(|(n, _)| n == "frozen")
+        .map(|(_, t)| t.shallow_clone());
+    let err = gradient_hooks(&pg, &[("frozen".to_string(), frozen.unwrap())], 16).unwrap_err();
+    assert!(err.to_string().contains("requires grad"), "{err}");
+    drop(hooks);
 
     // Ranks with different gradient sets: every rank gets an error naming the ranks, and no
     // gradient changes; the group stays usable.

@@ -9,10 +9,13 @@
 //! error naming the ranks instead of silently mixed values.
 
 use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::ptr::NonNull;
 
 use tch::{Device, Kind, Tensor};
 
-use super::process_group::{check_tensor, ProcessGroup, ReduceOp};
+use super::ffi;
+use super::process_group::{check_tensor, ProcessGroup, ReduceOp, ERR_LEN};
 use crate::error::{Error, Result};
 use crate::objectives::llm::moments::BatchMoments;
 
@@ -224,6 +227,169 @@ pub fn all_reduce_scalars(pg: &ProcessGroup, values: &[f64], op: ReduceOp) -> Re
     let mut t = Tensor::from_slice(values).f_to_device(pg.device())?;
     pg.all_reduce(&mut t, op)?;
     Ok(Vec::<f64>::try_from(t.f_to_device(Device::Cpu)?)?)
+}
+
+/// Gradient all-reduce overlapped with backward: c10d's own DDP reducer (`c10d::Reducer`,
+/// what PyTorch's `DistributedDataParallel` runs) hooked on every parameter's gradient
+/// accumulator. After [`GradientHooks::prepare`] the next backward pass sums each bucket of
+/// gradients over the ranks (on the backend's worker threads) as soon as backward has produced
+/// all of its gradients, while backward goes on with the rest; when `backward` returns, every
+/// `.grad` holds the **sum** over the ranks (not DDP's mean: data-parallel trainers here scale
+/// each rank's loss by its share of the global batch). Parameters that get no gradient in a
+/// pass keep none (DDP's `find_unused_parameters`). A backward pass without `prepare` touches
+/// nothing (DDP's `no_sync`).
+///
+/// Created by [`gradient_hooks`]; dropping it removes the hooks.
+///
+/// ```
+/// use tch::{nn, nn::Module, Device, Kind, Tensor};
+/// use torchrl::distributed::{gradient_hooks, InitOptions, ProcessGroup, DEFAULT_BUCKET_BYTES};
+/// # fn main() -> torchrl::Result<()> {
+/// let pg = ProcessGroup::new(InitOptions::single_process())?;
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let lin = nn::linear(vs.root() / "lin", 3, 2, Default::default());
+/// let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+/// let hooks = gradient_hooks(&pg, &params, DEFAULT_BUCKET_BYTES)?;
+/// let loss = lin.forward(&Tensor::ones([4, 3], (Kind::Float, Device::Cpu))).sum(Kind::Float);
+/// hooks.prepare(&[&loss])?;
+/// loss.backward(); // one rank: the sums are the local gradients
+/// let w = &vs.variables()["lin.weight"];
+/// assert!((w.grad() - Tensor::ones([2, 3], (Kind::Float, Device::Cpu)) * 4.0).abs().max().double_value(&[]) < 1e-6);
+/// # Ok(()) }
+/// ```
+pub struct GradientHooks {
+    raw: NonNull<c_void>,
+    rank: usize,
+    world_size: usize,
+}
+
+// SAFETY: the shim's reducer (a c10d::Reducer and the ProcessGroup wrapper it reduces over)
+// guards its state with its own mutex and has no thread affinity; its hooks run on whatever
+// thread runs backward. The handle is not `Sync`: two threads preparing it at once would race
+// on which backward it arms.
+unsafe impl Send for GradientHooks {}
+
+impl std::fmt::Debug for GradientHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GradientHooks")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GradientHooks {
+    /// Arms the hooks for the next backward pass from `outputs` (the loss; the reducer walks
+    /// its graph to find the parameters that will get no gradient). Every rank must prepare
+    /// and then run backward, in the same order as its other collectives.
+    ///
+    /// # Errors
+    /// [`Error::Distributed`] when c10d refuses (for instance a previous pass never finished).
+    pub fn prepare(&self, outputs: &[&Tensor]) -> Result<()> {
+        let ptrs: Vec<*mut c_void> = outputs.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+        let n = c_int::try_from(ptrs.len()).unwrap_or(c_int::MAX);
+        let mut err = vec![0u8; ERR_LEN];
+        // SAFETY: `raw` is this handle's live reducer; the pointers are `at::Tensor*` of
+        // tensors borrowed for the call (the shim copies the handles); `err` holds its length.
+        let status = unsafe {
+            ffi::trl_reducer_prepare(
+                self.raw.as_ptr(),
+                ptrs.as_ptr(),
+                n,
+                err.as_mut_ptr().cast(),
+                err.len(),
+            )
+        };
+        if status == ffi::OK {
+            return Ok(());
+        }
+        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+        Err(Error::Distributed {
+            op: "GradientHooks::prepare",
+            rank: self.rank,
+            world_size: self.world_size,
+            message: String::from_utf8_lossy(err.get(..end).unwrap_or_default()).into_owned(),
+        })
+    }
+}
+
+impl Drop for GradientHooks {
+    fn drop(&mut self) {
+        // SAFETY: `raw` was created by `trl_reducer_new` and is freed exactly once, here.
+        unsafe { ffi::trl_reducer_free(self.raw.as_ptr()) }
+    }
+}
+
+/// [`GradientHooks`] for `params` (sorted by name, so every rank hooks them in the same order;
+/// leaf tensors that require grad, on the group's device), in buckets of at most
+/// `bucket_bytes`, the last parameters first (backward produces their gradients first).
+/// Checks that every rank holds the same names, shapes and dtypes (one all-gather).
+///
+/// # Errors
+/// On an empty list, a repeated name, a parameter that does not require grad or sits on
+/// another device, a zero bucket size, ranks that disagree on the parameters, or c10d's refusal.
+pub fn gradient_hooks(
+    pg: &ProcessGroup,
+    params: &[(String, Tensor)],
+    bucket_bytes: usize,
+) -> Result<GradientHooks> {
+    let op = "gradient_hooks";
+    if params.is_empty() {
+        return Err(Error::argument(
+            op,
+            "params",
+            "at least one parameter",
+            "none",
+        ));
+    }
+    if bucket_bytes == 0 {
+        return Err(Error::argument(op, "bucket_bytes", "at least 1 byte", "0"));
+    }
+    let entries = sorted_entries(
+        op,
+        params.iter().map(|(n, t)| (n.as_str(), t.shallow_clone())),
+        pg.device(),
+    )?;
+    if let Some((name, _)) = entries.iter().find(|(_, t)| !t.requires_grad()) {
+        return Err(Error::argument(
+            op,
+            name,
+            "a parameter that requires grad",
+            "a tensor without requires_grad",
+        ));
+    }
+    check_same_layout(pg, op, &entries)?;
+    let ptrs: Vec<*mut c_void> = entries
+        .iter()
+        .map(|(_, t)| t.as_ptr() as *mut c_void)
+        .collect();
+    let n = c_int::try_from(ptrs.len()).map_err(|_| {
+        Error::argument(
+            op,
+            "params",
+            "at most i32::MAX parameters",
+            ptrs.len().to_string(),
+        )
+    })?;
+    let cap = i64::try_from(bucket_bytes).unwrap_or(i64::MAX);
+    let mut raw: *mut c_void = std::ptr::null_mut();
+    pg.call(op, |group, err| {
+        // SAFETY: `group` is the live group handle `call` passes; the pointers are
+        // `at::Tensor*` of tensors alive for the call (the shim copies the handles); `raw` is
+        // a valid out pointer; `err` holds ERR_LEN bytes.
+        unsafe { ffi::trl_reducer_new(group, ptrs.as_ptr(), n, cap, &mut raw, err, ERR_LEN) }
+    })?;
+    let raw = NonNull::new(raw).ok_or_else(|| Error::Distributed {
+        op,
+        rank: pg.rank(),
+        world_size: pg.world_size(),
+        message: "c10d returned no reducer".into(),
+    })?;
+    Ok(GradientHooks {
+        raw,
+        rank: pg.rank(),
+        world_size: pg.world_size(),
+    })
 }
 
 /// `(name, tensor)` pairs sorted by name; a repeated name is an error.

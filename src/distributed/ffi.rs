@@ -53,6 +53,23 @@ extern "C" {
         err_len: usize,
     ) -> c_int;
     pub(crate) fn trl_pg_free(group: *mut c_void);
+    pub(crate) fn trl_reducer_new(
+        group: *mut c_void,
+        params: *const *mut c_void,
+        n: c_int,
+        bucket_bytes: i64,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    pub(crate) fn trl_reducer_prepare(
+        reducer: *mut c_void,
+        outputs: *const *mut c_void,
+        n: c_int,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+    pub(crate) fn trl_reducer_free(reducer: *mut c_void);
     pub(crate) fn trl_pg_allreduce(
         group: *mut c_void,
         tensor: *mut c_void,

@@ -35,7 +35,7 @@ mod process_group;
 
 pub use data_parallel::{
     all_reduce_gradients, all_reduce_gradients_with, all_reduce_moments, all_reduce_scalars,
-    broadcast_parameters, DEFAULT_BUCKET_BYTES,
+    broadcast_parameters, gradient_hooks, GradientHooks, DEFAULT_BUCKET_BYTES,
 };
 pub use process_group::{
     nccl_built, Backend, InitOptions, ProcessGroup, ReduceOp, DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT,

@@ -22,7 +22,7 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// The size of the buffer the shim writes C++ error messages into.
-const ERR_LEN: usize = 4096;
+pub(crate) const ERR_LEN: usize = 4096;
 
 /// The collective backend of a [`ProcessGroup`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -747,7 +747,7 @@ impl ProcessGroup {
 
     /// Runs one shim call, turning a failure into an [`Error::Distributed`] and marking the
     /// group as failed; refuses at once when an earlier call failed.
-    fn call(
+    pub(crate) fn call(
         &self,
         op: &'static str,
         f: impl FnOnce(*mut c_void, *mut c_char) -> c_int,

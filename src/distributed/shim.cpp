@@ -15,6 +15,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 #ifdef TORCHRL_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -110,6 +112,27 @@ c10d::ReduceOp reduce_op(int op) {
   }
 }
 
+// DDP's gradient reducer over one of our groups. c10d::Reducer hooks every parameter's gradient
+// accumulator: once `prepare_for_backward` has armed it, each bucket is all-reduced (on the
+// backend's worker threads) as soon as backward has produced all its gradients, while backward
+// goes on with the rest, and the results are copied back into `.grad` before `backward`
+// returns. The comm hook sums (DDP's default divides by the world size; our trainers pre-scale
+// each rank's loss so that the sum is the global gradient).
+class SumCommHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  explicit SumCommHook(const c10::intrusive_ptr<c10d::ProcessGroup>& pg)
+      : CppCommHookInterface(pg) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+    return state_->allreduce(tensors)->getFuture();
+  }
+};
+
+struct TrlReducer {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  std::shared_ptr<c10d::Reducer> reducer;
+};
+
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
@@ -203,6 +226,63 @@ int trl_pg_set_timeout(void* group, int64_t timeout_ms, char* err, size_t err_le
   return guarded(err, err_len, [&] {
     static_cast<TrlGroup*>(group)->pg->setTimeout(std::chrono::milliseconds(timeout_ms));
   });
+}
+
+// A gradient reducer (TrlReducer) over `group` for `params` (leaf tensors that require grad,
+// in the same order on every rank), in buckets of at most `bucket_bytes`, the last parameters
+// first (backward produces their gradients first). Parameters that get no gradient in a
+// backward pass are allowed (DDP's find_unused_parameters).
+int trl_reducer_new(void* group, void* const* params, int n, int64_t bucket_bytes, void** out,
+                    char* err, size_t err_len) {
+  *out = nullptr;
+  return guarded(err, err_len, [&] {
+    auto* g = static_cast<TrlGroup*>(group);
+    if (n <= 0) {
+      throw std::invalid_argument("no parameters to reduce");
+    }
+    std::vector<at::Tensor> ps;
+    ps.reserve(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      ps.push_back(*static_cast<at::Tensor*>(params[i]));
+    }
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(g->store, g->pg->getRank(), g->pg->getSize());
+    bool nccl = g->pg->getBackendName() == "nccl";
+    auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
+    pg->setBackend(nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type, g->pg);
+    pg->setDefaultBackend(type);
+    std::vector<bool> sparse(ps.size(), false);
+    auto cap = static_cast<size_t>(bucket_bytes);
+    auto assigned = c10d::compute_bucket_assignment_by_size(ps, {cap}, sparse);
+    auto buckets = std::get<0>(assigned);
+    std::reverse(buckets.begin(), buckets.end());
+    auto reducer = std::make_shared<c10d::Reducer>(
+        ps, buckets, pg, sparse, bucket_bytes, /*find_unused_parameters=*/true,
+        /*gradient_as_bucket_view=*/false, std::unordered_map<size_t, std::string>{},
+        /*first_bucket_bytes_cap=*/bucket_bytes, /*skip_all_reduce_unused_params=*/false,
+        /*use_python_reducer=*/false, std::vector<int64_t>{});
+    reducer->register_comm_hook(std::make_unique<SumCommHook>(pg));
+    *out = new TrlReducer{pg, reducer};
+  });
+}
+
+// Arms the reducer for the next backward pass from `outputs` (which it walks to find the
+// parameters that will get no gradient).
+int trl_reducer_prepare(void* reducer, void* const* outputs, int n, char* err, size_t err_len) {
+  return guarded(err, err_len, [&] {
+    std::vector<at::Tensor> outs;
+    for (int i = 0; i < n; ++i) {
+      outs.push_back(*static_cast<at::Tensor*>(outputs[i]));
+    }
+    static_cast<TrlReducer*>(reducer)->reducer->prepare_for_backward(outs);
+  });
+}
+
+void trl_reducer_free(void* reducer) {
+  try {
+    delete static_cast<TrlReducer*>(reducer);
+  } catch (...) {
+    // ~Reducer may throw (noexcept(false)) after a failed backward; the process goes on.
+  }
 }
 
 void trl_pg_free(void* group) {

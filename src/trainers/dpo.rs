@@ -431,6 +431,9 @@ impl DpoTrainer {
         check_same_schedule(&shared, "DpoTrainer::with_collective", &fields)?;
         shared.broadcast_parameters(&policy_params(&self.model), 0)?;
         shared.broadcast_parameters(&reference_params(&self.model), 0)?;
+        // the gradients are summed during backward (c10d's DDP reducer) where the group can
+        self.opt
+            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
         self.collective = shared;
         if self.config.method.precompute_ref_log_probs {
             self.precompute_reference()?;

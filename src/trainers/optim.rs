@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::objectives::optim::clip_grad_norm_tensors;
 use crate::trainers::config::{AdamWKwargs, CosineKwargs};
+use crate::trainers::parallel::GradientSync;
 
 /// `torch.optim.AdamW` (`amsgrad=False`, `maximize=False`) over a list of named parameters.
 ///
@@ -47,7 +48,6 @@ use crate::trainers::config::{AdamWKwargs, CosineKwargs};
 /// kernel call for call, so on the CPU results match `torch.optim.AdamW` bit for bit (the
 /// recorded cases in `specs/trainers_cases.json`). `step` keeps two work buffers per dtype and
 /// device, each as large as the largest parameter, instead of allocating temporaries.
-#[derive(Debug)]
 pub struct AdamW {
     names: Vec<String>,
     params: Vec<Tensor>,
@@ -61,6 +61,22 @@ pub struct AdamW {
     /// Two flat work buffers per (device, dtype), as long as the largest such parameter:
     /// `step` writes its temporaries into views of them instead of allocating.
     scratch: Vec<Scratch>,
+    /// Gradient summing during backward in a data-parallel group
+    /// ([`AdamW::set_gradient_sync`]).
+    sync: Option<Box<dyn GradientSync>>,
+}
+
+impl std::fmt::Debug for AdamW {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdamW")
+            .field("names", &self.names)
+            .field("lr", &self.lr)
+            .field("betas", &self.betas)
+            .field("eps", &self.eps)
+            .field("weight_decay", &self.weight_decay)
+            .field("gradient_sync", &self.sync.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -159,6 +175,7 @@ impl AdamW {
             eps: 1e-8,
             weight_decay: 0.01,
             scratch: Vec::new(),
+            sync: None,
         })
     }
 
@@ -353,7 +370,9 @@ impl AdamW {
     /// [`AdamW::backward_step`] with `reduce_grads` run on the named parameters between the
     /// backward pass and the clipping: data-parallel training sums the gradients over the
     /// ranks there ([`Collective::all_reduce_sum_gradients`]), so the norm that is clipped is
-    /// the global one and every rank clips and steps identically.
+    /// the global one and every rank clips and steps identically. With a gradient sync
+    /// attached ([`AdamW::set_gradient_sync`]) the sums happen during backward instead, and
+    /// `reduce_grads` is not called.
     ///
     /// [`Collective::all_reduce_sum_gradients`]: crate::trainers::parallel::Collective::all_reduce_sum_gradients
     ///
@@ -384,14 +403,36 @@ impl AdamW {
         reduce_grads: impl FnOnce(&[(String, Tensor)]) -> Result<()>,
     ) -> Result<Option<f64>> {
         self.zero_grad();
-        loss.f_backward()?;
-        reduce_grads(&self.named_params())?;
+        match &self.sync {
+            Some(sync) => {
+                sync.prepare(&[loss])?;
+                loss.f_backward()?;
+            }
+            None => {
+                loss.f_backward()?;
+                reduce_grads(&self.named_params())?;
+            }
+        }
         let norm = match max_grad_norm {
             Some(max) => Some(clip_grad_norm_tensors(&self.params, max)?),
             None => None,
         };
         self.step()?;
         Ok(norm)
+    }
+
+    /// Attaches (or, with `None`, detaches) a [`GradientSync`] that sums the gradients over a
+    /// data-parallel group during each [`AdamW::backward_step_with`]'s backward pass
+    /// (overlapping the communication with backward), in place of its `reduce_grads` call
+    /// afterwards. The trainers' `with_collective` attach
+    /// [`Collective::gradient_sync`](crate::trainers::parallel::Collective::gradient_sync)'s.
+    pub fn set_gradient_sync(&mut self, sync: Option<Box<dyn GradientSync>>) {
+        self.sync = sync;
+    }
+
+    /// Whether a [`GradientSync`] is attached.
+    pub fn has_gradient_sync(&self) -> bool {
+        self.sync.is_some()
     }
 
     /// The parameters with their names (shallow clones, in the optimizer's order).

@@ -7,11 +7,13 @@
 //!
 //! # What a data-parallel trainer does with it
 //! - at attach time, **broadcasts** rank 0's parameters ([`Collective::broadcast_parameters`]);
-//! - per optimizer step, **sums** every rank's gradients
-//!   ([`Collective::all_reduce_sum_gradients`]) after each rank divided its local masked sums
-//!   by the **global** token count (so the sum is the gradient of the mean over all ranks'
-//!   tokens, exactly as one process on the concatenated batch), then clips the global norm and
-//!   steps: the gradients are identical on every rank, so are the steps;
+//! - per optimizer step, **sums** every rank's gradients after each rank divided its local
+//!   masked sums by the **global** token count (so the sum is the gradient of the mean over all
+//!   ranks' tokens, exactly as one process on the concatenated batch), then clips the global
+//!   norm and steps: the gradients are identical on every rank, so are the steps. The sums run
+//!   during backward where the group offers a [`GradientSync`] ([`Collective::gradient_sync`]:
+//!   c10d's DDP reducer for `ProcessGroup`), else after it
+//!   ([`Collective::all_reduce_sum_gradients`]);
 //! - computes **global statistics** where trlX does ([`Collective::all_reduce_moments`] for the
 //!   running moments of scores, sums of `(Σx, n)` and `Σ(x − mean)²` for whitening,
 //!   [`Collective::mean_over_ranks`] for the KL controller's mean KL);
@@ -49,6 +51,25 @@ use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result};
 use crate::objectives::llm::moments::BatchMoments;
+
+/// Gradient summing overlapped with backward (see [`Collective::gradient_sync`]): once
+/// [`prepare`](Self::prepare)d, the next backward pass leaves in every parameter's `.grad` the
+/// sum of the ranks' gradients. `crate::distributed::GradientHooks` (c10d's DDP reducer) is
+/// the implementation.
+pub trait GradientSync: Send {
+    /// Arms the sync for the next backward pass from `outputs` (the loss).
+    ///
+    /// # Errors
+    /// When the group refuses.
+    fn prepare(&self, outputs: &[&Tensor]) -> Result<()>;
+}
+
+#[cfg(feature = "distributed")]
+impl GradientSync for crate::distributed::GradientHooks {
+    fn prepare(&self, outputs: &[&Tensor]) -> Result<()> {
+        crate::distributed::GradientHooks::prepare(self, outputs)
+    }
+}
 
 /// What a data-parallel trainer needs from a group of processes. See the [module docs](self).
 ///
@@ -216,6 +237,20 @@ pub trait Collective: Send {
         }
         Ok(())
     }
+
+    /// A [`GradientSync`] for `params` that sums their gradients over the ranks **during**
+    /// backward (overlapping the communication with the rest of the pass), or `None` when this
+    /// group has none; the optimizer then calls [`Self::all_reduce_sum_gradients`] after
+    /// backward instead ([`AdamW::set_gradient_sync`](super::optim::AdamW::set_gradient_sync)).
+    /// The provided version returns `None`; `ProcessGroup` returns c10d's DDP reducer. It is a
+    /// collective (the ranks' parameter layouts are checked).
+    ///
+    /// # Errors
+    /// When the parameters cannot be hooked, or the ranks disagree on them.
+    fn gradient_sync(&self, params: &[(String, Tensor)]) -> Result<Option<Box<dyn GradientSync>>> {
+        let _ = params;
+        Ok(None)
+    }
 }
 
 fn check_src(op: &'static str, src: usize, world_size: usize) -> Result<()> {
@@ -283,6 +318,9 @@ impl<C: Collective + ?Sized> Collective for Box<C> {
     }
     fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
         (**self).all_reduce_sum_gradients(params)
+    }
+    fn gradient_sync(&self, params: &[(String, Tensor)]) -> Result<Option<Box<dyn GradientSync>>> {
+        (**self).gradient_sync(params)
     }
 }
 
@@ -409,6 +447,9 @@ impl Collective for SharedCollective {
     }
     fn all_reduce_sum_gradients(&self, params: &[(String, Tensor)]) -> Result<()> {
         self.with(|c| c.all_reduce_sum_gradients(params))
+    }
+    fn gradient_sync(&self, params: &[(String, Tensor)]) -> Result<Option<Box<dyn GradientSync>>> {
+        self.with(|c| c.gradient_sync(params))
     }
 }
 
@@ -558,6 +599,19 @@ impl Collective for crate::distributed::ProcessGroup {
             }
         }
         Ok(())
+    }
+    /// c10d's DDP reducer ([`GradientHooks`](crate::distributed::GradientHooks)) when every
+    /// parameter is on the group's device, else `None` (the per-tensor path after backward).
+    fn gradient_sync(&self, params: &[(String, Tensor)]) -> Result<Option<Box<dyn GradientSync>>> {
+        if params.is_empty() || !all_on(params, self.device()) {
+            return Ok(None);
+        }
+        let hooks = crate::distributed::gradient_hooks(
+            self,
+            params,
+            crate::distributed::DEFAULT_BUCKET_BYTES,
+        )?;
+        Ok(Some(Box::new(hooks)))
     }
 }
 

@@ -324,6 +324,9 @@ impl PpoRlhfTrainer {
         check_same_schedule(&shared, &self.config)?;
         shared.broadcast_parameters(&policy_params(&self.model), 0)?;
         shared.broadcast_parameters(&reference_params(&self.model), 0)?;
+        // the gradients are summed during backward (c10d's DDP reducer) where the group can
+        self.opt
+            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
         if shared.rank() > 0 {
             self.rng = Generator::new(rank_seed(self.config.train.seed, shared.rank()));
         }

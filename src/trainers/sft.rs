@@ -225,6 +225,9 @@ impl SftTrainer {
         ];
         check_same_schedule(&shared, "SftTrainer::with_collective", &fields)?;
         shared.broadcast_parameters(&self.opt.named_params(), 0)?;
+        // the gradients are summed during backward (c10d's DDP reducer) where the group can
+        self.opt
+            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
         self.collective = shared;
         Ok(self)
     }

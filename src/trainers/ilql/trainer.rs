@@ -204,6 +204,9 @@ impl IlqlTrainer {
         ];
         check_same_schedule(&shared, "IlqlTrainer::with_collective", &fields)?;
         shared.broadcast_parameters(&self.model_params(), 0)?;
+        // the gradients are summed during backward (c10d's DDP reducer) where the group can
+        self.opt
+            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
         self.collective = shared;
         Ok(self)
     }
