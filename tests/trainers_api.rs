@@ -703,8 +703,11 @@ struct Toy {
 
 impl Toy {
     fn new(cfg: TrlConfig) -> Toy {
-        tch::manual_seed(7);
-        let x = Tensor::randn([8, 3], (Kind::Float, Device::Cpu));
+        // fixed inputs, not libtorch's global generator: tests of this binary run in parallel
+        // threads, and a resumed Toy must see exactly the data of the uninterrupted one
+        let x = Tensor::arange(24, (Kind::Float, Device::Cpu))
+            .view([8, 3])
+            .sin();
         let y = x.matmul(&Tensor::from_slice(&[1.0f32, -2.0, 0.5]).view([3, 1])) + 0.3;
         let w = Tensor::zeros([3, 1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let b = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
