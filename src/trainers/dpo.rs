@@ -77,7 +77,7 @@ use super::api::{
 use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
 use super::grpo::trl_defaults;
 use super::optim::{AdamW, CosineAnnealingLr};
-use super::parallel::{check_same_schedule, Collective, SharedCollective};
+use super::parallel::{join_group, train_schedule_fields, Collective, SharedCollective};
 use super::rollout::{
     generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params, shuffled,
     trainable_params, StateFields,
@@ -414,26 +414,21 @@ impl DpoTrainer {
         let shared = SharedCollective::new(collective);
         let t = &self.config.train;
         let m = &self.config.method;
-        let fields = [
-            ("pairs", self.pairs.len() as f64),
-            ("train.batch_size", t.batch_size as f64),
-            ("train.epochs", t.epochs as f64),
-            ("train.total_steps", t.total_steps as f64),
-            ("train.log_interval", t.log_interval as f64),
-            ("train.eval_interval", t.eval_interval as f64),
-            ("train.checkpoint_interval", t.checkpoint_interval as f64),
-            ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
-            (
-                "method.precompute_ref_log_probs",
-                f64::from(u8::from(m.precompute_ref_log_probs)),
-            ),
-        ];
-        check_same_schedule(&shared, "DpoTrainer::with_collective", &fields)?;
-        shared.broadcast_parameters(&policy_params(&self.model), 0)?;
-        shared.broadcast_parameters(&reference_params(&self.model), 0)?;
-        // the gradients are summed during backward (c10d's DDP reducer) where the group can
-        self.opt
-            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
+        let mut fields = vec![("pairs", self.pairs.len() as f64)];
+        fields.extend(train_schedule_fields(t));
+        fields.push((
+            "method.precompute_ref_log_probs",
+            f64::from(u8::from(m.precompute_ref_log_probs)),
+        ));
+        let params = [policy_params(&self.model), reference_params(&self.model)];
+        let params: Vec<&[(String, Tensor)]> = params.iter().map(Vec::as_slice).collect();
+        join_group(
+            &shared,
+            "DpoTrainer::with_collective",
+            &fields,
+            &params,
+            &mut self.opt,
+        )?;
         self.collective = shared;
         if self.config.method.precompute_ref_log_probs {
             self.precompute_reference()?;

@@ -84,7 +84,7 @@ use super::config::{
     TrlConfigOf,
 };
 use super::optim::{AdamW, CosineAnnealingLr};
-use super::parallel::{check_same_schedule, rank_seed, Collective, SharedCollective};
+use super::parallel::{join_group, rank_seed, train_schedule_fields, Collective, SharedCollective};
 use super::ppo::IterationStats;
 use super::rollout::{
     check_store_rows, check_vocab, generate_text, generation_config, hydra_policy_step,
@@ -490,26 +490,23 @@ impl GrpoTrainer {
         let shared = SharedCollective::new(collective);
         let t = &self.config.train;
         let m = &self.config.method;
-        let fields = [
-            ("train.batch_size", t.batch_size as f64),
-            ("train.epochs", t.epochs as f64),
-            ("train.total_steps", t.total_steps as f64),
-            ("train.log_interval", t.log_interval as f64),
-            ("train.eval_interval", t.eval_interval as f64),
-            ("train.checkpoint_interval", t.checkpoint_interval as f64),
-            ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+        let mut fields = train_schedule_fields(t);
+        fields.extend([
             ("method.num_rollouts", m.num_rollouts as f64),
             ("method.chunk_size", m.chunk_size as f64),
             ("method.num_generations", m.num_generations as f64),
             ("method.num_iterations", m.num_iterations as f64),
             ("method.beta", m.beta),
-        ];
-        check_same_schedule(&shared, "GrpoTrainer::with_collective", &fields)?;
-        shared.broadcast_parameters(&policy_params(&self.model), 0)?;
-        shared.broadcast_parameters(&reference_params(&self.model), 0)?;
-        // the gradients are summed during backward (c10d's DDP reducer) where the group can
-        self.opt
-            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
+        ]);
+        let params = [policy_params(&self.model), reference_params(&self.model)];
+        let params: Vec<&[(String, Tensor)]> = params.iter().map(Vec::as_slice).collect();
+        join_group(
+            &shared,
+            "GrpoTrainer::with_collective",
+            &fields,
+            &params,
+            &mut self.opt,
+        )?;
         if shared.rank() > 0 {
             self.rng = Generator::new(rank_seed(self.config.train.seed, shared.rank()));
         }

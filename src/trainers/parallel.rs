@@ -49,6 +49,8 @@ use std::sync::{Arc, Mutex};
 use tch::Device;
 use tch::{Kind, Tensor};
 
+use super::config::TrainConfig;
+use super::optim::AdamW;
 use crate::error::{Error, Result};
 use crate::objectives::llm::moments::BatchMoments;
 
@@ -510,6 +512,40 @@ pub(crate) fn check_same_schedule(
         });
     }
     agreed
+}
+
+/// The [`TrainConfig`] fields that decide how many collectives a trainer makes (batch size,
+/// step budget, intervals, clip), named for [`check_same_schedule`]; trainers append their
+/// method's.
+pub(crate) fn train_schedule_fields(t: &TrainConfig) -> Vec<(&'static str, f64)> {
+    vec![
+        ("train.batch_size", t.batch_size as f64),
+        ("train.epochs", t.epochs as f64),
+        ("train.total_steps", t.total_steps as f64),
+        ("train.log_interval", t.log_interval as f64),
+        ("train.eval_interval", t.eval_interval as f64),
+        ("train.checkpoint_interval", t.checkpoint_interval as f64),
+        ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+    ]
+}
+
+/// What every trainer's `with_collective` does first: [`check_same_schedule`] on `fields`,
+/// rank 0's values broadcast into each of `params` (e.g. the policy and the frozen reference),
+/// and the group's [`GradientSync`] attached to `opt` (gradients summed during backward where
+/// the group offers it).
+pub(crate) fn join_group(
+    c: &SharedCollective,
+    op: &'static str,
+    fields: &[(&str, f64)],
+    params: &[&[(String, Tensor)]],
+    opt: &mut AdamW,
+) -> Result<()> {
+    check_same_schedule(c, op, fields)?;
+    for p in params {
+        c.broadcast_parameters(p, 0)?;
+    }
+    opt.set_gradient_sync(c.gradient_sync(&opt.named_params())?);
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ use super::api::{
 };
 use super::config::{ScaleReward as ConfigScaleReward, TrainConfig, TrlConfig};
 use super::optim::{AdamW, CosineAnnealingLr};
-use super::parallel::{rank_seed, Collective, SharedCollective};
+use super::parallel::{join_group, rank_seed, train_schedule_fields, Collective, SharedCollective};
 use super::rollout::{
     check_store_rows, check_vocab, generate_text, generation_config, hydra_policy_step,
     permutation, policy_params, prompt_batch, prompt_state_json, reference_params,
@@ -321,12 +321,16 @@ impl PpoRlhfTrainer {
     /// ```
     pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
         let shared = SharedCollective::new(collective);
-        check_same_schedule(&shared, &self.config)?;
-        shared.broadcast_parameters(&policy_params(&self.model), 0)?;
-        shared.broadcast_parameters(&reference_params(&self.model), 0)?;
-        // the gradients are summed during backward (c10d's DDP reducer) where the group can
-        self.opt
-            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
+        let params = [policy_params(&self.model), reference_params(&self.model)];
+        let params: Vec<&[(String, Tensor)]> = params.iter().map(Vec::as_slice).collect();
+        let fields = schedule_fields(&self.config);
+        join_group(
+            &shared,
+            "PpoRlhfTrainer::with_collective",
+            &fields,
+            &params,
+            &mut self.opt,
+        )?;
         if shared.rank() > 0 {
             self.rng = Generator::new(rank_seed(self.config.train.seed, shared.rank()));
         }
@@ -845,25 +849,18 @@ impl RlTrainer for PpoRlhfTrainer {
     }
 }
 
-/// Errors on every rank unless every rank has rank 0's training schedule (what decides how many
-/// collectives each rank makes): one broadcast of the fields, one agreement.
-fn check_same_schedule(c: &SharedCollective, config: &TrlConfig) -> Result<()> {
+/// The fields every rank must share with rank 0 (what decides how many collectives each rank
+/// makes): the train schedule and PPO's rollout / epoch / KL-controller settings.
+fn schedule_fields(config: &TrlConfig) -> Vec<(&'static str, f64)> {
     let m = &config.method;
-    let t = &config.train;
-    let fields = [
-        ("train.batch_size", t.batch_size as f64),
-        ("train.epochs", t.epochs as f64),
-        ("train.total_steps", t.total_steps as f64),
-        ("train.log_interval", t.log_interval as f64),
-        ("train.eval_interval", t.eval_interval as f64),
-        ("train.checkpoint_interval", t.checkpoint_interval as f64),
-        ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+    let mut fields = train_schedule_fields(&config.train);
+    fields.extend([
         ("method.num_rollouts", m.num_rollouts as f64),
         ("method.chunk_size", m.chunk_size as f64),
         ("method.ppo_epochs", m.ppo_epochs as f64),
         ("method.init_kl_coef", m.init_kl_coef),
         ("method.target", m.target.unwrap_or(-1.0)),
         ("method.horizon", m.horizon as f64),
-    ];
-    super::parallel::check_same_schedule(c, "PpoRlhfTrainer::with_collective", &fields)
+    ]);
+    fields
 }

@@ -42,7 +42,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::optim::{shallow_named, AdamW};
-use super::parallel::{check_same_schedule, Collective, SharedCollective};
+use super::parallel::{join_group, Collective, SharedCollective};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{pad_rows, Gpt2ScoreModel, PaddingSide};
@@ -261,11 +261,14 @@ impl RewardModelTrainer {
             ("max_grad_norm", self.config.max_grad_norm.unwrap_or(-1.0)),
             ("center_coeff", self.config.center_coeff.unwrap_or(-1.0)),
         ];
-        check_same_schedule(&shared, "RewardModelTrainer::with_collective", &fields)?;
-        shared.broadcast_parameters(&self.opt.named_params(), 0)?;
-        // the gradients are summed during backward (c10d's DDP reducer) where the group can
-        self.opt
-            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
+        let params = self.opt.named_params();
+        join_group(
+            &shared,
+            "RewardModelTrainer::with_collective",
+            &fields,
+            &[&params],
+            &mut self.opt,
+        )?;
         self.collective = shared;
         Ok(self)
     }

@@ -34,7 +34,7 @@
 use tch::{Kind, Tensor};
 
 use super::optim::{shallow_named, AdamW};
-use super::parallel::{check_same_schedule, Collective, SharedCollective};
+use super::parallel::{join_group, Collective, SharedCollective};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{
@@ -223,11 +223,14 @@ impl SftTrainer {
             ("max_grad_norm", self.config.max_grad_norm.unwrap_or(-1.0)),
             ("lr", self.config.lr),
         ];
-        check_same_schedule(&shared, "SftTrainer::with_collective", &fields)?;
-        shared.broadcast_parameters(&self.opt.named_params(), 0)?;
-        // the gradients are summed during backward (c10d's DDP reducer) where the group can
-        self.opt
-            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
+        let params = self.opt.named_params();
+        join_group(
+            &shared,
+            "SftTrainer::with_collective",
+            &fields,
+            &[&params],
+            &mut self.opt,
+        )?;
         self.collective = shared;
         Ok(self)
     }
@@ -254,10 +257,11 @@ impl SftTrainer {
         let (tokens, mask) = self.batch(model, rows)?;
         let (sum, n) = causal_lm_nll(model, &tokens, &mask)?;
         // one all-reduce: the positions and the summed loss of every rank
-        let global = self.collective.sum_scalars(&[n, sum.double_value(&[])])?;
+        let local_sum = sum.double_value(&[]);
+        let global = self.collective.sum_scalars(&[n, local_sum])?;
         let (n_all, sum_all) = match global.as_slice() {
             [n, s] => (*n, *s),
-            _ => (n, sum.double_value(&[])),
+            _ => (n, local_sum),
         };
         if n_all < 1.0 {
             return Err(no_predicted_token());

@@ -73,7 +73,7 @@ use crate::trainers::api::{
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
-use crate::trainers::parallel::{check_same_schedule, Collective, SharedCollective};
+use crate::trainers::parallel::{join_group, train_schedule_fields, Collective, SharedCollective};
 
 /// An ILQL trainer (see the [module docs](self)).
 pub struct IlqlTrainer {
@@ -187,26 +187,23 @@ impl IlqlTrainer {
         let shared = SharedCollective::new(collective);
         let t = &self.config.train;
         let m = &self.config.method;
-        let fields = [
-            ("samples", self.data.len() as f64),
-            ("train.batch_size", t.batch_size as f64),
-            ("train.epochs", t.epochs as f64),
-            ("train.total_steps", t.total_steps as f64),
-            ("train.log_interval", t.log_interval as f64),
-            ("train.eval_interval", t.eval_interval as f64),
-            ("train.checkpoint_interval", t.checkpoint_interval as f64),
-            ("train.max_grad_norm", t.max_grad_norm.unwrap_or(-1.0)),
+        let mut fields = vec![("samples", self.data.len() as f64)];
+        fields.extend(train_schedule_fields(t));
+        fields.extend([
             (
                 "method.steps_for_target_q_sync",
                 m.steps_for_target_q_sync as f64,
             ),
             ("method.alpha", m.alpha),
-        ];
-        check_same_schedule(&shared, "IlqlTrainer::with_collective", &fields)?;
-        shared.broadcast_parameters(&self.model_params(), 0)?;
-        // the gradients are summed during backward (c10d's DDP reducer) where the group can
-        self.opt
-            .set_gradient_sync(shared.gradient_sync(&self.opt.named_params())?);
+        ]);
+        let params = self.model_params();
+        join_group(
+            &shared,
+            "IlqlTrainer::with_collective",
+            &fields,
+            &[&params],
+            &mut self.opt,
+        )?;
         self.collective = shared;
         Ok(self)
     }
