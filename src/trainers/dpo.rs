@@ -77,7 +77,9 @@ use super::api::{
 use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
 use super::grpo::trl_defaults;
 use super::optim::{AdamW, CosineAnnealingLr};
-use super::parallel::{join_group, train_schedule_fields, Collective, SharedCollective};
+use super::parallel::{
+    join_group, rank0_order, rank_slice, train_schedule_fields, Collective, SharedCollective,
+};
 use super::rollout::{
     generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params, shuffled,
     trainable_params, StateFields,
@@ -626,17 +628,7 @@ impl DpoTrainer {
     /// # Errors
     /// As [`DpoTrainer::step`] and the callbacks.
     pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
-        let mut order = shuffled(&mut self.rng, self.pairs.len());
-        if self.collective.world_size() > 1 {
-            // every rank steps through rank 0's order
-            let ids: Vec<i64> = order.iter().map(|&i| i as i64).collect();
-            let mut t = Tensor::f_from_slice(&ids)?;
-            self.collective.broadcast(&mut t, 0)?;
-            order = Vec::<i64>::try_from(&t)?
-                .into_iter()
-                .map(|i| i as usize)
-                .collect();
-        }
+        let order = rank0_order(&self.collective, shuffled(&mut self.rng, self.pairs.len()))?;
         let total = self.total_steps();
         let per_rank = self.config.train.batch_size.max(1);
         let rank = self.collective.rank();
@@ -646,12 +638,7 @@ impl DpoTrainer {
             if self.iter_count >= total {
                 break;
             }
-            // this rank's slice of the step; in a short tail it may be empty
-            let lo = (rank * per_rank).min(step_idx.len());
-            let hi = ((rank + 1) * per_rank).min(step_idx.len());
-            let local = hi - lo;
-            let range = if local == 0 { 0..1 } else { lo..hi };
-            let idx = step_idx.get(range).unwrap_or(step_idx);
+            let (idx, local) = rank_slice(step_idx, rank, per_rank);
             // the indices are a permutation of 0..n
             let batch: Vec<DpoPair> = idx
                 .iter()

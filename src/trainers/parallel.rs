@@ -514,6 +514,31 @@ pub(crate) fn check_same_schedule(
     agreed
 }
 
+/// Rank 0's `order` (a shuffled list of sample indices) on every rank: one broadcast; a world
+/// of one returns it unchanged. Offline trainers (DPO, ILQL) step every rank through one order.
+pub(crate) fn rank0_order(c: &dyn Collective, order: Vec<usize>) -> Result<Vec<usize>> {
+    if c.world_size() == 1 {
+        return Ok(order);
+    }
+    let ids: Vec<i64> = order.iter().map(|&i| i as i64).collect();
+    let mut t = Tensor::f_from_slice(&ids)?;
+    c.broadcast(&mut t, 0)?;
+    Ok(Vec::<i64>::try_from(&t)?
+        .into_iter()
+        .map(|i| i as usize)
+        .collect())
+}
+
+/// Rank `rank`'s slice of a global step `step` (`per_rank` entries each) and how many of them
+/// count. In a short last step a rank may have none: it then gets the step's first entry as a
+/// stand-in, to forward with weight 0 so that it still joins the gradient sum.
+pub(crate) fn rank_slice(step: &[usize], rank: usize, per_rank: usize) -> (&[usize], usize) {
+    let lo = (rank * per_rank).min(step.len());
+    let hi = ((rank + 1) * per_rank).min(step.len());
+    let range = if hi > lo { lo..hi } else { 0..1 };
+    (step.get(range).unwrap_or(step), hi - lo)
+}
+
 /// The [`TrainConfig`] fields that decide how many collectives a trainer makes (batch size,
 /// step budget, intervals, clip), named for [`check_same_schedule`]; trainers append their
 /// method's.

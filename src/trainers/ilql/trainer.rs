@@ -73,7 +73,9 @@ use crate::trainers::api::{
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
-use crate::trainers::parallel::{join_group, train_schedule_fields, Collective, SharedCollective};
+use crate::trainers::parallel::{
+    join_group, rank0_order, rank_slice, train_schedule_fields, Collective, SharedCollective,
+};
 
 /// An ILQL trainer (see the [module docs](self)).
 pub struct IlqlTrainer {
@@ -344,33 +346,19 @@ impl IlqlTrainer {
     pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
         let total = self.total_steps();
         let global = self.global_batch_size();
-        let mut mbs = self.data.shuffled_indices(global, &mut self.rng)?;
-        if self.collective.world_size() > 1 {
-            // every rank steps through rank 0's order
-            let flat: Vec<i64> = mbs.concat().into_iter().map(|i| i as i64).collect();
-            let mut t = Tensor::f_from_slice(&flat)?;
-            self.collective.broadcast(&mut t, 0)?;
-            let order: Vec<usize> = Vec::<i64>::try_from(&t)?
-                .into_iter()
-                .map(|i| i as usize)
-                .collect();
-            mbs = order.chunks(global).map(<[usize]>::to_vec).collect();
-        }
+        let mbs = self.data.shuffled_indices(global, &mut self.rng)?;
+        let order = rank0_order(&self.collective, mbs.concat())?;
         let per_rank = self.config.train.batch_size.max(1);
         let rank = self.collective.rank();
         let mut sums = Stats::new();
         let mut steps = 0usize;
-        for idx in mbs {
+        for idx in order.chunks(global) {
             if self.iter_count >= total {
                 break;
             }
-            // this rank's slice of the step; in a short tail it may be empty
-            let lo = (rank * per_rank).min(idx.len());
-            let hi = ((rank + 1) * per_rank).min(idx.len());
-            let counts = hi > lo;
-            let mine = if counts { lo..hi } else { 0..1 };
-            let batch = self.data.batch(idx.get(mine).unwrap_or(&idx))?;
-            let stats = self.train_step_weighted(&batch, counts)?;
+            let (mine, local) = rank_slice(idx, rank, per_rank);
+            let batch = self.data.batch(mine)?;
+            let stats = self.train_step_weighted(&batch, local > 0)?;
             for (k, v) in &stats {
                 *sums.entry(k.clone()).or_insert(0.0) += v;
             }
