@@ -38,7 +38,8 @@ use tch::{Device, Kind, Tensor};
 use torchrl::distributed::{InitOptions, ProcessGroup, ReduceOp};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Model, Gpt2ScoreModel, TextTokenizer,
+    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config, Gpt2Model,
+    TextTokenizer,
 };
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
@@ -241,7 +242,8 @@ fn ppo_on(shape: &Shape, group: Option<SharedCollective>) -> Result<PpoTimes> {
     let vs = VarStore::new(Device::Cpu);
     let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, shape.unfrozen)?;
     let rm_vs = VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
+    let rm =
+        CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
     let local = shape.rollouts / world;
     let mut rng = Generator::new(rank_seed(0, rank));
     let prompts: Vec<Vec<i64>> = (0..local * (iters + 2))
@@ -251,7 +253,7 @@ fn ppo_on(shape: &Shape, group: Option<SharedCollective>) -> Result<PpoTimes> {
                 .collect()
         })
         .collect();
-    let env_cfg = TokenEnvConfig::for_model(&cfg)
+    let env_cfg = TokenEnvConfig::for_model(&cfg.facts())
         .with_max_new_tokens(shape.new_tokens)
         .with_batch_size(local as i64);
     let env = TokenEnv::new(env_cfg, prompts, Box::new(RewardModelScorer::new(rm)))?;

@@ -30,7 +30,8 @@ use tch::nn::VarStore;
 use tch::Device;
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Model, Gpt2ScoreModel, TextTokenizer,
+    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config, Gpt2Model,
+    TextTokenizer,
 };
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::GenKwargs;
@@ -102,7 +103,8 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
     let vs = VarStore::new(Device::Cpu);
     let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, unfrozen)?;
     let rm_vs = VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
+    let rm =
+        CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
     let mut rng = Generator::new(0);
     let groups = ROLLOUTS / NUM_GENERATIONS;
     let prompts: Vec<Vec<i64>> = (0..groups * (iters + 1))
@@ -136,7 +138,7 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
     };
     let steps_per_iteration = c.steps_per_iteration();
 
-    let env_cfg = TokenEnvConfig::for_model(&cfg)
+    let env_cfg = TokenEnvConfig::for_model(&cfg.facts())
         .with_max_new_tokens(NEW_TOKENS)
         .with_batch_size(ROLLOUTS as i64)
         .with_num_generations(NUM_GENERATIONS as i64);

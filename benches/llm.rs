@@ -25,7 +25,7 @@ use std::hint::black_box;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    generate, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Config, Gpt2Input, Gpt2Model,
+    generate, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Config, Gpt2Model, LmInput,
 };
 use torchrl::Generator;
 
@@ -82,7 +82,7 @@ fn main() -> torchrl::Result<()> {
     let hydra = CausalLmWithHydraValueHead::new(&vs.root(), &small, 2)?;
     let ids = Tensor::f_randint_low(3, small.vocab_size, [8, 48], (Kind::Int64, Device::Cpu))?;
     let mask = Tensor::f_ones([8, 48], (Kind::Int64, Device::Cpu))?;
-    let input = Gpt2Input::new(&ids).with_attention_mask(&mask);
+    let input = LmInput::new(&ids).with_attention_mask(&mask);
     let _guard = tch::no_grad_guard();
     hydra.forward(&input)?;
     let n = 5;

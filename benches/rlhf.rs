@@ -22,7 +22,7 @@ use tch::nn::VarStore;
 use tch::Device;
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Model, Gpt2ScoreModel,
+    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config, Gpt2Model,
     SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::Callbacks;
@@ -134,7 +134,8 @@ fn run(shape: &Shape, iters: usize) -> Result<()> {
         .unwrap_or(shape.unfrozen);
     let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, unfrozen)?;
     let rm_vs = VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
+    let rm =
+        CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
     let mut rng = Generator::new(0);
     let top = if shape.vocab == 259 { 256 } else { 50255 };
     let prompts: Vec<Vec<i64>> = (0..shape.prompts * (iters + 1))
@@ -144,7 +145,7 @@ fn run(shape: &Shape, iters: usize) -> Result<()> {
                 .collect()
         })
         .collect();
-    let env_cfg = TokenEnvConfig::for_model(&cfg)
+    let env_cfg = TokenEnvConfig::for_model(&cfg.facts())
         .with_max_new_tokens(shape.new_tokens)
         .with_batch_size(shape.prompts as i64);
     let env = TokenEnv::new(env_cfg, prompts, Box::new(RewardModelScorer::new(rm)))?;

@@ -19,7 +19,7 @@ use std::time::Instant;
 use tch::nn::VarStore;
 use tch::Device;
 use torchrl::modules::llm::{
-    generate, BatchEncodeOptions, ByteTokenizer, GenerationConfig, Gpt2Config, Gpt2Model,
+    generate, BatchEncodeOptions, ByteTokenizer, CausalLm, GenerationConfig, Gpt2Config, Gpt2Model,
     HfTokenizer, SpecialTokens, TextTokenizer,
 };
 use torchrl::{Error, Generator};

@@ -424,6 +424,22 @@ impl Error {
     }
 }
 
+/// `Ok` when `ok`, else the [`Error::InvalidConfig`] naming `field`, what is accepted and what
+/// was given.
+pub(crate) fn require(
+    ok: bool,
+    op: &'static str,
+    field: &'static str,
+    expected: impl Into<String>,
+    got: impl std::fmt::Display,
+) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(op, field, expected, got))
+    }
+}
+
 /// `Ok(())` when `actual` is `expected`, else an [`Error::DtypeMismatch`] under `op` naming
 /// `key` (allocated only on error).
 #[inline]

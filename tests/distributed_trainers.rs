@@ -24,8 +24,8 @@ use torchrl::envs::llm::{
 };
 use torchrl::envs::transforms::Transform;
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Model,
-    Gpt2ScoreModel, TextTokenizer,
+    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead,
+    Gpt2Config, Gpt2Model, TextTokenizer,
 };
 use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce, RunningMoments};
 use torchrl::tensordict::BatchIndex;
@@ -317,7 +317,7 @@ fn trainer_with(config: TrlConfig, prompts: &[&str], env_seed: u64) -> (VarStore
         t.set_data(&d);
     }
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&gpt())
+    let env_cfg = TokenEnvConfig::for_model(&gpt().facts())
         .with_max_new_tokens(NEW)
         .with_batch_size(config.method.chunk_size as i64)
         .with_prompt_width(3)
@@ -928,7 +928,7 @@ fn grpo_trainer(
     let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
     to_double(&mut vs, &model);
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&gpt())
+    let env_cfg = TokenEnvConfig::for_model(&gpt().facts())
         .with_max_new_tokens(NEW)
         .with_batch_size(rollouts as i64)
         .with_num_generations(G as i64)
@@ -1320,7 +1320,7 @@ fn rm_run(
     group: Option<&SharedCollective>,
 ) -> torchrl::Result<(Vec<RewardStats>, Named)> {
     let (vs, trunk) = double_gpt(1);
-    let rm = Gpt2ScoreModel::from_model(&(vs.root() / "score"), trunk).unwrap();
+    let rm = CausalLmWithScoreHead::from_model(&(vs.root() / "score"), trunk).unwrap();
     let mut vs = vs;
     vs.double();
     let config = RewardTrainerConfig::default()
@@ -1482,7 +1482,7 @@ fn worker_sft_rm_ilql() {
     };
     if rank == 0 {
         let (vs, trunk) = double_gpt(1);
-        let _rm = Gpt2ScoreModel::from_model(&(vs.root() / "score"), trunk).unwrap();
+        let _rm = CausalLmWithScoreHead::from_model(&(vs.root() / "score"), trunk).unwrap();
         let mut vs = vs;
         vs.double();
         save_named(

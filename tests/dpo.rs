@@ -2,10 +2,8 @@
 //! (TRL 1.16 `DPOTrainer._compute_loss` formulas), the loss module, and errors.
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
-use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
-use torchrl::objectives::llm::{
-    dpo_loss, sequence_log_probs, DpoConfig, DpoLoss, DpoLossType, DpoPolicyFn,
-};
+use torchrl::modules::llm::{Gpt2Config, Gpt2Model, ScoreFn};
+use torchrl::objectives::llm::{dpo_loss, sequence_log_probs, DpoConfig, DpoLoss, DpoLossType};
 use torchrl::objectives::{LossModule, LossOutput};
 use torchrl::{Error, TensorDict};
 
@@ -242,7 +240,7 @@ fn side(tokens: &[i64], completion: &[i64], ref_lp: f64) -> torchrl::Result<Tens
 #[test]
 fn module_with_closure_policy_reproduces_5_7_and_keys() -> torchrl::Result<()> {
     // log-probs = −token id, so a side's sequence log-prob is −Σ completion ids
-    let policy = DpoPolicyFn(|t: &Tensor, _m: &Tensor| Ok(t.to_kind(Kind::Double).neg()));
+    let policy = ScoreFn(|t: &Tensor, _m: &Tensor| Ok((t.to_kind(Kind::Double).neg(), None)));
     let mut loss = DpoLoss::new(policy);
     // two rows are two tensordicts of batch 1 here: do row 0 of §5.7 (π_c = −10, π_r = −12)
     let td = TensorDict::new([1])?
@@ -256,8 +254,8 @@ fn module_with_closure_policy_reproduces_5_7_and_keys() -> torchrl::Result<()> {
         .in_keys()
         .contains(&torchrl::NestedKey::from(("chosen", "ref_log_probs"))));
     // IPO in the module uses the completion lengths (2 each): ((1 + 1)/2 − 5)² = 16
-    let ipo = DpoLoss::new(DpoPolicyFn(|t: &Tensor, _m: &Tensor| {
-        Ok(t.to_kind(Kind::Double).neg())
+    let ipo = DpoLoss::new(ScoreFn(|t: &Tensor, _m: &Tensor| {
+        Ok((t.to_kind(Kind::Double).neg(), None))
     }))
     .with_config(DpoConfig::new().with_loss_type(DpoLossType::Ipo))?;
     close(&vec(&ipo.forward(&td)?.loss_dpo), &[16.0], 1e-9);
@@ -285,16 +283,18 @@ fn module_with_closure_policy_reproduces_5_7_and_keys() -> torchrl::Result<()> {
     // a side that is a tensor
     let bad = TensorDict::new([1])?.with("chosen", t(&[0.0]))?;
     assert!(matches!(
-        DpoLoss::new(DpoPolicyFn(|t: &Tensor, _m: &Tensor| Ok(
-            t.to_kind(Kind::Double)
-        )))
+        DpoLoss::new(ScoreFn(|t: &Tensor, _m: &Tensor| Ok((
+            t.to_kind(Kind::Double),
+            None
+        ))))
         .forward(&bad),
         Err(Error::WrongEntryKind { .. })
     ));
     // a bad config is refused
-    assert!(DpoLoss::new(DpoPolicyFn(|t: &Tensor, _m: &Tensor| Ok(
-        t.to_kind(Kind::Double)
-    )))
+    assert!(DpoLoss::new(ScoreFn(|t: &Tensor, _m: &Tensor| Ok((
+        t.to_kind(Kind::Double),
+        None
+    ))))
     .with_config(DpoConfig::new().with_beta(-1.0))
     .is_err());
     Ok(())

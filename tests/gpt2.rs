@@ -12,7 +12,7 @@ use common::{load_cases, tensor_from_json, Value};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    generate, generate_with, GenerateOptions, GenerationConfig, Gpt2Input, Gpt2Model, KvCache,
+    generate, generate_with, CausalLm, GenerateOptions, GenerationConfig, Gpt2Model, LmInput,
     LogitMask,
 };
 use torchrl::{Error, Generator};
@@ -63,7 +63,7 @@ fn recorded_logits_match_transformers() {
         let mask = opt_tensor(case.arg("attention_mask").unwrap());
         let pos = opt_tensor(case.arg("position_ids").unwrap());
         let expected = tensor_from_json(case.expect.get("logits").unwrap()).unwrap();
-        let mut input = Gpt2Input::new(&ids);
+        let mut input = LmInput::new(&ids);
         if let Some(m) = &mask {
             input = input.with_attention_mask(m);
         }
@@ -86,7 +86,7 @@ fn recorded_logits_match_transformers() {
         // the same logits when the model computes the position ids from the mask
         if let (Some(m), Some(_)) = (&mask, &pos) {
             let got2 = model
-                .forward(&Gpt2Input::new(&ids).with_attention_mask(m), None)
+                .forward(&LmInput::new(&ids).with_attention_mask(m), None)
                 .unwrap()
                 .logits()
                 .unwrap();
@@ -155,7 +155,7 @@ fn generation_log_probs_are_the_models() {
     let out = generate(&model, &prompt, Some(&mask), &cfg, &mut Generator::new(3)).unwrap();
     let logits = model
         .forward(
-            &Gpt2Input::new(&out.sequences).with_attention_mask(&out.attention_mask),
+            &LmInput::new(&out.sequences).with_attention_mask(&out.attention_mask),
             None,
         )
         .unwrap()
@@ -180,7 +180,7 @@ fn sampling_follows_the_filtered_distribution() {
         .view([1, 3])
         .repeat([rows, 1]);
     let logits = model
-        .forward(&Gpt2Input::new(&prompt.narrow(0, 0, 1)), None)
+        .forward(&LmInput::new(&prompt.narrow(0, 0, 1)), None)
         .unwrap()
         .logits()
         .unwrap()
@@ -255,15 +255,15 @@ fn incremental_decoding_equals_full_forward_with_left_padding() {
     let ids = Tensor::from_slice(&[0i64, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]).view([2, 6]);
     let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).view([2, 6]);
     let full = model
-        .forward(&Gpt2Input::new(&ids).with_attention_mask(&mask), None)
+        .forward(&LmInput::new(&ids).with_attention_mask(&mask), None)
         .unwrap()
         .logits()
         .unwrap();
     // prefill 3 tokens, then one at a time
-    let mut cache = KvCache::new(model.config());
+    let mut cache = model.new_cache();
     let first = model
         .forward(
-            &Gpt2Input::new(&ids.narrow(1, 0, 3)).with_attention_mask(&mask.narrow(1, 0, 3)),
+            &LmInput::new(&ids.narrow(1, 0, 3)).with_attention_mask(&mask.narrow(1, 0, 3)),
             Some(&mut cache),
         )
         .unwrap()
@@ -273,11 +273,7 @@ fn incremental_decoding_equals_full_forward_with_left_padding() {
     for t in 3..6 {
         let step = model
             .forward(
-                &Gpt2Input::new(&ids.narrow(1, t, 1)).with_attention_mask(&mask.narrow(
-                    1,
-                    0,
-                    t + 1,
-                )),
+                &LmInput::new(&ids.narrow(1, t, 1)).with_attention_mask(&mask.narrow(1, 0, t + 1)),
                 Some(&mut cache),
             )
             .unwrap()
@@ -295,7 +291,7 @@ fn incremental_decoding_equals_full_forward_with_left_padding() {
     assert!(diff < 1e-5, "{diff}");
     // left padding does not change a row's logits: row 0 alone, unpadded
     let alone = model
-        .forward(&Gpt2Input::new(&ids.narrow(0, 0, 1).narrow(1, 2, 4)), None)
+        .forward(&LmInput::new(&ids.narrow(0, 0, 1).narrow(1, 2, 4)), None)
         .unwrap()
         .logits()
         .unwrap();
@@ -366,7 +362,7 @@ fn save_then_load_round_trips_and_bad_checkpoints_are_named() {
     // a missing file and a file that is not safetensors
     assert!(matches!(
         model
-            .load_safetensors(dir.join("nope.safetensors"))
+            .load_safetensors(&dir.join("nope.safetensors"))
             .unwrap_err(),
         Error::Io { .. }
     ));
@@ -396,7 +392,7 @@ fn bad_inputs_are_errors() {
     // out-of-vocabulary id, float ids, 1-D ids, wrong mask, too long
     let msg = model
         .forward(
-            &Gpt2Input::new(&Tensor::from_slice(&[1i64, 101]).view([1, 2])),
+            &LmInput::new(&Tensor::from_slice(&[1i64, 101]).view([1, 2])),
             None,
         )
         .unwrap_err()
@@ -404,22 +400,20 @@ fn bad_inputs_are_errors() {
     assert!(msg.contains("[0, 101)") && msg.contains("101"), "{msg}");
     assert!(matches!(
         model
-            .forward(&Gpt2Input::new(&ids.to_kind(Kind::Float)), None)
+            .forward(&LmInput::new(&ids.to_kind(Kind::Float)), None)
             .unwrap_err(),
         Error::DtypeMismatch { .. }
     ));
-    assert!(model
-        .forward(&Gpt2Input::new(&ids.view([-1])), None)
-        .is_err());
+    assert!(model.forward(&LmInput::new(&ids.view([-1])), None).is_err());
     let mask = Tensor::ones([1, 2], (Kind::Int64, Device::Cpu));
     assert!(matches!(
         model
-            .forward(&Gpt2Input::new(&ids).with_attention_mask(&mask), None)
+            .forward(&LmInput::new(&ids).with_attention_mask(&mask), None)
             .unwrap_err(),
         Error::ShapeMismatch { .. }
     ));
     let long = Tensor::ones([1, 33], (Kind::Int64, Device::Cpu));
-    assert!(model.forward(&Gpt2Input::new(&long), None).is_err());
+    assert!(model.forward(&LmInput::new(&long), None).is_err());
     // generation: context too short for max_new_tokens, bad sampling settings, bad logit mask
     let rng = &mut Generator::new(0);
     let msg = generate(&model, &ids, None, &GenerationConfig::new(30), rng)
@@ -489,14 +483,14 @@ fn runs_in_half_precision_formats() {
     let (vs, model) = load("tiny_v101");
     let ids = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
     let f32_logits = model
-        .forward(&Gpt2Input::new(&ids), None)
+        .forward(&LmInput::new(&ids), None)
         .unwrap()
         .logits()
         .unwrap();
     let mut vs = vs;
     vs.bfloat16();
     let bf = model
-        .forward(&Gpt2Input::new(&ids), None)
+        .forward(&LmInput::new(&ids), None)
         .unwrap()
         .logits()
         .unwrap();
@@ -504,7 +498,7 @@ fn runs_in_half_precision_formats() {
     assert!(max_abs_diff(&bf.to_kind(Kind::Float), &f32_logits) < 0.1);
     vs.half();
     let h = model
-        .forward(&Gpt2Input::new(&ids), None)
+        .forward(&LmInput::new(&ids), None)
         .unwrap()
         .logits()
         .unwrap();

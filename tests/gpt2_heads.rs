@@ -10,8 +10,9 @@ use common::{load_cases, tensor_from_json};
 use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    batched_index_select, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithValueHead,
-    Gpt2Config, Gpt2Input, Gpt2Model, Gpt2ScoreModel, IlqlHeads, LlmKeys,
+    batched_index_select, CausalLm, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads,
+    CausalLmWithScoreHead, CausalLmWithValueHead, Gpt2Config, Gpt2Model, IlqlHeads, LlmKeys,
+    LmInput,
 };
 use torchrl::modules::TensorDictModule;
 use torchrl::objectives::{LossModule, RewardModelLoss};
@@ -47,7 +48,7 @@ fn value_head_is_make_head_on_the_last_hidden_state() {
     assert!(vars["v_head.2.weight"].abs().max().double_value(&[]) <= 1.0 / 32f64.sqrt());
     let (ids, mask) = ids();
     let out = policy
-        .forward(&Gpt2Input::new(&ids).with_attention_mask(&mask))
+        .forward(&LmInput::new(&ids).with_attention_mask(&mask))
         .unwrap();
     assert_eq!(out.values.size(), vec![2, 6]);
     // values by hand: relu(h W1ᵀ + b1) W2ᵀ + b2 on the last hidden state
@@ -58,7 +59,7 @@ fn value_head_is_make_head_on_the_last_hidden_state() {
     // and the logits are the plain model's
     let plain = policy
         .model()
-        .forward(&Gpt2Input::new(&ids).with_attention_mask(&mask), None)
+        .forward(&LmInput::new(&ids).with_attention_mask(&mask), None)
         .unwrap()
         .logits()
         .unwrap();
@@ -72,7 +73,7 @@ fn hydra_reference_equals_policy_at_init_and_stays_the_reference_while_training(
         let vs = VarStore::new(Device::Cpu);
         let hydra = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), k).unwrap();
         let (ids, mask) = ids();
-        let input = Gpt2Input::new(&ids).with_attention_mask(&mask);
+        let input = LmInput::new(&ids).with_attention_mask(&mask);
         let out = hydra.forward(&input).unwrap();
         assert!(
             out.logits.equal(&out.ref_logits),
@@ -292,7 +293,7 @@ fn score_dir() -> PathBuf {
 #[test]
 fn score_model_matches_transformers_sequence_classification() {
     let vs = VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_pretrained(&vs.root(), score_dir()).unwrap();
+    let rm = CausalLmWithScoreHead::from_pretrained(&vs.root(), score_dir()).unwrap();
     let file = load_cases("gpt2_cases.json");
     let mut n = 0;
     for case in file.cases.iter().filter(|c| c.op == "score") {
@@ -300,7 +301,7 @@ fn score_model_matches_transformers_sequence_classification() {
         let mask = tensor_from_json(case.arg("attention_mask").unwrap()).unwrap();
         let want = tensor_from_json(case.expect.get("scores").unwrap()).unwrap();
         let got = rm
-            .forward(&Gpt2Input::new(&ids).with_attention_mask(&mask))
+            .forward(&LmInput::new(&ids).with_attention_mask(&mask))
             .unwrap();
         assert!(
             max_abs_diff(&got, &want) < 1e-4,
@@ -314,7 +315,7 @@ fn score_model_matches_transformers_sequence_classification() {
     let dir = std::env::temp_dir().join(format!("torchrl-score-{}", std::process::id()));
     rm.save_pretrained(&dir).unwrap();
     let vs2 = VarStore::new(Device::Cpu);
-    let again = Gpt2ScoreModel::from_pretrained(&vs2.root(), &dir).unwrap();
+    let again = CausalLmWithScoreHead::from_pretrained(&vs2.root(), &dir).unwrap();
     for ((a, x), (b, y)) in rm.named_parameters().iter().zip(again.named_parameters()) {
         assert_eq!(a, &b);
         assert!(x.equal(y));
@@ -338,7 +339,9 @@ fn score_model_trains_as_the_reward_model_loss_score_network() {
         attention_mask: "attention_mask".into(),
         ..LlmKeys::default()
     };
-    let rm = Gpt2ScoreModel::new(&vs.root(), &c).unwrap().with_keys(keys);
+    let rm = CausalLmWithScoreHead::new(&vs.root(), &c)
+        .unwrap()
+        .with_keys(keys);
     let loss = RewardModelLoss::new().with_score_network(rm);
     let prompts = Tensor::from_slice(&[1i64, 2, 3, 4, 2, 3, 4, 1, 3, 4, 1, 2]).view([4, 3]);
     let side = |last: i64| {

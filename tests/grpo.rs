@@ -7,11 +7,12 @@ use std::rc::Rc;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Config, Gpt2Input,
+    CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Config, LmInput, ScoreFn, ScoreRequest,
+    ScoreTokens, TokenScores,
 };
 use torchrl::objectives::llm::{
     group_advantages, grpo_loss, grpo_loss_with_entropy, token_entropy, GroupScale,
-    GrpoAggregation, GrpoConfig, GrpoLoss, PolicyValueFn, TokenPolicyValue,
+    GrpoAggregation, GrpoConfig, GrpoLoss,
 };
 use torchrl::objectives::{LossModule, LossOutput};
 use torchrl::{Error, TensorDict};
@@ -23,6 +24,14 @@ fn plain() -> GrpoConfig {
 
 fn t(v: &[f64], shape: &[i64]) -> Tensor {
     Tensor::from_slice(v).view(shape)
+}
+
+/// Log-probs, values and entropy from one scorer call.
+fn lve(m: &impl ScoreTokens, tokens: &Tensor, mask: &Tensor) -> (Tensor, Tensor, Option<Tensor>) {
+    let s = m
+        .score_tokens(tokens, mask, ScoreRequest::values_and_entropy())
+        .unwrap();
+    (s.log_probs, s.values.unwrap(), s.entropy)
 }
 
 fn vals(x: &Tensor) -> Vec<f64> {
@@ -362,7 +371,7 @@ fn loss_module_keys_and_kl() {
     let theta = t(&[0.0, -1.0, -1.0], &[1, 3]).set_requires_grad(true);
     let th = theta.shallow_clone();
     let policy =
-        PolicyValueFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), th.zeros_like())));
+        ScoreFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), Some(th.zeros_like()))));
     let loss = GrpoLoss::new(policy);
     assert_eq!(loss.in_keys().len(), 5);
     let td = rollout();
@@ -402,14 +411,14 @@ fn loss_module_keys_and_kl() {
 
 #[test]
 fn loss_module_rejects_a_policy_of_the_wrong_shape() {
-    let policy = PolicyValueFn(|_t: &Tensor, _m: &Tensor| {
+    let policy = ScoreFn(|_t: &Tensor, _m: &Tensor| {
         let z = Tensor::zeros([1, 2], (Kind::Double, Device::Cpu));
-        Ok((z.shallow_clone(), z))
+        Ok((z.shallow_clone(), Some(z)))
     });
     let loss = GrpoLoss::new(policy);
     assert!(loss.forward(&rollout()).is_err());
-    let e = GrpoLoss::new(PolicyValueFn(
-        |_t: &Tensor, _m: &Tensor| -> torchrl::Result<(Tensor, Tensor)> { unreachable!() },
+    let e = GrpoLoss::new(ScoreFn(
+        |_t: &Tensor, _m: &Tensor| -> torchrl::Result<(Tensor, Option<Tensor>)> { unreachable!() },
     ))
     .with_config(plain().with_clip_epsilon(-0.1));
     assert!(e.is_err());
@@ -701,26 +710,26 @@ impl LogitsPolicy {
     }
 }
 
-impl TokenPolicyValue for LogitsPolicy {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        _m: &Tensor,
-    ) -> torchrl::Result<(Tensor, Tensor)> {
-        self.plain_calls.set(self.plain_calls.get() + 1);
-        let lp = self.lp(tokens);
-        Ok((lp.shallow_clone(), lp.zeros_like()))
-    }
-
-    fn log_probs_values_entropy(
+impl ScoreTokens for LogitsPolicy {
+    fn score_tokens(
         &self,
         tokens: &Tensor,
         attention_mask: &Tensor,
-    ) -> torchrl::Result<(Tensor, Tensor, Option<Tensor>)> {
-        self.entropy_calls.set(self.entropy_calls.get() + 1);
+        request: ScoreRequest,
+    ) -> torchrl::Result<TokenScores> {
         let lp = self.lp(tokens);
-        let h = token_entropy(&self.logits, Some(attention_mask))?;
-        Ok((lp.shallow_clone(), lp.zeros_like(), Some(h)))
+        let entropy = if request.entropy {
+            self.entropy_calls.set(self.entropy_calls.get() + 1);
+            Some(token_entropy(&self.logits, Some(attention_mask))?)
+        } else {
+            self.plain_calls.set(self.plain_calls.get() + 1);
+            None
+        };
+        Ok(TokenScores {
+            values: Some(lp.zeros_like()),
+            log_probs: lp,
+            entropy,
+        })
     }
 }
 
@@ -754,7 +763,7 @@ fn loss_module_uses_the_exact_entropy_when_the_policy_gives_it() {
     );
     assert!(out.entropy.is_none() && out.loss_entropy.is_none());
     // Box, Rc and references forward the entropy method, not the provided default
-    let boxed: Box<dyn TokenPolicyValue> = Box::new(LogitsPolicy::new(Tensor::zeros(
+    let boxed: Box<dyn ScoreTokens> = Box::new(LogitsPolicy::new(Tensor::zeros(
         [1, 3, 8],
         (Kind::Double, Device::Cpu),
     )));
@@ -778,7 +787,7 @@ fn loss_module_uses_the_exact_entropy_when_the_policy_gives_it() {
     // a closure policy: the Monte-Carlo estimate −lp = mean(1, 1) on the response
     let th = t(&[0.0, -1.0, -1.0], &[1, 3]);
     let f =
-        PolicyValueFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), th.zeros_like())));
+        ScoreFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), Some(th.zeros_like()))));
     let out = GrpoLoss::new(f).forward(&td).unwrap();
     close(&[scalar(out.entropy.as_ref().unwrap())], &[1.0], 1e-12);
 }
@@ -786,26 +795,19 @@ fn loss_module_uses_the_exact_entropy_when_the_policy_gives_it() {
 #[test]
 fn loss_module_rejects_an_entropy_of_the_wrong_shape() {
     struct Bad;
-    impl TokenPolicyValue for Bad {
-        fn log_probs_and_values(
+    impl ScoreTokens for Bad {
+        fn score_tokens(
             &self,
             t: &Tensor,
             _m: &Tensor,
-        ) -> torchrl::Result<(Tensor, Tensor)> {
+            _r: ScoreRequest,
+        ) -> torchrl::Result<TokenScores> {
             let z = t.zeros_like().to_kind(Kind::Double);
-            Ok((z.shallow_clone(), z))
-        }
-        fn log_probs_values_entropy(
-            &self,
-            t: &Tensor,
-            m: &Tensor,
-        ) -> torchrl::Result<(Tensor, Tensor, Option<Tensor>)> {
-            let (lp, v) = self.log_probs_and_values(t, m)?;
-            Ok((
-                lp,
-                v,
-                Some(Tensor::zeros([1, 2], (Kind::Double, Device::Cpu))),
-            ))
+            Ok(TokenScores {
+                log_probs: z.shallow_clone(),
+                values: Some(z),
+                entropy: Some(Tensor::zeros([1, 2], (Kind::Double, Device::Cpu))),
+            })
         }
     }
     let e = GrpoLoss::new(Bad).forward(&rollout()).unwrap_err();
@@ -827,12 +829,12 @@ fn gpt2_value_head_gives_the_entropy_of_its_own_logits() {
     let model = CausalLmWithValueHead::new(&vs.root(), &tiny_config()).unwrap();
     let tokens = Tensor::from_slice(&[0i64, 3, 4, 5, 6, 7, 8, 9]).view([2, 4]);
     let mask = t(&[0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], &[2, 4]).to_kind(Kind::Int64);
-    let (lp, v, h) = model.log_probs_values_entropy(&tokens, &mask).unwrap();
+    let (lp, v, h) = lve(&model, &tokens, &mask);
     let (lp2, v2) = model.log_probs_and_values(&tokens, &mask).unwrap();
     assert!(lp.equal(&lp2) && v.equal(&v2));
     let h = h.expect("the value-head model gives its entropy");
     let logits = model
-        .forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask))
+        .forward(&LmInput::new(&tokens).with_attention_mask(&mask))
         .unwrap()
         .logits;
     let want = token_entropy(&logits, Some(&mask)).unwrap();
@@ -849,11 +851,8 @@ fn gpt2_value_head_gives_the_entropy_of_its_own_logits() {
     // the hydra model forwards to its policy side
     let vs = VarStore::new(Device::Cpu);
     let hydra = CausalLmWithHydraValueHead::new(&vs.root(), &tiny_config(), 1).unwrap();
-    let (_, _, h) = hydra.log_probs_values_entropy(&tokens, &mask).unwrap();
-    let (_, _, h_policy) = hydra
-        .policy()
-        .log_probs_values_entropy(&tokens, &mask)
-        .unwrap();
+    let (_, _, h) = lve(&hydra, &tokens, &mask);
+    let (_, _, h_policy) = lve(hydra.policy(), &tokens, &mask);
     assert!(h.unwrap().equal(&h_policy.unwrap()));
 }
 
@@ -873,7 +872,7 @@ fn gpt2_with_zero_output_embeddings_has_entropy_log_v() {
     });
     let tokens = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
     let mask = tokens.ones_like();
-    let (lp, _, h) = model.log_probs_values_entropy(&tokens, &mask).unwrap();
+    let (lp, _, h) = lve(&model, &tokens, &mask);
     let l20 = 20f64.ln();
     close(
         &vals(&h.unwrap().to_kind(Kind::Double)),

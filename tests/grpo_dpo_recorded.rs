@@ -14,7 +14,7 @@
 //!    `torchrl = ours · n / (B·T)` (the documented difference, `GrpoLossOutput`). The same
 //!    inputs also go through `grpo_loss_with_entropy` with TorchRL's own log-probs and
 //!    entropies, and, for the configs without entropy bonus, through `GrpoLoss` with a closure
-//!    policy (`PolicyValueFn`).
+//!    policy (`ScoreFn`).
 //! 2. `torchrl_mc_advantage`: `group_advantages(.., GroupScale::StdClampMin)` on each group
 //!    `MCAdvantage` emitted, to 1e-9 absolute (one group sits on the 1e-6 std floor, where the
 //!    rounding of `r − mean` is magnified 10⁶ times).
@@ -36,10 +36,11 @@ use recorded::{f, int_tensor, opt_f, tensor};
 
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
+use torchrl::modules::llm::{ScoreFn, ScoreRequest, ScoreTokens, TokenScores};
 use torchrl::objectives::llm::{
     dpo_loss, group_advantages, grpo_loss_with_entropy, sequence_log_probs, token_entropy,
-    DpoConfig, DpoLoss, DpoLossType, DpoPolicyFn, GroupScale, GrpoAggregation, GrpoConfig,
-    GrpoLoss, GrpoLossOutput, PolicyValueFn, TokenPolicyValue,
+    DpoConfig, DpoLoss, DpoLossType, GroupScale, GrpoAggregation, GrpoConfig, GrpoLoss,
+    GrpoLossOutput,
 };
 use torchrl::objectives::{LossModule, LossOutput};
 use torchrl::TensorDict;
@@ -109,27 +110,24 @@ impl LogitsPolicy {
     }
 }
 
-impl TokenPolicyValue for LogitsPolicy {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        _attention_mask: &Tensor,
-    ) -> torchrl::Result<(Tensor, Tensor)> {
-        let lp = self.log_probs(tokens);
-        Ok((lp.shallow_clone(), lp.zeros_like()))
-    }
-
-    fn log_probs_values_entropy(
+impl ScoreTokens for LogitsPolicy {
+    fn score_tokens(
         &self,
         tokens: &Tensor,
         attention_mask: &Tensor,
-    ) -> torchrl::Result<(Tensor, Tensor, Option<Tensor>)> {
-        let (lp, v) = self.log_probs_and_values(tokens, attention_mask)?;
-        Ok((
-            lp,
-            v,
-            Some(token_entropy(&self.logits, Some(attention_mask))?),
-        ))
+        request: ScoreRequest,
+    ) -> torchrl::Result<TokenScores> {
+        let lp = self.log_probs(tokens);
+        let entropy = if request.entropy {
+            Some(token_entropy(&self.logits, Some(attention_mask))?)
+        } else {
+            None
+        };
+        Ok(TokenScores {
+            values: Some(lp.zeros_like()),
+            log_probs: lp,
+            entropy,
+        })
     }
 }
 
@@ -258,7 +256,10 @@ fn replay_torchrl_grpo_loss() {
         let probe = LogitsPolicy {
             logits: tensor(&c["logits"]),
         };
-        let (lp, _, h) = probe.log_probs_values_entropy(&tokens, &attention).unwrap();
+        let scores = probe
+            .score_tokens(&tokens, &attention, ScoreRequest::values_and_entropy())
+            .unwrap();
+        let (lp, h) = (scores.log_probs, scores.entropy);
         let torchrl_lp = tensor(&c["torchrl_log_probs"]);
         let torchrl_h = tensor(&c["torchrl_entropy"]);
         close_t(
@@ -330,8 +331,8 @@ fn replay_torchrl_grpo_loss() {
             // (c) a closure policy, where no entropy is needed
             if cfg.entropy_coeff.is_none() {
                 let lp = torchrl_lp.shallow_clone();
-                let closure = PolicyValueFn(move |_t: &Tensor, _m: &Tensor| {
-                    Ok((lp.shallow_clone(), lp.zeros_like()))
+                let closure = ScoreFn(move |_t: &Tensor, _m: &Tensor| {
+                    Ok((lp.shallow_clone(), Some(lp.zeros_like())))
                 });
                 let out = GrpoLoss::new(closure)
                     .with_config(cfg.clone())
@@ -585,12 +586,13 @@ fn replay_trl_dpo() {
             c_lp.shallow_clone(),
             r_lp.shallow_clone(),
         );
-        let policy = DpoPolicyFn(move |tokens: &Tensor, _m: &Tensor| {
-            Ok(if tokens.equal(&chosen_ids) {
+        let policy = ScoreFn(move |tokens: &Tensor, _m: &Tensor| {
+            let lp = if tokens.equal(&chosen_ids) {
                 chosen_lp.shallow_clone()
             } else {
                 rejected_lp.shallow_clone()
-            })
+            };
+            Ok((lp, None))
         });
         let mut loss = DpoLoss::new(policy);
 

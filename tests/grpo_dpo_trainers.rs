@@ -9,8 +9,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::{
-    token_log_probs, ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Input,
-    TextTokenizer,
+    token_log_probs, ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, LmInput, TextTokenizer,
 };
 use torchrl::objectives::llm::DpoLossType;
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer, Stats};
@@ -114,7 +113,7 @@ fn grpo_config(dir: &std::path::Path) -> GrpoTrlConfig {
 
 fn grpo_env(g: i64) -> TokenEnv {
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&cfg())
+    let env_cfg = TokenEnvConfig::for_model(&cfg().facts())
         .with_max_new_tokens(NEW)
         .with_batch_size(8)
         .with_num_generations(g)
@@ -466,7 +465,7 @@ fn seq_logp(m: &CausalLmWithHydraValueHead, prompt: &[i64], completion: &[i64]) 
     let mask = tokens.ones_like();
     let out = m
         .policy()
-        .forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask))
+        .forward(&LmInput::new(&tokens).with_attention_mask(&mask))
         .unwrap();
     let lp = token_log_probs(&out.logits, &tokens, Some(&mask)).unwrap();
     let n = row.len() as i64;

@@ -7,7 +7,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
     generate, ilql_generate, ilql_generate_with, ilql_scores, CausalLmWithIlqlHeads,
-    GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Input, Gpt2Model, IlqlGenerationConfig,
+    GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Model, IlqlGenerationConfig, LmInput,
     LogitMask,
 };
 use torchrl::{Error, Generator};
@@ -214,7 +214,7 @@ fn kv_cache_generation_equals_a_full_recompute() {
         for _ in 0..n {
             let o = tch::no_grad(|| {
                 m.forward(
-                    &Gpt2Input::new(&seq).with_attention_mask(&seq_mask),
+                    &LmInput::new(&seq).with_attention_mask(&seq_mask),
                     None,
                     None,
                 )
@@ -320,7 +320,7 @@ fn sampling_follows_the_shaped_distribution() {
         .to_kind(Kind::Double)
         / rows as f64;
 
-    let o = tch::no_grad(|| m.forward(&Gpt2Input::new(&ids.narrow(0, 0, 1)), None, None)).unwrap();
+    let o = tch::no_grad(|| m.forward(&LmInput::new(&ids.narrow(0, 0, 1)), None, None)).unwrap();
     let last = |x: &Tensor| x.select(1, 2).to_kind(Kind::Double);
     let q = last(&o.heads.target_qs[0]).minimum(&last(&o.heads.target_qs[1]));
     let scores = last(&o.logits).log_softmax(-1, Kind::Double) + (q - last(&o.heads.vs)) * beta;

@@ -20,12 +20,11 @@ use serde_json::Value;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Input, Gpt2Model, SpecialTokens,
+    ByteTokenizer, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Model, LmInput, SpecialTokens,
     TextTokenizer,
 };
 use torchrl::objectives::llm::{
     expectile_loss, ilql_loss, IlqlConfig, IlqlInputs, IlqlKeys, IlqlLoss, IlqlLossOutput,
-    IlqlModel,
 };
 use torchrl::objectives::{AcceptedKeys, LossModule, LossOutput};
 use torchrl::trainers::ilql::data::{
@@ -887,7 +886,7 @@ fn loss_module_equals_the_functional_core_on_its_forward() {
         let g = |key: &NestedKey| batch.get_or_err(key).unwrap();
         let fwd = model
             .forward(
-                &Gpt2Input::new(g(&k.tokens)).with_attention_mask(g(&k.attention_mask)),
+                &LmInput::new(g(&k.tokens)).with_attention_mask(g(&k.attention_mask)),
                 Some(g(&k.states_ixs)),
                 Some(g(&k.actions_ixs)),
             )

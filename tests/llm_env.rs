@@ -15,8 +15,8 @@ use torchrl::envs::llm::{
 };
 use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig};
 use torchrl::modules::llm::{
-    token_log_probs, ByteTokenizer, GenerationConfig, Gpt2Config, Gpt2Input, Gpt2Model,
-    Gpt2ScoreModel,
+    token_log_probs, ByteTokenizer, CausalLm, CausalLmWithScoreHead, GenerationConfig, Gpt2Config,
+    Gpt2Model, LmInput,
 };
 use torchrl::{Error, TensorDict};
 
@@ -295,10 +295,10 @@ fn text_scorer_gets_the_decoded_prompt_and_response() {
     assert_eq!(floats(td.get(("next", "score")).unwrap()), vec![2.0, 4.0]);
 }
 
-fn score_model(seed: i64) -> (VarStore, Gpt2ScoreModel) {
+fn score_model(seed: i64) -> (VarStore, CausalLmWithScoreHead) {
     tch::manual_seed(seed);
     let vs = VarStore::new(Device::Cpu);
-    let m = Gpt2ScoreModel::new(&vs.root(), &model_cfg()).unwrap();
+    let m = CausalLmWithScoreHead::new(&vs.root(), &model_cfg()).unwrap();
     (vs, m)
 }
 
@@ -312,7 +312,7 @@ fn reward_model_scorer_equals_the_score_model_run_by_hand() {
     let (vs, by_hand) = score_model(3);
     let expected = tch::no_grad(|| {
         by_hand
-            .forward(&Gpt2Input::new(&full).with_attention_mask(&mask))
+            .forward(&LmInput::new(&full).with_attention_mask(&mask))
             .unwrap()
     });
     let e = floats(&expected);
@@ -542,7 +542,7 @@ fn generation_policy_writes_the_llm_layout() {
     // and they are the model's: a full forward's token_log_probs on the assistant tokens
     let logits = tch::no_grad(|| {
         model
-            .forward(&Gpt2Input::new(full).with_attention_mask(att), None)
+            .forward(&LmInput::new(full).with_attention_mask(att), None)
             .unwrap()
             .logits()
             .unwrap()

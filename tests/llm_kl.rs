@@ -18,8 +18,8 @@ use torchrl::envs::llm::{
 use torchrl::envs::transforms::{Compose, RewardScaling, Transform};
 use torchrl::envs::EnvSpecs;
 use torchrl::modules::llm::{
-    token_log_probs, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Input, Gpt2Model, HydraReference,
-    LogProbModel,
+    token_log_probs, CausalLm, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Model, HydraReference,
+    LmInput, ScoreTokens,
 };
 use torchrl::modules::TensorDictModule;
 use torchrl::objectives::llm::moments::{BatchMoments, RunningMoments};
@@ -77,7 +77,7 @@ fn retrieve_log_prob_is_token_log_probs_of_the_reference_logits() {
     let attn = td.get_or_err(("masks", "all_attention_mask")).unwrap();
     // by hand: logits → log_softmax → gather the next token, shifted to align with tokens
     let logits = reference
-        .forward(&Gpt2Input::new(ids).with_attention_mask(attn), None)
+        .forward(&LmInput::new(ids).with_attention_mask(attn), None)
         .unwrap()
         .logits()
         .unwrap();

@@ -19,13 +19,13 @@ use serde_json::Value;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Config, Gpt2Input,
+    CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Config, LmInput, ScoreFn, ScoreTokens,
 };
 use torchrl::objectives::llm::{
     align_values_to_tokens, compute_ppo_rlhf_advantages, gae_advantages_and_returns, masked_mean,
     masked_var, masked_whiten, mean_sequence_kl, ppo_rlhf_loss, whiten, AdaptiveKLController,
-    FixedKLController, KlController, KlEstimator, PolicyValueFn, PpoRlhfConfig, PpoRlhfInputs,
-    PpoRlhfKeys, PpoRlhfLoss, PpoRlhfLossOutput, TokenPolicyValue,
+    FixedKLController, KlController, KlEstimator, PpoRlhfConfig, PpoRlhfInputs, PpoRlhfKeys,
+    PpoRlhfLoss, PpoRlhfLossOutput,
 };
 use torchrl::objectives::{AcceptedKeys, Centering, LossModule, LossOutput, RewardModelLoss};
 use torchrl::{Error, NestedKey, TensorDict};
@@ -726,7 +726,7 @@ fn tiny_config() -> Gpt2Config {
 }
 
 /// Two rows, P = 3 (left-padded), R = 4 (right-padded), pad id 0.
-fn rollout_td<M: TokenPolicyValue>(policy: &M) -> TensorDict {
+fn rollout_td<M: ScoreTokens>(policy: &M) -> TensorDict {
     let tokens = Tensor::from_slice(&[0i64, 5, 6, 7, 8, 9, 1, 3, 4, 5, 6, 7, 0, 0]).view([2, 7]);
     let attn = Tensor::from_slice(&[0i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]).view([2, 7]);
     let assistant = Tensor::from_slice(&[0i64, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0, 0]).view([2, 7]);
@@ -762,7 +762,7 @@ fn value_head_values_are_aligned_with_the_tokens() {
     let mask = tokens.ones_like();
     let (lp, v) = model.log_probs_and_values(&tokens, &mask).unwrap();
     let out = model
-        .forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask))
+        .forward(&LmInput::new(&tokens).with_attention_mask(&mask))
         .unwrap();
     // values[t] = head output at t - 1: the value of the state before token t
     assert_eq!(v.double_value(&[0, 0]), 0.0);
@@ -850,7 +850,7 @@ fn ppo_rlhf_keys_are_settable_and_errors_name_the_key() {
     let theta = row(&[0.0, -1.0, -1.0, -1.0]).set_requires_grad(true);
     let th = theta.shallow_clone();
     let policy =
-        PolicyValueFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), th.zeros_like())));
+        ScoreFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), Some(th.zeros_like()))));
     let mut loss = PpoRlhfLoss::new(policy);
     assert_eq!(PpoRlhfKeys::NAMES.len(), 8);
     let r = |v: &[f64]| row(v);

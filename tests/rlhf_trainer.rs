@@ -9,8 +9,8 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, Gpt2Input, Gpt2Model, Gpt2ScoreModel,
-    TextTokenizer,
+    ByteTokenizer, CausalLm, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config,
+    Gpt2Model, LmInput, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer, Stats};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
@@ -72,7 +72,7 @@ fn trainer(dir: &std::path::Path, target: Option<f64>) -> (VarStore, PpoRlhfTrai
     let vs = VarStore::new(Device::Cpu);
     let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1).unwrap();
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&cfg())
+    let env_cfg = TokenEnvConfig::for_model(&cfg().facts())
         .with_max_new_tokens(NEW)
         .with_batch_size(8)
         .with_prompt_width(3);
@@ -98,7 +98,7 @@ fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
         .double_value(&[]);
     // by hand: row 0 predicts tokens 1..2 from a right-padded forward, row 1 predicts 1..3
     let logits = model
-        .forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask), None)
+        .forward(&LmInput::new(&tokens).with_attention_mask(&mask), None)
         .unwrap()
         .logits()
         .unwrap()
@@ -127,8 +127,9 @@ fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
     let _g = lock();
     tch::manual_seed(1);
     let vs = VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg()).unwrap())
-        .unwrap();
+    let rm =
+        CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg()).unwrap())
+            .unwrap();
     let pairs = vec![
         PreferencePair::new(vec![1, 2, 3], vec![1, 2]),
         PreferencePair::new(vec![4, 5], vec![6, 7, 8, 9]),
@@ -138,7 +139,7 @@ fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
     let score = |side: &str| {
         let ids = td.get((side, "tokens", "full")).unwrap();
         let mask = td.get((side, "masks", "all_attention_mask")).unwrap();
-        rm.forward(&Gpt2Input::new(ids).with_attention_mask(mask))
+        rm.forward(&LmInput::new(ids).with_attention_mask(mask))
             .unwrap()
     };
     let (c, r) = tch::no_grad(|| (score("chosen"), score("rejected")));

@@ -15,8 +15,8 @@ use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    ilql_scores, pad_rows, ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads,
-    Gpt2Input, Gpt2Model, Gpt2ScoreModel, PaddingSide, TextTokenizer,
+    ilql_scores, pad_rows, ByteTokenizer, CausalLm, CausalLmWithHydraValueHead,
+    CausalLmWithIlqlHeads, CausalLmWithScoreHead, Gpt2Model, LmInput, PaddingSide, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::config::GenKwargs;
@@ -90,7 +90,7 @@ pub fn hydra_kl(model: &CausalLmWithHydraValueHead, td: &TensorDict) -> Result<f
     let mask = td.get_or_err(("masks", "all_attention_mask"))?;
     let assistant = td.get_or_err(("masks", "all_assistant_mask"))?;
     let _guard = tch::no_grad_guard();
-    let out = model.forward(&Gpt2Input::new(tokens).with_attention_mask(mask))?;
+    let out = model.forward(&LmInput::new(tokens).with_attention_mask(mask))?;
     response_kl(
         &out.logits.f_log_softmax(-1, Kind::Float)?,
         &out.ref_logits.f_log_softmax(-1, Kind::Float)?,
@@ -115,7 +115,7 @@ pub fn ilql_kl(
         .f_unsqueeze(0)?
         .f_expand([b, t], false)?
         .contiguous();
-    let input = Gpt2Input::new(sequences).with_attention_mask(attention_mask);
+    let input = LmInput::new(sequences).with_attention_mask(attention_mask);
     let out = model.forward(&input, Some(&all), Some(&all))?;
     let v = out.heads.vs.f_reshape([b * t])?;
     let flat = |x: &Tensor| x.f_reshape([b * t, -1]);
@@ -187,10 +187,10 @@ pub fn run_grpo(
     let sft = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
     let rm_vs = nn::VarStore::new(Device::Cpu);
-    let rm = Gpt2ScoreModel::from_pretrained(&rm_vs.root(), rm_dir)?;
+    let rm = CausalLmWithScoreHead::from_pretrained(&rm_vs.root(), rm_dir)?;
     let config = grpo_config(cfg, world);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let env_config = TokenEnvConfig::for_model(model.policy().model().config())
+    let env_config = TokenEnvConfig::for_model(model.policy().model().facts())
         .with_max_new_tokens(MAX_NEW_TOKENS)
         .with_batch_size((cfg.rollouts / world) as i64)
         .with_num_generations(config.method.num_generations as i64)

@@ -56,8 +56,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tch::{nn, Device, Kind, Tensor};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    generate, ilql_generate, pad_rows, ByteTokenizer, CausalLmWithHydraValueHead,
-    CausalLmWithIlqlHeads, GenerationConfig, Gpt2Config, Gpt2Model, Gpt2ScoreModel,
+    generate, ilql_generate, pad_rows, ByteTokenizer, CausalLm, CausalLmWithHydraValueHead,
+    CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig, Gpt2Config, Gpt2Model,
     IlqlGenerationConfig, PaddingSide, SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
@@ -349,9 +349,9 @@ fn train_reward_model(
     train: &[PreferencePair],
     test: &[PreferencePair],
     group: Option<&SharedCollective>,
-) -> Result<(Gpt2ScoreModel, f64)> {
+) -> Result<(CausalLmWithScoreHead, f64)> {
     let trunk = Gpt2Model::new(&vs.root(), &model_config())?;
-    let rm = Gpt2ScoreModel::from_model(&vs.root(), trunk)?;
+    let rm = CausalLmWithScoreHead::from_model(&vs.root(), trunk)?;
     let rm_config = RewardTrainerConfig::default()
         .with_lr(1e-3)?
         .with_center_coeff(0.01)
@@ -871,7 +871,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let rm_vs = nn::VarStore::new(Device::Cpu);
     let (sft, sft_first, sft_last, rm, rm_accuracy) = if cfg.resume {
         let sft = Gpt2Model::from_pretrained(&policy_vs.root(), &sft_dir)?;
-        let rm = Gpt2ScoreModel::from_pretrained(&rm_vs.root(), &rm_dir)?;
+        let rm = CausalLmWithScoreHead::from_pretrained(&rm_vs.root(), &rm_dir)?;
         (sft, f64::NAN, f64::NAN, rm, f64::NAN)
     } else {
         // data-parallel: each rank trains on its slice of every minibatch; rank 0 saves
@@ -893,7 +893,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let model = CausalLmWithHydraValueHead::from_model(&policy_vs.root(), sft, 1)?;
     let prompts: Vec<String> = task::prompts(&mut rng, 1024);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let env_config = TokenEnvConfig::for_model(model.policy().model().config())
+    let env_config = TokenEnvConfig::for_model(model.policy().model().facts())
         .with_max_new_tokens(MAX_NEW_TOKENS)
         .with_batch_size((cfg.rollouts / world) as i64)
         .with_shuffle(true)

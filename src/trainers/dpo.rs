@@ -87,7 +87,7 @@ use super::rollout::{
 use crate::error::{Error, Result};
 use crate::modules::llm::{
     pad_rows, CausalLmWithHydraValueHead, CausalLmWithValueHead, GenerationConfig, HydraReference,
-    LogProbModel, PaddingSide, TextTokenizer,
+    PaddingSide, ScoreTokens, TextTokenizer,
 };
 use crate::objectives::llm::{sequence_log_probs, DpoConfig, DpoLoss, DpoLossOutput, DpoLossType};
 use crate::objectives::{LossModule, LossOutput};
@@ -330,7 +330,7 @@ impl DpoTrainer {
         tokenizer: Box<dyn TextTokenizer>,
     ) -> Result<Self> {
         config.validate()?;
-        let mc = model.policy().model().config().clone();
+        let mc = model.policy().model().facts().clone();
         if tokenizer.vocab_size() != mc.vocab_size {
             return Err(Error::argument(
                 OP,
@@ -339,7 +339,7 @@ impl DpoTrainer {
                 format!("vocabulary size {}", tokenizer.vocab_size()),
             ));
         }
-        check_pairs(&pairs, mc.vocab_size, mc.n_positions)?;
+        check_pairs(&pairs, mc.vocab_size, mc.max_positions)?;
         let kw = &config.method.gen_kwargs;
         let mut gen = GenerationConfig::rlhf_sampling(kw.max_new_tokens as i64);
         gen.do_sample = kw.do_sample;
@@ -481,7 +481,7 @@ impl DpoTrainer {
     }
 
     fn pad(&self) -> i64 {
-        let mc = self.model.policy().model().config();
+        let mc = self.model.policy().model().facts();
         mc.pad_token_id.or(mc.eos_token_id).unwrap_or(0)
     }
 
@@ -551,8 +551,8 @@ impl DpoTrainer {
     /// # Errors
     /// On an invalid pair, or a failing forward / backward or group.
     pub fn step(&mut self, pairs: &[DpoPair]) -> Result<Stats> {
-        let mc = self.model.policy().model().config();
-        check_pairs(pairs, mc.vocab_size, mc.n_positions)?;
+        let mc = self.model.policy().model().facts();
+        check_pairs(pairs, mc.vocab_size, mc.max_positions)?;
         self.step_cached(pairs, None, pairs.len())
     }
 
@@ -604,8 +604,8 @@ impl DpoTrainer {
     /// # Errors
     /// On an invalid pair or a failing forward.
     pub fn evaluate_pairs(&self, pairs: &[DpoPair]) -> Result<Stats> {
-        let mc = self.model.policy().model().config();
-        check_pairs(pairs, mc.vocab_size, mc.n_positions)?;
+        let mc = self.model.policy().model().facts();
+        check_pairs(pairs, mc.vocab_size, mc.max_positions)?;
         let _guard = tch::no_grad_guard();
         let mut sums = Stats::new();
         for chunk in pairs.chunks(self.config.train.batch_size.max(1)) {

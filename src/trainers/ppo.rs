@@ -304,7 +304,7 @@ impl PpoRlhfTrainer {
     /// #     .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id());
     /// # let vs = VarStore::new(tch::Device::Cpu);
     /// # let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt, 1)?;
-    /// # let env_cfg = TokenEnvConfig::for_model(&gpt).with_max_new_tokens(2).with_batch_size(2);
+    /// # let env_cfg = TokenEnvConfig::for_model(&gpt.facts()).with_max_new_tokens(2).with_batch_size(2);
     /// # let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.len() as f64);
     /// # let env = TokenEnv::from_text(env_cfg, &tok, &["ab", "cd"], Box::new(scorer))?;
     /// # let mut config = TrlConfig::default();

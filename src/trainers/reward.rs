@@ -1,4 +1,4 @@
-//! Reward-model training on pairwise preferences: a [`Gpt2ScoreModel`] (GPT-2 trunk and
+//! Reward-model training on pairwise preferences: a [`CausalLmWithScoreHead`] (GPT-2 trunk and
 //! `transformers`' sequence-score head) trained with the Bradley-Terry
 //! [`RewardModelLoss`] on `chosen` / `rejected` token batches, with accuracy and margin
 //! logged and the optional centring term. The trained model then scores responses in the
@@ -7,7 +7,7 @@
 //! **Batch layout** ([`collate_preferences`]): a tensordict of batch `[B]` with two
 //! sub-tensordicts, `"chosen"` and `"rejected"`, each holding `("tokens", "full")` `[B, T]`
 //! (left-padded, int64) and `("masks", "all_attention_mask")` `[B, T]` (1 = real) — the keys
-//! [`Gpt2ScoreModel`] reads ([`LlmKeys`](crate::modules::llm::LlmKeys)). The trainer writes
+//! [`CausalLmWithScoreHead`] reads ([`LlmKeys`](crate::modules::llm::LlmKeys)). The trainer writes
 //! each side's `"score"` `[B]` with the score model and hands the tensordict to
 //! [`RewardModelLoss`] (which reads the precomputed scores, as TorchRL's does without a score
 //! network), so the loss's keys can be renamed with `set_keys` as usual.
@@ -18,13 +18,13 @@
 //!
 //! ```
 //! use tch::{nn, Device};
-//! use torchrl::modules::llm::{Gpt2Config, Gpt2Model, Gpt2ScoreModel};
+//! use torchrl::modules::llm::{Gpt2Config, Gpt2Model, CausalLmWithScoreHead};
 //! use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
 //! # fn main() -> torchrl::Result<()> {
 //! tch::manual_seed(0);
 //! let vs = nn::VarStore::new(Device::Cpu);
 //! let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(16).with_n_layer(1).with_n_head(2);
-//! let rm = Gpt2ScoreModel::from_model(&(vs.root() / "rm"), Gpt2Model::new(&vs.root(), &config)?)?;
+//! let rm = CausalLmWithScoreHead::from_model(&(vs.root() / "rm"), Gpt2Model::new(&vs.root(), &config)?)?;
 //! // the hidden preference: rows ending in 3 beat rows ending in 4
 //! let pairs: Vec<PreferencePair> = (0..8)
 //!     .map(|i| PreferencePair::new(vec![1, i % 3, 3], vec![1, i % 3, 4]))
@@ -45,7 +45,7 @@ use super::optim::{shallow_named, AdamW};
 use super::parallel::{join_group, Collective, SharedCollective};
 use crate::error::{Error, Result};
 use crate::macros::setters;
-use crate::modules::llm::{pad_rows, Gpt2ScoreModel, PaddingSide};
+use crate::modules::llm::{pad_rows, CausalLmWithScoreHead, PaddingSide};
 use crate::modules::TensorDictModule;
 use crate::objectives::{LossModule, LossOutput, RewardModelLoss};
 use crate::tensordict::TensorDict;
@@ -181,7 +181,7 @@ pub struct RewardStats {
     pub rejected: f64,
 }
 
-/// Trains a [`Gpt2ScoreModel`] on [`PreferencePair`]s (see the [module docs](self)).
+/// Trains a [`CausalLmWithScoreHead`] on [`PreferencePair`]s (see the [module docs](self)).
 ///
 /// # Data-parallel ([`RewardModelTrainer::with_collective`])
 /// Every rank calls [`RewardModelTrainer::step`] with its own pairs; each rank weights its
@@ -190,7 +190,7 @@ pub struct RewardStats {
 /// pairs together (global clipped norm, identical AdamW steps), and the returned statistics
 /// are theirs. [`RewardModelTrainer::evaluate`] stays local.
 pub struct RewardModelTrainer {
-    model: Gpt2ScoreModel,
+    model: CausalLmWithScoreHead,
     loss: RewardModelLoss,
     opt: AdamW,
     config: RewardTrainerConfig,
@@ -209,7 +209,7 @@ impl std::fmt::Debug for RewardModelTrainer {
 
 impl RewardModelTrainer {
     /// A trainer of every parameter of `model`.
-    pub fn new(model: Gpt2ScoreModel, config: RewardTrainerConfig) -> Result<Self> {
+    pub fn new(model: CausalLmWithScoreHead, config: RewardTrainerConfig) -> Result<Self> {
         let opt = AdamW::new(shallow_named(model.named_parameters()), config.lr)?
             .with_weight_decay(config.weight_decay);
         let mut loss = RewardModelLoss::new();
@@ -233,13 +233,13 @@ impl RewardModelTrainer {
     ///
     /// ```
     /// use tch::{nn, Device};
-    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, Gpt2ScoreModel};
+    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, CausalLmWithScoreHead};
     /// use torchrl::trainers::parallel::{Collective, SingleProcess};
     /// use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
     /// # fn main() -> torchrl::Result<()> {
     /// let vs = nn::VarStore::new(Device::Cpu);
     /// let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(8).with_n_layer(1).with_n_head(2);
-    /// let rm = Gpt2ScoreModel::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &config)?)?;
+    /// let rm = CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &config)?)?;
     /// // Under torchrl-launch: `.with_collective(ProcessGroup::init_from_env()?)`
     /// // (cargo feature `distributed`); a world of one runs anywhere.
     /// let mut trainer = RewardModelTrainer::new(rm, RewardTrainerConfig::default())?
@@ -285,12 +285,12 @@ impl RewardModelTrainer {
     }
 
     /// The model being trained.
-    pub fn model(&self) -> &Gpt2ScoreModel {
+    pub fn model(&self) -> &CausalLmWithScoreHead {
         &self.model
     }
 
     /// The trained model (to plug into the token env as its scorer).
-    pub fn into_model(self) -> Gpt2ScoreModel {
+    pub fn into_model(self) -> CausalLmWithScoreHead {
         self.model
     }
 

@@ -12,10 +12,10 @@ use super::config::GenKwargs;
 use super::optim::shallow_named;
 use crate::envs::llm::{GenerationPolicy, PromptState, TokenEnv};
 use crate::error::{Error, Result};
+use crate::modules::llm::{align_values_to_tokens, CachedTrunk, ScoreTokens};
 use crate::modules::llm::{
-    token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Input, TextTokenizer,
+    token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, LmInput, TextTokenizer,
 };
-use crate::objectives::llm::{align_values_to_tokens, CachedTrunk, TokenPolicyValue};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
@@ -61,7 +61,7 @@ pub(crate) fn check_vocab(
     env: &TokenEnv,
     tokenizer: &dyn TextTokenizer,
 ) -> Result<()> {
-    let vocab = model.policy().model().config().vocab_size;
+    let vocab = model.policy().model().facts().vocab_size;
     if tokenizer.vocab_size() != vocab {
         return Err(Error::argument(
             op,
@@ -102,7 +102,7 @@ pub(crate) fn hydra_policy_step(
     let mask = td
         .get_or_err(("masks", "all_attention_mask"))?
         .shallow_clone();
-    let out = model.forward(&Gpt2Input::new(&tokens).with_attention_mask(&mask))?;
+    let out = model.forward(&LmInput::new(&tokens).with_attention_mask(&mask))?;
     let lp = token_log_probs(&out.logits, &tokens, Some(&mask))?;
     let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
     td.set(("log_probs", "full"), lp)?;
@@ -120,7 +120,7 @@ pub(crate) fn hydra_policy_step(
 pub(crate) fn update_policy<'a>(
     model: &'a CausalLmWithHydraValueHead,
     mb: &TensorDict,
-) -> Box<dyn TokenPolicyValue + 'a> {
+) -> Box<dyn ScoreTokens + 'a> {
     match (mb.get(CachedTrunk::KEY), model.frozen_trunk_end()) {
         (Some(hidden), Some(start)) => Box::new(CachedTrunk::new(
             model.policy(),

@@ -38,14 +38,14 @@ use super::parallel::{join_group, Collective, SharedCollective};
 use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{
-    pad_rows, position_ids_from_mask, token_log_probs, Gpt2Input, Gpt2Model, PaddingSide,
+    pad_rows, position_ids_from_mask, token_log_probs, CausalLm, LmInput, PaddingSide,
 };
 
 /// Mean next-token negative log-likelihood of `tokens` `[B, T]` under `model`, over the
 /// positions whose token and previous token are real (`attention_mask` 1). An error when no
 /// position qualifies.
 pub fn causal_lm_loss(
-    model: &Gpt2Model,
+    model: &dyn CausalLm,
     tokens: &Tensor,
     attention_mask: &Tensor,
 ) -> Result<Tensor> {
@@ -78,7 +78,7 @@ pub fn causal_lm_loss(
 /// # Ok(()) }
 /// ```
 pub fn causal_lm_nll(
-    model: &Gpt2Model,
+    model: &dyn CausalLm,
     tokens: &Tensor,
     attention_mask: &Tensor,
 ) -> Result<(Tensor, f64)> {
@@ -92,7 +92,7 @@ pub fn causal_lm_nll(
         ));
     }
     let positions = position_ids_from_mask(attention_mask)?;
-    let input = Gpt2Input::new(tokens)
+    let input = LmInput::new(tokens)
         .with_attention_mask(attention_mask)
         .with_position_ids(&positions);
     let logits = model.forward(&input, None)?.logits()?;
@@ -179,7 +179,7 @@ pub struct SftTrainer {
 
 impl SftTrainer {
     /// A trainer of every parameter of `model`.
-    pub fn new(model: &Gpt2Model, config: SftConfig) -> Result<Self> {
+    pub fn new(model: &dyn CausalLm, config: SftConfig) -> Result<Self> {
         let opt = AdamW::new(shallow_named(model.named_parameters()), config.lr)?
             .with_betas([config.betas.0, config.betas.1])
             .with_weight_decay(config.weight_decay);
@@ -253,7 +253,7 @@ impl SftTrainer {
     /// # Errors
     /// On no rows, a row longer than the model's context, no predicted position (on any rank),
     /// or a failing forward / backward or group.
-    pub fn step(&mut self, model: &Gpt2Model, rows: &[Vec<i64>]) -> Result<f64> {
+    pub fn step(&mut self, model: &dyn CausalLm, rows: &[Vec<i64>]) -> Result<f64> {
         let (tokens, mask) = self.batch(model, rows)?;
         let (sum, n) = causal_lm_nll(model, &tokens, &mask)?;
         // one all-reduce: the positions and the summed loss of every rank
@@ -277,13 +277,13 @@ impl SftTrainer {
     }
 
     /// The loss on `rows` without a step (this rank's rows only; no collective).
-    pub fn evaluate(&self, model: &Gpt2Model, rows: &[Vec<i64>]) -> Result<f64> {
+    pub fn evaluate(&self, model: &dyn CausalLm, rows: &[Vec<i64>]) -> Result<f64> {
         let _guard = tch::no_grad_guard();
         let (tokens, mask) = self.batch(model, rows)?;
         Ok(causal_lm_loss(model, &tokens, &mask)?.double_value(&[]))
     }
 
-    fn batch(&self, model: &Gpt2Model, rows: &[Vec<i64>]) -> Result<(Tensor, Tensor)> {
+    fn batch(&self, model: &dyn CausalLm, rows: &[Vec<i64>]) -> Result<(Tensor, Tensor)> {
         if rows.is_empty() {
             return Err(Error::value(
                 "SftTrainer",
@@ -292,7 +292,7 @@ impl SftTrainer {
                 "0 rows",
             ));
         }
-        let n_pos = model.config().n_positions;
+        let n_pos = model.facts().max_positions;
         if let Some((i, r)) = rows
             .iter()
             .enumerate()

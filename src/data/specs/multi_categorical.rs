@@ -132,6 +132,13 @@ impl LeafSpec for MultiCategorical {
             return Ok(None);
         }
         let nv = self.nvec_tensor(value.device())?;
+        // compare in float64 for floating values: promoting nvec to a narrow float (257 in
+        // bfloat16 is 256) would refuse the largest class
+        let value = if value.is_floating_point() {
+            value.f_to_kind(Kind::Double)?
+        } else {
+            value.shallow_clone()
+        };
         let ok = value.f_ge(0)?.f_logical_and(&value.f_lt_tensor(&nv)?)?;
         if common::all_true(&ok)? {
             return Ok(None);

@@ -100,7 +100,7 @@ use crate::data::specs::{Categorical, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::llm::{GenerationConfig, Gpt2Config, TextTokenizer};
+use crate::modules::llm::{GenerationConfig, LmFacts, TextTokenizer};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
@@ -190,12 +190,13 @@ impl TokenEnvConfig {
         }
     }
 
-    /// The vocabulary, context length and EOS / pad ids of a GPT-2 config.
-    pub fn for_model(config: &Gpt2Config) -> Self {
+    /// The vocabulary, context length and EOS / pad ids of a model (any architecture:
+    /// `TokenEnvConfig::for_model(model.facts())`).
+    pub fn for_model(facts: &LmFacts) -> Self {
         TokenEnvConfig {
-            eos_token_id: config.eos_token_id,
-            pad_token_id: config.pad_token_id,
-            ..TokenEnvConfig::new(config.vocab_size, config.n_positions)
+            eos_token_id: facts.eos_token_id,
+            pad_token_id: facts.pad_token_id,
+            ..TokenEnvConfig::new(facts.vocab_size, facts.max_positions)
         }
     }
 

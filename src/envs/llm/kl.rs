@@ -3,7 +3,7 @@
 //!
 //! - [`RetrieveLogProb`]: the reference model's per-token log-probs of `("tokens", "full")`,
 //!   written at `("next", "ref_log_probs", "full")` `[B, T]`; either by running a
-//!   [`LogProbModel`] ([`RetrieveLogProb::new`]) or by reading what a hydra policy computed in
+//!   [`ScoreTokens`] ([`RetrieveLogProb::new`]) or by reading what a hydra policy computed in
 //!   its own trunk pass ([`RetrieveLogProb::precomputed`]);
 //! - [`KLComputation`]: `kl_penalty = (lp − ref)` on the response tokens (k1), written at
 //!   `("next", "kl_penalty")` `[B, T]`, and `reward −= coeff · kl_penalty.unsqueeze(-1)`;
@@ -84,7 +84,7 @@ use crate::envs::transforms::Transform;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
 use crate::macros::setters;
-use crate::modules::llm::LogProbModel;
+use crate::modules::llm::ScoreTokens;
 use crate::tensordict::{Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ estimators
@@ -264,7 +264,7 @@ fn ref_log_probs_spec(specs: &EnvSpecs) -> Result<TensorSpec> {
 /// Where [`RetrieveLogProb`] gets the reference log-probs.
 pub enum LogProbSource {
     /// Run this model on the tokens every step.
-    Model(Box<dyn LogProbModel + Send>),
+    Model(Box<dyn ScoreTokens + Send>),
     /// Do not run anything: read the log-probs already computed at this key of the root
     /// tensordict (where a hydra policy writes the reference log-probs of its own trunk pass,
     /// [`LlmKeys::ref_log_probs`](crate::modules::llm::LlmKeys::ref_log_probs)), or keep the
@@ -294,7 +294,7 @@ impl fmt::Debug for LogProbSource {
 /// use tch::{nn::VarStore, Device, Kind, Tensor};
 /// use torchrl::envs::llm::RetrieveLogProb;
 /// use torchrl::envs::transforms::Transform;
-/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, LogProbModel};
+/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, ScoreTokens};
 /// use torchrl::TensorDict;
 /// # fn main() -> torchrl::Result<()> {
 /// let vs = VarStore::new(Device::Cpu);
@@ -325,7 +325,7 @@ impl RetrieveLogProb {
     /// Runs `model` on `("tokens", "full")` every step (held by value: pass a borrow-free
     /// handle such as `Arc<Mutex<M>>` or a [`HydraReference`](crate::modules::llm::HydraReference)
     /// over one to share a model without copying it).
-    pub fn new(model: impl LogProbModel + Send + 'static) -> Self {
+    pub fn new(model: impl ScoreTokens + Send + 'static) -> Self {
         Self::from_source(LogProbSource::Model(Box::new(model)))
     }
 
@@ -366,6 +366,8 @@ impl RetrieveLogProb {
             LogProbSource::Model(m) => {
                 let mask = td.get_or_err(&self.attention_mask_key)?;
                 same_shape(op, &self.tokens_key, tokens, &self.attention_mask_key, mask)?;
+                // a reference's log-probs are data: never differentiated
+                let _guard = tch::no_grad_guard();
                 m.token_log_probs(tokens, mask)?
             }
             LogProbSource::Precomputed(key) => {
@@ -674,7 +676,7 @@ impl Transform for KLComputation {
 /// use tch::{nn::VarStore, Device, Kind, Tensor};
 /// use torchrl::envs::llm::RetrieveKL;
 /// use torchrl::envs::transforms::Transform;
-/// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, HydraReference, LogProbModel};
+/// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, HydraReference, ScoreTokens};
 /// use torchrl::TensorDict;
 /// # fn main() -> torchrl::Result<()> {
 /// let vs = VarStore::new(Device::Cpu);
@@ -704,7 +706,7 @@ pub struct RetrieveKL {
 
 impl RetrieveKL {
     /// Runs `ref_model` and computes k1 with `coeff = 1` (see [`RetrieveLogProb::new`]).
-    pub fn new(ref_model: impl LogProbModel + Send + 'static) -> Self {
+    pub fn new(ref_model: impl ScoreTokens + Send + 'static) -> Self {
         RetrieveKL {
             retrieve: RetrieveLogProb::new(ref_model),
             kl: KLComputation::new(),
@@ -808,7 +810,7 @@ impl Transform for RetrieveKL {
 /// TorchRL's `torchrl.envs.llm.KLRewardTransform(ref_model, coef)` (legacy upstream, which
 /// recommends `RetrieveKL`): the reward minus `coef` times the per-token k1 to a frozen
 /// reference model, with `kl_penalty` and `ref_log_probs.full` written too. Built from an
-/// existing reference (a [`LogProbModel`]: a `Gpt2Model`, an `Arc<Mutex<_>>` of one, a
+/// existing reference (a [`ScoreTokens`]: a `Gpt2Model`, an `Arc<Mutex<_>>` of one, a
 /// [`HydraReference`](crate::modules::llm::HydraReference)); no parameters are copied.
 ///
 /// Unlike TorchRL's, which writes `[B, T, 1]` KL and reference log-probs under
@@ -819,7 +821,7 @@ impl Transform for RetrieveKL {
 /// use tch::{nn::VarStore, Device, Kind, Tensor};
 /// use torchrl::envs::llm::KLRewardTransform;
 /// use torchrl::envs::transforms::Transform;
-/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, LogProbModel};
+/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, ScoreTokens};
 /// use torchrl::TensorDict;
 /// # fn main() -> torchrl::Result<()> {
 /// let cfg = Gpt2Config::new(20).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(8);
@@ -848,7 +850,7 @@ pub struct KLRewardTransform {
 
 impl KLRewardTransform {
     /// `reward −= coef · (lp − ref)` on the response tokens, `ref` from `ref_model`.
-    pub fn new(ref_model: impl LogProbModel + Send + 'static, coef: f64) -> Self {
+    pub fn new(ref_model: impl ScoreTokens + Send + 'static, coef: f64) -> Self {
         KLRewardTransform {
             inner: RetrieveKL::new(ref_model).with_coeff(coef),
         }

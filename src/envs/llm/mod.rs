@@ -13,6 +13,6 @@ pub use kl::{
     trlx_logged_kl, KLComputation, KLRewardTransform, KlEstimator, LogProbSource, RetrieveKL,
     RetrieveLogProb,
 };
-pub use policy::{GeneratingModel, GenerationPolicy};
+pub use policy::GenerationPolicy;
 pub use scaling::{ScaleReward, ScoreScaling};
 pub use scorer::{BatchScorer, RewardModelScorer, ScoreInput, Scorer, TextScorer, TokenScorer};

@@ -1,4 +1,4 @@
-//! [`GenerationPolicy`]: a GPT-2 causal LM as the policy of a
+//! [`GenerationPolicy`]: a causal LM (any architecture) as the policy of a
 //! [`TokenEnv`](super::env::TokenEnv).
 //!
 //! It reads `("tokens", "prompt")` `[B, P]` (left-padded) and `("masks",
@@ -16,8 +16,9 @@
 //!   (the full log-probs are those of the assistant tokens, no extra forward pass is run).
 //!
 //! It is a [`Policy`](crate::envs::Policy) through a closure: `&mut |td| policy.call(td)`.
-//! The model is anything that exposes a [`Gpt2Model`] through [`GeneratingModel`]: the
-//! model itself, the value-head wrappers, or a reference to one of them.
+//! The model is any [`ScoreTokens`] that has a model to generate with
+//! ([`ScoreTokens::generating_model`]): a model of any architecture, the value-head wrappers,
+//! or a reference to one of them.
 //!
 //! ```
 //! use tch::{nn::VarStore, Device};
@@ -28,7 +29,7 @@
 //! let vs = VarStore::new(Device::Cpu);
 //! let model_cfg = Gpt2Config::new(12).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(16);
 //! let model = Gpt2Model::new(&vs.root(), &model_cfg)?;
-//! let cfg = TokenEnvConfig::for_model(&model_cfg).with_batch_size(2).with_max_new_tokens(4)
+//! let cfg = TokenEnvConfig::for_model(&model_cfg.facts()).with_batch_size(2).with_max_new_tokens(4)
 //!     .with_eos_token_id(11).with_pad_token_id(10);
 //! let mut policy = GenerationPolicy::new(&model, cfg.generation_config(), 0)?;
 //! let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.len() as f64);
@@ -50,47 +51,19 @@ use super::env::{
 };
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::llm::{
-    generate_with, CausalLmWithHydraValueHead, CausalLmWithValueHead, GenerateOptions,
-    GenerationConfig, Gpt2Model, LogitMask,
+    generate_with, CausalLm, GenerateOptions, GenerationConfig, LogitMask, ScoreTokens,
 };
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
-/// A model that generates with a [`Gpt2Model`] (its trunk and LM head).
-pub trait GeneratingModel {
-    /// The model [`generate_with`] runs.
-    fn generating_model(&self) -> &Gpt2Model;
-}
-
-impl GeneratingModel for Gpt2Model {
-    fn generating_model(&self) -> &Gpt2Model {
-        self
-    }
-}
-
-impl GeneratingModel for CausalLmWithValueHead {
-    fn generating_model(&self) -> &Gpt2Model {
-        self.model()
-    }
-}
-
-impl GeneratingModel for CausalLmWithHydraValueHead {
-    /// The policy's model (not the frozen reference).
-    fn generating_model(&self) -> &Gpt2Model {
-        self.policy().model()
-    }
-}
-
-impl<M: GeneratingModel + ?Sized> GeneratingModel for &M {
-    fn generating_model(&self) -> &Gpt2Model {
-        (**self).generating_model()
-    }
-}
-
-impl<M: GeneratingModel + ?Sized> GeneratingModel for Box<M> {
-    fn generating_model(&self) -> &Gpt2Model {
-        (**self).generating_model()
-    }
+/// The model behind a scorer, or the error saying it has none (a closure scorer).
+fn model_of<M: ScoreTokens + ?Sized>(model: &M) -> Result<&dyn CausalLm> {
+    model.generating_model().ok_or_else(|| {
+        Error::invalid(
+            "GenerationPolicy",
+            "the scorer has no model to generate with (ScoreTokens::generating_model is None)",
+        )
+    })
 }
 
 /// Generation as a policy. See the [module docs](self).
@@ -110,11 +83,11 @@ impl<M> fmt::Debug for GenerationPolicy<M> {
     }
 }
 
-impl<M: GeneratingModel> GenerationPolicy<M> {
+impl<M: ScoreTokens> GenerationPolicy<M> {
     /// Generates with `model` and `config`, sampling from a generator seeded with `seed`.
     /// Errors when the config does not fit the model's vocabulary.
     pub fn new(model: M, config: GenerationConfig, seed: u64) -> Result<Self> {
-        config.validate(model.generating_model().config().vocab_size)?;
+        config.validate(model_of(&model)?.facts().vocab_size)?;
         Ok(GenerationPolicy {
             model,
             config,
@@ -175,7 +148,7 @@ impl<M: GeneratingModel> GenerationPolicy<M> {
             logit_mask: self.logit_mask.as_ref(),
         };
         let out = generate_with(
-            self.model.generating_model(),
+            model_of(&self.model)?,
             &prompt,
             Some(&mask),
             &self.config,

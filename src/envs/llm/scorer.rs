@@ -12,7 +12,7 @@
 //!   [`TextTokenizer`] (special tokens skipped by default, as trlX's
 //!   `batch_decode(skip_special_tokens=True)`);
 //! - [`BatchScorer`]: a closure over the whole [`ScoreInput`];
-//! - [`RewardModelScorer`]: a [`Gpt2ScoreModel`] run under `no_grad` on the full tokens and
+//! - [`RewardModelScorer`]: a [`CausalLmWithScoreHead`] run under `no_grad` on the full tokens and
 //!   mask (its score is read at each row's last real token), with optional clipping to
 //!   `[-c, c]` (trlX's `cliprange_reward`).
 //!
@@ -42,7 +42,7 @@ use std::fmt;
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::modules::llm::{Gpt2Input, Gpt2ScoreModel, SpecialTokens, TextTokenizer};
+use crate::modules::llm::{CausalLmWithScoreHead, LmInput, SpecialTokens, TextTokenizer};
 
 /// What a [`Scorer`] sees of one batch.
 ///
@@ -215,11 +215,11 @@ impl<F: FnMut(&ScoreInput<'_>) -> Result<Tensor> + Send> Scorer for BatchScorer<
 
 // ------------------------------------------------------------------ reward model
 
-/// A learned reward model: [`Gpt2ScoreModel::forward`] under `no_grad` on the full tokens and
+/// A learned reward model: [`CausalLmWithScoreHead::forward`] under `no_grad` on the full tokens and
 /// attention mask (moved to the model's device; the scores come back on the tokens' device),
 /// optionally clipped to `[-clip, clip]`.
 pub struct RewardModelScorer {
-    model: Gpt2ScoreModel,
+    model: CausalLmWithScoreHead,
     clip: Option<f64>,
 }
 
@@ -233,7 +233,7 @@ impl fmt::Debug for RewardModelScorer {
 
 impl RewardModelScorer {
     /// Scores with `model`, unclipped.
-    pub fn new(model: Gpt2ScoreModel) -> Self {
+    pub fn new(model: CausalLmWithScoreHead) -> Self {
         RewardModelScorer { model, clip: None }
     }
 
@@ -253,7 +253,7 @@ impl RewardModelScorer {
     }
 
     /// The reward model.
-    pub fn model(&self) -> &Gpt2ScoreModel {
+    pub fn model(&self) -> &CausalLmWithScoreHead {
         &self.model
     }
 }
@@ -269,7 +269,7 @@ impl Scorer for RewardModelScorer {
             .f_to_device(device)?;
         let s = self
             .model
-            .forward(&Gpt2Input::new(&ids).with_attention_mask(&mask))?
+            .forward(&LmInput::new(&ids).with_attention_mask(&mask))?
             .f_to_kind(Kind::Float)?;
         let s = match self.clip {
             Some(c) => s.f_clamp(-c, c)?,

@@ -1,4 +1,4 @@
-//! Batched generation for [`Gpt2Model`]: greedy or sampled decoding with a KV cache,
+//! Batched generation for any [`CausalLm`]: greedy or sampled decoding with a KV cache,
 //! `transformers`' options (temperature, top-k, top-p, `max_new_tokens`, `min_new_tokens`,
 //! EOS and pad ids) and trlX's per-token logit mask.
 //!
@@ -51,9 +51,9 @@
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::cache::KvCache;
-use super::config::require;
-use super::gpt2::{ForwardOptions, Gpt2Input, Gpt2Model, Gpt2Output};
+use super::causal_lm::{CausalLm, ForwardOptions, LmInput, LmOutput};
+use super::nn::KvCache;
+use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::rng::Generator;
@@ -242,7 +242,7 @@ pub struct GenerateOptions<'a> {
 /// Generates continuations of `prompt` `[B, P]` (int64, left-padded, `attention_mask` 1 on
 /// real tokens; `None`: no padding). See the [module docs](self).
 pub fn generate(
-    model: &Gpt2Model,
+    model: &dyn CausalLm,
     prompt: &Tensor,
     attention_mask: Option<&Tensor>,
     config: &GenerationConfig,
@@ -260,7 +260,7 @@ pub fn generate(
 
 /// [`generate`] with a logit mask.
 pub fn generate_with(
-    model: &Gpt2Model,
+    model: &dyn CausalLm,
     prompt: &Tensor,
     attention_mask: Option<&Tensor>,
     config: &GenerationConfig,
@@ -269,11 +269,11 @@ pub fn generate_with(
 ) -> Result<GenerationOutput> {
     let _guard = tch::no_grad_guard();
     let op = "generate";
-    let vocab = model.config().vocab_size;
+    let vocab = model.facts().vocab_size;
     config.validate(vocab)?;
     let [b, p] = check_prompt(op, model, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
-    let (mut decoder, first) = Decoder::start(model, prompt, attention_mask, [b, p])?;
+    let (mut decoder, first) = DecodeState::start(model, prompt, attention_mask, [b, p])?;
     let mut last_logits = model.lm_head(&first)?;
     let steps = config.max_new_tokens;
     let uniforms = if config.do_sample {
@@ -329,11 +329,11 @@ pub fn generate_with(
 /// Checks a prompt `[B, P]` (`P ≥ 1`) and that `P + max_new_tokens` fits `model`'s context.
 pub(crate) fn check_prompt(
     op: &'static str,
-    model: &Gpt2Model,
+    model: &dyn CausalLm,
     prompt: &Tensor,
     max_new_tokens: i64,
 ) -> Result<[i64; 2]> {
-    let [b, p] = super::gpt2::dims2(op, "prompt", prompt, "[batch, prompt_len]")?;
+    let [b, p] = super::causal_lm::dims2(op, "prompt", prompt, "[batch, prompt_len]")?;
     if p == 0 {
         return Err(Error::value(
             op,
@@ -342,7 +342,7 @@ pub(crate) fn check_prompt(
             "0 tokens",
         ));
     }
-    let n_pos = model.config().n_positions;
+    let n_pos = model.facts().max_positions;
     if p + max_new_tokens > n_pos {
         return Err(Error::config(
             op,
@@ -406,8 +406,8 @@ pub(crate) fn draw_uniforms(
 
 /// The KV-cached state of a batched decode: the prompt (on the model's device), its mask, the
 /// growing mask, the next position ids and each row's last token.
-pub(crate) struct Decoder<'m> {
-    model: &'m Gpt2Model,
+pub(crate) struct DecodeState<'m> {
+    model: &'m dyn CausalLm,
     cache: KvCache,
     pub(crate) prompt: Tensor,
     pub(crate) prompt_mask: Tensor,
@@ -418,12 +418,12 @@ pub(crate) struct Decoder<'m> {
     ones: Tensor,
 }
 
-impl<'m> Decoder<'m> {
+impl<'m> DecodeState<'m> {
     /// Runs the prompt `[B, P]` (left-padded by `attention_mask`; `None`: no padding) through
     /// `model` into a fresh cache; returns the decoder and the last position's hidden state
     /// `[B, n_embd]` (`transformers`' `logits_to_keep=1`: the LM head is left to the caller).
     pub(crate) fn start(
-        model: &'m Gpt2Model,
+        model: &'m dyn CausalLm,
         prompt: &Tensor,
         attention_mask: Option<&Tensor>,
         [b, p]: [i64; 2],
@@ -434,23 +434,23 @@ impl<'m> Decoder<'m> {
             Some(m) => m.f_to_kind(Kind::Int64)?.f_to_device(device)?,
             None => Tensor::f_ones([b, p], (Kind::Int64, device))?,
         };
-        let mut cache = KvCache::new(model.config());
+        let mut cache = model.new_cache();
         let hidden_only = ForwardOptions {
             logits: false,
             capture_block_input: None,
         };
         let first = model.forward_with(
-            &Gpt2Input::new(&prompt).with_attention_mask(&mask),
+            &LmInput::new(&prompt).with_attention_mask(&mask),
             Some(&mut cache),
             hidden_only,
         )?;
         let last_hidden = first.last_hidden.f_select(1, p - 1)?;
-        let positions = super::gpt2::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
+        let positions = super::causal_lm::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
         let last_token = prompt.f_select(1, p - 1)?;
         // Without padding in the prompt, a one-token step attends every cached key: no mask
         // is needed (one host read here saves the mask's ops on every step).
         let padded = attention_mask.is_some() && !bool::try_from(mask.f_all()?)?;
-        let decoder = Decoder {
+        let decoder = DecodeState {
             model,
             cache,
             prompt_mask: mask.shallow_clone(),
@@ -476,10 +476,10 @@ impl<'m> Decoder<'m> {
 
     /// Feeds `next` `[B]` (one token per row) at the next position; the output is over that
     /// one position.
-    pub(crate) fn step(&mut self, next: Tensor, options: ForwardOptions) -> Result<Gpt2Output> {
+    pub(crate) fn step(&mut self, next: Tensor, options: ForwardOptions) -> Result<LmOutput> {
         self.positions = self.positions.f_add_scalar(1)?;
         let ids = next.f_unsqueeze(1)?;
-        let mut input = Gpt2Input::new(&ids).with_position_ids(&self.positions);
+        let mut input = LmInput::new(&ids).with_position_ids(&self.positions);
         if self.padded {
             // transformers extends the mask with ones, finished rows included
             self.mask = Tensor::f_cat(&[&self.mask, &self.ones], 1)?;

@@ -51,13 +51,13 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::config::require;
+use super::causal_lm::ForwardOptions;
 use super::generation::{
     apply_logit_mask, check_logit_mask, check_prompt, draw_uniforms, sample_rows,
-    top_k as top_k_mask, Decoder, GenerateOptions, Rows,
+    top_k as top_k_mask, DecodeState, GenerateOptions, Rows,
 };
-use super::gpt2::ForwardOptions;
 use super::heads::CausalLmWithIlqlHeads;
+use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::rng::Generator;
@@ -288,7 +288,7 @@ pub fn ilql_scores(
     top_k: i64,
 ) -> Result<IlqlScores> {
     let op = "ilql_scores";
-    let [b, vocab] = super::gpt2::dims2(op, "logits", logits, "[batch, vocab]")?;
+    let [b, vocab] = super::causal_lm::dims2(op, "logits", logits, "[batch, vocab]")?;
     if target_qs.is_empty() || target_qs.len() > 2 {
         return Err(Error::value(
             op,
@@ -418,11 +418,11 @@ pub fn ilql_generate_with(
     let _guard = tch::no_grad_guard();
     let op = "ilql_generate";
     let trunk = model.model();
-    let vocab = trunk.config().vocab_size;
+    let vocab = trunk.facts().vocab_size;
     config.validate(vocab)?;
     let [b, p] = check_prompt(op, trunk, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
-    let (mut decoder, mut hidden) = Decoder::start(trunk, prompt, attention_mask, [b, p])?;
+    let (mut decoder, mut hidden) = DecodeState::start(trunk, prompt, attention_mask, [b, p])?;
     let steps = config.max_new_tokens;
     let greedy = config.temperature == 0.0;
     let uniforms = if greedy {

@@ -163,7 +163,7 @@ pub trait TextTokenizer: Send {
         mask: Option<&Tensor>,
         special: SpecialTokens,
     ) -> Result<Vec<String>> {
-        super::gpt2::dims2("batch_decode", "ids", ids, "[batch, time]")?;
+        super::causal_lm::dims2("batch_decode", "ids", ids, "[batch, time]")?;
         let size = ids.size();
         let rows: Vec<Vec<i64>> =
             Vec::<Vec<i64>>::try_from(&ids.f_to_kind(Kind::Int64)?.f_to_device(Device::Cpu)?)?;

@@ -1,4 +1,4 @@
-//! Hugging Face GPT-2 checkpoints: a folder with `config.json` and `model.safetensors`, as
+//! Hugging Face checkpoints (any [`CausalLm`](super::CausalLm); GPT-2 in the example): a folder with `config.json` and `model.safetensors`, as
 //! `transformers`' `save_pretrained` writes it, read and written by `transformers`' parameter
 //! names.
 //!
@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use tch::{nn::VarStore, Device, Tensor};
-//! use torchrl::modules::llm::{Gpt2Config, Gpt2Input, Gpt2Model};
+//! use torchrl::modules::llm::{CausalLm, Gpt2Config, Gpt2Model, LmInput};
 //! # fn main() -> torchrl::Result<()> {
 //! let dir = std::env::temp_dir().join(format!("torchrl-doc-gpt2-{}", std::process::id()));
 //! let cfg = Gpt2Config::new(30).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(8);
@@ -22,14 +22,14 @@
 //! let vs2 = VarStore::new(Device::Cpu);
 //! let loaded = Gpt2Model::from_pretrained(&vs2.root(), &dir)?;
 //! let ids = Tensor::from_slice(&[3i64, 4, 5]).view([1, 3]);
-//! let a = model.forward(&Gpt2Input::new(&ids), None)?.logits()?;
-//! let b = loaded.forward(&Gpt2Input::new(&ids), None)?.logits()?;
+//! let a = model.forward(&LmInput::new(&ids), None)?.logits()?;
+//! let b = loaded.forward(&LmInput::new(&ids), None)?.logits()?;
 //! assert!(a.equal(&b));
 //! // a checkpoint of another shape is refused, naming the tensors
 //! let small = Gpt2Config::new(30).with_n_layer(1).with_n_embd(4).with_n_head(2).with_n_positions(8);
 //! let vs3 = VarStore::new(Device::Cpu);
 //! let err = Gpt2Model::new(&vs3.root(), &small)?
-//!     .load_safetensors(dir.join("model.safetensors")).unwrap_err();
+//!     .load_safetensors(&dir.join("model.safetensors")).unwrap_err();
 //! let msg = err.to_string();
 //! assert!(msg.contains("mis-shaped tensors") && msg.contains("(16 in all)"), "{msg}");
 //! assert!(msg.contains("transformer.h.0.ln_1.weight (expected [4], got [8])"), "{msg}");
@@ -40,10 +40,8 @@
 use std::collections::BTreeMap;
 use std::path::Path as FsPath;
 
-use tch::{nn::Path, Device, Tensor};
+use tch::{Device, Tensor};
 
-use super::config::Gpt2Config;
-use super::gpt2::Gpt2Model;
 use crate::error::{Error, Result, ShapeFmt};
 
 /// The checkpoint's file names inside a model folder.
@@ -216,7 +214,7 @@ pub(crate) fn write_tensors(
 pub(crate) fn save_folder(
     op: &'static str,
     dir: &FsPath,
-    config: &Gpt2Config,
+    config_json: &str,
     params: &[(String, &Tensor)],
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
@@ -225,7 +223,7 @@ pub(crate) fn save_folder(
         source,
     })?;
     write_tensors(op, &dir.join(WEIGHTS_FILE), params)?;
-    write_text(op, &dir.join(CONFIG_FILE), &config.to_json_string()?)
+    write_text(op, &dir.join(CONFIG_FILE), config_json)
 }
 
 /// Writes `text` to `file` through a temporary file and a rename.
@@ -238,44 +236,4 @@ pub(crate) fn write_text(op: &'static str, file: &FsPath, text: &str) -> Result<
     };
     std::fs::write(&tmp, text).map_err(io)?;
     std::fs::rename(&tmp, file).map_err(io)
-}
-
-impl Gpt2Model {
-    /// Builds a model from a `transformers` folder (`config.json` + `model.safetensors`), its
-    /// variables under `path` (on the path's device; set the dtype on the `VarStore`
-    /// afterwards, or before with `VarStore::set_kind` on an empty store).
-    pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Self> {
-        let dir = dir.as_ref();
-        let config = Gpt2Config::from_json_file(dir.join(CONFIG_FILE))?;
-        let model = Gpt2Model::new(path, &config)?;
-        model.load_safetensors(dir.join(WEIGHTS_FILE))?;
-        Ok(model)
-    }
-
-    /// Loads `transformers`-named weights from a safetensors file into this model (see the
-    /// [module docs](self) for the checks; nothing changes unless every tensor fits).
-    pub fn load_safetensors(&self, file: impl AsRef<FsPath>) -> Result<()> {
-        let op = "Gpt2Model::load_safetensors";
-        let file = file.as_ref();
-        let tensors = read_tensors(op, file)?;
-        let params = self.named_parameters();
-        load_into(
-            op,
-            file,
-            &params,
-            tensors,
-            Some(("lm_head.weight", self.wte())),
-        )
-    }
-
-    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), in the
-    /// layout `transformers`' `GPT2LMHeadModel.from_pretrained` reads.
-    pub fn save_pretrained(&self, dir: impl AsRef<FsPath>) -> Result<()> {
-        save_folder(
-            "Gpt2Model::save_pretrained",
-            dir.as_ref(),
-            self.config(),
-            &self.named_parameters(),
-        )
-    }
 }

@@ -12,7 +12,7 @@
 //! - [`dpo_loss`]: the loss for a [`DpoLossType`] and its logged rewards, as a
 //!   [`DpoLossOutput`]; its settings are a [`DpoConfig`] (TRL's defaults).
 //! - [`DpoLoss`]: the same as a [`LossModule`] over a tensordict with `chosen` / `rejected`
-//!   sub-tensordicts, running the policy through [`DpoPolicy`] (with gradient).
+//!   sub-tensordicts, running the policy through [`ScoreTokens`] (with gradient).
 //!
 //! Fidelity: `tests/grpo_dpo_recorded.rs` replays TRL 1.16's own `DPOTrainer._compute_loss`
 //! (recorded by `specs/record_grpo_dpo.py`) for every loss type here: losses, per-pair
@@ -38,15 +38,13 @@
 //! ```
 
 use std::fmt;
-use std::rc::Rc;
 use std::str::FromStr;
-use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::llm::{token_log_probs, CausalLmWithValueHead, Gpt2Input, Gpt2Model};
+use crate::modules::llm::ScoreTokens;
 use crate::objectives::common::{parse_named, LossModule, LossOutput};
 use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
 
@@ -418,83 +416,6 @@ pub fn dpo_loss(
     })
 }
 
-// ------------------------------------------------------------------------------ policy
-
-/// A policy that gives per-token log-probs `[B, T]` of `tokens` `[B, T]` (int64) under
-/// `attention_mask` `[B, T]`, aligned as
-/// [`token_log_probs`], **with gradient** (what
-/// [`DpoLoss`] trains). [`LogProbModel`](crate::modules::llm::LogProbModel) is the no-grad
-/// counterpart, for references.
-///
-/// Implemented for [`Gpt2Model`], [`CausalLmWithValueHead`] (its trunk), references and smart
-/// pointers to an implementor, and closures through [`DpoPolicyFn`].
-pub trait DpoPolicy {
-    /// The per-token log-probs of `tokens`, differentiable in the policy's parameters.
-    ///
-    /// # Errors
-    /// As the model's forward.
-    fn token_log_probs(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<Tensor>;
-}
-
-impl DpoPolicy for Gpt2Model {
-    fn token_log_probs(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-        let logits = self
-            .forward(
-                &Gpt2Input::new(tokens).with_attention_mask(attention_mask),
-                None,
-            )?
-            .logits()?;
-        token_log_probs(&logits, tokens, Some(attention_mask))
-    }
-}
-
-impl DpoPolicy for CausalLmWithValueHead {
-    /// The trunk's log-probs (the value head is not used by DPO).
-    fn token_log_probs(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-        DpoPolicy::token_log_probs(self.model(), tokens, attention_mask)
-    }
-}
-
-/// `DpoPolicy` through a reference or a smart pointer, forwarding to the pointee.
-macro_rules! forward_dpo_policy {
-    ($($ptr:ty),*) => {$(
-        impl<T: DpoPolicy + ?Sized> DpoPolicy for $ptr {
-            fn token_log_probs(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-                (**self).token_log_probs(tokens, attention_mask)
-            }
-        }
-    )*};
-}
-
-forward_dpo_policy!(&T, Box<T>, Rc<T>, Arc<T>);
-
-/// A closure `(tokens, attention_mask) -> log_probs` as a [`DpoPolicy`].
-///
-/// ```
-/// use tch::{Kind, Tensor};
-/// use torchrl::objectives::llm::{DpoPolicy, DpoPolicyFn};
-/// let f = DpoPolicyFn(|tokens: &Tensor, _mask: &Tensor| Ok(tokens.zeros_like().to_kind(Kind::Float)));
-/// let tokens = Tensor::from_slice(&[1i64, 2]).view([1, 2]);
-/// assert_eq!(f.token_log_probs(&tokens, &tokens.ones_like())?.size(), vec![1, 2]);
-/// # Ok::<(), torchrl::Error>(())
-/// ```
-pub struct DpoPolicyFn<F>(pub F);
-
-impl<F> fmt::Debug for DpoPolicyFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("DpoPolicyFn(..)")
-    }
-}
-
-impl<F> DpoPolicy for DpoPolicyFn<F>
-where
-    F: Fn(&Tensor, &Tensor) -> Result<Tensor>,
-{
-    fn token_log_probs(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
-        (self.0)(tokens, attention_mask)
-    }
-}
-
 // ------------------------------------------------------------------------------ loss module
 
 crate::accepted_keys! {
@@ -520,7 +441,7 @@ crate::accepted_keys! {
 }
 
 /// The DPO loss as a [`LossModule`]: for each side (`chosen`, `rejected`) it runs the policy
-/// ([`DpoPolicy`]) on the tokens, sums the log-probs over the completion mask
+/// ([`ScoreTokens`]) on the tokens, sums the log-probs over the completion mask
 /// ([`sequence_log_probs`]), reads the reference's precomputed sequence log-probs, and returns
 /// [`dpo_loss`]'s [`DpoLossOutput`] (the completion lengths feed [`DpoLossType::Ipo`]).
 ///
@@ -536,15 +457,16 @@ crate::accepted_keys! {
 ///
 /// ```
 /// use tch::{Kind, Tensor};
-/// use torchrl::objectives::llm::{DpoLoss, DpoPolicyFn};
+/// use torchrl::modules::llm::ScoreFn;
+/// use torchrl::objectives::llm::DpoLoss;
 /// use torchrl::objectives::{LossModule, LossOutput};
 /// use torchrl::TensorDict;
 /// # fn main() -> torchrl::Result<()> {
 /// // a "policy" whose per-token log-probs are a parameter broadcast over the rows
 /// let theta = Tensor::from_slice(&[0.0f64, -1.0, -2.0]).view([1, 3]).set_requires_grad(true);
 /// let th = theta.shallow_clone();
-/// let mut loss = DpoLoss::new(DpoPolicyFn(move |t: &Tensor, _m: &Tensor| {
-///     Ok(th.f_expand(t.size(), false)?.f_mul_scalar(1.0)?)
+/// let mut loss = DpoLoss::new(ScoreFn(move |t: &Tensor, _m: &Tensor| {
+///     Ok((th.f_expand(t.size(), false)?.f_mul_scalar(1.0)?, None))
 /// }));
 /// let side = |ref_lp: f64| -> torchrl::Result<TensorDict> {
 ///     TensorDict::new([1])?
@@ -586,7 +508,7 @@ struct Side {
     reference: Tensor,
 }
 
-impl<M: DpoPolicy> DpoLoss<M> {
+impl<M: ScoreTokens> DpoLoss<M> {
     /// A loss over `model` with the default [`DpoConfig`] and keys.
     pub fn new(model: M) -> Self {
         let keys = DpoKeys::default();
@@ -686,7 +608,7 @@ impl<M: DpoPolicy> DpoLoss<M> {
     }
 }
 
-impl<M: DpoPolicy> LossModule for DpoLoss<M> {
+impl<M: ScoreTokens> LossModule for DpoLoss<M> {
     type Keys = DpoKeys;
     type Output = DpoLossOutput;
 

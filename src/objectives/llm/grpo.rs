@@ -11,7 +11,7 @@
 //!   typed [`GrpoLossOutput`] with TorchRL's names. Settings: [`GrpoConfig`].
 //!   [`grpo_loss_with_entropy`] takes the exact per-token entropy (from [`token_entropy`]).
 //! - [`GrpoLoss`]: the same as a [`LossModule`] over a rollout tensordict with TorchRL's keys
-//!   ([`GrpoKeys`]), re-running the policy through a [`TokenPolicyValue`] (its values are
+//!   ([`GrpoKeys`]), re-running the policy through a [`ScoreTokens`] (its values are
 //!   ignored; its entropy is used when it gives one).
 //!
 //! Fidelity: `tests/grpo_dpo_recorded.rs` replays TorchRL's `GRPOLoss` / `MCAdvantage` and
@@ -50,8 +50,8 @@ use tch::{Kind, Tensor};
 
 use super::ppo::read_bt;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::llm::{ScoreRequest, ScoreTokens};
 use crate::objectives::common::{LossModule, LossOutput};
-use crate::objectives::llm::TokenPolicyValue;
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// TorchRL `MCAdvantage`'s floor on the group std (`std.clamp_min(1e-6)`).
@@ -261,7 +261,7 @@ pub struct GrpoConfig {
     /// `Some(0.01)`, TorchRL's default (its `entropy_bonus` defaults to `True`), so a TorchRL
     /// user's loss is the same here; TRL's default is off (`entropy_coef=0.0`). `H` is the
     /// exact per-token entropy of the policy's softmax when the policy gives it
-    /// ([`grpo_loss_with_entropy`], [`TokenPolicyValue::log_probs_values_entropy`]), otherwise
+    /// ([`grpo_loss_with_entropy`], [`ScoreRequest::entropy`]), otherwise
     /// a one-sample Monte-Carlo estimate (see [`grpo_loss_with_entropy`]).
     pub entropy_coeff: Option<f64>,
 }
@@ -781,14 +781,14 @@ crate::accepted_keys! {
 }
 
 /// TorchRL's `GRPOLoss` as a [`LossModule`]: reads a rollout through [`GrpoKeys`], re-runs
-/// the policy on the tokens ([`TokenPolicyValue`]; the values it returns are ignored) and
+/// the policy on the tokens ([`ScoreTokens`]; the values it returns are ignored) and
 /// returns [`grpo_loss_with_entropy`]'s [`GrpoLossOutput`].
 ///
 /// With the entropy bonus on ([`GrpoConfig::entropy_coeff`], TorchRL's default) the policy is
-/// run through [`TokenPolicyValue::log_probs_values_entropy`]: a policy that gives the exact
+/// run through [`ScoreRequest::entropy`]: a policy that gives the exact
 /// per-token entropy from the same forward pass ([`CausalLmWithValueHead`],
 /// [`CausalLmWithHydraValueHead`]; TorchRL's closed-form `LLMMaskedCategorical.entropy`) gets
-/// the exact bonus, any other (a closure [`PolicyValueFn`]) the Monte-Carlo estimate
+/// the exact bonus, any other (a closure [`ScoreFn`]) the Monte-Carlo estimate
 /// [`grpo_loss_with_entropy`] describes.
 ///
 /// Not ported: TorchRL's `kl_mask_threshold`, `kl_to_inference` and the `masking_strategy`
@@ -796,7 +796,7 @@ crate::accepted_keys! {
 ///
 /// [`CausalLmWithValueHead`]: crate::modules::llm::CausalLmWithValueHead
 /// [`CausalLmWithHydraValueHead`]: crate::modules::llm::CausalLmWithHydraValueHead
-/// [`PolicyValueFn`]: crate::objectives::llm::PolicyValueFn
+/// [`ScoreFn`]: crate::modules::llm::ScoreFn
 ///
 /// # Keys
 /// `in_keys()` = `action`, `attention_mask`, `assistant_mask`, `sample_log_prob`,
@@ -805,13 +805,14 @@ crate::accepted_keys! {
 ///
 /// ```
 /// use tch::{Kind, Tensor};
-/// use torchrl::objectives::llm::{GrpoLoss, PolicyValueFn};
+/// use torchrl::modules::llm::ScoreFn;
+/// use torchrl::objectives::llm::GrpoLoss;
 /// use torchrl::objectives::{LossModule, LossOutput};
 /// use torchrl::TensorDict;
 /// # fn main() -> torchrl::Result<()> {
 /// let theta = Tensor::from_slice(&[0.0f64, -1.0, -1.0]).view([1, 3]).set_requires_grad(true);
 /// let th = theta.shallow_clone();
-/// let policy = PolicyValueFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), th.zeros_like())));
+/// let policy = ScoreFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), None)));
 /// let mut loss = GrpoLoss::new(policy);
 /// let row = |v: &[f64]| Tensor::from_slice(v).view([1, 3]);
 /// let td = TensorDict::new([1])?
@@ -844,7 +845,7 @@ impl<M> fmt::Debug for GrpoLoss<M> {
     }
 }
 
-impl<M: TokenPolicyValue> GrpoLoss<M> {
+impl<M: ScoreTokens> GrpoLoss<M> {
     /// A loss over `model` with the default [`GrpoConfig`] and keys.
     pub fn new(model: M) -> Self {
         let keys = GrpoKeys::default();
@@ -900,7 +901,7 @@ impl<M: TokenPolicyValue> GrpoLoss<M> {
     }
 }
 
-impl<M: TokenPolicyValue> LossModule for GrpoLoss<M> {
+impl<M: ScoreTokens> LossModule for GrpoLoss<M> {
     type Keys = GrpoKeys;
     type Output = GrpoLossOutput;
 
@@ -936,15 +937,12 @@ impl<M: TokenPolicyValue> LossModule for GrpoLoss<M> {
             Some(_) => Some(read_bt(OP, td, &k.ref_log_probs, s)?),
             None => None,
         };
-        let (log_probs, entropy) = if self.config.entropy_coeff.is_some() {
-            let (lp, _values, h) = self
-                .model
-                .log_probs_values_entropy(&tokens, &attention_mask)?;
-            (lp, h)
-        } else {
-            let (lp, _values) = self.model.log_probs_and_values(&tokens, &attention_mask)?;
-            (lp, None)
+        let request = ScoreRequest {
+            values: false,
+            entropy: self.config.entropy_coeff.is_some(),
         };
+        let scores = self.model.score_tokens(&tokens, &attention_mask, request)?;
+        let (log_probs, entropy) = (scores.log_probs, scores.entropy);
         check_shape(OP, "policy log_probs", &log_probs, &shape)?;
         if let Some(h) = &entropy {
             check_shape(OP, "policy entropy", h, &shape)?;

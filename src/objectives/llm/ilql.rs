@@ -2,7 +2,7 @@
 //! (rlhf.md §2.3) as a functional core ([`ilql_loss`]) with its settings ([`IlqlConfig`],
 //! trlX HEAD's defaults) and typed output ([`IlqlLossOutput`]), and the same as a
 //! [`LossModule`] ([`IlqlLoss`]) that runs a [`CausalLmWithIlqlHeads`] (through the small
-//! [`IlqlModel`] trait) on a batch of [`IlqlDataset`](crate::trainers::ilql::data::IlqlDataset).
+//! [`CausalLmWithIlqlHeads`], owned or borrowed) on a batch of [`IlqlDataset`](crate::trainers::ilql::data::IlqlDataset).
 //!
 //! # Layout
 //! One row per sample, `A` = the widest row's number of actions, `S = A + 1` states:
@@ -82,15 +82,14 @@
 //! # Ok(()) }
 //! ```
 
+use std::borrow::Borrow;
 use std::fmt;
-use std::rc::Rc;
-use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::llm::{batched_index_select, CausalLmWithIlqlHeads, Gpt2Input, IlqlOutput};
+use crate::modules::llm::{batched_index_select, CausalLmWithIlqlHeads};
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -582,63 +581,6 @@ pub fn ilql_loss(inputs: &IlqlInputs<'_>, config: &IlqlConfig) -> Result<IlqlLos
     })
 }
 
-// ------------------------------------------------------------------------------ model seam
-
-/// A model with ILQL heads, seen as the loss needs it: one forward of the tokens that returns
-/// the logits at every position and the heads at the given action and state positions
-/// ([`IlqlOutput`]).
-///
-/// Implemented for [`CausalLmWithIlqlHeads`] and references and smart pointers to an
-/// implementor.
-pub trait IlqlModel {
-    /// Logits `[B, T, V]`, Q / target-Q `[B, A, V]` per head and V `[B, S, 1]`.
-    ///
-    /// # Errors
-    /// As the model's forward.
-    fn ilql_forward(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-        actions_ixs: &Tensor,
-        states_ixs: &Tensor,
-    ) -> Result<IlqlOutput>;
-}
-
-impl IlqlModel for CausalLmWithIlqlHeads {
-    fn ilql_forward(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-        actions_ixs: &Tensor,
-        states_ixs: &Tensor,
-    ) -> Result<IlqlOutput> {
-        self.forward(
-            &Gpt2Input::new(tokens).with_attention_mask(attention_mask),
-            Some(states_ixs),
-            Some(actions_ixs),
-        )
-    }
-}
-
-/// `IlqlModel` through a reference or a smart pointer, forwarding to the pointee.
-macro_rules! forward_ilql_model {
-    ($($ptr:ty),*) => {$(
-        impl<T: IlqlModel + ?Sized> IlqlModel for $ptr {
-            fn ilql_forward(
-                &self,
-                tokens: &Tensor,
-                attention_mask: &Tensor,
-                actions_ixs: &Tensor,
-                states_ixs: &Tensor,
-            ) -> Result<IlqlOutput> {
-                (**self).ilql_forward(tokens, attention_mask, actions_ixs, states_ixs)
-            }
-        }
-    )*};
-}
-
-forward_ilql_model!(&T, Box<T>, Rc<T>, Arc<T>);
-
 // ------------------------------------------------------------------------------ loss module
 
 crate::accepted_keys! {
@@ -667,7 +609,7 @@ crate::accepted_keys! {
 }
 
 /// The ILQL loss as a [`LossModule`]: reads a batch through [`IlqlKeys`], runs the model
-/// ([`IlqlModel`]) once on its tokens and positions, and returns [`ilql_loss`]'s
+/// ([`CausalLmWithIlqlHeads::ilql_forward`]) once on its tokens and positions, and returns [`ilql_loss`]'s
 /// [`IlqlLossOutput`].
 ///
 /// `M` is the model, owned or borrowed (`IlqlLoss::new(&model)`: the trainer keeps the model,
@@ -716,7 +658,7 @@ impl<M> fmt::Debug for IlqlLoss<M> {
     }
 }
 
-impl<M: IlqlModel> IlqlLoss<M> {
+impl<M: Borrow<CausalLmWithIlqlHeads>> IlqlLoss<M> {
     /// A loss over `model` with the default [`IlqlConfig`] and keys.
     pub fn new(model: M) -> Self {
         let keys = IlqlKeys::default();
@@ -767,7 +709,7 @@ impl<M: IlqlModel> IlqlLoss<M> {
     }
 }
 
-impl<M: IlqlModel> LossModule for IlqlLoss<M> {
+impl<M: Borrow<CausalLmWithIlqlHeads>> LossModule for IlqlLoss<M> {
     type Keys = IlqlKeys;
     type Output = IlqlLossOutput;
 
@@ -797,9 +739,10 @@ impl<M: IlqlModel> LossModule for IlqlLoss<M> {
         let states_ixs = td.get_or_err(&k.states_ixs)?;
         let continues = td.get_or_err(&k.continues)?;
         let rewards = td.get_or_err(&k.action_rewards)?;
-        let out = self
-            .model
-            .ilql_forward(tokens, attention_mask, actions_ixs, states_ixs)?;
+        let out =
+            self.model
+                .borrow()
+                .ilql_forward(tokens, attention_mask, actions_ixs, states_ixs)?;
         ilql_loss(
             &IlqlInputs {
                 logits: &out.logits,

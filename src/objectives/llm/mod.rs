@@ -15,19 +15,19 @@ pub use grpo::{
 };
 pub use ilql::{
     expectile_loss, ilql_loss, IlqlConfig, IlqlInputs, IlqlKeys, IlqlLoss, IlqlLossOutput,
-    IlqlModel,
 };
 pub use moments::{BatchMoments, RunningMoments};
 
+/// Re-exported from [`crate::modules::llm`], where the scoring maths lives.
+pub use crate::modules::llm::align_values_to_tokens;
 pub use dpo::{
     dpo_loss, sequence_log_probs, DpoConfig, DpoKeys, DpoLoss, DpoLossOutput, DpoLossType,
-    DpoPolicy, DpoPolicyFn,
 };
 pub use kl_controller::{
     mean_sequence_kl, AdaptiveKLController, FixedKLController, KlController, KlEstimator,
 };
 pub use ppo::{
-    align_values_to_tokens, compute_ppo_rlhf_advantages, gae_advantages_and_returns, masked_mean,
-    masked_var, masked_whiten, ppo_rlhf_loss, whiten, CachedTrunk, PolicyValueFn, PpoRlhfConfig,
-    PpoRlhfInputs, PpoRlhfKeys, PpoRlhfLoss, PpoRlhfLossOutput, TokenPolicyValue,
+    compute_ppo_rlhf_advantages, gae_advantages_and_returns, masked_mean, masked_var,
+    masked_whiten, ppo_rlhf_loss, whiten, PpoRlhfConfig, PpoRlhfInputs, PpoRlhfKeys, PpoRlhfLoss,
+    PpoRlhfLossOutput,
 };

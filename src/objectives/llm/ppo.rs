@@ -9,7 +9,7 @@
 //!   typed [`PpoRlhfLossOutput`]; its settings are a [`PpoRlhfConfig`] (trlX HEAD defaults).
 //! - [`PpoRlhfLoss`]: the same as a [`LossModule`] reading a rollout tensordict through
 //!   settable [`PpoRlhfKeys`] and re-running the current policy and value through a
-//!   [`TokenPolicyValue`] (implemented for [`CausalLmWithValueHead`] and
+//!   [`ScoreTokens`] (implemented for [`CausalLmWithValueHead`] and
 //!   [`CausalLmWithHydraValueHead`]); [`compute_ppo_rlhf_advantages`] writes the advantages
 //!   and returns into the tensordict first.
 //!
@@ -30,7 +30,7 @@
 //! So any trlX response tensor `x[:, i]` is our `x[:, P + i]`, and trlX's algebra on an
 //! unpadded row is ours on the masked columns. The shift of the values by one column is done
 //! once, by [`align_values_to_tokens`], on the rollout side and on the learner side
-//! ([`TokenPolicyValue`]), so the old and new values of a column always name the same state.
+//! ([`ScoreTokens`]), so the old and new values of a column always name the same state.
 //!
 //! **Reference bug (trlX b623d1b, rollout/learner off-by-one).** b623d1b's rollout stored
 //! `v[:, P−1 : P+G−1]` (the value of the state *before* each response token), but its learner
@@ -63,16 +63,12 @@
 //! ```
 
 use std::fmt;
-use std::rc::Rc;
-use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::llm::{
-    token_entropy, token_log_probs, CausalLmWithHydraValueHead, CausalLmWithValueHead, Gpt2Input,
-};
+use crate::modules::llm::ScoreTokens;
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -498,46 +494,6 @@ pub fn gae_advantages_and_returns(
     Ok((advantages, returns))
 }
 
-/// `values[:, t] = head[:, t − 1]`, `values[:, 0] = 0`: the value head's per-position output
-/// (the value of the state after reading token `t − 1`) moved onto the token it acts for,
-/// `V(state before token t)`. Use it on the rollout side and the learner side alike (see the
-/// [module docs](self)). Shifting both sides alike is what avoids b623d1b's rollout/learner
-/// off-by-one (the module docs' "Reference bug").
-///
-/// # Shapes
-/// `[B, T]` → `[B, T]`.
-///
-/// # Errors
-/// When `head_values` is not 2-D.
-///
-/// ```
-/// use tch::Tensor;
-/// use torchrl::objectives::llm::align_values_to_tokens;
-/// let head = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([1, 3]);
-/// let v = Vec::<f32>::try_from(align_values_to_tokens(&head)?.view([-1]))?;
-/// assert_eq!(v, [0.0, 1.0, 2.0]);
-/// # Ok::<(), torchrl::Error>(())
-/// ```
-pub fn align_values_to_tokens(head_values: &Tensor) -> Result<Tensor> {
-    let size = head_values.size();
-    let [b, t] = size.as_slice() else {
-        return Err(Error::value(
-            "align_values_to_tokens",
-            "values",
-            "a [B, T] tensor",
-            ShapeFmt(&size).to_string(),
-        ));
-    };
-    if *t == 0 {
-        return Ok(head_values.shallow_clone());
-    }
-    let first = Tensor::f_zeros([*b, 1], (head_values.kind(), head_values.device()))?;
-    Ok(Tensor::f_cat(
-        &[&first, &head_values.f_narrow(1, 0, t - 1)?],
-        1,
-    )?)
-}
-
 // ------------------------------------------------------------------------------ config
 
 /// The settings of the PPO-RLHF loss and its advantages, with trlX HEAD's defaults
@@ -904,279 +860,6 @@ pub fn ppo_rlhf_loss(
     })
 }
 
-// ------------------------------------------------------------------------------ policy seam
-
-/// A trainable policy with a value head, seen as the PPO learner needs it: per-token
-/// log-probs and values, both `[B, T]` and aligned with the tokens as in the
-/// [module docs](self) (`log_probs[t] = log p(token[t] | < t)`, `values[t]` = V(state before
-/// token t)).
-///
-/// Implemented for [`CausalLmWithValueHead`], [`CausalLmWithHydraValueHead`] (its policy
-/// side; the frozen reference is not run), references and smart pointers to an implementor,
-/// and closures through [`PolicyValueFn`].
-pub trait TokenPolicyValue {
-    /// Log-probs and values of `tokens` `[B, T]` (int64) under `attention_mask` `[B, T]`.
-    ///
-    /// # Errors
-    /// As the model's forward.
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)>;
-
-    /// [`log_probs_and_values`](Self::log_probs_and_values) plus, when the policy can give it
-    /// from the same forward pass, the exact per-token entropy `[B, T]` of its next-token
-    /// softmax, aligned as the log-probs ([`token_entropy`]); what
-    /// [`GrpoLoss`](super::GrpoLoss) asks for when its entropy bonus is on.
-    ///
-    /// The provided method returns no entropy (`None`: the loss then uses its Monte-Carlo
-    /// estimate); [`CausalLmWithValueHead`] and [`CausalLmWithHydraValueHead`] override it
-    /// with the entropy of the logits of their one trunk pass (no second forward).
-    ///
-    /// # Errors
-    /// As the model's forward.
-    ///
-    /// ```
-    /// use tch::{Kind, Tensor};
-    /// use torchrl::objectives::llm::{token_entropy, PolicyValueFn, TokenPolicyValue};
-    /// // a policy with its own logits [B, T, V] gives the exact entropy
-    /// struct Logits(Tensor);
-    /// impl TokenPolicyValue for Logits {
-    ///     fn log_probs_and_values(&self, t: &Tensor, _m: &Tensor) -> torchrl::Result<(Tensor, Tensor)> {
-    ///         let z = t.zeros_like().to_kind(Kind::Double);
-    ///         Ok((z.shallow_clone(), z))
-    ///     }
-    ///     fn log_probs_values_entropy(
-    ///         &self, t: &Tensor, m: &Tensor,
-    ///     ) -> torchrl::Result<(Tensor, Tensor, Option<Tensor>)> {
-    ///         let (lp, v) = self.log_probs_and_values(t, m)?;
-    ///         Ok((lp, v, Some(token_entropy(&self.0, Some(m))?)))
-    ///     }
-    /// }
-    /// let tokens = Tensor::from_slice(&[1i64, 2]).view([1, 2]);
-    /// let mask = tokens.ones_like();
-    /// let uniform = Logits(Tensor::zeros([1, 2, 4], (Kind::Double, tch::Device::Cpu)));
-    /// let (_, _, h) = uniform.log_probs_values_entropy(&tokens, &mask)?;
-    /// assert!((h.unwrap().double_value(&[0, 1]) - 4f64.ln()).abs() < 1e-12);
-    /// // a closure policy gives none
-    /// let f = PolicyValueFn(|t: &Tensor, _m: &Tensor| {
-    ///     let z = t.zeros_like().to_kind(Kind::Float);
-    ///     Ok((z.shallow_clone(), z))
-    /// });
-    /// assert!(f.log_probs_values_entropy(&tokens, &mask)?.2.is_none());
-    /// # Ok::<(), torchrl::Error>(())
-    /// ```
-    fn log_probs_values_entropy(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let (lp, values) = self.log_probs_and_values(tokens, attention_mask)?;
-        Ok((lp, values, None))
-    }
-}
-
-impl TokenPolicyValue for CausalLmWithValueHead {
-    /// One trunk pass; log-probs from [`token_log_probs`] (0 where the token or the one
-    /// before it is padding), values through [`align_values_to_tokens`].
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let out = self.forward(&Gpt2Input::new(tokens).with_attention_mask(attention_mask))?;
-        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
-        Ok((lp, align_values_to_tokens(&out.values)?))
-    }
-
-    /// The same trunk pass, and [`token_entropy`] of its logits (float32, as the log-probs).
-    fn log_probs_values_entropy(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let out = self.forward(&Gpt2Input::new(tokens).with_attention_mask(attention_mask))?;
-        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
-        let h = token_entropy(&out.logits, Some(attention_mask))?.f_to_kind(lp.kind())?;
-        Ok((lp, align_values_to_tokens(&out.values)?, Some(h)))
-    }
-}
-
-impl TokenPolicyValue for CausalLmWithHydraValueHead {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        self.policy().log_probs_and_values(tokens, attention_mask)
-    }
-
-    fn log_probs_values_entropy(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        self.policy()
-            .log_probs_values_entropy(tokens, attention_mask)
-    }
-}
-
-/// A hydra policy whose frozen trunk was already run: the trunk's output `hidden`
-/// `[B, T, n_embd]` for exactly the rows being scored (what [`HydraOutput::trunk`] gave at the
-/// rollout, kept under [`CachedTrunk::KEY`] in the trainers' stores), and the block it
-/// enters. The trunk is frozen, so its output is the same at every update of the rollout;
-/// starting the forward there skips the frozen blocks (for GPT-2 small with 2 unfrozen
-/// blocks, 10 of 12 in every update forward) and gives the same log-probs and values up to
-/// rounding. The update's gradient never reached the frozen blocks anyway.
-///
-/// [`HydraOutput::trunk`]: crate::modules::llm::HydraOutput::trunk
-///
-/// ```
-/// use tch::nn::VarStore;
-/// use tch::Tensor;
-/// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, Gpt2Input};
-/// use torchrl::objectives::llm::{CachedTrunk, TokenPolicyValue};
-/// # fn main() -> torchrl::Result<()> {
-/// let cfg = Gpt2Config::new(20).with_n_layer(3).with_n_embd(8).with_n_head(2).with_n_positions(8);
-/// let vs = VarStore::new(tch::Device::Cpu);
-/// let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, 1)?;
-/// let ids = Tensor::from_slice(&[3i64, 4, 5, 6]).view([2, 2]);
-/// let mask = ids.ones_like();
-/// let out = model.forward(&Gpt2Input::new(&ids).with_attention_mask(&mask))?;
-/// let cached = CachedTrunk::new(model.policy(), out.trunk.unwrap(), model.frozen_trunk_end().unwrap());
-/// let (lp, v) = cached.log_probs_and_values(&ids, &mask)?;
-/// let (lp_full, v_full) = model.log_probs_and_values(&ids, &mask)?;
-/// assert!((lp - lp_full).abs().max().double_value(&[]) < 1e-6);
-/// assert!((v - v_full).abs().max().double_value(&[]) < 1e-6);
-/// assert!(cached.log_probs_and_values(&ids.narrow(0, 0, 1), &mask.narrow(0, 0, 1)).is_err());
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct CachedTrunk<'a> {
-    policy: &'a CausalLmWithValueHead,
-    hidden: Tensor,
-    start: usize,
-}
-
-impl<'a> CachedTrunk<'a> {
-    /// Where the trainers keep the rollout's trunk output: `("hydra", "trunk")`.
-    pub const KEY: (&'static str, &'static str) = ("hydra", "trunk");
-
-    /// `policy` continued from `hidden`, the output of its frozen blocks `0..start`.
-    pub fn new(policy: &'a CausalLmWithValueHead, hidden: Tensor, start: usize) -> Self {
-        CachedTrunk {
-            policy,
-            hidden,
-            start,
-        }
-    }
-
-    fn forward(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<crate::modules::llm::ValueOutput> {
-        let size = tokens.size();
-        if self.hidden.size().get(..2) != Some(size.as_slice()) {
-            return Err(Error::value(
-                "CachedTrunk",
-                "tokens",
-                format!(
-                    "the rows of the cached trunk output, [B, T] of {}",
-                    ShapeFmt(&self.hidden.size())
-                ),
-                ShapeFmt(&size).to_string(),
-            ));
-        }
-        self.policy
-            .forward_from_block(&self.hidden, self.start, Some(attention_mask))
-    }
-}
-
-impl TokenPolicyValue for CachedTrunk<'_> {
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let out = self.forward(tokens, attention_mask)?;
-        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
-        Ok((lp, align_values_to_tokens(&out.values)?))
-    }
-
-    fn log_probs_values_entropy(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let out = self.forward(tokens, attention_mask)?;
-        let lp = token_log_probs(&out.logits, tokens, Some(attention_mask))?;
-        let h = token_entropy(&out.logits, Some(attention_mask))?.f_to_kind(lp.kind())?;
-        Ok((lp, align_values_to_tokens(&out.values)?, Some(h)))
-    }
-}
-
-/// `TokenPolicyValue` through a reference or a smart pointer, forwarding to the pointee.
-macro_rules! forward_token_policy_value {
-    ($($ptr:ty),*) => {$(
-        impl<T: TokenPolicyValue + ?Sized> TokenPolicyValue for $ptr {
-            fn log_probs_and_values(
-                &self,
-                tokens: &Tensor,
-                attention_mask: &Tensor,
-            ) -> Result<(Tensor, Tensor)> {
-                (**self).log_probs_and_values(tokens, attention_mask)
-            }
-
-            fn log_probs_values_entropy(
-                &self,
-                tokens: &Tensor,
-                attention_mask: &Tensor,
-            ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-                (**self).log_probs_values_entropy(tokens, attention_mask)
-            }
-        }
-    )*};
-}
-
-forward_token_policy_value!(&T, Box<T>, Rc<T>, Arc<T>);
-
-/// A closure `(tokens, attention_mask) -> (log_probs, values)` as a [`TokenPolicyValue`].
-///
-/// ```
-/// use tch::{Kind, Tensor};
-/// use torchrl::objectives::llm::{PolicyValueFn, TokenPolicyValue};
-/// let f = PolicyValueFn(|tokens: &Tensor, _mask: &Tensor| {
-///     let z = tokens.zeros_like().to_kind(Kind::Float);
-///     Ok((z.shallow_clone(), z))
-/// });
-/// let tokens = Tensor::from_slice(&[1i64, 2]).view([1, 2]);
-/// let (lp, v) = f.log_probs_and_values(&tokens, &tokens.ones_like())?;
-/// assert_eq!((lp.size(), v.size()), (vec![1, 2], vec![1, 2]));
-/// # Ok::<(), torchrl::Error>(())
-/// ```
-pub struct PolicyValueFn<F>(pub F);
-
-impl<F> fmt::Debug for PolicyValueFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PolicyValueFn(..)")
-    }
-}
-
-impl<F> TokenPolicyValue for PolicyValueFn<F>
-where
-    F: Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>,
-{
-    fn log_probs_and_values(
-        &self,
-        tokens: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        (self.0)(tokens, attention_mask)
-    }
-}
-
 // ------------------------------------------------------------------------------ loss module
 
 crate::accepted_keys! {
@@ -1349,7 +1032,7 @@ fn advantages_impl(
 }
 
 /// The PPO-RLHF loss as a [`LossModule`]: reads a rollout through [`PpoRlhfKeys`], re-runs
-/// the current policy and value ([`TokenPolicyValue`]) on the tokens and returns
+/// the current policy and value ([`ScoreTokens`]) on the tokens and returns
 /// [`ppo_rlhf_loss`]'s [`PpoRlhfLossOutput`].
 ///
 /// `M` is the policy, owned or borrowed (`PpoRlhfLoss::new(&model)`; the trainer keeps the
@@ -1366,14 +1049,15 @@ fn advantages_impl(
 ///
 /// ```
 /// use tch::{Kind, Tensor};
-/// use torchrl::objectives::llm::{PolicyValueFn, PpoRlhfLoss};
+/// use torchrl::modules::llm::ScoreFn;
+/// use torchrl::objectives::llm::PpoRlhfLoss;
 /// use torchrl::objectives::{LossModule, LossOutput};
 /// use torchrl::TensorDict;
 /// # fn main() -> torchrl::Result<()> {
 /// // a "policy" whose log-probs and values are a parameter (shape [1, 4])
 /// let theta = Tensor::from_slice(&[0.0f64, -1.0, -1.0, -1.0]).view([1, 4]).set_requires_grad(true);
 /// let th = theta.shallow_clone();
-/// let policy = PolicyValueFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), th.f_mul_scalar(0.0)?)));
+/// let policy = ScoreFn(move |_t: &Tensor, _m: &Tensor| Ok((th.shallow_clone(), Some(th.f_mul_scalar(0.0)?))));
 /// let mut loss = PpoRlhfLoss::new(policy);
 /// let row = |v: &[f64]| Tensor::from_slice(v).view([1, 4]);
 /// let mut td = TensorDict::new([1])?
@@ -1411,7 +1095,7 @@ impl<M> fmt::Debug for PpoRlhfLoss<M> {
     }
 }
 
-impl<M: TokenPolicyValue> PpoRlhfLoss<M> {
+impl<M: ScoreTokens> PpoRlhfLoss<M> {
     /// A loss over `model` with the default [`PpoRlhfConfig`] and keys.
     pub fn new(model: M) -> Self {
         let keys = PpoRlhfKeys::default();
@@ -1472,7 +1156,7 @@ impl<M: TokenPolicyValue> PpoRlhfLoss<M> {
     }
 }
 
-impl<M: TokenPolicyValue> LossModule for PpoRlhfLoss<M> {
+impl<M: ScoreTokens> LossModule for PpoRlhfLoss<M> {
     type Keys = PpoRlhfKeys;
     type Output = PpoRlhfLossOutput;
 

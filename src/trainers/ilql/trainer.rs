@@ -136,7 +136,7 @@ impl IlqlTrainer {
                 m.alpha,
             ));
         }
-        let vocab = model.model().config().vocab_size;
+        let vocab = model.model().facts().vocab_size;
         if tokenizer.vocab_size() != vocab {
             return Err(Error::argument(
                 OP,
@@ -462,7 +462,6 @@ impl RlTrainer for IlqlTrainer {
     /// the logits `[B, T, V]` under `"logits"`, each head's Q and target Q `[B, A, V]` under
     /// `"q1"`, `"target_q1"` (and `"q2"`, `"target_q2"`), and V `[B, S, 1]` under `"vs"`.
     fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
-        use crate::objectives::llm::IlqlModel;
         let _guard = tch::no_grad_guard();
         let keys = crate::objectives::llm::IlqlKeys::default();
         let out = self.model.ilql_forward(

@@ -8,29 +8,28 @@
 //!
 //! ```
 //! use tch::{nn::VarStore, Device, Tensor};
-//! use torchrl::modules::llm::{Gpt2Config, Gpt2Input, Gpt2Model, KvCache};
+//! use torchrl::modules::llm::{CausalLm, Gpt2Config, Gpt2Model, KvCache, LmInput};
 //! # fn main() -> torchrl::Result<()> {
 //! let vs = VarStore::new(Device::Cpu);
 //! let cfg = Gpt2Config::new(20).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(16);
 //! let model = Gpt2Model::new(&vs.root(), &cfg)?;
-//! let mut cache = KvCache::new(&cfg);
+//! let mut cache = model.new_cache();
 //! assert!(cache.is_empty());
 //! let ids = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).view([2, 3]);
-//! model.forward(&Gpt2Input::new(&ids), Some(&mut cache))?;
+//! model.forward(&LmInput::new(&ids), Some(&mut cache))?;
 //! assert_eq!((cache.len(), cache.batch_size()), (3, Some(2)));
 //! cache.index_select(&Tensor::from_slice(&[1i64]))?; // keep row 1 only
 //! assert_eq!(cache.batch_size(), Some(1));
 //! // a cache of 1 row refuses a batch of 2
-//! assert!(model.forward(&Gpt2Input::new(&ids.narrow(1, 0, 1)), Some(&mut cache)).is_err());
+//! assert!(model.forward(&LmInput::new(&ids.narrow(1, 0, 1)), Some(&mut cache)).is_err());
 //! # Ok(()) }
 //! ```
 
 use tch::Tensor;
 
-use super::config::Gpt2Config;
 use crate::error::{Error, Result};
 
-/// Per-block keys and values `[B, n_head, P, head_dim]` of the `P` tokens seen so far.
+/// Per-block keys and values `[B, n_kv_head, P, head_dim]` of the `P` tokens seen so far.
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
@@ -39,13 +38,10 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache for a model of `config`'s depth.
-    pub fn new(config: &Gpt2Config) -> Self {
-        KvCache::with_layers(usize::try_from(config.n_layer).unwrap_or(0))
-    }
-
-    /// An empty cache for `n_layer` blocks.
-    pub fn with_layers(n_layer: usize) -> Self {
+    /// An empty cache for `n_layer` blocks (a model's
+    /// [`CausalLm::new_cache`](crate::modules::llm::CausalLm::new_cache) makes one of its
+    /// depth).
+    pub fn new(n_layer: usize) -> Self {
         KvCache {
             layers: (0..n_layer).map(|_| None).collect(),
             len: 0,

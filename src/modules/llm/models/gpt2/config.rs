@@ -3,11 +3,12 @@
 //! (`Gpt2Config::new(vocab).with_*()`), checked before any tensor is made.
 //!
 //! ```
-//! use torchrl::modules::llm::{Gpt2Activation, Gpt2Config};
+//! use torchrl::modules::llm::nn::Activation;
+//! use torchrl::modules::llm::Gpt2Config;
 //! let cfg = Gpt2Config::new(259).with_n_layer(4).with_n_embd(128).with_n_head(4);
 //! cfg.validate()?;
 //! assert_eq!(cfg.inner_dim(), 512); // n_inner defaults to 4 * n_embd
-//! assert_eq!(cfg.activation()?, Gpt2Activation::GeluNew);
+//! assert_eq!(cfg.activation()?, Activation::GeluNew);
 //! // a width that does not split into the heads is refused, naming the fields
 //! let err = Gpt2Config::new(259).with_n_embd(130).with_n_head(4).validate().unwrap_err();
 //! assert!(err.to_string().contains("n_embd"), "{err}");
@@ -18,59 +19,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{require, Error, Result};
 use crate::macros::setters;
-
-/// The activation of GPT-2's MLP (`activation_function` in `config.json`, `transformers`'
-/// `ACT2FN` names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gpt2Activation {
-    /// `"gelu_new"` / `"gelu_pytorch_tanh"` / `"gelu_fast"`: the tanh approximation of GELU
-    /// (GPT-2's default).
-    GeluNew,
-    /// `"gelu"`: the exact, erf-based GELU.
-    Gelu,
-    /// `"relu"`.
-    Relu,
-    /// `"silu"` / `"swish"`: `x · sigmoid(x)`.
-    Silu,
-    /// `"quick_gelu"`: `x · sigmoid(1.702 x)`.
-    QuickGelu,
-}
-
-impl Gpt2Activation {
-    /// The activation for a `transformers` name, or `None` for a name not supported here.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Gpt2Activation::GeluNew,
-            "gelu" => Gpt2Activation::Gelu,
-            "relu" => Gpt2Activation::Relu,
-            "silu" | "swish" => Gpt2Activation::Silu,
-            "quick_gelu" => Gpt2Activation::QuickGelu,
-            _ => return None,
-        })
-    }
-}
-
-/// `Ok` when `ok`, else the [`Error::InvalidConfig`] naming `field`, what is accepted and what
-/// was given.
-pub(crate) fn require(
-    ok: bool,
-    op: &'static str,
-    field: &'static str,
-    expected: impl Into<String>,
-    got: impl std::fmt::Display,
-) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::config(op, field, expected, got))
-    }
-}
-
-/// The names [`Gpt2Activation::from_name`] accepts, for error messages.
-const ACTIVATION_NAMES: &str =
-    "gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish, quick_gelu";
+use crate::modules::llm::causal_lm::LmFacts;
+use crate::modules::llm::nn::Activation;
 
 fn default_n_positions() -> i64 {
     1024
@@ -124,7 +76,7 @@ pub struct Gpt2Config {
     /// Layer-norm epsilon.
     #[serde(default = "default_eps")]
     pub layer_norm_epsilon: f64,
-    /// The MLP activation's `transformers` name (see [`Gpt2Activation::from_name`]).
+    /// The MLP activation's `transformers` name (see [`Activation::from_name`]).
     #[serde(default = "default_activation")]
     pub activation_function: String,
     /// Standard deviation of the random initialisation (embeddings and projections).
@@ -235,12 +187,12 @@ impl Gpt2Config {
     }
 
     /// The activation, or an error naming the unsupported name.
-    pub fn activation(&self) -> Result<Gpt2Activation> {
-        Gpt2Activation::from_name(&self.activation_function).ok_or_else(|| {
+    pub fn activation(&self) -> Result<Activation> {
+        Activation::from_name(&self.activation_function).ok_or_else(|| {
             Error::config(
                 "Gpt2Config",
                 "activation_function",
-                format!("one of {ACTIVATION_NAMES}"),
+                format!("one of {}", Activation::NAMES),
                 format!("{:?}", self.activation_function),
             )
         })
@@ -304,6 +256,22 @@ impl Gpt2Config {
             model_type,
         )?;
         self.activation().map(|_| ())
+    }
+
+    /// The facts a model of this config has (what the layers above a model read).
+    pub fn facts(&self) -> LmFacts {
+        LmFacts {
+            model_type: self.model_type.clone(),
+            vocab_size: self.vocab_size,
+            hidden_size: self.n_embd,
+            n_layer: usize::try_from(self.n_layer).unwrap_or(0),
+            max_positions: self.n_positions,
+            tie_word_embeddings: true,
+            initializer_range: self.initializer_range,
+            bos_token_id: self.bos_token_id,
+            eos_token_id: self.eos_token_id,
+            pad_token_id: self.pad_token_id,
+        }
     }
 
     /// Reads a `transformers` `config.json` and validates it.

@@ -1,0 +1,102 @@
+//! One file per architecture, each a [`CausalLm`] built on the [layer kit](super::nn) and read
+//! from its Hugging Face config and weights by `transformers`' names: [`gpt2`] today.
+//! [`from_pretrained`] is `AutoModelForCausalLM`: it reads `config.json`, dispatches on its
+//! `model_type`, and names an unsupported type with the list of supported ones.
+//!
+//! A new architecture is one file here (its config, its embedding, its blocks on the layer kit
+//! under `transformers`' names, its LM head) plus a line in [`SUPPORTED`] and
+//! [`from_pretrained`]; heads, generation, the env, losses and trainers need nothing.
+//!
+//! ```
+//! use tch::{nn::VarStore, Device};
+//! use torchrl::modules::llm::{models, CausalLm, Gpt2Config, Gpt2Model};
+//! # fn main() -> torchrl::Result<()> {
+//! let dir = std::env::temp_dir().join(format!("torchrl-auto-{}", std::process::id()));
+//! let vs = VarStore::new(Device::Cpu);
+//! let cfg = Gpt2Config::new(20).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(8);
+//! Gpt2Model::new(&vs.root(), &cfg)?.save_pretrained(&dir)?;
+//! let vs2 = VarStore::new(Device::Cpu);
+//! let model = models::from_pretrained(&vs2.root(), &dir)?;
+//! assert_eq!(model.facts().model_type, "gpt2");
+//! // an architecture not implemented is named, with the supported list
+//! std::fs::write(dir.join("config.json"), r#"{"model_type": "falcon"}"#).unwrap();
+//! let err = models::from_pretrained(&vs2.root(), &dir).unwrap_err().to_string();
+//! assert!(err.contains("falcon") && err.contains("gpt2"), "{err}");
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(()) }
+//! ```
+
+pub mod gpt2;
+
+use std::path::Path as FsPath;
+
+use tch::nn::Path;
+
+use super::causal_lm::CausalLm;
+use super::weights::{CONFIG_FILE, WEIGHTS_FILE};
+use crate::error::{Error, Result};
+
+/// The `model_type`s [`from_pretrained`] builds.
+pub const SUPPORTED: &[&str] = &["gpt2"];
+
+/// The `model_type` of a `config.json`.
+///
+/// # Errors
+/// An unreadable file, or one that is not a JSON object with a string `model_type`.
+pub fn model_type(config_file: &FsPath) -> Result<String> {
+    let op = "models::model_type";
+    let text = std::fs::read_to_string(config_file).map_err(|source| Error::Io {
+        op,
+        path: config_file.display().to_string(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
+        op,
+        path: config_file.display().to_string(),
+        reason: format!("not JSON: {e}"),
+    })?;
+    match value.get("model_type").and_then(|v| v.as_str()) {
+        Some(t) => Ok(t.to_string()),
+        None => Err(Error::InvalidFile {
+            op,
+            path: config_file.display().to_string(),
+            reason: "no string field \"model_type\"".into(),
+        }),
+    }
+}
+
+/// A randomly initialised model of the architecture and shape a `config.json` names, under
+/// `path` (no weights read).
+///
+/// # Errors
+/// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config.
+pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn CausalLm>> {
+    let kind = model_type(config_file)?;
+    match kind.as_str() {
+        "gpt2" => Ok(Box::new(gpt2::Gpt2Model::new(
+            path,
+            &gpt2::Gpt2Config::from_json_file(config_file)?,
+        )?)),
+        other => Err(Error::InvalidFile {
+            op: "models::from_config_file",
+            path: config_file.display().to_string(),
+            reason: format!(
+                "model_type {other:?} is not supported (supported: {})",
+                SUPPORTED.join(", ")
+            ),
+        }),
+    }
+}
+
+/// Builds the model of a `transformers` folder (`config.json` + `model.safetensors`) under
+/// `path`, by its `model_type` (`AutoModelForCausalLM.from_pretrained`).
+///
+/// # Errors
+/// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config; weights that
+/// do not fit.
+pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Box<dyn CausalLm>> {
+    let dir = dir.as_ref();
+    let model = from_config_file(path, &dir.join(CONFIG_FILE))?;
+    model.load_safetensors(&dir.join(WEIGHTS_FILE))?;
+    Ok(model)
+}
