@@ -470,11 +470,11 @@ fn single_process_collective_and_learn_on_replay_an_iteration_bit_for_bit() {
 
 #[test]
 fn global_whitening_and_token_normalizer_reduce_to_the_local_ones_in_one_process() {
-    use torchrl::objectives::llm::ppo::{compute_ppo_rlhf_advantages_with, masked_whiten_global};
     use torchrl::objectives::llm::{
         compute_ppo_rlhf_advantages, masked_whiten, ppo_rlhf_loss, PpoRlhfConfig, PpoRlhfInputs,
         PpoRlhfKeys,
     };
+    use torchrl::objectives::llm::{compute_ppo_rlhf_advantages_with, masked_whiten_global};
     use torchrl::TensorDict;
     let _g = lock();
     tch::manual_seed(4);

@@ -16,8 +16,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::ffi;
 use super::process_group::{check_tensor, ProcessGroup, ReduceOp, ERR_LEN};
+use crate::envs::llm::moments::BatchMoments;
 use crate::error::{Error, Result};
-use crate::objectives::llm::moments::BatchMoments;
 
 /// DDP's default gradient bucket size: 25 MiB.
 pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;

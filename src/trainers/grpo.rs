@@ -91,11 +91,12 @@ use super::rollout::{
     permutation, policy_params, prompt_batch, prompt_state_json, reference_params,
     set_prompt_state_json, trainable_params, update_policy, StateFields,
 };
+use crate::envs::llm::moments::BatchMoments;
 use crate::envs::llm::{TokenEnv, TokenEnvConfig};
 use crate::envs::EnvBase;
 use crate::error::{Error, Result};
+use crate::modules::llm::keys::{ASSISTANT_MASK_KEY, FULL_LOG_PROBS_KEY, REF_LOG_PROBS_KEY};
 use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
-use crate::objectives::llm::moments::BatchMoments;
 use crate::objectives::llm::{
     group_advantages, GroupScale, GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss, TRL_STD_EPS,
 };
@@ -395,7 +396,7 @@ impl std::fmt::Debug for GrpoTrainer {
 /// the hydra trunk pass writes them (`("ref_log_probs", "full")`).
 fn loss_keys() -> GrpoKeys {
     GrpoKeys {
-        ref_log_probs: ("ref_log_probs", "full").into(),
+        ref_log_probs: REF_LOG_PROBS_KEY.into(),
         ..GrpoKeys::default()
     }
 }
@@ -641,11 +642,11 @@ impl GrpoTrainer {
         let advantage = self.advantages(&score)?;
         store.set("advantage", advantage.f_to_kind(Kind::Float)?)?;
         let assistant = store
-            .get_or_err(("masks", "all_assistant_mask"))?
+            .get_or_err(ASSISTANT_MASK_KEY)?
             .f_to_kind(Kind::Double)?;
         let d = store
-            .get_or_err(("ref_log_probs", "full"))?
-            .f_sub(store.get_or_err(("log_probs", "full"))?)?
+            .get_or_err(REF_LOG_PROBS_KEY)?
+            .f_sub(store.get_or_err(FULL_LOG_PROBS_KEY)?)?
             .f_to_kind(Kind::Double)?;
         let per_seq = |t: Tensor| -> Result<f64> {
             Ok(t.f_mul(&assistant)?
@@ -691,7 +692,7 @@ impl GrpoTrainer {
             return Ok((1.0, 1.0));
         }
         let tokens = mb
-            .get_or_err(("masks", "all_assistant_mask"))?
+            .get_or_err(ASSISTANT_MASK_KEY)?
             .f_ne(0)?
             .f_count_nonzero(None::<i64>)?
             .int64_value(&[]) as f64;

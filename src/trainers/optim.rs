@@ -31,7 +31,26 @@ use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::objectives::optim::clip_grad_norm_tensors;
 use crate::trainers::config::{AdamWKwargs, CosineKwargs};
-use crate::trainers::parallel::GradientSync;
+
+/// Gradient summing overlapped with backward (see
+/// [`Collective::gradient_sync`](super::parallel::Collective::gradient_sync)): once
+/// [`prepare`](Self::prepare)d, the next backward pass leaves in every parameter's `.grad` the
+/// sum of the ranks' gradients. `crate::distributed::GradientHooks` (c10d's DDP reducer) is
+/// the implementation.
+pub trait GradientSync: Send {
+    /// Arms the sync for the next backward pass from `outputs` (the loss).
+    ///
+    /// # Errors
+    /// When the group refuses.
+    fn prepare(&self, outputs: &[&Tensor]) -> Result<()>;
+}
+
+#[cfg(feature = "distributed")]
+impl GradientSync for crate::distributed::GradientHooks {
+    fn prepare(&self, outputs: &[&Tensor]) -> Result<()> {
+        crate::distributed::GradientHooks::prepare(self, outputs)
+    }
+}
 
 /// `torch.optim.AdamW` (`amsgrad=False`, `maximize=False`) over a list of named parameters.
 ///

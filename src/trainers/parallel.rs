@@ -51,27 +51,10 @@ use tch::{Kind, Tensor};
 
 use super::config::TrainConfig;
 use super::optim::AdamW;
+use crate::envs::llm::moments::BatchMoments;
 use crate::error::{Error, Result};
-use crate::objectives::llm::moments::BatchMoments;
 
-/// Gradient summing overlapped with backward (see [`Collective::gradient_sync`]): once
-/// [`prepare`](Self::prepare)d, the next backward pass leaves in every parameter's `.grad` the
-/// sum of the ranks' gradients. `crate::distributed::GradientHooks` (c10d's DDP reducer) is
-/// the implementation.
-pub trait GradientSync: Send {
-    /// Arms the sync for the next backward pass from `outputs` (the loss).
-    ///
-    /// # Errors
-    /// When the group refuses.
-    fn prepare(&self, outputs: &[&Tensor]) -> Result<()>;
-}
-
-#[cfg(feature = "distributed")]
-impl GradientSync for crate::distributed::GradientHooks {
-    fn prepare(&self, outputs: &[&Tensor]) -> Result<()> {
-        crate::distributed::GradientHooks::prepare(self, outputs)
-    }
-}
+pub use super::optim::GradientSync;
 
 /// What a data-parallel trainer needs from a group of processes. See the [module docs](self).
 ///

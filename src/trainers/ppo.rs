@@ -82,13 +82,14 @@ use super::rollout::{
     permutation, policy_params, prompt_batch, prompt_state_json, reference_params,
     set_prompt_state_json, trainable_params, update_policy, StateFields,
 };
+use crate::envs::llm::moments::MomentsReduce;
 use crate::envs::llm::{
     KLComputation, RetrieveKL, RetrieveLogProb, ScaleReward, ScoreScaling, TokenEnv,
 };
 use crate::envs::{EnvBase, TransformedEnv};
 use crate::error::{Error, Result};
+use crate::modules::llm::keys::ASSISTANT_MASK_KEY;
 use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
-use crate::objectives::llm::moments::MomentsReduce;
 use crate::objectives::llm::ppo::compute_ppo_rlhf_advantages_counted;
 use crate::objectives::llm::{
     AdaptiveKLController, FixedKLController, KlController, PpoRlhfConfig, PpoRlhfKeys, PpoRlhfLoss,
@@ -464,7 +465,7 @@ impl PpoRlhfTrainer {
         start: Instant,
     ) -> Result<IterationStats> {
         let assistant = store
-            .get_or_err(("masks", "all_assistant_mask"))?
+            .get_or_err(ASSISTANT_MASK_KEY)?
             .f_to_kind(Kind::Float)?;
         let kl = store.get_or_err(("next", "kl_penalty"))?;
         let k3 = store.get_or_err(("next", K3_KEY))?;

@@ -12,6 +12,10 @@ use super::config::GenKwargs;
 use super::optim::shallow_named;
 use crate::envs::llm::{GenerationPolicy, PromptState, TokenEnv};
 use crate::error::{Error, Result};
+use crate::modules::llm::keys::{
+    ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, PROMPT_KEY,
+    PROMPT_MASK_KEY, REF_LOG_PROBS_KEY, RESPONSE_KEY,
+};
 use crate::modules::llm::{align_values_to_tokens, CachedTrunk, ScoreTokens};
 use crate::modules::llm::{
     token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, LmInput, TextTokenizer,
@@ -95,18 +99,17 @@ pub(crate) fn hydra_policy_step(
     keep_trunk: bool,
 ) -> Result<TensorDict> {
     let seed = rng.next_u64();
-    let mut policy = GenerationPolicy::new(model.policy(), gen.clone(), seed)?;
+    let mut policy =
+        GenerationPolicy::new(model.policy(), gen.clone(), seed)?.with_full_log_probs(false);
     let mut td = policy.call(td)?;
     let _guard = tch::no_grad_guard();
-    let tokens = td.get_or_err(("tokens", "full"))?.shallow_clone();
-    let mask = td
-        .get_or_err(("masks", "all_attention_mask"))?
-        .shallow_clone();
+    let tokens = td.get_or_err(FULL_KEY)?.shallow_clone();
+    let mask = td.get_or_err(ATTENTION_MASK_KEY)?.shallow_clone();
     let out = model.forward(&LmInput::new(&tokens).with_attention_mask(&mask))?;
     let lp = token_log_probs(&out.logits, &tokens, Some(&mask))?;
     let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
-    td.set(("log_probs", "full"), lp)?;
-    td.set(("ref_log_probs", "full"), ref_lp)?;
+    td.set(FULL_LOG_PROBS_KEY, lp)?;
+    td.set(REF_LOG_PROBS_KEY, ref_lp)?;
     td.set("values", align_values_to_tokens(&out.values)?)?;
     if let (true, Some(trunk)) = (keep_trunk, out.trunk) {
         td.set(CachedTrunk::KEY, trunk)?;
@@ -142,11 +145,8 @@ pub(crate) fn prompt_batch(
 ) -> Result<TensorDict> {
     let enc = encode_prompts(op, tokenizer, prompts, pad)?;
     TensorDict::new([prompts.len() as i64])?
-        .with(("tokens", "prompt"), enc.input_ids.f_to_device(device)?)?
-        .with(
-            ("masks", "prompt_attention_mask"),
-            enc.attention_mask.f_to_device(device)?,
-        )
+        .with(PROMPT_KEY, enc.input_ids.f_to_device(device)?)?
+        .with(PROMPT_MASK_KEY, enc.attention_mask.f_to_device(device)?)
 }
 
 /// Generates with the policy on a [`prompt_batch`] and decodes the responses (special tokens
@@ -169,9 +169,9 @@ pub(crate) fn decode_responses(
     tokenizer: &dyn TextTokenizer,
     td: &TensorDict,
 ) -> Result<Vec<String>> {
-    let resp = td.get_or_err(("tokens", "response"))?;
+    let resp = td.get_or_err(RESPONSE_KEY)?;
     let r = resp.size().last().copied().unwrap_or(0);
-    let full_mask = td.get_or_err(("masks", "all_assistant_mask"))?;
+    let full_mask = td.get_or_err(ASSISTANT_MASK_KEY)?;
     let t = full_mask.size().last().copied().unwrap_or(0);
     decode_masked(tokenizer, resp, &full_mask.f_narrow(1, t - r, r)?)
 }

@@ -104,22 +104,11 @@ use crate::modules::llm::{GenerationConfig, LmFacts, TextTokenizer};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
-/// `("tokens", "prompt")`.
-pub const PROMPT_KEY: (&str, &str) = ("tokens", "prompt");
-/// `("masks", "prompt_attention_mask")`.
-pub const PROMPT_MASK_KEY: (&str, &str) = ("masks", "prompt_attention_mask");
-/// `("tokens", "response")`.
-pub const RESPONSE_KEY: (&str, &str) = ("tokens", "response");
-/// `("tokens", "full")`.
-pub const FULL_KEY: (&str, &str) = ("tokens", "full");
-/// `("masks", "all_attention_mask")`.
-pub const ATTENTION_MASK_KEY: (&str, &str) = ("masks", "all_attention_mask");
-/// `("masks", "all_assistant_mask")`.
-pub const ASSISTANT_MASK_KEY: (&str, &str) = ("masks", "all_assistant_mask");
-/// `("log_probs", "response")`.
-pub const RESPONSE_LOG_PROBS_KEY: (&str, &str) = ("log_probs", "response");
-/// `("log_probs", "full")`.
-pub const FULL_LOG_PROBS_KEY: (&str, &str) = ("log_probs", "full");
+/// The layout's keys, declared once in [`crate::modules::llm::keys`].
+pub use crate::modules::llm::keys::{
+    ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, PROMPT_KEY,
+    PROMPT_MASK_KEY, RESPONSE_KEY, RESPONSE_LOG_PROBS_KEY,
+};
 
 // ------------------------------------------------------------------ config
 
@@ -758,21 +747,36 @@ fn check_ids(op: &'static str, key: (&str, &str), t: &Tensor, vocab: i64) -> Res
     Ok(())
 }
 
-/// Errors unless `given` (at `key`) equals `built`.
-fn check_same(op: &'static str, key: (&str, &str), given: &Tensor, built: &Tensor) -> Result<()> {
+/// The `[B, P + R]` tensor under `key`: the policy's, when it wrote one, after checking that
+/// its two parts are `prefix` `[B, P]` and `suffix` `[B, R]` (compared in place, nothing is
+/// rebuilt); else built once from them.
+fn joined(
+    op: &'static str,
+    td: &TensorDict,
+    key: (&str, &str),
+    prefix: &Tensor,
+    suffix: &Tensor,
+) -> Result<Tensor> {
+    let Some(given) = td.get(key) else {
+        return Ok(Tensor::f_cat(&[prefix, suffix], 1)?);
+    };
     let name = format!("(\"{}\", \"{}\")", key.0, key.1);
-    if given.size() != built.size() {
+    let (p, r) = (
+        prefix.size().get(1).copied().unwrap_or(0),
+        suffix.size().get(1).copied().unwrap_or(0),
+    );
+    let b = prefix.size().first().copied().unwrap_or(0);
+    if given.size() != [b, p + r] {
         return Err(Error::ShapeMismatch {
             op,
             key: name,
-            expected: built.size(),
+            expected: vec![b, p + r],
             actual: given.size(),
         });
     }
-    let same = given
-        .f_to_kind(Kind::Int64)?
-        .f_to_device(built.device())?
-        .f_equal(built)?;
+    let given = given.f_to_kind(Kind::Int64)?.f_to_device(prefix.device())?;
+    let same =
+        given.f_narrow(1, 0, p)?.f_equal(prefix)? && given.f_narrow(1, p, r)?.f_equal(suffix)?;
     if !same {
         return Err(Error::value(
             op,
@@ -781,7 +785,7 @@ fn check_same(op: &'static str, key: (&str, &str), given: &Tensor, built: &Tenso
             "different values",
         ));
     }
-    Ok(())
+    Ok(given)
 }
 
 /// The rows of `t` `[B, T]` where `mask` is 1, on the host.
@@ -923,14 +927,9 @@ impl EnvBase for TokenEnv {
             }
             None => response_mask(&response, cfg.eos_token_id, cfg.pad_id())?,
         };
-        let full = Tensor::f_cat(&[&prompt, &response], 1)?;
-        let attention = Tensor::f_cat(&[&prompt_mask, &resp_mask], 1)?;
-        if let Some(given) = td.get(FULL_KEY) {
-            check_same(op, FULL_KEY, given, &full)?;
-        }
-        if let Some(given) = td.get(ATTENTION_MASK_KEY) {
-            check_same(op, ATTENTION_MASK_KEY, given, &attention)?;
-        }
+        // the policy's full tokens and mask when it wrote them (checked, not rebuilt)
+        let full = joined(op, td, FULL_KEY, &prompt, &response)?;
+        let attention = joined(op, td, ATTENTION_MASK_KEY, &prompt_mask, &resp_mask)?;
 
         let live = resp_mask.f_ne(0)?;
         let terminated = match cfg.eos_token_id {

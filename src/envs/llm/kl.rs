@@ -84,14 +84,15 @@ use crate::envs::transforms::Transform;
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
 use crate::macros::setters;
+use crate::modules::llm::keys::{
+    ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, REF_LOG_PROBS_KEY,
+};
 use crate::modules::llm::ScoreTokens;
 use crate::tensordict::{Entry, NestedKey, TensorDict};
 
 // ------------------------------------------------------------------ estimators
 
-/// The per-token KL estimators (one enum for the transforms and the controller's input,
-/// defined with the controller in [`crate::objectives::llm`]).
-pub use crate::objectives::llm::KlEstimator;
+pub use super::kl_estimator::KlEstimator;
 
 /// trlX's logged (and controller-fed) KL statistic, `exp(lp − ref) − 1 − (lp − ref)`: the
 /// inverted k3 (see the [module docs](self) for why it is not offered as an estimator).
@@ -333,18 +334,18 @@ impl RetrieveLogProb {
     /// `("ref_log_probs", "full")` of the root tensordict (see [`LogProbSource::Precomputed`];
     /// another key with [`Self::from_source`]).
     pub fn precomputed() -> Self {
-        Self::from_source(LogProbSource::Precomputed(("ref_log_probs", "full").into()))
+        Self::from_source(LogProbSource::Precomputed(REF_LOG_PROBS_KEY.into()))
     }
 
     /// From an explicit source, with the default keys.
     pub fn from_source(source: LogProbSource) -> Self {
         RetrieveLogProb {
             source,
-            tokens_key: ("tokens", "full").into(),
-            attention_mask_key: ("masks", "all_attention_mask").into(),
-            assistant_mask_key: ("masks", "all_assistant_mask").into(),
+            tokens_key: FULL_KEY.into(),
+            attention_mask_key: ATTENTION_MASK_KEY.into(),
+            assistant_mask_key: ASSISTANT_MASK_KEY.into(),
             assistant_only: true,
-            out_key: ("ref_log_probs", "full").into(),
+            out_key: REF_LOG_PROBS_KEY.into(),
         }
     }
 
@@ -485,9 +486,9 @@ impl KLComputation {
     /// TorchRL's keys.
     pub fn new() -> Self {
         KLComputation {
-            gen_log_probs_key: ("log_probs", "full").into(),
-            ref_log_probs_key: ("ref_log_probs", "full").into(),
-            assistant_mask_key: ("masks", "all_assistant_mask").into(),
+            gen_log_probs_key: FULL_LOG_PROBS_KEY.into(),
+            ref_log_probs_key: REF_LOG_PROBS_KEY.into(),
+            assistant_mask_key: ASSISTANT_MASK_KEY.into(),
             assistant_only: true,
             kl_key: "kl_penalty".into(),
             k3_key: None,

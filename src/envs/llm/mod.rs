@@ -4,6 +4,8 @@
 
 pub mod env;
 pub mod kl;
+pub mod kl_estimator;
+pub mod moments;
 pub mod policy;
 pub mod scaling;
 pub mod scorer;

@@ -72,6 +72,7 @@ pub struct GenerationPolicy<M> {
     config: GenerationConfig,
     rng: Generator,
     logit_mask: Option<LogitMask>,
+    full_log_probs: bool,
 }
 
 impl<M> fmt::Debug for GenerationPolicy<M> {
@@ -93,7 +94,16 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             config,
             rng: Generator::new(seed),
             logit_mask: None,
+            full_log_probs: true,
         })
+    }
+
+    /// Whether [`call`](Self::call) writes `("log_probs", "full")` (default `true`). A caller
+    /// that scores the rollout itself in one pass of its model (the RLHF trainers' policy
+    /// step) turns it off, so that the key is written once.
+    pub fn with_full_log_probs(mut self, on: bool) -> Self {
+        self.full_log_probs = on;
+        self
     }
 
     /// Adds trlX's logit mask.
@@ -172,13 +182,15 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
         let full = Tensor::f_cat(&[&prompt, &response], 1)?;
         let attention = Tensor::f_cat(&[&mask, &resp_mask], 1)?;
         let assistant = Tensor::f_cat(&[&prompt_zeros, &resp_mask], 1)?;
-        let full_lp = Tensor::f_cat(&[&prompt_zeros.f_to_kind(Kind::Float)?, &resp_lp], 1)?;
         td.set(RESPONSE_KEY, response)?;
         td.set(FULL_KEY, full)?;
         td.set(ATTENTION_MASK_KEY, attention)?;
         td.set(ASSISTANT_MASK_KEY, assistant)?;
+        if self.full_log_probs {
+            let zeros = prompt_zeros.f_to_kind(resp_lp.kind())?;
+            td.set(FULL_LOG_PROBS_KEY, Tensor::f_cat(&[&zeros, &resp_lp], 1)?)?;
+        }
         td.set(RESPONSE_LOG_PROBS_KEY, resp_lp)?;
-        td.set(FULL_LOG_PROBS_KEY, full_lp)?;
         Ok(td)
     }
 }

@@ -59,10 +59,10 @@ use std::fmt;
 use tch::Kind;
 
 use super::kl::forward_via_step;
+use super::moments::{BatchMoments, MomentsReduce, RunningMoments};
 use crate::envs::transforms::Transform;
 use crate::error::{Error, Result};
 use crate::macros::setters;
-use crate::objectives::llm::moments::{BatchMoments, MomentsReduce, RunningMoments};
 use crate::tensordict::{NestedKey, TensorDict};
 
 /// trlX's `scale_reward`: what the (clipped) scores are divided by.
@@ -158,7 +158,7 @@ impl ScoreScaling {
     /// use tch::Tensor;
     /// use torchrl::envs::llm::{ScaleReward, ScoreScaling};
     /// use torchrl::envs::transforms::Transform;
-    /// use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce};
+    /// use torchrl::envs::llm::moments::{BatchMoments, MomentsReduce};
     /// use torchrl::TensorDict;
     /// # fn main() -> torchrl::Result<()> {
     /// // a stand-in for a second rank whose scores were [3, 4]

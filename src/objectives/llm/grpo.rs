@@ -50,6 +50,9 @@ use tch::{Kind, Tensor};
 
 use super::ppo::read_bt;
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::llm::keys::{
+    ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY,
+};
 use crate::modules::llm::{ScoreRequest, ScoreTokens};
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::tensordict::{NestedKey, TensorDict};
@@ -765,18 +768,18 @@ crate::accepted_keys! {
         /// The advantages, `[B]`, `[B, 1]`, `[B, T]` or `[B, T, 1]`. Default `"advantage"`.
         advantage: "advantage",
         /// The prompt and response token ids `[B, T]` (int64). Default `("tokens", "full")`.
-        action: ("tokens", "full"),
+        action: FULL_KEY,
         /// The rollout policy's log-probs `[B, T]`. Default `("log_probs", "full")`.
-        sample_log_prob: ("log_probs", "full"),
+        sample_log_prob: FULL_LOG_PROBS_KEY,
         /// The reference log-probs `[B, T]`, read only when a KL coefficient is set. Default
         /// `("next", "ref_log_probs", "full")`.
         ref_log_probs: ("next", "ref_log_probs", "full"),
         /// 1 on every real token, given to the policy. Default
         /// `("masks", "all_attention_mask")`.
-        attention_mask: ("masks", "all_attention_mask"),
+        attention_mask: ATTENTION_MASK_KEY,
         /// 1 on real response tokens: the mask of every term. Default
         /// `("masks", "all_assistant_mask")`.
-        assistant_mask: ("masks", "all_assistant_mask"),
+        assistant_mask: ASSISTANT_MASK_KEY,
     }
 }
 

@@ -89,6 +89,7 @@ use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
+use crate::modules::llm::keys::{ATTENTION_MASK_KEY, FULL_KEY};
 use crate::modules::llm::{batched_index_select, CausalLmWithIlqlHeads};
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::tensordict::{NestedKey, TensorDict};
@@ -589,9 +590,9 @@ crate::accepted_keys! {
     /// in the [module docs](self)).
     pub struct IlqlKeys {
         /// Token ids `[B, T]` (int64, right-padded with 0). Default `("tokens", "full")`.
-        tokens: ("tokens", "full"),
+        tokens: FULL_KEY,
         /// 1 on real tokens `[B, T]`. Default `("masks", "all_attention_mask")`.
-        attention_mask: ("masks", "all_attention_mask"),
+        attention_mask: ATTENTION_MASK_KEY,
         /// Action positions `[B, A]` (int64). Default `"actions_ixs"` ([`LlmKeys`]'s).
         ///
         /// [`LlmKeys`]: crate::modules::llm::LlmKeys

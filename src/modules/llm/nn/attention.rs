@@ -28,7 +28,6 @@
 use tch::nn::Path;
 use tch::{Device, Kind, Tensor};
 
-use super::block::BlockContext;
 use super::linear::Linear;
 use super::mask_value;
 use super::norm::RmsNorm;
@@ -80,6 +79,16 @@ pub fn attention_mask(
         blocked = blocked.f_logical_or(&pad)?;
     }
     Ok(Some(blocked))
+}
+
+/// What every block of one forward shares: the blocked-attention mask and, for rotary models,
+/// the `cos` / `sin` table of this forward's positions.
+#[derive(Debug)]
+pub struct BlockContext {
+    /// `true` where a query may not attend a key, `[B, 1, T, P + T]`; `None`: no mask.
+    pub blocked: Option<Tensor>,
+    /// `cos`, `sin` `[B, 1, T, head_dim]`.
+    pub rope: Option<(Tensor, Tensor)>,
 }
 
 /// The q/k/v projections.

@@ -28,22 +28,12 @@
 use tch::nn::Path;
 use tch::{Device, Kind, Tensor};
 
-use super::attention::{attention_mask as blocked_mask, Attention};
+use super::attention::{attention_mask as blocked_mask, Attention, BlockContext};
 use super::cache::KvCache;
 use super::mlp::FeedForward;
 use super::norm::Norm;
 use super::rotary::RotaryEmbedding;
 use crate::error::{Error, Result};
-
-/// What every block of one forward shares: the blocked-attention mask and, for rotary models,
-/// the `cos` / `sin` table of this forward's positions.
-#[derive(Debug)]
-pub struct BlockContext {
-    /// `true` where a query may not attend a key, `[B, 1, T, P + T]`; `None`: no mask.
-    pub blocked: Option<Tensor>,
-    /// `cos`, `sin` `[B, 1, T, head_dim]`.
-    pub rope: Option<(Tensor, Tensor)>,
-}
 
 /// One pre-norm block. See the [module docs](self).
 #[derive(Debug)]

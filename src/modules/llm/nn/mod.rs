@@ -40,8 +40,8 @@ pub mod mlp;
 pub mod norm;
 pub mod rotary;
 
-pub use attention::{attention_mask, Attention, AttentionShape, QkvProjection};
-pub use block::{BlockContext, Decoder, DecoderBlock, DecoderOutput};
+pub use attention::{attention_mask, Attention, AttentionShape, BlockContext, QkvProjection};
+pub use block::{Decoder, DecoderBlock, DecoderOutput};
 pub use cache::KvCache;
 pub use linear::{Linear, WeightLayout};
 pub use mlp::{Activation, FeedForward, GatedMlp, Mlp};

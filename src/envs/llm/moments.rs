@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use tch::Tensor;
-//! use torchrl::objectives::llm::moments::RunningMoments;
+//! use torchrl::envs::llm::moments::RunningMoments;
 //! # fn main() -> torchrl::Result<()> {
 //! let mut m = RunningMoments::new();
 //! let (batch_mean, batch_std) = m.update(&Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0]))?;
@@ -90,7 +90,7 @@ impl BatchMoments {
     ///
     /// ```
     /// use tch::Tensor;
-    /// use torchrl::objectives::llm::moments::BatchMoments;
+    /// use torchrl::envs::llm::moments::BatchMoments;
     /// let b = BatchMoments::of(&Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]))?;
     /// assert_eq!((b.count(), b.mean(), b.m2()), (4.0, 2.5, 5.0));
     /// assert_eq!(b.var(), 1.25);
@@ -121,7 +121,7 @@ impl BatchMoments {
     ///
     /// ```
     /// use tch::Tensor;
-    /// use torchrl::objectives::llm::moments::BatchMoments;
+    /// use torchrl::envs::llm::moments::BatchMoments;
     /// let a = BatchMoments::of(&Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0]))?;
     /// let b = BatchMoments::of(&Tensor::from_slice(&[5.0f64, 6.0]))?;
     /// let all = BatchMoments::of(&Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0]))?;
@@ -179,7 +179,7 @@ impl BatchMoments {
 ///
 /// ```
 /// use tch::Tensor;
-/// use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce};
+/// use torchrl::envs::llm::moments::{BatchMoments, MomentsReduce};
 /// # fn main() -> torchrl::Result<()> {
 /// // a stand-in for a group whose other rank saw [5, 6]
 /// let other = BatchMoments::of(&Tensor::from_slice(&[5.0f64, 6.0]))?;
