@@ -338,6 +338,7 @@ fn every_exported_transform_is_covered() {
         "NanPolicy",
         "InitStats",
         "TransformedEnv",
+        "TransformHandle",
         "DistributionSource",
         "DEFAULT_LOG_PROB_KEY",
     ];

@@ -68,41 +68,30 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::Instant;
-
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
-use super::api::{
-    rng_from_json, rng_to_json, take_component, Callbacks, Component, EvalReport, Evaluation,
-    RlTrainer, Stats,
-};
+use super::api::Stats;
 use super::config::{
     at_least, non_negative, positive, validate_gen, AdamWKwargs, CosineKwargs, GenKwargs,
     MethodConfig, ModelConfig, OptimizerConfig, SchedulerConfig, TokenizerConfig, TrainConfig,
     TrlConfigOf,
 };
+use super::on_policy::{IterationStats, Learner, OnPolicyMethod, OnPolicyTrainer, Parts};
 use super::optim::{AdamW, CosineAnnealingLr};
-use super::parallel::{join_group, rank_seed, train_schedule_fields, Collective, SharedCollective};
-use super::ppo::IterationStats;
-use super::rollout::{
-    check_store_rows, check_vocab, generate_text, generation_config, hydra_policy_step,
-    permutation, policy_params, prompt_batch, prompt_state_json, reference_params,
-    set_prompt_state_json, trainable_params, update_policy, StateFields,
-};
+use super::parallel::{train_schedule_fields, Collective, SharedCollective};
+use super::rollout::{check_vocab, generation_config, trainable_params, update_policy};
 use crate::envs::llm::moments::BatchMoments;
 use crate::envs::llm::{TokenEnv, TokenEnvConfig};
-use crate::envs::EnvBase;
+use crate::envs::TransformedEnv;
 use crate::error::{Error, Result};
 use crate::modules::llm::keys::{ASSISTANT_MASK_KEY, FULL_LOG_PROBS_KEY, REF_LOG_PROBS_KEY};
-use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
+use crate::modules::llm::{CausalLmWithHydraValueHead, TextTokenizer};
 use crate::objectives::llm::{
     group_advantages, GroupScale, GrpoAggregation, GrpoConfig, GrpoKeys, GrpoLoss, TRL_STD_EPS,
 };
 use crate::objectives::{LossModule, LossOutput};
-use crate::rng::Generator;
-use crate::tensordict::{cat, BatchIndex, TensorDict};
+use crate::tensordict::TensorDict;
 
 const OP: &str = "GrpoTrainer";
 
@@ -362,34 +351,15 @@ impl GrpoTrlConfig {
 
 // ------------------------------------------------------------------------------ trainer
 
-/// A GRPO trainer (see the [module docs](self)).
-pub struct GrpoTrainer {
-    config: GrpoTrlConfig,
-    model: CausalLmWithHydraValueHead,
-    env: TokenEnv,
-    tokenizer: Box<dyn TextTokenizer>,
-    gen: GenerationConfig,
-    loss_config: GrpoConfig,
-    opt: AdamW,
-    sched: CosineAnnealingLr,
-    rng: Generator,
-    store: Option<TensorDict>,
-    iter_count: usize,
-    epoch: usize,
-    evaluation: Evaluation,
-    history: Vec<IterationStats>,
-    collective: SharedCollective,
-    cache_trunk: bool,
-}
+/// A GRPO trainer (see the [module docs](self)): the [on-policy loop](OnPolicyTrainer) with
+/// [`GrpoMethod`].
+pub type GrpoTrainer = OnPolicyTrainer<GrpoMethod>;
 
-impl std::fmt::Debug for GrpoTrainer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GrpoTrainer")
-            .field("iter_count", &self.iter_count)
-            .field("epoch", &self.epoch)
-            .field("loss", &self.loss_config)
-            .finish_non_exhaustive()
-    }
+/// GRPO's part of the on-policy loop: TRL's config and the loss settings.
+#[derive(Debug)]
+pub struct GrpoMethod {
+    config: GrpoTrlConfig,
+    loss_config: GrpoConfig,
 }
 
 /// The keys the trainer hands [`GrpoLoss`]: TorchRL's, with the reference log-probs where
@@ -401,7 +371,7 @@ fn loss_keys() -> GrpoKeys {
     }
 }
 
-impl GrpoTrainer {
+impl OnPolicyTrainer<GrpoMethod> {
     /// A trainer of `model`'s policy on the prompts and scorer of `env`, with `config`
     /// (validated). The value head of the model is not trained; its frozen reference branch
     /// gives the KL term's log-probs. Errors on an invalid config, a tokenizer or env whose
@@ -452,43 +422,88 @@ impl GrpoTrainer {
         let opt = AdamW::from_kwargs(trainable_params(&model, false), &config.optimizer.kwargs)?;
         let sched =
             CosineAnnealingLr::from_kwargs(config.optimizer.kwargs.lr, &config.scheduler.kwargs)?;
-        Ok(GrpoTrainer {
-            rng: Generator::new(config.train.seed),
-            config,
+        let parts = Parts {
             model,
-            env,
+            env: TransformedEnv::new(env)?,
             tokenizer,
-            gen,
-            loss_config,
+            rollout_gen: gen.clone(),
+            eval_gen: gen,
             opt,
             sched,
-            store: None,
-            iter_count: 0,
-            epoch: 0,
-            evaluation: Evaluation::default(),
-            history: Vec::new(),
-            collective: SharedCollective::default(),
-            cache_trunk: true,
-        })
+        };
+        let method = GrpoMethod {
+            config,
+            loss_config,
+        };
+        Ok(OnPolicyTrainer::from_parts(method, parts))
     }
 
-    /// Sets what [`RlTrainer::evaluate`] runs.
-    pub fn with_evaluation(mut self, evaluation: Evaluation) -> Self {
-        self.evaluation = evaluation;
-        self
+    /// The loss settings.
+    pub fn loss_config(&self) -> &GrpoConfig {
+        &self.method.loss_config
+    }
+}
+
+impl GrpoMethod {
+    /// The group advantages of `score` `[B]` (f64): TRL's rule; under `scale_rewards =
+    /// "batch"` in a group, the std is that of every rank's scores (TRL scales the gathered
+    /// rewards).
+    fn advantages(&self, score: &Tensor, collective: &SharedCollective) -> Result<Tensor> {
+        let g = self.config.method.num_generations as i64;
+        let scale = self.config.method.scale_rewards.group_scale();
+        if collective.world_size() == 1 || scale != GroupScale::BatchStdPlusEps {
+            return group_advantages(score, g, scale);
+        }
+        let centred = group_advantages(score, g, GroupScale::None)?;
+        let global = collective.all_reduce_moments(&BatchMoments::of(score)?)?;
+        let std = (global.m2() / (global.count() - 1.0).max(1.0)).sqrt();
+        Ok(centred.f_div_scalar(std + TRL_STD_EPS)?)
     }
 
-    /// Makes this trainer one rank of a data-parallel group (see the
-    /// [module docs](self#data-parallel-grpotrainerwith_collective)): checks that every rank
-    /// has rank 0's schedule, copies rank 0's policy and reference parameters to every rank,
-    /// and gives ranks `> 0` generators of their own ([`rank_seed`]). Every rank must call it;
-    /// each rank's env should serve its own prompts.
-    ///
-    /// # Errors
-    /// [`Error::Distributed`] when a rank's schedule differs from rank 0's (naming the
-    /// fields), or the group fails.
-    pub fn with_collective(mut self, collective: impl Collective + 'static) -> Result<Self> {
-        let shared = SharedCollective::new(collective);
+    /// This rank's shares of the global minibatch: `(response tokens, completions)`, each
+    /// local / global (1 in one process).
+    fn shares(mb: &TensorDict, collective: &SharedCollective) -> Result<(f64, f64)> {
+        if collective.world_size() == 1 {
+            return Ok((1.0, 1.0));
+        }
+        let tokens = mb
+            .get_or_err(ASSISTANT_MASK_KEY)?
+            .f_ne(0)?
+            .f_count_nonzero(None::<i64>)?
+            .int64_value(&[]) as f64;
+        let rows = mb.batch_size().first().copied().unwrap_or(0) as f64;
+        let global = collective.sum_scalars(&[tokens, rows])?;
+        let share = |local: f64, i: usize| local / global.get(i).copied().unwrap_or(1.0).max(1.0);
+        Ok((share(tokens, 0), share(rows, 1)))
+    }
+}
+
+impl OnPolicyMethod for GrpoMethod {
+    type Config = GrpoTrlConfig;
+    const NAME: &'static str = "GrpoTrainer";
+
+    fn config(&self) -> &GrpoTrlConfig {
+        &self.config
+    }
+
+    fn train(&self) -> &TrainConfig {
+        &self.config.train
+    }
+
+    fn num_rollouts(&self) -> usize {
+        self.config.method.num_rollouts
+    }
+
+    fn passes(&self) -> usize {
+        self.config.method.num_iterations
+    }
+
+    /// [`GrpoTrlConfig::total_steps`].
+    fn total_steps(&self) -> usize {
+        self.config.total_steps()
+    }
+
+    fn schedule_fields(&self) -> Vec<(&'static str, f64)> {
         let t = &self.config.train;
         let m = &self.config.method;
         let mut fields = train_schedule_fields(t);
@@ -499,147 +514,19 @@ impl GrpoTrainer {
             ("method.num_iterations", m.num_iterations as f64),
             ("method.beta", m.beta),
         ]);
-        let params = [policy_params(&self.model), reference_params(&self.model)];
-        let params: Vec<&[(String, Tensor)]> = params.iter().map(Vec::as_slice).collect();
-        join_group(
-            &shared,
-            "GrpoTrainer::with_collective",
-            &fields,
-            &params,
-            &mut self.opt,
-        )?;
-        if shared.rank() > 0 {
-            self.rng = Generator::new(rank_seed(self.config.train.seed, shared.rank()));
-        }
-        self.collective = shared;
-        Ok(self)
+        fields
     }
 
-    /// Whether rollouts keep the frozen trunk's output (`true` by default) so that every
-    /// update forward starts above the frozen blocks ([`CachedTrunk`]): the same log-probs and
-    /// values up to rounding, without re-running `n_layer − num_layers_unfrozen` blocks per
-    /// update. The cost is memory: `num_rollouts × T × n_embd` floats in the store (GPT-2
-    /// small, 512 rollouts of 1,024 tokens: 1.6 GB). No effect with a full-copy reference.
-    ///
-    /// [`CachedTrunk`]: crate::objectives::llm::CachedTrunk
-    pub fn with_trunk_cache(mut self, on: bool) -> Self {
-        self.cache_trunk = on;
-        self
-    }
-
-    /// The group this trainer is a rank of ([`SingleProcess`](super::parallel::SingleProcess)
-    /// unless [`GrpoTrainer::with_collective`] was called).
-    pub fn collective(&self) -> &SharedCollective {
-        &self.collective
-    }
-
-    /// The whole config.
-    pub fn config(&self) -> &GrpoTrlConfig {
-        &self.config
-    }
-
-    /// The model (policy, unused value head, frozen reference).
-    pub fn model(&self) -> &CausalLmWithHydraValueHead {
-        &self.model
-    }
-
-    /// The loss settings derived from the method section.
-    pub fn loss_config(&self) -> &GrpoConfig {
-        &self.loss_config
-    }
-
-    /// Iterations finished, counting those of a loaded checkpoint.
-    pub fn epoch(&self) -> usize {
-        self.epoch
-    }
-
-    /// What each finished iteration measured.
-    pub fn history(&self) -> &[IterationStats] {
-        &self.history
-    }
-
-    /// The current rollout (after [`GrpoTrainer::make_experience`]), with its `"advantage"`
-    /// `[B]`.
-    pub fn store(&self) -> Option<&TensorDict> {
-        self.store.as_ref()
-    }
-
-    /// The step budget ([`GrpoTrlConfig::total_steps`]).
-    pub fn total_steps(&self) -> usize {
-        self.config.total_steps()
-    }
-
-    /// Collects `num_rollouts` scored completions into the store (replacing the previous
-    /// ones) and writes their group advantages. Returns the rollout's statistics.
-    pub fn make_experience(&mut self) -> Result<IterationStats> {
-        let start = Instant::now();
-        let want = self.config.method.num_rollouts;
-        let mut chunks = Vec::new();
-        let mut have = 0usize;
-        while have < want {
-            let td = self.env.reset(None)?;
-            let td =
-                hydra_policy_step(&self.model, &mut self.rng, td, &self.gen, self.cache_trunk)?;
-            let td = self.env.step(td)?;
-            have += td.batch_size().first().copied().unwrap_or(0).max(1) as usize;
-            chunks.push(td);
-        }
-        let mut store = cat(&chunks, 0)?;
-        if have > want {
-            store = store.index(&[BatchIndex::slice(None, Some(want as i64), 1)])?;
-        }
-        self.prepare_store(store, start)
-    }
-
-    /// The learning half of an iteration on a given rollout store (offline replay, or a fixed
-    /// store for a reproducible step): its group advantages and statistics are computed, it
-    /// replaces the current store, then `num_iterations` passes of shuffled minibatches with
-    /// the callbacks that are due, as in [`GrpoTrainer::iteration`].
-    ///
-    /// The store needs what [`GrpoTrainer::make_experience`] writes: `("tokens", "full")`,
-    /// `("masks", "all_attention_mask")`, `("masks", "all_assistant_mask")`,
-    /// `("log_probs", "full")`, `("ref_log_probs", "full")` (all `[B, T]`) and
-    /// `("next", "score")` `[B]`, its rows in groups of `num_generations` consecutive
-    /// completions of one prompt. **Data-parallel**: each rank passes its own whole groups;
-    /// when each minibatch is a rank's whole share, a run equals one process on the
-    /// concatenated store (up to rounding).
-    ///
-    /// # Errors
-    /// An empty store, a missing key, a batch that is not whole groups, or as
-    /// [`GrpoTrainer::iteration`].
-    pub fn learn_on(
+    /// Writes the store's advantages and computes its statistics (over every rank).
+    fn prepare_store(
         &mut self,
-        store: TensorDict,
-        callbacks: &mut Callbacks<'_>,
+        store: &mut TensorDict,
+        collective: &SharedCollective,
     ) -> Result<IterationStats> {
-        check_store_rows("GrpoTrainer::learn_on", &store)?;
-        let stats = self.prepare_store(store, Instant::now())?;
-        self.update_phase(stats, callbacks)
-    }
-
-    /// The group advantages of `score` `[B]` (f64): TRL's rule; under `scale_rewards =
-    /// "batch"` in a group, the std is that of every rank's scores (TRL scales the gathered
-    /// rewards).
-    fn advantages(&self, score: &Tensor) -> Result<Tensor> {
-        let g = self.config.method.num_generations as i64;
-        let scale = self.config.method.scale_rewards.group_scale();
-        if self.collective.world_size() == 1 || scale != GroupScale::BatchStdPlusEps {
-            return group_advantages(score, g, scale);
-        }
-        let centred = group_advantages(score, g, GroupScale::None)?;
-        let global = self
-            .collective
-            .all_reduce_moments(&BatchMoments::of(score)?)?;
-        let std = (global.m2() / (global.count() - 1.0).max(1.0)).sqrt();
-        Ok(centred.f_div_scalar(std + TRL_STD_EPS)?)
-    }
-
-    /// Writes the store's advantages, computes its statistics (over every rank) and keeps it.
-    fn prepare_store(&mut self, mut store: TensorDict, start: Instant) -> Result<IterationStats> {
         let score = store
             .get_or_err(("next", "score"))?
             .f_to_kind(Kind::Double)?;
-        let advantage = self.advantages(&score)?;
+        let advantage = self.advantages(&score, collective)?;
         store.set("advantage", advantage.f_to_kind(Kind::Float)?)?;
         let assistant = store
             .get_or_err(ASSISTANT_MASK_KEY)?
@@ -661,55 +548,37 @@ impl GrpoTrainer {
             per_seq(assistant.ones_like())?,
         ];
         // every rank holds num_rollouts completions: the global means are the ranks' mean
-        let [score, kl, kl_k3, response_length] = if self.collective.world_size() > 1 {
-            let world = self.collective.world_size() as f64;
-            let sums = self.collective.sum_scalars(&local)?;
+        let [score, kl, kl_k3, response_length] = if collective.world_size() > 1 {
+            let world = collective.world_size() as f64;
+            let sums = collective.sum_scalars(&local)?;
             let at = |i: usize| sums.get(i).copied().unwrap_or(f64::NAN) / world;
             [at(0), at(1), at(2), at(3)]
         } else {
             local
         };
-        let stats = IterationStats {
-            iteration: self.epoch,
-            iter_count: self.iter_count,
+        Ok(IterationStats {
+            iteration: 0,
+            iter_count: 0,
             score,
             kl,
             kl_k3,
             kl_coef: self.config.method.beta,
             response_length,
             update: Stats::new(),
-            rollout_s: start.elapsed().as_secs_f64(),
+            rollout_s: 0.0,
             update_s: 0.0,
-        };
-        self.store = Some(store);
-        Ok(stats)
-    }
-
-    /// This rank's shares of the global minibatch: `(response tokens, completions)`, each
-    /// local / global (1 in one process).
-    fn shares(&self, mb: &TensorDict) -> Result<(f64, f64)> {
-        if self.collective.world_size() == 1 {
-            return Ok((1.0, 1.0));
-        }
-        let tokens = mb
-            .get_or_err(ASSISTANT_MASK_KEY)?
-            .f_ne(0)?
-            .f_count_nonzero(None::<i64>)?
-            .int64_value(&[]) as f64;
-        let rows = mb.batch_size().first().copied().unwrap_or(0) as f64;
-        let global = self.collective.sum_scalars(&[tokens, rows])?;
-        let share = |local: f64, i: usize| local / global.get(i).copied().unwrap_or(1.0).max(1.0);
-        Ok((share(tokens, 0), share(rows, 1)))
+        })
     }
 
     /// One optimizer step on the minibatch `mb` of the store; returns its statistics (over
     /// every rank's minibatch in a group).
-    fn train_step(&mut self, mb: &TensorDict) -> Result<Stats> {
-        let loss = GrpoLoss::new(update_policy(&self.model, mb))
+    fn train_step(&mut self, learner: &mut Learner<'_>, mb: TensorDict) -> Result<Stats> {
+        let collective = learner.collective;
+        let loss = GrpoLoss::new(update_policy(learner.model, &mb))
             .with_config(self.loss_config.clone())?
             .with_keys(loss_keys());
-        let out = loss.forward(mb)?;
-        let (token_share, row_share) = self.shares(mb)?;
+        let out = loss.forward(&mb)?;
+        let (token_share, row_share) = Self::shares(&mb, collective)?;
         let per_completion = matches!(
             self.loss_config.aggregation,
             GrpoAggregation::Grpo | GrpoAggregation::PromptMean | GrpoAggregation::DrGrpo { .. }
@@ -727,7 +596,7 @@ impl GrpoTrainer {
             "loss_kl_to_ref" if !trl => token_share,
             _ => unit_share,
         };
-        let total = if self.collective.world_size() == 1 {
+        let total = if collective.world_size() == 1 {
             out.total_loss()?
         } else {
             let mut total: Option<Tensor> = None;
@@ -740,14 +609,7 @@ impl GrpoTrainer {
             }
             total.ok_or_else(|| Error::invalid(OP, "the loss has no terms"))?
         };
-        let c = self.collective.clone();
-        let grad_norm =
-            self.opt
-                .backward_step_with(&total, self.config.train.max_grad_norm, |params| {
-                    c.all_reduce_sum_gradients(params)
-                })?;
-        let lr = self.sched.step();
-        self.opt.set_lr(lr);
+        let (lr, grad_norm) = learner.step(&total)?;
         let mut named: Vec<(String, f64, f64)> = out
             .loss_terms()
             .into_iter()
@@ -759,11 +621,11 @@ impl GrpoTrainer {
             )
             .collect();
         named.push(("loss".into(), total.double_value(&[]), 1.0));
-        let mut stats: Stats = if self.collective.world_size() == 1 {
+        let mut stats: Stats = if collective.world_size() == 1 {
             named.into_iter().map(|(k, v, _)| (k, v)).collect()
         } else {
             let shares: Vec<f64> = named.iter().map(|(_, v, w)| v * w).collect();
-            let sums = self.collective.sum_scalars(&shares)?;
+            let sums = collective.sum_scalars(&shares)?;
             named.into_iter().map(|(k, ..)| k).zip(sums).collect()
         };
         stats.insert("lr".into(), lr);
@@ -771,185 +633,5 @@ impl GrpoTrainer {
             stats.insert("grad_norm".into(), norm);
         }
         Ok(stats)
-    }
-
-    /// One iteration: a rollout, its group advantages, then `num_iterations` passes of
-    /// minibatch updates, each step followed by the callbacks that are due.
-    pub fn iteration(&mut self, callbacks: &mut Callbacks<'_>) -> Result<IterationStats> {
-        let stats = self.make_experience()?;
-        self.update_phase(stats, callbacks)
-    }
-
-    /// `num_iterations` passes of minibatch updates on the store, each step followed by the
-    /// callbacks that are due.
-    fn update_phase(
-        &mut self,
-        mut stats: IterationStats,
-        callbacks: &mut Callbacks<'_>,
-    ) -> Result<IterationStats> {
-        let start = Instant::now();
-        let store = match &self.store {
-            Some(s) => s.clone(),
-            None => return Err(Error::value(OP, "store", "rollouts", "none")),
-        };
-        let n = store.batch_size().first().copied().unwrap_or(0);
-        let mb = (self.config.train.batch_size as i64).max(1);
-        let total = self.total_steps();
-        let mut sums = Stats::new();
-        let mut steps = 0usize;
-        'passes: for _ in 0..self.config.method.num_iterations {
-            let perm = permutation(&mut self.rng, n, self.model.policy().model().device())?;
-            let mut at = 0;
-            while at < n {
-                let len = mb.min(n - at);
-                let idx = perm.f_narrow(0, at, len)?;
-                at += len;
-                let batch = store.index(&[BatchIndex::tensor(idx)])?;
-                let step_stats = self.train_step(&batch)?;
-                for (k, v) in &step_stats {
-                    *sums.entry(k.clone()).or_insert(0.0) += v;
-                }
-                steps += 1;
-                let step = self.iter_count;
-                self.iter_count += 1;
-                let last = self.iter_count >= total;
-                self.after_step(step, &step_stats, last, callbacks)?;
-                if last {
-                    break 'passes;
-                }
-            }
-        }
-        for v in sums.values_mut() {
-            *v /= steps.max(1) as f64;
-        }
-        stats.update = sums;
-        stats.update_s = start.elapsed().as_secs_f64();
-        stats.iter_count = self.iter_count;
-        self.epoch += 1;
-        self.history.push(stats.clone());
-        Ok(stats)
-    }
-
-    fn encode_prompts(&self, prompts: &[String]) -> Result<TensorDict> {
-        let pad = self.env.config().pad_id();
-        let device = self.model.policy().model().device();
-        prompt_batch(OP, self.tokenizer.as_ref(), prompts, pad, device)
-    }
-}
-
-impl RlTrainer for GrpoTrainer {
-    fn train_config(&self) -> &TrainConfig {
-        &self.config.train
-    }
-
-    fn iter_count(&self) -> usize {
-        self.iter_count
-    }
-
-    fn is_main_process(&self) -> bool {
-        self.collective.is_main()
-    }
-
-    fn sync_processes(&self, op: &'static str, ok: bool) -> Result<()> {
-        self.collective.check_all_ok(op, ok)
-    }
-
-    /// Samples completions for the `("tokens", "prompt")` batch of `data` and writes the
-    /// rollout's and the reference's log-probs (the rollout's policy step).
-    fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
-        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen, false)
-    }
-
-    fn sample(
-        &mut self,
-        prompts: &[String],
-        length: usize,
-        n_samples: usize,
-    ) -> Result<Vec<String>> {
-        let repeated: Vec<String> = prompts
-            .iter()
-            .flat_map(|p| std::iter::repeat_n(p.clone(), n_samples))
-            .collect();
-        if repeated.is_empty() {
-            return Ok(Vec::new());
-        }
-        let td = self.encode_prompts(&repeated)?;
-        let gen = GenerationConfig {
-            max_new_tokens: length as i64,
-            ..self.gen.clone()
-        };
-        generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)
-    }
-
-    fn learn(&mut self, callbacks: &mut Callbacks<'_>) -> Result<()> {
-        let total = self.total_steps();
-        while self.iter_count < total && self.epoch < self.config.train.epochs {
-            self.iteration(callbacks)?;
-        }
-        Ok(())
-    }
-
-    fn evaluate(&mut self) -> Result<EvalReport> {
-        if self.evaluation.prompts.is_empty() {
-            return Ok(EvalReport::default());
-        }
-        let td = self.encode_prompts(&self.evaluation.prompts.clone())?;
-        let gen = self.gen.clone();
-        let samples = generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)?;
-        self.evaluation.report(samples)
-    }
-
-    fn get_components(&self) -> Vec<(String, Component)> {
-        vec![
-            (
-                "model".into(),
-                Component::tensors(policy_params(&self.model)),
-            ),
-            (
-                "reference".into(),
-                Component::tensors(reference_params(&self.model)),
-            ),
-            ("opt".into(), Component::from_adamw(&self.opt)),
-            ("scheduler".into(), Component::from_scheduler(&self.sched)),
-            (
-                "trainer".into(),
-                Component::json(json!({
-                    "iter_count": self.iter_count,
-                    "epoch": self.epoch,
-                    "rng": rng_to_json(&self.rng),
-                    "prompts": prompt_state_json(&self.env),
-                })),
-            ),
-            (
-                "config".into(),
-                Component::json(serde_json::to_value(&self.config).unwrap_or(Value::Null)),
-            ),
-        ]
-    }
-
-    fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
-        const LOAD: &str = "GrpoTrainer::load";
-        take_component(&mut components, "model")?.copy_into(&policy_params(&self.model))?;
-        take_component(&mut components, "reference")?.copy_into(&reference_params(&self.model))?;
-        let opt = take_component(&mut components, "opt")?;
-        self.opt.load_state(&opt.tensors, &opt.state)?;
-        let sched = take_component(&mut components, "scheduler")?;
-        self.sched = CosineAnnealingLr::from_state_json(&sched.state)?;
-        self.opt.set_lr(self.sched.lr());
-        let trainer = take_component(&mut components, "trainer")?;
-        let fields = StateFields::new(LOAD, &trainer.state);
-        self.iter_count = fields.usize("iter_count")?;
-        self.epoch = fields.usize("epoch")?;
-        self.rng = rng_from_json(LOAD, trainer.state.get("rng"))?;
-        let rank = self.collective.rank();
-        if rank == 0 {
-            set_prompt_state_json(LOAD, &mut self.env, &trainer.state)?;
-        } else {
-            // The checkpoint holds rank 0's generator and prompt position: other ranks draw
-            // their own stream from it and keep their own env's prompt position.
-            self.rng = Generator::new(rank_seed(self.rng.next_u64(), rank));
-        }
-        self.store = None;
-        Ok(())
     }
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod dpo;
 pub mod grpo;
 pub mod ilql;
+pub mod on_policy;
 pub mod optim;
 pub mod parallel;
 pub mod ppo;

@@ -72,7 +72,7 @@ pub use kl_reward::{DistributionSource, KLRewardTransform, DEFAULT_LOG_PROB_KEY}
 // end KL reward
 
 pub use compose::Compose;
-pub use transformed_env::TransformedEnv;
+pub use transformed_env::{TransformHandle, TransformedEnv};
 
 use tch::Tensor;
 

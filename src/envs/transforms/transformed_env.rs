@@ -45,11 +45,65 @@
 //! # Ok(()) }
 //! ```
 
+use std::fmt;
+use std::marker::PhantomData;
+
 use super::compose::attach_one;
 use super::{Compose, Transform};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
 use crate::tensordict::TensorDict;
+
+/// A typed handle to a transform of a [`TransformedEnv`], returned by
+/// [`TransformedEnv::append_with_handle`] / [`TransformedEnv::with_handle`]: code that later
+/// needs that transform (a trainer adjusting its KL coefficient, saving its running moments)
+/// reaches it by the handle, as its concrete type, never by a hard-coded position.
+///
+/// A handle names the slot the transform was appended at; inserting or popping a transform
+/// before it moves the transform, after which the lookup gives `None` unless a transform of
+/// the same type sits there.
+///
+/// ```
+/// use torchrl::envs::builtin::PendulumEnv;
+/// use torchrl::envs::transforms::{RewardScaling, StepCounter, TransformedEnv};
+/// # fn main() -> torchrl::Result<()> {
+/// let env = TransformedEnv::new(PendulumEnv::new(&[2], tch::Device::Cpu)?)?
+///     .with(StepCounter::new())?;
+/// let (mut env, scaling) = env.with_handle(RewardScaling::new(0.0, 0.5)?)?;
+/// assert!(env.transform_by(&scaling).is_some());
+/// assert!(env.transform_by_mut(&scaling).is_some());
+/// # Ok(()) }
+/// ```
+pub struct TransformHandle<T> {
+    index: usize,
+    _kind: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for TransformHandle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for TransformHandle<T> {}
+
+impl<T> fmt::Debug for TransformHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "TransformHandle<{}>({})",
+            std::any::type_name::<T>(),
+            self.index
+        )
+    }
+}
+
+impl<T> TransformHandle<T> {
+    /// The transform's position in the stack.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
 
 /// A base env plus a [`Compose`] of transforms. Nests (a `TransformedEnv` can be the base of
 /// another) and batches like any env.
@@ -80,6 +134,42 @@ impl<E: EnvBase> TransformedEnv<E> {
     /// env is unchanged.
     pub fn append(&mut self, t: impl Transform + 'static) -> Result<()> {
         self.append_boxed(Box::new(t))
+    }
+
+    /// [`TransformedEnv::append`], returning a typed handle to the appended transform.
+    pub fn append_with_handle<T: Transform + 'static>(
+        &mut self,
+        t: T,
+    ) -> Result<TransformHandle<T>> {
+        let index = self.transform.len();
+        self.append(t)?;
+        Ok(TransformHandle {
+            index,
+            _kind: PhantomData,
+        })
+    }
+
+    /// Builder form of [`TransformedEnv::append_with_handle`].
+    pub fn with_handle<T: Transform + 'static>(
+        mut self,
+        t: T,
+    ) -> Result<(Self, TransformHandle<T>)> {
+        let handle = self.append_with_handle(t)?;
+        Ok((self, handle))
+    }
+
+    /// The transform `handle` names, as its concrete type.
+    pub fn transform_by<T: Transform + 'static>(&self, handle: &TransformHandle<T>) -> Option<&T> {
+        self.transform.get_as::<T>(handle.index)
+    }
+
+    /// The transform `handle` names, mutably (call [`TransformedEnv::refresh_specs`] after
+    /// changing anything that affects specs).
+    pub fn transform_by_mut<T: Transform + 'static>(
+        &mut self,
+        handle: &TransformHandle<T>,
+    ) -> Option<&mut T> {
+        self.transform.get_as_mut::<T>(handle.index)
     }
 
     /// Appends a boxed transform.
