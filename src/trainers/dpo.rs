@@ -71,8 +71,7 @@ use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
 use super::api::{
-    rng_from_json, rng_to_json, take_component, Callbacks, Component, EvalReport, Evaluation,
-    RlTrainer, Stats,
+    rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
 use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
 use super::grpo::trl_defaults;
@@ -81,8 +80,9 @@ use super::parallel::{
     join_group, rank0_order, rank_slice, train_schedule_fields, Collective, SharedCollective,
 };
 use super::rollout::{
-    generate_text, hydra_policy_step, policy_params, prompt_batch, reference_params, shuffled,
-    trainable_params, StateFields,
+    generate_text, hydra_components, hydra_policy_step, policy_params, prompt_batch,
+    reference_params, restore_hydra_components, sample_prompts, shuffled, trainable_params,
+    StateFields,
 };
 use crate::error::{Error, Result};
 use crate::modules::llm::{
@@ -775,19 +775,18 @@ impl RlTrainer for DpoTrainer {
         length: usize,
         n_samples: usize,
     ) -> Result<Vec<String>> {
-        let repeated: Vec<String> = prompts
-            .iter()
-            .flat_map(|p| std::iter::repeat_n(p.clone(), n_samples))
-            .collect();
-        if repeated.is_empty() {
-            return Ok(Vec::new());
-        }
-        let td = self.encode_prompts(&repeated)?;
-        let gen = GenerationConfig {
-            max_new_tokens: length as i64,
-            ..self.gen.clone()
-        };
-        generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)
+        let pad = self.pad();
+        sample_prompts(
+            OP,
+            &self.model,
+            self.tokenizer.as_ref(),
+            &mut self.rng,
+            prompts,
+            length,
+            n_samples,
+            &self.gen,
+            pad,
+        )
     }
 
     fn learn(&mut self, callbacks: &mut Callbacks<'_>) -> Result<()> {
@@ -809,46 +808,27 @@ impl RlTrainer for DpoTrainer {
     }
 
     fn get_components(&self) -> Vec<(String, Component)> {
-        vec![
-            (
-                "model".into(),
-                Component::tensors(policy_params(&self.model)),
-            ),
-            (
-                "reference".into(),
-                Component::tensors(reference_params(&self.model)),
-            ),
-            ("opt".into(), Component::from_adamw(&self.opt)),
-            ("scheduler".into(), Component::from_scheduler(&self.sched)),
-            (
-                "trainer".into(),
-                Component::json(json!({
-                    "iter_count": self.iter_count,
-                    "epoch": self.epoch,
-                    "rng": rng_to_json(&self.rng),
-                })),
-            ),
-            (
-                "config".into(),
-                Component::json(serde_json::to_value(&self.config).unwrap_or(Value::Null)),
-            ),
-        ]
+        let state = json!({
+            "iter_count": self.iter_count,
+            "epoch": self.epoch,
+            "rng": rng_to_json(&self.rng),
+        });
+        let mut components = hydra_components(&self.model, &self.opt, &self.sched, state);
+        components.push((
+            "config".into(),
+            Component::json(serde_json::to_value(&self.config).unwrap_or(Value::Null)),
+        ));
+        components
     }
 
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         const LOAD: &str = "DpoTrainer::load";
-        take_component(&mut components, "model")?.copy_into(&policy_params(&self.model))?;
-        take_component(&mut components, "reference")?.copy_into(&reference_params(&self.model))?;
-        let opt = take_component(&mut components, "opt")?;
-        self.opt.load_state(&opt.tensors, &opt.state)?;
-        let sched = take_component(&mut components, "scheduler")?;
-        self.sched = CosineAnnealingLr::from_state_json(&sched.state)?;
-        self.opt.set_lr(self.sched.lr());
-        let trainer = take_component(&mut components, "trainer")?;
-        let fields = StateFields::new(LOAD, &trainer.state);
+        let state =
+            restore_hydra_components(&self.model, &mut self.opt, &mut self.sched, &mut components)?;
+        let fields = StateFields::new(LOAD, &state);
         self.iter_count = fields.usize("iter_count")?;
         self.epoch = fields.usize("epoch")?;
-        self.rng = rng_from_json(LOAD, trainer.state.get("rng"))?;
+        self.rng = rng_from_json(LOAD, state.get("rng"))?;
         Ok(())
     }
 }

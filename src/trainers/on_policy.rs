@@ -55,15 +55,15 @@ use serde_json::{json, Map, Value};
 use tch::Tensor;
 
 use super::api::{
-    rng_from_json, rng_to_json, take_component, Callbacks, Component, EvalReport, Evaluation,
-    RlTrainer, Stats,
+    rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
 use super::config::TrainConfig;
 use super::optim::{AdamW, CosineAnnealingLr};
 use super::parallel::{join_group, rank_seed, Collective, SharedCollective};
 use super::rollout::{
-    check_store_rows, generate_text, hydra_policy_step, permutation, policy_params, prompt_batch,
-    prompt_state_json, reference_params, set_prompt_state_json, StateFields,
+    check_store_rows, generate_text, hydra_components, hydra_policy_step, permutation,
+    policy_params, prompt_batch, prompt_state_json, reference_params, restore_hydra_components,
+    sample_prompts, set_prompt_state_json, StateFields,
 };
 use crate::envs::llm::TokenEnv;
 use crate::envs::{EnvBase, TransformedEnv};
@@ -597,19 +597,18 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
         length: usize,
         n_samples: usize,
     ) -> Result<Vec<String>> {
-        let repeated: Vec<String> = prompts
-            .iter()
-            .flat_map(|p| std::iter::repeat_n(p.clone(), n_samples))
-            .collect();
-        if repeated.is_empty() {
-            return Ok(Vec::new());
-        }
-        let td = self.encode_prompts(&repeated)?;
-        let gen = GenerationConfig {
-            max_new_tokens: length as i64,
-            ..self.eval_gen.clone()
-        };
-        generate_text(&self.model, self.tokenizer.as_ref(), &mut self.rng, td, gen)
+        let pad = self.env.base().config().pad_id();
+        sample_prompts(
+            M::NAME,
+            &self.model,
+            self.tokenizer.as_ref(),
+            &mut self.rng,
+            prompts,
+            length,
+            n_samples,
+            &self.eval_gen,
+            pad,
+        )
     }
 
     fn learn(&mut self, callbacks: &mut Callbacks<'_>) -> Result<()> {
@@ -631,37 +630,18 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
     }
 
     fn get_components(&self) -> Vec<(String, Component)> {
-        vec![
-            (
-                "model".to_string(),
-                Component::tensors(policy_params(&self.model)),
-            ),
-            (
-                "reference".to_string(),
-                Component::tensors(reference_params(&self.model)),
-            ),
-            ("opt".to_string(), Component::from_adamw(&self.opt)),
-            (
-                "scheduler".to_string(),
-                Component::from_scheduler(&self.sched),
-            ),
-            ("trainer".to_string(), Component::json(self.state_json())),
-            (
-                "config".to_string(),
-                Component::json(serde_json::to_value(self.method.config()).unwrap_or(Value::Null)),
-            ),
-        ]
+        let mut components =
+            hydra_components(&self.model, &self.opt, &self.sched, self.state_json());
+        components.push((
+            "config".to_string(),
+            Component::json(serde_json::to_value(self.method.config()).unwrap_or(Value::Null)),
+        ));
+        components
     }
 
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
-        take_component(&mut components, "model")?.copy_into(&policy_params(&self.model))?;
-        take_component(&mut components, "reference")?.copy_into(&reference_params(&self.model))?;
-        let opt = take_component(&mut components, "opt")?;
-        self.opt.load_state(&opt.tensors, &opt.state)?;
-        let sched = take_component(&mut components, "scheduler")?;
-        self.sched = CosineAnnealingLr::from_state_json(&sched.state)?;
-        self.opt.set_lr(self.sched.lr());
-        let trainer = take_component(&mut components, "trainer")?;
-        self.set_state_json(&trainer.state)
+        let state =
+            restore_hydra_components(&self.model, &mut self.opt, &mut self.sched, &mut components)?;
+        self.set_state_json(&state)
     }
 }

@@ -7,9 +7,10 @@
 use serde_json::Value;
 use tch::{Device, Tensor};
 
-use super::api::{decode_masked, encode_prompts};
+use super::api::{decode_masked, encode_prompts, take_component, Component};
 use super::config::GenKwargs;
 use super::optim::shallow_named;
+use super::optim::{AdamW, CosineAnnealingLr};
 use crate::envs::llm::{GenerationPolicy, PromptState, TokenEnv};
 use crate::error::{Error, Result};
 use crate::modules::llm::keys::{
@@ -300,4 +301,72 @@ pub(crate) fn check_store_rows(op: &'static str, store: &TensorDict) -> Result<(
         ));
     }
     Ok(())
+}
+
+/// The checkpoint components of a hydra-model trainer: the policy (`model`: trunk and value
+/// head), the frozen `reference`, the optimizer, the schedule, and the trainer's own state.
+pub(crate) fn hydra_components(
+    model: &CausalLmWithHydraValueHead,
+    opt: &AdamW,
+    sched: &CosineAnnealingLr,
+    trainer_state: Value,
+) -> Vec<(String, Component)> {
+    vec![
+        ("model".into(), Component::tensors(policy_params(model))),
+        (
+            "reference".into(),
+            Component::tensors(reference_params(model)),
+        ),
+        ("opt".into(), Component::from_adamw(opt)),
+        ("scheduler".into(), Component::from_scheduler(sched)),
+        ("trainer".into(), Component::json(trainer_state)),
+    ]
+}
+
+/// Restores [`hydra_components`]' model, reference, optimizer and schedule from
+/// `components`; returns the trainer's own state for the caller to read.
+pub(crate) fn restore_hydra_components(
+    model: &CausalLmWithHydraValueHead,
+    opt: &mut AdamW,
+    sched: &mut CosineAnnealingLr,
+    components: &mut Vec<(String, Component)>,
+) -> Result<Value> {
+    take_component(components, "model")?.copy_into(&policy_params(model))?;
+    take_component(components, "reference")?.copy_into(&reference_params(model))?;
+    let o = take_component(components, "opt")?;
+    opt.load_state(&o.tensors, &o.state)?;
+    let s = take_component(components, "scheduler")?;
+    *sched = CosineAnnealingLr::from_state_json(&s.state)?;
+    opt.set_lr(sched.lr());
+    Ok(take_component(components, "trainer")?.state)
+}
+
+/// trlX's `sample(prompts, length, n_samples)` on a hydra policy: each prompt `n_samples`
+/// times, left-padded with `pad`, `length` new tokens with `gen`'s other settings, decoded.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sample_prompts(
+    op: &'static str,
+    model: &CausalLmWithHydraValueHead,
+    tokenizer: &dyn TextTokenizer,
+    rng: &mut Generator,
+    prompts: &[String],
+    length: usize,
+    n_samples: usize,
+    gen: &GenerationConfig,
+    pad: i64,
+) -> Result<Vec<String>> {
+    let repeated: Vec<String> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), n_samples))
+        .collect();
+    if repeated.is_empty() {
+        return Ok(Vec::new());
+    }
+    let device = model.policy().model().device();
+    let td = prompt_batch(op, tokenizer, &repeated, pad, device)?;
+    let gen = GenerationConfig {
+        max_new_tokens: length as i64,
+        ..gen.clone()
+    };
+    generate_text(model, tokenizer, rng, td, gen)
 }

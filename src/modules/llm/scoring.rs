@@ -11,7 +11,8 @@
 //! caller's grad mode says: a reference is scored under `tch::no_grad`, a policy in training
 //! with gradient.
 //!
-//! Implemented for every model ([`Gpt2Model`] and `dyn CausalLm`: log-probs and entropy), the
+//! Implemented for every model (each model file's type, e.g.
+//! [`Gpt2Model`](super::Gpt2Model), and `dyn CausalLm`: log-probs and entropy), the
 //! heads ([`CausalLmWithValueHead`], [`CausalLmWithHydraValueHead`]'s policy side: log-probs,
 //! values, entropy), [`HydraReference`] (a hydra model's frozen reference, trlX's
 //! `forward_hydra`), [`CachedTrunk`](super::CachedTrunk) and closures through [`ScoreFn`]; and
@@ -49,7 +50,6 @@ use tch::{Kind, Tensor};
 
 use super::causal_lm::{CausalLm, LmInput};
 use super::heads::{CausalLmWithHydraValueHead, CausalLmWithValueHead, ValueOutput};
-use super::models::gpt2::Gpt2Model;
 use crate::error::{Error, Result, ShapeFmt};
 
 /// What a scorer is asked for besides the log-probs.
@@ -188,8 +188,9 @@ pub(crate) fn scores_from_logits(
     })
 }
 
-/// A model's scores (no values: a bare model has no value head).
-fn score_model(
+/// A model's scores (no values: a bare model has no value head): what every model file's
+/// `ScoreTokens` impl runs.
+pub(crate) fn score_model(
     model: &dyn CausalLm,
     tokens: &Tensor,
     attention_mask: &Tensor,
@@ -202,16 +203,6 @@ fn score_model(
 }
 
 impl ScoreTokens for dyn CausalLm + '_ {
-    fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
-        score_model(self, t, m, r)
-    }
-
-    fn generating_model(&self) -> Option<&dyn CausalLm> {
-        Some(self)
-    }
-}
-
-impl ScoreTokens for Gpt2Model {
     fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
         score_model(self, t, m, r)
     }

@@ -48,6 +48,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
+use super::masked::floating;
 use super::ppo::read_bt;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::llm::keys::{
@@ -440,19 +441,6 @@ impl LossOutput for GrpoLossOutput {
             m.push(("kl_to_ref", t));
         }
         m
-    }
-}
-
-fn floating(op: &'static str, key: &str, t: &Tensor) -> Result<()> {
-    if t.is_floating_point() {
-        Ok(())
-    } else {
-        Err(Error::value(
-            op,
-            key,
-            "a floating-point tensor",
-            format!("{:?}", t.kind()),
-        ))
     }
 }
 

@@ -87,6 +87,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
+use super::masked::floating;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::modules::llm::keys::{ATTENTION_MASK_KEY, FULL_KEY};
@@ -338,19 +339,6 @@ fn expect_shape(op: &'static str, key: &str, t: &Tensor, shape: &[i64]) -> Resul
         Ok(())
     } else {
         Err(shape_err(op, key, format!("shape {}", ShapeFmt(shape)), t))
-    }
-}
-
-fn floating(op: &'static str, key: &str, t: &Tensor) -> Result<()> {
-    if t.is_floating_point() {
-        Ok(())
-    } else {
-        Err(Error::value(
-            op,
-            key,
-            "a floating-point tensor",
-            format!("{:?}", t.kind()),
-        ))
     }
 }
 

@@ -61,6 +61,7 @@ use crate::modules::llm::nn::{
     copy_var, prefixed, Attention, AttentionShape, Decoder, DecoderBlock, FeedForward, LayerNorm,
     Linear, Mlp, QkvProjection, WeightLayout,
 };
+use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
 use crate::modules::llm::weights::{CONFIG_FILE, WEIGHTS_FILE};
 
 /// GPT-2 with its tied LM head. See the [module docs](self).
@@ -244,6 +245,16 @@ impl CausalLm for Gpt2Model {
 
     fn config_json(&self) -> Result<String> {
         self.config.to_json_string()
+    }
+}
+
+impl ScoreTokens for Gpt2Model {
+    fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
+        score_model(self, t, m, r)
+    }
+
+    fn generating_model(&self) -> Option<&dyn CausalLm> {
+        Some(self)
     }
 }
 
