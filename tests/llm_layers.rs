@@ -10,6 +10,10 @@ use torchrl::modules::llm::nn::{
     GatedMlp, KvCache, LayerNorm, Linear, QkvProjection, RmsNorm, RopeScaling, RotaryEmbedding,
     WeightLayout,
 };
+use torchrl::modules::llm::{
+    generate, CachedTrunk, CausalLm, CausalLmWithHydraValueHead, GenerationConfig, HydraReference,
+    LmFacts, LmInput, ScoreRequest, ScoreTokens, TokenScores,
+};
 
 const CPU: Device = Device::Cpu;
 
@@ -361,4 +365,178 @@ fn one_unpadded_new_token_needs_no_mask() {
     let pos = Tensor::from_slice(&[3i64]).view([1, 1]);
     let ctx = decoder.context(None, &pos, 3, 1, CPU, Kind::Float).unwrap();
     assert!(ctx.blocked.is_none() && ctx.rope.is_some());
+}
+
+// ------------------------------------------------------------------ a second architecture
+
+/// A Llama-shaped model written as a model file would be (the kit's decoder, a token
+/// embedding, an untied LM head): everything above `CausalLm` must run on it unchanged.
+#[derive(Debug)]
+struct TinyLlama {
+    facts: LmFacts,
+    embed_tokens: Tensor,
+    decoder: Decoder,
+    lm_head: Tensor,
+}
+
+impl TinyLlama {
+    fn new(p: &Path<'_>) -> TinyLlama {
+        let facts = LmFacts {
+            model_type: "tiny_llama".into(),
+            vocab_size: 11,
+            hidden_size: 16,
+            n_layer: 3,
+            max_positions: 64,
+            tie_word_embeddings: false,
+            initializer_range: 0.02,
+            bos_token_id: None,
+            eos_token_id: Some(10),
+            pad_token_id: Some(0),
+        };
+        let normal = Init::Randn {
+            mean: 0.0,
+            stdev: 0.5,
+        };
+        TinyLlama {
+            embed_tokens: (p / "model" / "embed_tokens").var("weight", &[11, 16], normal),
+            decoder: llama_like(&(p / "model"), 3),
+            lm_head: (p / "lm_head").var("weight", &[11, 16], normal),
+            facts,
+        }
+    }
+}
+
+impl CausalLm for TinyLlama {
+    fn facts(&self) -> &LmFacts {
+        &self.facts
+    }
+    fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+    fn embed(&self, ids: &Tensor, _positions: &Tensor) -> torchrl::Result<Tensor> {
+        Ok(Tensor::f_embedding(
+            &self.embed_tokens,
+            ids,
+            -1,
+            false,
+            false,
+        )?)
+    }
+    fn lm_head_weight(&self) -> &Tensor {
+        &self.lm_head
+    }
+    fn embedding_parameters(&self) -> Vec<&Tensor> {
+        vec![&self.embed_tokens]
+    }
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
+        for (i, b) in self.decoder.blocks().iter().enumerate() {
+            out.extend(
+                b.named_parameters()
+                    .into_iter()
+                    .map(|(n, t)| (format!("model.layers.{i}.{n}"), t)),
+            );
+        }
+        out.push(("lm_head.weight".to_string(), &self.lm_head));
+        out
+    }
+    fn copy_to(&self, path: &Path<'_>) -> torchrl::Result<Box<dyn CausalLm>> {
+        let copy = |p: Path<'_>, t: &Tensor| {
+            let v = p.zeros("weight", &t.size());
+            set(&v, t);
+            v
+        };
+        Ok(Box::new(TinyLlama {
+            facts: self.facts.clone(),
+            embed_tokens: copy(path / "model" / "embed_tokens", &self.embed_tokens),
+            decoder: self.decoder.copy_top(&(path / "model"), 3)?,
+            lm_head: copy(path / "lm_head", &self.lm_head),
+        }))
+    }
+    fn config_json(&self) -> torchrl::Result<String> {
+        Ok(r#"{"model_type": "tiny_llama"}"#.into())
+    }
+}
+
+impl ScoreTokens for TinyLlama {
+    fn score_tokens(
+        &self,
+        t: &Tensor,
+        m: &Tensor,
+        r: ScoreRequest,
+    ) -> torchrl::Result<TokenScores> {
+        (self as &dyn CausalLm).score_tokens(t, m, r)
+    }
+    fn generating_model(&self) -> Option<&dyn CausalLm> {
+        Some(self)
+    }
+}
+
+#[test]
+fn heads_generation_and_scoring_run_on_a_rotary_gqa_model() {
+    tch::manual_seed(5);
+    let vs = VarStore::new(CPU);
+    let model = TinyLlama::new(&vs.root());
+    // left-padded rows; the cached decode through the model gives the full forward's logits
+    let ids = Tensor::from_slice(&[0i64, 0, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]).view([2, 6]);
+    let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]).view([2, 6]);
+    let input = LmInput::new(&ids).with_attention_mask(&mask);
+    let full = model.forward(&input, None).unwrap().logits().unwrap();
+    let mut cache = model.new_cache();
+    for t in 0..6 {
+        let step = model
+            .forward(
+                &LmInput::new(&ids.narrow(1, t, 1)).with_attention_mask(&mask.narrow(1, 0, t + 1)),
+                Some(&mut cache),
+            )
+            .unwrap()
+            .logits()
+            .unwrap();
+        for row in 0..2 {
+            if mask.int64_value(&[row, t]) == 1 {
+                let d = max_diff(&step.get(row).get(0), &full.get(row).get(t));
+                assert!(d < 1e-4, "t={t} row={row}: {d}");
+            }
+        }
+    }
+    // greedy generation on it
+    let gen = GenerationConfig::new(4)
+        .with_eos_token_id(10)
+        .with_pad_token_id(0);
+    let out = generate(
+        &model,
+        &ids,
+        Some(&mask),
+        &gen,
+        &mut torchrl::Generator::new(0),
+    )
+    .unwrap();
+    assert_eq!(out.sequences.size()[0], 2);
+    // a hydra policy with one unfrozen block: the branch copies the top block and shares the
+    // rotary table; at construction the reference is the policy
+    let hydra = CausalLmWithHydraValueHead::from_model(&vs.root(), model, 1).unwrap();
+    let h = hydra.forward(&input).unwrap();
+    assert!(max_diff(&h.logits, &h.ref_logits) < 1e-5);
+    let reference = HydraReference::new(&hydra);
+    let ref_lp = tch::no_grad(|| reference.token_log_probs(&ids, &mask)).unwrap();
+    let pol = hydra
+        .score_tokens(&ids, &mask, ScoreRequest::values_and_entropy())
+        .unwrap();
+    assert!(max_diff(&ref_lp, &pol.log_probs) < 1e-5);
+    // the update's cached trunk (rotary positions recomputed from the mask) gives the same
+    let cached = CachedTrunk::new(
+        hydra.policy(),
+        h.trunk.unwrap(),
+        hydra.frozen_trunk_end().unwrap(),
+    );
+    let (lp, v) = cached.log_probs_and_values(&ids, &mask).unwrap();
+    assert!(max_diff(&lp, &pol.log_probs) < 1e-5);
+    assert!(max_diff(&v, &pol.values.unwrap()) < 1e-5);
+    // a full-copy reference (num_layers_unfrozen = 0) goes through copy_to
+    let vs2 = VarStore::new(CPU);
+    let full_copy =
+        CausalLmWithHydraValueHead::from_model(&vs2.root(), TinyLlama::new(&vs2.root()), 0)
+            .unwrap();
+    let f = full_copy.forward(&input).unwrap();
+    assert!(max_diff(&f.logits, &f.ref_logits) < 1e-5);
 }
