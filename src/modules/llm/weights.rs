@@ -60,7 +60,9 @@ fn canonical(name: &str) -> String {
 }
 
 fn is_buffer(name: &str) -> bool {
-    name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")
+    name.ends_with(".attn.bias")
+        || name.ends_with(".attn.masked_bias")
+        || name.ends_with("rotary_emb.inv_freq")
 }
 
 fn list(names: &[String]) -> String {

@@ -1,5 +1,6 @@
 //! One file per architecture, each a [`CausalLm`] built on the [layer kit](super::nn) and read
-//! from its Hugging Face config and weights by `transformers`' names: [`gpt2`] today.
+//! from its Hugging Face config and weights by `transformers`' names: [`gpt2`], and [`llama`]
+//! (Llama, Mistral, Qwen2, Qwen3: one shape, switched by `model_type`).
 //! [`from_pretrained`] is `AutoModelForCausalLM`: it reads `config.json`, dispatches on its
 //! `model_type`, and names an unsupported type with the list of supported ones.
 //!
@@ -27,6 +28,7 @@
 //! ```
 
 pub mod gpt2;
+pub mod llama;
 
 use std::path::Path as FsPath;
 
@@ -37,7 +39,7 @@ use super::weights::{CONFIG_FILE, WEIGHTS_FILE};
 use crate::error::{Error, Result};
 
 /// The `model_type`s [`from_pretrained`] builds.
-pub const SUPPORTED: &[&str] = &["gpt2"];
+pub const SUPPORTED: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "qwen3"];
 
 /// The `model_type` of a `config.json`.
 ///
@@ -76,6 +78,10 @@ pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn
         "gpt2" => Ok(Box::new(gpt2::Gpt2Model::new(
             path,
             &gpt2::Gpt2Config::from_json_file(config_file)?,
+        )?)),
+        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::LlamaModel::new(
+            path,
+            &llama::LlamaConfig::from_json_file(config_file)?,
         )?)),
         other => Err(Error::InvalidFile {
             op: "models::from_config_file",

@@ -1,0 +1,167 @@
+//! The Llama family (`modules::llm::models::llama`: Llama, Mistral, Qwen2, Qwen3) against
+//! `transformers`: tiny random-init checkpoints saved by `save_pretrained` and their logits,
+//! recorded by `specs/record_llama.py` into `specs/llama/` and `specs/llama_cases.json`.
+
+mod recorded;
+
+use recorded::{file, int_tensor, tensor};
+use serde_json::Value;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use torchrl::modules::llm::models::llama::{LlamaConfig, LlamaModel};
+use torchrl::modules::llm::{
+    models, CausalLm, CausalLmWithHydraValueHead, CausalLmWithScoreHead, LmInput,
+};
+
+const RECORDER: &str = "record_llama.py";
+const NAMES: [&str; 5] = [
+    "llama_gqa_llama3",
+    "llama_bias_linear_v4",
+    "qwen2_mqa",
+    "qwen3_head_dim",
+    "mistral_window",
+];
+
+fn dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("specs")
+        .join("llama")
+        .join(name)
+}
+
+fn case(name: &str, which: &str) -> Value {
+    let all = file("llama_cases.json", RECORDER);
+    all["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["name"] == format!("{name}/{which}"))
+        .unwrap_or_else(|| panic!("no case {name}/{which}"))
+        .clone()
+}
+
+/// The largest difference over the positions whose mask is 1.
+fn max_masked_diff(ours: &Tensor, theirs: &Tensor, mask: Option<&Tensor>) -> f64 {
+    let d = (ours.to_kind(Kind::Double) - theirs).abs();
+    let d = match mask {
+        Some(m) => d * m.to_kind(Kind::Double).unsqueeze(-1),
+        None => d,
+    };
+    d.max().double_value(&[])
+}
+
+#[test]
+fn every_family_member_matches_transformers_logits() {
+    for name in NAMES {
+        let vs = VarStore::new(Device::Cpu);
+        // the Auto entry point dispatches on model_type
+        let model = models::from_pretrained(&vs.root(), dir(name)).unwrap();
+        for which in ["logits_plain", "logits_left_pad"] {
+            let c = case(name, which);
+            let ids = int_tensor(&c["args"]["input_ids"]);
+            let mask = (!c["args"]["attention_mask"].is_null())
+                .then(|| int_tensor(&c["args"]["attention_mask"]));
+            let mut input = LmInput::new(&ids);
+            if let Some(m) = &mask {
+                input = input.with_attention_mask(m);
+            }
+            let logits = model.forward(&input, None).unwrap().logits().unwrap();
+            let want = tensor(&c["expect"]["logits"]);
+            let d = max_masked_diff(&logits, &want, mask.as_ref());
+            eprintln!("{name}/{which}: max abs diff {d:.2e}");
+            assert!(d < 1e-4, "{name}/{which}: {d}");
+        }
+    }
+}
+
+#[test]
+fn both_config_forms_and_the_eos_list_are_read() {
+    // 4.x: rope_theta + rope_scaling {"type": "linear"}; 5.x: rope_parameters
+    let v4 = LlamaConfig::from_json_file(dir("llama_bias_linear_v4").join("config.json")).unwrap();
+    let v5 = LlamaConfig::from_json_file(dir("llama_gqa_llama3").join("config.json")).unwrap();
+    let (theta4, s4) = v4.rope().unwrap();
+    assert_eq!(theta4, 10_000.0);
+    assert!(
+        matches!(s4, torchrl::modules::llm::nn::RopeScaling::Linear { factor } if factor == 2.0)
+    );
+    let (theta5, s5) = v5.rope().unwrap();
+    assert_eq!(theta5, 500_000.0);
+    assert!(matches!(
+        s5,
+        torchrl::modules::llm::nn::RopeScaling::Llama3 { factor, .. } if factor == 8.0
+    ));
+    // Llama 3's list of EOS ids: the first is the facts' EOS
+    assert_eq!(v5.facts().eos_token_id, Some(2));
+    assert_eq!(v5.facts().pad_token_id, Some(0));
+    // a window shorter than the context is refused by name; Qwen's is off unless switched on
+    let mut short: LlamaConfig = serde_json::from_str(
+        r#"{"model_type": "mistral", "vocab_size": 10, "sliding_window": 16,
+            "max_position_embeddings": 64}"#,
+    )
+    .unwrap();
+    assert!(short
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("sliding_window"));
+    short.model_type = "qwen2".into();
+    assert!(short.validate().is_ok());
+    short.use_sliding_window = Some(true);
+    assert!(short.validate().is_err());
+    // unknown types are named
+    let e: LlamaConfig =
+        serde_json::from_str(r#"{"model_type": "gemma", "vocab_size": 10}"#).unwrap();
+    assert!(e.validate().unwrap_err().to_string().contains("gemma"));
+}
+
+#[test]
+fn a_saved_folder_loads_back_and_heads_run_on_it() {
+    let tmp = std::env::temp_dir().join(format!("torchrl-llama-{}", std::process::id()));
+    for name in ["qwen3_head_dim", "llama_bias_linear_v4"] {
+        let vs = VarStore::new(Device::Cpu);
+        let model = LlamaModel::from_pretrained(&vs.root(), dir(name)).unwrap();
+        model.save_pretrained(&tmp).unwrap();
+        let vs2 = VarStore::new(Device::Cpu);
+        let again = models::from_pretrained(&vs2.root(), &tmp).unwrap();
+        let ids = Tensor::from_slice(&[3i64, 4, 5, 6]).view([1, 4]);
+        let a = model
+            .forward(&LmInput::new(&ids), None)
+            .unwrap()
+            .logits()
+            .unwrap();
+        let b = again
+            .forward(&LmInput::new(&ids), None)
+            .unwrap()
+            .logits()
+            .unwrap();
+        assert!(a.equal(&b), "{name}");
+        // the tied model saves no lm_head.weight, as transformers does
+        let names: Vec<String> = model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            names.contains(&"lm_head.weight".to_string()),
+            !model.config().tie_word_embeddings
+        );
+        // hydra (one unfrozen block) and a score head on it
+        let vs3 = VarStore::new(Device::Cpu);
+        let hydra = CausalLmWithHydraValueHead::from_model(
+            &vs3.root(),
+            LlamaModel::from_pretrained(&vs3.root(), dir(name)).unwrap(),
+            1,
+        )
+        .unwrap();
+        let out = hydra.forward(&LmInput::new(&ids)).unwrap();
+        assert!((out.logits - out.ref_logits).abs().max().double_value(&[]) < 1e-5);
+        let vs4 = VarStore::new(Device::Cpu);
+        let score = CausalLmWithScoreHead::from_model(
+            &vs4.root(),
+            LlamaModel::from_pretrained(&vs4.root(), dir(name)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(score.forward(&LmInput::new(&ids)).unwrap().size(), vec![1]);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
