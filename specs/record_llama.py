@@ -11,7 +11,12 @@ For each tiny random-init model below it writes ``specs/llama/<name>/config.json
 
 - ``logits_plain``: logits ``[B, T, V]`` for fixed ``input_ids`` (no padding);
 - ``logits_left_pad``: logits of a left-padded batch with the position ids ``generate`` uses
-  (``cumsum(mask) - 1``, pads set to 1); only positions whose mask is 1 are meaningful.
+  (``cumsum(mask) - 1``, pads set to 1); only positions whose mask is 1 are meaningful;
+- ``greedy``: ``generate(do_sample=False, max_new_tokens=8)`` on left-padded prompts (every
+  step's top-1 / top-2 margin asserted >= 2e-3, so a float32 port within 1e-4 picks the same).
+
+``qwen2_score`` is a ``Qwen2ForSequenceClassification(num_labels=1)`` (the reward-model shape):
+its scores, read at each row's last non-pad token, for a left- and a right-padded batch.
 
 The models cover what the family differs by: grouped-query and multi-query heads, ``llama3``
 and ``linear`` rope scaling, attention and MLP biases (Llama), Qwen2's q/k/v biases, Qwen3's
@@ -59,7 +64,7 @@ MODELS = {
     "mistral_window": dict(model_type="mistral", num_key_value_heads=2, eos_token_id=2,
                            sliding_window=4096, tie_word_embeddings=False,
                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                           seed=4),
+                           seed=5),
 }
 
 
@@ -124,6 +129,56 @@ def record_model(name, spec):
                       "args": {"input_ids": tensor_json(ids), "attention_mask": tensor_json(mask),
                                "position_ids": tensor_json(pos)},
                       "expect": {"logits": tensor_json(logits)}})
+        prompt = torch.randint(3, V, (3, 5), generator=g)
+        pmask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
+        prompt = prompt.masked_fill(pmask == 0, PAD)
+        out = model.generate(input_ids=prompt, attention_mask=pmask, do_sample=False,
+                             max_new_tokens=8, eos_token_id=None, pad_token_id=PAD)
+        full_mask = torch.cat([pmask, torch.ones(3, 8, dtype=pmask.dtype)], dim=1)
+        logits = model(input_ids=out, attention_mask=full_mask,
+                       position_ids=position_ids_for(full_mask)).logits
+        for step in range(8):
+            top2 = logits[:, 4 + step].topk(2, dim=-1).values
+            margin = (top2[:, 0] - top2[:, 1]).min().item()
+            assert margin >= 2e-3, f"{name}: greedy margin {margin} at step {step}"
+        cases.append({"name": f"{name}/greedy", "op": "generate",
+                      "args": {"input_ids": tensor_json(prompt),
+                               "attention_mask": tensor_json(pmask), "max_new_tokens": 8},
+                      "expect": {"sequences": tensor_json(out)}})
+    return cases
+
+
+def record_score():
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    torch.manual_seed(7)
+    cfg = Qwen2Config(num_labels=1, num_key_value_heads=2, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                      **COMMON)
+    cfg._attn_implementation = "eager"
+    model = Qwen2ForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+            elif "norm" in pname:
+                p.uniform_(0.5, 1.5)
+    out_dir = os.path.join(ROOT, "llama", "qwen2_score")
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    g = torch.Generator().manual_seed(107)
+    cases = []
+    with torch.no_grad():
+        for which, mask in (("score_left_pad", [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
+                            ("score_right_pad", [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])):
+            mask = torch.tensor(mask)
+            ids = torch.randint(3, COMMON["vocab_size"], (2, 6), generator=g)
+            ids = ids.masked_fill(mask == 0, PAD)
+            pos = position_ids_for(mask)
+            score = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]
+            cases.append({"name": f"qwen2_score/{which}", "op": "score",
+                          "args": {"input_ids": tensor_json(ids),
+                                   "attention_mask": tensor_json(mask)},
+                          "expect": {"score": tensor_json(score)}})
     return cases
 
 
@@ -132,6 +187,7 @@ def main():
     cases = []
     for name, spec in MODELS.items():
         cases.extend(record_model(name, spec))
+    cases.extend(record_score())
     out = {"recorded_with": {"transformers": transformers.__version__,
                              "torch": torch.__version__},
            "cases": cases}

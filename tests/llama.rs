@@ -165,3 +165,80 @@ fn a_saved_folder_loads_back_and_heads_run_on_it() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn greedy_tokens_and_incremental_decoding_match() {
+    use torchrl::modules::llm::{generate, GenerationConfig};
+    for name in NAMES {
+        let vs = VarStore::new(Device::Cpu);
+        let model = models::from_pretrained(&vs.root(), dir(name)).unwrap();
+        let c = case(name, "greedy");
+        let prompt = int_tensor(&c["args"]["input_ids"]);
+        let mask = int_tensor(&c["args"]["attention_mask"]);
+        let cfg = GenerationConfig::new(8).with_pad_token_id(0);
+        let out = generate(
+            model.as_ref(),
+            &prompt,
+            Some(&mask),
+            &cfg,
+            &mut torchrl::Generator::new(0),
+        )
+        .unwrap();
+        let want = int_tensor(&c["expect"]["sequences"]);
+        assert!(out.sequences.equal(&want), "{name}: {:?}", out.sequences);
+        // one token at a time through the cache = the full forward, at every real position
+        let full_mask = Tensor::cat(
+            &[&mask, &Tensor::ones([3, 8], (Kind::Int64, Device::Cpu))],
+            1,
+        );
+        let full = model
+            .forward(&LmInput::new(&want).with_attention_mask(&full_mask), None)
+            .unwrap()
+            .logits()
+            .unwrap();
+        let mut cache = model.new_cache();
+        for t in 0..13 {
+            let step =
+                model
+                    .forward(
+                        &LmInput::new(&want.narrow(1, t, 1))
+                            .with_attention_mask(&full_mask.narrow(1, 0, t + 1)),
+                        Some(&mut cache),
+                    )
+                    .unwrap()
+                    .logits()
+                    .unwrap();
+            let d = max_masked_diff(
+                &step.squeeze_dim(1),
+                &full.select(1, t).to_kind(Kind::Double),
+                Some(&full_mask.select(1, t)),
+            );
+            assert!(d < 1e-4, "{name} step {t}: {d}");
+        }
+    }
+}
+
+#[test]
+fn a_qwen2_sequence_classifier_scores_as_transformers() {
+    let vs = VarStore::new(Device::Cpu);
+    let rm = CausalLmWithScoreHead::from_pretrained(&vs.root(), dir("qwen2_score")).unwrap();
+    for which in ["score_left_pad", "score_right_pad"] {
+        let c = case("qwen2_score", which);
+        let ids = int_tensor(&c["args"]["input_ids"]);
+        let mask = int_tensor(&c["args"]["attention_mask"]);
+        let score = rm
+            .forward(&LmInput::new(&ids).with_attention_mask(&mask))
+            .unwrap();
+        let want = tensor(&c["expect"]["score"]);
+        let d = (score.to_kind(Kind::Double) - want)
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(d < 1e-4, "{which}: {d}");
+    }
+    // no LM head in a sequence classifier's names
+    assert!(rm
+        .named_parameters()
+        .iter()
+        .all(|(n, _)| n != "lm_head.weight"));
+}

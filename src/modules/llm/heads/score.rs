@@ -80,9 +80,17 @@ impl CausalLmWithScoreHead {
         )
     }
 
-    /// The trunk's parameters and `score.weight`, by `transformers` name.
+    /// The trunk's parameters and `score.weight`, by `transformers` name. A sequence
+    /// classifier has no LM head: an untied trunk's `lm_head.weight` is not listed (nor saved,
+    /// nor expected in a checkpoint), as `*ForSequenceClassification` has none.
     pub fn named_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut out = self.model.0.named_parameters();
+        let mut out: Vec<(String, &Tensor)> = self
+            .model
+            .0
+            .named_parameters()
+            .into_iter()
+            .filter(|(n, _)| n != "lm_head.weight")
+            .collect();
         out.push(("score.weight".to_string(), &self.score));
         out
     }
