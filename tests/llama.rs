@@ -242,3 +242,109 @@ fn a_qwen2_sequence_classifier_scores_as_transformers() {
         .iter()
         .all(|(n, _)| n != "lm_head.weight"));
 }
+
+/// A copy of a recorded folder in a fresh temporary directory.
+fn copy_folder(name: &str, tag: &str) -> std::path::PathBuf {
+    let to = std::env::temp_dir().join(format!("torchrl-llama-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::create_dir_all(&to).unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(dir(name).join(f), to.join(f)).unwrap();
+    }
+    to
+}
+
+#[test]
+fn sharded_checkpoints_load_and_bad_shards_are_named() {
+    let name = "llama_gqa_llama3";
+    let folder = copy_folder(name, "shards");
+    // split model.safetensors into two shards with an index, as transformers writes them
+    let tensors = Tensor::read_safetensors(folder.join("model.safetensors")).unwrap();
+    std::fs::remove_file(folder.join("model.safetensors")).unwrap();
+    let (a, b): (Vec<_>, Vec<_>) = tensors
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    let shard = |part: Vec<(usize, (String, Tensor))>, file: &str| {
+        let named: Vec<(String, Tensor)> = part.into_iter().map(|(_, nt)| nt).collect();
+        Tensor::write_safetensors(&named, folder.join(file)).unwrap();
+        named.into_iter().map(|(n, _)| n).collect::<Vec<_>>()
+    };
+    let names_a = shard(a, "model-00001-of-00002.safetensors");
+    let names_b = shard(b, "model-00002-of-00002.safetensors");
+    let mut map = serde_json::Map::new();
+    for n in names_a {
+        map.insert(n, "model-00001-of-00002.safetensors".into());
+    }
+    for n in names_b {
+        map.insert(n, "model-00002-of-00002.safetensors".into());
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(
+        folder.join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let vs = VarStore::new(Device::Cpu);
+    let model = models::from_pretrained(&vs.root(), &folder).unwrap();
+    let c = case(name, "logits_plain");
+    let ids = int_tensor(&c["args"]["input_ids"]);
+    let logits = model
+        .forward(&LmInput::new(&ids), None)
+        .unwrap()
+        .logits()
+        .unwrap();
+    let d = max_masked_diff(&logits, &tensor(&c["expect"]["logits"]), None);
+    assert!(d < 1e-4, "{d}");
+    // generation_config.json's EOS list gives the facts' EOS (its first id)
+    assert_eq!(model.facts().eos_token_id, Some(2));
+    // a missing shard is named, and nothing is half-loaded
+    let before: Vec<Tensor> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(_, t)| t.copy())
+        .collect();
+    std::fs::rename(
+        folder.join("model-00002-of-00002.safetensors"),
+        folder.join("gone.safetensors"),
+    )
+    .unwrap();
+    let err = model.load_folder(&folder).unwrap_err().to_string();
+    assert!(err.contains("model-00002-of-00002"), "{err}");
+    // a truncated shard is refused by name
+    let bytes = std::fs::read(folder.join("gone.safetensors")).unwrap();
+    std::fs::write(
+        folder.join("model-00002-of-00002.safetensors"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
+    let err = model.load_folder(&folder).unwrap_err().to_string();
+    assert!(err.contains("model-00002-of-00002"), "{err}");
+    for ((_, now), was) in model.named_parameters().into_iter().zip(&before) {
+        assert!(now.equal(was));
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
+#[test]
+fn generation_config_ids_are_the_defaults() {
+    let folder = copy_folder("qwen2_mqa", "genconf");
+    std::fs::write(
+        folder.join("generation_config.json"),
+        r#"{"bos_token_id": 4, "eos_token_id": [7, 8], "pad_token_id": 9}"#,
+    )
+    .unwrap();
+    let vs = VarStore::new(Device::Cpu);
+    let model = models::from_pretrained(&vs.root(), &folder).unwrap();
+    let f = model.facts();
+    assert_eq!(
+        (f.bos_token_id, f.eos_token_id, f.pad_token_id),
+        (Some(4), Some(7), Some(9))
+    );
+    // without the file, config.json's ids
+    std::fs::remove_file(folder.join("generation_config.json")).unwrap();
+    let vs2 = VarStore::new(Device::Cpu);
+    let model = models::from_pretrained(&vs2.root(), &folder).unwrap();
+    assert_eq!(model.facts().eos_token_id, Some(2));
+    let _ = std::fs::remove_dir_all(&folder);
+}

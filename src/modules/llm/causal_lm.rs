@@ -398,6 +398,24 @@ pub trait CausalLm: Send + fmt::Debug {
         weights::load_into(op, file, &params, tensors, tied)
     }
 
+    /// Loads a model folder's weights: `model.safetensors`, or the shards of
+    /// `model.safetensors.index.json`. Everything is read and checked before any parameter
+    /// changes.
+    ///
+    /// # Errors
+    /// A missing or unreadable file or shard (named), or tensors that do not fit.
+    fn load_folder(&self, dir: &FsPath) -> Result<()> {
+        let op = "CausalLm::load_folder";
+        let (file, tensors) = weights::read_folder(op, dir)?;
+        let params = self.named_parameters();
+        let tied = if self.facts().tie_word_embeddings {
+            Some(("lm_head.weight", self.lm_head_weight()))
+        } else {
+            None
+        };
+        weights::load_into(op, &file, &params, tensors, tied)
+    }
+
     /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), each
     /// atomically, as `transformers`' `save_pretrained` lays them out.
     ///

@@ -48,6 +48,10 @@ use crate::error::{Error, Result, ShapeFmt};
 pub const CONFIG_FILE: &str = "config.json";
 /// The weights' file name inside a model folder.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The index of a sharded checkpoint (`weight_map`: tensor name → shard file).
+pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
+/// The generation defaults `transformers` saves beside the config.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 /// `name` as a `GPT2LMHeadModel` parameter name.
 fn canonical(name: &str) -> String {
@@ -113,6 +117,96 @@ pub(crate) fn fit_report(
         reasons.push(format!("mis-shaped tensors: {}", list(&misshaped)));
     }
     reasons
+}
+
+/// Reads a model folder's weights: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names (each read once; a tensor the index maps to a shard
+/// that does not hold it, or a missing or unreadable shard, is an error naming the file).
+/// Returns the path errors about the weights should name, and the tensors.
+pub(crate) fn read_folder(
+    op: &'static str,
+    dir: &FsPath,
+) -> Result<(std::path::PathBuf, Vec<(String, Tensor)>)> {
+    let single = dir.join(WEIGHTS_FILE);
+    let index = dir.join(WEIGHTS_INDEX_FILE);
+    if single.exists() || !index.exists() {
+        let tensors = read_tensors(op, &single)?;
+        return Ok((single, tensors));
+    }
+    let bad = |reason: String| Error::InvalidFile {
+        op,
+        path: index.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(&index).map_err(|source| Error::Io {
+        op,
+        path: index.display().to_string(),
+        source,
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    let mut shards: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, file) in map {
+        let file = file
+            .as_str()
+            .filter(|f| !f.contains('/') && !f.contains('\\') && f.ends_with(".safetensors"))
+            .ok_or_else(|| bad(format!("weight_map[{name:?}] is not a shard file name")))?;
+        shards
+            .entry(file.to_string())
+            .or_default()
+            .push(name.clone());
+    }
+    let mut out = Vec::new();
+    for (file, names) in shards {
+        let path = dir.join(&file);
+        let tensors = read_tensors(op, &path)?;
+        let held: std::collections::BTreeSet<&str> =
+            tensors.iter().map(|(n, _)| n.as_str()).collect();
+        if let Some(missing) = names.iter().find(|n| !held.contains(n.as_str())) {
+            return Err(Error::InvalidFile {
+                op,
+                path: path.display().to_string(),
+                reason: format!("the index maps {missing} to this shard, which does not hold it"),
+            });
+        }
+        out.extend(tensors);
+    }
+    Ok((index, out))
+}
+
+/// The special ids of a folder's `generation_config.json` (`bos`, `eos`, `pad`; a list of EOS
+/// ids gives its first), `None` each where absent; `Ok(None)` without the file.
+pub(crate) fn generation_ids(dir: &FsPath) -> Result<Option<[Option<i64>; 3]>> {
+    let op = "weights::generation_ids";
+    let file = dir.join(GENERATION_CONFIG_FILE);
+    if !file.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&file).map_err(|source| Error::Io {
+        op,
+        path: file.display().to_string(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
+        op,
+        path: file.display().to_string(),
+        reason: format!("not JSON: {e}"),
+    })?;
+    let id = |key: &str| -> Option<i64> {
+        match value.get(key)? {
+            serde_json::Value::Array(v) => v.first().and_then(|x| x.as_i64()),
+            v => v.as_i64(),
+        }
+    };
+    Ok(Some([
+        id("bos_token_id"),
+        id("eos_token_id"),
+        id("pad_token_id"),
+    ]))
 }
 
 /// Reads a safetensors file into `(name, tensor)` pairs, errors naming the file.

@@ -64,8 +64,7 @@ impl CausalLmWithScoreHead {
         let dir = dir.as_ref();
         let model = models::from_config_file(path, &dir.join(weights::CONFIG_FILE))?;
         let this = Self::from_model(path, model)?;
-        let file = dir.join(weights::WEIGHTS_FILE);
-        let tensors = weights::read_tensors(op, &file)?;
+        let (file, tensors) = weights::read_folder(op, dir)?;
         weights::load_into(op, &file, &this.named_parameters(), tensors, None)?;
         Ok(this)
     }

@@ -49,7 +49,7 @@ use crate::modules::llm::nn::{
     GatedMlp, Linear, QkvProjection, RmsNorm, RopeScaling, RotaryEmbedding, WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
-use crate::modules::llm::weights::{CONFIG_FILE, WEIGHTS_FILE};
+use crate::modules::llm::weights::CONFIG_FILE;
 
 /// The `model_type`s this file builds.
 pub const LLAMA_FAMILY: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
@@ -495,7 +495,7 @@ impl LlamaModel {
         let dir = dir.as_ref();
         let config = LlamaConfig::from_json_file(dir.join(CONFIG_FILE))?;
         let model = LlamaModel::new(path, &config)?;
-        model.load_safetensors(&dir.join(WEIGHTS_FILE))?;
+        model.load_folder(dir)?;
         Ok(model)
     }
 

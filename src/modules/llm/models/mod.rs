@@ -35,7 +35,7 @@ use std::path::Path as FsPath;
 use tch::nn::Path;
 
 use super::causal_lm::CausalLm;
-use super::weights::{CONFIG_FILE, WEIGHTS_FILE};
+use super::weights::{generation_ids, CONFIG_FILE};
 use crate::error::{Error, Result};
 
 /// The `model_type`s [`from_pretrained`] builds.
@@ -74,15 +74,36 @@ pub fn model_type(config_file: &FsPath) -> Result<String> {
 /// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config.
 pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn CausalLm>> {
     let kind = model_type(config_file)?;
+    // generation_config.json's special ids, when present beside the config, are the defaults
+    // (as transformers' generate uses them)
+    let ids = match config_file.parent() {
+        Some(dir) => generation_ids(dir)?,
+        None => None,
+    };
     match kind.as_str() {
-        "gpt2" => Ok(Box::new(gpt2::Gpt2Model::new(
-            path,
-            &gpt2::Gpt2Config::from_json_file(config_file)?,
-        )?)),
-        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::LlamaModel::new(
-            path,
-            &llama::LlamaConfig::from_json_file(config_file)?,
-        )?)),
+        "gpt2" => {
+            let mut cfg = gpt2::Gpt2Config::from_json_file(config_file)?;
+            if let Some([bos, eos, pad]) = ids {
+                cfg.bos_token_id = bos.or(cfg.bos_token_id);
+                cfg.eos_token_id = eos.or(cfg.eos_token_id);
+                cfg.pad_token_id = pad.or(cfg.pad_token_id);
+            }
+            Ok(Box::new(gpt2::Gpt2Model::new(path, &cfg)?))
+        }
+        "llama" | "mistral" | "qwen2" | "qwen3" => {
+            let mut cfg = llama::LlamaConfig::from_json_file(config_file)?;
+            if let Some([bos, eos, pad]) = ids {
+                let set = |v: Option<i64>, old: &mut Option<llama::TokenIds>| {
+                    if let Some(v) = v {
+                        *old = Some(llama::TokenIds::One(v));
+                    }
+                };
+                set(bos, &mut cfg.bos_token_id);
+                set(eos, &mut cfg.eos_token_id);
+                set(pad, &mut cfg.pad_token_id);
+            }
+            Ok(Box::new(llama::LlamaModel::new(path, &cfg)?))
+        }
         other => Err(Error::InvalidFile {
             op: "models::from_config_file",
             path: config_file.display().to_string(),
@@ -94,8 +115,9 @@ pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn
     }
 }
 
-/// Builds the model of a `transformers` folder (`config.json` + `model.safetensors`) under
-/// `path`, by its `model_type` (`AutoModelForCausalLM.from_pretrained`).
+/// Builds the model of a `transformers` folder (`config.json` + `model.safetensors`, or the
+/// shards of `model.safetensors.index.json`; `generation_config.json`'s special ids as
+/// defaults) under `path`, by its `model_type` (`AutoModelForCausalLM.from_pretrained`).
 ///
 /// # Errors
 /// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config; weights that
@@ -103,6 +125,6 @@ pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn
 pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Box<dyn CausalLm>> {
     let dir = dir.as_ref();
     let model = from_config_file(path, &dir.join(CONFIG_FILE))?;
-    model.load_safetensors(&dir.join(WEIGHTS_FILE))?;
+    model.load_folder(dir)?;
     Ok(model)
 }

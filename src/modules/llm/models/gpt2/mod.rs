@@ -62,7 +62,7 @@ use crate::modules::llm::nn::{
     Linear, Mlp, QkvProjection, WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
-use crate::modules::llm::weights::{CONFIG_FILE, WEIGHTS_FILE};
+use crate::modules::llm::weights::CONFIG_FILE;
 
 /// GPT-2 with its tied LM head. See the [module docs](self).
 pub struct Gpt2Model {
@@ -157,7 +157,7 @@ impl Gpt2Model {
         let dir = dir.as_ref();
         let config = Gpt2Config::from_json_file(dir.join(CONFIG_FILE))?;
         let model = Gpt2Model::new(path, &config)?;
-        model.load_safetensors(&dir.join(WEIGHTS_FILE))?;
+        model.load_folder(dir)?;
         Ok(model)
     }
 
