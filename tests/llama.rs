@@ -121,6 +121,19 @@ fn a_saved_folder_loads_back_and_heads_run_on_it() {
         let vs = VarStore::new(Device::Cpu);
         let model = LlamaModel::from_pretrained(&vs.root(), dir(name)).unwrap();
         model.save_pretrained(&tmp).unwrap();
+        // what transformers reads back: no nulls (Qwen2 fails on "head_dim": null), the
+        // resolved head layout, the architecture
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(tmp.join("config.json")).unwrap())
+                .unwrap();
+        let obj = written.as_object().unwrap();
+        assert!(obj.values().all(|v| !v.is_null()), "{written}");
+        assert_eq!(written["head_dim"], model.config().head_dim());
+        assert_eq!(written["num_key_value_heads"], model.config().kv_heads());
+        assert!(written["architectures"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("ForCausalLM"));
         let vs2 = VarStore::new(Device::Cpu);
         let again = models::from_pretrained(&vs2.root(), &tmp).unwrap();
         let ids = Tensor::from_slice(&[3i64, 4, 5, 6]).view([1, 4]);

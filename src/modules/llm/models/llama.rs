@@ -125,10 +125,10 @@ pub struct LlamaConfig {
     #[serde(default = "d_heads")]
     pub num_attention_heads: i64,
     /// Key-value heads (`None`: as many as the query heads).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_key_value_heads: Option<i64>,
     /// Width of a head (`None`: `hidden_size / num_attention_heads`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<i64>,
     /// The MLP activation (`"silu"`).
     #[serde(default = "d_act")]
@@ -140,13 +140,13 @@ pub struct LlamaConfig {
     #[serde(default = "d_eps")]
     pub rms_norm_eps: f64,
     /// The rotary base (4.x form; 5.x puts it in `rope_parameters`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
     /// The rotary scaling (4.x form).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<Value>,
     /// The rotary base and scaling (5.x form).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_parameters: Option<Value>,
     /// Biases on the attention projections (Llama, Qwen3; Qwen2's q/k/v always have them).
     #[serde(default)]
@@ -161,19 +161,19 @@ pub struct LlamaConfig {
     #[serde(default = "d_init")]
     pub initializer_range: f64,
     /// Beginning-of-sequence id(s).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<TokenIds>,
     /// End-of-sequence id(s).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_token_id: Option<TokenIds>,
     /// Padding id(s).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pad_token_id: Option<TokenIds>,
     /// Mistral's / Qwen's sliding attention window.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<i64>,
     /// Qwen's switch for the sliding window.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_sliding_window: Option<bool>,
 }
 
@@ -580,6 +580,12 @@ impl CausalLm for LlamaModel {
             map.insert(
                 "architectures".into(),
                 Value::from(vec![self.config.architecture()]),
+            );
+            // the resolved head layout, so that every reader sees the same shape
+            map.insert("head_dim".into(), Value::from(self.config.head_dim()));
+            map.insert(
+                "num_key_value_heads".into(),
+                Value::from(self.config.kv_heads()),
             );
         }
         serde_json::to_string_pretty(&value)
