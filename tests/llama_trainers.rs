@@ -1,7 +1,7 @@
 //! The RLHF trainers on a Llama-family policy (a tiny Qwen3-shaped model: rotary, grouped-query
 //! heads, q/k norms, untied head) as well as on GPT-2: GRPO learns the hidden rule and resumes
-//! exactly, a PPO-RLHF iteration steps, DPO at init is ln 2 and resumes exactly, and SFT's
-//! loss falls.
+//! exactly, a PPO-RLHF iteration steps, DPO at init is ln 2 and resumes exactly, SFT's loss
+//! falls, a reward model learns a preference, and ILQL spends its budget.
 
 use std::sync::Mutex;
 
@@ -224,4 +224,79 @@ fn sft_on_a_llama_family_model_lowers_its_loss() {
     }
     let last = t.evaluate(&model, &rows).unwrap();
     assert!(last < first - 0.5, "{first} -> {last}");
+}
+
+#[test]
+fn a_llama_family_reward_model_learns_the_preference() {
+    use torchrl::modules::llm::CausalLmWithScoreHead;
+    use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
+    let _g = lock();
+    tch::manual_seed(10);
+    let vs = VarStore::new(Device::Cpu);
+    let rm = CausalLmWithScoreHead::new(&vs.root(), &cfg()).unwrap();
+    let tok = ByteTokenizer::new();
+    // chosen completions end in 'a', rejected in 'z'
+    let pairs: Vec<PreferencePair> = ["ab", "cd", "ef", "gh"]
+        .iter()
+        .map(|p| {
+            PreferencePair::new(
+                tok.encode(&format!("{p}a")).unwrap(),
+                tok.encode(&format!("{p}z")).unwrap(),
+            )
+        })
+        .collect();
+    let pad = tok.pad_token_id().unwrap();
+    let mut t =
+        RewardModelTrainer::new(rm, RewardTrainerConfig::default().with_pad_token_id(pad)).unwrap();
+    let first = t.evaluate(&pairs).unwrap();
+    for _ in 0..40 {
+        t.step(&pairs).unwrap();
+    }
+    let last = t.evaluate(&pairs).unwrap();
+    assert!(last.loss < first.loss, "{} -> {}", first.loss, last.loss);
+    assert_eq!(last.accuracy, 1.0);
+}
+
+#[test]
+fn ilql_on_a_llama_family_model_spends_its_budget() {
+    use torchrl::modules::llm::CausalLmWithIlqlHeads;
+    use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
+    use torchrl::trainers::ilql::{IlqlTrainer, IlqlTrlConfig};
+    let _g = lock();
+    tch::manual_seed(11);
+    let dir = scratch("ilql");
+    let vs = VarStore::new(Device::Cpu);
+    let model = CausalLmWithIlqlHeads::from_model(
+        &vs.root(),
+        LlamaModel::new(&vs.root(), &cfg()).unwrap(),
+        true,
+        0.5,
+    )
+    .unwrap();
+    let samples: Vec<IlqlTokenSample> = (0..8)
+        .map(|i| IlqlTokenSample::new(vec![98, 58], vec![97 + (i % 3), 97, 256], (i % 3) as f64))
+        .collect();
+    let data =
+        IlqlDataset::from_token_rows(&samples, &IlqlDataConfig::new().with_seq_length(16)).unwrap();
+    let mut c = IlqlTrlConfig::default();
+    c.train.batch_size = 4;
+    c.train.epochs = 3;
+    c.train.eval_interval = 1000;
+    c.train.checkpoint_interval = 1000;
+    c.train.checkpoint_dir = dir.display().to_string();
+    c.optimizer.kwargs.lr = 1e-2;
+    c.method.alpha = 0.5;
+    c.method.gen_kwargs.max_new_tokens = 3;
+    let mut t = IlqlTrainer::new(c, vs, model, data, Box::new(ByteTokenizer::new())).unwrap();
+    let mut losses = Vec::new();
+    {
+        let mut cb = Callbacks::new().on_log(|_, s| {
+            losses.push(s["loss"]);
+            Ok(())
+        });
+        t.learn(&mut cb).unwrap();
+    }
+    assert_eq!(t.iter_count(), 6); // 3 epochs of 2 minibatches
+    assert!(losses.iter().all(|l| l.is_finite()));
+    let _ = std::fs::remove_dir_all(&dir);
 }
