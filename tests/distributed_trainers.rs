@@ -261,6 +261,23 @@ fn out_dir() -> PathBuf {
     PathBuf::from(std::env::var_os(OUT_ENV).expect("the output folder"))
 }
 
+/// Set by the Llama-family workers: the GRPO trainers then hold a tiny Qwen3-shaped policy
+/// (rotary, grouped-query heads, q/k norms) instead of GPT-2.
+static LLAMA_POLICY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn llama() -> torchrl::modules::llm::models::llama::LlamaConfig {
+    let tok = ByteTokenizer::new();
+    serde_json::from_value(json!({
+        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
+        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
+        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
+        "pad_token_id": tok.pad_token_id(),
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
+    }))
+    .unwrap()
+}
+
 fn gpt() -> Gpt2Config {
     let tok = ByteTokenizer::new();
     Gpt2Config::new(tok.vocab_size())
@@ -925,10 +942,20 @@ fn grpo_trainer(
 ) -> (VarStore, GrpoTrainer) {
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
+    let use_llama = LLAMA_POLICY.load(std::sync::atomic::Ordering::SeqCst);
+    let model = if use_llama {
+        CausalLmWithHydraValueHead::new(&vs.root(), &llama(), 1).unwrap()
+    } else {
+        CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap()
+    };
     to_double(&mut vs, &model);
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&gpt().facts())
+    let facts = if use_llama {
+        llama().facts()
+    } else {
+        gpt().facts()
+    };
+    let env_cfg = TokenEnvConfig::for_model(&facts)
         .with_max_new_tokens(NEW)
         .with_batch_size(rollouts as i64)
         .with_num_generations(G as i64)
@@ -1011,7 +1038,25 @@ const GRPO_CASES: [(GrpoLossType, &str); 2] =
 
 #[test]
 fn data_parallel_grpo_equals_one_process_on_the_whole_store() {
-    let w = run_two("worker_grpo_halves");
+    check_grpo_halves(&run_two("worker_grpo_halves"));
+}
+
+#[test]
+fn data_parallel_grpo_on_a_llama_family_policy_equals_one_process() {
+    check_grpo_halves(&run_two("worker_grpo_halves_llama"));
+}
+
+#[test]
+#[ignore = "a worker process of data_parallel_grpo_on_a_llama_family_policy_equals_one_process"]
+fn worker_grpo_halves_llama() {
+    LLAMA_POLICY.store(true, std::sync::atomic::Ordering::SeqCst);
+    worker_grpo_halves();
+    if let Some(rank) = std::env::var("RANK").ok().and_then(|r| r.parse().ok()) {
+        done("worker_grpo_halves_llama", rank);
+    }
+}
+
+fn check_grpo_halves(w: &Workers) {
     for (_, name) in GRPO_CASES {
         let single = w.tensors(&format!("grpo_{name}_single.ot"));
         let init = w.tensors("grpo_init.ot");
