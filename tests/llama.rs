@@ -361,3 +361,48 @@ fn generation_config_ids_are_the_defaults() {
     assert_eq!(model.facts().eos_token_id, Some(2));
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+#[test]
+fn bf16_checkpoints_load_into_the_dtype_asked_for() {
+    // a bfloat16 copy of a recorded folder
+    let folder = copy_folder("qwen3_head_dim", "bf16");
+    let tensors = Tensor::read_safetensors(folder.join("model.safetensors")).unwrap();
+    let bf16: Vec<(String, Tensor)> = tensors
+        .into_iter()
+        .map(|(n, t)| (n, t.to_kind(Kind::BFloat16)))
+        .collect();
+    Tensor::write_safetensors(&bf16, folder.join("model.safetensors")).unwrap();
+    let ids = Tensor::from_slice(&[3i64, 4, 5, 6, 7]).view([1, 5]);
+    // into float32 parameters: the bf16 values, exactly
+    let vs = VarStore::new(Device::Cpu);
+    let f32_model = models::from_pretrained(&vs.root(), &folder).unwrap();
+    assert_eq!(f32_model.kind(), Kind::Float);
+    let (name, want) = &bf16[0];
+    let got = f32_model
+        .named_parameters()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap()
+        .1
+        .shallow_clone();
+    assert!(got.equal(&want.to_kind(Kind::Float)));
+    // into bfloat16 parameters (the store converted after loading): the same model in bf16
+    let mut vs16 = VarStore::new(Device::Cpu);
+    let bf16_model = models::from_pretrained(&vs16.root(), &folder).unwrap();
+    vs16.bfloat16();
+    assert_eq!(bf16_model.kind(), Kind::BFloat16);
+    let a = f32_model
+        .forward(&LmInput::new(&ids), None)
+        .unwrap()
+        .logits()
+        .unwrap();
+    let b = bf16_model
+        .forward(&LmInput::new(&ids), None)
+        .unwrap()
+        .logits()
+        .unwrap();
+    assert_eq!(b.kind(), Kind::BFloat16);
+    let d = (a - b.to_kind(Kind::Float)).abs().max().double_value(&[]);
+    assert!(d < 0.1, "bf16 vs f32 logits: {d}");
+    let _ = std::fs::remove_dir_all(&folder);
+}
