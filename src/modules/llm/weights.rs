@@ -322,6 +322,48 @@ pub(crate) fn save_folder(
     write_text(op, &dir.join(CONFIG_FILE), config_json)
 }
 
+/// Reads a `config.json` as `T`; errors name the file and, for JSON that is not a `what`
+/// config, serde's reason.
+pub(crate) fn read_config<T: serde::de::DeserializeOwned>(
+    op: &'static str,
+    path: &FsPath,
+    what: &str,
+) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
+        op,
+        path: path.display().to_string(),
+        reason: format!("not a {what} config.json: {e}"),
+    })
+}
+
+/// `config` as `transformers` writes `config.json`: pretty JSON with `architectures` set to
+/// `[architecture]` and the `extra` fields (resolved values) added.
+pub(crate) fn config_json(
+    op: &'static str,
+    config: &impl serde::Serialize,
+    architecture: &str,
+    extra: &[(&str, serde_json::Value)],
+) -> Result<String> {
+    let mut value = serde_json::to_value(config)
+        .map_err(|e| Error::invalid(op, format!("serialisation: {e}")))?;
+    if let serde_json::Value::Object(map) = &mut value {
+        map.insert(
+            "architectures".into(),
+            serde_json::Value::from(vec![architecture]),
+        );
+        for (k, v) in extra {
+            map.insert((*k).into(), v.clone());
+        }
+    }
+    serde_json::to_string_pretty(&value)
+        .map_err(|e| Error::invalid(op, format!("serialisation: {e}")))
+}
+
 /// Writes `text` to `file` through a temporary file and a rename.
 pub(crate) fn write_text(op: &'static str, file: &FsPath, text: &str) -> Result<()> {
     let tmp = file.with_extension("json.tmp");

@@ -49,7 +49,7 @@ use crate::modules::llm::nn::{
     GatedMlp, Linear, QkvProjection, RmsNorm, RopeScaling, RotaryEmbedding, WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
-use crate::modules::llm::weights::CONFIG_FILE;
+use crate::modules::llm::weights::{config_json, read_config, CONFIG_FILE};
 
 /// The `model_type`s this file builds.
 pub const LLAMA_FAMILY: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
@@ -341,18 +341,8 @@ impl LlamaConfig {
     /// # Errors
     /// An unreadable file, JSON that is not a Llama-family config, or an invalid field.
     pub fn from_json_file(path: impl AsRef<FsPath>) -> Result<Self> {
-        let op = "LlamaConfig::from_json_file";
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            op,
-            path: path.display().to_string(),
-            source,
-        })?;
-        let cfg: LlamaConfig = serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
-            op,
-            path: path.display().to_string(),
-            reason: format!("not a Llama-family config.json: {e}"),
-        })?;
+        let cfg: LlamaConfig =
+            read_config("LlamaConfig::from_json_file", path.as_ref(), "Llama-family")?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -572,24 +562,18 @@ impl CausalLm for LlamaModel {
         }))
     }
 
+    /// The config, with `architectures` and the resolved head layout (so that every reader
+    /// sees the same shape; no nulls: `transformers`' Qwen2 refuses `"head_dim": null`).
     fn config_json(&self) -> Result<String> {
-        let op = "LlamaConfig::to_json_string";
-        let mut value = serde_json::to_value(&self.config)
-            .map_err(|e| Error::invalid(op, format!("serialisation: {e}")))?;
-        if let Value::Object(map) = &mut value {
-            map.insert(
-                "architectures".into(),
-                Value::from(vec![self.config.architecture()]),
-            );
-            // the resolved head layout, so that every reader sees the same shape
-            map.insert("head_dim".into(), Value::from(self.config.head_dim()));
-            map.insert(
-                "num_key_value_heads".into(),
-                Value::from(self.config.kv_heads()),
-            );
-        }
-        serde_json::to_string_pretty(&value)
-            .map_err(|e| Error::invalid(op, format!("serialisation: {e}")))
+        config_json(
+            "LlamaConfig::to_json_string",
+            &self.config,
+            self.config.architecture(),
+            &[
+                ("head_dim", Value::from(self.config.head_dim())),
+                ("num_key_value_heads", Value::from(self.config.kv_heads())),
+            ],
+        )
     }
 }
 

@@ -23,6 +23,7 @@ use crate::error::{require, Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::causal_lm::LmFacts;
 use crate::modules::llm::nn::Activation;
+use crate::modules::llm::weights::{config_json, read_config};
 
 fn default_n_positions() -> i64 {
     1024
@@ -276,18 +277,7 @@ impl Gpt2Config {
 
     /// Reads a `transformers` `config.json` and validates it.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self> {
-        let op = "Gpt2Config::from_json_file";
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            op,
-            path: path.display().to_string(),
-            source,
-        })?;
-        let cfg: Gpt2Config = serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
-            op,
-            path: path.display().to_string(),
-            reason: format!("not a GPT-2 config.json: {e}"),
-        })?;
+        let cfg: Gpt2Config = read_config("Gpt2Config::from_json_file", path.as_ref(), "GPT-2")?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -295,17 +285,6 @@ impl Gpt2Config {
     /// The config as `transformers` writes it (`config.json`), with `architectures` set to
     /// `["GPT2LMHeadModel"]`.
     pub fn to_json_string(&self) -> Result<String> {
-        let mut value = serde_json::to_value(self).map_err(|e| {
-            Error::invalid("Gpt2Config::to_json_string", format!("serialisation: {e}"))
-        })?;
-        if let serde_json::Value::Object(map) = &mut value {
-            map.insert(
-                "architectures".to_string(),
-                serde_json::Value::from(vec!["GPT2LMHeadModel"]),
-            );
-        }
-        serde_json::to_string_pretty(&value).map_err(|e| {
-            Error::invalid("Gpt2Config::to_json_string", format!("serialisation: {e}"))
-        })
+        config_json("Gpt2Config::to_json_string", self, "GPT2LMHeadModel", &[])
     }
 }
