@@ -2,6 +2,7 @@
 //! token env that scores a policy's response, the per-token KL transforms and reward scaling
 //! on `(B, T, 1)` rewards.
 
+pub mod config;
 pub mod env;
 pub mod kl;
 pub mod kl_estimator;
