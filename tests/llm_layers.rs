@@ -291,7 +291,7 @@ fn a_cached_decode_equals_the_full_forward_on_a_llama_shaped_decoder() {
     let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1]).view([2, 6]);
     let pos = torchrl::modules::llm::position_ids_from_mask(&mask).unwrap();
     let ctx = decoder
-        .context(Some(&mask), &pos, 0, 6, CPU, Kind::Float)
+        .context(Some(&mask), Some(&pos), 0, 6, CPU, Kind::Float)
         .unwrap();
     let full = decoder
         .forward(x.shallow_clone(), &ctx, None, None)
@@ -300,7 +300,7 @@ fn a_cached_decode_equals_the_full_forward_on_a_llama_shaped_decoder() {
     for t in 0..6 {
         let m = mask.narrow(1, 0, t + 1);
         let ctx = decoder
-            .context(Some(&m), &pos.narrow(1, t, 1), t, 1, CPU, Kind::Float)
+            .context(Some(&m), Some(&pos.narrow(1, t, 1)), t, 1, CPU, Kind::Float)
             .unwrap();
         let step = decoder
             .forward(x.narrow(1, t, 1), &ctx, Some(&mut cache), None)
@@ -341,7 +341,9 @@ fn a_copied_top_runs_like_the_original_blocks() {
     assert_eq!(top.blocks().len(), 2);
     let hidden = Tensor::randn([1, 4, 16], (Kind::Float, CPU));
     let pos = Tensor::arange(4, (Kind::Int64, CPU)).view([1, 4]);
-    let ctx = decoder.context(None, &pos, 0, 4, CPU, Kind::Float).unwrap();
+    let ctx = decoder
+        .context(None, Some(&pos), 0, 4, CPU, Kind::Float)
+        .unwrap();
     let a = decoder.forward_from(1, &hidden, &ctx).unwrap();
     let b = top.forward_from(0, &hidden, &ctx).unwrap();
     assert!(max_diff(&a, &b) < 1e-6);
@@ -363,8 +365,12 @@ fn one_unpadded_new_token_needs_no_mask() {
     let vs = VarStore::new(CPU);
     let decoder = llama_like(&vs.root(), 1);
     let pos = Tensor::from_slice(&[3i64]).view([1, 1]);
-    let ctx = decoder.context(None, &pos, 3, 1, CPU, Kind::Float).unwrap();
+    let ctx = decoder
+        .context(None, Some(&pos), 3, 1, CPU, Kind::Float)
+        .unwrap();
     assert!(ctx.blocked.is_none() && ctx.rope.is_some());
+    // a rotary decoder without positions is an error, not a silent unrotated forward
+    assert!(decoder.context(None, None, 3, 1, CPU, Kind::Float).is_err());
 }
 
 // ------------------------------------------------------------------ a second architecture

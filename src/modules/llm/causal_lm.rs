@@ -313,7 +313,7 @@ pub trait CausalLm: Send + fmt::Debug {
         let pos = positions(input, past, t, device)?;
         let x = self.embed(input.input_ids, &pos)?;
         let decoder = self.decoder();
-        let ctx = decoder.context(input.attention_mask, &pos, past, t, device, x.kind())?;
+        let ctx = decoder.context(input.attention_mask, Some(&pos), past, t, device, x.kind())?;
         let out = decoder.forward(x, &ctx, cache.as_deref_mut(), options.capture_block_input)?;
         if let Some(c) = cache {
             c.advance(t, b);
@@ -533,7 +533,13 @@ fn positions(input: &LmInput<'_>, past: i64, t: i64, device: Device) -> Result<T
     if let Some(p) = input.position_ids {
         return Ok(p.f_to_kind(Kind::Int64)?);
     }
-    match input.attention_mask {
+    default_positions(input.attention_mask, past, t, device)
+}
+
+/// Position ids of `t` tokens after `past` cached ones: from the mask (`cumsum - 1`, pads 1)
+/// or `past..past + t` without one.
+fn default_positions(mask: Option<&Tensor>, past: i64, t: i64, device: Device) -> Result<Tensor> {
+    match mask {
         Some(m) => Ok(position_ids_from_mask(m)?.f_narrow(1, past, t)?),
         None => Ok(Tensor::f_arange_start(past, past + t, (Kind::Int64, device))?.f_view([1, t])?),
     }
@@ -580,17 +586,19 @@ pub(crate) fn run_from_block(
             ));
         }
     }
-    let pos = positions(
-        &LmInput {
-            input_ids: hidden,
-            attention_mask,
-            position_ids: None,
-        },
+    // positions only matter to a rotary table (GPT-2's entered with the embedding)
+    let pos = match decoder.rotary() {
+        Some(_) => Some(default_positions(attention_mask, 0, t, hidden.device())?),
+        None => None,
+    };
+    let ctx = decoder.context(
+        attention_mask,
+        pos.as_ref(),
         0,
         t,
         hidden.device(),
+        hidden.kind(),
     )?;
-    let ctx = decoder.context(attention_mask, &pos, 0, t, hidden.device(), hidden.kind())?;
     decoder.forward_from(start, hidden, &ctx)
 }
 

@@ -542,19 +542,11 @@ impl CausalLm for LlamaModel {
 
     fn copy_to(&self, path: &Path<'_>) -> Result<Box<dyn CausalLm>> {
         let m = path / "model";
-        let blocks = self
-            .decoder
-            .blocks()
-            .iter()
-            .enumerate()
-            .map(|(i, b)| b.copy_to(&(&m / "layers" / i)))
-            .collect::<Result<Vec<_>>>()?;
-        let rope = self.decoder.rotary().map(RotaryEmbedding::share);
         Ok(Box::new(LlamaModel {
             config: self.config.clone(),
             facts: self.facts.clone(),
             embed_tokens: copy_var(&(&m / "embed_tokens"), "weight", &self.embed_tokens)?,
-            decoder: Decoder::new(blocks, self.decoder.norm().copy_to(&m)?, rope),
+            decoder: self.decoder.copy_to(&(&m / "layers"), &m)?,
             lm_head: match &self.lm_head {
                 Some(h) => Some(copy_var(&(path / "lm_head"), "weight", h)?),
                 None => None,

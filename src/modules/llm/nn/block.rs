@@ -9,8 +9,8 @@
 //! `position_ids` `[B, T]`.
 //!
 //! ```
-//! use tch::{nn::VarStore, Device, Tensor};
-//! use torchrl::modules::llm::{CausalLm, Gpt2Config, Gpt2Model, LmInput};
+//! use tch::{nn::VarStore, Device};
+//! use torchrl::modules::llm::{CausalLm, Gpt2Config, Gpt2Model};
 //! # fn main() -> torchrl::Result<()> {
 //! let vs = VarStore::new(Device::Cpu);
 //! let cfg = Gpt2Config::new(20).with_n_layer(2).with_n_embd(8).with_n_head(2).with_n_positions(8);
@@ -21,7 +21,6 @@
 //! let names: Vec<String> = decoder.blocks()[0].named_parameters().into_iter().map(|(n, _)| n).collect();
 //! assert_eq!(names[0], "ln_1.weight");
 //! assert!(names.contains(&"attn.c_attn.weight".to_string()));
-//! # let _ = LmInput::new(&Tensor::zeros([1, 1], (tch::Kind::Int64, Device::Cpu)));
 //! # Ok(()) }
 //! ```
 
@@ -142,21 +141,30 @@ impl Decoder {
     }
 
     /// The context of a forward of `t` new tokens after `past` cached ones at `position_ids`
-    /// `[B, t]`, under `attention_mask` `[B, past + t]` (`None`: all real), with activations of
-    /// dtype `kind`.
+    /// `[B, t]` (needed by a rotary decoder only), under `attention_mask` `[B, past + t]`
+    /// (`None`: all real), with activations of dtype `kind`.
+    ///
+    /// # Errors
+    /// A rotary decoder given no position ids.
     pub fn context(
         &self,
         attention_mask: Option<&Tensor>,
-        position_ids: &Tensor,
+        position_ids: Option<&Tensor>,
         past: i64,
         t: i64,
         device: Device,
         kind: Kind,
     ) -> Result<BlockContext> {
         let blocked = blocked_mask(attention_mask, past, t, device)?;
-        let rope = match &self.rotary {
-            Some(r) => Some(r.cos_sin(position_ids, kind)?),
-            None => None,
+        let rope = match (&self.rotary, position_ids) {
+            (Some(r), Some(p)) => Some(r.cos_sin(p, kind)?),
+            (Some(_), None) => {
+                return Err(Error::invalid(
+                    "Decoder::context",
+                    "a rotary decoder needs the position ids",
+                ))
+            }
+            (None, _) => None,
         };
         Ok(BlockContext { blocked, rope })
     }
@@ -219,6 +227,31 @@ impl Decoder {
         self.norm.forward(&x)
     }
 
+    /// A copy of the whole decoder: block `i` under `blocks / i`, the final norm under `norm`
+    /// (by its own name), the rotary table shared. What a model file's `copy_to` uses.
+    ///
+    /// # Errors
+    /// As the variables' creation.
+    pub fn copy_to(&self, blocks: &Path<'_>, norm: &Path<'_>) -> Result<Decoder> {
+        self.copy_from(0, blocks, norm)
+    }
+
+    /// Blocks `start..` copied under `blocks / (i - start)`, the norm under `norm`.
+    fn copy_from(&self, start: usize, blocks: &Path<'_>, norm: &Path<'_>) -> Result<Decoder> {
+        let copies = self
+            .blocks
+            .iter()
+            .skip(start)
+            .enumerate()
+            .map(|(i, b)| b.copy_to(&(blocks / i)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Decoder {
+            blocks: copies,
+            norm: self.norm.copy_to(norm)?,
+            rotary: self.rotary.as_ref().map(RotaryEmbedding::share),
+        })
+    }
+
     /// Copies of the top `k` blocks (under `path / "h" / i`) and the final norm (under `path`),
     /// sharing the rotary table: a hydra branch's trunk.
     ///
@@ -234,18 +267,7 @@ impl Decoder {
                 k.to_string(),
             ));
         }
-        let blocks = self
-            .blocks
-            .iter()
-            .skip(n - k)
-            .enumerate()
-            .map(|(i, b)| b.copy_to(&(path / "h" / i)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Decoder {
-            blocks,
-            norm: self.norm.copy_to(path)?,
-            rotary: self.rotary.as_ref().map(RotaryEmbedding::share),
-        })
+        self.copy_from(n - k, &(path / "h"), path)
     }
 
     /// The parameters of blocks `0..n`.

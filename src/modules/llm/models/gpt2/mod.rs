@@ -227,19 +227,12 @@ impl CausalLm for Gpt2Model {
 
     fn copy_to(&self, path: &Path<'_>) -> Result<Box<dyn CausalLm>> {
         let t = path / "transformer";
-        let blocks = self
-            .decoder
-            .blocks()
-            .iter()
-            .enumerate()
-            .map(|(i, b)| b.copy_to(&(&t / "h" / i)))
-            .collect::<Result<Vec<_>>>()?;
         Ok(Box::new(Gpt2Model {
             config: self.config.clone(),
             facts: self.facts.clone(),
             wte: copy_var(&(&t / "wte"), "weight", &self.wte)?,
             wpe: copy_var(&(&t / "wpe"), "weight", &self.wpe)?,
-            decoder: Decoder::new(blocks, self.decoder.norm().copy_to(&t)?, None),
+            decoder: self.decoder.copy_to(&(&t / "h"), &t)?,
         }))
     }
 
