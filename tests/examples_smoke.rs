@@ -135,3 +135,109 @@ fn rlhf_flagship_smoke_run_writes_its_outputs_and_resumes() -> torchrl::Result<(
     let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
+
+/// The flagship's tiny settings (every stage runs, a few steps each).
+fn tiny_flagship(out: std::path::PathBuf) -> rlhf::Config {
+    rlhf::Config {
+        out,
+        quiet: true,
+        sft_steps: 10,
+        corpus: 128,
+        rm_steps: 10,
+        pairs: 128,
+        test_pairs: 32,
+        iterations: 1,
+        rollouts: 16,
+        eval_prompts: 16,
+        batch: 8,
+        ilql_samples: 16,
+        ilql_epochs: 1,
+        dpo_epochs: 1,
+        ..rlhf::Config::default()
+    }
+}
+
+#[test]
+fn rlhf_flagship_runs_from_a_hugging_face_folder_and_on_the_embedded_llama() -> torchrl::Result<()>
+{
+    use tch::nn::VarStore;
+    use torchrl::modules::llm::models::{self, llama::LlamaConfig};
+    use torchrl::modules::llm::CausalLm;
+    let _lock = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let root = std::env::temp_dir().join(format!("torchrl-rlhf-folder-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    // a Qwen2-shaped folder (q/k/v biases, 2 kv heads) with the recorded byte-level BPE
+    // tokenizer (320 ids: `<|endoftext|>` 0, `<pad>` 1); the config names EOS 0 and pad 1
+    let model_dir = root.join("qwen2");
+    let config: LlamaConfig = serde_json::from_value(serde_json::json!({
+        "model_type": "qwen2", "vocab_size": 320, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": true,
+        "rope_theta": 10000.0, "eos_token_id": 0, "pad_token_id": 1
+    }))
+    .unwrap();
+    let vs = VarStore::new(tch::Device::Cpu);
+    torchrl::modules::llm::models::llama::LlamaModel::new(&vs.root(), &config)?
+        .save_pretrained(&model_dir)?;
+    let tokenizer = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/specs/tokenizer/tokenizer.json"
+    );
+    std::fs::copy(tokenizer, model_dir.join("tokenizer.json")).unwrap();
+
+    let cfg = rlhf::Config {
+        model: Some(model_dir.clone()),
+        ..tiny_flagship(root.join("out"))
+    };
+    let tok = cfg.tokenizer()?;
+    assert_eq!((tok.eos_token_id(), tok.pad_token_id()), (Some(0), Some(1)));
+    // BPE, not bytes: "kqz:" is not four ids of the byte tokenizer's
+    assert_ne!(tok.encode("kqz:")?, vec![107, 113, 122, 58]);
+    let s = rlhf::run(&cfg)?;
+    assert_eq!(s.methods.len(), 5);
+    assert!(s.sft_loss_last < s.sft_loss_first, "{s:?}");
+    for m in &s.methods {
+        assert!((0.0..=1.0).contains(&m.score), "{m:?}");
+    }
+    // the SFT and reward-model folders are Qwen2 folders with the tokenizer beside them
+    for stage in ["sft", "reward_model"] {
+        let dir = root.join("out").join(stage);
+        assert!(dir.join("tokenizer.json").exists(), "{stage}");
+        let facts = models::config_from_file(&dir.join("config.json"))?.facts();
+        assert_eq!(
+            (facts.model_type.as_str(), facts.vocab_size),
+            ("qwen2", 320)
+        );
+    }
+    let vs = VarStore::new(tch::Device::Cpu);
+    let sft = models::from_pretrained(&vs.root(), root.join("out/sft"))?;
+    assert_eq!(sft.facts().hidden_size, 32);
+
+    // a config whose EOS id the tokenizer lacks is refused by name
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model_dir.join("config.json")).unwrap())
+            .unwrap();
+    json["eos_token_id"] = serde_json::json!(999);
+    json["vocab_size"] = serde_json::json!(1000);
+    std::fs::write(model_dir.join("config.json"), json.to_string()).unwrap();
+    let err = cfg
+        .tokenizer()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("999") && err.contains("tokenizer.json"),
+        "{err}"
+    );
+
+    // the embedded Llama runs every stage too
+    let s = rlhf::run(&rlhf::Config {
+        arch: rlhf::Arch::Llama,
+        ..tiny_flagship(root.join("llama"))
+    })?;
+    assert_eq!(s.methods.len(), 5);
+    let facts = models::config_from_file(&root.join("llama/sft/config.json"))?.facts();
+    assert_eq!((facts.model_type.as_str(), facts.n_layer), ("llama", 2));
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}

@@ -997,10 +997,22 @@ fn bad_prompts_and_configs_are_errors() {
         ),
         &["max_new_tokens", "16"],
     );
-    // the tokenizer's vocabulary (259) is not the model's (20)
+    // the tokenizer's vocabulary (259) does not fit the model's (20)
     expect_err(
         TokenEnv::from_text(env_cfg(1), &ByteTokenizer::new(), &["hi"], zero_scorer()),
         &["tokenizer", "vocabulary size 20", "vocabulary size 259"],
+    );
+    // a model whose embedding is padded past the tokenizer (as Qwen2.5's is) takes it: the
+    // byte tokenizer's EOS (256) and pad (257) ids, prompt "hi" = bytes 104, 105
+    let padded = TokenEnvConfig::new(300, 16)
+        .with_max_new_tokens(4)
+        .with_eos_token_id(256)
+        .with_pad_token_id(257);
+    let mut env =
+        TokenEnv::from_text(padded, &ByteTokenizer::new(), &["hi"], zero_scorer()).unwrap();
+    assert_eq!(
+        ints(env.reset(None).unwrap().get(("tokens", "prompt")).unwrap()),
+        [104, 105]
     );
     // explicit prompts: count, ids; wider than the source's prompts is fine without a fixed
     // width (the reset pads to 3)

@@ -15,8 +15,8 @@ use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    ilql_scores, pad_rows, ByteTokenizer, CausalLm, CausalLmWithHydraValueHead,
-    CausalLmWithIlqlHeads, CausalLmWithScoreHead, Gpt2Model, LmInput, PaddingSide, TextTokenizer,
+    ilql_scores, models, pad_rows, CausalLm, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads,
+    CausalLmWithScoreHead, LmInput, PaddingSide, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::config::GenKwargs;
@@ -72,7 +72,7 @@ pub fn response_kl(logp: &Tensor, ref_logp: &Tensor, assistant: &Tensor) -> Resu
 }
 
 /// `prompts` as a left-padded `("tokens", "prompt")` batch.
-pub fn prompt_batch(tok: &ByteTokenizer, prompts: &[String]) -> Result<TensorDict> {
+pub fn prompt_batch(tok: &dyn TextTokenizer, prompts: &[String]) -> Result<TensorDict> {
     let rows: Vec<Vec<i64>> = prompts
         .iter()
         .map(|p| tok.encode(p))
@@ -102,7 +102,7 @@ pub fn hydra_kl(model: &CausalLmWithHydraValueHead, td: &TensorDict) -> Result<f
 /// (`attention_mask`, and `response_mask` `[B, T]` on the response tokens).
 pub fn ilql_kl(
     model: &CausalLmWithIlqlHeads,
-    sft: &Gpt2Model,
+    sft: &dyn CausalLm,
     sequences: &Tensor,
     attention_mask: &Tensor,
     response_mask: &Tensor,
@@ -174,7 +174,7 @@ fn grpo_config(cfg: &Config, world: usize) -> GrpoTrlConfig {
 /// advantages, DAPO's loss with clip-higher and a k3 KL term. Returns its table row.
 pub fn run_grpo(
     cfg: &Config,
-    tok: &ByteTokenizer,
+    tok: &dyn TextTokenizer,
     sft_dir: &Path,
     rm_dir: &Path,
     prompts: &[String],
@@ -184,7 +184,7 @@ pub fn run_grpo(
     let start = Instant::now();
     let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
     let vs = nn::VarStore::new(Device::Cpu);
-    let sft = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
+    let sft = models::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
     let rm_vs = nn::VarStore::new(Device::Cpu);
     let rm = CausalLmWithScoreHead::from_pretrained(&rm_vs.root(), rm_dir)?;
@@ -203,7 +203,7 @@ pub fn run_grpo(
         Box::new(RewardModelScorer::new(rm)),
     )?;
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
-    let mut trainer = GrpoTrainer::new(config, model, env, Box::new(*tok))?
+    let mut trainer = GrpoTrainer::new(config, model, env, cfg.tokenizer()?)?
         .with_evaluation(Evaluation::new(eval_prompts.to_vec()).with_reward_fn(hidden));
     if let Some(g) = group {
         trainer = trainer.with_collective(g.clone())?;
@@ -254,7 +254,7 @@ fn dpo_config(cfg: &Config, world: usize) -> DpoTrlConfig {
 /// and no sampling during training. Returns its table row and the held-out pairs' accuracy.
 pub fn run_dpo(
     cfg: &Config,
-    tok: &ByteTokenizer,
+    tok: &dyn TextTokenizer,
     sft_dir: &Path,
     pairs: Vec<DpoPair>,
     test_pairs: &[DpoPair],
@@ -264,10 +264,10 @@ pub fn run_dpo(
     let start = Instant::now();
     let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
     let vs = nn::VarStore::new(Device::Cpu);
-    let sft = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
+    let sft = models::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
-    let mut trainer = DpoTrainer::new(dpo_config(cfg, world), model, pairs, Box::new(*tok))?
+    let mut trainer = DpoTrainer::new(dpo_config(cfg, world), model, pairs, cfg.tokenizer()?)?
         .with_evaluation(Evaluation::new(eval_prompts.to_vec()).with_reward_fn(hidden));
     if let Some(g) = group {
         trainer = trainer.with_collective(g.clone())?;

@@ -6,9 +6,12 @@
 //! except the preference labels and the final report.
 //!
 //! 1. **SFT**: a small GPT-2 (2 blocks × 64 wide, the byte-level tokenizer) learns the
-//!    rule-blind corpus (`trainers::sft`).
-//! 2. **Reward model**: a GPT-2 sequence-score model learns the preference pairs
-//!    (Bradley-Terry, `trainers::reward`); its held-out accuracy is reported.
+//!    rule-blind corpus (`trainers::sft`). `--arch llama` makes it a Llama of the same size
+//!    instead; `--model DIR` starts from a Hugging Face folder (any supported architecture,
+//!    with its `tokenizer.json`) instead of a fresh model.
+//! 2. **Reward model**: a sequence-score model of the same architecture (from scratch, or the
+//!    folder's weights under a fresh score head, as TRL's reward trainer starts) learns the
+//!    preference pairs (Bradley-Terry, `trainers::reward`); its held-out accuracy is reported.
 //! 3. **PPO-RLHF** (`trainers::ppo`): the SFT model becomes a hydra policy (its top block and
 //!    a value head train; the frozen copy of the top block is the KL reference), samples
 //!    responses in the token env, the reward model scores them, a per-token KL penalty keeps
@@ -41,7 +44,11 @@
 //! `scripts/demo.sh`). Options: `--out DIR` (default `target/rlhf`), `--iterations N`
 //! (default 200; PPO's and GRPO's), `--seed S` (default 0), `--resume` (continue PPO from the
 //! last checkpoint in `DIR/checkpoints`, reusing `DIR/sft` and `DIR/reward_model`; the later
-//! stages run again), `--quiet`.
+//! stages run again), `--quiet`, `--arch gpt2|llama` (the embedded model's architecture;
+//! default `gpt2`), `--model DIR` (a Hugging Face folder: `config.json`, the weights and
+//! `tokenizer.json`; its `eos_token_id` / `pad_token_id`, or `generation_config.json`'s, name
+//! the special tokens). The learning rates suit small models trained from scratch; a large
+//! pretrained folder wants smaller ones.
 
 mod compare;
 mod task;
@@ -56,9 +63,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tch::{nn, Device, Kind, Tensor};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
-    generate, ilql_generate, pad_rows, ByteTokenizer, CausalLm, CausalLmWithHydraValueHead,
-    CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig, Gpt2Config, Gpt2Model,
-    IlqlGenerationConfig, PaddingSide, SpecialTokens, TextTokenizer,
+    generate, ilql_generate, models, pad_rows, ByteTokenizer, CausalLm, CausalLmConfig,
+    CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig,
+    Gpt2Config, HfTokenizer, IlqlGenerationConfig, PaddingSide, SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
@@ -77,9 +84,58 @@ const MAX_WORD: usize = 10;
 /// Tokens a response may take (a word and EOS fit).
 const MAX_NEW_TOKENS: i64 = 12;
 
+/// The architecture of the embedded model (trained from scratch on the byte tokenizer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// GPT-2: 2 blocks × 64 wide, 4 heads, learned positions, GELU MLP.
+    Gpt2,
+    /// Llama: 2 blocks × 64 wide, 4 heads over 2 key-value heads, rotary positions, RMSNorm,
+    /// a SwiGLU MLP of about GPT-2's parameter count, tied embeddings.
+    Llama,
+}
+
+impl Arch {
+    /// The embedded model's config.
+    pub fn config(self) -> Result<Box<dyn CausalLmConfig>> {
+        let tok = ByteTokenizer::new();
+        Ok(match self {
+            Arch::Gpt2 => Box::new(
+                Gpt2Config::new(tok.vocab_size())
+                    .with_n_positions(32)
+                    .with_n_embd(64)
+                    .with_n_layer(2)
+                    .with_n_head(4)
+                    .with_special_tokens(
+                        tok.bos_token_id(),
+                        tok.eos_token_id(),
+                        tok.pad_token_id(),
+                    ),
+            ),
+            Arch::Llama => {
+                let json = serde_json::json!({
+                    "model_type": "llama", "vocab_size": tok.vocab_size(), "hidden_size": 64,
+                    "intermediate_size": 176, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "max_position_embeddings": 32, "tie_word_embeddings": true,
+                    "initializer_range": 0.02, "rope_theta": 10000.0,
+                    "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
+                    "pad_token_id": tok.pad_token_id()
+                });
+                let cfg: models::llama::LlamaConfig = serde_json::from_value(json)
+                    .map_err(|e| fail(format!("the embedded Llama config: {e}")))?;
+                Box::new(cfg)
+            }
+        })
+    }
+}
+
 /// The run's settings (the CLI knobs, and the sizes the smoke test shrinks).
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// A Hugging Face model folder to start from (`None`: the embedded model of `arch`).
+    pub model: Option<PathBuf>,
+    /// The embedded model's architecture (without `model`).
+    pub arch: Arch,
     pub out: PathBuf,
     pub seed: u64,
     pub resume: bool,
@@ -109,6 +165,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            model: None,
+            arch: Arch::Gpt2,
             out: PathBuf::from("target/rlhf"),
             seed: 0,
             resume: false,
@@ -162,11 +220,23 @@ impl Config {
     pub fn from_args() -> Result<Self> {
         let mut cfg = Config::default();
         let mut args = std::env::args().skip(1);
-        let usage = "usage: rlhf [--out DIR] [--iterations N] [--seed S] [--resume] [--quiet]";
+        let usage = "usage: rlhf [--out DIR] [--iterations N] [--seed S] [--resume] [--quiet] \
+                     [--arch gpt2|llama] [--model DIR]";
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--resume" => cfg.resume = true,
                 "--quiet" => cfg.quiet = true,
+                "--arch" | "--model" => {
+                    let v = args
+                        .next()
+                        .ok_or_else(|| fail(format!("{arg} needs a value ({usage})")))?;
+                    match (arg.as_str(), v.as_str()) {
+                        ("--model", _) => cfg.model = Some(PathBuf::from(v)),
+                        (_, "gpt2") => cfg.arch = Arch::Gpt2,
+                        (_, "llama") => cfg.arch = Arch::Llama,
+                        _ => return Err(fail(format!("--arch {v:?}: gpt2 or llama ({usage})"))),
+                    }
+                }
                 "--out" | "--iterations" | "--seed" => {
                     let v = args
                         .next()
@@ -185,6 +255,83 @@ impl Config {
             return Err(fail("--iterations must be at least 1"));
         }
         Ok(cfg)
+    }
+
+    /// The tokenizer: the byte tokenizer for the embedded model; the folder's
+    /// `tokenizer.json` otherwise, its EOS / pad / BOS set to the ids the model's config names
+    /// (pad falls back to EOS).
+    pub fn tokenizer(&self) -> Result<Box<dyn TextTokenizer>> {
+        let Some(dir) = &self.model else {
+            return Ok(Box::new(ByteTokenizer::new()));
+        };
+        let mut tok = HfTokenizer::from_file(dir.join("tokenizer.json"))?;
+        let facts = models::config_from_file(&dir.join("config.json"))?.facts();
+        let token = |tok: &HfTokenizer, id: i64| -> Result<String> {
+            u32::try_from(id)
+                .ok()
+                .and_then(|i| tok.inner().id_to_token(i))
+                .ok_or_else(|| {
+                    fail(format!(
+                        "{}: the config's special id {id} is not in tokenizer.json",
+                        dir.display()
+                    ))
+                })
+        };
+        if let Some(id) = facts.eos_token_id {
+            let t = token(&tok, id)?;
+            tok = tok.with_eos_token(&t)?;
+        }
+        if let Some(id) = facts.bos_token_id {
+            let t = token(&tok, id)?;
+            tok = tok.with_bos_token(&t)?;
+        }
+        if let Some(id) = facts
+            .pad_token_id
+            .or(tok.pad_token_id())
+            .or(facts.eos_token_id)
+        {
+            let t = token(&tok, id)?;
+            tok = tok.with_pad_token(&t)?;
+        }
+        if tok.eos_token_id().is_none() {
+            return Err(fail(format!(
+                "{}: no EOS token (set eos_token_id in config.json or generation_config.json)",
+                dir.display()
+            )));
+        }
+        Ok(Box::new(tok))
+    }
+
+    /// The model SFT starts from (and the reward model's trunk): a fresh embedded model, or
+    /// the folder's weights.
+    fn base_model(&self, root: &nn::Path<'_>) -> Result<Box<dyn CausalLm>> {
+        match &self.model {
+            Some(dir) => models::from_pretrained(root, dir),
+            None => self.arch.config()?.build(root),
+        }
+    }
+
+    /// Copies the folder's tokenizer files into `dir` (a saved model), so that it loads on its
+    /// own; nothing for the embedded model.
+    fn copy_tokenizer(&self, dir: &Path) -> Result<()> {
+        let Some(src) = &self.model else {
+            return Ok(());
+        };
+        for name in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+        ] {
+            let from = src.join(name);
+            if from.exists() {
+                fs::copy(&from, dir.join(name)).map_err(|source| Error::Io {
+                    op: "rlhf",
+                    path: from.display().to_string(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -226,16 +373,6 @@ pub struct Summary {
     pub seconds: f64,
 }
 
-fn model_config() -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(32)
-        .with_n_embd(64)
-        .with_n_layer(2)
-        .with_n_head(4)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
-}
-
 fn bar(n: usize, what: &str, quiet: bool) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
@@ -248,7 +385,7 @@ fn bar(n: usize, what: &str, quiet: bool) -> ProgressBar {
 }
 
 /// The SFT corpus: `prompt response EOS` rows of rule-blind words.
-fn corpus(rng: &mut Generator, tok: &ByteTokenizer, n: usize) -> Result<Vec<Vec<i64>>> {
+fn corpus(rng: &mut Generator, tok: &dyn TextTokenizer, n: usize) -> Result<Vec<Vec<i64>>> {
     let eos = tok.eos_token_id().unwrap_or(0);
     (0..n)
         .map(|_| {
@@ -268,7 +405,7 @@ fn corpus(rng: &mut Generator, tok: &ByteTokenizer, n: usize) -> Result<Vec<Vec<
 /// completions for DPO (the same pairs).
 fn pairs(
     rng: &mut Generator,
-    tok: &ByteTokenizer,
+    tok: &dyn TextTokenizer,
     n: usize,
 ) -> Result<(Vec<PreferencePair>, Vec<DpoPair>)> {
     let eos = tok.eos_token_id().unwrap_or(0);
@@ -310,16 +447,16 @@ fn my_draws(
 fn train_sft(
     cfg: &Config,
     rng: &mut Generator,
-    tok: &ByteTokenizer,
+    tok: &dyn TextTokenizer,
     vs: &nn::VarStore,
     group: Option<&SharedCollective>,
-) -> Result<(Gpt2Model, f64, f64)> {
-    let model = Gpt2Model::new(&vs.root(), &model_config())?;
+) -> Result<(Box<dyn CausalLm>, f64, f64)> {
+    let model = cfg.base_model(&vs.root())?;
     let rows = corpus(rng, tok, cfg.corpus)?;
     let sft_config = SftConfig::default()
         .with_lr(3e-3)?
         .with_pad_token_id(tok.pad_token_id().unwrap_or(0));
-    let mut sft = SftTrainer::new(&model, sft_config)?;
+    let mut sft = SftTrainer::new(model.as_ref(), sft_config)?;
     if let Some(g) = group {
         sft = sft.with_collective(g.clone())?;
     }
@@ -330,7 +467,7 @@ fn train_sft(
             .into_iter()
             .map(|i| rows[i].clone())
             .collect();
-        last = sft.step(&model, &batch)?;
+        last = sft.step(model.as_ref(), &batch)?;
         if step == 0 {
             first = last;
         }
@@ -344,13 +481,13 @@ fn train_sft(
 fn train_reward_model(
     cfg: &Config,
     rng: &mut Generator,
-    tok: &ByteTokenizer,
+    tok: &dyn TextTokenizer,
     vs: &nn::VarStore,
     train: &[PreferencePair],
     test: &[PreferencePair],
     group: Option<&SharedCollective>,
 ) -> Result<(CausalLmWithScoreHead, f64)> {
-    let trunk = Gpt2Model::new(&vs.root(), &model_config())?;
+    let trunk = cfg.base_model(&vs.root())?;
     let rm = CausalLmWithScoreHead::from_model(&vs.root(), trunk)?;
     let rm_config = RewardTrainerConfig::default()
         .with_lr(1e-3)?
@@ -412,7 +549,7 @@ fn ppo_config(cfg: &Config, world: usize) -> TrlConfig {
 
 /// The hidden-rule scores and the reward model's agreement with them on the store's
 /// rollouts.
-fn rollout_truth(trainer: &PpoRlhfTrainer, tok: &ByteTokenizer) -> Result<(f64, f64)> {
+fn rollout_truth(trainer: &PpoRlhfTrainer, tok: &dyn TextTokenizer) -> Result<(f64, f64)> {
     let store = trainer
         .store()
         .ok_or_else(|| fail("no rollouts after an iteration"))?;
@@ -573,14 +710,14 @@ fn plot(path: &Path, rows: &[Row]) -> std::result::Result<(), Box<dyn std::error
 /// rank 0 alone evaluates (the others get `None`).
 fn run_ilql(
     cfg: &Config,
-    tok: &ByteTokenizer,
+    tok: &dyn TextTokenizer,
     sft_dir: &Path,
     prompts: &[String],
     group: Option<&SharedCollective>,
 ) -> Result<Option<IlqlStage>> {
     let ilql_start = Instant::now();
     let vs = nn::VarStore::new(Device::Cpu);
-    let trunk = Gpt2Model::from_pretrained(&vs.root(), sft_dir)?;
+    let trunk = models::from_pretrained(&vs.root(), sft_dir)?;
     let mut config = IlqlTrlConfig::default();
     config.train.seq_length = 32;
     let world = group.map_or(1, |g| g.world_size());
@@ -661,7 +798,7 @@ fn run_ilql(
     )?;
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
-    let mut trainer = IlqlTrainer::new(config, vs, model, data, Box::new(*tok))?
+    let mut trainer = IlqlTrainer::new(config, vs, model, data, cfg.tokenizer()?)?
         .with_evaluation(Evaluation::new(eval_prompts).with_reward_fn(hidden));
     if let Some(g) = group {
         trainer = trainer.with_collective(g.clone())?;
@@ -693,7 +830,7 @@ fn run_ilql(
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((0.0, f64::NAN));
     let ref_vs = nn::VarStore::new(Device::Cpu);
-    let sft = Gpt2Model::from_pretrained(&ref_vs.root(), sft_dir)?;
+    let sft = models::from_pretrained(&ref_vs.root(), sft_dir)?;
     let eval_rows: Vec<Vec<i64>> =
         task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts)
             .iter()
@@ -724,7 +861,7 @@ fn run_ilql(
     );
     let kl = compare::ilql_kl(
         trainer.model(),
-        &sft,
+        sft.as_ref(),
         &out.sequences,
         &out.attention_mask,
         &response_mask,
@@ -858,29 +995,32 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         ..cfg.clone()
     };
     fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
-    let tok = ByteTokenizer::new();
+    let tok = cfg.tokenizer()?;
+    let tok = tok.as_ref();
     let mut rng = Generator::new(cfg.seed);
     let (sft_dir, rm_dir) = (cfg.out.join("sft"), cfg.out.join("reward_model"));
     // the preference data (its own generator: the same pairs on --resume, for DPO)
     let mut pair_rng = Generator::new(cfg.seed + 5);
-    let (rm_train, dpo_train) = pairs(&mut pair_rng, &tok, cfg.pairs)?;
-    let (rm_test, dpo_test) = pairs(&mut pair_rng, &tok, cfg.test_pairs)?;
+    let (rm_train, dpo_train) = pairs(&mut pair_rng, tok, cfg.pairs)?;
+    let (rm_test, dpo_test) = pairs(&mut pair_rng, tok, cfg.test_pairs)?;
 
     // 1-2. SFT and reward model (or, on --resume, the ones the first run saved).
     let policy_vs = nn::VarStore::new(Device::Cpu);
     let rm_vs = nn::VarStore::new(Device::Cpu);
     let (sft, sft_first, sft_last, rm, rm_accuracy) = if cfg.resume {
-        let sft = Gpt2Model::from_pretrained(&policy_vs.root(), &sft_dir)?;
+        let sft = models::from_pretrained(&policy_vs.root(), &sft_dir)?;
         let rm = CausalLmWithScoreHead::from_pretrained(&rm_vs.root(), &rm_dir)?;
         (sft, f64::NAN, f64::NAN, rm, f64::NAN)
     } else {
         // data-parallel: each rank trains on its slice of every minibatch; rank 0 saves
         let g = group.as_ref();
-        let (sft, first, last) = train_sft(cfg, &mut rng, &tok, &policy_vs, g)?;
-        let (rm, acc) = train_reward_model(cfg, &mut rng, &tok, &rm_vs, &rm_train, &rm_test, g)?;
+        let (sft, first, last) = train_sft(cfg, &mut rng, tok, &policy_vs, g)?;
+        let (rm, acc) = train_reward_model(cfg, &mut rng, tok, &rm_vs, &rm_train, &rm_test, g)?;
         if is_main {
             sft.save_pretrained(&sft_dir)?;
             rm.save_pretrained(&rm_dir)?;
+            cfg.copy_tokenizer(&sft_dir)?;
+            cfg.copy_tokenizer(&rm_dir)?;
         }
         (sft, first, last, rm, acc)
     };
@@ -899,10 +1039,10 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         .with_shuffle(true)
         .with_seed(rank_seed(cfg.seed, rank));
     let scorer = RewardModelScorer::new(rm);
-    let env = TokenEnv::from_text(env_config, &tok, &prompt_refs, Box::new(scorer))?;
+    let env = TokenEnv::from_text(env_config, tok, &prompt_refs, Box::new(scorer))?;
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
-    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg, world), model, env, Box::new(tok))?
+    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg, world), model, env, cfg.tokenizer()?)?
         .with_evaluation(Evaluation::new(eval_prompts.clone()).with_reward_fn(hidden));
     if let Some(g) = &group {
         trainer = trainer.with_collective(g.clone())?;
@@ -928,7 +1068,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     for _ in trainer.epoch()..cfg.iterations {
         let t0 = Instant::now();
         let stats: IterationStats = trainer.iteration(&mut callbacks)?;
-        let (true_score, rm_agreement) = rollout_truth(&trainer, &tok)?;
+        let (true_score, rm_agreement) = rollout_truth(&trainer, tok)?;
         let row = Row {
             iteration: stats.iteration,
             rm_score: stats.score,
@@ -963,7 +1103,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     pb.finish();
     trainer.save(&ckpt_dir)?;
     let score_after = trainer.evaluate()?.mean_reward.unwrap_or(f64::NAN);
-    let td = trainer.act(&compare::prompt_batch(&tok, &eval_prompts)?)?;
+    let td = trainer.act(&compare::prompt_batch(tok, &eval_prompts)?)?;
     let ppo_row = compare::MethodRow {
         method: "PPO (trlX)".into(),
         score: score_after,
@@ -972,11 +1112,11 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     };
     // 4. ILQL on offline data (the SFT policy's samples scored by the hidden rule); rank 0
     // evaluates while the others go on to GRPO and wait for it in its first collective.
-    let ilql = run_ilql(cfg, &tok, &sft_dir, &prompts, group.as_ref())?;
+    let ilql = run_ilql(cfg, tok, &sft_dir, &prompts, group.as_ref())?;
     // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs (every rank).
     let grpo_row = compare::run_grpo(
         cfg,
-        &tok,
+        tok,
         &sft_dir,
         &rm_dir,
         &prompts,
@@ -985,7 +1125,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     )?;
     let (dpo_row, dpo_test_accuracy) = compare::run_dpo(
         cfg,
-        &tok,
+        tok,
         &sft_dir,
         dpo_train,
         &dpo_test,

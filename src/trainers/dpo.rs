@@ -86,8 +86,8 @@ use super::rollout::{
 };
 use crate::error::{Error, Result};
 use crate::modules::llm::{
-    pad_rows, CausalLmWithHydraValueHead, CausalLmWithValueHead, GenerationConfig, HydraReference,
-    PaddingSide, ScoreTokens, TextTokenizer,
+    check_tokenizer_fits, pad_rows, CausalLmWithHydraValueHead, CausalLmWithValueHead,
+    GenerationConfig, HydraReference, PaddingSide, ScoreTokens, TextTokenizer,
 };
 use crate::objectives::llm::{sequence_log_probs, DpoConfig, DpoLoss, DpoLossOutput, DpoLossType};
 use crate::objectives::{LossModule, LossOutput};
@@ -331,14 +331,7 @@ impl DpoTrainer {
     ) -> Result<Self> {
         config.validate()?;
         let mc = model.policy().model().facts().clone();
-        if tokenizer.vocab_size() != mc.vocab_size {
-            return Err(Error::argument(
-                OP,
-                "tokenizer",
-                format!("the model's vocabulary size {}", mc.vocab_size),
-                format!("vocabulary size {}", tokenizer.vocab_size()),
-            ));
-        }
+        check_tokenizer_fits(OP, tokenizer.as_ref(), mc.vocab_size)?;
         check_pairs(&pairs, mc.vocab_size, mc.max_positions)?;
         let kw = &config.method.gen_kwargs;
         let mut gen = GenerationConfig::rlhf_sampling(kw.max_new_tokens as i64);

@@ -17,7 +17,7 @@ use crate::modules::llm::keys::{
     ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, PROMPT_KEY,
     PROMPT_MASK_KEY, REF_LOG_PROBS_KEY, RESPONSE_KEY,
 };
-use crate::modules::llm::{align_values_to_tokens, CachedTrunk, ScoreTokens};
+use crate::modules::llm::{align_values_to_tokens, check_tokenizer_fits, CachedTrunk, ScoreTokens};
 use crate::modules::llm::{
     token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, LmInput, TextTokenizer,
 };
@@ -67,14 +67,7 @@ pub(crate) fn check_vocab(
     tokenizer: &dyn TextTokenizer,
 ) -> Result<()> {
     let vocab = model.policy().model().facts().vocab_size;
-    if tokenizer.vocab_size() != vocab {
-        return Err(Error::argument(
-            op,
-            "tokenizer",
-            format!("the model's vocabulary size {vocab}"),
-            format!("vocabulary size {}", tokenizer.vocab_size()),
-        ));
-    }
+    check_tokenizer_fits(op, tokenizer, vocab)?;
     if env.config().vocab_size != vocab {
         return Err(Error::argument(
             op,

@@ -99,7 +99,7 @@ use super::scorer::{ScoreInput, Scorer};
 use crate::data::specs::{Categorical, Unbounded};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::llm::TextTokenizer;
+use crate::modules::llm::{check_tokenizer_fits, TextTokenizer};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
@@ -280,17 +280,7 @@ impl TokenEnv {
         scorer: Box<dyn Scorer>,
     ) -> Result<Self> {
         let op = "TokenEnv::from_text";
-        if tokenizer.vocab_size() != config.vocab_size {
-            return Err(Error::argument(
-                op,
-                "tokenizer",
-                format!(
-                    "a tokenizer with the model's vocabulary size {} (TokenEnvConfig::vocab_size)",
-                    config.vocab_size
-                ),
-                format!("vocabulary size {}", tokenizer.vocab_size()),
-            ));
-        }
+        check_tokenizer_fits(op, tokenizer, config.vocab_size)?;
         if let (Some(t), Some(c)) = (tokenizer.eos_token_id(), config.eos_token_id) {
             if t != c {
                 return Err(Error::argument(

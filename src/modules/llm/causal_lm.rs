@@ -199,6 +199,10 @@ pub trait CausalLmConfig {
     /// # Errors
     /// An invalid config, named by field.
     fn build(&self, path: &Path<'_>) -> Result<Box<dyn CausalLm>>;
+
+    /// What the model built from this config will report as its [`CausalLm::facts`]: sizes
+    /// and special ids, read without building anything.
+    fn facts(&self) -> LmFacts;
 }
 
 /// A causal language model. See the [module docs](self).

@@ -55,6 +55,6 @@ pub use scoring::{
     ScoreTokens, TokenScores,
 };
 pub use tokenizer::{
-    pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer, PaddingSide, SpecialTokens,
-    TextTokenizer,
+    check_tokenizer_fits, pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer,
+    PaddingSide, SpecialTokens, TextTokenizer,
 };

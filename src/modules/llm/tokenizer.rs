@@ -213,6 +213,25 @@ fn check_ids(op: &'static str, ids: &[i64], vocab: i64) -> Result<()> {
     }
 }
 
+/// Errors unless every id of `tokenizer` is a row of a model's `model_vocab`-row embedding.
+/// A smaller tokenizer is accepted: Hugging Face checkpoints pad the embedding past the
+/// tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens), and those rows are never encoded.
+pub fn check_tokenizer_fits(
+    op: &'static str,
+    tokenizer: &dyn TextTokenizer,
+    model_vocab: i64,
+) -> Result<()> {
+    if tokenizer.vocab_size() > model_vocab {
+        return Err(Error::argument(
+            op,
+            "tokenizer",
+            format!("a tokenizer whose ids fit the model's vocabulary size {model_vocab}"),
+            format!("vocabulary size {}", tokenizer.vocab_size()),
+        ));
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------------ bytes
 
 /// One token per byte (ids 0–255) plus three special tokens: `<|endoftext|>` (256, EOS),

@@ -61,7 +61,7 @@ use super::config::IlqlTrlConfig;
 use super::data::IlqlDataset;
 use crate::error::{Error, Result};
 use crate::modules::llm::{
-    ilql_generate, CausalLmWithIlqlHeads, IlqlGenerationConfig, TextTokenizer,
+    check_tokenizer_fits, ilql_generate, CausalLmWithIlqlHeads, IlqlGenerationConfig, TextTokenizer,
 };
 use crate::objectives::llm::{IlqlConfig, IlqlLoss};
 use crate::objectives::{LossModule, LossOutput};
@@ -137,14 +137,7 @@ impl IlqlTrainer {
             ));
         }
         let vocab = model.model().facts().vocab_size;
-        if tokenizer.vocab_size() != vocab {
-            return Err(Error::argument(
-                OP,
-                "tokenizer",
-                format!("the model's vocabulary size {vocab}"),
-                format!("vocabulary size {}", tokenizer.vocab_size()),
-            ));
-        }
+        check_tokenizer_fits(OP, tokenizer.as_ref(), vocab)?;
         let loss_config = IlqlConfig::new()
             .with_tau(m.tau)
             .with_gamma(m.gamma)

@@ -583,4 +583,7 @@ impl CausalLmConfig for LlamaConfig {
     fn build(&self, path: &Path<'_>) -> Result<Box<dyn CausalLm>> {
         Ok(Box::new(LlamaModel::new(path, self)?))
     }
+    fn facts(&self) -> LmFacts {
+        LlamaConfig::facts(self)
+    }
 }

@@ -19,6 +19,9 @@
 //! let vs2 = VarStore::new(Device::Cpu);
 //! let model = models::from_pretrained(&vs2.root(), &dir)?;
 //! assert_eq!(model.facts().model_type, "gpt2");
+//! // the config alone (AutoConfig): sizes and ids without building a model
+//! let facts = models::config_from_file(&dir.join("config.json"))?.facts();
+//! assert_eq!((facts.vocab_size, facts.n_layer), (20, 1));
 //! // an architecture not implemented is named, with the supported list
 //! std::fs::write(dir.join("config.json"), r#"{"model_type": "falcon"}"#).unwrap();
 //! let err = models::from_pretrained(&vs2.root(), &dir).unwrap_err().to_string();
@@ -34,7 +37,7 @@ use std::path::Path as FsPath;
 
 use tch::nn::Path;
 
-use super::causal_lm::CausalLm;
+use super::causal_lm::{CausalLm, CausalLmConfig};
 use super::weights::{generation_ids, CONFIG_FILE};
 use crate::error::{Error, Result};
 
@@ -67,15 +70,15 @@ pub fn model_type(config_file: &FsPath) -> Result<String> {
     }
 }
 
-/// A randomly initialised model of the architecture and shape a `config.json` names, under
-/// `path` (no weights read).
+/// The config a `config.json` holds, by its `model_type` (`AutoConfig.from_pretrained`), with
+/// `generation_config.json`'s special ids, when that file sits beside it, as the defaults (as
+/// `transformers`' `generate` uses them). Nothing is built: [`CausalLmConfig::facts`] gives
+/// the sizes and ids, [`CausalLmConfig::build`] the model.
 ///
 /// # Errors
 /// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config.
-pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn CausalLm>> {
+pub fn config_from_file(config_file: &FsPath) -> Result<Box<dyn CausalLmConfig>> {
     let kind = model_type(config_file)?;
-    // generation_config.json's special ids, when present beside the config, are the defaults
-    // (as transformers' generate uses them)
     let ids = match config_file.parent() {
         Some(dir) => generation_ids(dir)?,
         None => None,
@@ -88,7 +91,7 @@ pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn
                 cfg.eos_token_id = eos.or(cfg.eos_token_id);
                 cfg.pad_token_id = pad.or(cfg.pad_token_id);
             }
-            Ok(Box::new(gpt2::Gpt2Model::new(path, &cfg)?))
+            Ok(Box::new(cfg))
         }
         "llama" | "mistral" | "qwen2" | "qwen3" => {
             let mut cfg = llama::LlamaConfig::from_json_file(config_file)?;
@@ -102,10 +105,10 @@ pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn
                 set(eos, &mut cfg.eos_token_id);
                 set(pad, &mut cfg.pad_token_id);
             }
-            Ok(Box::new(llama::LlamaModel::new(path, &cfg)?))
+            Ok(Box::new(cfg))
         }
         other => Err(Error::InvalidFile {
-            op: "models::from_config_file",
+            op: "models::config_from_file",
             path: config_file.display().to_string(),
             reason: format!(
                 "model_type {other:?} is not supported (supported: {})",
@@ -113,6 +116,15 @@ pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn
             ),
         }),
     }
+}
+
+/// A randomly initialised model of the architecture and shape a `config.json` names, under
+/// `path` (no weights read; [`config_from_file`], then [`CausalLmConfig::build`]).
+///
+/// # Errors
+/// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config.
+pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn CausalLm>> {
+    config_from_file(config_file)?.build(path)
 }
 
 /// Builds the model of a `transformers` folder (`config.json` + `model.safetensors`, or the

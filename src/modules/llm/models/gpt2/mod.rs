@@ -255,4 +255,7 @@ impl CausalLmConfig for Gpt2Config {
     fn build(&self, path: &Path<'_>) -> Result<Box<dyn CausalLm>> {
         Ok(Box::new(Gpt2Model::new(path, self)?))
     }
+    fn facts(&self) -> LmFacts {
+        Gpt2Config::facts(self)
+    }
 }
