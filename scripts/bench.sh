@@ -9,7 +9,7 @@ TORCHRL_WITH_PYTHON_REFS=1 ./scripts/setup.sh
 PY="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}/venv/bin/python"
 rust_out=$(mktemp); py_out=$(mktemp)
 trap 'rm -f "$rust_out" "$py_out"' EXIT
-for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vx distributed); do
+for b in $(ls benches/*.rs | xargs -n1 basename | sed 's/\.rs$//' | grep -vxE 'distributed|qwen'); do
   cargo bench --quiet --bench "$b" 2>/dev/null | grep -P '^W\w+\t' >> "$rust_out"
 done
 "$PY" benches/python/torchrl_baseline.py > "$py_out"

@@ -1,0 +1,262 @@
+//! W19–W21: the Qwen2.5-0.5B shape (24 blocks × 896, 14 heads over 2 key-value heads, head 64,
+//! MLP 4,864, vocabulary 151,936, tied embeddings, q/k/v biases, rope θ 10⁶), random init, the
+//! Rust half of the side-by-side with `transformers` and TRL 1.16
+//! (`benches/python/qwen_baseline.py`: same config, same shapes, same threads).
+//!
+//! - W19, generation (`generate`): 8 prompts of 16 random ids, 32 sampled new tokens
+//!   (temperature 1, no top-k / top-p, no EOS), KV cache; tokens/s, best of 3 after a warm-up.
+//! - W20, a policy + value + reference forward without gradient on 8 × 48 tokens: logits,
+//!   values (trlX's two-layer value head) and the reference's logits. `hydra2`: the hydra
+//!   reference (`num_layers_unfrozen` 2: one trunk pass up to block 22, the reference's two
+//!   blocks and head beside the policy's); `full`: a full frozen copy, the same work as the
+//!   Python side's policy + value head + separate reference. Forwards/s, best of 3 (2 each)
+//!   after a warm-up.
+//! - W21, one GRPO optimizer step including its generation round (`GrpoTrainer::iteration`):
+//!   2 prompts of 8 random ids × `num_generations` 4 = 8 completions of at most 16 tokens, a
+//!   rule reward on the token ids (the count of even ids; TRL's reward function computes the
+//!   same), the rollout's and the reference's log-probs (β 0.04, k3), group advantages, one
+//!   minibatch of 8 (DAPO loss, ε 0.2 / 0.28, grad clip 1, AdamW at 1e-6). Every parameter
+//!   trains against a full frozen reference copy (`TORCHRL_BENCH_UNFROZEN=-1`, the default,
+//!   TRL's design); `TORCHRL_BENCH_UNFROZEN=2` is the hydra with two trainable blocks.
+//!   Seconds per step: best and median of `TORCHRL_BENCH_ITERS` (default 2) after a warm-up.
+//!
+//! `TORCHRL_BENCH_QWEN=generate|forward|grpo` picks one workload (default all three; one per
+//! process gives each its own peak RSS), `TORCHRL_BENCH_THREADS` (default 2). Prints
+//! `W<name>\t<ops/s>` lines and `#` lines with the details and the peak RSS.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+use torchrl::modules::llm::models::llama::LlamaConfig;
+use torchrl::modules::llm::{
+    generate, ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, GenerationConfig, LmInput,
+};
+use torchrl::trainers::api::Callbacks;
+use torchrl::trainers::config::GenKwargs;
+use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
+use torchrl::{Generator, Result};
+
+const VOCAB: i64 = 151_936;
+/// The special ids both sides use (inside the vocabulary; the byte tokenizer's EOS / pad).
+const EOS: i64 = 256;
+const PAD: i64 = 257;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn qwen05b() -> LlamaConfig {
+    let json = serde_json::json!({
+        "model_type": "qwen2", "vocab_size": VOCAB, "hidden_size": 896,
+        "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+        "num_key_value_heads": 2, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0, "tie_word_embeddings": true, "initializer_range": 0.02,
+        "eos_token_id": EOS, "pad_token_id": PAD
+    });
+    serde_json::from_value(json).expect("the Qwen2.5-0.5B config parses")
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn best_median(times: &[f64]) -> (f64, f64) {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median = match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    };
+    (sorted.first().copied().unwrap_or(f64::NAN), median)
+}
+
+fn timed(repeat: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    let mut times = Vec::with_capacity(repeat);
+    for _ in 0..repeat {
+        let t0 = Instant::now();
+        f()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(times)
+}
+
+/// `[rows, len]` ids in `[3, 50_000)` from a seeded generator (the Python side draws its own).
+fn random_ids(rng: &mut Generator, rows: i64, len: i64) -> Result<Tensor> {
+    let ids: Vec<i64> = (0..rows * len)
+        .map(|_| 3 + rng.below(49_997) as i64)
+        .collect();
+    Ok(Tensor::from_slice(&ids).f_reshape([rows, len])?)
+}
+
+fn w19_generate() -> Result<()> {
+    tch::manual_seed(0);
+    let vs = VarStore::new(Device::Cpu);
+    let t0 = Instant::now();
+    let model = qwen05b().build(&vs.root())?;
+    let init_s = t0.elapsed().as_secs_f64();
+    let (batch, prompt, new) = (8, 16, 32);
+    let ids = random_ids(&mut Generator::new(0), batch, prompt)?;
+    let gen_cfg = GenerationConfig::rlhf_sampling(new).with_min_new_tokens(new);
+    let mut rng = Generator::new(0);
+    let _guard = tch::no_grad_guard();
+    generate(model.as_ref(), &ids, None, &gen_cfg, &mut rng)?; // warm-up
+    let times = timed(3, || {
+        let out = generate(model.as_ref(), &ids, None, &gen_cfg, &mut rng)?;
+        black_box(&out.sequences);
+        Ok(())
+    })?;
+    let (best, median) = best_median(&times);
+    println!("W19_generate_qwen05b\t{:.1}", (batch * new) as f64 / best);
+    println!(
+        "# W19_generate_qwen05b: {batch} x ({prompt} prompt + {new} new) tokens; best {best:.3} \
+         / median {median:.3} s per generate over {times:.3?}; model init {init_s:.1} s; \
+         {:.0} M parameters; peak RSS {:.0} MiB",
+        model
+            .named_parameters()
+            .iter()
+            .map(|(_, p)| p.numel())
+            .sum::<usize>() as f64
+            / 1e6,
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn w20_forward(unfrozen: i64, name: &str) -> Result<()> {
+    tch::manual_seed(0);
+    let vs = VarStore::new(Device::Cpu);
+    let hydra = CausalLmWithHydraValueHead::new(&vs.root(), &qwen05b(), unfrozen)?;
+    let ids = random_ids(&mut Generator::new(1), 8, 48)?;
+    let mask = Tensor::f_ones([8, 48], (Kind::Int64, Device::Cpu))?;
+    let input = LmInput::new(&ids).with_attention_mask(&mask);
+    let _guard = tch::no_grad_guard();
+    hydra.forward(&input)?; // warm-up
+    let n = 2;
+    let times = timed(3, || {
+        for _ in 0..n {
+            black_box(hydra.forward(&input)?);
+        }
+        Ok(())
+    })?;
+    let (best, median) = best_median(&times);
+    println!(
+        "W20_policy_value_ref_forward_qwen05b_{name}\t{:.3}",
+        n as f64 / best
+    );
+    println!(
+        "# W20_policy_value_ref_forward_qwen05b_{name}: num_layers_unfrozen {unfrozen}; 8 x 48 \
+         tokens; best {:.3} / median {:.3} s per forward; reference parameters {:.0} MB; peak \
+         RSS {:.0} MiB",
+        best / n as f64,
+        median / n as f64,
+        hydra.reference_parameter_bytes() as f64 / 1e6,
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn w21_grpo(iters: usize, unfrozen: i64) -> Result<()> {
+    const GENERATIONS: usize = 4;
+    const ROLLOUTS: usize = 8;
+    const NEW_TOKENS: usize = 16;
+    tch::manual_seed(0);
+    let cfg = qwen05b();
+    let vs = VarStore::new(Device::Cpu);
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, unfrozen)?;
+    let mut rng = Generator::new(2);
+    let groups = ROLLOUTS / GENERATIONS;
+    let prompts: Vec<Vec<i64>> = (0..groups * (iters + 3))
+        .map(|_| (0..8).map(|_| 97 + rng.below(26) as i64).collect())
+        .collect();
+    let mut c = GrpoTrlConfig::default();
+    c.train.seq_length = 24;
+    c.train.epochs = iters + 3; // never the last step: no final evaluate + save inside the timing
+    c.train.total_steps = 1_000_000;
+    c.train.batch_size = ROLLOUTS;
+    c.train.log_interval = 1_000_000;
+    c.train.eval_interval = 1_000_000;
+    c.train.checkpoint_interval = 1_000_000;
+    c.train.seed = 0;
+    c.optimizer.kwargs.lr = 1e-6;
+    c.scheduler.kwargs.eta_min = 1e-6;
+    let m = &mut c.method;
+    m.num_generations = GENERATIONS;
+    m.num_rollouts = ROLLOUTS;
+    m.chunk_size = ROLLOUTS;
+    m.num_iterations = 1;
+    m.beta = 0.04;
+    m.epsilon_high = Some(0.28);
+    m.loss_type = GrpoLossType::Dapo;
+    m.scale_rewards = ScaleRewards::Group;
+    m.gen_kwargs = GenKwargs {
+        max_new_tokens: NEW_TOKENS,
+        ..GenKwargs::default()
+    };
+    let steps_per_iteration = c.steps_per_iteration();
+    let env_cfg = TokenEnvConfig::for_model(&cfg.facts())
+        .with_max_new_tokens(NEW_TOKENS as i64)
+        .with_batch_size(ROLLOUTS as i64)
+        .with_num_generations(GENERATIONS as i64);
+    // the rule reward both sides compute: the number of even ids in the completion
+    let even = |_: &[i64], response: &[i64]| response.iter().filter(|t| *t % 2 == 0).count() as f64;
+    let env = TokenEnv::new(env_cfg, prompts, Box::new(TokenScorer::new(even)))?;
+    let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?;
+    let mut callbacks = Callbacks::new();
+    trainer.iteration(&mut callbacks)?; // warm-up, as the Python side
+    let (mut per_step, mut rollout, mut update) = (vec![], vec![], vec![]);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let s = trainer.iteration(&mut callbacks)?;
+        per_step.push(t0.elapsed().as_secs_f64() / steps_per_iteration as f64);
+        rollout.push(s.rollout_s);
+        update.push(s.update_s / steps_per_iteration as f64);
+    }
+    let (best, median) = best_median(&per_step);
+    let name = if unfrozen < 0 {
+        "W21_grpo_step_qwen05b".to_string()
+    } else {
+        format!("W21_grpo_step_qwen05b_hydra{unfrozen}")
+    };
+    println!("{name}\t{:.4}", 1.0 / best);
+    println!(
+        "# {name}: num_layers_unfrozen {unfrozen}; {steps_per_iteration} step(s) per round of \
+         {ROLLOUTS} completions; best {best:.2} / median {median:.2} s/step over {per_step:.2?}; \
+         rollout (generate + log-probs + reference + reward) {rollout:.2?} s, update \
+         {update:.2?} s; peak RSS {:.0} MiB",
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tch::set_num_threads(env_or("TORCHRL_BENCH_THREADS", 2));
+    let which = std::env::var("TORCHRL_BENCH_QWEN").unwrap_or_else(|_| "all".into());
+    let all = which == "all";
+    if all || which == "generate" {
+        w19_generate()?;
+    }
+    if all || which == "forward" {
+        w20_forward(2, "hydra2")?;
+        w20_forward(-1, "full")?;
+    }
+    if all || which == "grpo" {
+        w21_grpo(
+            env_or("TORCHRL_BENCH_ITERS", 2usize).max(1),
+            env_or("TORCHRL_BENCH_UNFROZEN", -1i64),
+        )?;
+    }
+    Ok(())
+}
