@@ -2,8 +2,10 @@
 //! of this crate finds `libtorch_cpu.so` at run time without `LD_LIBRARY_PATH`.
 //!
 //! `torch-sys` (a direct dependency, `links = "tch"`) publishes the folder it linked against
-//! as `DEP_TCH_LIBTORCH_LIB`. `rustc-link-arg` only applies to this package's own targets,
-//! which is exactly what we need.
+//! as `DEP_TCH_LIBTORCH_LIB`. `rustc-link-arg` only applies to this package's own targets, so
+//! the folder is passed on (`links = "torchrl"`: `DEP_TORCHRL_LIBTORCH_LIB` in the build
+//! scripts of crates that depend on torchrl), and a dependent binary crate's build script emits
+//! its own rpath from it (`fixtures/dependent/build.rs`, the README's "Depending on torchrl").
 //!
 //! With the cargo feature `distributed` it also compiles `src/distributed/shim.cpp` (the C ABI
 //! over libtorch's c10d: TCPStore + ProcessGroupGloo) against the wheel's headers and the system
@@ -17,6 +19,9 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch");
         println!("cargo:rustc-env=TORCHRL_LIBTORCH_LIB={dir}");
+        // metadata for crates that depend on torchrl (`links = "torchrl"`): they read it as
+        // DEP_TORCHRL_LIBTORCH_LIB in their build script and emit their own rpath
+        println!("cargo:libtorch_lib={dir}");
     }
     #[cfg(feature = "distributed")]
     distributed::build_shim();

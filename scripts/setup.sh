@@ -2,10 +2,21 @@
 # Provisions libtorch (the PyPI wheel torch==2.13.0, which tch 0.26 expects) into a cached Python
 # environment outside the clone, and points cargo at it through .cargo/config.toml.
 # Idempotent: a present, version-checked environment is reused.
+# `scripts/setup.sh --for DIR` also writes DIR/.cargo/config.toml: a crate of yours that depends
+# on torchrl then builds with plain `cargo build` / `cargo run` (README, "Depending on torchrl").
 # With TORCHRL_WITH_PYTHON_REFS=1 it also installs torchrl/tensordict/gymnasium and transformers /
 # tokenizers, trl (for specs/record*.py and the Python half of the benchmarks); tests never need
 # them.
 set -euo pipefail
+FOR_DIRS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --for) [ $# -ge 2 ] || { echo "[setup] --for needs a folder" >&2; exit 2; }
+           FOR_DIRS+=("$(cd "$2" && pwd)") || { echo "[setup] --for $2: no such folder" >&2; exit 2; }
+           shift 2 ;;
+    *) echo "[setup] unknown argument $1 (usage: scripts/setup.sh [--for DIR]...)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 CACHE="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}"
 VENV="$CACHE/venv"
@@ -63,10 +74,12 @@ if [ -e "$TORCH_DIR/lib/libtorch_cuda.so" ] && \
       echo "[setup] warning: could not install the CUDA headers; --features nccl will not build" >&2
   fi
 fi
-mkdir -p .cargo
-cat > .cargo/config.toml <<CFG
-# Written by scripts/setup.sh: where libtorch lives on this machine. Not committed.
+for dir in . "${FOR_DIRS[@]}"; do
+  mkdir -p "$dir/.cargo"
+  cat > "$dir/.cargo/config.toml" <<CFG
+# Written by torchrl's scripts/setup.sh: where libtorch lives on this machine. Not committed.
 [env]
 LIBTORCH = "$TORCH_DIR"
 LIBTORCH_CXX11_ABI = "1"
 CFG
+done
