@@ -124,15 +124,72 @@ fn rlhf_flagship_smoke_run_writes_its_outputs_and_resumes() -> torchrl::Result<(
     }
     let csv = std::fs::read_to_string(out.join("rlhf_log.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3, "{csv}");
-    // --resume: two more iterations from the last checkpoint, reusing the SFT and reward model
+    // --resume: two more iterations from the last checkpoint, reusing the SFT and reward model;
+    // the log keeps the first run's rows
     let resumed = rlhf::run(&rlhf::Config {
         resume: true,
         iterations: 4,
         ..cfg
     })?;
-    assert_eq!(resumed.rows.len(), 2);
-    assert_eq!(resumed.rows[0].iteration, 2);
+    assert_eq!(resumed.rows.len(), 4);
+    assert_eq!(resumed.rows[..2], s.rows[..]);
+    assert_eq!(resumed.rows[2].iteration, 2);
     let _ = std::fs::remove_dir_all(&out);
+    Ok(())
+}
+
+/// A summary without its wall times (what a resumed run must reproduce exactly).
+fn timeless(s: &rlhf::Summary) -> rlhf::Summary {
+    let mut s = s.clone();
+    s.seconds = 0.0;
+    for r in &mut s.rows {
+        r.seconds = 0.0;
+    }
+    for m in &mut s.methods {
+        m.seconds = 0.0;
+    }
+    s
+}
+
+#[test]
+fn rlhf_flagship_killed_anywhere_and_resumed_reports_what_an_uninterrupted_run_does(
+) -> torchrl::Result<()> {
+    let _lock = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let root = std::env::temp_dir().join(format!("torchrl-rlhf-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let tiny = |out: &str| rlhf::Config {
+        iterations: 4,
+        checkpoint_every: 2,
+        ..tiny_flagship(root.join(out))
+    };
+    let whole = rlhf::run(&tiny("whole"))?;
+    let csv = |out: &str| -> Vec<Vec<String>> {
+        let text = std::fs::read_to_string(root.join(out).join("rlhf_log.csv")).unwrap();
+        // every column but the wall time
+        text.lines()
+            .map(|l| l.split(',').take(8).map(str::to_string).collect())
+            .collect()
+    };
+    assert_eq!(csv("whole").len(), 5);
+    for (name, at) in [
+        ("sft", rlhf::FailAt::SftStep(5)),
+        ("ppo", rlhf::FailAt::PpoIteration(3)),
+        ("grpo", rlhf::FailAt::Grpo),
+    ] {
+        let killed = rlhf::Config {
+            fail_at: Some(at),
+            ..tiny(name)
+        };
+        let err = rlhf::run(&killed).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("fail_at"), "{name}: {err}");
+        let resumed = rlhf::run(&rlhf::Config {
+            resume: true,
+            ..tiny(name)
+        })?;
+        assert_eq!(timeless(&resumed), timeless(&whole), "killed at {at:?}");
+        assert_eq!(csv(name), csv("whole"), "killed at {at:?}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
     Ok(())
 }
 

@@ -183,6 +183,7 @@ pub fn run_grpo(
 ) -> Result<MethodRow> {
     let start = Instant::now();
     let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+    tch::manual_seed(cfg.seed as i64 + 103); // the value head's init, the same on a resumed run
     let vs = nn::VarStore::new(Device::Cpu);
     let sft = models::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
@@ -263,6 +264,7 @@ pub fn run_dpo(
 ) -> Result<(MethodRow, f64)> {
     let start = Instant::now();
     let (rank, world) = group.map_or((0, 1), |g| (g.rank(), g.world_size()));
+    tch::manual_seed(cfg.seed as i64 + 104); // the value head's init, the same on a resumed run
     let vs = nn::VarStore::new(Device::Cpu);
     let sft = models::from_pretrained(&vs.root(), sft_dir)?;
     let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;

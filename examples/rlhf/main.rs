@@ -68,6 +68,7 @@ use torchrl::modules::llm::{
     Gpt2Config, HfTokenizer, IlqlGenerationConfig, PaddingSide, SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
+use torchrl::trainers::checkpoint::CheckpointStore;
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
 use torchrl::trainers::dpo::DpoPair;
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
@@ -160,6 +161,25 @@ pub struct Config {
     pub ilql_epochs: usize,
     /// DPO: passes over the reward model's training pairs.
     pub dpo_epochs: usize,
+    /// PPO iterations between checkpoints (a resumed run continues from the last one).
+    pub checkpoint_every: usize,
+    /// Stops the run with an error at this point, as a kill would (tests of `--resume`).
+    pub fail_at: Option<FailAt>,
+}
+
+/// Where [`Config::fail_at`] stops a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailAt {
+    /// After this many SFT steps (before anything is saved).
+    SftStep(usize),
+    /// After this many PPO iterations (their CSV rows written).
+    PpoIteration(usize),
+    /// At the start of the GRPO stage (PPO and ILQL done).
+    Grpo,
+}
+
+fn killed(at: FailAt) -> Error {
+    fail(format!("stopped at {at:?} (Config::fail_at)"))
 }
 
 impl Default for Config {
@@ -183,6 +203,8 @@ impl Default for Config {
             ilql_samples: 2048,
             ilql_epochs: 6,
             dpo_epochs: 2,
+            checkpoint_every: 5,
+            fail_at: None,
         }
     }
 }
@@ -471,6 +493,9 @@ fn train_sft(
         if step == 0 {
             first = last;
         }
+        if cfg.fail_at == Some(FailAt::SftStep(step + 1)) {
+            return Err(killed(FailAt::SftStep(step + 1)));
+        }
         pb.set_message(format!("loss {last:.3}"));
         pb.inc(1);
     }
@@ -522,7 +547,9 @@ fn ppo_config(cfg: &Config, world: usize) -> TrlConfig {
     c.train.batch_size = cfg.batch / world;
     c.train.log_interval = 1_000_000;
     c.train.eval_interval = 1_000_000;
-    c.train.checkpoint_interval = 5 * 4 * cfg.rollouts.div_ceil(cfg.batch);
+    // checkpoints at iteration boundaries, by the flagship's loop (`Config::checkpoint_every`):
+    // a step-interval one lands inside an iteration's updates, which a resume cannot continue
+    c.train.checkpoint_interval = usize::MAX;
     c.train.checkpoint_dir = cfg.out.join("checkpoints").display().to_string();
     c.train.seed = cfg.seed;
     c.optimizer.kwargs.lr = 1e-3;
@@ -576,13 +603,16 @@ fn rollout_truth(trainer: &PpoRlhfTrainer, tok: &dyn TextTokenizer) -> Result<(f
     Ok((mean, agree.0 as f64 / agree.1.max(1) as f64))
 }
 
+/// Writes the rows to `path` through a temporary file renamed into place (a kill leaves the
+/// old file or the new one).
 fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
     let io = |e: std::io::Error| Error::Io {
         op: "rlhf",
         path: path.display().to_string(),
         source: e,
     };
-    let mut f = fs::File::create(path).map_err(io)?;
+    let tmp = path.with_extension("csv.tmp");
+    let mut f = fs::File::create(&tmp).map_err(io)?;
     writeln!(
         f,
         "iteration,rm_score,true_score,kl,kl_coef,rm_agreement,response_length,loss,seconds"
@@ -591,7 +621,8 @@ fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
     for r in rows {
         writeln!(
             f,
-            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.3},{:.6},{:.3}",
+            // shortest exact decimals: a resumed run reads the rows back bit for bit
+            "{},{},{},{},{},{},{},{},{}",
             r.iteration,
             r.rm_score,
             r.true_score,
@@ -604,7 +635,77 @@ fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
         )
         .map_err(io)?;
     }
-    Ok(())
+    f.sync_all().map_err(io)?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io)
+}
+
+/// The rows of a CSV [`write_csv`] wrote.
+fn read_csv(path: &Path) -> Result<Vec<Row>> {
+    let text = fs::read_to_string(path).map_err(|source| Error::Io {
+        op: "rlhf",
+        path: path.display().to_string(),
+        source,
+    })?;
+    let bad = |line: usize, what: &str| fail(format!("{}: line {line}: {what}", path.display()));
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let [it, rm, truth, kl, coef, agree, len, loss, secs] = f.as_slice() else {
+            return Err(bad(i + 1, "expected 9 fields"));
+        };
+        let num = |s: &str| {
+            s.parse::<f64>()
+                .map_err(|e| bad(i + 1, &format!("{s:?}: {e}")))
+        };
+        rows.push(Row {
+            iteration: it
+                .parse()
+                .map_err(|e| bad(i + 1, &format!("iteration {it:?}: {e}")))?,
+            rm_score: num(rm)?,
+            true_score: num(truth)?,
+            kl: num(kl)?,
+            kl_coef: num(coef)?,
+            rm_agreement: num(agree)?,
+            response_length: num(len)?,
+            loss: num(loss)?,
+            seconds: num(secs)?,
+        });
+    }
+    Ok(rows)
+}
+
+/// Saves SFT's first and last loss and the reward model's held-out accuracy beside their
+/// folders (a resumed run reports them).
+fn write_stage_stats(path: &Path, stats: [f64; 3]) -> Result<()> {
+    let json = serde_json::json!({
+        "sft_loss_first": stats[0], "sft_loss_last": stats[1], "rm_test_accuracy": stats[2]
+    });
+    fs::write(path, json.to_string()).map_err(|source| Error::Io {
+        op: "rlhf",
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn read_stage_stats(path: &Path) -> Result<[f64; 3]> {
+    let text = fs::read_to_string(path).map_err(|source| Error::Io {
+        op: "rlhf",
+        path: path.display().to_string(),
+        source,
+    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let field = |k: &str| {
+        json.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| fail(format!("{}: no number {k:?}", path.display())))
+    };
+    Ok([
+        field("sft_loss_first")?,
+        field("sft_loss_last")?,
+        field("rm_test_accuracy")?,
+    ])
 }
 
 /// A system TrueType font for the plot's text (plotters' `ab_glyph` backend needs one); the
@@ -716,6 +817,7 @@ fn run_ilql(
     group: Option<&SharedCollective>,
 ) -> Result<Option<IlqlStage>> {
     let ilql_start = Instant::now();
+    tch::manual_seed(cfg.seed as i64 + 102); // the heads' init: the same on a resumed run
     let vs = nn::VarStore::new(Device::Cpu);
     let trunk = models::from_pretrained(&vs.root(), sft_dir)?;
     let mut config = IlqlTrlConfig::default();
@@ -1004,34 +1106,50 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let (rm_train, dpo_train) = pairs(&mut pair_rng, tok, cfg.pairs)?;
     let (rm_test, dpo_test) = pairs(&mut pair_rng, tok, cfg.test_pairs)?;
 
-    // 1-2. SFT and reward model (or, on --resume, the ones the first run saved).
+    // 1-2. SFT and reward model (or, on --resume, the ones the first run saved: both folders
+    // appear at once, renamed into place after the run that trained them saved both).
     let policy_vs = nn::VarStore::new(Device::Cpu);
     let rm_vs = nn::VarStore::new(Device::Cpu);
-    let (sft, sft_first, sft_last, rm, rm_accuracy) = if cfg.resume {
+    let stats_file = cfg.out.join("sft_reward_model.json");
+    let saved = sft_dir.exists() && rm_dir.exists() && stats_file.exists();
+    let (sft, sft_first, sft_last, rm, rm_accuracy) = if cfg.resume && saved {
         let sft = models::from_pretrained(&policy_vs.root(), &sft_dir)?;
         let rm = CausalLmWithScoreHead::from_pretrained(&rm_vs.root(), &rm_dir)?;
-        (sft, f64::NAN, f64::NAN, rm, f64::NAN)
+        let [first, last, acc] = read_stage_stats(&stats_file)?;
+        (sft, first, last, rm, acc)
     } else {
         // data-parallel: each rank trains on its slice of every minibatch; rank 0 saves
         let g = group.as_ref();
         let (sft, first, last) = train_sft(cfg, &mut rng, tok, &policy_vs, g)?;
         let (rm, acc) = train_reward_model(cfg, &mut rng, tok, &rm_vs, &rm_train, &rm_test, g)?;
         if is_main {
-            sft.save_pretrained(&sft_dir)?;
-            rm.save_pretrained(&rm_dir)?;
-            cfg.copy_tokenizer(&sft_dir)?;
-            cfg.copy_tokenizer(&rm_dir)?;
+            let (sft_tmp, rm_tmp) = (cfg.out.join("sft.tmp"), cfg.out.join("reward_model.tmp"));
+            for dir in [&sft_tmp, &rm_tmp, &sft_dir, &rm_dir] {
+                if dir.exists() {
+                    fs::remove_dir_all(dir).map_err(io(dir))?;
+                }
+            }
+            sft.save_pretrained(&sft_tmp)?;
+            rm.save_pretrained(&rm_tmp)?;
+            cfg.copy_tokenizer(&sft_tmp)?;
+            cfg.copy_tokenizer(&rm_tmp)?;
+            fs::rename(&sft_tmp, &sft_dir).map_err(io(&sft_dir))?;
+            fs::rename(&rm_tmp, &rm_dir).map_err(io(&rm_dir))?;
+            write_stage_stats(&stats_file, [first, last, acc])?;
         }
         (sft, first, last, rm, acc)
     };
-    if !cfg.quiet && !cfg.resume {
+    if !cfg.quiet {
         println!("SFT loss {sft_first:.3} -> {sft_last:.3}; reward model held-out accuracy {rm_accuracy:.3}");
     }
 
-    // 3. PPO against the SFT model (hydra: the top block and the value head train).
+    // 3. PPO against the SFT model (hydra: the top block and the value head train). Each stage
+    // seeds libtorch's generator (the heads' init) and draws its prompts from a generator of
+    // its own, so a resumed run that skips SFT builds what an uninterrupted one does.
     let ppo_start = Instant::now();
+    tch::manual_seed(cfg.seed as i64 + 101);
     let model = CausalLmWithHydraValueHead::from_model(&policy_vs.root(), sft, 1)?;
-    let prompts: Vec<String> = task::prompts(&mut rng, 1024);
+    let prompts: Vec<String> = task::prompts(&mut Generator::new(cfg.seed + 11), 1024);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let env_config = TokenEnvConfig::for_model(model.policy().model().facts())
         .with_max_new_tokens(MAX_NEW_TOKENS)
@@ -1047,13 +1165,22 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     if let Some(g) = &group {
         trainer = trainer.with_collective(g.clone())?;
     }
-    let ckpt_dir = cfg.out.join("checkpoints");
-    if cfg.resume {
-        trainer.load(&ckpt_dir)?;
-    }
+    // the SFT policy's score, before a checkpoint replaces it (the load restores the sampler)
     let score_before = trainer.evaluate()?.mean_reward.unwrap_or(f64::NAN);
-
+    let ckpt_dir = cfg.out.join("checkpoints");
+    let csv_path = cfg.out.join("rlhf_log.csv");
     let mut rows = Vec::new();
+    if cfg.resume {
+        if let Some(ckpt) = CheckpointStore::new(&ckpt_dir).load_latest()? {
+            trainer.load_checkpoint(ckpt)?;
+        }
+        // the rows the first run logged up to the checkpoint (those after it run again)
+        if csv_path.exists() {
+            rows = read_csv(&csv_path)?;
+            rows.retain(|r| r.iteration < trainer.epoch());
+        }
+    }
+
     let pb = bar(cfg.iterations, "PPO", cfg.quiet);
     pb.set_position(trainer.epoch() as u64);
     if !cfg.quiet {
@@ -1099,6 +1226,15 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         pb.set_message(format!("true score {true_score:.3}"));
         pb.inc(1);
         rows.push(row);
+        if is_main {
+            write_csv(&csv_path, &rows)?;
+        }
+        if trainer.epoch().is_multiple_of(cfg.checkpoint_every.max(1)) {
+            trainer.save(&ckpt_dir)?;
+        }
+        if cfg.fail_at == Some(FailAt::PpoIteration(rows.len())) {
+            return Err(killed(FailAt::PpoIteration(rows.len())));
+        }
     }
     pb.finish();
     trainer.save(&ckpt_dir)?;
@@ -1114,6 +1250,9 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     // evaluates while the others go on to GRPO and wait for it in its first collective.
     let ilql = run_ilql(cfg, tok, &sft_dir, &prompts, group.as_ref())?;
     // 5. GRPO against the reward model; 6. DPO on the reward model's own pairs (every rank).
+    if cfg.fail_at == Some(FailAt::Grpo) {
+        return Err(killed(FailAt::Grpo));
+    }
     let grpo_row = compare::run_grpo(
         cfg,
         tok,
@@ -1148,7 +1287,6 @@ pub fn run(cfg: &Config) -> Result<Summary> {
             seconds: start.elapsed().as_secs_f64(),
         });
     };
-    write_csv(&cfg.out.join("rlhf_log.csv"), &rows)?;
     if let Err(e) = plot(&cfg.out.join("rlhf_curves.png"), &rows) {
         return Err(fail(format!(
             "plotting {}: {e}",
