@@ -180,7 +180,10 @@ fn rlhf_flagship_killed_anywhere_and_resumed_reports_what_an_uninterrupted_run_d
             fail_at: Some(at),
             ..tiny(name)
         };
-        let err = rlhf::run(&killed).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = rlhf::run(&killed)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("fail_at"), "{name}: {err}");
         let resumed = rlhf::run(&rlhf::Config {
             resume: true,

@@ -429,3 +429,33 @@ fn bad_inputs_are_errors() {
     let s = ilql_scores(&logits, &[q], &v, 1.0, 0).unwrap();
     check(s.probs(-1.0), "temperature");
 }
+
+#[test]
+fn target_heads_follow_the_model_store_to_float64() {
+    // the model's store made float64 after the heads were built: the target heads (a store of
+    // their own) follow, the forward runs in float64, and a Polyak step stays exact in it
+    let (mut vs, m) = model(true, 7);
+    vs.set_kind(Kind::Double);
+    let (ids, mask) = prompt();
+    let out = m
+        .forward(&LmInput::new(&ids).with_attention_mask(&mask), None, None)
+        .unwrap();
+    assert_eq!(out.heads.target_qs[0].kind(), Kind::Double);
+    // freshly built, the target heads equal the Q heads
+    let diff = (&out.heads.target_qs[1] - &out.heads.qs[1]).abs().max();
+    assert_eq!(diff.double_value(&[]), 0.0);
+    let q = m.heads().q_heads()[0].parameters()[0].copy();
+    let t = m.heads().target_q_heads()[0].parameters()[0].copy();
+    // move the Q head, then one sync: target = α q' + (1 − α) t, computed in float64
+    tch::no_grad(|| {
+        let _ = m.heads().q_heads()[0].parameters()[0]
+            .shallow_clone()
+            .f_add_scalar_(1.0);
+    });
+    m.heads().sync_target_q_heads().unwrap();
+    let t2 = m.heads().target_q_heads()[0].parameters()[0];
+    assert_eq!(t2.kind(), Kind::Double);
+    let want = (&q + 1.0) * 0.01 + &t * 0.99;
+    let err = (t2 - want).abs().max().double_value(&[]);
+    assert!(err < 1e-15, "{err}");
+}

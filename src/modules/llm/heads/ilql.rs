@@ -145,6 +145,7 @@ impl IlqlHeads {
             .iter()
             .map(|q| q.forward(&actions_hs))
             .collect::<Result<Vec<_>>>()?;
+        self.follow_q_heads()?;
         let target_qs = {
             let _guard = tch::no_grad_guard();
             let detached = actions_hs.f_detach()?;
@@ -160,8 +161,26 @@ impl IlqlHeads {
         })
     }
 
-    /// One Polyak step of every target head towards its Q head.
+    /// Moves the target heads to their Q heads' dtype and device when those changed (the
+    /// model's store converted with `set_kind` or moved with `to_device` after the heads were
+    /// built: the target heads live in a store of their own, which such a call cannot see).
+    fn follow_q_heads(&self) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for (t, q) in self.target_q_heads.iter().zip(&self.q_heads) {
+            for (t, q) in t.parameters().into_iter().zip(q.parameters()) {
+                if t.kind() != q.kind() || t.device() != q.device() {
+                    let moved = t.f_to_device(q.device())?.f_to_kind(q.kind())?;
+                    t.shallow_clone().f_set_data(&moved)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One Polyak step of every target head towards its Q head (in the Q heads' dtype and
+    /// device, which the target heads follow).
     pub fn sync_target_q_heads(&self) -> Result<()> {
+        self.follow_q_heads()?;
         for (t, q) in self.target_q_heads.iter().zip(&self.q_heads) {
             t.polyak_from(q, self.alpha)?;
         }
