@@ -164,7 +164,13 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Global gradient-norm clip before each optimizer step; `None`: no clipping. Default
     /// `Some(1.0)`. trlX has no such field (its accelerate runs leave gradients unclipped);
-    /// the name and default are Hugging Face `TrainingArguments`' (TRL's).
+    /// the name and default are Hugging Face `TrainingArguments`' (TRL's). `None` is written
+    /// `false` (TOML has no null, and an absent field means the default); `false` and `null`
+    /// read as `None`.
+    #[serde(
+        serialize_with = "grad_norm::serialize",
+        deserialize_with = "grad_norm::deserialize"
+    )]
     pub max_grad_norm: Option<f64>,
     /// The prompt pipeline's name (trlX's registry key). Default `"PromptPipeline"`.
     pub pipeline: String,
@@ -493,6 +499,37 @@ setters!(TrlConfig {
 
 const OP: &str = "TrlConfig::validate";
 
+/// `train.max_grad_norm` on disk: a number, or `false` for `None` (TOML has no null; an
+/// absent field is the default, `Some(1.0)`, so `None` must be written to survive a round
+/// trip). `null` is read as `None` too.
+mod grad_norm {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) => s.serialize_f64(*x),
+            None => s.serialize_bool(false),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Flag(bool),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        match Option::<Repr>::deserialize(d)? {
+            Some(Repr::Number(x)) => Ok(Some(x)),
+            None | Some(Repr::Flag(false)) => Ok(None),
+            Some(Repr::Flag(true)) => Err(serde::de::Error::custom(
+                "max_grad_norm: a number, or false / null for no clipping (not true)",
+            )),
+        }
+    }
+}
+
 pub(crate) fn at_least(field: &'static str, value: usize, min: usize) -> Result<()> {
     if value < min {
         return Err(Error::config(OP, field, format!(">= {min}"), value));
@@ -613,8 +650,15 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         positive("optimizer.kwargs.eps", o.eps)?;
         non_negative("optimizer.kwargs.weight_decay", o.weight_decay)?;
 
-        positive("scheduler.kwargs.T_max", self.scheduler.kwargs.t_max)?;
-        non_negative("scheduler.kwargs.eta_min", self.scheduler.kwargs.eta_min)?;
+        // the schedule's own check (also the optimizer's lr as its base rate): no step of it
+        // yields a non-finite rate
+        let k = &self.scheduler.kwargs;
+        let fields = [
+            "optimizer.kwargs.lr",
+            "scheduler.kwargs.T_max",
+            "scheduler.kwargs.eta_min",
+        ];
+        crate::trainers::optim::check_cosine(OP, fields, o.lr, k.t_max, k.eta_min)?;
 
         self.method.validate()
     }

@@ -1,0 +1,212 @@
+//! Hostile optimizer, schedule, trainer-config and spec values (issue 29): state loaded from a
+//! file obeys the constructors' rules, counters are range-checked, no schedule yields a
+//! non-finite rate, configs round-trip, overflowing shapes are refused. Each test failed (a
+//! value accepted, then a panic or a NaN) before its fix.
+
+use serde_json::json;
+use tch::{Kind, Tensor};
+use torchrl::data::specs::{Categorical, Unbounded};
+use torchrl::trainers::config::TrlConfig;
+use torchrl::trainers::optim::{AdamW, CosineAnnealingLr, MAX_STEPS};
+use torchrl::Error;
+
+fn param() -> Tensor {
+    Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true)
+}
+
+/// An optimizer that took one step, and its saved state.
+fn stepped() -> (AdamW, Tensor, Vec<(String, Tensor)>, serde_json::Value) {
+    let p = param();
+    let mut opt = AdamW::new(vec![("p".into(), p.shallow_clone())], 0.1).unwrap();
+    (&p * &p).sum(Kind::Float).backward();
+    opt.step().unwrap();
+    let tensors = opt
+        .state_tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.copy()))
+        .collect();
+    let state = opt.state_json();
+    (opt, p, tensors, state)
+}
+
+fn snapshot(opt: &AdamW) -> (Vec<Vec<f32>>, serde_json::Value) {
+    let t = opt
+        .state_tensors()
+        .iter()
+        .map(|(_, t)| Vec::<f32>::try_from(t).unwrap())
+        .collect();
+    (t, opt.state_json())
+}
+
+#[test]
+fn adamw_load_state_refuses_what_the_constructor_refuses_and_changes_nothing() {
+    let (_, _, tensors, state) = stepped();
+    let bad_values = [
+        ("betas", json!([1.5, 0.9])),
+        ("betas", json!([0.9, -0.1])),
+        ("betas", json!([0.9, 1.0])),
+        ("eps", json!(-1e-8)),
+        ("eps", json!(0.0)),
+        ("weight_decay", json!(-0.5)),
+        ("lr", json!(-1.0)),
+    ];
+    let fresh = param();
+    let mut target = AdamW::new(vec![("p".into(), fresh)], 0.5).unwrap();
+    let before = snapshot(&target);
+    for (field, value) in bad_values {
+        let mut s = state.clone();
+        s[field] = value.clone();
+        let err = target.load_state(&tensors, &s).unwrap_err();
+        assert!(err.to_string().contains(field), "{field} = {value}: {err}");
+        assert_eq!(snapshot(&target), before, "{field} = {value}: unchanged");
+    }
+    // NaN cannot be written in JSON, but a number that is not one is refused too
+    let mut s = state.clone();
+    s["eps"] = json!("nan");
+    assert!(target.load_state(&tensors, &s).is_err());
+    // the saved state itself loads
+    target.load_state(&tensors, &state).unwrap();
+    assert_eq!(target.steps(), [1]);
+}
+
+#[test]
+fn adamw_step_counts_past_the_limit_are_refused() {
+    // before: u64::MAX loaded, and the next step overflowed (a panic)
+    let (_, _, tensors, state) = stepped();
+    let p = param();
+    let mut target = AdamW::new(vec![("p".into(), p.shallow_clone())], 0.5).unwrap();
+    for steps in [u64::MAX, MAX_STEPS + 1] {
+        let mut s = state.clone();
+        s["step"]["p"] = json!(steps);
+        let err = target.load_state(&tensors, &s).unwrap_err();
+        assert!(err.to_string().contains("step.p"), "{err}");
+    }
+    let mut s = state.clone();
+    s["step"]["p"] = json!(MAX_STEPS);
+    target.load_state(&tensors, &s).unwrap();
+    (&p * &p).sum(Kind::Float).backward();
+    target.step().unwrap();
+    assert_eq!(target.steps(), [MAX_STEPS + 1]);
+    assert!(bool::try_from(p.isfinite().all()).unwrap());
+}
+
+#[test]
+fn adamw_moments_that_are_not_finite_are_refused() {
+    let (_, _, tensors, state) = stepped();
+    let mut target = AdamW::new(vec![("p".into(), param())], 0.5).unwrap();
+    let before = snapshot(&target);
+    for (key, value) in [
+        ("exp_avg.p", f32::NAN),
+        ("exp_avg_sq.p", f32::INFINITY),
+        ("exp_avg_sq.p", -1.0),
+    ] {
+        let bad: Vec<(String, Tensor)> = tensors
+            .iter()
+            .map(|(n, t)| {
+                let t = if n == key {
+                    Tensor::from_slice(&[value, 0.0])
+                } else {
+                    t.copy()
+                };
+                (n.clone(), t)
+            })
+            .collect();
+        let err = target.load_state(&bad, &state).unwrap_err();
+        assert!(err.to_string().contains(key), "{key}: {err}");
+        assert_eq!(snapshot(&target), before);
+    }
+}
+
+#[test]
+fn no_cosine_schedule_yields_a_non_finite_rate() {
+    // before: T_max = 5e-324 was accepted and the first step gave NaN
+    for t_max in [5e-324, 1e-300, f64::MIN_POSITIVE] {
+        let err = CosineAnnealingLr::new(1e-3, t_max, 0.0).unwrap_err();
+        assert!(err.to_string().contains("T_max"), "{err}");
+    }
+    let err = CosineAnnealingLr::new(1e308, 10.0, 0.0).unwrap_err();
+    assert!(err.to_string().contains("base_lr"), "{err}");
+    // the smallest accepted T_max and the largest rates stay finite at every step count
+    let s = CosineAnnealingLr::new(1e300, 1e-275, 1e300).unwrap();
+    for e in [0, 1, 2, 1 << 20, MAX_STEPS, u64::MAX] {
+        assert!(s.lr_at(e).is_finite(), "step {e}");
+    }
+    // TrlConfig::validate refuses the same values, naming the field
+    let mut cfg = TrlConfig::default();
+    cfg.scheduler.kwargs.t_max = 5e-324;
+    let err = cfg.validate().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidConfig {
+                field: "scheduler.kwargs.T_max",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let text = "[scheduler.kwargs]\nT_max = 5e-324\n";
+    let err = TrlConfig::from_toml_str(text).unwrap_err();
+    assert!(err.to_string().contains("scheduler.kwargs.T_max"), "{err}");
+}
+
+#[test]
+fn a_schedule_counter_past_the_limit_is_refused() {
+    // before: last_epoch = u64::MAX loaded, and step() overflowed (a panic)
+    let mut s = CosineAnnealingLr::new(1.0, 4.0, 0.0).unwrap();
+    s.step();
+    let mut state = s.state_json();
+    state["last_epoch"] = json!(u64::MAX);
+    let err = CosineAnnealingLr::from_state_json(&state).unwrap_err();
+    assert!(err.to_string().contains("last_epoch"), "{err}");
+    state["T_max"] = json!(1e-320);
+    state["last_epoch"] = json!(1);
+    assert!(CosineAnnealingLr::from_state_json(&state).is_err());
+    // a counter at the limit still steps
+    let mut at_limit = CosineAnnealingLr::new(1.0, 4.0, 0.0).unwrap();
+    at_limit.last_epoch = u64::MAX;
+    assert!(at_limit.step().is_finite());
+}
+
+#[test]
+fn max_grad_norm_none_survives_toml_and_json() {
+    // before: to_toml left the field out and the reload clipped at the default 1.0
+    let mut cfg = TrlConfig::default();
+    cfg.train.max_grad_norm = None;
+    let toml = cfg.to_toml().unwrap();
+    assert_eq!(TrlConfig::from_toml_str(&toml).unwrap(), cfg, "{toml}");
+    let js = cfg.to_json().unwrap();
+    assert_eq!(TrlConfig::from_json_str(&js).unwrap(), cfg, "{js}");
+    // null in JSON, and numbers, read as before
+    let cfg2 = TrlConfig::from_json_str(r#"{"train": {"max_grad_norm": null}}"#).unwrap();
+    assert_eq!(cfg2.train.max_grad_norm, None);
+    let cfg3 = TrlConfig::from_toml_str("[train]\nmax_grad_norm = 0.5\n").unwrap();
+    assert_eq!(cfg3.train.max_grad_norm, Some(0.5));
+    let cfg4 = TrlConfig::from_toml_str("[train]\nmax_grad_norm = 2\n").unwrap();
+    assert_eq!(cfg4.train.max_grad_norm, Some(2.0));
+    assert!(TrlConfig::from_toml_str("[train]\nmax_grad_norm = true\n").is_err());
+    let default = TrlConfig::default();
+    let back = TrlConfig::from_toml_str(&default.to_toml().unwrap()).unwrap();
+    assert_eq!(back, default);
+}
+
+#[test]
+fn spec_shapes_whose_element_count_overflows_are_refused() {
+    // before: accepted, and zero() failed in libtorch
+    for shape in [
+        vec![0, i64::MAX, 0],
+        vec![i64::MAX, 2],
+        vec![1 << 32, 1 << 32],
+    ] {
+        let err = Unbounded::new().with_shape(&shape).unwrap_err();
+        assert!(err.to_string().contains("shape"), "{err}");
+        assert!(Categorical::new(3).unwrap().with_shape(&shape).is_err());
+    }
+    // the largest accepted extent still makes a (empty) tensor
+    let big = Unbounded::new()
+        .with_shape([0, i64::MAX / 8, 0])
+        .unwrap()
+        .with_dtype(Kind::Double)
+        .unwrap();
+    assert_eq!(big.zero(&[]).unwrap().size(), vec![0, i64::MAX / 8, 0]);
+}
