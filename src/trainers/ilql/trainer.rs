@@ -68,8 +68,8 @@ use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 use crate::trainers::api::{
-    decode_masked, encode_prompts, rng_from_json, rng_to_json, take_component, Callbacks,
-    Component, EvalReport, Evaluation, RlTrainer, Stats,
+    counter_from_json, decode_masked, encode_prompts, rng_from_json, rng_to_json, take_component,
+    Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
@@ -564,32 +564,27 @@ impl RlTrainer for IlqlTrainer {
         ]
     }
 
+    /// All or nothing: every component and the trainer's counters and generator are read
+    /// and checked (tensors converted) before anything is written; after an `Err` the
+    /// trainer is as it was.
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         const OP: &str = "IlqlTrainer::load";
-        take_component(&mut components, "model")?.copy_into(&self.model_params())?;
+        let model = take_component(&mut components, "model")?.stage_into(&self.model_params())?;
         let opt = take_component(&mut components, "opt")?;
-        self.opt.load_state(&opt.tensors, &opt.state)?;
+        let opt = self.opt.prepare_state(&opt.tensors, &opt.state)?;
         let sched = take_component(&mut components, "scheduler")?;
-        self.sched = CosineAnnealingLr::from_state_json(&sched.state)?;
-        self.opt.set_lr(self.sched.lr());
+        let sched = CosineAnnealingLr::from_state_json(&sched.state)?;
         let state = take_component(&mut components, "trainer")?.state;
-        let count = |name: &str| {
-            state
-                .get(name)
-                .and_then(Value::as_u64)
-                .map(|v| v as usize)
-                .ok_or_else(|| {
-                    Error::value(
-                        OP,
-                        "trainer state",
-                        format!("{name} as an integer"),
-                        state.to_string(),
-                    )
-                })
-        };
-        self.iter_count = count("iter_count")?;
-        self.epoch = count("epoch")?;
-        self.rng = rng_from_json(OP, state.get("rng"))?;
+        let iter_count = counter_from_json(OP, &state, "iter_count")?;
+        let epoch = counter_from_json(OP, &state, "epoch")?;
+        let rng = rng_from_json(OP, state.get("rng"))?;
+        model.commit()?;
+        self.opt.commit_state(opt)?;
+        self.sched = sched;
+        self.opt.set_lr(self.sched.lr());
+        self.iter_count = iter_count;
+        self.epoch = epoch;
+        self.rng = rng;
         Ok(())
     }
 }
