@@ -210,3 +210,47 @@ fn spec_shapes_whose_element_count_overflows_are_refused() {
         .unwrap();
     assert_eq!(big.zero(&[]).unwrap().size(), vec![0, i64::MAX / 8, 0]);
 }
+
+#[test]
+fn config_parse_errors_name_the_field_not_only_the_type() {
+    // before: "invalid type: string "x", expected usize at line 1 column 28"
+    let err = TrlConfig::from_json_str(r#"{"train": {"seed": 1, "batch_size": "x"}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("train.batch_size"), "{err}");
+    let err = TrlConfig::from_json_str("{\"method\": {\"gen_kwargs\": {\"top_p\": [1]}}}")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("method.gen_kwargs.top_p"), "{err}");
+    let err = TrlConfig::from_toml_str("[train]\nseed = 1\nbatch_size = \"x\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("train.batch_size"), "{err}");
+    let path = std::env::temp_dir().join(format!("hostile-cfg-{}.json", std::process::id()));
+    std::fs::write(
+        &path,
+        "{\n  \"optimizer\": {\"kwargs\": {\"betas\": [0.9, \"b\"]}}\n}",
+    )
+    .unwrap();
+    let err = TrlConfig::from_file(&path).unwrap_err().to_string();
+    assert!(err.contains("optimizer.kwargs.betas[1]"), "{err}");
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    std::fs::remove_file(&path).ok();
+    // a model config.json names the field and the file
+    let dir = std::env::temp_dir().join(format!("hostile-cfg-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("config.json");
+    std::fs::write(
+        &file,
+        r#"{"model_type": "gpt2", "vocab_size": 3, "n_layer": "x"}"#,
+    )
+    .unwrap();
+    let err = torchrl::modules::llm::Gpt2Config::from_json_file(&file)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("n_layer") && err.contains("config.json"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -499,6 +499,22 @@ setters!(TrlConfig {
 
 const OP: &str = "TrlConfig::validate";
 
+/// `" at field <path>"` for a JSON parse error of `text` (serde names the type, this the
+/// field), empty for a syntax error at the top level.
+fn json_where(text: &str, e: &serde_json::Error) -> String {
+    match crate::error::json_path_at(text, e.line(), e.column()).as_str() {
+        "<root>" => String::new(),
+        path => format!(" at field {path}"),
+    }
+}
+
+/// `" at field <section.key>"` for a TOML parse error of `text`, when it points at a key.
+fn toml_where(text: &str, e: &toml::de::Error) -> String {
+    e.span()
+        .and_then(|span| crate::error::toml_path_at(text, span.start))
+        .map_or_else(String::new, |path| format!(" at field {path}"))
+}
+
 /// `train.max_grad_norm` on disk: a number, or `false` for `None` (TOML has no null; an
 /// absent field is the default, `Some(1.0)`, so `None` must be written to survive a round
 /// trip). `null` is read as `None` too.
@@ -674,7 +690,7 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         let cfg: TrlConfigOf<M> = toml::from_str(text).map_err(|e| {
             Error::invalid(
                 "TrlConfig::from_toml_str",
-                format!("invalid TOML config: {e}"),
+                format!("invalid TOML config{}: {e}", toml_where(text, &e)),
             )
         })?;
         cfg.validate()?;
@@ -693,7 +709,7 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         let cfg: TrlConfigOf<M> = serde_json::from_str(text).map_err(|e| {
             Error::invalid(
                 "TrlConfig::from_json_str",
-                format!("invalid JSON config: {e}"),
+                format!("invalid JSON config{}: {e}", json_where(text, &e)),
             )
         })?;
         cfg.validate()?;
@@ -724,10 +740,10 @@ impl<M: MethodConfig> TrlConfigOf<M> {
             source,
         })?;
         let parsed = match format {
-            Format::Toml => toml::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string()),
-            Format::Json => {
-                serde_json::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string())
-            }
+            Format::Toml => toml::from_str::<TrlConfigOf<M>>(&text)
+                .map_err(|e| format!("{}{e}", toml_where(&text, &e))),
+            Format::Json => serde_json::from_str::<TrlConfigOf<M>>(&text)
+                .map_err(|e| format!("{}{e}", json_where(&text, &e))),
         };
         let cfg = parsed.map_err(|reason| Error::InvalidFile {
             op: OP_FILE,

@@ -360,7 +360,10 @@ pub(crate) fn read_config<T: serde::de::DeserializeOwned>(
     serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
         op,
         path: path.display().to_string(),
-        reason: format!("not a {what} config.json: {e}"),
+        reason: format!(
+            "not a {what} config.json (at field {}): {e}",
+            crate::error::json_path_at(&text, e.line(), e.column())
+        ),
     })
 }
 
