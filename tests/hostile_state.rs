@@ -254,3 +254,50 @@ fn config_parse_errors_name_the_field_not_only_the_type() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn fnv1a64(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[test]
+fn a_checkpoint_safetensors_file_with_a_hostile_header_is_named_even_with_a_valid_hash() {
+    use torchrl::trainers::checkpoint::{Checkpoint, CheckpointStore};
+    let dir = std::env::temp_dir().join(format!("hostile-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ckpt = Checkpoint::new(1).with_tensors(
+        "model",
+        vec![("w".into(), Tensor::from_slice(&[1.0f32, 2.0, 3.0]))],
+    );
+    let saved = CheckpointStore::new(&dir).save(&ckpt).unwrap();
+    let file = saved.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().to_string();
+    // the shape says 4 elements where the offsets hold 3 (same header length)
+    let hostile = header.replacen("[3]", "[4]", 1);
+    assert_ne!(hostile, header);
+    let mut edited = bytes[..8].to_vec();
+    edited.extend(hostile.as_bytes());
+    edited.extend(&bytes[8 + n..]);
+    std::fs::write(&file, &edited).unwrap();
+    // the manifest updated to match, as a hand-made checkpoint would be
+    let manifest_path = saved.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    for entry in manifest["files"].as_array_mut().unwrap() {
+        if entry["name"] == "model" {
+            entry["fnv1a64"] = json!(format!("{:016x}", fnv1a64(&edited)));
+            entry["bytes"] = json!(edited.len());
+        }
+    }
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let err = Checkpoint::load(&saved).unwrap_err().to_string();
+    assert!(err.contains("model.safetensors"), "{err}");
+    assert!(err.contains("tensor w"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
