@@ -329,3 +329,34 @@ fn a_cache_of_absurd_depth_allocates_nothing_and_is_refused_by_the_model() {
         .unwrap();
     assert_eq!(cache.len(), 2);
 }
+
+#[test]
+fn a_rope_table_that_would_be_nan_is_refused_before_building() {
+    // before: theta = 1e-300 built a model whose every angle was NaN (an unusable Ok), and
+    // a bad rope factor was found only after every block was built
+    for (json, field) in [
+        (serde_json::json!({"rope_theta": 1e-300}), "rope_theta"),
+        (
+            serde_json::json!({"rope_scaling": {"rope_type": "linear", "factor": -2.0}}),
+            "factor",
+        ),
+    ] {
+        let cfg = llama(json);
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+        let vs = VarStore::new(Device::Cpu);
+        assert!(LlamaModel::new(&vs.root(), &cfg).is_err());
+        assert!(vs.variables().is_empty(), "nothing built");
+    }
+    // a tiny but sound theta still works
+    let cfg = llama(serde_json::json!({"rope_theta": 0.5}));
+    let vs = VarStore::new(Device::Cpu);
+    let model = LlamaModel::new(&vs.root(), &cfg).unwrap();
+    let ids = Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
+    let logits = model
+        .forward(&LmInput::new(&ids), None)
+        .unwrap()
+        .logits()
+        .unwrap();
+    assert!(bool::try_from(logits.isfinite().all()).unwrap());
+}

@@ -349,7 +349,9 @@ impl LlamaConfig {
                 w,
             )?;
         }
-        self.rope()?;
+        let (theta, scaling) = self.rope()?;
+        // the rotary table's own check, before any block is built
+        RotaryEmbedding::check(hd, theta, &scaling)?;
         limits::parameter_count(op, "num_hidden_layers", self.weight_shapes().values())?;
         Ok(())
     }
