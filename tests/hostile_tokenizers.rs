@@ -173,3 +173,15 @@ fn deeply_nested_patterns_are_refused_at_load() {
     let err = load("pattern", &v).unwrap_err().to_string();
     assert!(err.contains("Regex"), "{err}");
 }
+
+#[test]
+fn a_padded_batch_too_large_for_memory_is_an_error_not_an_abort() {
+    use torchrl::modules::llm::{pad_rows, PaddingSide};
+    // before: Vec::with_capacity(rows * width) aborted the process (2^40 ids here) or
+    // overflowed; each row is shared so the input itself is small
+    let long = vec![1i64; 1 << 22];
+    let mut rows = vec![long];
+    rows.extend(std::iter::repeat_n(Vec::new(), (1 << 18) - 1));
+    let err = pad_rows(&rows, 0, PaddingSide::Left).unwrap_err();
+    assert!(err.to_string().contains("rows"), "{err}");
+}

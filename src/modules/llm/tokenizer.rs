@@ -86,8 +86,21 @@ pub struct Encoded {
 /// ```
 pub fn pad_rows(rows: &[Vec<i64>], pad: i64, side: PaddingSide) -> Result<Encoded> {
     let width = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(rows.len() * width);
-    let mut mask = Vec::with_capacity(rows.len() * width);
+    // many short rows and one long one ask for rows * width ids: checked and reserved
+    // fallibly (an allocation failure aborts the process; this is an error)
+    let too_big = || {
+        Error::argument(
+            "pad_rows",
+            "rows",
+            "rows whose padded batch fits in memory",
+            format!("{} rows padded to {width} tokens", rows.len()),
+        )
+    };
+    let total = rows.len().checked_mul(width).ok_or_else(too_big)?;
+    let mut ids = Vec::new();
+    let mut mask = Vec::new();
+    ids.try_reserve_exact(total).map_err(|_| too_big())?;
+    mask.try_reserve_exact(total).map_err(|_| too_big())?;
     for row in rows {
         let n_pad = width - row.len();
         let pads = std::iter::repeat_n(pad, n_pad);
