@@ -360,3 +360,43 @@ fn a_rope_table_that_would_be_nan_is_refused_before_building() {
         .unwrap();
     assert!(bool::try_from(logits.isfinite().all()).unwrap());
 }
+
+#[test]
+fn weights_of_an_integer_or_unreadable_dtype_are_named_before_building() {
+    let d = saved_gpt2("dtype");
+    let file = d.join("model.safetensors");
+    let tensors = Tensor::read_safetensors(&file).unwrap();
+    // a weight stored as int64: before, it was cast to float silently
+    let edited: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let t = if n.ends_with("ln_f.weight") {
+                t.to_kind(tch::Kind::Int64)
+            } else {
+                t.shallow_clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    Tensor::write_safetensors(&edited, &file).unwrap();
+    let vs = VarStore::new(Device::Cpu);
+    let err = models::from_pretrained(&vs.root(), &d)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ln_f.weight (I64)"), "{err}");
+    assert!(vs.variables().is_empty());
+    // a dtype libtorch does not read here (F8) is named with the tensor, not libtorch's text
+    let bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    let f8 = header.replacen("\"I64\"", "\"U64\"", 1);
+    let mut b = bytes[..8].to_vec();
+    b.extend(f8.as_bytes());
+    b.extend(&bytes[8 + n..]);
+    std::fs::write(&file, b).unwrap();
+    let err = models::from_pretrained(&vs.root(), &d)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("U64") && err.contains("ln_f.weight"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}

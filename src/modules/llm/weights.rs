@@ -414,15 +414,23 @@ pub(crate) struct HeaderEntry {
 /// The largest header read (safetensors' own limit).
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// The safetensors dtypes libtorch reads here (through `tch`).
+const READABLE_DTYPES: &str = "BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64";
+
 /// The bytes per element of a safetensors dtype this library reads.
 fn dtype_bytes(dtype: &str) -> Option<u64> {
     Some(match dtype {
-        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
-        "I16" | "U16" | "F16" | "BF16" => 2,
-        "I32" | "U32" | "F32" => 4,
-        "I64" | "U64" | "F64" => 8,
+        "BOOL" | "U8" | "I8" => 1,
+        "I16" | "F16" | "BF16" => 2,
+        "I32" | "F32" => 4,
+        "I64" | "F64" => 8,
         _ => return None,
     })
+}
+
+/// Whether a safetensors dtype is a floating-point one (what model weights must be).
+fn is_float_dtype(dtype: &str) -> bool {
+    matches!(dtype, "F16" | "BF16" | "F32" | "F64")
 }
 
 /// Reads and checks a safetensors file's header without reading any tensor: the 8-byte
@@ -484,7 +492,11 @@ pub(crate) fn read_header(
             .get("dtype")
             .and_then(|d| d.as_str())
             .ok_or_else(|| tensor("no string \"dtype\""))?;
-        let size = dtype_bytes(dtype).ok_or_else(|| tensor(&format!("unknown dtype {dtype:?}")))?;
+        let size = dtype_bytes(dtype).ok_or_else(|| {
+            tensor(&format!(
+                "dtype {dtype:?} is not one this library reads ({READABLE_DTYPES})"
+            ))
+        })?;
         let dims = entry
             .get("shape")
             .and_then(|s| s.as_array())
@@ -572,11 +584,24 @@ pub(crate) fn check_folder_fits(
             return Err(shard_lacks(op, &file, missing));
         }
         for (name, entry) in header {
-            given.insert(canonical(&name), entry.shape);
+            given.insert(canonical(&name), entry);
         }
     }
     given.retain(|name, _| !is_buffer(name));
     let mut reasons = Vec::new();
+    let not_float: Vec<String> = given
+        .iter()
+        .filter(|(_, e)| !is_float_dtype(&e.dtype))
+        .map(|(n, e)| format!("{n} ({})", e.dtype))
+        .collect();
+    if !not_float.is_empty() {
+        reasons.push(format!(
+            "tensors that are not floating point: {}",
+            list(&not_float)
+        ));
+    }
+    let mut given: BTreeMap<String, Vec<i64>> =
+        given.into_iter().map(|(n, e)| (n, e.shape)).collect();
     if let Some((head, to)) = tied {
         if let Some(shape) = given.remove(head) {
             if let Some(want) = expected.get(to).filter(|w| **w != shape) {
