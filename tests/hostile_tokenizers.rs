@@ -185,3 +185,41 @@ fn a_padded_batch_too_large_for_memory_is_an_error_not_an_abort() {
     let err = pad_rows(&rows, 0, PaddingSide::Left).unwrap_err();
     assert!(err.to_string().contains("rows"), "{err}");
 }
+
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let mut acc = 0u32;
+        for (i, &b) in chunk.iter().enumerate() {
+            acc |= u32::from(b) << (16 - 8 * i);
+        }
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((acc >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_precompiled_charsmap_whose_trie_length_passes_its_blob_is_refused() {
+    // the crate reserves the declared trie length (up to 8 GiB) before reading it
+    let mut blob = 0xFFFF_FFF0u32.to_le_bytes().to_vec();
+    blob.extend([0u8; 8]);
+    let mut v = spec_tokenizer();
+    v["normalizer"] = json!({"type": "Precompiled", "precompiled_charsmap": base64(&blob)});
+    let err = load("charsmap", &v).unwrap_err().to_string();
+    assert!(err.contains("precompiled_charsmap"), "{err}");
+    // a length that fits passes the check (the crate then judges the rest)
+    let mut ok = 8u32.to_le_bytes().to_vec();
+    ok.extend([0u8; 8]);
+    ok.extend(b"a\0");
+    v["normalizer"] = json!({"type": "Precompiled", "precompiled_charsmap": base64(&ok)});
+    if let Err(e) = load("charsmap-ok", &v) {
+        assert!(!e.to_string().contains("it must fit"), "{e}");
+    }
+}

@@ -448,12 +448,62 @@ fn precheck(json: &serde_json::Value) -> std::result::Result<(), String> {
     check_patterns(json, "")
 }
 
+/// A `Precompiled` normalizer's charsmap (base64): its first 4 bytes are the byte length of
+/// the trie that follows, which the crate reserves before reading it (a length past the blob
+/// asked for up to 8 GiB, an allocation failure aborts the process). The length must fit in
+/// the blob.
+fn check_charsmap(blob: &str) -> std::result::Result<(), String> {
+    let digit = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        })
+    };
+    let bytes = blob.trim_end_matches('=').as_bytes();
+    // the first 8 base64 digits hold the first 6 bytes
+    let mut head = Vec::with_capacity(6);
+    for chunk in bytes.chunks(4).take(2) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            let d = digit(c).ok_or("not base64")?;
+            acc |= d << (18 - 6 * i);
+        }
+        head.extend(
+            acc.to_be_bytes()
+                .iter()
+                .skip(1)
+                .take(chunk.len().saturating_sub(1)),
+        );
+    }
+    let len_bytes: [u8; 4] = head
+        .get(..4)
+        .and_then(|h| h.try_into().ok())
+        .ok_or("shorter than its 4-byte trie length")?;
+    let trie = u64::from(u32::from_le_bytes(len_bytes));
+    let decoded = (bytes.len() as u64 * 3) / 4;
+    if trie > decoded.saturating_sub(4) {
+        return Err(format!(
+            "a trie of {trie} bytes in a blob of {decoded} (it must fit)"
+        ));
+    }
+    Ok(())
+}
+
 /// Every regex pattern (`{"Regex": …}`) anywhere in the file: at most [`MAX_PATTERN_BYTES`]
 /// bytes and [`MAX_PATTERN_DEPTH`] nested groups.
 fn check_patterns(v: &serde_json::Value, at: &str) -> std::result::Result<(), String> {
     use serde_json::Value;
     match v {
         Value::Object(map) => {
+            if map.get("type").and_then(Value::as_str) == Some("Precompiled") {
+                let blob = map.get("precompiled_charsmap").and_then(Value::as_str);
+                check_charsmap(blob.unwrap_or(""))
+                    .map_err(|r| format!("{at}.precompiled_charsmap: {r}"))?;
+            }
             if let Some(Value::String(re)) = map.get("Regex") {
                 let mut depth = 0usize;
                 let mut deepest = 0usize;
