@@ -125,7 +125,12 @@ fn grpo(dir: &Path, seed: i64) -> (VarStore, GrpoTrainer) {
 }
 
 fn dpo(dir: &Path, seed: i64) -> (VarStore, DpoTrainer) {
+    dpo_with(dir, seed, false)
+}
+
+fn dpo_with(dir: &Path, seed: i64, precompute: bool) -> (VarStore, DpoTrainer) {
     let mut c = DpoTrlConfig::default();
+    c.method.precompute_ref_log_probs = precompute;
     c.train.batch_size = 2;
     c.train.eval_interval = 1000;
     c.train.checkpoint_interval = 1000;
@@ -530,4 +535,22 @@ fn ilql_loads_are_all_or_nothing() {
     a.train_epoch(&mut Callbacks::new()).unwrap();
     let mut b = ilql(&dir, 2);
     check_all_or_nothing("ilql", &a, &mut b);
+}
+
+#[test]
+fn a_dpo_load_replaces_the_precomputed_reference_log_probs() {
+    // before: the cache computed from the fresh trainer's own reference survived the load,
+    // so training went on with log-probs of a reference the checkpoint did not hold
+    let _g = lock();
+    let dir = tempdir("dpo-precompute");
+    let (_va, mut a) = dpo_with(&dir, 1, true);
+    a.train_epoch(&mut Callbacks::new()).unwrap();
+    a.save(&dir.join("ckpt")).unwrap();
+    let (_vb, mut b) = dpo_with(&dir, 2, true);
+    b.load(&dir.join("ckpt")).unwrap();
+    let sa = a.train_epoch(&mut Callbacks::new()).unwrap();
+    let sb = b.train_epoch(&mut Callbacks::new()).unwrap();
+    assert_eq!(sa, sb);
+    assert_eq!(difference(&snapshot(&a), &snapshot(&b)), None);
+    let _ = std::fs::remove_dir_all(&dir);
 }

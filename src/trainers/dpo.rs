@@ -628,6 +628,10 @@ impl DpoTrainer {
     /// # Errors
     /// As [`DpoTrainer::step`] and the callbacks.
     pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
+        // a load replaced the reference: its log-probs are computed again
+        if self.config.method.precompute_ref_log_probs && self.ref_cache.is_none() {
+            self.precompute_reference()?;
+        }
         let order = rank0_order(&self.collective, shuffled(&mut self.rng, self.pairs.len()))?;
         let total = self.total_steps();
         let per_rank = self.config.train.batch_size.max(1);
@@ -833,6 +837,8 @@ impl RlTrainer for DpoTrainer {
         self.iter_count = iter_count;
         self.epoch = epoch;
         self.rng = rng;
+        // the precomputed reference log-probs were the old reference's
+        self.ref_cache = None;
         Ok(())
     }
 }
