@@ -400,3 +400,15 @@ fn weights_of_an_integer_or_unreadable_dtype_are_named_before_building() {
     assert!(err.contains("U64") && err.contains("ln_f.weight"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+#[test]
+fn head_widths_that_overflow_are_named_not_panics() {
+    use torchrl::modules::llm::{IlqlHeads, MlpHead};
+    // before: 2 * n_embd overflowed (a panic)
+    let vs = VarStore::new(Device::Cpu);
+    let err = MlpHead::new(&vs.root(), i64::MAX, 1).unwrap_err();
+    assert!(err.to_string().contains("n_embd"), "{err}");
+    assert!(IlqlHeads::new(&vs.root(), i64::MAX / 2 + 1, 5, true, 0.5).is_err());
+    // a head too large for memory is libtorch's allocation error, not an abort
+    assert!(MlpHead::new(&vs.root(), 1 << 20, 1 << 40).is_err());
+}
