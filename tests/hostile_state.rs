@@ -301,3 +301,28 @@ fn a_checkpoint_safetensors_file_with_a_hostile_header_is_named_even_with_a_vali
     assert!(err.contains("tensor w"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn an_env_batch_too_large_for_memory_is_refused_at_construction() {
+    use torchrl::envs::llm::config::MAX_BATCH_TOKENS;
+    use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+    use torchrl::envs::EnvBase;
+    use torchrl::modules::llm::ByteTokenizer;
+    // before: accepted, and the first reset aborted the process on a 26 TB allocation
+    for b in [1i64 << 40, 1 << 33, MAX_BATCH_TOKENS / 16 + 1] {
+        let c = TokenEnvConfig::new(259, 16)
+            .with_max_new_tokens(4)
+            .with_batch_size(b);
+        let scorer = TokenScorer::new(|_p: &[i64], _r: &[i64]| 0.0);
+        let err = TokenEnv::from_text(c, &ByteTokenizer::new(), &["ab"], Box::new(scorer))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("batch_size"), "{err}");
+    }
+    let c = TokenEnvConfig::new(259, 16)
+        .with_max_new_tokens(4)
+        .with_batch_size(4);
+    let scorer = TokenScorer::new(|_p: &[i64], _r: &[i64]| 0.0);
+    let mut env = TokenEnv::from_text(c, &ByteTokenizer::new(), &["ab"], Box::new(scorer)).unwrap();
+    assert!(env.reset(None).is_ok());
+}
