@@ -326,3 +326,17 @@ fn an_env_batch_too_large_for_memory_is_refused_at_construction() {
     let mut env = TokenEnv::from_text(c, &ByteTokenizer::new(), &["ab"], Box::new(scorer)).unwrap();
     assert!(env.reset(None).is_ok());
 }
+
+#[test]
+fn a_rollout_with_a_huge_step_budget_stops_at_done_without_reserving_it() {
+    use torchrl::envs::builtin::CartPoleEnv;
+    use torchrl::envs::{EnvBase, RolloutConfig};
+    // before: Vec::with_capacity(max_steps) asked for the whole budget up front (a capacity
+    // overflow panic for usize::MAX, an allocation abort for 2^40)
+    for n in [1usize << 40, usize::MAX] {
+        let mut env = CartPoleEnv::new(&[2], tch::Device::Cpu).unwrap();
+        env.set_seed(0).unwrap();
+        let td = env.rollout(n, None, &RolloutConfig::default()).unwrap();
+        assert_eq!(td.batch_size().first(), Some(&2));
+    }
+}
