@@ -412,3 +412,43 @@ fn head_widths_that_overflow_are_named_not_panics() {
     // a head too large for memory is libtorch's allocation error, not an abort
     assert!(MlpHead::new(&vs.root(), 1 << 20, 1 << 40).is_err());
 }
+
+#[test]
+fn a_tensor_held_by_two_shards_is_named() {
+    // before: the later shard's copy silently won
+    let d = saved_gpt2("twice");
+    let single = d.join("model.safetensors");
+    let tensors = Tensor::read_safetensors(&single).unwrap();
+    std::fs::remove_file(&single).unwrap();
+    let (a, b): (Vec<_>, Vec<_>) = tensors.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let mut map = serde_json::Map::new();
+    let mut write = |part: Vec<&(String, Tensor)>, file: &str| {
+        let named: Vec<(String, Tensor)> = part
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        Tensor::write_safetensors(&named, d.join(file)).unwrap();
+        for (n, _) in &named {
+            map.entry(n.clone()).or_insert(serde_json::json!(file));
+        }
+    };
+    let first = a.first().map(|(_, t)| t).unwrap();
+    write(
+        a.iter().map(|(_, t)| *t).collect(),
+        "model-00001-of-00002.safetensors",
+    );
+    let mut b: Vec<&(String, Tensor)> = b.iter().map(|(_, t)| *t).collect();
+    b.push(first);
+    write(b, "model-00002-of-00002.safetensors");
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let vs = VarStore::new(Device::Cpu);
+    let err = models::from_pretrained(&vs.root(), &d)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("held twice") && err.contains(&first.0),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&d).ok();
+}

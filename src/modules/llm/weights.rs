@@ -571,6 +571,7 @@ pub(crate) fn check_folder_fits(
 ) -> Result<()> {
     let (path, files) = folder_plan(op, dir)?;
     let mut given = BTreeMap::new();
+    let mut twice = Vec::new();
     for (file, names) in files {
         if !file.exists() {
             return Err(Error::Io {
@@ -584,11 +585,16 @@ pub(crate) fn check_folder_fits(
             return Err(shard_lacks(op, &file, missing));
         }
         for (name, entry) in header {
-            given.insert(canonical(&name), entry);
+            if given.insert(canonical(&name), entry).is_some() {
+                twice.push(name);
+            }
         }
     }
     given.retain(|name, _| !is_buffer(name));
     let mut reasons = Vec::new();
+    if !twice.is_empty() {
+        reasons.push(format!("tensors held twice: {}", list(&twice)));
+    }
     let not_float: Vec<String> = given
         .iter()
         .filter(|(_, e)| !is_float_dtype(&e.dtype))
