@@ -340,3 +340,20 @@ fn a_rollout_with_a_huge_step_budget_stops_at_done_without_reserving_it() {
         assert_eq!(td.batch_size().first(), Some(&2));
     }
 }
+
+#[test]
+fn an_mlp_depth_past_the_limit_is_named_not_allocated() {
+    use torchrl::modules::models::MlpConfig;
+    // before: vec![32; depth] overflowed its capacity (a panic) or aborted on the allocation
+    for depth in [usize::MAX, 1 << 40] {
+        let err = MlpConfig::new(3, 2)
+            .with_depth(depth)
+            .hidden_widths()
+            .unwrap_err();
+        assert!(err.to_string().contains("depth"), "{err}");
+    }
+    assert_eq!(
+        MlpConfig::new(3, 2).with_depth(2).hidden_widths().unwrap(),
+        vec![32, 32]
+    );
+}
