@@ -481,12 +481,20 @@ fn check_all_or_nothing(name: &str, trained: &dyn RlTrainer, fresh: &mut dyn RlT
         CheckpointStore::new(&case_dir).save(bad).unwrap();
         let result = fresh.load(&case_dir);
         assert!(result.is_err(), "{name}: {what}: loaded");
+        let msg = result.as_ref().map_err(|e| e.to_string()).unwrap_err();
         if let Some(d) = difference(&before, &snapshot(fresh)) {
-            panic!(
-                "{name}: {what}: the failed load ({}) changed {d}",
-                result.unwrap_err()
-            );
+            panic!("{name}: {what}: the failed load ({msg}) changed {d}");
         }
+        // the error says where: the checkpoint folder and the component
+        let component = what.split([':', '.', ' ']).next().unwrap();
+        assert!(
+            msg.contains(&case_dir.display().to_string()),
+            "{name}: {what}: {msg}"
+        );
+        assert!(
+            msg.contains(&format!("{component:?}")),
+            "{name}: {what}: {msg}"
+        );
     }
     fresh.load(&dir.join("clean")).unwrap();
     assert_eq!(

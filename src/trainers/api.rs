@@ -588,15 +588,26 @@ pub trait RlTrainer {
     /// When the store holds no checkpoint, a file is missing or corrupt (naming its path), or
     /// a component does not fit.
     fn load(&mut self, dir: &Path) -> Result<()> {
-        let ckpt = CheckpointStore::new(dir)
-            .load_latest()?
+        let folder = CheckpointStore::new(dir)
+            .latest()?
             .ok_or_else(|| Error::Io {
                 op: "RlTrainer::load",
                 path: dir.display().to_string(),
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no checkpoint here"),
             })?;
+        let ckpt = Checkpoint::load(&folder)?;
+        // a component that does not fit is named by the trainer; the folder here
         self.load_checkpoint(ckpt)
+            .map_err(|e| e.context(format!("RlTrainer::load: checkpoint {}", folder.display())))
     }
+}
+
+/// `err` with the component it came from: `component "opt" (opt.safetensors, opt.json)`,
+/// the files a [`CheckpointStore`] writes for it.
+pub(crate) fn in_component(name: &str, err: Error) -> Error {
+    err.context(format!(
+        "component {name:?} ({name}.safetensors, {name}.json)"
+    ))
 }
 
 /// The component named `name`, taken out of `components`.

@@ -71,8 +71,8 @@ use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
 use super::api::{
-    counter_from_json, rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation,
-    RlTrainer, Stats,
+    counter_from_json, in_component, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
+    Evaluation, RlTrainer, Stats,
 };
 use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
 use super::grpo::trl_defaults;
@@ -830,9 +830,13 @@ impl RlTrainer for DpoTrainer {
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         const LOAD: &str = "DpoTrainer::load";
         let (restore, state) = prepare_hydra_components(&self.model, &self.opt, &mut components)?;
-        let iter_count = counter_from_json(LOAD, &state, "iter_count")?;
-        let epoch = counter_from_json(LOAD, &state, "epoch")?;
-        let rng = rng_from_json(LOAD, state.get("rng"))?;
+        let read_state = || -> Result<_> {
+            let iter_count = counter_from_json(LOAD, &state, "iter_count")?;
+            let epoch = counter_from_json(LOAD, &state, "epoch")?;
+            let rng = rng_from_json(LOAD, state.get("rng"))?;
+            Ok((iter_count, epoch, rng))
+        };
+        let (iter_count, epoch, rng) = read_state().map_err(|e| in_component("trainer", e))?;
         restore.commit(&mut self.opt, &mut self.sched)?;
         self.iter_count = iter_count;
         self.epoch = epoch;

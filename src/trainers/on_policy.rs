@@ -55,8 +55,8 @@ use serde_json::{json, Map, Value};
 use tch::Tensor;
 
 use super::api::{
-    counter_from_json, rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation,
-    RlTrainer, Stats,
+    counter_from_json, in_component, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
+    Evaluation, RlTrainer, Stats,
 };
 use super::config::TrainConfig;
 use super::optim::{AdamW, CosineAnnealingLr};
@@ -662,7 +662,8 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
     /// copies, such as a device out of memory, could interrupt them).
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         let (restore, state) = prepare_hydra_components(&self.model, &self.opt, &mut components)?;
-        self.set_state_json(&state)?;
+        self.set_state_json(&state)
+            .map_err(|e| in_component("trainer", e))?;
         restore.commit(&mut self.opt, &mut self.sched)
     }
 }

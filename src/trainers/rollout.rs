@@ -7,7 +7,9 @@
 use serde_json::Value;
 use tch::{Device, Tensor};
 
-use super::api::{decode_masked, encode_prompts, take_component, Component, StagedCopy};
+use super::api::{
+    decode_masked, encode_prompts, in_component, take_component, Component, StagedCopy,
+};
 use super::config::GenKwargs;
 use super::optim::shallow_named;
 use super::optim::{AdamW, CosineAnnealingLr, PreparedAdamW};
@@ -316,13 +318,19 @@ pub(crate) fn prepare_hydra_components(
     opt: &AdamW,
     components: &mut Vec<(String, Component)>,
 ) -> Result<(HydraRestore, Value)> {
-    let policy = take_component(components, "model")?.stage_into(&policy_params(model))?;
-    let reference =
-        take_component(components, "reference")?.stage_into(&reference_params(model))?;
+    let named = |name: &'static str| move |e| in_component(name, e);
+    let policy = take_component(components, "model")?
+        .stage_into(&policy_params(model))
+        .map_err(named("model"))?;
+    let reference = take_component(components, "reference")?
+        .stage_into(&reference_params(model))
+        .map_err(named("reference"))?;
     let o = take_component(components, "opt")?;
-    let opt = opt.prepare_state(&o.tensors, &o.state)?;
+    let opt = opt
+        .prepare_state(&o.tensors, &o.state)
+        .map_err(named("opt"))?;
     let s = take_component(components, "scheduler")?;
-    let sched = CosineAnnealingLr::from_state_json(&s.state)?;
+    let sched = CosineAnnealingLr::from_state_json(&s.state).map_err(named("scheduler"))?;
     let state = take_component(components, "trainer")?.state;
     let restore = HydraRestore {
         policy,

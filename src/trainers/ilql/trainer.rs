@@ -68,8 +68,8 @@ use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 use crate::trainers::api::{
-    counter_from_json, decode_masked, encode_prompts, rng_from_json, rng_to_json, take_component,
-    Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
+    counter_from_json, decode_masked, encode_prompts, in_component, rng_from_json, rng_to_json,
+    take_component, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
@@ -569,15 +569,25 @@ impl RlTrainer for IlqlTrainer {
     /// trainer is as it was.
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         const OP: &str = "IlqlTrainer::load";
-        let model = take_component(&mut components, "model")?.stage_into(&self.model_params())?;
+        let named = |name: &'static str| move |e| in_component(name, e);
+        let model = take_component(&mut components, "model")?
+            .stage_into(&self.model_params())
+            .map_err(named("model"))?;
         let opt = take_component(&mut components, "opt")?;
-        let opt = self.opt.prepare_state(&opt.tensors, &opt.state)?;
+        let opt = self
+            .opt
+            .prepare_state(&opt.tensors, &opt.state)
+            .map_err(named("opt"))?;
         let sched = take_component(&mut components, "scheduler")?;
-        let sched = CosineAnnealingLr::from_state_json(&sched.state)?;
+        let sched = CosineAnnealingLr::from_state_json(&sched.state).map_err(named("scheduler"))?;
         let state = take_component(&mut components, "trainer")?.state;
-        let iter_count = counter_from_json(OP, &state, "iter_count")?;
-        let epoch = counter_from_json(OP, &state, "epoch")?;
-        let rng = rng_from_json(OP, state.get("rng"))?;
+        let read_state = || -> Result<_> {
+            let iter_count = counter_from_json(OP, &state, "iter_count")?;
+            let epoch = counter_from_json(OP, &state, "epoch")?;
+            let rng = rng_from_json(OP, state.get("rng"))?;
+            Ok((iter_count, epoch, rng))
+        };
+        let (iter_count, epoch, rng) = read_state().map_err(named("trainer"))?;
         model.commit()?;
         self.opt.commit_state(opt)?;
         self.sched = sched;
