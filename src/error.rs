@@ -492,3 +492,102 @@ impl<T, E: Into<Error>> ResultExt<T> for std::result::Result<T, E> {
         self.map_err(|e| e.into().context(f()))
     }
 }
+
+/// The path (`train.batch_size`, `model.vocab[3]`) of the JSON value at 1-based `line` and
+/// `column` of `text` (where `serde_json` reports an error), so that an error can name the
+/// field and not only the type; `"<root>"` at the top level.
+pub(crate) fn json_path_at(text: &str, line: usize, column: usize) -> String {
+    enum Frame {
+        Object(Option<String>),
+        Array(usize),
+    }
+    // the byte offset of (line, column)
+    let mut offset = 0;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line {
+            offset += column.min(l.len());
+            break;
+        }
+        offset += l.len();
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut expect_key = false;
+    let mut chars = text.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        if at >= offset {
+            break;
+        }
+        match c {
+            '{' => {
+                stack.push(Frame::Object(None));
+                expect_key = true;
+            }
+            '[' => stack.push(Frame::Array(0)),
+            '}' | ']' => {
+                stack.pop();
+            }
+            ',' => match stack.last_mut() {
+                Some(Frame::Object(_)) => expect_key = true,
+                Some(Frame::Array(i)) => *i += 1,
+                None => {}
+            },
+            '"' => {
+                let mut s = String::new();
+                while let Some((_, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        c => s.push(c),
+                    }
+                }
+                if expect_key {
+                    if let Some(Frame::Object(key)) = stack.last_mut() {
+                        *key = Some(s);
+                    }
+                    expect_key = false;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut path = String::new();
+    for frame in &stack {
+        match frame {
+            Frame::Object(Some(k)) => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+            }
+            Frame::Object(None) => {}
+            Frame::Array(i) => path.push_str(&format!("[{i}]")),
+        }
+    }
+    if path.is_empty() {
+        "<root>".into()
+    } else {
+        path
+    }
+}
+
+/// The `section.key` of the TOML line holding byte `offset` of `text` (where a TOML error
+/// points), or `None` when the line is not `key = value`.
+pub(crate) fn toml_path_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset.min(text.len()))?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text.get(line_start..)?.lines().next()?;
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    let section = before
+        .get(..line_start)?
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    Some(match section {
+        Some(s) if !s.is_empty() => format!("{s}.{key}"),
+        _ => key.to_string(),
+    })
+}

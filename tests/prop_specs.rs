@@ -1207,8 +1207,10 @@ fn regression_bounded_bool_project() {
 #[test]
 fn regression_huge_specs_do_not_abort() {
     let mut gen = Generator::new(0);
+    // issue 29: a shape whose element count overflows is now refused at construction
+    assert!(Unbounded::new().with_shape([1i64 << 40, 1 << 40]).is_err());
     let u = Unbounded::new()
-        .with_shape([1i64 << 40, 1 << 40])
+        .with_shape([1i64 << 29, 1 << 30])
         .unwrap()
         .with_dtype(Kind::Int64)
         .unwrap();
@@ -1232,7 +1234,11 @@ fn regression_huge_specs_do_not_abort() {
 /// and `project`.
 #[test]
 fn regression_zero_element_spec_with_huge_dims() {
-    let spec = Bounded::new(0.0, 1.0, [2, i64::MAX, 0])
+    // issue 29: [2, i64::MAX, 0] is now refused at construction (libtorch's strides
+    // overflow); the largest extent accepted keeps exercising the zero-element paths
+    assert!(Bounded::new(0.0, 1.0, [2, i64::MAX, 0]).is_err());
+    let huge = i64::MAX / 16;
+    let spec = Bounded::new(0.0, 1.0, [2, huge, 0])
         .unwrap()
         .with_dtype(Kind::Double)
         .unwrap();
@@ -1240,7 +1246,7 @@ fn regression_zero_element_spec_with_huge_dims() {
     let _ = spec.rand(&mut gen, &[]);
     let cat = Categorical::new(3)
         .unwrap()
-        .with_shape([2, i64::MAX, 0])
+        .with_shape([2, huge, 0])
         .unwrap();
     let _ = cat.rand(&mut gen, &[]);
     let _ = format!("{spec} {cat}");

@@ -193,7 +193,8 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
             Some(r) if !self.reset_at_each_iter => r,
             _ => self.env.reset(None)?,
         };
-        let mut steps = Vec::with_capacity(self.steps_per_batch);
+        // reserved up to a bound (an allocation failure would abort the process)
+        let mut steps = Vec::with_capacity(self.steps_per_batch.min(1 << 12));
         for _ in 0..self.steps_per_batch {
             root = if random {
                 self.env.rand_action(Some(root))?

@@ -437,7 +437,9 @@ pub trait EnvBase: Send {
         }
         let stop_keys = self.core().keys().stop.clone();
         let nb = specs.batch_size().len();
-        let mut steps: Vec<TensorDict> = Vec::with_capacity(max_steps);
+        // reserved up to a bound: a huge max_steps (the loop stops at done) must not ask for
+        // its whole length up front (an allocation failure aborts the process)
+        let mut steps: Vec<TensorDict> = Vec::with_capacity(max_steps.min(1 << 12));
         // For break_when_all_done: which batch elements have finished at least once.
         let mut finished: Option<Tensor> = None;
         let mut reserve = StackReserve::none();

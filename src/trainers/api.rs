@@ -303,6 +303,17 @@ impl Component {
     /// [`Error::ShapeMismatch`] for a mis-shaped one, [`Error::InvalidValue`] for a tensor
     /// the parameters lack.
     pub fn copy_into(&self, params: &[(String, Tensor)]) -> Result<()> {
+        self.stage_into(params)?.commit()
+    }
+
+    /// Everything [`Component::copy_into`] checks, and the values converted to each
+    /// parameter's dtype and device, without writing any parameter: a load checks every
+    /// component this way first and only then [`StagedCopy::commit`]s them, so that a bad
+    /// component leaves the trainer as it was.
+    ///
+    /// # Errors
+    /// As [`Component::copy_into`].
+    pub(crate) fn stage_into(&self, params: &[(String, Tensor)]) -> Result<StagedCopy> {
         const OP: &str = "Component::copy_into";
         let given: BTreeMap<&str, &Tensor> =
             self.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
@@ -335,9 +346,31 @@ impl Component {
             ));
         }
         let _guard = tch::no_grad_guard();
+        let mut copies = Vec::with_capacity(pairs.len());
         for (p, src) in pairs {
-            let mut dst = p.shallow_clone();
-            dst.f_copy_(&src.f_to_kind(p.kind())?.f_to_device(p.device())?)?;
+            let value = src
+                .f_to_kind(p.kind())?
+                .f_to_device(p.device())?
+                .f_detach()?;
+            copies.push((p.shallow_clone(), value));
+        }
+        Ok(StagedCopy { copies })
+    }
+}
+
+/// Parameter values checked and converted by [`Component::stage_into`], not yet written.
+#[derive(Debug)]
+pub(crate) struct StagedCopy {
+    copies: Vec<(Tensor, Tensor)>,
+}
+
+impl StagedCopy {
+    /// Writes the values into the parameters (same shapes, dtypes and devices: only
+    /// libtorch's copy can fail here).
+    pub(crate) fn commit(self) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for (mut dst, value) in self.copies {
+            dst.f_copy_(&value)?;
         }
         Ok(())
     }
@@ -555,15 +588,26 @@ pub trait RlTrainer {
     /// When the store holds no checkpoint, a file is missing or corrupt (naming its path), or
     /// a component does not fit.
     fn load(&mut self, dir: &Path) -> Result<()> {
-        let ckpt = CheckpointStore::new(dir)
-            .load_latest()?
+        let folder = CheckpointStore::new(dir)
+            .latest()?
             .ok_or_else(|| Error::Io {
                 op: "RlTrainer::load",
                 path: dir.display().to_string(),
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no checkpoint here"),
             })?;
+        let ckpt = Checkpoint::load(&folder)?;
+        // a component that does not fit is named by the trainer; the folder here
         self.load_checkpoint(ckpt)
+            .map_err(|e| e.context(format!("RlTrainer::load: checkpoint {}", folder.display())))
     }
+}
+
+/// `err` with the component it came from: `component "opt" (opt.safetensors, opt.json)`,
+/// the files a [`CheckpointStore`] writes for it.
+pub(crate) fn in_component(name: &str, err: Error) -> Error {
+    err.context(format!(
+        "component {name:?} ({name}.safetensors, {name}.json)"
+    ))
 }
 
 /// The component named `name`, taken out of `components`.
@@ -720,6 +764,32 @@ pub(crate) fn rng_to_json(rng: &crate::rng::Generator) -> Value {
     )
 }
 
+/// A step or epoch counter of a saved trainer state, range-checked: at most
+/// [`MAX_STEPS`](crate::trainers::optim::MAX_STEPS) (2^53), so that counting on from it never
+/// overflows and it converts to `f64` exactly.
+pub(crate) fn counter_from_json(op: &'static str, state: &Value, name: &str) -> Result<usize> {
+    let max = crate::trainers::optim::MAX_STEPS;
+    let v = state.get(name).ok_or_else(|| {
+        Error::value(
+            op,
+            "trainer state",
+            format!("a field {name:?}"),
+            state.to_string(),
+        )
+    })?;
+    v.as_u64()
+        .filter(|n| *n <= max)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| {
+            Error::value(
+                op,
+                format!("trainer state {name}"),
+                format!("a count in [0, {max}]"),
+                v.to_string(),
+            )
+        })
+}
+
 /// The generator saved by [`rng_to_json`]; an error names `op` when `value` is not four words.
 pub(crate) fn rng_from_json(
     op: &'static str,
@@ -727,7 +797,8 @@ pub(crate) fn rng_from_json(
 ) -> Result<crate::rng::Generator> {
     let words: Vec<u64> = value
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|w| w.as_str()?.parse().ok()).collect())
+        // every entry must be a word: a mutated entry is not skipped over
+        .map(|a| a.iter().map_while(|w| w.as_str()?.parse().ok()).collect())
         .unwrap_or_default();
     let state: [u64; 4] = words.try_into().map_err(|w: Vec<u64>| {
         Error::value(

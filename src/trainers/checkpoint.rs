@@ -203,8 +203,13 @@ impl Checkpoint {
                     ckpt.json.insert(name.to_string(), value);
                 }
                 "safetensors" => {
-                    let mut tensors = Tensor::read_safetensors(&file)
-                        .map_err(|e| invalid(OP, &file, format!("not safetensors: {e}")))?;
+                    // the header is checked first (offsets, sizes, dtypes), naming the
+                    // tensor and byte offset; libtorch's text is cut to its first line
+                    crate::modules::llm::weights::read_header(OP, &file)?;
+                    let mut tensors = Tensor::read_safetensors(&file).map_err(|e| {
+                        let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                        invalid(OP, &file, format!("not safetensors: {first}"))
+                    })?;
                     tensors.sort_by(|a, b| a.0.cmp(&b.0));
                     ckpt.tensors.insert(name.to_string(), tensors);
                 }

@@ -164,7 +164,13 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Global gradient-norm clip before each optimizer step; `None`: no clipping. Default
     /// `Some(1.0)`. trlX has no such field (its accelerate runs leave gradients unclipped);
-    /// the name and default are Hugging Face `TrainingArguments`' (TRL's).
+    /// the name and default are Hugging Face `TrainingArguments`' (TRL's). `None` is written
+    /// `false` (TOML has no null, and an absent field means the default); `false` and `null`
+    /// read as `None`.
+    #[serde(
+        serialize_with = "grad_norm::serialize",
+        deserialize_with = "grad_norm::deserialize"
+    )]
     pub max_grad_norm: Option<f64>,
     /// The prompt pipeline's name (trlX's registry key). Default `"PromptPipeline"`.
     pub pipeline: String,
@@ -493,6 +499,53 @@ setters!(TrlConfig {
 
 const OP: &str = "TrlConfig::validate";
 
+/// `" at field <path>"` for a JSON parse error of `text` (serde names the type, this the
+/// field), empty for a syntax error at the top level.
+fn json_where(text: &str, e: &serde_json::Error) -> String {
+    match crate::error::json_path_at(text, e.line(), e.column()).as_str() {
+        "<root>" => String::new(),
+        path => format!(" at field {path}"),
+    }
+}
+
+/// `" at field <section.key>"` for a TOML parse error of `text`, when it points at a key.
+fn toml_where(text: &str, e: &toml::de::Error) -> String {
+    e.span()
+        .and_then(|span| crate::error::toml_path_at(text, span.start))
+        .map_or_else(String::new, |path| format!(" at field {path}"))
+}
+
+/// `train.max_grad_norm` on disk: a number, or `false` for `None` (TOML has no null; an
+/// absent field is the default, `Some(1.0)`, so `None` must be written to survive a round
+/// trip). `null` is read as `None` too.
+mod grad_norm {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) => s.serialize_f64(*x),
+            None => s.serialize_bool(false),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Flag(bool),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        match Option::<Repr>::deserialize(d)? {
+            Some(Repr::Number(x)) => Ok(Some(x)),
+            None | Some(Repr::Flag(false)) => Ok(None),
+            Some(Repr::Flag(true)) => Err(serde::de::Error::custom(
+                "max_grad_norm: a number, or false / null for no clipping (not true)",
+            )),
+        }
+    }
+}
+
 pub(crate) fn at_least(field: &'static str, value: usize, min: usize) -> Result<()> {
     if value < min {
         return Err(Error::config(OP, field, format!(">= {min}"), value));
@@ -613,8 +666,15 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         positive("optimizer.kwargs.eps", o.eps)?;
         non_negative("optimizer.kwargs.weight_decay", o.weight_decay)?;
 
-        positive("scheduler.kwargs.T_max", self.scheduler.kwargs.t_max)?;
-        non_negative("scheduler.kwargs.eta_min", self.scheduler.kwargs.eta_min)?;
+        // the schedule's own check (also the optimizer's lr as its base rate): no step of it
+        // yields a non-finite rate
+        let k = &self.scheduler.kwargs;
+        let fields = [
+            "optimizer.kwargs.lr",
+            "scheduler.kwargs.T_max",
+            "scheduler.kwargs.eta_min",
+        ];
+        crate::trainers::optim::check_cosine(OP, fields, o.lr, k.t_max, k.eta_min)?;
 
         self.method.validate()
     }
@@ -630,7 +690,7 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         let cfg: TrlConfigOf<M> = toml::from_str(text).map_err(|e| {
             Error::invalid(
                 "TrlConfig::from_toml_str",
-                format!("invalid TOML config: {e}"),
+                format!("invalid TOML config{}: {e}", toml_where(text, &e)),
             )
         })?;
         cfg.validate()?;
@@ -649,7 +709,7 @@ impl<M: MethodConfig> TrlConfigOf<M> {
         let cfg: TrlConfigOf<M> = serde_json::from_str(text).map_err(|e| {
             Error::invalid(
                 "TrlConfig::from_json_str",
-                format!("invalid JSON config: {e}"),
+                format!("invalid JSON config{}: {e}", json_where(text, &e)),
             )
         })?;
         cfg.validate()?;
@@ -680,10 +740,10 @@ impl<M: MethodConfig> TrlConfigOf<M> {
             source,
         })?;
         let parsed = match format {
-            Format::Toml => toml::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string()),
-            Format::Json => {
-                serde_json::from_str::<TrlConfigOf<M>>(&text).map_err(|e| e.to_string())
-            }
+            Format::Toml => toml::from_str::<TrlConfigOf<M>>(&text)
+                .map_err(|e| format!("{}{e}", toml_where(&text, &e))),
+            Format::Json => serde_json::from_str::<TrlConfigOf<M>>(&text)
+                .map_err(|e| format!("{}{e}", json_where(&text, &e))),
         };
         let cfg = parsed.map_err(|reason| Error::InvalidFile {
             op: OP_FILE,

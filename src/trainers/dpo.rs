@@ -71,7 +71,8 @@ use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
 use super::api::{
-    rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
+    counter_from_json, in_component, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
+    Evaluation, RlTrainer, Stats,
 };
 use super::config::{validate_gen, GenKwargs, MethodConfig, TrainConfig, TrlConfigOf};
 use super::grpo::trl_defaults;
@@ -80,9 +81,8 @@ use super::parallel::{
     join_group, rank0_order, rank_slice, train_schedule_fields, Collective, SharedCollective,
 };
 use super::rollout::{
-    generate_text, hydra_components, hydra_policy_step, policy_params, prompt_batch,
-    reference_params, restore_hydra_components, sample_prompts, shuffled, trainable_params,
-    StateFields,
+    generate_text, hydra_components, hydra_policy_step, policy_params, prepare_hydra_components,
+    prompt_batch, reference_params, sample_prompts, shuffled, trainable_params,
 };
 use crate::error::{Error, Result};
 use crate::modules::llm::{
@@ -621,6 +621,10 @@ impl DpoTrainer {
     /// # Errors
     /// As [`DpoTrainer::step`] and the callbacks.
     pub fn train_epoch(&mut self, callbacks: &mut Callbacks<'_>) -> Result<Stats> {
+        // a load replaced the reference: its log-probs are computed again
+        if self.config.method.precompute_ref_log_probs && self.ref_cache.is_none() {
+            self.precompute_reference()?;
+        }
         let order = rank0_order(&self.collective, shuffled(&mut self.rng, self.pairs.len()))?;
         let total = self.total_steps();
         let per_rank = self.config.train.batch_size.max(1);
@@ -814,14 +818,24 @@ impl RlTrainer for DpoTrainer {
         components
     }
 
+    /// All or nothing: every component and the trainer's counters and generator are read
+    /// and checked before anything is written; after an `Err` the trainer is as it was.
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         const LOAD: &str = "DpoTrainer::load";
-        let state =
-            restore_hydra_components(&self.model, &mut self.opt, &mut self.sched, &mut components)?;
-        let fields = StateFields::new(LOAD, &state);
-        self.iter_count = fields.usize("iter_count")?;
-        self.epoch = fields.usize("epoch")?;
-        self.rng = rng_from_json(LOAD, state.get("rng"))?;
+        let (restore, state) = prepare_hydra_components(&self.model, &self.opt, &mut components)?;
+        let read_state = || -> Result<_> {
+            let iter_count = counter_from_json(LOAD, &state, "iter_count")?;
+            let epoch = counter_from_json(LOAD, &state, "epoch")?;
+            let rng = rng_from_json(LOAD, state.get("rng"))?;
+            Ok((iter_count, epoch, rng))
+        };
+        let (iter_count, epoch, rng) = read_state().map_err(|e| in_component("trainer", e))?;
+        restore.commit(&mut self.opt, &mut self.sched)?;
+        self.iter_count = iter_count;
+        self.epoch = epoch;
+        self.rng = rng;
+        // the precomputed reference log-probs were the old reference's
+        self.ref_cache = None;
         Ok(())
     }
 }

@@ -55,15 +55,16 @@ use serde_json::{json, Map, Value};
 use tch::Tensor;
 
 use super::api::{
-    rng_from_json, rng_to_json, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
+    counter_from_json, in_component, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
+    Evaluation, RlTrainer, Stats,
 };
 use super::config::TrainConfig;
 use super::optim::{AdamW, CosineAnnealingLr};
 use super::parallel::{join_group, rank_seed, Collective, SharedCollective};
 use super::rollout::{
     check_store_rows, generate_text, hydra_components, hydra_policy_step, permutation,
-    policy_params, prompt_batch, prompt_state_json, reference_params, restore_hydra_components,
-    sample_prompts, set_prompt_state_json, StateFields,
+    policy_params, prepare_hydra_components, prompt_batch, prompt_state_from_json,
+    prompt_state_json, reference_params, sample_prompts,
 };
 use crate::envs::llm::TokenEnv;
 use crate::envs::{EnvBase, TransformedEnv};
@@ -222,7 +223,8 @@ pub trait OnPolicyMethod {
         Map::new()
     }
 
-    /// Restores [`state_json`](Self::state_json)'s fields.
+    /// Restores [`state_json`](Self::state_json)'s fields: all of them, or (on an error)
+    /// none, as the trainer's load requires.
     ///
     /// # Errors
     /// A missing or malformed field, named.
@@ -542,20 +544,34 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
         Value::Object(state)
     }
 
+    /// Restores [`state_json`](Self::state_json): every field is read and checked before
+    /// any changes; the prompt position and the method's state (each all-or-nothing) are
+    /// applied last, the prompt position put back if the method refuses its state.
     fn set_state_json(&mut self, state: &Value) -> Result<()> {
-        let fields = StateFields::new(M::NAME, state);
-        self.iter_count = fields.usize("iter_count")?;
-        self.epoch = fields.usize("epoch")?;
-        self.rng = rng_from_json(M::NAME, state.get("rng"))?;
+        let iter_count = counter_from_json(M::NAME, state, "iter_count")?;
+        let epoch = counter_from_json(M::NAME, state, "epoch")?;
+        let mut rng = rng_from_json(M::NAME, state.get("rng"))?;
         let rank = self.collective.rank();
-        if rank == 0 {
-            set_prompt_state_json(M::NAME, self.env.base_mut(), state)?;
+        let prompts = if rank == 0 {
+            prompt_state_from_json(M::NAME, state)?
         } else {
             // The checkpoint holds rank 0's generator and prompt position: other ranks draw
             // their own stream from it and keep their own env's prompt position.
-            self.rng = Generator::new(rank_seed(self.rng.next_u64(), rank));
+            rng = Generator::new(rank_seed(rng.next_u64(), rank));
+            None
+        };
+        let old_prompts = self.env.base().prompt_state();
+        if let Some(ps) = prompts {
+            self.env.base_mut().set_prompt_state(ps)?;
         }
-        self.method.set_state_json(&mut self.env, state)?;
+        if let Err(e) = self.method.set_state_json(&mut self.env, state) {
+            // the position saved a moment ago fits this env
+            self.env.base_mut().set_prompt_state(old_prompts)?;
+            return Err(e);
+        }
+        self.iter_count = iter_count;
+        self.epoch = epoch;
+        self.rng = rng;
         self.store = None;
         Ok(())
     }
@@ -639,9 +655,15 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
         components
     }
 
+    /// All or nothing: every component is read and checked (and the tensors converted)
+    /// first, then the trainer's JSON state is applied (itself all or nothing), then the
+    /// tensors are copied in. After an `Err`, parameters, optimizer state, schedule,
+    /// counters and generators are as they were (only a libtorch failure of the final
+    /// copies, such as a device out of memory, could interrupt them).
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
-        let state =
-            restore_hydra_components(&self.model, &mut self.opt, &mut self.sched, &mut components)?;
+        let (restore, state) = prepare_hydra_components(&self.model, &self.opt, &mut components)?;
         self.set_state_json(&state)
+            .map_err(|e| in_component("trainer", e))?;
+        restore.commit(&mut self.opt, &mut self.sched)
     }
 }

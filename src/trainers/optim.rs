@@ -142,6 +142,57 @@ fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> 
 
 const OP_NEW: &str = "AdamW::new";
 
+/// The most steps a step counter may hold (AdamW's per-parameter steps, a schedule's
+/// `last_epoch`): 2^53, where `f64` still counts exactly. A checkpoint with more is refused.
+pub const MAX_STEPS: u64 = 1 << 53;
+
+/// The one check of AdamW's hyper-parameters, shared by the constructor, `step` and
+/// [`AdamW::load_state`]: a finite `lr >= 0`, betas in [0, 1), a finite `eps > 0` and a finite
+/// weight decay >= 0.
+fn check_hyper(
+    op: &'static str,
+    lr: f64,
+    betas: [f64; 2],
+    eps: f64,
+    weight_decay: f64,
+) -> Result<()> {
+    if !(lr.is_finite() && lr >= 0.0) {
+        return Err(Error::config(op, "lr", "a finite number >= 0", lr));
+    }
+    if !betas.iter().all(|b| (0.0..1.0).contains(b)) {
+        return Err(Error::config(
+            op,
+            "betas",
+            "two numbers in [0, 1)",
+            format!("{betas:?}"),
+        ));
+    }
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(Error::config(op, "eps", "a finite number > 0", eps));
+    }
+    if !(weight_decay.is_finite() && weight_decay >= 0.0) {
+        return Err(Error::config(
+            op,
+            "weight_decay",
+            "a finite number >= 0",
+            weight_decay,
+        ));
+    }
+    Ok(())
+}
+
+/// An optimizer state read and checked by [`AdamW::prepare_state`], not yet applied: the
+/// moments already in the parameters' dtypes and devices, so that
+/// [`AdamW::commit_state`] only copies.
+pub(crate) struct PreparedAdamW {
+    moments: Vec<(Tensor, Tensor)>,
+    steps: Vec<u64>,
+    lr: f64,
+    betas: [f64; 2],
+    eps: f64,
+    weight_decay: f64,
+}
+
 impl AdamW {
     /// An optimizer over `params` (name, tensor) with learning rate `lr` and PyTorch's other
     /// defaults (betas (0.9, 0.999), eps 1e-8, weight decay 0.01); change them with the
@@ -253,29 +304,7 @@ impl AdamW {
     }
 
     fn check_hyper(&self, op: &'static str) -> Result<()> {
-        if !(self.lr.is_finite() && self.lr >= 0.0) {
-            return Err(Error::config(op, "lr", "a finite number >= 0", self.lr));
-        }
-        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
-            return Err(Error::config(
-                op,
-                "betas",
-                "two numbers in [0, 1)",
-                format!("{:?}", self.betas),
-            ));
-        }
-        if !(self.eps.is_finite() && self.eps > 0.0) {
-            return Err(Error::config(op, "eps", "a finite number > 0", self.eps));
-        }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(Error::config(
-                op,
-                "weight_decay",
-                "a finite number >= 0",
-                self.weight_decay,
-            ));
-        }
-        Ok(())
+        check_hyper(op, self.lr, self.betas, self.eps, self.weight_decay)
     }
 
     /// The parameter names, in order.
@@ -339,8 +368,8 @@ impl AdamW {
             if !g.defined() {
                 continue;
             }
-            *t += 1;
-            // Step counts stay far below 2^53, so the conversion is exact.
+            // Loaded counts are at most MAX_STEPS = 2^53, so the conversion is exact.
+            *t = t.saturating_add(1);
             let step = *t as f64;
             let (tmp, denom) = scratch_for(&mut self.scratch, p)?;
             let _ = p.f_mul_scalar_(decay)?;
@@ -538,6 +567,18 @@ impl AdamW {
     /// [`Error::InvalidValue`] naming the first missing or mis-shaped moment tensor, an
     /// unexpected tensor, or a missing / ill-typed JSON field.
     pub fn load_state(&mut self, tensors: &[(String, Tensor)], state: &Value) -> Result<()> {
+        let prepared = self.prepare_state(tensors, state)?;
+        self.commit_state(prepared)
+    }
+
+    /// Reads and checks everything [`AdamW::load_state`] would apply, changing nothing: the
+    /// moment tensors (names, shapes, finite values, `exp_avg_sq >= 0`), the step counts
+    /// (at most [`MAX_STEPS`]) and the hyper-parameters (the constructor's check).
+    pub(crate) fn prepare_state(
+        &self,
+        tensors: &[(String, Tensor)],
+        state: &Value,
+    ) -> Result<PreparedAdamW> {
         const OP: &str = "AdamW::load_state";
         let given: BTreeMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let mut expected = HashSet::new();
@@ -557,10 +598,28 @@ impl AdamW {
                         actual: t.size(),
                     });
                 }
-                pair.push(*t);
+                let t = {
+                    let _guard = tch::no_grad_guard();
+                    t.f_to_kind(p.kind())?.f_to_device(p.device())?.f_detach()?
+                };
+                let finite = t.numel() == 0
+                    || bool::try_from(t.f_isfinite()?.f_all()?)?
+                        && (prefix == "exp_avg" || !bool::try_from(t.f_lt(0.0)?.f_any()?)?);
+                if !finite {
+                    let want = if prefix == "exp_avg" {
+                        "finite values"
+                    } else {
+                        "finite values >= 0"
+                    };
+                    return Err(Error::value(OP, &key, want, "other values"));
+                }
+                pair.push(t);
                 expected.insert(key);
             }
-            moments.push(pair);
+            match <[Tensor; 2]>::try_from(pair) {
+                Ok([m, v]) => moments.push((m, v)),
+                Err(_) => return Err(Error::invalid(OP, "two moments per parameter")),
+            }
         }
         if let Some(extra) = given.keys().find(|k| !expected.contains(**k)) {
             return Err(Error::value(
@@ -590,6 +649,7 @@ impl AdamW {
             },
             _ => return Err(Error::value(OP, "betas", "two numbers", "none")),
         };
+        check_hyper(OP, lr, betas, eps, weight_decay)?;
         let step_map = state
             .get("step")
             .and_then(Value::as_object)
@@ -600,27 +660,83 @@ impl AdamW {
                 .get(name)
                 .and_then(Value::as_u64)
                 .ok_or_else(|| Error::value(OP, format!("step.{name}"), "a step count", "none"))?;
+            if s > MAX_STEPS {
+                return Err(Error::value(
+                    OP,
+                    format!("step.{name}"),
+                    format!("a step count of at most {MAX_STEPS}"),
+                    s.to_string(),
+                ));
+            }
             steps.push(s);
         }
+        Ok(PreparedAdamW {
+            moments,
+            steps,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+        })
+    }
+
+    /// Applies a state [`AdamW::prepare_state`] checked. Only libtorch's copy of
+    /// same-shaped, same-dtype, same-device tensors can fail here.
+    pub(crate) fn commit_state(&mut self, prepared: PreparedAdamW) -> Result<()> {
         let _guard = tch::no_grad_guard();
-        for ((m, v), pair) in self
+        for ((m, v), (src_m, src_v)) in self
             .exp_avg
             .iter_mut()
             .zip(self.exp_avg_sq.iter_mut())
-            .zip(&moments)
+            .zip(&prepared.moments)
         {
-            if let [src_m, src_v] = pair.as_slice() {
-                m.f_copy_(&src_m.f_to_kind(m.kind())?.f_to_device(m.device())?)?;
-                v.f_copy_(&src_v.f_to_kind(v.kind())?.f_to_device(v.device())?)?;
-            }
+            m.f_copy_(src_m)?;
+            v.f_copy_(src_v)?;
         }
-        self.steps = steps;
-        self.lr = lr;
-        self.betas = betas;
-        self.eps = eps;
-        self.weight_decay = weight_decay;
+        self.steps = prepared.steps;
+        self.lr = prepared.lr;
+        self.betas = prepared.betas;
+        self.eps = prepared.eps;
+        self.weight_decay = prepared.weight_decay;
         Ok(())
     }
+}
+
+/// The largest rate a schedule takes: above it `(base_lr - eta_min)·(1 + cos)` could
+/// overflow to infinity.
+pub const MAX_LR: f64 = 1e300;
+
+/// The one check of a cosine schedule (the constructor's, a loaded state's and
+/// `TrlConfig::validate`'s; `fields` name `base_lr`, `T_max` and `eta_min` as the caller
+/// knows them): rates finite in `(0, MAX_LR]` (`eta_min` may be 0), and a `T_max` large
+/// enough that the phase `π·e / T_max` stays finite for every step count `e <= MAX_STEPS`,
+/// so that no step yields a non-finite rate (`T_max = 5e-324` gives `π / T_max = inf` and a
+/// NaN rate at step 1).
+pub(crate) fn check_cosine(
+    op: &'static str,
+    fields: [&'static str; 3],
+    base_lr: f64,
+    t_max: f64,
+    eta_min: f64,
+) -> Result<()> {
+    let [base_field, t_max_field, eta_field] = fields;
+    if !(base_lr > 0.0 && base_lr <= MAX_LR) {
+        let want = format!("a finite number in (0, {MAX_LR:e}]");
+        return Err(Error::config(op, base_field, want, base_lr));
+    }
+    let phase = std::f64::consts::PI * MAX_STEPS as f64 / t_max;
+    if !(t_max.is_finite() && t_max > 0.0 && phase.is_finite()) {
+        let least = std::f64::consts::PI * MAX_STEPS as f64 / f64::MAX;
+        let want = format!(
+            "a finite number >= {least:e} (the phase of {MAX_STEPS} steps must stay finite)"
+        );
+        return Err(Error::config(op, t_max_field, want, t_max));
+    }
+    if !(0.0..=MAX_LR).contains(&eta_min) {
+        let want = format!("a finite number in [0, {MAX_LR:e}]");
+        return Err(Error::config(op, eta_field, want, eta_min));
+    }
+    Ok(())
 }
 
 /// PyTorch's `CosineAnnealingLR` in closed form, as trlX builds it
@@ -643,23 +759,11 @@ impl CosineAnnealingLr {
     /// A schedule at step 0.
     ///
     /// # Errors
-    /// When `base_lr` or `t_max` is not > 0, or `eta_min` is negative.
+    /// When `base_lr` is not in (0, [`MAX_LR`]], `t_max` is not a finite number large enough
+    /// for a finite phase (see `check_cosine`), or `eta_min` is not in [0, `MAX_LR`].
     pub fn new(base_lr: f64, t_max: f64, eta_min: f64) -> Result<Self> {
         const OP: &str = "CosineAnnealingLr::new";
-        if !(base_lr.is_finite() && base_lr > 0.0) {
-            return Err(Error::config(OP, "base_lr", "a finite number > 0", base_lr));
-        }
-        if !(t_max.is_finite() && t_max > 0.0) {
-            return Err(Error::config(OP, "T_max", "a finite number > 0", t_max));
-        }
-        if !(eta_min.is_finite() && eta_min >= 0.0) {
-            return Err(Error::config(
-                OP,
-                "eta_min",
-                "a finite number >= 0",
-                eta_min,
-            ));
-        }
+        check_cosine(OP, ["base_lr", "T_max", "eta_min"], base_lr, t_max, eta_min)?;
         Ok(CosineAnnealingLr {
             base_lr,
             t_max,
@@ -693,8 +797,9 @@ impl CosineAnnealingLr {
     /// assert!((s.lr_at(6) - 0.5).abs() < 1e-15); // past T_max it rises again
     /// ```
     pub fn lr_at(&self, epoch: u64) -> f64 {
-        // Step counts stay far below 2^53, so the conversion is exact.
-        let e = epoch as f64;
+        // Counts past MAX_STEPS = 2^53 (never reached) are held there: the conversion is
+        // exact and the phase finite (see `check_cosine`).
+        let e = epoch.min(MAX_STEPS) as f64;
         self.eta_min
             + (self.base_lr - self.eta_min) * (1.0 + (std::f64::consts::PI * e / self.t_max).cos())
                 / 2.0
@@ -707,7 +812,7 @@ impl CosineAnnealingLr {
 
     /// Advances one step and returns the new rate (give it to [`AdamW::set_lr`]).
     pub fn step(&mut self) -> f64 {
-        self.last_epoch += 1;
+        self.last_epoch = self.last_epoch.saturating_add(1);
         self.lr()
     }
 
@@ -746,6 +851,14 @@ impl CosineAnnealingLr {
             .get("last_epoch")
             .and_then(Value::as_u64)
             .ok_or_else(|| Error::value(OP, "last_epoch", "a step count", "none"))?;
+        if s.last_epoch > MAX_STEPS {
+            return Err(Error::value(
+                OP,
+                "last_epoch",
+                format!("a step count of at most {MAX_STEPS}"),
+                s.last_epoch.to_string(),
+            ));
+        }
         Ok(s)
     }
 }

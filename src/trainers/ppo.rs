@@ -444,20 +444,48 @@ impl OnPolicyMethod for PpoRlhfMethod {
 
     fn set_state_json(&mut self, env: &mut TransformedEnv<TokenEnv>, state: &Value) -> Result<()> {
         const OP: &str = "PpoRlhfTrainer::load";
+        // every field read and checked first, then all applied (the trainer's load needs
+        // all or nothing)
         let fields = StateFields::new(OP, state);
-        self.kl_ctl.set_value(fields.f64("kl_coef")?)?;
-        self.mean_kl = fields.f64("mean_kl")?;
+        let mut kl_ctl = self.kl_ctl;
+        kl_ctl.set_value(fields.f64("kl_coef")?)?;
+        let mean_kl = fields.f64("mean_kl")?;
+        if !mean_kl.is_finite() {
+            let got = mean_kl.to_string();
+            return Err(Error::value(
+                OP,
+                "trainer state mean_kl",
+                "a finite number",
+                got,
+            ));
+        }
         let moments = fields.field("running_moments")?.clone();
         let ref_stats = fields.field("ref_stats")?.clone();
+        let moments: Option<RunningMoments> = if moments.is_null() {
+            None
+        } else {
+            let m: RunningMoments = serde_json::from_value(moments)
+                .map_err(|e| Error::value(OP, "trainer state", "running_moments", e.to_string()))?;
+            if !m.is_valid() {
+                let got = format!("{m:?}");
+                let want = "finite moments with var, std and count >= 0";
+                return Err(Error::value(OP, "trainer state running_moments", want, got));
+            }
+            Some(m)
+        };
+        let ref_stats: Option<(f64, f64)> = serde_json::from_value(ref_stats)
+            .map_err(|e| Error::value(OP, "trainer state", "ref_stats", e.to_string()))?;
+        if ref_stats.is_some_and(|(m, s)| !(m.is_finite() && s.is_finite() && s >= 0.0)) {
+            let got = format!("{ref_stats:?}");
+            let want = "a finite mean and std >= 0";
+            return Err(Error::value(OP, "trainer state ref_stats", want, got));
+        }
+        self.kl_ctl = kl_ctl;
+        self.mean_kl = mean_kl;
         if let Some(s) = env.transform_by_mut(&self.scaling) {
-            if !moments.is_null() {
-                let m: RunningMoments = serde_json::from_value(moments).map_err(|e| {
-                    Error::value(OP, "trainer state", "running_moments", e.to_string())
-                })?;
+            if let Some(m) = moments {
                 s.set_running_moments(m);
             }
-            let ref_stats: Option<(f64, f64)> = serde_json::from_value(ref_stats)
-                .map_err(|e| Error::value(OP, "trainer state", "ref_stats", e.to_string()))?;
             s.set_ref_stats(ref_stats);
         }
         Ok(())

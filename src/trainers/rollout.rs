@@ -7,10 +7,12 @@
 use serde_json::Value;
 use tch::{Device, Tensor};
 
-use super::api::{decode_masked, encode_prompts, take_component, Component};
+use super::api::{
+    decode_masked, encode_prompts, in_component, take_component, Component, StagedCopy,
+};
 use super::config::GenKwargs;
 use super::optim::shallow_named;
-use super::optim::{AdamW, CosineAnnealingLr};
+use super::optim::{AdamW, CosineAnnealingLr, PreparedAdamW};
 use crate::envs::llm::{GenerationPolicy, PromptState, TokenEnv};
 use crate::error::{Error, Result};
 use crate::modules::llm::keys::{
@@ -199,20 +201,17 @@ pub(crate) fn prompt_state_json(env: &TokenEnv) -> Value {
     serde_json::to_value(env.prompt_state()).unwrap_or(Value::Null)
 }
 
-/// Restores the prompt position saved by [`prompt_state_json`]; an absent field (a
-/// checkpoint written before it was saved) leaves the env as it is.
-pub(crate) fn set_prompt_state_json(
+/// The prompt position saved by [`prompt_state_json`], read but not applied (`None` when
+/// absent: a checkpoint written before it was saved leaves the env as it is).
+pub(crate) fn prompt_state_from_json(
     op: &'static str,
-    env: &mut TokenEnv,
     state: &Value,
-) -> Result<()> {
+) -> Result<Option<PromptState>> {
     match state.get("prompts") {
-        None | Some(Value::Null) => Ok(()),
-        Some(v) => {
-            let ps: PromptState = serde_json::from_value(v.clone())
-                .map_err(|e| Error::value(op, "trainer state", "prompts", e.to_string()))?;
-            env.set_prompt_state(ps)
-        }
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|e| Error::value(op, "trainer state", "prompts", e.to_string())),
     }
 }
 
@@ -234,18 +233,6 @@ impl<'a> StateFields<'a> {
                 "trainer state",
                 format!("a field {name:?}"),
                 self.state.to_string(),
-            )
-        })
-    }
-
-    pub(crate) fn usize(&self, name: &str) -> Result<usize> {
-        let v = self.field(name)?;
-        v.as_u64().map(|x| x as usize).ok_or_else(|| {
-            Error::value(
-                self.op,
-                "trainer state",
-                format!("{name} as an integer"),
-                v.to_string(),
             )
         })
     }
@@ -316,22 +303,56 @@ pub(crate) fn hydra_components(
     ]
 }
 
-/// Restores [`hydra_components`]' model, reference, optimizer and schedule from
-/// `components`; returns the trainer's own state for the caller to read.
-pub(crate) fn restore_hydra_components(
+/// [`hydra_components`]' model, reference, optimizer and schedule read from `components`
+/// and checked, nothing written yet ([`HydraRestore::commit`] writes them), and the
+/// trainer's own state for the caller to read and check before committing.
+pub(crate) fn prepare_hydra_components(
     model: &CausalLmWithHydraValueHead,
-    opt: &mut AdamW,
-    sched: &mut CosineAnnealingLr,
+    opt: &AdamW,
     components: &mut Vec<(String, Component)>,
-) -> Result<Value> {
-    take_component(components, "model")?.copy_into(&policy_params(model))?;
-    take_component(components, "reference")?.copy_into(&reference_params(model))?;
+) -> Result<(HydraRestore, Value)> {
+    let named = |name: &'static str| move |e| in_component(name, e);
+    let policy = take_component(components, "model")?
+        .stage_into(&policy_params(model))
+        .map_err(named("model"))?;
+    let reference = take_component(components, "reference")?
+        .stage_into(&reference_params(model))
+        .map_err(named("reference"))?;
     let o = take_component(components, "opt")?;
-    opt.load_state(&o.tensors, &o.state)?;
+    let opt = opt
+        .prepare_state(&o.tensors, &o.state)
+        .map_err(named("opt"))?;
     let s = take_component(components, "scheduler")?;
-    *sched = CosineAnnealingLr::from_state_json(&s.state)?;
-    opt.set_lr(sched.lr());
-    Ok(take_component(components, "trainer")?.state)
+    let sched = CosineAnnealingLr::from_state_json(&s.state).map_err(named("scheduler"))?;
+    let state = take_component(components, "trainer")?.state;
+    let restore = HydraRestore {
+        policy,
+        reference,
+        opt,
+        sched,
+    };
+    Ok((restore, state))
+}
+
+/// What [`prepare_hydra_components`] read and checked.
+pub(crate) struct HydraRestore {
+    policy: StagedCopy,
+    reference: StagedCopy,
+    opt: PreparedAdamW,
+    sched: CosineAnnealingLr,
+}
+
+impl HydraRestore {
+    /// Writes the parameters, the optimizer's state and the schedule (copies of checked,
+    /// converted values: only libtorch's copy can fail).
+    pub(crate) fn commit(self, opt: &mut AdamW, sched: &mut CosineAnnealingLr) -> Result<()> {
+        self.policy.commit()?;
+        self.reference.commit()?;
+        opt.commit_state(self.opt)?;
+        *sched = self.sched;
+        opt.set_lr(sched.lr());
+        Ok(())
+    }
 }
 
 /// trlX's `sample(prompts, length, n_samples)` on a hydra policy: each prompt `n_samples`

@@ -56,7 +56,27 @@ pub(crate) fn check_shape(op: &'static str, shape: &[i64]) -> Result<()> {
             format!("shape {} with a negative dimension {d}", ShapeFmt(shape)),
         ));
     }
-    Ok(())
+    check_extent(op, shape)
+}
+
+/// Errors for a shape whose dims (zeros and dynamic dims counted as 1) times 8 bytes (the
+/// widest dtype a spec describes) pass `i64::MAX`: libtorch's strides and byte sizes would
+/// overflow, so `zero()` / `rand()` of such a spec could never succeed (`[0, i64::MAX, 0]`
+/// has no elements but a stride past what libtorch accepts).
+fn check_extent(op: &'static str, shape: &[i64]) -> Result<()> {
+    let fits = shape
+        .iter()
+        .try_fold(8i64, |acc, &d| acc.checked_mul(d.max(1)))
+        .is_some();
+    if fits {
+        return Ok(());
+    }
+    Err(Error::argument(
+        op,
+        "shape",
+        "dims whose product (zeros counted as 1) times 8 bytes fits in i64",
+        format!("shape {} (its element count overflows)", ShapeFmt(shape)),
+    ))
 }
 
 /// Errors for a spec shape with a dim below `-1` (`-1` is a dynamic dim: any length).
@@ -69,7 +89,7 @@ pub(crate) fn check_spec_shape(op: &'static str, shape: &[i64]) -> Result<()> {
             format!("shape {} with a dimension {d}", ShapeFmt(shape)),
         ));
     }
-    Ok(())
+    check_extent(op, shape)
 }
 
 /// True when `shape` has a dynamic (`-1`) dim.

@@ -16,6 +16,10 @@ use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::{GenerationConfig, LmFacts};
 
+/// The most tokens one batch of a [`TokenEnvConfig`] may hold (`batch_size * n_positions`,
+/// 2^26: 512 MiB per int64 `[B, P]` tensor, far above RLHF batches).
+pub const MAX_BATCH_TOKENS: i64 = 1 << 26;
+
 /// How a [`TokenEnv`](super::TokenEnv) runs. `new(vocab_size, n_positions)` plus `with_*` setters; serde
 /// reads it from a file (fields other than `vocab_size` and `n_positions` default as in
 /// `new`).
@@ -166,6 +170,18 @@ impl TokenEnvConfig {
             self.batch_size >= 1,
             "batch_size",
             ">= 1".into(),
+            self.batch_size,
+        )?;
+        // every reset and step holds [batch_size, n_positions] tokens on the host: an absurd
+        // batch is refused here rather than aborting on an allocation
+        let tokens = self.batch_size.checked_mul(self.n_positions);
+        need(
+            tokens.is_some_and(|t| t <= MAX_BATCH_TOKENS),
+            "batch_size",
+            format!(
+                "batch_size * n_positions (= {}) at most {MAX_BATCH_TOKENS} tokens",
+                self.n_positions
+            ),
             self.batch_size,
         )?;
         let ids = format!("a token id in [0, vocab_size = {})", self.vocab_size);

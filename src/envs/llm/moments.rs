@@ -227,6 +227,15 @@ pub struct RunningMoments {
     count: f64,
 }
 
+impl RunningMoments {
+    /// Whether the moments could have come from data: all finite, `var`, `std` and `count`
+    /// >= 0 (what a loaded checkpoint must hold).
+    pub(crate) fn is_valid(&self) -> bool {
+        let all = [self.mean, self.std, self.var, self.count];
+        all.iter().all(|v| v.is_finite()) && self.std >= 0.0 && self.var >= 0.0 && self.count >= 0.0
+    }
+}
+
 impl Default for RunningMoments {
     fn default() -> Self {
         Self::new()

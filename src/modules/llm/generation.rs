@@ -343,7 +343,8 @@ pub(crate) fn check_prompt(
         ));
     }
     let n_pos = model.facts().max_positions;
-    if p + max_new_tokens > n_pos {
+    // checked: an i64::MAX budget is refused, not overflowed
+    if p.checked_add(max_new_tokens).is_none_or(|end| end > n_pos) {
         return Err(Error::config(
             op,
             "max_new_tokens",

@@ -25,6 +25,7 @@ pub mod generation;
 pub mod heads;
 pub mod ilql_generation;
 pub mod keys;
+pub mod limits;
 pub mod models;
 pub mod nn;
 pub mod scoring;

@@ -86,8 +86,21 @@ pub struct Encoded {
 /// ```
 pub fn pad_rows(rows: &[Vec<i64>], pad: i64, side: PaddingSide) -> Result<Encoded> {
     let width = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(rows.len() * width);
-    let mut mask = Vec::with_capacity(rows.len() * width);
+    // many short rows and one long one ask for rows * width ids: checked and reserved
+    // fallibly (an allocation failure aborts the process; this is an error)
+    let too_big = || {
+        Error::argument(
+            "pad_rows",
+            "rows",
+            "rows whose padded batch fits in memory",
+            format!("{} rows padded to {width} tokens", rows.len()),
+        )
+    };
+    let total = rows.len().checked_mul(width).ok_or_else(too_big)?;
+    let mut ids = Vec::new();
+    let mut mask = Vec::new();
+    ids.try_reserve_exact(total).map_err(|_| too_big())?;
+    mask.try_reserve_exact(total).map_err(|_| too_big())?;
     for row in rows {
         let n_pad = width - row.len();
         let pads = std::iter::repeat_n(pad, n_pad);
@@ -323,11 +336,224 @@ impl TextTokenizer for ByteTokenizer {
 /// crate. The EOS id defaults to the token `<|endoftext|>` and the pad id to `<pad>` (then
 /// `<|pad|>`, then none) when the file has them; set others with [`HfTokenizer::with_eos_token`]
 /// and [`HfTokenizer::with_pad_token`].
+///
+/// A `tokenizer.json` comes from anywhere, so [`HfTokenizer::from_file`] checks it for what
+/// the `tokenizers` crate is known to abort or misbehave on before handing it over (see
+/// [`MAX_PIECE_BYTES`], [`MAX_PAD_LENGTH`], [`MAX_PATTERN_BYTES`]; an unknown token the
+/// vocabulary lacks), and every call into the crate runs behind `catch_unwind`: its panics
+/// are errors naming the operation. The vocabulary size is the highest id + 1; an id inside
+/// it that the file does not define (a gap) is an error naming the id.
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     eos: Option<i64>,
     pad: Option<i64>,
     bos: Option<i64>,
+    vocab_size: i64,
+}
+
+/// The longest Unigram vocabulary piece accepted, in bytes: the `tokenizers` crate keeps
+/// Unigram pieces in a byte trie that it drops (and clones) recursively, one stack frame per
+/// byte, so a piece of a few hundred thousand bytes overflows the stack and aborts the
+/// process. Real pieces are a few dozen bytes.
+pub const MAX_PIECE_BYTES: usize = 1024;
+
+/// The longest padding a `tokenizer.json` may ask for (`padding.strategy.Fixed`,
+/// `padding.pad_to_multiple_of`), in tokens: beyond it the crate's padding allocates (or
+/// overflows) without bound on every encode.
+pub const MAX_PAD_LENGTH: u64 = 1 << 20;
+
+/// The longest regex pattern (normalizers, pre-tokenizers) accepted, in bytes, and its deepest
+/// group nesting: the regex parser recurses on nested groups.
+pub const MAX_PATTERN_BYTES: usize = 1 << 16;
+const MAX_PATTERN_DEPTH: usize = 64;
+
+/// Runs a call into the `tokenizers` crate, turning its panics into errors under `op`.
+fn guarded<T>(op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Error::invalid(op, format!("the tokenizers crate panicked: {msg}"))
+    })
+}
+
+/// The stack the `tokenizers` crate parses a file on: its deserialisers need more than a
+/// spawned thread's default 2 MiB in debug builds (a Unigram file overflowed it).
+const PARSE_STACK_BYTES: usize = 64 << 20;
+
+/// Parses `text` with the `tokenizers` crate on a thread of its own with a
+/// [`PARSE_STACK_BYTES`] stack, so that the caller's stack size does not decide whether a
+/// file loads; a panic there is an error under `op`.
+fn parse_on_large_stack(
+    op: &'static str,
+    text: String,
+) -> Result<tokenizers::Result<tokenizers::Tokenizer>> {
+    let worker = std::thread::Builder::new()
+        .name("torchrl-tokenizer-parse".into())
+        .stack_size(PARSE_STACK_BYTES)
+        .spawn(move || guarded(op, || text.parse::<tokenizers::Tokenizer>()))
+        .map_err(|e| Error::invalid(op, format!("could not start the parsing thread: {e}")))?;
+    worker
+        .join()
+        .map_err(|_| Error::invalid(op, "the parsing thread panicked"))?
+}
+
+/// Checks a parsed `tokenizer.json` for what the `tokenizers` crate aborts or misbehaves on;
+/// the reason names the field.
+fn precheck(json: &serde_json::Value) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    let model = json.get("model").unwrap_or(&Value::Null);
+    let kind = model.get("type").and_then(Value::as_str).unwrap_or("");
+    let vocab = model.get("vocab");
+    if kind == "Unigram" {
+        let pieces = vocab
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        for (i, entry) in pieces.iter().enumerate() {
+            let piece = entry.get(0).and_then(Value::as_str).unwrap_or("");
+            if piece.len() > MAX_PIECE_BYTES {
+                return Err(format!(
+                    "model.vocab[{i}] is a piece of {} bytes (at most {MAX_PIECE_BYTES})",
+                    piece.len()
+                ));
+            }
+        }
+        let byte_fallback = model.get("byte_fallback").and_then(Value::as_bool) == Some(true);
+        match model.get("unk_id") {
+            Some(Value::Number(n)) => {
+                if n.as_u64().is_none_or(|id| id >= pieces.len() as u64) {
+                    return Err(format!(
+                        "model.unk_id {n} is not an index of the {} pieces",
+                        pieces.len()
+                    ));
+                }
+            }
+            _ if byte_fallback => {}
+            _ => {
+                return Err("model.unk_id is missing: text with an unknown character \
+                             could not be encoded (and byte_fallback is off)"
+                    .into())
+            }
+        }
+    } else if let Some(Value::String(unk)) = model.get("unk_token") {
+        // BPE, WordPiece, WordLevel: the unknown token must be a piece of the vocabulary
+        let known = vocab
+            .and_then(Value::as_object)
+            .is_some_and(|v| v.contains_key(unk));
+        if !known {
+            return Err(format!(
+                "model.unk_token {unk:?} is not in model.vocab: text with an unknown piece \
+                 could not be encoded"
+            ));
+        }
+    }
+    if let Some(padding) = json.get("padding").filter(|p| !p.is_null()) {
+        let fixed = padding.get("strategy").and_then(|s| s.get("Fixed"));
+        for (field, v) in [
+            ("padding.strategy.Fixed", fixed),
+            (
+                "padding.pad_to_multiple_of",
+                padding.get("pad_to_multiple_of"),
+            ),
+        ] {
+            if let Some(n) = v.and_then(Value::as_u64).filter(|n| *n > MAX_PAD_LENGTH) {
+                return Err(format!("{field} is {n} (at most {MAX_PAD_LENGTH})"));
+            }
+        }
+    }
+    check_patterns(json, "")
+}
+
+/// A `Precompiled` normalizer's charsmap (base64): its first 4 bytes are the byte length of
+/// the trie that follows, which the crate reserves before reading it (a length past the blob
+/// asked for up to 8 GiB, an allocation failure aborts the process). The length must fit in
+/// the blob.
+fn check_charsmap(blob: &str) -> std::result::Result<(), String> {
+    let digit = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        })
+    };
+    let bytes = blob.trim_end_matches('=').as_bytes();
+    // the first 8 base64 digits hold the first 6 bytes
+    let mut head = Vec::with_capacity(6);
+    for chunk in bytes.chunks(4).take(2) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            let d = digit(c).ok_or("not base64")?;
+            acc |= d << (18 - 6 * i);
+        }
+        head.extend(
+            acc.to_be_bytes()
+                .iter()
+                .skip(1)
+                .take(chunk.len().saturating_sub(1)),
+        );
+    }
+    let len_bytes: [u8; 4] = head
+        .get(..4)
+        .and_then(|h| h.try_into().ok())
+        .ok_or("shorter than its 4-byte trie length")?;
+    let trie = u64::from(u32::from_le_bytes(len_bytes));
+    let decoded = (bytes.len() as u64 * 3) / 4;
+    if trie > decoded.saturating_sub(4) {
+        return Err(format!(
+            "a trie of {trie} bytes in a blob of {decoded} (it must fit)"
+        ));
+    }
+    Ok(())
+}
+
+/// Every regex pattern (`{"Regex": …}`) anywhere in the file: at most [`MAX_PATTERN_BYTES`]
+/// bytes and [`MAX_PATTERN_DEPTH`] nested groups.
+fn check_patterns(v: &serde_json::Value, at: &str) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            if map.get("type").and_then(Value::as_str) == Some("Precompiled") {
+                let blob = map.get("precompiled_charsmap").and_then(Value::as_str);
+                check_charsmap(blob.unwrap_or(""))
+                    .map_err(|r| format!("{at}.precompiled_charsmap: {r}"))?;
+            }
+            if let Some(Value::String(re)) = map.get("Regex") {
+                let mut depth = 0usize;
+                let mut deepest = 0usize;
+                for c in re.chars() {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
+                    deepest = deepest.max(depth);
+                }
+                if re.len() > MAX_PATTERN_BYTES || deepest > MAX_PATTERN_DEPTH {
+                    return Err(format!(
+                        "{at}.Regex is a pattern of {} bytes and {deepest} nested groups \
+                         (at most {MAX_PATTERN_BYTES} and {MAX_PATTERN_DEPTH})",
+                        re.len()
+                    ));
+                }
+            }
+            for (k, child) in map {
+                check_patterns(child, &format!("{at}.{k}"))?;
+            }
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                check_patterns(child, &format!("{at}[{i}]"))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 impl fmt::Debug for HfTokenizer {
@@ -353,25 +579,47 @@ impl HfTokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::InvalidFile {
+        let invalid = |reason: String| Error::InvalidFile {
             op,
             path: path.display().to_string(),
-            reason: format!("not a tokenizer.json: {e}"),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            op,
+            path: path.display().to_string(),
+            source,
         })?;
-        let id = |s: &str| inner.token_to_id(s).map(i64::from);
-        let eos = id("<|endoftext|>").or_else(|| id("</s>"));
-        let pad = id("<pad>").or_else(|| id("<|pad|>"));
-        let bos = id("<s>").or_else(|| id("<|bos|>"));
+        // checked before the crate sees it: some files make it abort, not fail
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| invalid(format!("not a tokenizer.json: not JSON: {e}")))?;
+        precheck(&json).map_err(|r| invalid(format!("refused before loading: {r}")))?;
+        let inner = parse_on_large_stack(op, text)
+            .map_err(|e| invalid(e.to_string()))?
+            .map_err(|e| invalid(format!("not a tokenizer.json: {e}")))?;
+        let (vocab_size, eos, pad, bos) = guarded(op, || {
+            // the highest id + 1, not the number of entries: ids may have gaps
+            let top = inner.get_vocab(true).into_values().max();
+            let id = |s: &str| inner.token_to_id(s).map(i64::from);
+            (
+                top.map_or(0, |t| i64::from(t) + 1),
+                id("<|endoftext|>").or_else(|| id("</s>")),
+                id("<pad>").or_else(|| id("<|pad|>")),
+                id("<s>").or_else(|| id("<|bos|>")),
+            )
+        })
+        .map_err(|e| invalid(e.to_string()))?;
         Ok(HfTokenizer {
             inner,
             eos,
             pad,
             bos,
+            vocab_size,
         })
     }
 
     fn token_id(&self, op: &'static str, token: &str) -> Result<i64> {
-        self.inner.token_to_id(token).map(i64::from).ok_or_else(|| {
+        let id = guarded(op, || self.inner.token_to_id(token))?;
+        id.map(i64::from).ok_or_else(|| {
             Error::value(
                 op,
                 "token",
@@ -407,13 +655,9 @@ impl HfTokenizer {
 
 impl TextTokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<i64>> {
-        let enc = self.inner.encode(text, false).map_err(|e| {
-            Error::value(
-                "HfTokenizer::encode",
-                "text",
-                "text the tokenizer can encode",
-                e.to_string(),
-            )
+        let op = "HfTokenizer::encode";
+        let enc = guarded(op, || self.inner.encode(text, false))?.map_err(|e| {
+            Error::value(op, "text", "text the tokenizer can encode", e.to_string())
         })?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
@@ -422,13 +666,24 @@ impl TextTokenizer for HfTokenizer {
         let op = "HfTokenizer::decode";
         check_ids(op, ids, self.vocab_size())?;
         let ids: Vec<u32> = ids.iter().filter_map(|&i| u32::try_from(i).ok()).collect();
-        self.inner
-            .decode(&ids, special == SpecialTokens::Skip)
-            .map_err(|e| Error::value(op, "ids", "ids the tokenizer can decode", e.to_string()))
+        guarded(op, || {
+            // an id below the vocabulary size that the file does not define (a gap)
+            if let Some(gap) = ids.iter().find(|&&i| self.inner.id_to_token(i).is_none()) {
+                return Err(Error::value(
+                    op,
+                    "ids",
+                    "ids the tokenizer defines",
+                    format!("id {gap}, which the vocabulary skips"),
+                ));
+            }
+            self.inner
+                .decode(&ids, special == SpecialTokens::Skip)
+                .map_err(|e| Error::value(op, "ids", "ids the tokenizer can decode", e.to_string()))
+        })?
     }
 
     fn vocab_size(&self) -> i64 {
-        self.inner.get_vocab_size(true) as i64
+        self.vocab_size
     }
     fn eos_token_id(&self) -> Option<i64> {
         self.eos

@@ -119,19 +119,16 @@ pub(crate) fn fit_report(
     reasons
 }
 
-/// Reads a model folder's weights: `model.safetensors`, or the shards that
-/// `model.safetensors.index.json` names (each read once; a tensor the index maps to a shard
-/// that does not hold it, or a missing or unreadable shard, is an error naming the file).
-/// Returns the path errors about the weights should name, and the tensors.
-pub(crate) fn read_folder(
-    op: &'static str,
-    dir: &FsPath,
-) -> Result<(std::path::PathBuf, Vec<(String, Tensor)>)> {
+/// The files of a model folder's weights: `model.safetensors` alone, or the shards that
+/// `model.safetensors.index.json` names, each with the tensor names the index maps to it.
+/// Returns the path errors about the weights as a whole should name, and the files.
+type ShardPlan = (std::path::PathBuf, Vec<(std::path::PathBuf, Vec<String>)>);
+
+fn folder_plan(op: &'static str, dir: &FsPath) -> Result<ShardPlan> {
     let single = dir.join(WEIGHTS_FILE);
     let index = dir.join(WEIGHTS_INDEX_FILE);
     if single.exists() || !index.exists() {
-        let tensors = read_tensors(op, &single)?;
-        return Ok((single, tensors));
+        return Ok((single.clone(), vec![(single, Vec::new())]));
     }
     let bad = |reason: String| Error::InvalidFile {
         op,
@@ -160,22 +157,42 @@ pub(crate) fn read_folder(
             .or_default()
             .push(name.clone());
     }
+    let files = shards
+        .into_iter()
+        .map(|(file, names)| (dir.join(file), names))
+        .collect();
+    Ok((index, files))
+}
+
+/// The error for a shard that lacks a tensor the index maps to it.
+fn shard_lacks(op: &'static str, path: &FsPath, missing: &str) -> Error {
+    Error::InvalidFile {
+        op,
+        path: path.display().to_string(),
+        reason: format!("the index maps {missing} to this shard, which does not hold it"),
+    }
+}
+
+/// Reads a model folder's weights: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names (each read once; a tensor the index maps to a shard
+/// that does not hold it, or a missing or unreadable shard, is an error naming the file).
+/// Returns the path errors about the weights should name, and the tensors.
+pub(crate) fn read_folder(
+    op: &'static str,
+    dir: &FsPath,
+) -> Result<(std::path::PathBuf, Vec<(String, Tensor)>)> {
+    let (path, files) = folder_plan(op, dir)?;
     let mut out = Vec::new();
-    for (file, names) in shards {
-        let path = dir.join(&file);
-        let tensors = read_tensors(op, &path)?;
+    for (file, names) in files {
+        let tensors = read_tensors(op, &file)?;
         let held: std::collections::BTreeSet<&str> =
             tensors.iter().map(|(n, _)| n.as_str()).collect();
         if let Some(missing) = names.iter().find(|n| !held.contains(n.as_str())) {
-            return Err(Error::InvalidFile {
-                op,
-                path: path.display().to_string(),
-                reason: format!("the index maps {missing} to this shard, which does not hold it"),
-            });
+            return Err(shard_lacks(op, &file, missing));
         }
         out.extend(tensors);
     }
-    Ok((index, out))
+    Ok((path, out))
 }
 
 /// The special ids of a folder's `generation_config.json` (`bos`, `eos`, `pad`; a list of EOS
@@ -218,10 +235,16 @@ pub(crate) fn read_tensors(op: &'static str, file: &FsPath) -> Result<Vec<(Strin
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         });
     }
+    // the header is checked first (offsets, sizes, dtypes), so that what reaches libtorch is
+    // a well-formed file and its errors never stand for ours
+    read_header(op, file)?;
     Tensor::read_safetensors(file).map_err(|e| Error::InvalidFile {
         op,
         path: file.display().to_string(),
-        reason: format!("not a safetensors file: {e}"),
+        reason: format!(
+            "not a safetensors file: {}",
+            e.to_string().lines().next().unwrap_or_default()
+        ),
     })
 }
 
@@ -337,7 +360,10 @@ pub(crate) fn read_config<T: serde::de::DeserializeOwned>(
     serde_json::from_str(&text).map_err(|e| Error::InvalidFile {
         op,
         path: path.display().to_string(),
-        reason: format!("not a {what} config.json: {e}"),
+        reason: format!(
+            "not a {what} config.json (at field {}): {e}",
+            crate::error::json_path_at(&text, e.line(), e.column())
+        ),
     })
 }
 
@@ -374,4 +400,236 @@ pub(crate) fn write_text(op: &'static str, file: &FsPath, text: &str) -> Result<
     };
     std::fs::write(&tmp, text).map_err(io)?;
     std::fs::rename(&tmp, file).map_err(io)
+}
+
+/// One tensor of a safetensors header: its dtype (safetensors' name) and shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HeaderEntry {
+    /// `"F32"`, `"BF16"`, …
+    pub(crate) dtype: String,
+    /// The shape.
+    pub(crate) shape: Vec<i64>,
+}
+
+/// The largest header read (safetensors' own limit).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The safetensors dtypes libtorch reads here (through `tch`).
+const READABLE_DTYPES: &str = "BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64";
+
+/// The bytes per element of a safetensors dtype this library reads.
+fn dtype_bytes(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" => 1,
+        "I16" | "F16" | "BF16" => 2,
+        "I32" | "F32" => 4,
+        "I64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// Whether a safetensors dtype is a floating-point one (what model weights must be).
+fn is_float_dtype(dtype: &str) -> bool {
+    matches!(dtype, "F16" | "BF16" | "F32" | "F64")
+}
+
+/// Reads and checks a safetensors file's header without reading any tensor: the 8-byte
+/// length, the JSON, and for every tensor a known dtype, a shape whose byte size does not
+/// overflow, and data offsets that lie in the file and tile its data exactly (what the
+/// `safetensors` crate checks on a full read). Errors name the file and the tensor or byte
+/// offset.
+pub(crate) fn read_header(
+    op: &'static str,
+    file: &FsPath,
+) -> Result<BTreeMap<String, HeaderEntry>> {
+    use std::io::Read;
+    let path = file.display().to_string();
+    let io = |source| Error::Io {
+        op,
+        path: path.clone(),
+        source,
+    };
+    let bad = |reason: String| Error::InvalidFile {
+        op,
+        path: path.clone(),
+        reason,
+    };
+    let mut f = std::fs::File::open(file).map_err(io)?;
+    let file_len = f.metadata().map_err(io)?.len();
+    let mut len_bytes = [0u8; 8];
+    if file_len < 8 {
+        return Err(bad(format!(
+            "not a safetensors file: {file_len} bytes, shorter than the 8-byte header length"
+        )));
+    }
+    f.read_exact(&mut len_bytes).map_err(io)?;
+    let n = u64::from_le_bytes(len_bytes);
+    let data_len = file_len - 8;
+    if n > MAX_HEADER_BYTES || n > data_len {
+        return Err(bad(format!(
+            "not a safetensors file: header length {n} at byte 0 is past the file's \
+             {data_len} bytes after it (or the limit {MAX_HEADER_BYTES})"
+        )));
+    }
+    let data_len = data_len - n;
+    let mut header = vec![0u8; usize::try_from(n).map_err(|_| bad("header too long".into()))?];
+    f.read_exact(&mut header).map_err(io)?;
+    let value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| {
+            bad(format!(
+                "not a safetensors file: the header (bytes 8..{}) is not a JSON object: {e}",
+                8 + n
+            ))
+        })?;
+    let mut out = BTreeMap::new();
+    let mut spans = Vec::with_capacity(value.len());
+    for (name, entry) in value {
+        if name == "__metadata__" {
+            continue;
+        }
+        let tensor = |what: &str| bad(format!("tensor {name}: {what}"));
+        let dtype = entry
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| tensor("no string \"dtype\""))?;
+        let size = dtype_bytes(dtype).ok_or_else(|| {
+            tensor(&format!(
+                "dtype {dtype:?} is not one this library reads ({READABLE_DTYPES})"
+            ))
+        })?;
+        let dims = entry
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| tensor("no \"shape\" list"))?;
+        let mut shape = Vec::with_capacity(dims.len());
+        let mut bytes = size;
+        for d in dims {
+            let d = d
+                .as_u64()
+                .filter(|&d| i64::try_from(d).is_ok())
+                .ok_or_else(|| tensor(&format!("shape entry {d} is not a size")))?;
+            bytes = bytes
+                .checked_mul(d)
+                .ok_or_else(|| tensor("its byte size overflows"))?;
+            shape.push(d as i64);
+        }
+        let offsets = entry
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .and_then(|o| match o.as_slice() {
+                [b, e] => Some((b.as_u64()?, e.as_u64()?)),
+                _ => None,
+            })
+            .ok_or_else(|| tensor("no \"data_offsets\" pair"))?;
+        let (begin, end) = offsets;
+        if begin > end || end > data_len || end - begin != bytes {
+            return Err(tensor(&format!(
+                "data_offsets [{begin}, {end}] do not hold its {bytes} bytes inside the \
+                 {data_len} data bytes"
+            )));
+        }
+        spans.push((begin, end, name.clone()));
+        out.insert(
+            name,
+            HeaderEntry {
+                dtype: dtype.to_string(),
+                shape,
+            },
+        );
+    }
+    spans.sort();
+    let mut at = 0u64;
+    for (begin, end, name) in &spans {
+        if *begin != at {
+            return Err(bad(format!(
+                "tensor {name}: data starts at byte {begin} of the data, expected {at} \
+                 (tensors must tile the data)"
+            )));
+        }
+        at = *end;
+    }
+    if at != data_len {
+        return Err(bad(format!(
+            "the tensors hold {at} data bytes, the file {data_len} (truncated or padded)"
+        )));
+    }
+    Ok(out)
+}
+
+/// Checks that the weights of the folder `dir` (`model.safetensors`, or the shards of its
+/// index) are what the config `config_file` describes (`expected`: name → shape, as
+/// `transformers` names them) by reading their headers only, before any module is built: a
+/// config that disagrees with its weights (a layer count, a width, a vocabulary) fails here,
+/// naming both files, instead of allocating a model first. `tied`: the name of an LM head
+/// tied to `tied_to` (checked for shape, not expected).
+pub(crate) fn check_folder_fits(
+    op: &'static str,
+    dir: &FsPath,
+    config_file: &FsPath,
+    expected: &BTreeMap<String, Vec<i64>>,
+    tied: Option<(&str, &str)>,
+) -> Result<()> {
+    let (path, files) = folder_plan(op, dir)?;
+    let mut given = BTreeMap::new();
+    let mut twice = Vec::new();
+    for (file, names) in files {
+        if !file.exists() {
+            return Err(Error::Io {
+                op,
+                path: file.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            });
+        }
+        let header = read_header(op, &file)?;
+        if let Some(missing) = names.iter().find(|n| !header.contains_key(n.as_str())) {
+            return Err(shard_lacks(op, &file, missing));
+        }
+        for (name, entry) in header {
+            if given.insert(canonical(&name), entry).is_some() {
+                twice.push(name);
+            }
+        }
+    }
+    given.retain(|name, _| !is_buffer(name));
+    let mut reasons = Vec::new();
+    if !twice.is_empty() {
+        reasons.push(format!("tensors held twice: {}", list(&twice)));
+    }
+    let not_float: Vec<String> = given
+        .iter()
+        .filter(|(_, e)| !is_float_dtype(&e.dtype))
+        .map(|(n, e)| format!("{n} ({})", e.dtype))
+        .collect();
+    if !not_float.is_empty() {
+        reasons.push(format!(
+            "tensors that are not floating point: {}",
+            list(&not_float)
+        ));
+    }
+    let mut given: BTreeMap<String, Vec<i64>> =
+        given.into_iter().map(|(n, e)| (n, e.shape)).collect();
+    if let Some((head, to)) = tied {
+        if let Some(shape) = given.remove(head) {
+            if let Some(want) = expected.get(to).filter(|w| **w != shape) {
+                reasons.push(format!(
+                    "{head} (tied to {to}: expected {}, got {})",
+                    ShapeFmt(want),
+                    ShapeFmt(&shape)
+                ));
+            }
+        }
+    }
+    reasons.extend(fit_report(expected, &given));
+    if reasons.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidFile {
+        op,
+        path: config_file.display().to_string(),
+        reason: format!(
+            "does not describe the weights of {}: {}",
+            path.display(),
+            reasons.join("; ")
+        ),
+    })
 }

@@ -224,6 +224,16 @@ impl MlpConfig {
     /// The hidden widths, resolved with TorchRL's rules; errors name the conflict.
     pub fn hidden_widths(&self) -> Result<Vec<i64>> {
         let op = "MlpConfig";
+        // a depth is a count of layers to build: an absurd one is named, not allocated
+        const MAX_DEPTH: usize = 1 << 16;
+        if let Some(d) = self.depth.filter(|d| *d > MAX_DEPTH) {
+            return Err(Error::config(
+                op,
+                "depth",
+                format!("at most {MAX_DEPTH} hidden layers"),
+                d,
+            ));
+        }
         let widths = match (&self.num_cells, self.depth) {
             (None, None) => Vec::new(),
             (None, Some(d)) => vec![32; d],

@@ -68,8 +68,8 @@ use crate::objectives::{LossModule, LossOutput};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 use crate::trainers::api::{
-    decode_masked, encode_prompts, rng_from_json, rng_to_json, take_component, Callbacks,
-    Component, EvalReport, Evaluation, RlTrainer, Stats,
+    counter_from_json, decode_masked, encode_prompts, in_component, rng_from_json, rng_to_json,
+    take_component, Callbacks, Component, EvalReport, Evaluation, RlTrainer, Stats,
 };
 use crate::trainers::config::TrainConfig;
 use crate::trainers::optim::{AdamW, CosineAnnealingLr};
@@ -557,32 +557,37 @@ impl RlTrainer for IlqlTrainer {
         ]
     }
 
+    /// All or nothing: every component and the trainer's counters and generator are read
+    /// and checked (tensors converted) before anything is written; after an `Err` the
+    /// trainer is as it was.
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
         const OP: &str = "IlqlTrainer::load";
-        take_component(&mut components, "model")?.copy_into(&self.model_params())?;
+        let named = |name: &'static str| move |e| in_component(name, e);
+        let model = take_component(&mut components, "model")?
+            .stage_into(&self.model_params())
+            .map_err(named("model"))?;
         let opt = take_component(&mut components, "opt")?;
-        self.opt.load_state(&opt.tensors, &opt.state)?;
+        let opt = self
+            .opt
+            .prepare_state(&opt.tensors, &opt.state)
+            .map_err(named("opt"))?;
         let sched = take_component(&mut components, "scheduler")?;
-        self.sched = CosineAnnealingLr::from_state_json(&sched.state)?;
-        self.opt.set_lr(self.sched.lr());
+        let sched = CosineAnnealingLr::from_state_json(&sched.state).map_err(named("scheduler"))?;
         let state = take_component(&mut components, "trainer")?.state;
-        let count = |name: &str| {
-            state
-                .get(name)
-                .and_then(Value::as_u64)
-                .map(|v| v as usize)
-                .ok_or_else(|| {
-                    Error::value(
-                        OP,
-                        "trainer state",
-                        format!("{name} as an integer"),
-                        state.to_string(),
-                    )
-                })
+        let read_state = || -> Result<_> {
+            let iter_count = counter_from_json(OP, &state, "iter_count")?;
+            let epoch = counter_from_json(OP, &state, "epoch")?;
+            let rng = rng_from_json(OP, state.get("rng"))?;
+            Ok((iter_count, epoch, rng))
         };
-        self.iter_count = count("iter_count")?;
-        self.epoch = count("epoch")?;
-        self.rng = rng_from_json(OP, state.get("rng"))?;
+        let (iter_count, epoch, rng) = read_state().map_err(named("trainer"))?;
+        model.commit()?;
+        self.opt.commit_state(opt)?;
+        self.sched = sched;
+        self.opt.set_lr(self.sched.lr());
+        self.iter_count = iter_count;
+        self.epoch = epoch;
+        self.rng = rng;
         Ok(())
     }
 }

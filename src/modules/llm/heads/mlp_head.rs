@@ -35,7 +35,15 @@ impl MlpHead {
                 format!("n_embd {n_embd}, out {out}"),
             ));
         }
-        let hidden = 2 * n_embd;
+        // checked: an n_embd past i64::MAX / 2 is an error, not an overflow
+        let hidden = n_embd.checked_mul(2).ok_or_else(|| {
+            Error::value(
+                "MlpHead::new",
+                "n_embd",
+                "a width whose double fits in i64",
+                n_embd.to_string(),
+            )
+        })?;
         let uniform = |fan_in: i64| {
             let bound = 1.0 / (fan_in as f64).sqrt();
             Init::Uniform {

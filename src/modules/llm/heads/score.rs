@@ -62,8 +62,14 @@ impl CausalLmWithScoreHead {
     pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<std::path::Path>) -> Result<Self> {
         let op = "CausalLmWithScoreHead::from_pretrained";
         let dir = dir.as_ref();
-        let model = models::from_config_file(path, &dir.join(weights::CONFIG_FILE))?;
-        let this = Self::from_model(path, model)?;
+        let config_file = dir.join(weights::CONFIG_FILE);
+        let config = models::AnyConfig::read(&config_file)?;
+        // the headers first: a config that disagrees with its weights builds nothing
+        let (mut shapes, _) = config.weight_shapes();
+        shapes.remove("lm_head.weight");
+        shapes.insert("score.weight".into(), vec![1, config.hidden_size()]);
+        weights::check_folder_fits(op, dir, &config_file, &shapes, None)?;
+        let this = Self::from_model(path, config.build(path)?)?;
         let (file, tensors) = weights::read_folder(op, dir)?;
         weights::load_into(op, &file, &this.named_parameters(), tensors, None)?;
         Ok(this)

@@ -44,12 +44,13 @@ use tch::Tensor;
 
 use crate::error::{require, Error, Result};
 use crate::modules::llm::causal_lm::{CausalLm, CausalLmConfig, LmFacts};
+use crate::modules::llm::limits;
 use crate::modules::llm::nn::{
     copy_var, prefixed, Activation, Attention, AttentionShape, Decoder, DecoderBlock, FeedForward,
     GatedMlp, Linear, QkvProjection, RmsNorm, RopeScaling, RotaryEmbedding, WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
-use crate::modules::llm::weights::{config_json, read_config, CONFIG_FILE};
+use crate::modules::llm::weights::{check_folder_fits, config_json, read_config, CONFIG_FILE};
 
 /// The `model_type`s this file builds.
 pub const LLAMA_FAMILY: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
@@ -271,16 +272,28 @@ impl LlamaConfig {
             format!("one of {}", LLAMA_FAMILY.join(", ")),
             format!("{:?}", self.model_type),
         )?;
-        for (field, v) in [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.kv_heads()),
-            ("max_position_embeddings", self.max_position_embeddings),
+        for (field, v, max) in [
+            ("vocab_size", self.vocab_size, limits::MAX_DIM),
+            ("hidden_size", self.hidden_size, limits::MAX_DIM),
+            ("intermediate_size", self.intermediate_size, limits::MAX_DIM),
+            (
+                "num_hidden_layers",
+                self.num_hidden_layers,
+                limits::MAX_LAYERS,
+            ),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                limits::MAX_DIM,
+            ),
+            ("num_key_value_heads", self.kv_heads(), limits::MAX_DIM),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                limits::MAX_POSITIONS,
+            ),
         ] {
-            require(v > 0, op, field, "a positive size", v)?;
+            limits::size(op, field, v, max)?;
         }
         require(
             self.num_attention_heads % self.kv_heads() == 0,
@@ -294,12 +307,15 @@ impl LlamaConfig {
         )?;
         let hd = self.head_dim();
         require(
-            hd > 0 && hd % 2 == 0,
+            hd > 0 && hd % 2 == 0 && hd <= limits::MAX_DIM,
             op,
             "head_dim",
-            "a positive even width",
+            format!("a positive even width of at most {}", limits::MAX_DIM),
             hd,
         )?;
+        // the projections' widths: checked before any layer is sized by them
+        let heads = self.num_attention_heads;
+        limits::product(op, "head_dim", heads, hd, limits::MAX_DIM)?;
         let eps = self.rms_norm_eps;
         require(
             eps.is_finite() && eps > 0.0,
@@ -333,7 +349,66 @@ impl LlamaConfig {
                 w,
             )?;
         }
-        self.rope().map(|_| ())
+        let (theta, scaling) = self.rope()?;
+        // the rotary table's own check, before any block is built
+        RotaryEmbedding::check(hd, theta, &scaling)?;
+        limits::parameter_count(op, "num_hidden_layers", self.weight_shapes().values())?;
+        Ok(())
+    }
+
+    /// The shape of every tensor of a model of this config, by `transformers`' name (the LM
+    /// head only when untied), computed without building the model: what a weight file's
+    /// header is checked against before anything is allocated. Call it on a validated config
+    /// (sizes saturate otherwise).
+    pub fn weight_shapes(&self) -> std::collections::BTreeMap<String, Vec<i64>> {
+        let (v, e, i) = (self.vocab_size, self.hidden_size, self.intermediate_size);
+        let d = self.head_dim();
+        let (q, kv) = (
+            self.num_attention_heads.saturating_mul(d),
+            self.kv_heads().saturating_mul(d),
+        );
+        let qkv_bias = self.attention_bias || self.model_type == "qwen2";
+        let o_bias = self.attention_bias && self.model_type != "qwen2";
+        let mut out = std::collections::BTreeMap::new();
+        out.insert("model.embed_tokens.weight".to_string(), vec![v, e]);
+        for l in 0..self.num_hidden_layers.clamp(0, limits::MAX_LAYERS) {
+            let p = format!("model.layers.{l}.");
+            let mut add = |name: &str, shape: Vec<i64>| {
+                out.insert(format!("{p}{name}"), shape);
+            };
+            for (name, n_out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                add(&format!("self_attn.{name}.weight"), vec![n_out, e]);
+                if qkv_bias {
+                    add(&format!("self_attn.{name}.bias"), vec![n_out]);
+                }
+            }
+            add("self_attn.o_proj.weight", vec![e, q]);
+            if o_bias {
+                add("self_attn.o_proj.bias", vec![e]);
+            }
+            if self.model_type == "qwen3" {
+                add("self_attn.q_norm.weight", vec![d]);
+                add("self_attn.k_norm.weight", vec![d]);
+            }
+            for (name, shape) in [
+                ("mlp.gate_proj", vec![i, e]),
+                ("mlp.up_proj", vec![i, e]),
+                ("mlp.down_proj", vec![e, i]),
+            ] {
+                let rows = shape.first().copied().unwrap_or(0);
+                add(&format!("{name}.weight"), shape);
+                if self.mlp_bias {
+                    add(&format!("{name}.bias"), vec![rows]);
+                }
+            }
+            add("input_layernorm.weight", vec![e]);
+            add("post_attention_layernorm.weight", vec![e]);
+        }
+        out.insert("model.norm.weight".to_string(), vec![e]);
+        if !self.tie_word_embeddings {
+            out.insert("lm_head.weight".to_string(), vec![v, e]);
+        }
+        out
     }
 
     /// Reads a `transformers` `config.json` and validates it.
@@ -341,9 +416,11 @@ impl LlamaConfig {
     /// # Errors
     /// An unreadable file, JSON that is not a Llama-family config, or an invalid field.
     pub fn from_json_file(path: impl AsRef<FsPath>) -> Result<Self> {
-        let cfg: LlamaConfig =
-            read_config("LlamaConfig::from_json_file", path.as_ref(), "Llama-family")?;
-        cfg.validate()?;
+        let (op, path) = ("LlamaConfig::from_json_file", path.as_ref());
+        let cfg: LlamaConfig = read_config(op, path, "Llama-family")?;
+        // the field is named by validate, the file here
+        cfg.validate()
+            .map_err(|e| e.context(format!("{op}: {}", path.display())))?;
         Ok(cfg)
     }
 
@@ -361,6 +438,12 @@ impl LlamaConfig {
             eos_token_id: self.eos_token_id.as_ref().and_then(TokenIds::first),
             pad_token_id: self.pad_token_id.as_ref().and_then(TokenIds::first),
         }
+    }
+
+    /// The tied LM head and the embedding it is tied to, when tied.
+    pub(crate) fn tied_lm_head(&self) -> Option<(&'static str, &'static str)> {
+        self.tie_word_embeddings
+            .then_some(("lm_head.weight", "model.embed_tokens.weight"))
     }
 
     fn architecture(&self) -> &'static str {
@@ -483,7 +566,11 @@ impl LlamaModel {
     /// A missing or invalid config, or weights that do not fit it (named).
     pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Self> {
         let dir = dir.as_ref();
-        let config = LlamaConfig::from_json_file(dir.join(CONFIG_FILE))?;
+        let config_file = dir.join(CONFIG_FILE);
+        let config = LlamaConfig::from_json_file(&config_file)?;
+        let op = "LlamaModel::from_pretrained";
+        let shapes = config.weight_shapes();
+        check_folder_fits(op, dir, &config_file, &shapes, config.tied_lm_head())?;
         let model = LlamaModel::new(path, &config)?;
         model.load_folder(dir)?;
         Ok(model)

@@ -33,12 +33,13 @@
 pub mod gpt2;
 pub mod llama;
 
+use std::collections::BTreeMap;
 use std::path::Path as FsPath;
 
 use tch::nn::Path;
 
 use super::causal_lm::{CausalLm, CausalLmConfig};
-use super::weights::{generation_ids, CONFIG_FILE};
+use super::weights::{check_folder_fits, generation_ids, CONFIG_FILE};
 use crate::error::{Error, Result};
 
 /// The `model_type`s [`from_pretrained`] builds.
@@ -70,73 +71,133 @@ pub fn model_type(config_file: &FsPath) -> Result<String> {
     }
 }
 
+/// A `config.json` read and validated, by architecture (the special ids of a
+/// `generation_config.json` beside it merged in).
+pub(crate) enum AnyConfig {
+    Gpt2(gpt2::Gpt2Config),
+    Llama(llama::LlamaConfig),
+}
+
+impl AnyConfig {
+    /// Reads `config_file` by its `model_type`.
+    pub(crate) fn read(config_file: &FsPath) -> Result<Self> {
+        let kind = model_type(config_file)?;
+        // generation_config.json's special ids, when present beside the config, are the
+        // defaults (as transformers' generate uses them)
+        let ids = match config_file.parent() {
+            Some(dir) => generation_ids(dir)?,
+            None => None,
+        };
+        match kind.as_str() {
+            "gpt2" => {
+                let mut cfg = gpt2::Gpt2Config::from_json_file(config_file)?;
+                if let Some([bos, eos, pad]) = ids {
+                    cfg.bos_token_id = bos.or(cfg.bos_token_id);
+                    cfg.eos_token_id = eos.or(cfg.eos_token_id);
+                    cfg.pad_token_id = pad.or(cfg.pad_token_id);
+                }
+                Ok(AnyConfig::Gpt2(cfg))
+            }
+            "llama" | "mistral" | "qwen2" | "qwen3" => {
+                let mut cfg = llama::LlamaConfig::from_json_file(config_file)?;
+                if let Some([bos, eos, pad]) = ids {
+                    let set = |v: Option<i64>, old: &mut Option<llama::TokenIds>| {
+                        if let Some(v) = v {
+                            *old = Some(llama::TokenIds::One(v));
+                        }
+                    };
+                    set(bos, &mut cfg.bos_token_id);
+                    set(eos, &mut cfg.eos_token_id);
+                    set(pad, &mut cfg.pad_token_id);
+                }
+                Ok(AnyConfig::Llama(cfg))
+            }
+            other => Err(Error::InvalidFile {
+                op: "models::from_config_file",
+                path: config_file.display().to_string(),
+                reason: format!(
+                    "model_type {other:?} is not supported (supported: {})",
+                    SUPPORTED.join(", ")
+                ),
+            }),
+        }
+    }
+
+    /// The model, randomly initialised under `path`.
+    pub(crate) fn build(&self, path: &Path<'_>) -> Result<Box<dyn CausalLm>> {
+        Ok(match self {
+            AnyConfig::Gpt2(cfg) => Box::new(gpt2::Gpt2Model::new(path, cfg)?),
+            AnyConfig::Llama(cfg) => Box::new(llama::LlamaModel::new(path, cfg)?),
+        })
+    }
+
+    /// Every tensor's shape by `transformers`' name, and the tied LM head (its name and the
+    /// embedding it is tied to), without building the model.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn weight_shapes(
+        &self,
+    ) -> (
+        BTreeMap<String, Vec<i64>>,
+        Option<(&'static str, &'static str)>,
+    ) {
+        match self {
+            AnyConfig::Gpt2(cfg) => (cfg.weight_shapes(), Some(gpt2::TIED_LM_HEAD)),
+            AnyConfig::Llama(cfg) => (cfg.weight_shapes(), cfg.tied_lm_head()),
+        }
+    }
+
+    /// The width of the residual stream.
+    pub(crate) fn hidden_size(&self) -> i64 {
+        match self {
+            AnyConfig::Gpt2(cfg) => cfg.n_embd,
+            AnyConfig::Llama(cfg) => cfg.hidden_size,
+        }
+    }
+
+    /// Checks the weights of `dir` against this config (headers only), naming both files.
+    pub(crate) fn check_weights(&self, op: &'static str, dir: &FsPath) -> Result<()> {
+        let (shapes, tied) = self.weight_shapes();
+        check_folder_fits(op, dir, &dir.join(CONFIG_FILE), &shapes, tied)
+    }
+}
+
 /// The config a `config.json` holds, by its `model_type` (`AutoConfig.from_pretrained`), with
 /// `generation_config.json`'s special ids, when that file sits beside it, as the defaults (as
-/// `transformers`' `generate` uses them). Nothing is built: [`CausalLmConfig::facts`] gives
-/// the sizes and ids, [`CausalLmConfig::build`] the model.
+/// `transformers`' `generate` uses them), validated. Nothing is built: [`CausalLmConfig::facts`]
+/// gives the sizes and ids, [`CausalLmConfig::build`] the model.
 ///
 /// # Errors
 /// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config.
 pub fn config_from_file(config_file: &FsPath) -> Result<Box<dyn CausalLmConfig>> {
-    let kind = model_type(config_file)?;
-    let ids = match config_file.parent() {
-        Some(dir) => generation_ids(dir)?,
-        None => None,
-    };
-    match kind.as_str() {
-        "gpt2" => {
-            let mut cfg = gpt2::Gpt2Config::from_json_file(config_file)?;
-            if let Some([bos, eos, pad]) = ids {
-                cfg.bos_token_id = bos.or(cfg.bos_token_id);
-                cfg.eos_token_id = eos.or(cfg.eos_token_id);
-                cfg.pad_token_id = pad.or(cfg.pad_token_id);
-            }
-            Ok(Box::new(cfg))
-        }
-        "llama" | "mistral" | "qwen2" | "qwen3" => {
-            let mut cfg = llama::LlamaConfig::from_json_file(config_file)?;
-            if let Some([bos, eos, pad]) = ids {
-                let set = |v: Option<i64>, old: &mut Option<llama::TokenIds>| {
-                    if let Some(v) = v {
-                        *old = Some(llama::TokenIds::One(v));
-                    }
-                };
-                set(bos, &mut cfg.bos_token_id);
-                set(eos, &mut cfg.eos_token_id);
-                set(pad, &mut cfg.pad_token_id);
-            }
-            Ok(Box::new(cfg))
-        }
-        other => Err(Error::InvalidFile {
-            op: "models::config_from_file",
-            path: config_file.display().to_string(),
-            reason: format!(
-                "model_type {other:?} is not supported (supported: {})",
-                SUPPORTED.join(", ")
-            ),
-        }),
-    }
+    Ok(match AnyConfig::read(config_file)? {
+        AnyConfig::Gpt2(cfg) => Box::new(cfg),
+        AnyConfig::Llama(cfg) => Box::new(cfg),
+    })
 }
 
 /// A randomly initialised model of the architecture and shape a `config.json` names, under
-/// `path` (no weights read; [`config_from_file`], then [`CausalLmConfig::build`]).
+/// `path` (no weights read).
 ///
 /// # Errors
 /// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config.
 pub fn from_config_file(path: &Path<'_>, config_file: &FsPath) -> Result<Box<dyn CausalLm>> {
-    config_from_file(config_file)?.build(path)
+    AnyConfig::read(config_file)?.build(path)
 }
 
 /// Builds the model of a `transformers` folder (`config.json` + `model.safetensors`, or the
 /// shards of `model.safetensors.index.json`; `generation_config.json`'s special ids as
 /// defaults) under `path`, by its `model_type` (`AutoModelForCausalLM.from_pretrained`).
+/// The config is checked against the weight files' headers before any module is built (see
+/// [`limits`](super::limits) for the sizes a config may ask for).
 ///
 /// # Errors
-/// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config; weights that
-/// do not fit.
+/// An unsupported `model_type` (named, with [`SUPPORTED`]); an invalid config; a config that
+/// disagrees with the weights' headers (naming both files); weights that do not fit.
 pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Box<dyn CausalLm>> {
     let dir = dir.as_ref();
-    let model = from_config_file(path, &dir.join(CONFIG_FILE))?;
+    let config = AnyConfig::read(&dir.join(CONFIG_FILE))?;
+    config.check_weights("models::from_pretrained", dir)?;
+    let model = config.build(path)?;
     model.load_folder(dir)?;
     Ok(model)
 }

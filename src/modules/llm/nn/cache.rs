@@ -32,7 +32,9 @@ use crate::error::{Error, Result};
 /// Per-block keys and values `[B, n_kv_head, P, head_dim]` of the `P` tokens seen so far.
 #[derive(Debug)]
 pub struct KvCache {
+    /// The blocks filled so far (grown on first use, so that `new` allocates nothing).
     layers: Vec<Option<(Tensor, Tensor)>>,
+    n_layer: usize,
     len: i64,
     rows: Option<i64>,
 }
@@ -40,10 +42,12 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `n_layer` blocks (a model's
     /// [`CausalLm::new_cache`](crate::modules::llm::CausalLm::new_cache) makes one of its
-    /// depth).
+    /// depth). Nothing is allocated until a forward fills a block, so any `n_layer` is
+    /// accepted.
     pub fn new(n_layer: usize) -> Self {
         KvCache {
-            layers: (0..n_layer).map(|_| None).collect(),
+            layers: Vec::new(),
+            n_layer,
             len: 0,
             rows: None,
         }
@@ -66,7 +70,7 @@ impl KvCache {
 
     /// The number of blocks the cache is for.
     pub fn n_layer(&self) -> usize {
-        self.layers.len()
+        self.n_layer
     }
 
     /// Empties the cache (keeps its depth).
@@ -102,7 +106,17 @@ impl KvCache {
     }
 
     pub(crate) fn slot(&mut self, layer: usize) -> Result<&mut Option<(Tensor, Tensor)>> {
-        let n = self.layers.len();
+        let n = self.n_layer;
+        if layer >= n {
+            return Err(Error::invalid(
+                "KvCache",
+                format!("block {layer} is past the cache's {n} layers"),
+            ));
+        }
+        // blocks fill in order, so this grows by one block at a time
+        if self.layers.len() <= layer {
+            self.layers.resize_with(layer + 1, || None);
+        }
         self.layers.get_mut(layer).ok_or_else(|| {
             Error::invalid(
                 "KvCache",
@@ -112,7 +126,8 @@ impl KvCache {
     }
 
     pub(crate) fn advance(&mut self, t: i64, rows: i64) {
-        self.len += t;
+        // the forward checked `len + t` against the context length; saturate regardless
+        self.len = self.len.saturating_add(t);
         self.rows = Some(rows);
     }
 }

@@ -147,23 +147,25 @@ impl RotaryEmbedding {
                 head_dim,
             ));
         }
-        if !(theta.is_finite() && theta > 0.0) {
-            return Err(Error::config(
-                op,
-                "rope_theta",
-                "a finite number > 0",
-                theta,
-            ));
-        }
-        scaling.check()?;
-        let freqs: Vec<f32> = (0..head_dim / 2)
-            .map(|i| {
-                let base = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
-                scaling.scale(base) as f32
-            })
-            .collect();
+        let freqs = frequencies(op, head_dim, theta, scaling)?;
         let inv_freq = Tensor::from_slice(&freqs).f_to_device(device)?;
         Ok(RotaryEmbedding { inv_freq, head_dim })
+    }
+
+    /// Checks a table's parameters without building it (what a config's `validate` runs).
+    ///
+    /// # Errors
+    /// As [`RotaryEmbedding::new`].
+    pub fn check(head_dim: i64, theta: f64, scaling: &RopeScaling) -> Result<()> {
+        if head_dim <= 0 || head_dim % 2 != 0 {
+            return Err(Error::config(
+                "RotaryEmbedding::check",
+                "head_dim",
+                "a positive even width",
+                head_dim,
+            ));
+        }
+        frequencies("RotaryEmbedding::check", head_dim, theta, scaling).map(|_| ())
     }
 
     /// The same table (the frequencies are shared, not copied).
@@ -204,6 +206,40 @@ impl RotaryEmbedding {
         let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], -1)?;
         Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
     }
+}
+
+/// The inverse frequencies of a table, each finite in `f32` (a rope theta so small that
+/// `1 / theta^x` overflows would make every angle NaN), or the error naming the field.
+fn frequencies(
+    op: &'static str,
+    head_dim: i64,
+    theta: f64,
+    scaling: &RopeScaling,
+) -> Result<Vec<f32>> {
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(Error::config(
+            op,
+            "rope_theta",
+            "a finite number > 0",
+            theta,
+        ));
+    }
+    scaling.check()?;
+    let freqs: Vec<f32> = (0..head_dim / 2)
+        .map(|i| {
+            let base = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            scaling.scale(base) as f32
+        })
+        .collect();
+    if freqs.iter().any(|f| !f.is_finite()) {
+        return Err(Error::config(
+            op,
+            "rope_theta",
+            "a base whose inverse frequencies are finite in float32",
+            theta,
+        ));
+    }
+    Ok(freqs)
 }
 
 #[cfg(test)]

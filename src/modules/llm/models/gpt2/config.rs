@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{require, Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::causal_lm::LmFacts;
+use crate::modules::llm::limits;
 use crate::modules::llm::nn::Activation;
 use crate::modules::llm::weights::{config_json, read_config};
 
@@ -173,9 +174,10 @@ impl Gpt2Config {
         self
     }
 
-    /// The MLP's hidden width (`n_inner`, or `4 * n_embd`).
+    /// The MLP's hidden width (`n_inner`, or `4 * n_embd`; saturating, so an absurd width
+    /// gives a value [`Gpt2Config::validate`] refuses rather than an overflow).
     pub fn inner_dim(&self) -> i64 {
-        self.n_inner.unwrap_or(4 * self.n_embd)
+        self.n_inner.unwrap_or(self.n_embd.saturating_mul(4))
     }
 
     /// The width of one attention head.
@@ -205,16 +207,22 @@ impl Gpt2Config {
     /// checks the ids it uses.
     pub fn validate(&self) -> Result<()> {
         let op = "Gpt2Config";
-        let positive = [
-            ("vocab_size", self.vocab_size),
-            ("n_positions", self.n_positions),
-            ("n_embd", self.n_embd),
-            ("n_layer", self.n_layer),
-            ("n_head", self.n_head),
-            ("n_inner", self.inner_dim()),
+        let sized = [
+            ("vocab_size", self.vocab_size, limits::MAX_DIM),
+            ("n_positions", self.n_positions, limits::MAX_POSITIONS),
+            ("n_embd", self.n_embd, limits::MAX_DIM),
+            ("n_layer", self.n_layer, limits::MAX_LAYERS),
+            ("n_head", self.n_head, limits::MAX_DIM),
         ];
-        for (field, v) in positive {
-            require(v > 0, op, field, "a positive size", v)?;
+        for (field, v, max) in sized {
+            limits::size(op, field, v, max)?;
+        }
+        // n_inner defaults to 4 * n_embd: checked, so a wide n_embd is named, not overflowed
+        match self.n_inner {
+            Some(n) => limits::size(op, "n_inner", n, limits::MAX_DIM)?,
+            None => {
+                limits::product(op, "n_embd", 4, self.n_embd, limits::MAX_DIM)?;
+            }
         }
         let multiple = format!("a multiple of n_head = {}", self.n_head);
         require(
@@ -256,7 +264,48 @@ impl Gpt2Config {
             "\"gpt2\"",
             model_type,
         )?;
-        self.activation().map(|_| ())
+        self.activation()?;
+        limits::parameter_count(op, "n_layer", self.weight_shapes().values())?;
+        Ok(())
+    }
+
+    /// The shape of every tensor of a model of this config, by `transformers`' name
+    /// (`GPT2LMHeadModel`'s; the tied LM head is not listed), computed without building the
+    /// model: what a weight file's header is checked against before anything is allocated.
+    /// Call it on a validated config (sizes saturate otherwise).
+    pub fn weight_shapes(&self) -> std::collections::BTreeMap<String, Vec<i64>> {
+        let (v, p, e, i) = (
+            self.vocab_size,
+            self.n_positions,
+            self.n_embd,
+            self.inner_dim(),
+        );
+        let mut out = std::collections::BTreeMap::new();
+        out.insert("transformer.wte.weight".to_string(), vec![v, e]);
+        out.insert("transformer.wpe.weight".to_string(), vec![p, e]);
+        for l in 0..self.n_layer.clamp(0, limits::MAX_LAYERS) {
+            let h = format!("transformer.h.{l}.");
+            let e3 = e.saturating_mul(3);
+            for (name, shape) in [
+                ("ln_1.weight", vec![e]),
+                ("ln_1.bias", vec![e]),
+                ("attn.c_attn.weight", vec![e, e3]),
+                ("attn.c_attn.bias", vec![e3]),
+                ("attn.c_proj.weight", vec![e, e]),
+                ("attn.c_proj.bias", vec![e]),
+                ("ln_2.weight", vec![e]),
+                ("ln_2.bias", vec![e]),
+                ("mlp.c_fc.weight", vec![e, i]),
+                ("mlp.c_fc.bias", vec![i]),
+                ("mlp.c_proj.weight", vec![i, e]),
+                ("mlp.c_proj.bias", vec![e]),
+            ] {
+                out.insert(format!("{h}{name}"), shape);
+            }
+        }
+        out.insert("transformer.ln_f.weight".to_string(), vec![e]);
+        out.insert("transformer.ln_f.bias".to_string(), vec![e]);
+        out
     }
 
     /// The facts a model of this config has (what the layers above a model read).
@@ -277,8 +326,11 @@ impl Gpt2Config {
 
     /// Reads a `transformers` `config.json` and validates it.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self> {
-        let cfg: Gpt2Config = read_config("Gpt2Config::from_json_file", path.as_ref(), "GPT-2")?;
-        cfg.validate()?;
+        let (op, path) = ("Gpt2Config::from_json_file", path.as_ref());
+        let cfg: Gpt2Config = read_config(op, path, "GPT-2")?;
+        // the field is named by validate, the file here
+        cfg.validate()
+            .map_err(|e| e.context(format!("{op}: {}", path.display())))?;
         Ok(cfg)
     }
 

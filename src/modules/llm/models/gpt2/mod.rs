@@ -62,7 +62,10 @@ use crate::modules::llm::nn::{
     Linear, Mlp, QkvProjection, WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
-use crate::modules::llm::weights::CONFIG_FILE;
+use crate::modules::llm::weights::{check_folder_fits, CONFIG_FILE};
+
+/// GPT-2's LM head and the token embedding it is tied to, by `transformers`' names.
+pub(crate) const TIED_LM_HEAD: (&str, &str) = ("lm_head.weight", "transformer.wte.weight");
 
 /// GPT-2 with its tied LM head. See the [module docs](self).
 pub struct Gpt2Model {
@@ -155,7 +158,11 @@ impl Gpt2Model {
     /// A missing or invalid config, or weights that do not fit it (named).
     pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Self> {
         let dir = dir.as_ref();
-        let config = Gpt2Config::from_json_file(dir.join(CONFIG_FILE))?;
+        let config_file = dir.join(CONFIG_FILE);
+        let config = Gpt2Config::from_json_file(&config_file)?;
+        let op = "Gpt2Model::from_pretrained";
+        let shapes = config.weight_shapes();
+        check_folder_fits(op, dir, &config_file, &shapes, Some(TIED_LM_HEAD))?;
         let model = Gpt2Model::new(path, &config)?;
         model.load_folder(dir)?;
         Ok(model)
