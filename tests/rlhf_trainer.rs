@@ -338,7 +338,7 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
         let tok: Box<dyn TextTokenizer> = if tok_vocab_ok {
             Box::new(ByteTokenizer::new())
         } else {
-            Box::new(SmallVocab)
+            Box::new(LargeVocab)
         };
         PpoRlhfTrainer::new(config, model, env, tok).map(|_| ())
     };
@@ -346,9 +346,12 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
     good.method.chunk_size = 2;
     good.method.num_rollouts = 2;
     assert!(build(good.clone(), 259, true).is_ok());
-    // the tokenizer's vocabulary is not the model's
+    // the tokenizer's ids do not fit the model's vocabulary
     let err = build(good.clone(), 259, false).unwrap_err();
-    assert!(err.to_string().contains("vocabulary size 259"), "{err}");
+    assert!(
+        err.to_string().contains("vocabulary size 259") && err.to_string().contains("300"),
+        "{err}"
+    );
     // the env's vocabulary is not the model's
     let err = build(good.clone(), 300, true).unwrap_err();
     assert!(err.to_string().contains("env"), "{err}");
@@ -377,12 +380,13 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A tokenizer of 10 ids, to mismatch the model's 259.
-struct SmallVocab;
+/// A tokenizer of 300 ids, more than the model's 259 (a smaller one is accepted: checkpoints pad
+/// the embedding past the tokenizer).
+struct LargeVocab;
 
-impl TextTokenizer for SmallVocab {
+impl TextTokenizer for LargeVocab {
     fn encode(&self, text: &str) -> torchrl::Result<Vec<i64>> {
-        Ok(text.bytes().map(|b| i64::from(b % 10)).collect())
+        Ok(text.bytes().map(i64::from).collect())
     }
     fn decode(
         &self,
@@ -392,7 +396,7 @@ impl TextTokenizer for SmallVocab {
         Ok(ids.iter().map(|i| i.to_string()).collect())
     }
     fn vocab_size(&self) -> i64 {
-        10
+        300
     }
     fn eos_token_id(&self) -> Option<i64> {
         None
