@@ -680,6 +680,20 @@ fn reset_mask_for(td: &TensorDict, k: &NestedKey) -> Option<Tensor> {
     td.get(&key[..]).and_then(|t| t.f_to_kind(Kind::Bool).ok())
 }
 
+/// Per-batch-element mask of the elements whose trajectory ended (any of the `keys` leaves
+/// present in `td`, reduced over feature dims); `None` when `td` has none of them.
+pub(crate) fn end_of_traj_mask(
+    td: &TensorDict,
+    keys: &[NestedKey],
+    nb: usize,
+) -> Result<Option<Tensor>> {
+    if keys.iter().any(|k| td.contains(k)) {
+        Ok(Some(done_mask(td, keys, nb)?))
+    } else {
+        Ok(None)
+    }
+}
+
 /// Per-batch-element done mask (any done leaf, reduced over feature dims).
 fn done_mask(td: &TensorDict, keys: &[NestedKey], nb: usize) -> Result<Tensor> {
     let mut acc: Option<Tensor> = None;

@@ -12,10 +12,11 @@
 //! key's last segment with `"_log_prob"` appended, so `"action_log_prob"`, as in TorchRL 0.14
 //! where `composite_lp_aggregate` is off).
 //!
-//! **Exploration** (TorchRL's `InteractionType`; the default is TorchRL's
-//! `default_interaction_type`, [`ExplorationType::Deterministic`]; TorchRL's collectors switch
-//! to `Random`, here set it on the actor or pass it per call to
-//! [`ProbabilisticActor::forward_with`]):
+//! **Exploration** (TorchRL's `InteractionType`; the actor's own type is TorchRL's
+//! `default_interaction_type`, [`ExplorationType::Deterministic`]; a type set on the thread
+//! with [`set_exploration_type`](super::set_exploration_type) overrides it in `forward`, and
+//! the [`Collector`](crate::collectors::Collector) sets `Random` while it collects, as
+//! TorchRL's collectors do; [`ProbabilisticActor::forward_with`] takes one per call):
 //! - `Random`: a sample, reparameterised (`rsample`, so the action carries gradients) for the
 //!   continuous builders, as in TorchRL, and drawn with `sample` for the categorical ones
 //!   (integer actions; see [`DistributionBuilder::with_rsample`]); the noise comes from the
@@ -842,8 +843,10 @@ impl TensorDictModule for ProbabilisticActor {
         keys
     }
 
-    /// Computes the parameters, builds the distribution and writes the action under the
-    /// actor's exploration type, drawing noise from the actor's own generator.
+    /// Computes the parameters, builds the distribution and writes the action under this
+    /// thread's exploration type when one is set ([`set_exploration_type`](super::set_exploration_type),
+    /// as a [`Collector`](crate::collectors::Collector) does), else the actor's own, drawing
+    /// noise from the actor's own generator.
     fn forward(&self, td: TensorDict) -> Result<TensorDict> {
         let mut gen = self.gen.lock().map_err(|_| {
             Error::invalid(
@@ -851,7 +854,8 @@ impl TensorDictModule for ProbabilisticActor {
                 "the actor's generator lock is poisoned (a previous call panicked)",
             )
         })?;
-        self.forward_with(td, self.exploration, &mut gen)
+        let exploration = super::probabilistic::exploration_type().unwrap_or(self.exploration);
+        self.forward_with(td, exploration, &mut gen)
     }
 
     fn set_train(&mut self, train: bool) {
