@@ -91,7 +91,7 @@ use tch::{Kind, Tensor};
 use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
-use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
+use super::module::{describe, module_error, read_input, to_keys, write_outputs, TensorDictModule};
 pub use super::probabilistic::ExplorationType;
 use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
@@ -758,6 +758,25 @@ impl ProbabilisticActor {
         )?)
     }
 
+    /// "ProbabilisticActor (Normal distribution from loc: float32 [5, 1], …)": where a
+    /// libtorch failure in the distribution happened.
+    fn dist_context(&self, td: &TensorDict) -> String {
+        let params: Vec<String> = self
+            .builder
+            .in_keys()
+            .iter()
+            .map(|k| match td.get(k) {
+                Some(t) => format!("{k}: {}", describe(t)),
+                None => format!("{k}: missing"),
+            })
+            .collect();
+        format!(
+            "ProbabilisticActor ({} distribution from {})",
+            self.builder.name,
+            params.join(", ")
+        )
+    }
+
     /// The action `dist` gives under `exploration`.
     fn action(
         &self,
@@ -792,10 +811,13 @@ impl ProbabilisticActor {
     ) -> Result<TensorDict> {
         let op = "ProbabilisticActor::forward";
         let mut td = self.get_dist_params(td)?;
-        let dist = self.builder.build(&td)?;
-        let action = self.action(dist.as_ref(), exploration, gen)?;
+        let named = |e: Error| module_error(e, || self.dist_context(&td));
+        let dist = self.builder.build(&td).map_err(named)?;
+        let action = self
+            .action(dist.as_ref(), exploration, gen)
+            .map_err(named)?;
         if self.return_log_prob {
-            let lp = dist.log_prob(&action)?;
+            let lp = dist.log_prob(&action).map_err(named)?;
             write_outputs(
                 op,
                 &mut td,
