@@ -1,6 +1,6 @@
 //! Loss and estimator inputs are validated (issue 26, item 5): shapes against the batch, GAE
 //! refuses a batch without a time dim, a missing log-prob hints at `with_return_log_prob`, an
-//! opt-in finite check in the PPO losses, and a NaN / Inf report in `check_env_specs`.
+//! opt-in finite check in the PPO losses, and a NaN report in `check_env_specs`.
 
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs};
