@@ -5,7 +5,7 @@
 //! when a particle leaves [-2, 2]. Run: `cargo run --example custom_env`.
 
 use tch::{Device, Kind, Tensor};
-use torchrl::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
+use torchrl::envs::{check_env_specs, read_action, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
 use torchrl::specs::{Bounded, Unbounded};
 use torchrl::{Result, TensorDict};
 
@@ -61,7 +61,9 @@ impl EnvBase for PointMass {
 
     /// The *next* tensordict: observation, reward, terminated (done is completed for us).
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
-        let force = td.get_or_err("action")?.f_clamp(-1.0, 1.0)?;
+        // the action as its spec declares it ([*batch, 1], float32, on the env's device): `step`
+        // has checked it already; read_action checks it again for callers of step_impl
+        let force = read_action(td, "action", self.core.specs())?.f_clamp(-1.0, 1.0)?;
         let dt = 0.1;
         let pos = self.state.f_narrow(-1, 0, 1)?;
         let vel = self.state.f_narrow(-1, 1, 1)?;

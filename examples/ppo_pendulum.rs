@@ -1,7 +1,8 @@
 //! PPO on Pendulum, end to end: a transformed env, a TanhNormal actor and a critic, a
-//! [`SyncDataCollector`], GAE, [`ClipPPOLoss`], a replay buffer sampled without replacement for
-//! the minibatches, and Adam with global-norm gradient clipping. At the end, the trained policy
-//! (deterministic actions) is compared with a random policy and with the untrained policy, all
+//! [`Collector`] (which explores: `ExplorationType::Random` while collecting), GAE,
+//! [`ClipPPOLoss`], a replay buffer sampled without replacement for the minibatches, and Adam
+//! with global-norm gradient clipping. At the end, the trained policy (deterministic actions)
+//! is compared with a random policy and with the untrained policy, all
 //! evaluated on the same seeded episodes.
 //!
 //! Run: `cargo run --release --example ppo_pendulum` (about a minute on two CPU cores);
@@ -17,7 +18,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
-use torchrl::collectors::SyncDataCollector;
+use torchrl::collectors::Collector;
 use torchrl::data::replay::{LastBatch, ReplayBuffer, SamplerWithoutReplacement};
 use torchrl::envs::builtin::PendulumEnv;
 use torchrl::envs::transforms::{
@@ -186,8 +187,9 @@ fn make_actor(
         .with(NormalParamExtractor::new());
     let dist =
         DistributionBuilder::tanh_normal_from_spec("loc", "scale", spec, env.batch_size().len())?;
+    // No exploration type here: the collector runs the actor with `Random` (its default, as
+    // in TorchRL), the evaluation asks for `Deterministic` per call.
     Ok(ProbabilisticActor::new(net, dist)
-        .with_exploration_type(ExplorationType::Random) // the collector explores
         .with_return_log_prob(true) // PPO needs the behaviour policy's log-prob
         .with_seed(seed))
 }
@@ -297,9 +299,9 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let frames_per_batch = cfg.envs * EPISODE_STEPS;
     let iters = usize::try_from((cfg.frames + frames_per_batch - 1) / frames_per_batch)
         .map_err(|e| fail(e.to_string()))?;
-    // The collector runs the actor (Random exploration, with log-probs) under no_grad. It
-    // borrows the loss's actor, whose weights the optimiser updates in place.
-    let mut collector = SyncDataCollector::new(
+    // The collector runs the actor (Random exploration by default, with log-probs) under
+    // no_grad. It borrows the loss's actor, whose weights the optimiser updates in place.
+    let mut collector = Collector::new(
         env,
         loss.actor().as_policy(),
         frames_per_batch,

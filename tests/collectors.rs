@@ -1,12 +1,14 @@
-//! `SyncDataCollector` (`torchrl::collectors`), `ReplayBuffer` and its samplers
+//! `Collector` (`torchrl::collectors`), `ReplayBuffer` and its samplers
 //! (`torchrl::data::replay`), and global gradient-norm clipping (`torchrl::objectives::optim`).
 
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
-use torchrl::collectors::SyncDataCollector;
+use torchrl::collectors::Collector;
 use torchrl::data::replay::{RandomSampler, ReplayBuffer, Sampler, SamplerWithoutReplacement};
 use torchrl::envs::builtin::{CountingEnv, PendulumEnv};
-use torchrl::modules::{from_fn, DistributionBuilder, ProbabilisticActor, TensorDictModule};
+use torchrl::modules::{
+    from_fn, DistributionBuilder, ExplorationType, ProbabilisticActor, TensorDictModule,
+};
 use torchrl::objectives::optim::{clip_grad_norm, clip_grad_norm_tensors, step_with_grad_norm};
 use torchrl::{EnvBase, TensorDict};
 
@@ -36,7 +38,7 @@ fn floats(t: &Tensor) -> Vec<f64> {
 #[test]
 fn counting_unbatched_batches_frames_and_continuation() -> R {
     let env = CountingEnv::new(7, &[])?;
-    let collector = SyncDataCollector::new(env, const_policy(&[], 0.0), 5, Some(23))?;
+    let collector = Collector::new(env, const_policy(&[], 0.0), 5, Some(23))?;
     let batches: Vec<TensorDict> = collector.collect::<torchrl::Result<_>>()?;
     // total_frames is rounded up to whole batches: ceil(23 / 5) = 5 batches
     assert_eq!(batches.len(), 5);
@@ -60,7 +62,7 @@ fn counting_unbatched_batches_frames_and_continuation() -> R {
 #[test]
 fn counting_batched_shapes_and_continuation() -> R {
     let env = CountingEnv::new(100, &[4])?;
-    let mut c = SyncDataCollector::new(env, const_policy(&[4], 0.0), 12, Some(36))?;
+    let mut c = Collector::new(env, const_policy(&[4], 0.0), 12, Some(36))?;
     assert_eq!(c.steps_per_batch(), 3);
     let mut n = 0;
     for (i, b) in c.by_ref().enumerate() {
@@ -86,7 +88,7 @@ fn counting_batched_shapes_and_continuation() -> R {
 fn partial_resets_inside_a_batch() -> R {
     // episodes of 2 steps in a batch of 5 steps: resets happen mid-batch
     let env = CountingEnv::new(2, &[3])?;
-    let mut c = SyncDataCollector::new(env, const_policy(&[3], 0.0), 15, Some(15))?;
+    let mut c = Collector::new(env, const_policy(&[3], 0.0), 15, Some(15))?;
     let b = c
         .next()
         .transpose()?
@@ -114,7 +116,7 @@ fn pendulum_batch_and_continuation() -> R {
         env.set_seed(0)?;
         let numel: i64 = batch.iter().product();
         let fpb = 8 * numel;
-        let c = SyncDataCollector::new(env, const_policy(&batch, 0.5), fpb, Some(3 * fpb))?;
+        let c = Collector::new(env, const_policy(&batch, 0.5), fpb, Some(3 * fpb))?;
         let batches: Vec<TensorDict> = c.collect::<torchrl::Result<_>>()?;
         assert_eq!(batches.len(), 3);
         let want: Vec<i64> = [batch.clone(), vec![8]].concat();
@@ -149,7 +151,9 @@ fn actor_policy_from_as_policy() -> R {
     })?;
     let actor = ProbabilisticActor::new(net, DistributionBuilder::normal("loc", "scale")?);
     let env = PendulumEnv::new(&[2], Device::Cpu)?;
-    let mut c = SyncDataCollector::new(env, actor.as_policy(), 6, Some(12))?;
+    // the collector explores by default (TorchRL): ask for the deterministic action here
+    let mut c = Collector::new(env, actor.as_policy(), 6, Some(12))?
+        .with_exploration_type(ExplorationType::Deterministic);
     let mut n = 0;
     for b in c.by_ref() {
         let b = b?;
@@ -166,7 +170,7 @@ fn actor_policy_from_as_policy() -> R {
 #[test]
 fn update_policy_and_random_frames_and_reset_each_iter() -> R {
     let env = CountingEnv::new(100, &[2])?;
-    let mut c = SyncDataCollector::new(env, const_policy(&[2], 0.0), 4, None)?
+    let mut c = Collector::new(env, const_policy(&[2], 0.0), 4, None)?
         .with_init_random_frames(4)
         .with_reset_at_each_iter(true);
     let err = || torchrl::Error::InvalidArgument {
@@ -195,17 +199,15 @@ fn update_policy_and_random_frames_and_reset_each_iter() -> R {
 
 #[test]
 fn collector_argument_errors() -> R {
-    assert!(SyncDataCollector::new(
+    assert!(Collector::new(
         CountingEnv::new(3, &[4])?,
         const_policy(&[4], 0.0),
         10,
         None
     )
     .is_err());
-    assert!(
-        SyncDataCollector::new(CountingEnv::new(3, &[])?, const_policy(&[], 0.0), 0, None).is_err()
-    );
-    assert!(SyncDataCollector::new(
+    assert!(Collector::new(CountingEnv::new(3, &[])?, const_policy(&[], 0.0), 0, None).is_err());
+    assert!(Collector::new(
         CountingEnv::new(3, &[])?,
         const_policy(&[], 0.0),
         4,
@@ -215,7 +217,7 @@ fn collector_argument_errors() -> R {
     // a failing policy: one error, then the iterator ends
     let env = CountingEnv::new(3, &[])?;
     // (it returns a tensordict of the wrong batch size, which the env's step refuses)
-    let mut c = SyncDataCollector::new(env, |_td: TensorDict| TensorDict::new([3]), 2, None)?;
+    let mut c = Collector::new(env, |_td: TensorDict| TensorDict::new([3]), 2, None)?;
     assert!(matches!(c.next(), Some(Err(_))));
     assert!(c.next().is_none());
     Ok(())

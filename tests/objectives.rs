@@ -867,7 +867,7 @@ fn gae_reference_numbers() -> torchrl::Result<()> {
         .with(("next", "state_value"), t(&[0.6, 0.7, 0.0]))?
         .with(("next", "reward"), t(&[0.0, 0.0, 1.0]))?
         .with(("next", "done"), done.shallow_clone())?;
-    Gae::new(1.0, 0.95)?.forward(&mut td)?;
+    Gae::new(1.0, 0.95)?.with_time_dim(0).forward(&mut td)?; // one trajectory [T]
     assert_close(
         &f64s(td.get_or_err("advantage")?),
         &[0.46575, 0.385, 0.3],
@@ -883,6 +883,7 @@ fn gae_reference_numbers() -> torchrl::Result<()> {
     // ≈ 7.3e-7, hence the tolerance.
     Gae::new(1.0, 0.95)?
         .with_average_gae(true)
+        .with_time_dim(0)
         .forward(&mut td)?;
     assert_close(
         &f64s(td.get_or_err("advantage")?),
@@ -1051,10 +1052,12 @@ fn truncation_bootstraps_and_termination_does_not() -> torchrl::Result<()> {
     };
     for (terminated, want) in [(true, 1.0), (false, 6.0)] {
         let mut td = mk(terminated)?;
-        Gae::new(0.5, 0.7)?.forward(&mut td)?;
+        Gae::new(0.5, 0.7)?.with_time_dim(0).forward(&mut td)?;
         assert_eq!(td.get_or_err("advantage")?.double_value(&[0, 0]), want);
         let mut td = mk(terminated)?;
-        TdLambdaEstimator::new(0.5, 0.7)?.forward(&mut td)?;
+        TdLambdaEstimator::new(0.5, 0.7)?
+            .with_time_dim(0)
+            .forward(&mut td)?;
         assert_eq!(td.get_or_err("value_target")?.double_value(&[0, 0]), want);
     }
     Ok(())

@@ -490,7 +490,7 @@ fn outer_product_broadcast_is_refused() {
 fn estimator_path_and_key_forwarding() {
     let (actor, _) = toy_actor();
     let mut loss = ClipPPOLoss::new(actor, toy_critic());
-    loss.make_value_estimator(Box::new(Gae::new(0.9, 0.8).expect("gae")))
+    loss.make_value_estimator(Box::new(Gae::new(0.9, 0.8).expect("gae").with_time_dim(0)))
         .expect("make");
     loss.set_keys(&[
         ("advantage", Some("adv_new".into())),
@@ -514,7 +514,7 @@ fn estimator_path_and_key_forwarding() {
     })
     .expect("critic");
     let mut loss = ClipPPOLoss::new(actor, critic);
-    loss.make_value_estimator(Box::new(Gae::new(0.9, 0.8).expect("gae")))
+    loss.make_value_estimator(Box::new(Gae::new(0.9, 0.8).expect("gae").with_time_dim(0)))
         .expect("make");
     loss.set_keys(&[("value", Some("sv".into())), ("reward", Some("r2".into()))])
         .expect("set_keys");
@@ -798,7 +798,7 @@ fn klpen_config_keys_and_errors() {
 fn compute_advantage_runs_the_critic_and_the_estimator() {
     let (actor, _) = toy_actor();
     let mut loss = ClipPPOLoss::new(actor, toy_critic());
-    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae")))
+    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae").with_time_dim(0)))
         .expect("estimator");
     let col = |v: &[f64]| Tensor::from_slice(v).view([-1, 1]);
     let flags = |v: &[bool]| Tensor::from_slice(v).view([-1, 1]);
@@ -906,7 +906,7 @@ fn actor_value_operator_runs_the_trunk_once_per_forward() {
         })
         .expect("td");
     let mut loss = loss;
-    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae")))
+    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae").with_time_dim(0)))
         .expect("estimator");
     let before = calls.load(Ordering::SeqCst);
     loss.compute_advantage(&mut td).expect("advantage");
@@ -1070,6 +1070,13 @@ fn losses_are_trait_objects_and_the_generator_is_explicit() {
             t.with(
                 "scale",
                 Tensor::ones([4, 1], (Kind::Double, tch::Device::Cpu)),
+            )
+        })
+        // a TanhNormal's log-prob sums over the action dim: [4], not toy_batch's [4, 1]
+        .and_then(|t| {
+            t.with(
+                "action_log_prob",
+                Tensor::zeros([4], (Kind::Double, tch::Device::Cpu)),
             )
         })
         .expect("td");

@@ -1,5 +1,6 @@
-//! [`SyncDataCollector`]: TorchRL's `SyncDataCollector`, a policy run in one environment in the
-//! calling thread, handing out batches of `frames_per_batch` transitions.
+//! [`Collector`]: TorchRL 0.14's `Collector` (formerly `SyncDataCollector`, kept here as a
+//! deprecated alias), a policy run in one environment in the calling thread, handing out
+//! batches of `frames_per_batch` transitions.
 //!
 //! Each batch has the env's batch dims followed by a time dim, `[*env_batch, T]` with
 //! `T = frames_per_batch / env_batch.numel()`. Steps are taken with
@@ -8,9 +9,24 @@
 //! a batch goes on in the next batch (unless `reset_at_each_iter`). Collection stops once
 //! `total_frames` frames have been handed out (rounded up to whole batches, as TorchRL does).
 //!
+//! **Exploration**: the policy runs under
+//! [`set_exploration_type`](crate::modules::set_exploration_type) with the collector's
+//! exploration type, [`ExplorationType::Random`] unless set with
+//! [`Collector::with_exploration_type`] (TorchRL's `exploration_type=RANDOM` default): a
+//! [`ProbabilisticActor`](crate::modules::ProbabilisticActor) samples its actions (and its
+//! log-probs belong to the sampled action) whatever its own exploration type. Evaluate
+//! deterministically outside the collector (or with `ExplorationType::Deterministic` here).
+//!
+//! **Trajectory ids**: every step carries `("collector", "traj_ids")` (int64, the env's batch
+//! shape), as TorchRL's collector writes it: the envs start with ids `0..n_envs` (in batch
+//! order), and an env whose step ends its episode (`done` or `truncated`) takes the next unused
+//! id from its following step on; an episode running on into the next batch keeps its id. Ids
+//! are never reused by one collector: a reset ([`Collector::reset`], `reset_at_each_iter`)
+//! gives every env a new id (TorchRL keeps the old ids there).
+//!
 //! ```
 //! use tch::{Device, Kind, Tensor};
-//! use torchrl::collectors::SyncDataCollector;
+//! use torchrl::collectors::Collector;
 //! use torchrl::envs::builtin::CountingEnv;
 //! use torchrl::TensorDict;
 //! # fn main() -> torchrl::Result<()> {
@@ -19,27 +35,37 @@
 //!     td.set("action", Tensor::zeros([1], (Kind::Float, Device::Cpu)))?;
 //!     Ok(td)
 //! };
-//! let mut collector = SyncDataCollector::new(env, policy, 5, Some(10))?;
+//! let mut collector = Collector::new(env, policy, 5, Some(10))?;
 //! let batches: Vec<TensorDict> = collector.by_ref().collect::<torchrl::Result<_>>()?;
 //! assert_eq!(batches.len(), 2); // total_frames reached after two batches of 5
 //! assert_eq!(batches[0].batch_size(), &[5]);
 //! // the episode continues across batches: the observation counts on
 //! assert_eq!(batches[1].get_or_err("observation")?.double_value(&[0, 0]), 5.0);
 //! assert_eq!(collector.frames(), 10);
+//! // one trajectory so far: id 0 in both batches
+//! let ids = batches[1].get_or_err(("collector", "traj_ids"))?;
+//! assert_eq!(ids.int64_value(&[4]), 0);
 //! # Ok(()) }
 //! ```
 
+use tch::{Kind, Tensor};
+
 use crate::envs::EnvBase;
 use crate::error::{Error, Result};
-use crate::tensordict::{stack, TensorDict};
+use crate::modules::{ExplorationGuard, ExplorationType};
+use crate::tensordict::{stack, NestedKey, TensorDict};
+
+/// The key under which the collector writes trajectory ids (TorchRL's).
+const TRAJ_IDS: [&str; 2] = ["collector", "traj_ids"];
 
 /// A policy owned by a collector: reads the current tensordict, returns it with actions.
 pub type BoxedPolicy<'p> = Box<dyn FnMut(TensorDict) -> Result<TensorDict> + 'p>;
 
-/// Runs a policy in an environment and yields batches of transitions. See the module docs.
+/// Runs a policy in an environment and yields batches of transitions (TorchRL 0.14's
+/// `Collector`). See the module docs.
 ///
 /// An [`Iterator`] of `Result<TensorDict>`: after an error it yields nothing more.
-pub struct SyncDataCollector<'p, E: EnvBase> {
+pub struct Collector<'p, E: EnvBase> {
     env: E,
     policy: BoxedPolicy<'p>,
     frames_per_batch: i64,
@@ -47,13 +73,22 @@ pub struct SyncDataCollector<'p, E: EnvBase> {
     total_frames: Option<i64>,
     init_random_frames: i64,
     reset_at_each_iter: bool,
+    exploration: ExplorationType,
     frames: i64,
     batches: usize,
     root: Option<TensorDict>,
+    /// The current trajectory id of every env (`[*env_batch]`, int64).
+    traj_ids: Option<Tensor>,
+    /// The next unused trajectory id.
+    next_traj_id: i64,
     finished: bool,
 }
 
-impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
+/// The old name of [`Collector`] (TorchRL renamed `SyncDataCollector` to `Collector` in 0.14).
+#[deprecated(note = "renamed `Collector`, as in TorchRL 0.14")]
+pub type SyncDataCollector<'p, E> = Collector<'p, E>;
+
+impl<'p, E: EnvBase> Collector<'p, E> {
     /// A collector of `frames_per_batch` frames per batch, stopping after `total_frames`
     /// (`None`: never stops).
     ///
@@ -66,7 +101,7 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
         frames_per_batch: i64,
         total_frames: Option<i64>,
     ) -> Result<Self> {
-        let op = "SyncDataCollector::new";
+        let op = "Collector::new";
         if frames_per_batch < 1 {
             return Err(Error::config(
                 op,
@@ -98,7 +133,7 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
         }
         let steps_per_batch = usize::try_from(frames_per_batch / numel)
             .map_err(|e| Error::invalid(op, format!("frames_per_batch too large: {e}")))?;
-        Ok(SyncDataCollector {
+        Ok(Collector {
             env,
             policy: Box::new(policy),
             frames_per_batch,
@@ -106,9 +141,12 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
             total_frames,
             init_random_frames: 0,
             reset_at_each_iter: false,
+            exploration: ExplorationType::Random,
             frames: 0,
             batches: 0,
             root: None,
+            traj_ids: None,
+            next_traj_id: 0,
             finished: false,
         })
     }
@@ -125,6 +163,20 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
     pub fn with_reset_at_each_iter(mut self, reset: bool) -> Self {
         self.reset_at_each_iter = reset;
         self
+    }
+
+    /// Builder: the exploration type the policy runs under while collecting (default
+    /// [`ExplorationType::Random`], as TorchRL's collectors): set on the thread with
+    /// [`set_exploration_type`](crate::modules::set_exploration_type) around every policy call,
+    /// so it overrides the actors' own types.
+    pub fn with_exploration_type(mut self, exploration: ExplorationType) -> Self {
+        self.exploration = exploration;
+        self
+    }
+
+    /// The exploration type the policy runs under while collecting.
+    pub fn exploration_type(&self) -> ExplorationType {
+        self.exploration
     }
 
     /// Replaces the policy (e.g. after a training step, or with a policy built from updated
@@ -164,7 +216,7 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
     }
 
     /// The environment, mutably (e.g. to seed it). Changing its state by hand does not change
-    /// the collector's current root; call [`SyncDataCollector::reset`] afterwards if needed.
+    /// the collector's current root; call [`Collector::reset`] afterwards if needed.
     pub fn env_mut(&mut self) -> &mut E {
         &mut self.env
     }
@@ -179,19 +231,59 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
         self.env.set_seed(seed)
     }
 
-    /// Resets the environment now: the next batch starts new episodes.
+    /// Resets the environment now: the next batch starts new episodes (with new trajectory
+    /// ids).
     pub fn reset(&mut self) -> Result<()> {
         self.root = Some(self.env.reset(None)?);
+        self.traj_ids = Some(self.fresh_traj_ids()?);
         Ok(())
+    }
+
+    /// New trajectory ids for every env: the next `n_envs` unused ids, in batch order.
+    fn fresh_traj_ids(&mut self) -> Result<Tensor> {
+        let batch = self.env.batch_size();
+        let n: i64 = batch.iter().product();
+        let start = self.next_traj_id;
+        self.next_traj_id += n;
+        Ok(
+            Tensor::f_arange_start(start, start + n, (Kind::Int64, self.env.device()))?
+                .f_reshape(&batch)?,
+        )
+    }
+
+    /// After a step: the envs whose episode ended (any `done` / `truncated` leaf under
+    /// `"next"` of `stepped`) take the next unused ids.
+    fn update_traj_ids(&mut self, stepped: &TensorDict, ids: Tensor) -> Result<Tensor> {
+        let stop: Vec<NestedKey> = self
+            .env
+            .done_keys()
+            .into_iter()
+            .filter(|k| matches!(k.last(), Some("done") | Some("truncated")))
+            .map(|k| k.prefixed("next"))
+            .collect();
+        let nb = self.env.batch_size().len();
+        let Some(ended) = crate::envs::base::end_of_traj_mask(stepped, &stop, nb)? else {
+            return Ok(ids);
+        };
+        let ended = ended.f_to_device(ids.device())?;
+        let n = ended.f_sum(Kind::Int64)?.int64_value(&[]);
+        if n == 0 {
+            return Ok(ids);
+        }
+        let start = self.next_traj_id;
+        self.next_traj_id += n;
+        let new = Tensor::f_arange_start(start, start + n, (Kind::Int64, ids.device()))?;
+        Ok(ids.f_masked_scatter(&ended, &new)?)
     }
 
     /// Collects one batch (ignoring `total_frames`), TorchRL's `collector.rollout()`.
     pub fn rollout(&mut self) -> Result<TensorDict> {
         let _guard = tch::no_grad_guard();
+        let _exploration = ExplorationGuard::new(self.exploration);
         let random = self.frames < self.init_random_frames;
-        let mut root = match self.root.take() {
-            Some(r) if !self.reset_at_each_iter => r,
-            _ => self.env.reset(None)?,
+        let (mut root, mut ids) = match (self.root.take(), self.traj_ids.take()) {
+            (Some(r), Some(ids)) if !self.reset_at_each_iter => (r, ids),
+            _ => (self.env.reset(None)?, self.fresh_traj_ids()?),
         };
         // reserved up to a bound (an allocation failure would abort the process)
         let mut steps = Vec::with_capacity(self.steps_per_batch.min(1 << 12));
@@ -201,11 +293,14 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
             } else {
                 (self.policy)(root)?
             };
+            root.set(TRAJ_IDS, ids.shallow_clone())?;
             let (stepped, next) = self.env.step_and_maybe_reset(root)?;
+            ids = self.update_traj_ids(&stepped, ids)?;
             steps.push(stepped);
             root = next;
         }
         self.root = Some(root);
+        self.traj_ids = Some(ids);
         let nb = self.env.batch_size().len() as i64;
         let batch = stack(&steps, nb)?;
         self.frames += self.frames_per_batch;
@@ -218,7 +313,7 @@ impl<'p, E: EnvBase> SyncDataCollector<'p, E> {
     }
 }
 
-impl<E: EnvBase> Iterator for SyncDataCollector<'_, E> {
+impl<E: EnvBase> Iterator for Collector<'_, E> {
     type Item = Result<TensorDict>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -233,14 +328,15 @@ impl<E: EnvBase> Iterator for SyncDataCollector<'_, E> {
     }
 }
 
-impl<E: EnvBase> std::fmt::Debug for SyncDataCollector<'_, E> {
+impl<E: EnvBase> std::fmt::Debug for Collector<'_, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SyncDataCollector")
+        f.debug_struct("Collector")
             .field("env_batch_size", &self.env.batch_size())
             .field("frames_per_batch", &self.frames_per_batch)
             .field("total_frames", &self.total_frames)
             .field("init_random_frames", &self.init_random_frames)
             .field("reset_at_each_iter", &self.reset_at_each_iter)
+            .field("exploration_type", &self.exploration)
             .field("frames", &self.frames)
             .finish_non_exhaustive()
     }

@@ -330,9 +330,20 @@ pub trait EnvBase: Send {
     }
 
     /// Steps the env with the actions in `td`; writes the results under `"next"` and returns
-    /// `td`.
+    /// `td`. Every action present in `td` is first checked against its spec ([`read_action`]:
+    /// shape `[*batch, *action_shape]`, dtype, device), so a wrong action is an error naming
+    /// its key before the env sees it; a missing action, and the shape of an action whose spec
+    /// has a dynamic (`-1`) dim, are left to the env.
     fn step(&mut self, mut td: TensorDict) -> Result<TensorDict> {
         check_batch("step", &td, self.specs())?;
+        for (key, spec) in &self.core().keys().action_specs {
+            if let Some(a) = td.get(key) {
+                // A dynamic (-1) dim has a meaning only the env knows (a token env's response
+                // width is 1..=max_new_tokens): such an action's shape is left to the env.
+                let shape = !spec.shape().iter().any(|d| *d < 0);
+                check_action_tensor("step", key, a, spec, shape)?;
+            }
+        }
         let mut next = self.step_next(&td)?;
         // Entries preset under "next" that the step did not produce are kept (TorchRL).
         if let Some(preset) = td.get_dict("next") {
@@ -548,6 +559,109 @@ pub trait EnvBase: Send {
     }
 }
 
+/// Reads the action at `key` of `td` and checks it against the env's action spec for that key:
+/// its shape must be the spec's (`[*batch, *action_shape]`; a dynamic `-1` dim of the spec
+/// matches any size), its dtype the spec's (a discrete spec takes any integer or bool dtype),
+/// its device the spec's. The check [`EnvBase::step`] runs on
+/// every action, public for custom envs that read their actions in
+/// [`EnvBase::step_impl`] (which wrappers may call without `step`).
+///
+/// # Errors
+/// [`Error::KeyNotFound`] when `td` has no `key`; [`Error::InvalidValue`] when `key` is not an
+/// action of `specs`; [`Error::ShapeMismatch`], [`Error::DtypeMismatch`] or
+/// [`Error::DeviceMismatch`] naming the key, what the spec expects and what was given.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// use torchrl::envs::{read_action, EnvSpecs};
+/// use torchrl::specs::Bounded;
+/// use torchrl::{Error, TensorDict};
+/// # fn main() -> torchrl::Result<()> {
+/// let specs = EnvSpecs::new([4])?.with_action("action", Bounded::new(-1.0, 1.0, [4, 1])?)?;
+/// let good = TensorDict::new([4])?.with("action", Tensor::zeros([4, 1], (Kind::Float, Device::Cpu)))?;
+/// assert_eq!(read_action(&good, "action", &specs)?.size(), [4, 1]);
+/// let flat = TensorDict::new([4])?.with("action", Tensor::zeros([4], (Kind::Float, Device::Cpu)))?;
+/// let err = read_action(&flat, "action", &specs).unwrap_err();
+/// assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+/// let f64 = TensorDict::new([4])?.with("action", Tensor::zeros([4, 1], (Kind::Double, Device::Cpu)))?;
+/// assert!(matches!(read_action(&f64, "action", &specs), Err(Error::DtypeMismatch { .. })));
+/// # Ok(()) }
+/// ```
+pub fn read_action<'a>(
+    td: &'a TensorDict,
+    key: impl crate::tensordict::AsKey,
+    specs: &EnvSpecs,
+) -> Result<&'a Tensor> {
+    let op = "read_action";
+    let key = key.to_nested_key();
+    let spec = specs.action.get(&key).ok_or_else(|| {
+        Error::value(
+            op,
+            &key,
+            format!(
+                "an action key of the env (one of {:?})",
+                specs.action_keys()
+            ),
+            "a key that is not in the action spec",
+        )
+    })?;
+    let a = td.get_or_err(&key)?;
+    check_action_tensor(op, &key, a, spec, true)?;
+    Ok(a)
+}
+
+/// Checks one action tensor against its leaf spec (with `shape`: its shape, `-1` dims taking
+/// any size; then dtype and device).
+#[inline]
+fn check_action_tensor(
+    op: &'static str,
+    key: &NestedKey,
+    a: &Tensor,
+    spec: &crate::data::specs::TensorSpec,
+    shape: bool,
+) -> Result<()> {
+    if shape {
+        let expected = spec.shape();
+        let actual = a.size();
+        let shape_ok = actual.len() == expected.len()
+            && actual.iter().zip(expected).all(|(g, e)| *e < 0 || g == e);
+        if !shape_ok {
+            return Err(Error::ShapeMismatch {
+                op,
+                key: key.to_string(),
+                expected: expected.to_vec(),
+                actual,
+            });
+        }
+    }
+    if let Some(kind) = spec.dtype() {
+        // Discrete actions may come in any integer or bool dtype (a bool one-hot, int32
+        // indices: the envs cast them); floating actions must have the spec's dtype (a float64
+        // action would turn a float32 env's state into float64).
+        let int_or_bool = |k: Kind| k == Kind::Bool || crate::kind::is_integral(k);
+        let discrete_ok = int_or_bool(kind) && int_or_bool(a.kind());
+        if a.kind() != kind && !discrete_ok {
+            return Err(Error::DtypeMismatch {
+                op,
+                key: key.to_string(),
+                expected: kind,
+                actual: a.kind(),
+            });
+        }
+    }
+    if let Some(device) = spec.device() {
+        if a.device() != device {
+            return Err(Error::DeviceMismatch {
+                op,
+                key: key.to_string(),
+                expected: device,
+                actual: a.device(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn check_batch(op: &'static str, td: &TensorDict, specs: &EnvSpecs) -> Result<()> {
     if td.batch_size() != specs.batch_size() {
         return Err(Error::ShapeMismatch {
@@ -566,6 +680,20 @@ fn reset_mask_for(td: &TensorDict, k: &NestedKey) -> Option<Tensor> {
     let mut key: Vec<&str> = prefix;
     key.push("_reset");
     td.get(&key[..]).and_then(|t| t.f_to_kind(Kind::Bool).ok())
+}
+
+/// Per-batch-element mask of the elements whose trajectory ended (any of the `keys` leaves
+/// present in `td`, reduced over feature dims); `None` when `td` has none of them.
+pub(crate) fn end_of_traj_mask(
+    td: &TensorDict,
+    keys: &[NestedKey],
+    nb: usize,
+) -> Result<Option<Tensor>> {
+    if keys.iter().any(|k| td.contains(k)) {
+        Ok(Some(done_mask(td, keys, nb)?))
+    } else {
+        Ok(None)
+    }
 }
 
 /// Per-batch-element done mask (any done leaf, reduced over feature dims).

@@ -4,7 +4,10 @@
 //! [`EnvBase::fake_tensordict`]: first the key sets (listing what is in one but not the other),
 //! then shapes and dtypes leaf by leaf, then that the last step's values are contained in the
 //! specs (actions, states, done flags and observations at the root; rewards, done flags and
-//! observations under `"next"`). Each error names the key, the spec and the value.
+//! observations under `"next"`). Each error names the key, the spec and the value. Any NaN in
+//! a floating entry of the rollout (an observation, a reward, …) is reported first, naming the
+//! key and how many values are NaN and infinite; ±Inf alone is judged by the containment
+//! check (an Unbounded spec admits it, a Bounded one does not).
 //!
 //! **Dynamic specs.** When a spec has a dynamic (`-1`) dim (see [`crate::data::specs`]), successive
 //! steps may carry different lengths there, and a rollout cannot stack them (TorchRL lazily
@@ -84,7 +87,28 @@ pub fn check_env_specs<E: EnvBase + ?Sized>(env: &mut E, seed: Option<u64>) -> R
             ..Default::default()
         };
         let real = env.rollout(3, None, &cfg)?;
+        check_nan_leaves(&real)?;
         check_against_fake(env, &real)?;
+    }
+    Ok(())
+}
+
+/// Refuses NaN anywhere in the env's output (no spec contains NaN, but a leaf check passes it
+/// through, and a NaN reward would otherwise pass the rollout, GAE and the loss): the error
+/// names the key and counts the NaN (and infinite) values. ±Inf alone is left to the specs'
+/// containment check: an Unbounded spec admits it, a Bounded one refuses it.
+fn check_nan_leaves(td: &TensorDict) -> Result<()> {
+    for (k, t) in td.leaves() {
+        if !crate::kind::is_float(t.kind()) || t.numel() == 0 {
+            continue;
+        }
+        if t.f_isnan()?.f_any()?.f_int64_value(&[])? != 0 {
+            return crate::objectives::ensure_finite(
+                "check_env_specs (NaN in the env's output)",
+                &k,
+                t,
+            );
+        }
     }
     Ok(())
 }
@@ -115,6 +139,7 @@ fn check_steps<E: EnvBase + ?Sized>(env: &mut E, break_when_any_done: bool) -> R
         } else {
             env.step_and_maybe_reset(td)?
         };
+        check_nan_leaves(&stepped)?;
         check_step(env, &stepped)?;
         if break_when_any_done {
             let next = stepped.get_dict("next").cloned().unwrap_or(stepped.empty());

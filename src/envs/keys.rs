@@ -41,6 +41,8 @@ pub struct EnvKeys {
     pub(crate) done_specs: Vec<(NestedKey, TensorSpec)>,
     /// `done` and `truncated` leaves: the ones that end an episode in a rollout.
     pub(crate) stop: Vec<NestedKey>,
+    /// Action leaves with a dtype, with their spec: what `step` checks the actions against.
+    pub(crate) action_specs: Vec<(NestedKey, TensorSpec)>,
 }
 
 impl EnvKeys {
@@ -65,6 +67,13 @@ impl EnvKeys {
             })
             .collect();
         EnvKeys {
+            action_specs: specs
+                .action
+                .leaves()
+                .into_iter()
+                .filter(|(_, s)| s.dtype().is_some())
+                .map(|(k, s)| (k, s.clone()))
+                .collect(),
             action: specs.action_keys(),
             observation: specs.observation_keys(),
             reset: specs.reset_keys(),

@@ -13,7 +13,7 @@ pub mod llm;
 pub mod transforms;
 mod utils;
 
-pub use base::{EnvBase, EnvCore, Policy, RolloutConfig};
+pub use base::{read_action, EnvBase, EnvCore, Policy, RolloutConfig};
 pub use check::check_env_specs;
 pub use env_specs::{EnvSpecs, SpecGroup};
 pub use keys::EnvKeys;

@@ -12,10 +12,11 @@
 //! key's last segment with `"_log_prob"` appended, so `"action_log_prob"`, as in TorchRL 0.14
 //! where `composite_lp_aggregate` is off).
 //!
-//! **Exploration** (TorchRL's `InteractionType`; the default is TorchRL's
-//! `default_interaction_type`, [`ExplorationType::Deterministic`]; TorchRL's collectors switch
-//! to `Random`, here set it on the actor or pass it per call to
-//! [`ProbabilisticActor::forward_with`]):
+//! **Exploration** (TorchRL's `InteractionType`; the actor's own type is TorchRL's
+//! `default_interaction_type`, [`ExplorationType::Deterministic`]; a type set on the thread
+//! with [`set_exploration_type`](super::set_exploration_type) overrides it in `forward`, and
+//! the [`Collector`](crate::collectors::Collector) sets `Random` while it collects, as
+//! TorchRL's collectors do; [`ProbabilisticActor::forward_with`] takes one per call):
 //! - `Random`: a sample, reparameterised (`rsample`, so the action carries gradients) for the
 //!   continuous builders, as in TorchRL, and drawn with `sample` for the categorical ones
 //!   (integer actions; see [`DistributionBuilder::with_rsample`]); the noise comes from the
@@ -90,7 +91,7 @@ use tch::{Kind, Tensor};
 use super::distributions::{
     Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
 };
-use super::module::{read_input, to_keys, write_outputs, TensorDictModule};
+use super::module::{describe, module_error, read_input, to_keys, write_outputs, TensorDictModule};
 pub use super::probabilistic::ExplorationType;
 use super::probabilistic::ProbabilisticTensorDictModule;
 use crate::data::specs::TensorSpec;
@@ -757,6 +758,25 @@ impl ProbabilisticActor {
         )?)
     }
 
+    /// "ProbabilisticActor (Normal distribution from loc: float32 [5, 1], …)": where a
+    /// libtorch failure in the distribution happened.
+    fn dist_context(&self, td: &TensorDict) -> String {
+        let params: Vec<String> = self
+            .builder
+            .in_keys()
+            .iter()
+            .map(|k| match td.get(k) {
+                Some(t) => format!("{k}: {}", describe(t)),
+                None => format!("{k}: missing"),
+            })
+            .collect();
+        format!(
+            "ProbabilisticActor ({} distribution from {})",
+            self.builder.name,
+            params.join(", ")
+        )
+    }
+
     /// The action `dist` gives under `exploration`.
     fn action(
         &self,
@@ -791,10 +811,13 @@ impl ProbabilisticActor {
     ) -> Result<TensorDict> {
         let op = "ProbabilisticActor::forward";
         let mut td = self.get_dist_params(td)?;
-        let dist = self.builder.build(&td)?;
-        let action = self.action(dist.as_ref(), exploration, gen)?;
+        let named = |e: Error| module_error(e, || self.dist_context(&td));
+        let dist = self.builder.build(&td).map_err(named)?;
+        let action = self
+            .action(dist.as_ref(), exploration, gen)
+            .map_err(named)?;
         if self.return_log_prob {
-            let lp = dist.log_prob(&action)?;
+            let lp = dist.log_prob(&action).map_err(named)?;
             write_outputs(
                 op,
                 &mut td,
@@ -842,8 +865,10 @@ impl TensorDictModule for ProbabilisticActor {
         keys
     }
 
-    /// Computes the parameters, builds the distribution and writes the action under the
-    /// actor's exploration type, drawing noise from the actor's own generator.
+    /// Computes the parameters, builds the distribution and writes the action under this
+    /// thread's exploration type when one is set ([`set_exploration_type`](super::set_exploration_type),
+    /// as a [`Collector`](crate::collectors::Collector) does), else the actor's own, drawing
+    /// noise from the actor's own generator.
     fn forward(&self, td: TensorDict) -> Result<TensorDict> {
         let mut gen = self.gen.lock().map_err(|_| {
             Error::invalid(
@@ -851,7 +876,8 @@ impl TensorDictModule for ProbabilisticActor {
                 "the actor's generator lock is poisoned (a previous call panicked)",
             )
         })?;
-        self.forward_with(td, self.exploration, &mut gen)
+        let exploration = super::probabilistic::exploration_type().unwrap_or(self.exploration);
+        self.forward_with(td, exploration, &mut gen)
     }
 
     fn set_train(&mut self, train: bool) {

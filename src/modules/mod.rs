@@ -28,5 +28,8 @@ pub use actor_value::ActorValueOperator;
 pub use actors::{DistributionBuilder, NormalParamExtractor, ProbabilisticActor};
 pub use models::{MlpConfig, ValueOperator, MLP};
 pub use module::{from_fn, TdModule, TensorDictModule};
-pub use probabilistic::{ExplorationType, ProbabilisticTensorDictModule};
+pub use probabilistic::{
+    exploration_type, set_exploration_type, ExplorationGuard, ExplorationType,
+    ProbabilisticTensorDictModule,
+};
 pub use sequential::TensorDictSequential;

@@ -49,7 +49,7 @@
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::tensordict::{check_key, fmt_key_list, leading_dims_are, AsKey, NestedKey, TensorDict};
@@ -278,6 +278,63 @@ where
 pub trait TensorModule: Send {
     /// Runs the model on `inputs` (in in-key order); `train` is the training-mode flag.
     fn forward_many(&self, inputs: &[&Tensor], train: bool) -> Result<Tensor>;
+
+    /// The model's name in error messages (`"MLP"`). Default: `"tch module"`.
+    fn module_name(&self) -> &'static str {
+        "tch module"
+    }
+
+    /// The dtype and device the model's parameters need their inputs in, when it has any:
+    /// a [`TdModule`] checks every input against them before running the model, so a float64
+    /// observation into a float32 model is an error naming the key. Default: `None` (no
+    /// check).
+    fn input_dtype_device(&self) -> Option<(Kind, Device)> {
+        None
+    }
+}
+
+/// A dtype as PyTorch prints it (`float32`, `int64`).
+pub(crate) fn dtype_name(kind: Kind) -> String {
+    match kind {
+        Kind::Float => "float32".into(),
+        Kind::Double => "float64".into(),
+        Kind::Half => "float16".into(),
+        Kind::BFloat16 => "bfloat16".into(),
+        Kind::Int64 => "int64".into(),
+        Kind::Int => "int32".into(),
+        Kind::Int16 => "int16".into(),
+        Kind::Int8 => "int8".into(),
+        Kind::Uint8 => "uint8".into(),
+        Kind::Bool => "bool".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `dtype shape` of a tensor, as errors print it (`float64 [5, 3]`).
+pub(crate) fn describe(t: &Tensor) -> String {
+    format!("{} {}", dtype_name(t.kind()), ShapeFmt(&t.size()))
+}
+
+/// libtorch's message without its C++ frames: the first line (what went wrong), not the
+/// "Exception raised from …" / "frame #0" lines that follow. A panic message from tch's
+/// infallible ops holds the error Debug-printed (`Torch("…\nException raised from …")`), its
+/// newlines escaped: it is cut at the first escaped newline too.
+pub(crate) fn first_line(message: &str) -> &str {
+    let line = message.lines().next().unwrap_or("");
+    line.split("\\n").next().unwrap_or(line).trim_end()
+}
+
+/// A libtorch error raised inside a module: its message cut to the first line, wrapped with
+/// `context` (the module, its keys and its inputs). The crate's own errors already name what
+/// failed and are returned unchanged.
+pub(crate) fn module_error(err: Error, context: impl FnOnce() -> String) -> Error {
+    match err {
+        Error::Torch(tch::TchError::Torch(msg)) => {
+            Error::Torch(tch::TchError::Torch(first_line(&msg).to_string())).context(context())
+        }
+        Error::Torch(other) => Error::Torch(other).context(context()),
+        other => other,
+    }
 }
 
 /// Concatenates `inputs` along the last dim (one input is returned as is).
@@ -317,13 +374,15 @@ impl<M: tch::nn::ModuleT> TensorModule for M {
         let op = "TdModule::forward";
         let x = cat_last(op, inputs)?;
         catch_unwind(AssertUnwindSafe(|| self.forward_t(&x, train))).map_err(|payload| {
+            let message = panic_message(payload.as_ref());
+            // tch's infallible ops panic with `…unwrap()… Err value: Torch("<libtorch>")`
+            let message = message.split("Torch(\"").nth(1).unwrap_or(&message);
             Error::invalid(
                 op,
                 format!(
-                    "the tch module panicked on an input of shape {} (dtype {:?}): {}",
-                    ShapeFmt(&x.size()),
-                    x.kind(),
-                    panic_message(payload.as_ref())
+                    "the tch module panicked on an input {}: {}",
+                    describe(&x),
+                    first_line(message)
                 ),
             )
         })
@@ -493,7 +552,35 @@ impl<M: TensorModule> TensorDictModule for TdModule<M> {
         let op = "TdModule::forward";
         let out = {
             let inputs = read_inputs(op, &td, &self.in_keys)?;
-            self.module.forward_many(&inputs, self.train)?
+            let name = self.module.module_name();
+            if let Some((kind, device)) = self.module.input_dtype_device() {
+                for (key, x) in self.in_keys.iter().zip(&inputs) {
+                    if x.kind() != kind || x.device() != device {
+                        return Err(Error::InvalidValue {
+                            op,
+                            what: "input at key",
+                            key: key.to_string(),
+                            expected: format!(
+                                "{name} expects {} input on {device:?} (its parameters' dtype \
+                                 and device)",
+                                dtype_name(kind)
+                            ),
+                            got: format!("{} on {:?}", describe(x), x.device()),
+                        });
+                    }
+                }
+            }
+            self.module.forward_many(&inputs, self.train).map_err(|e| {
+                module_error(e, || {
+                    let ins: Vec<String> = self
+                        .in_keys
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(k, x)| format!("{k}: {}", describe(x)))
+                        .collect();
+                    format!("{name} in TdModule::forward (inputs {})", ins.join(", "))
+                })
+            })?
         };
         let outputs = self.split(op, out)?;
         write_outputs(op, &mut td, &self.out_keys, outputs)?;

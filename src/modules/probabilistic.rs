@@ -53,6 +53,60 @@ pub enum ExplorationType {
     Mean,
 }
 
+thread_local! {
+    /// The exploration type set by [`set_exploration_type`] on this thread (TorchRL's global
+    /// `_INTERACTION_TYPE`); `None` outside any.
+    static EXPLORATION: std::cell::Cell<Option<ExplorationType>> = const { std::cell::Cell::new(None) };
+}
+
+/// The exploration type set on this thread by [`set_exploration_type`] or an
+/// [`ExplorationGuard`] (TorchRL's `exploration_type()`); `None` when none is set, and actors
+/// then use their own ([`ProbabilisticActor::with_exploration_type`](super::ProbabilisticActor::with_exploration_type),
+/// TorchRL's `default_interaction_type`).
+pub fn exploration_type() -> Option<ExplorationType> {
+    EXPLORATION.with(|c| c.get())
+}
+
+/// Runs `f` with `exploration` as this thread's exploration type (TorchRL's
+/// `with set_exploration_type(...)`): inside it, every actor's `forward` acts under
+/// `exploration` instead of its own type. The previous type is restored afterwards. The
+/// [`Collector`](crate::collectors::Collector) runs its policy inside one (`Random` by default).
+///
+/// ```
+/// use torchrl::modules::{exploration_type, set_exploration_type, ExplorationType};
+/// assert_eq!(exploration_type(), None);
+/// let inside = set_exploration_type(ExplorationType::Random, exploration_type);
+/// assert_eq!(inside, Some(ExplorationType::Random));
+/// assert_eq!(exploration_type(), None);
+/// ```
+pub fn set_exploration_type<R>(exploration: ExplorationType, f: impl FnOnce() -> R) -> R {
+    let _guard = ExplorationGuard::new(exploration);
+    f()
+}
+
+/// Sets this thread's exploration type until dropped (the RAII form of
+/// [`set_exploration_type`]; bind it to `_guard`, not `_`). Restores the previous type on drop.
+#[derive(Debug)]
+#[must_use = "the exploration type is reset when the guard is dropped"]
+pub struct ExplorationGuard {
+    previous: Option<ExplorationType>,
+}
+
+impl ExplorationGuard {
+    /// Sets `exploration` as this thread's exploration type.
+    pub fn new(exploration: ExplorationType) -> Self {
+        let previous = EXPLORATION.with(|c| c.replace(Some(exploration)));
+        ExplorationGuard { previous }
+    }
+}
+
+impl Drop for ExplorationGuard {
+    fn drop(&mut self) {
+        let previous = self.previous;
+        EXPLORATION.with(|c| c.set(previous));
+    }
+}
+
 /// A [`TensorDictModule`] that builds a distribution (tensordict.nn's
 /// `ProbabilisticTensorDictModule`, with the parameter module in front as in TorchRL's
 /// `ProbabilisticActor`); see the [module docs](self).

@@ -120,6 +120,40 @@ impl FromStr for Reduction {
 
 /// The value named `s` in `table`, or an [`Error::InvalidValue`] for argument `key` that lists
 /// the names (`what` prefixes the name given, e.g. TorchRL's `"Invalid reduction"`).
+/// Errors when a floating tensor holds NaN or ±Inf: an [`Error::InvalidValue`] under `op`
+/// naming `key`, with how many values are NaN and how many infinite (the losses'
+/// `check_finite`, and `check_env_specs`' report). Integer and bool tensors always pass.
+///
+/// ```
+/// use tch::Tensor;
+/// use torchrl::objectives::ensure_finite;
+/// assert!(ensure_finite("demo", "reward", &Tensor::from_slice(&[1.0f32, 2.0])).is_ok());
+/// let err = ensure_finite("demo", "reward", &Tensor::from_slice(&[1.0f32, f32::NAN])).unwrap_err();
+/// assert!(err.to_string().contains("reward") && err.to_string().contains("1 NaN"), "{err}");
+/// ```
+pub fn ensure_finite(op: &'static str, key: impl fmt::Display, t: &Tensor) -> Result<()> {
+    if !crate::kind::is_float(t.kind()) || t.numel() == 0 {
+        return Ok(());
+    }
+    let not_finite = t.f_isfinite()?.f_logical_not()?;
+    let bad = not_finite.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
+    if bad == 0 {
+        return Ok(());
+    }
+    let nan = t.f_isnan()?.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
+    Err(Error::value(
+        op,
+        key,
+        "finite values",
+        format!(
+            "{bad} non-finite of {} values ({nan} NaN, {} ±Inf; shape {})",
+            t.numel(),
+            bad - nan,
+            crate::error::ShapeFmt(&t.size())
+        ),
+    ))
+}
+
 pub(crate) fn parse_named<T: Copy>(
     key: &'static str,
     what: &str,

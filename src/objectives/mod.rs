@@ -38,7 +38,7 @@ pub mod ppo;
 pub mod reward_model;
 pub mod value;
 
-pub use common::{DynLossModule, LossModule, LossOutput, Reduction};
+pub use common::{ensure_finite, DynLossModule, LossModule, LossOutput, Reduction};
 pub use keys::{set_estimator_keys, set_loss_keys, AcceptedKeys, KeyPairs};
 pub use ppo::{
     Clip, ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPen, KlPenPpoLossOutput, PpoConfig, PpoKeys,

@@ -41,11 +41,11 @@
 use std::fmt;
 
 use tch::nn::{Init, Path};
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::module::{cat_last, TensorModule};
+use crate::modules::module::{cat_last, describe, dtype_name, module_error, TensorModule};
 
 /// An activation function (the `activation_class` of TorchRL's `MLP`), with torch's default
 /// arguments.
@@ -389,15 +389,43 @@ impl MLP {
                 format!("an input of shape {}", ShapeFmt(&size)),
             ));
         }
+        if let Some((kind, device)) = self.param_dtype_device() {
+            if x.kind() != kind || x.device() != device {
+                return Err(Error::argument(
+                    "MLP::forward",
+                    "x",
+                    format!(
+                        "MLP expects {} input on {device:?} (its parameters' dtype and device)",
+                        dtype_name(kind)
+                    ),
+                    format!("{} on {:?}", describe(x), x.device()),
+                ));
+            }
+        }
         let mut h = x.shallow_clone();
         let last = self.layers.len().saturating_sub(1);
         for (i, l) in self.layers.iter().enumerate() {
-            h = h.f_linear(&l.weight, l.bias.as_ref())?;
+            h = h.f_linear(&l.weight, l.bias.as_ref()).map_err(|e| {
+                module_error(e.into(), || {
+                    format!(
+                        "MLP layer {i} (weight {}) on an input {}",
+                        describe(&l.weight),
+                        describe(x)
+                    )
+                })
+            })?;
             if i < last || self.config.activate_last_layer {
                 h = self.config.activation.apply(&h)?;
             }
         }
         Ok(h)
+    }
+
+    /// The dtype and device of the MLP's parameters (its first layer's weight).
+    fn param_dtype_device(&self) -> Option<(Kind, Device)> {
+        self.layers
+            .first()
+            .map(|l| (l.weight.kind(), l.weight.device()))
     }
 
     /// Runs the MLP on several inputs concatenated along their last dim (TorchRL's
@@ -411,5 +439,13 @@ impl TensorModule for MLP {
     /// [`MLP::forward_cat`]; `train` is ignored (no dropout or normalisation layers).
     fn forward_many(&self, inputs: &[&Tensor], _train: bool) -> Result<Tensor> {
         self.forward_cat(inputs)
+    }
+
+    fn module_name(&self) -> &'static str {
+        "MLP"
+    }
+
+    fn input_dtype_device(&self) -> Option<(Kind, Device)> {
+        self.param_dtype_device()
     }
 }

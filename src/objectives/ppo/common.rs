@@ -13,6 +13,7 @@ use crate::modules::distributions::Distribution;
 use crate::modules::module::TensorDictModule;
 use crate::modules::sequential::chain_in_keys;
 use crate::modules::ProbabilisticTensorDictModule;
+use crate::objectives::common::ensure_finite;
 use crate::objectives::value::{forward_value_estimator_keys, Gae, ValueEstimator};
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -293,6 +294,9 @@ impl PpoCommon {
             // the trunk has run on the root already (see `prepare`)
             None => self.estimate_advantage(td, TrunkDone::Yes)?,
         };
+        if self.config.check_finite {
+            ensure_finite(self.name, &self.keys.advantage, &advantage)?;
+        }
         if self.config.normalize_advantage && advantage.numel() > 1 {
             let mean = advantage.f_mean(None)?;
             let std = advantage.f_std(true)?.f_clamp_min(1e-6)?;
@@ -305,7 +309,17 @@ impl PpoCommon {
     /// TorchRL's `_log_weight`: `(log_weight, current distribution, kl_approx)`, the first and
     /// last `[*B, 1]` (or `[*B, A, 1]`).
     fn log_weight(&self, td: &TensorDict) -> Result<(Tensor, Box<dyn Distribution>, Tensor)> {
-        let prev_log_prob = self.entry(td, &self.keys.sample_log_prob)?;
+        let prev_log_prob = self.entry(td, &self.keys.sample_log_prob).map_err(|e| {
+            e.context(format!(
+                "{}: the behaviour policy's log-prob {} is missing; collect with an actor that \
+                 writes it (ProbabilisticActor::with_return_log_prob(true)), or point the loss \
+                 at the right key (set_keys sample_log_prob)",
+                self.name, self.keys.sample_log_prob
+            ))
+        })?;
+        if self.config.check_finite {
+            ensure_finite(self.name, &self.keys.sample_log_prob, prev_log_prob)?;
+        }
         if prev_log_prob.requires_grad() {
             return Err(Error::value(
                 self.name,
@@ -317,6 +331,18 @@ impl PpoCommon {
         let dist = self.actor.get_dist(td)?;
         let action = self.entry(td, &self.keys.action)?;
         let log_prob = dist.log_prob(action)?;
+        if prev_log_prob.size() != log_prob.size() {
+            // a [*B] log-prob against a [*B, 1] one would broadcast into [*B, *B]
+            return Err(Error::ShapeMismatch {
+                op: self.name,
+                key: format!(
+                    "{} (the stored log-prob, against the actor's log-prob of {})",
+                    self.keys.sample_log_prob, self.keys.action
+                ),
+                expected: log_prob.size(),
+                actual: prev_log_prob.size(),
+            });
+        }
         let log_weight = log_prob.f_sub(prev_log_prob)?.f_unsqueeze(-1)?;
         let kl_approx = prev_log_prob.f_sub(&log_prob)?.f_unsqueeze(-1)?;
         Ok((log_weight, dist, kl_approx))
@@ -326,6 +352,9 @@ impl PpoCommon {
     /// write to it), the advantage, and the log-weight with the current distribution.
     pub(crate) fn prepare(&self, td: &TensorDict) -> Result<Prepared> {
         // the shared trunk, if any, runs once here for the actor, the critic and the estimator
+        if self.config.check_finite {
+            self.check_inputs_finite(td)?;
+        }
         let mut td = self.run_trunk(td.clone())?;
         let advantage = self.advantage(&mut td)?;
         let (log_weight, dist, kl_approx) = self.log_weight(&td)?;
@@ -344,7 +373,51 @@ impl PpoCommon {
     fn broadcast_advantage(&self, advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor> {
         let advantage = broadcast_advantage(advantage, log_weight)?;
         self.check_advantage_broadcast(&advantage, log_weight)?;
+        self.check_advantage_shape(&advantage, log_weight)?;
         Ok(advantage)
+    }
+
+    /// The advantage must fit the log-weight (`[*B, 1]`, or the actor's event shape + 1):
+    /// an advantage `[80, 3]` for a batch `[80]` would otherwise broadcast the log-weight
+    /// `[80, 1]` into `[80, 3]` silently.
+    fn check_advantage_shape(&self, advantage: &Tensor, log_weight: &Tensor) -> Result<()> {
+        let (a, l) = (advantage.size(), log_weight.size());
+        let fits = a.len() <= l.len()
+            && a.iter()
+                .rev()
+                .zip(l.iter().rev())
+                .all(|(x, y)| x == y || *x == 1);
+        if fits {
+            return Ok(());
+        }
+        Err(Error::ShapeMismatch {
+            op: self.name,
+            key: format!(
+                "{} (the advantage must be the batch shape + [1], or broadcast to the \
+                 log-weight's shape)",
+                self.keys.advantage
+            ),
+            expected: l,
+            actual: a,
+        })
+    }
+
+    /// `check_finite`: the float inputs the loss reads, before anything runs.
+    fn check_inputs_finite(&self, td: &TensorDict) -> Result<()> {
+        let keys = [
+            self.keys.advantage.clone(),
+            self.keys.value_target.clone(),
+            self.keys.sample_log_prob.clone(),
+            self.keys.value.clone(),
+            self.keys.reward.prefixed("next"),
+            self.keys.value.prefixed("next"),
+        ];
+        for k in &keys {
+            if let Some(t) = td.get(k) {
+                ensure_finite(self.name, k, t)?;
+            }
+        }
+        Ok(())
     }
 
     /// TorchRL's `_check_advantage_broadcast`: refuses a broadcast that would form an outer
@@ -443,6 +516,21 @@ impl PpoCommon {
             None => None,
         };
         let value = self.critic_value(critic, td)?;
+        if target.size() != value.size() {
+            // e.g. a [*B] target against a [*B, 1] value would broadcast to [*B, *B]
+            return Err(Error::ShapeMismatch {
+                op: self.name,
+                key: format!(
+                    "{} (the value target, against the critic's {})",
+                    self.keys.value_target, self.keys.value
+                ),
+                expected: value.size(),
+                actual: target.size(),
+            });
+        }
+        if self.config.check_finite {
+            ensure_finite(self.name, &self.keys.value_target, target)?;
+        }
         let distance =
             |t: &Tensor, v: &Tensor| self.config.loss_critic_type.distance(self.name, t, v);
         let mut loss = distance(target, &value)?;

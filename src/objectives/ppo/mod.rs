@@ -375,6 +375,15 @@ impl<O: PpoObjective> PpoLoss<O> {
         self
     }
 
+    /// Refuses non-finite inputs (default `false`): with it on, a NaN / ±Inf in the
+    /// advantage, value target, stored log-prob, `("next", reward)` or value entries of the
+    /// input (and in an advantage the estimator computes) is an error naming the key, not a
+    /// NaN loss. See [`PpoConfig::check_finite`].
+    pub fn with_check_finite(mut self, check_finite: bool) -> Self {
+        self.common.config.check_finite = check_finite;
+        self
+    }
+
     /// The reduction of the `loss_*` terms (default [`Reduction::Mean`]).
     pub fn with_reduction(mut self, reduction: Reduction) -> Self {
         self.common.config.reduction = reduction;

@@ -14,7 +14,8 @@
 //!     .with(("next", "done"), Tensor::from_slice(&[false, false, false, true]).view([4, 1]))?
 //!     .with(("next", "terminated"), Tensor::zeros([4, 1], (Kind::Bool, tch::Device::Cpu)))?;
 //! let net = ValueNetwork::new(["obs"], |td: &TensorDict| Ok(td.get_or_err("obs")?.f_mul_scalar(2.0)?));
-//! let gae = Gae::new(1.0, 1.0)?.with_value_network(net);
+//! // one trajectory of 4 steps: its time dim named explicitly
+//! let gae = Gae::new(1.0, 1.0)?.with_value_network(net).with_time_dim(0);
 //! gae.forward(&mut td)?;
 //! // γ=λ=1, no reward, bootstrapped at truncation: A_t = V(s_4) - V(s_t) = 8 - 2t
 //! let adv = Vec::<f32>::try_from(td.get_or_err("advantage")?.view([-1]))?;

@@ -2,9 +2,17 @@
 //! (TD(λ) value targets), behind the [`ValueEstimator`] trait, plus their
 //! [`functional`] forms (TorchRL's `torchrl.objectives.value`).
 //!
-//! An estimator reads a `[*B, T]` tensordict laid out as [`EnvBase::rollout`] produces it
-//! (time is the last batch dim unless set otherwise), and writes `advantage` and
-//! `value_target` into it:
+//! An estimator reads a `[*B, T]` tensordict laid out as a collector or a batched env's
+//! [`EnvBase::rollout`] produces it (time is the last batch dim unless set otherwise), and
+//! writes `advantage` and `value_target` into it.
+//!
+//! **The time dim must be explicit.** TorchRL takes the last batch dim (or the dim named
+//! `"time"`) as time, so a flat minibatch of 80 transitions runs as one 80-step trajectory.
+//! Here a tensordict needs at least two batch dims (`[*B, T]`, time last), or, for a single
+//! trajectory with batch size `[T]` (an unbatched env's rollout), the time dim set explicitly
+//! with `with_time_dim(0)` (or `-1`); a one-dim batch without it is an error that says so. A
+//! tensordict without batch dims is refused either way.
+//!
 //!
 //! | read | from |
 //! |---|---|
@@ -389,6 +397,19 @@ impl EstimatorCore {
         }
         let nb_i = i64::try_from(nb).unwrap_or(i64::MAX);
         match self.time_dim {
+            None if nb == 1 => Err(Error::argument(
+                self.name,
+                "td",
+                format!(
+                    "a [*B, T] tensordict (at least two batch dims, time last), or one \
+                     trajectory with its time dim named (with_time_dim(0)): a flat batch of {n} \
+                     may be {n} transitions (a minibatch) rather than one {n}-step trajectory. \
+                     Compute the advantage on the collected [*B, T] batch before sampling \
+                     minibatches (PpoLoss::compute_advantage), or unsqueeze a batch dim",
+                    n = td.batch_size().first().copied().unwrap_or(0)
+                ),
+                format!("a tensordict of batch size {}", ShapeFmt(td.batch_size())),
+            )),
             None => Ok(nb_i - 1),
             Some(d) => {
                 let r = if d < 0 { d + nb_i } else { d };
@@ -582,7 +603,9 @@ macro_rules! estimator_builders {
                 /// `no_grad`). The next-state value from a network is detached either way.
                 with_differentiable(differentiable: bool) => core.differentiable = differentiable;
                 /// The time dim among the tensordict's batch dims (negative counts from the
-                /// end); default: the last batch dim.
+                /// end); default: the last batch dim, when there are at least two (a one-dim
+                /// batch `[T]` is accepted only with the time dim set here: see the
+                /// [module docs](crate::objectives::value)).
                 with_time_dim(time_dim: i64) => core.time_dim = Some(time_dim);
                 /// Builder form of [`ValueEstimator::set_tensor_keys`](crate::objectives::value::ValueEstimator::set_tensor_keys).
                 with_keys(keys: $crate::objectives::value::ValueEstimatorKeys) => core.keys = keys;

@@ -13,7 +13,7 @@
 //!     .with(("next", "state_value"), Tensor::full([3, 1], 10.0, f))?
 //!     .with(("next", "reward"), Tensor::ones([3, 1], f))?
 //!     .with(("next", "done"), Tensor::zeros([3, 1], (Kind::Bool, tch::Device::Cpu)))?;
-//! TdLambdaEstimator::new(0.5, 1.0)?.forward(&mut td)?;
+//! TdLambdaEstimator::new(0.5, 1.0)?.with_time_dim(0).forward(&mut td)?; // one trajectory [T]
 //! let target = Vec::<f64>::try_from(td.get_or_err("value_target")?.view([-1]))?;
 //! // G_2 = 1 + 0.5·10 = 6, G_1 = 1 + 0.5·6 = 4, G_0 = 1 + 0.5·4 = 3
 //! assert_eq!(target, vec![3.0, 4.0, 6.0]);
