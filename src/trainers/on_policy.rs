@@ -39,11 +39,16 @@
 //! config.method.gen_kwargs = GenKwargs { max_new_tokens: 2, ..GenKwargs::default() };
 //! config.train.batch_size = 2;
 //! config.train.total_steps = 2;
+//! // the final step saves a checkpoint (default folder "ckpts"): keep it out of the way
+//! let ckpts = std::env::temp_dir().join(format!("torchrl-on-policy-doc-{}", std::process::id()));
+//! config.train.checkpoint_dir = ckpts.display().to_string();
 //! let mut trainer = GrpoTrainer::new(config, model, env, Box::new(tok))?;
 //! let stats = trainer.iteration(&mut Callbacks::new())?; // rollout, then the updates
 //! assert_eq!(stats.iter_count, 1);                       // one minibatch of 2
 //! trainer.learn(&mut Callbacks::new())?;                 // until the budget
 //! assert_eq!(trainer.iter_count(), 2);
+//! assert!(ckpts.join("latest").exists());
+//! # std::fs::remove_dir_all(&ckpts).ok();
 //! # Ok(()) }
 //! ```
 
