@@ -29,6 +29,9 @@
 //! `both`; `gpt2s` is GPT-2 small's 12 × 768 trunk, byte vocabulary, on W12's batch of 8:
 //! compute-bound), `TORCHRL_BENCH_ITERS` (timed PPO iterations, default 4 / 2).
 
+mod common;
+use common::env_or;
+
 use std::net::TcpListener;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -343,13 +346,6 @@ fn t1_var(shape: &Shape) -> String {
 
 fn iters_of(shape: &Shape) -> usize {
     env_or("TORCHRL_BENCH_ITERS", shape.iters).max(1)
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// One rank of the launched group.

@@ -24,6 +24,9 @@
 //! iterations, default 5), `TORCHRL_BENCH_DPO_STEPS` (timed DPO steps, default 20),
 //! `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN` (default 1).
 
+mod common;
+use common::{best_median, env_or, peak_rss_mib};
+
 use std::time::Instant;
 
 use tch::nn::VarStore;
@@ -48,13 +51,6 @@ const NUM_ITERATIONS: usize = 2;
 const DPO_BATCH: usize = 32;
 const DPO_WARMUP: usize = 3;
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn model_config() -> Gpt2Config {
     let tok = ByteTokenizer::new();
     Gpt2Config::new(tok.vocab_size())
@@ -68,29 +64,6 @@ fn model_config() -> Gpt2Config {
 /// `n` lowercase bytes (the Python side draws the same alphabet).
 fn letters(rng: &mut Generator, n: usize) -> Vec<i64> {
     (0..n).map(|_| 97 + rng.below(26) as i64).collect()
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-fn best_median(times: &[f64]) -> (f64, f64) {
-    let mut sorted = times.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let median = if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    };
-    (sorted.first().copied().unwrap_or(f64::NAN), median)
 }
 
 fn rounded(times: &[f64]) -> Vec<f64> {

@@ -24,6 +24,9 @@
 //! process gives each its own peak RSS), `TORCHRL_BENCH_THREADS` (default 2). Prints
 //! `W<name>\t<ops/s>` lines and `#` lines with the details and the peak RSS.
 
+mod common;
+use common::{best_median, env_or, peak_rss_mib};
+
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -44,13 +47,6 @@ const VOCAB: i64 = 151_936;
 const EOS: i64 = 256;
 const PAD: i64 = 257;
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn qwen05b() -> LlamaConfig {
     let json = serde_json::json!({
         "model_type": "qwen2", "vocab_size": VOCAB, "hidden_size": 896,
@@ -60,27 +56,6 @@ fn qwen05b() -> LlamaConfig {
         "eos_token_id": EOS, "pad_token_id": PAD
     });
     serde_json::from_value(json).expect("the Qwen2.5-0.5B config parses")
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-fn best_median(times: &[f64]) -> (f64, f64) {
-    let mut sorted = times.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let median = match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => sorted[n / 2],
-        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    };
-    (sorted.first().copied().unwrap_or(f64::NAN), median)
 }
 
 fn timed(repeat: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {

@@ -16,6 +16,9 @@
 //! the flagship, 2 for small), `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN`
 //! (the hydra split; `-1` trains every block against a full frozen copy, as TRL does).
 
+mod common;
+use common::peak_rss_mib;
+
 use std::time::Instant;
 
 use tch::nn::VarStore;
@@ -99,15 +102,6 @@ impl TextTokenizer for IdTokenizer {
     fn bos_token_id(&self) -> Option<i64> {
         None
     }
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
 fn run(shape: &Shape, iters: usize) -> Result<()> {
