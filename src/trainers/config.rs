@@ -674,7 +674,7 @@ impl<M: MethodConfig> TrlConfigOf<M> {
             "scheduler.kwargs.T_max",
             "scheduler.kwargs.eta_min",
         ];
-        crate::trainers::optim::check_cosine(OP, fields, o.lr, k.t_max, k.eta_min)?;
+        check_cosine(OP, fields, o.lr, k.t_max, k.eta_min)?;
 
         self.method.validate()
     }
@@ -919,4 +919,45 @@ impl Format {
             )),
         }
     }
+}
+
+/// The most steps a step counter may hold (AdamW's per-parameter steps, a schedule's
+/// `last_epoch`): 2^53, where `f64` still counts exactly. A checkpoint with more is refused.
+pub const MAX_STEPS: u64 = 1 << 53;
+
+/// The largest rate a schedule takes: above it `(base_lr - eta_min)·(1 + cos)` could
+/// overflow to infinity.
+pub const MAX_LR: f64 = 1e300;
+
+/// The one check of a cosine schedule (the constructor's, a loaded state's and
+/// `TrlConfig::validate`'s; `fields` name `base_lr`, `T_max` and `eta_min` as the caller
+/// knows them): rates finite in `(0, MAX_LR]` (`eta_min` may be 0), and a `T_max` large
+/// enough that the phase `π·e / T_max` stays finite for every step count `e <= MAX_STEPS`,
+/// so that no step yields a non-finite rate (`T_max = 5e-324` gives `π / T_max = inf` and a
+/// NaN rate at step 1).
+pub(crate) fn check_cosine(
+    op: &'static str,
+    fields: [&'static str; 3],
+    base_lr: f64,
+    t_max: f64,
+    eta_min: f64,
+) -> Result<()> {
+    let [base_field, t_max_field, eta_field] = fields;
+    if !(base_lr > 0.0 && base_lr <= MAX_LR) {
+        let want = format!("a finite number in (0, {MAX_LR:e}]");
+        return Err(Error::config(op, base_field, want, base_lr));
+    }
+    let phase = std::f64::consts::PI * MAX_STEPS as f64 / t_max;
+    if !(t_max.is_finite() && t_max > 0.0 && phase.is_finite()) {
+        let least = std::f64::consts::PI * MAX_STEPS as f64 / f64::MAX;
+        let want = format!(
+            "a finite number >= {least:e} (the phase of {MAX_STEPS} steps must stay finite)"
+        );
+        return Err(Error::config(op, t_max_field, want, t_max));
+    }
+    if !(0.0..=MAX_LR).contains(&eta_min) {
+        let want = format!("a finite number in [0, {MAX_LR:e}]");
+        return Err(Error::config(op, eta_field, want, eta_min));
+    }
+    Ok(())
 }
