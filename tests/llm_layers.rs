@@ -419,6 +419,12 @@ impl CausalLm for TinyLlama {
     fn decoder(&self) -> &Decoder {
         &self.decoder
     }
+    fn decoder_mut(&mut self) -> &mut Decoder {
+        &mut self.decoder
+    }
+    fn block_name(&self, index: usize) -> String {
+        format!("model.layers.{index}")
+    }
     fn embed(&self, ids: &Tensor, _positions: &Tensor) -> torchrl::Result<Tensor> {
         Ok(Tensor::f_embedding(
             &self.embed_tokens,

@@ -207,7 +207,8 @@ pub trait CausalLmConfig {
 
 /// A causal language model. See the [module docs](self).
 ///
-/// Required: [`facts`](Self::facts), [`decoder`](Self::decoder), [`embed`](Self::embed),
+/// Required: [`facts`](Self::facts), [`decoder`](Self::decoder),
+/// [`decoder_mut`](Self::decoder_mut), [`block_name`](Self::block_name), [`embed`](Self::embed),
 /// [`lm_head_weight`](Self::lm_head_weight), [`embedding_parameters`](Self::embedding_parameters),
 /// [`named_parameters`](Self::named_parameters), [`copy_to`](Self::copy_to) and
 /// [`config_json`](Self::config_json). Everything else is provided.
@@ -217,6 +218,15 @@ pub trait CausalLm: Send + fmt::Debug {
 
     /// The blocks, the final norm and the rotary table.
     fn decoder(&self) -> &Decoder;
+
+    /// The decoder, mutably: what attaching and merging LoRA adapters
+    /// ([`crate::modules::llm::lora`]) walks.
+    fn decoder_mut(&mut self) -> &mut Decoder;
+
+    /// The module name of block `index` under `transformers`' names, without a trailing dot
+    /// (`"model.layers.3"`, GPT-2's `"transformer.h.3"`): the prefix of the block's parameter
+    /// names and of PEFT's module names.
+    fn block_name(&self, index: usize) -> String;
 
     /// The embedding of `input_ids` `[B, T]` at `position_ids` `[B, T]` (token embedding, plus
     /// GPT-2's learned positions), `[B, T, hidden]`. Inputs are checked by the caller.
@@ -243,6 +253,23 @@ pub trait CausalLm: Send + fmt::Debug {
     /// # Errors
     /// When it cannot be serialised.
     fn config_json(&self) -> Result<String>;
+
+    /// The LoRA adapters' tensors by module name (`model.layers.0.self_attn.q_proj.lora_A.weight`,
+    /// then `….lora_B.weight`, in block order; PEFT's names without its `base_model.model.`
+    /// prefix); empty without adapters. See [`crate::modules::llm::lora`].
+    fn adapter_parameters(&self) -> Vec<(String, &Tensor)> {
+        let mut out = Vec::new();
+        for (b, block) in self.decoder().blocks().iter().enumerate() {
+            let prefix = self.block_name(b);
+            for lin in block.linears() {
+                if let Some(a) = lin.lora() {
+                    out.push((format!("{prefix}.{}.lora_A.weight", lin.name()), a.a()));
+                    out.push((format!("{prefix}.{}.lora_B.weight", lin.name()), a.b()));
+                }
+            }
+        }
+        out
+    }
 
     /// The parameters' device.
     fn device(&self) -> Device {

@@ -26,6 +26,7 @@ pub mod heads;
 pub mod ilql_generation;
 pub mod keys;
 pub mod limits;
+pub mod lora;
 pub mod models;
 pub mod nn;
 pub mod scoring;
@@ -49,8 +50,9 @@ pub use ilql_generation::{
     IlqlScores,
 };
 pub use keys::LlmKeys;
+pub use lora::{LoraConfig, TargetModules};
 pub use models::gpt2::{Gpt2Config, Gpt2Model};
-pub use nn::KvCache;
+pub use nn::{KvCache, LoraSwitch};
 pub use scoring::{
     align_values_to_tokens, token_entropy, token_log_probs, HydraReference, ScoreFn, ScoreRequest,
     ScoreTokens, TokenScores,

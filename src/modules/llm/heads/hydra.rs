@@ -14,6 +14,8 @@ use crate::modules::llm::causal_lm::{
     run_from_block, CausalLm, CausalLmConfig, ForwardOptions, LmInput, ModelBox,
 };
 use crate::modules::llm::keys::LlmKeys;
+use crate::modules::llm::lora::lora_switch;
+use crate::modules::llm::nn::LoraSwitch;
 use crate::modules::llm::nn::{copy_var, Decoder};
 use crate::modules::llm::scoring::token_log_probs;
 use crate::modules::TensorDictModule;
@@ -105,6 +107,8 @@ impl ModelBranch {
 enum Reference {
     Branch(ModelBranch),
     Full(Box<dyn CausalLm>),
+    /// The policy's own weights with its LoRA adapters off (TRL's PEFT path).
+    AdaptersOff(LoraSwitch),
 }
 
 /// What a hydra forward returns: the policy's logits and values and the reference logits,
@@ -199,6 +203,65 @@ impl CausalLmWithHydraValueHead {
         })
     }
 
+    /// A value head under `path` on a `model` that carries LoRA adapters
+    /// ([`lora::inject_adapter`](crate::modules::llm::lora::inject_adapter) or
+    /// [`lora::load_adapter`](crate::modules::llm::lora::load_adapter)), whose reference is the
+    /// same weights with the adapters off: TRL's and trlX's PEFT path, where no reference copy
+    /// exists ([`Self::reference_parameter_bytes`] is 0). What trains is what the adapter
+    /// injection left trainable (adapters, `modules_to_save`) and the value head;
+    /// [`Self::num_layers_unfrozen`] reports -1.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Tensor};
+    /// use torchrl::modules::llm::lora::{inject_adapter, LoraConfig};
+    /// use torchrl::modules::llm::{CausalLm, CausalLmConfig, CausalLmWithHydraValueHead, Gpt2Config, LmInput};
+    /// # fn main() -> torchrl::Result<()> {
+    /// tch::manual_seed(0);
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let cfg = Gpt2Config::new(32).with_n_layer(2).with_n_embd(16).with_n_head(2).with_n_positions(16);
+    /// let mut model = cfg.build(&vs.root())?;
+    /// inject_adapter(model.as_mut(), &(vs.root() / "lora"), &LoraConfig::new(2))?;
+    /// let hydra = CausalLmWithHydraValueHead::with_adapters_off_reference(&vs.root(), model)?;
+    /// assert_eq!(hydra.reference_parameter_bytes(), 0);
+    /// // move the adapters: the policy moves, the reference stays the base model
+    /// for (_, b) in hydra.policy().model().adapter_parameters().into_iter().filter(|(n, _)| n.ends_with("lora_B.weight")) {
+    ///     tch::no_grad(|| { let _ = b.shallow_clone().fill_(0.3); });
+    /// }
+    /// let ids = Tensor::from_slice(&[1i64, 5, 7]).view([1, 3]);
+    /// let out = hydra.forward(&LmInput::new(&ids))?;
+    /// assert!((&out.logits - &out.ref_logits).abs().max().double_value(&[]) > 1e-3);
+    /// // the adapters are on again after the reference pass
+    /// let again = hydra.policy().model().forward(&LmInput::new(&ids), None)?.logits()?;
+    /// assert!((again - &out.logits).abs().max().double_value(&[]) < 1e-6);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A model without adapters.
+    pub fn with_adapters_off_reference(
+        path: &Path<'_>,
+        model: impl Into<ModelBox>,
+    ) -> Result<Self> {
+        let ModelBox(model) = model.into();
+        let switch = lora_switch(model.as_ref()).ok_or_else(|| {
+            Error::invalid(
+                "CausalLmWithHydraValueHead::with_adapters_off_reference",
+                "the model has no LoRA adapters (inject or load them first)",
+            )
+        })?;
+        Ok(CausalLmWithHydraValueHead {
+            policy: CausalLmWithValueHead::from_model(path, ModelBox(model))?,
+            reference: Reference::AdaptersOff(switch),
+            ref_store: VarStore::new(tch::Device::Cpu),
+            num_layers_unfrozen: -1,
+        })
+    }
+
+    /// Whether the reference is the policy with its adapters off.
+    pub fn reference_is_adapters_off(&self) -> bool {
+        matches!(self.reference, Reference::AdaptersOff(_))
+    }
+
     /// Replaces the tensordict keys.
     pub fn with_keys(mut self, keys: LlmKeys) -> Self {
         self.policy.keys = keys;
@@ -226,6 +289,7 @@ impl CausalLmWithHydraValueHead {
         match &self.reference {
             Reference::Branch(b) => parameter_bytes(b.parameters()),
             Reference::Full(m) => parameter_bytes(m.named_parameters().into_iter().map(|(_, p)| p)),
+            Reference::AdaptersOff(_) => 0,
         }
     }
 
@@ -247,6 +311,7 @@ impl CausalLmWithHydraValueHead {
             .model()
             .named_parameters()
             .into_iter()
+            .chain(self.policy.model().adapter_parameters())
             .map(|(_, p)| p)
             .chain(self.policy.v_head().parameters())
             .filter(|p| p.requires_grad())
@@ -261,7 +326,7 @@ impl CausalLmWithHydraValueHead {
         let model = self.policy.model();
         let capture = match &self.reference {
             Reference::Branch(b) => Some(b.start_block()),
-            Reference::Full(_) => None,
+            Reference::Full(_) | Reference::AdaptersOff(_) => None,
         };
         let out = model.forward_with(
             input,
@@ -292,7 +357,7 @@ impl CausalLmWithHydraValueHead {
     pub fn frozen_trunk_end(&self) -> Option<usize> {
         match &self.reference {
             Reference::Branch(b) => Some(b.start_block()),
-            Reference::Full(_) => None,
+            Reference::Full(_) | Reference::AdaptersOff(_) => None,
         }
     }
 
@@ -310,7 +375,7 @@ impl CausalLmWithHydraValueHead {
                 )?;
                 self.reference_logits(input, out.block_input)
             }
-            Reference::Full(_) => self.reference_logits(input, None),
+            Reference::Full(_) | Reference::AdaptersOff(_) => self.reference_logits(input, None),
         }
     }
 
@@ -323,6 +388,9 @@ impl CausalLmWithHydraValueHead {
         let logits = match (&self.reference, branch_input) {
             (Reference::Branch(b), Some(h)) => b.forward(&h.f_detach()?, input.attention_mask)?,
             (Reference::Full(m), _) => m.forward(input, None)?.logits()?,
+            (Reference::AdaptersOff(switch), _) => switch
+                .disabled(|| self.policy.model().forward(input, None))?
+                .logits()?,
             (Reference::Branch(_), None) => {
                 return Err(Error::invalid(
                     "CausalLmWithHydraValueHead",

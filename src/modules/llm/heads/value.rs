@@ -54,11 +54,13 @@ impl CausalLmWithValueHead {
         &self.v_head
     }
 
-    /// The trunk's parameters by `transformers` name, then the value head's as trlX names
-    /// them (`v_head.0.weight`, `v_head.0.bias`, `v_head.2.weight`, `v_head.2.bias`: its
+    /// The trunk's parameters by `transformers` name, its LoRA adapters' if it has any
+    /// ([`CausalLm::adapter_parameters`]), then the value head's as trlX names them
+    /// (`v_head.0.weight`, `v_head.0.bias`, `v_head.2.weight`, `v_head.2.bias`: its
     /// `Sequential(Linear, ReLU, Linear)`).
     pub fn named_parameters(&self) -> Vec<(String, &Tensor)> {
         let mut out = self.model.0.named_parameters();
+        out.extend(self.model.0.adapter_parameters());
         let names = [
             "v_head.0.weight",
             "v_head.0.bias",

@@ -591,6 +591,15 @@ impl CausalLm for LlamaModel {
         &self.decoder
     }
 
+    fn decoder_mut(&mut self) -> &mut Decoder {
+        &mut self.decoder
+    }
+
+    /// `model.layers.{index}`.
+    fn block_name(&self, index: usize) -> String {
+        format!("model.layers.{index}")
+    }
+
     /// The token embedding (positions enter through the rotary table).
     fn embed(&self, input_ids: &Tensor, _position_ids: &Tensor) -> Result<Tensor> {
         Ok(Tensor::f_embedding(

@@ -190,6 +190,26 @@ impl Attention {
         self.shape
     }
 
+    /// The projections (q/k/v or the fused one, then o), in `transformers`' order.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut out = match &self.qkv {
+            QkvProjection::Fused(l) => vec![l],
+            QkvProjection::Separate { q, k, v } => vec![q, k, v],
+        };
+        out.push(&self.o_proj);
+        out
+    }
+
+    /// The projections, mutably (to attach adapters), in the order of [`Attention::linears`].
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out = match &mut self.qkv {
+            QkvProjection::Fused(l) => vec![l],
+            QkvProjection::Separate { q, k, v } => vec![q, k, v],
+        };
+        out.push(&mut self.o_proj);
+        out
+    }
+
     /// The parameters by name, in `transformers`' order.
     pub fn named_parameters(&self) -> Vec<(String, &Tensor)> {
         let mut out = match &self.qkv {

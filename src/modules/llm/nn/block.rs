@@ -29,6 +29,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::attention::{attention_mask as blocked_mask, Attention, BlockContext};
 use super::cache::KvCache;
+use super::linear::Linear;
 use super::mlp::FeedForward;
 use super::norm::Norm;
 use super::rotary::RotaryEmbedding;
@@ -62,6 +63,21 @@ impl DecoderBlock {
     /// The feed-forward layer.
     pub fn mlp(&self) -> &FeedForward {
         &self.mlp
+    }
+
+    /// Every linear layer of the block (attention projections, then the feed-forward's), by
+    /// name relative to the block.
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut out = self.attn.linears();
+        out.extend(self.mlp.linears());
+        out
+    }
+
+    /// [`DecoderBlock::linears`], mutably (to attach adapters or merge them).
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out = self.attn.linears_mut();
+        out.extend(self.mlp.linears_mut());
+        out
     }
 
     /// Runs the block; with a cache slot, the attention appends to it.
@@ -128,6 +144,11 @@ impl Decoder {
     /// The blocks.
     pub fn blocks(&self) -> &[DecoderBlock] {
         &self.blocks
+    }
+
+    /// The blocks, mutably (to attach adapters or merge them).
+    pub fn blocks_mut(&mut self) -> &mut [DecoderBlock] {
+        &mut self.blocks
     }
 
     /// The final norm.

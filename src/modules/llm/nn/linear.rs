@@ -29,6 +29,7 @@ use std::fmt;
 use tch::nn::{Init, Path};
 use tch::Tensor;
 
+use super::lora::{adapter_path, LoraAdapter, LoraSwitch};
 use super::{copy_var, sub_path};
 use crate::error::{Error, Result};
 
@@ -47,18 +48,23 @@ pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
     layout: WeightLayout,
+    lora: Option<LoraAdapter>,
 }
 
 impl fmt::Debug for Linear {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Linear({}: {} -> {}, bias: {}, {:?})",
+            "Linear({}: {} -> {}, bias: {}, {:?}{})",
             self.name,
             self.in_features(),
             self.out_features(),
             self.bias.is_some(),
-            self.layout
+            self.layout,
+            match &self.lora {
+                Some(a) => format!(", {a:?}"),
+                None => String::new(),
+            }
         )
     }
 }
@@ -117,11 +123,25 @@ impl Linear {
             weight,
             bias,
             layout,
+            lora: None,
         })
     }
 
-    /// `x W(ᵀ) + b` over the last dim.
+    /// `x W(ᵀ) + b` over the last dim, plus the LoRA adapter's `s · B A x` when one is attached
+    /// and the adapters are on.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.forward_base(x)?;
+        match &self.lora {
+            Some(adapter) => match adapter.delta(x)? {
+                Some(d) => Ok(y.f_add(&d)?),
+                None => Ok(y),
+            },
+            None => Ok(y),
+        }
+    }
+
+    /// The base layer alone (no adapter).
+    fn forward_base(&self, x: &Tensor) -> Result<Tensor> {
         match self.layout {
             WeightLayout::OutIn => Ok(x.f_linear(&self.weight, self.bias.as_ref())?),
             WeightLayout::InOut => {
@@ -156,6 +176,67 @@ impl Linear {
         self.layout
     }
 
+    /// Attaches a new LoRA adapter of rank `r` (PEFT's init: the layer's output is unchanged
+    /// until `B` trains) with variables under `path / name`, following `switch`. See
+    /// [`LoraAdapter`].
+    ///
+    /// # Errors
+    /// A layer that already has an adapter, or invalid hyper-parameters.
+    pub fn attach_lora(
+        &mut self,
+        path: &Path<'_>,
+        r: i64,
+        scaling: f64,
+        dropout: f64,
+        switch: &LoraSwitch,
+    ) -> Result<()> {
+        if self.lora.is_some() {
+            return Err(Error::value(
+                "Linear::attach_lora",
+                &self.name,
+                "a layer without an adapter",
+                "a layer that has one",
+            ));
+        }
+        let p = adapter_path(path, &self.name);
+        let adapter = LoraAdapter::new(
+            &p,
+            self.in_features(),
+            self.out_features(),
+            r,
+            scaling,
+            dropout,
+            switch,
+        )?;
+        self.lora = Some(adapter);
+        Ok(())
+    }
+
+    /// The LoRA adapter, if one is attached.
+    pub fn lora(&self) -> Option<&LoraAdapter> {
+        self.lora.as_ref()
+    }
+
+    /// Adds the adapter's `s · B A` into the base weight and removes the adapter (PEFT's
+    /// `merge_and_unload` for this layer); a layer without one is left as it is.
+    ///
+    /// # Errors
+    /// As the tensor operations.
+    pub fn merge_lora(&mut self) -> Result<()> {
+        let Some(adapter) = self.lora.take() else {
+            return Ok(());
+        };
+        let delta = adapter.delta_weight()?;
+        let delta = match self.layout {
+            WeightLayout::OutIn => delta,
+            WeightLayout::InOut => delta.f_tr()?,
+        };
+        let _guard = tch::no_grad_guard();
+        let mut w = self.weight.shallow_clone();
+        let _ = w.f_add_(&delta.f_to_kind(w.kind())?)?;
+        Ok(())
+    }
+
     /// The name relative to the owner (`"attn.c_attn"`, `"self_attn.q_proj"`, …).
     pub fn name(&self) -> &str {
         &self.name
@@ -188,9 +269,14 @@ impl Linear {
         out
     }
 
-    /// A copy of the layer as new variables under `path` (same name, layout and values).
+    /// A copy of the layer as new variables under `path` (same name, layout and values; an
+    /// adapter is copied too, following the same switch).
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {
         let p = sub_path(path, &self.name);
+        let lora = match &self.lora {
+            Some(a) => Some(a.copy_to(&p, a.switch())?),
+            None => None,
+        };
         Ok(Linear {
             name: self.name.clone(),
             weight: copy_var(&p, "weight", &self.weight)?,
@@ -199,6 +285,7 @@ impl Linear {
                 None => None,
             },
             layout: self.layout,
+            lora,
         })
     }
 }

@@ -168,6 +168,15 @@ impl FeedForward {
         }
     }
 
+    /// The projections, mutably (to attach adapters), in the order of
+    /// [`FeedForward::linears`].
+    pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            FeedForward::Plain(m) => vec![&mut m.up, &mut m.down],
+            FeedForward::Gated(m) => vec![&mut m.gate, &mut m.up, &mut m.down],
+        }
+    }
+
     /// The parameters by name.
     pub fn named_parameters(&self) -> Vec<(String, &Tensor)> {
         self.linears()

@@ -3,7 +3,8 @@
 //! itself (for a hydra branch or a frozen reference) and lists its parameters by name.
 //!
 //! - [`Linear`]: `transformers`' `nn.Linear` (`[out, in]` weights) or GPT-2's `Conv1D`
-//!   (`[in, out]`, read as a transposed linear), optional bias;
+//!   (`[in, out]`, read as a transposed linear), optional bias, optional LoRA adapter
+//!   ([`LoraAdapter`], following a model-wide [`LoraSwitch`]);
 //! - [`LayerNorm`], [`RmsNorm`] and [`Norm`] (either);
 //! - [`RotaryEmbedding`]: rotary position embeddings with the config's theta and scaling
 //!   ([`RopeScaling`]: `default`, `linear`, `llama3`);
@@ -36,6 +37,7 @@ pub mod attention;
 pub mod block;
 pub mod cache;
 pub mod linear;
+pub mod lora;
 pub mod mlp;
 pub mod norm;
 pub mod rotary;
@@ -44,6 +46,7 @@ pub use attention::{attention_mask, Attention, AttentionShape, BlockContext, Qkv
 pub use block::{Decoder, DecoderBlock, DecoderOutput};
 pub use cache::KvCache;
 pub use linear::{Linear, WeightLayout};
+pub use lora::{LoraAdapter, LoraSwitch};
 pub use mlp::{Activation, FeedForward, GatedMlp, Mlp};
 pub use norm::{LayerNorm, Norm, RmsNorm};
 pub use rotary::{RopeScaling, RotaryEmbedding};

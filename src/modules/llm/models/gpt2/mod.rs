@@ -193,6 +193,15 @@ impl CausalLm for Gpt2Model {
         &self.decoder
     }
 
+    fn decoder_mut(&mut self) -> &mut Decoder {
+        &mut self.decoder
+    }
+
+    /// `transformer.h.{index}`.
+    fn block_name(&self, index: usize) -> String {
+        format!("transformer.h.{index}")
+    }
+
     fn embed(&self, input_ids: &Tensor, position_ids: &Tensor) -> Result<Tensor> {
         let tok = Tensor::f_embedding(&self.wte, input_ids, -1, false, false)?;
         Ok(tok.f_add(&Tensor::f_embedding(
