@@ -23,6 +23,7 @@ use torchrl::trainers::config::GenKwargs;
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
 use torchrl::trainers::parallel::{rank_seed, Collective, SharedCollective};
+use torchrl::trainers::policy::hydra_policy;
 use torchrl::{Result, TensorDict};
 
 use super::{bar, task, Config, MAX_NEW_TOKENS};
@@ -150,9 +151,10 @@ fn grpo_config(cfg: &Config, world: usize) -> GrpoTrlConfig {
     c.train.checkpoint_interval = 1_000_000;
     c.train.checkpoint_dir = cfg.out.join("grpo_checkpoints").display().to_string();
     c.train.seed = cfg.seed;
+    c.model = cfg.model_config();
     // the flagship's rate (TRL's 1e-6 is for billion-parameter models)
-    c.optimizer.kwargs.lr = 1e-3;
-    c.scheduler.kwargs.eta_min = 1e-3;
+    c.optimizer.kwargs.lr = cfg.policy_lr();
+    c.scheduler.kwargs.eta_min = cfg.policy_lr();
     let m = &mut c.method;
     m.num_generations = 8;
     m.num_rollouts = cfg.rollouts / world;
@@ -186,10 +188,10 @@ pub fn run_grpo(
     tch::manual_seed(cfg.seed as i64 + 103); // the value head's init, the same on a resumed run
     let vs = nn::VarStore::new(Device::Cpu);
     let sft = models::from_pretrained(&vs.root(), sft_dir)?;
-    let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
+    let config = grpo_config(cfg, world);
+    let model = hydra_policy(&vs.root(), sft, &config.model)?;
     let rm_vs = nn::VarStore::new(Device::Cpu);
     let rm = CausalLmWithScoreHead::from_pretrained(&rm_vs.root(), rm_dir)?;
-    let config = grpo_config(cfg, world);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let env_config = TokenEnvConfig::for_model(model.policy().model().facts())
         .with_max_new_tokens(MAX_NEW_TOKENS)
@@ -242,8 +244,9 @@ fn dpo_config(cfg: &Config, world: usize) -> DpoTrlConfig {
     c.train.checkpoint_interval = 1_000_000;
     c.train.checkpoint_dir = cfg.out.join("dpo_checkpoints").display().to_string();
     c.train.seed = cfg.seed;
-    c.optimizer.kwargs.lr = 1e-3;
-    c.scheduler.kwargs.eta_min = 1e-3;
+    c.model = cfg.model_config();
+    c.optimizer.kwargs.lr = cfg.policy_lr();
+    c.scheduler.kwargs.eta_min = cfg.policy_lr();
     c.method.beta = 0.1;
     c.method.precompute_ref_log_probs = true;
     c.method.gen_kwargs.max_new_tokens = MAX_NEW_TOKENS as usize;
@@ -267,9 +270,10 @@ pub fn run_dpo(
     tch::manual_seed(cfg.seed as i64 + 104); // the value head's init, the same on a resumed run
     let vs = nn::VarStore::new(Device::Cpu);
     let sft = models::from_pretrained(&vs.root(), sft_dir)?;
-    let model = CausalLmWithHydraValueHead::from_model(&vs.root(), sft, 1)?;
+    let config = dpo_config(cfg, world);
+    let model = hydra_policy(&vs.root(), sft, &config.model)?;
     let hidden = |s: &[String]| Ok(s.iter().map(|x| task::hidden_score(x)).collect());
-    let mut trainer = DpoTrainer::new(dpo_config(cfg, world), model, pairs, cfg.tokenizer()?)?
+    let mut trainer = DpoTrainer::new(config, model, pairs, cfg.tokenizer()?)?
         .with_evaluation(Evaluation::new(eval_prompts.to_vec()).with_reward_fn(hidden));
     if let Some(g) = group {
         trainer = trainer.with_collective(g.clone())?;

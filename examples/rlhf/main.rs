@@ -64,16 +64,17 @@ use tch::{nn, Device, Kind, Tensor};
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
     generate, ilql_generate, models, pad_rows, ByteTokenizer, CausalLm, CausalLmConfig,
-    CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig,
-    Gpt2Config, HfTokenizer, IlqlGenerationConfig, PaddingSide, SpecialTokens, TextTokenizer,
+    CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig, Gpt2Config, HfTokenizer,
+    IlqlGenerationConfig, LoraConfig, PaddingSide, SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::checkpoint::CheckpointStore;
-use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::config::{GenKwargs, ModelConfig, ScaleReward, TrlConfig};
 use torchrl::trainers::dpo::DpoPair;
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
 use torchrl::trainers::parallel::{rank_seed, Collective, SharedCollective};
+use torchrl::trainers::policy::hydra_policy;
 use torchrl::trainers::ppo::{IterationStats, PpoRlhfTrainer};
 use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
@@ -165,6 +166,10 @@ pub struct Config {
     pub checkpoint_every: usize,
     /// Stops the run with an error at this point, as a kill would (tests of `--resume`).
     pub fail_at: Option<FailAt>,
+    /// `--lora R`: PPO, GRPO and DPO train LoRA adapters of rank `R` on every linear layer
+    /// (`lora_alpha = 2R`) with the base frozen and the adapters-off base as the reference,
+    /// instead of trlX's hydra (the top block trains, its frozen copy is the reference).
+    pub lora: Option<i64>,
 }
 
 /// Where [`Config::fail_at`] stops a run.
@@ -205,6 +210,7 @@ impl Default for Config {
             dpo_epochs: 2,
             checkpoint_every: 5,
             fail_at: None,
+            lora: None,
         }
     }
 }
@@ -243,7 +249,7 @@ impl Config {
         let mut cfg = Config::default();
         let mut args = std::env::args().skip(1);
         let usage = "usage: rlhf [--out DIR] [--iterations N] [--seed S] [--resume] [--quiet] \
-                     [--arch gpt2|llama] [--model DIR]";
+                     [--arch gpt2|llama] [--model DIR] [--lora R]";
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--resume" => cfg.resume = true,
@@ -257,6 +263,15 @@ impl Config {
                         (_, "gpt2") => cfg.arch = Arch::Gpt2,
                         (_, "llama") => cfg.arch = Arch::Llama,
                         _ => return Err(fail(format!("--arch {v:?}: gpt2 or llama ({usage})"))),
+                    }
+                }
+                "--lora" => {
+                    let v = args
+                        .next()
+                        .ok_or_else(|| fail(format!("{arg} needs a value ({usage})")))?;
+                    match v.parse::<i64>() {
+                        Ok(r) if r >= 1 => cfg.lora = Some(r),
+                        _ => return Err(fail(format!("--lora {v:?}: a rank >= 1 ({usage})"))),
                     }
                 }
                 "--out" | "--iterations" | "--seed" => {
@@ -322,6 +337,33 @@ impl Config {
             )));
         }
         Ok(Box::new(tok))
+    }
+
+    /// The policy section of the PPO / GRPO / DPO configs: trlX's hydra with one trainable
+    /// block, or LoRA adapters (`--lora R`) with the adapters-off reference.
+    pub fn model_config(&self) -> ModelConfig {
+        let mut m = ModelConfig {
+            num_layers_unfrozen: 1,
+            ..ModelConfig::default()
+        };
+        if let Some(r) = self.lora {
+            m.peft_config = Some(
+                LoraConfig::new(r)
+                    .with_lora_alpha(2.0 * r as f64)
+                    .with_all_linear(),
+            );
+        }
+        m
+    }
+
+    /// The learning rate of the PPO / GRPO / DPO stages: LoRA's adapters start at zero and
+    /// take a larger rate than full fine-tuning (as PEFT's examples do).
+    pub fn policy_lr(&self) -> f64 {
+        if self.lora.is_some() {
+            5e-3
+        } else {
+            1e-3
+        }
     }
 
     /// The model SFT starts from (and the reward model's trunk): a fresh embedded model, or
@@ -552,9 +594,10 @@ fn ppo_config(cfg: &Config, world: usize) -> TrlConfig {
     c.train.checkpoint_interval = usize::MAX;
     c.train.checkpoint_dir = cfg.out.join("checkpoints").display().to_string();
     c.train.seed = cfg.seed;
-    c.optimizer.kwargs.lr = 1e-3;
+    c.model = cfg.model_config();
+    c.optimizer.kwargs.lr = cfg.policy_lr();
     c.scheduler.kwargs.t_max = 1e12;
-    c.scheduler.kwargs.eta_min = 1e-3;
+    c.scheduler.kwargs.eta_min = cfg.policy_lr();
     let m = &mut c.method;
     m.num_rollouts = cfg.rollouts / world;
     m.chunk_size = cfg.rollouts / world;
@@ -1148,7 +1191,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     // its own, so a resumed run that skips SFT builds what an uninterrupted one does.
     let ppo_start = Instant::now();
     tch::manual_seed(cfg.seed as i64 + 101);
-    let model = CausalLmWithHydraValueHead::from_model(&policy_vs.root(), sft, 1)?;
+    let ppo_cfg = ppo_config(cfg, world);
+    let model = hydra_policy(&policy_vs.root(), sft, &ppo_cfg.model)?;
     let prompts: Vec<String> = task::prompts(&mut Generator::new(cfg.seed + 11), 1024);
     let prompt_refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let env_config = TokenEnvConfig::for_model(model.policy().model().facts())
@@ -1160,7 +1204,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
     let env = TokenEnv::from_text(env_config, tok, &prompt_refs, Box::new(scorer))?;
     let eval_prompts = task::prompts(&mut Generator::new(cfg.seed + 1_000_003), cfg.eval_prompts);
     let hidden = |samples: &[String]| Ok(samples.iter().map(|s| task::hidden_score(s)).collect());
-    let mut trainer = PpoRlhfTrainer::new(ppo_config(cfg, world), model, env, cfg.tokenizer()?)?
+    let mut trainer = PpoRlhfTrainer::new(ppo_cfg, model, env, cfg.tokenizer()?)?
         .with_evaluation(Evaluation::new(eval_prompts.clone()).with_reward_fn(hidden));
     if let Some(g) = &group {
         trainer = trainer.with_collective(g.clone())?;

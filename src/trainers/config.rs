@@ -76,6 +76,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::macros::setters;
+use crate::modules::llm::lora::LoraConfig;
 
 /// The whole config: trlX's `TRLConfig`, generic over its method section ([`TrlConfig`] for
 /// PPO, [`IlqlTrlConfig`](super::ilql::IlqlTrlConfig) for ILQL).
@@ -221,7 +222,14 @@ pub struct ModelConfig {
     /// `"causal"` or `"seq2seq"`. Default `"causal"`.
     pub model_arch_type: String,
     /// Trainable top blocks: `-1` all, `0` none (heads only), `k > 0` the last `k`. Default 2.
+    /// Not read with `peft_config` (the adapters train; the base is frozen).
     pub num_layers_unfrozen: i64,
+    /// trlX's `peft_config`: LoRA adapters on the policy, PEFT's `LoraConfig` fields
+    /// ([`LoraConfig`]); `None` (default): no adapters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peft_config: Option<LoraConfig>,
+    /// Where the reference log-probs come from (see [`ReferenceModel`]). Default `"auto"`.
+    pub reference: ReferenceModel,
 }
 
 impl Default for ModelConfig {
@@ -230,8 +238,26 @@ impl Default for ModelConfig {
             model_path: "lvwerra/gpt2-imdb".into(),
             model_arch_type: "causal".into(),
             num_layers_unfrozen: 2,
+            peft_config: None,
+            reference: ReferenceModel::Auto,
         }
     }
+}
+
+/// The reference model of PPO-RLHF, GRPO and DPO ([`ModelConfig::reference`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReferenceModel {
+    /// `"auto"`: adapters off with `peft_config` (TRL's PEFT path), the hydra reference of
+    /// `num_layers_unfrozen` without.
+    Auto,
+    /// `"adapters_off"`: the policy's weights with its LoRA adapters disabled; no reference
+    /// copy exists. Needs `peft_config`.
+    AdaptersOff,
+    /// `"hydra"`: trlX's frozen copy (the top `num_layers_unfrozen` blocks as a branch, or the
+    /// whole model for `-1` / `0`). With `peft_config`, `num_layers_unfrozen` must be `-1` (a
+    /// full copy: every block's adapters train, so no lower trunk stays frozen).
+    Hydra,
 }
 
 /// Which side a tokenizer pads or truncates.
@@ -641,6 +667,30 @@ impl<M: MethodConfig> TrlConfigOf<M> {
                 "-1 (all), 0 (none) or a positive count",
                 self.model.num_layers_unfrozen,
             ));
+        }
+        if let Some(peft) = &self.model.peft_config {
+            peft.validate()
+                .map_err(|e| e.context(format!("{OP}: model.peft_config")))?;
+        }
+        match (self.model.reference, &self.model.peft_config) {
+            (ReferenceModel::AdaptersOff, None) => {
+                return Err(Error::config(
+                    OP,
+                    "model.reference",
+                    "\"adapters_off\" only with a model.peft_config (LoRA adapters to turn off)",
+                    "\"adapters_off\" without peft_config",
+                ))
+            }
+            (ReferenceModel::Hydra, Some(_)) if self.model.num_layers_unfrozen != -1 => {
+                return Err(Error::config(
+                    OP,
+                    "model.num_layers_unfrozen",
+                    "-1 with peft_config and reference = \"hydra\" (every block's adapters train: \
+                     the reference is a full frozen copy)",
+                    self.model.num_layers_unfrozen,
+                ))
+            }
+            _ => {}
         }
         if !matches!(self.model.model_arch_type.as_str(), "causal" | "seq2seq") {
             return Err(Error::config(

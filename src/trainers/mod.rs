@@ -10,6 +10,7 @@ pub mod ilql;
 pub mod on_policy;
 pub mod optim;
 pub mod parallel;
+pub mod policy;
 pub mod ppo;
 pub mod reward;
 mod rollout;

@@ -315,9 +315,16 @@ pub(crate) fn prepare_hydra_components(
     let policy = take_component(components, "model")?
         .stage_into(&policy_params(model))
         .map_err(named("model"))?;
-    let reference = take_component(components, "reference")?
-        .stage_into(&reference_params(model))
-        .map_err(named("reference"))?;
+    let reference_params = reference_params(model);
+    // an adapters-off reference owns no parameter: the checkpoint holds no such component
+    // (a component without tensors or state is not written)
+    let reference = if reference_params.is_empty() {
+        take_component(components, "reference").unwrap_or_default()
+    } else {
+        take_component(components, "reference")?
+    }
+    .stage_into(&reference_params)
+    .map_err(named("reference"))?;
     let o = take_component(components, "opt")?;
     let opt = opt
         .prepare_state(&o.tensors, &o.state)
