@@ -25,6 +25,20 @@ pub(crate) fn leading_dims_are(t: &Tensor, prefix: &[i64]) -> bool {
     buf.get(..prefix.len()) == Some(prefix)
 }
 
+/// Whether autograd records operations now (libtorch's `GradMode::is_enabled`; false inside
+/// `tch::no_grad`). tch has no getter: the setter returns the previous state, which is put
+/// back at once.
+pub(crate) fn grad_enabled() -> bool {
+    // SAFETY: `at_grad_set_enabled` only flips libtorch's thread-local grad mode and returns
+    // the previous value; the second call restores that value before anything else runs on
+    // this thread.
+    unsafe {
+        let before = torch_sys::at_grad_set_enabled(1);
+        torch_sys::at_grad_set_enabled(before);
+        before != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +53,12 @@ mod tests {
         assert!(!leading_dims_are(&t, &[2, 3, 4, 1]));
         let big = Tensor::zeros([1; 9], (Kind::Float, Device::Cpu));
         assert!(leading_dims_are(&big, &[1; 9]));
+    }
+
+    #[test]
+    fn grad_mode_is_read_and_left_as_it_was() {
+        assert!(grad_enabled());
+        tch::no_grad(|| assert!(!grad_enabled()));
+        assert!(grad_enabled());
     }
 }

@@ -230,6 +230,9 @@ pub struct ModelConfig {
     pub peft_config: Option<LoraConfig>,
     /// Where the reference log-probs come from (see [`ReferenceModel`]). Default `"auto"`.
     pub reference: ReferenceModel,
+    /// Gradient checkpointing per block (TRL's `gradient_checkpointing`): training forwards
+    /// keep only the blocks' inputs and recompute the blocks in the backward. Default `false`.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for ModelConfig {
@@ -240,6 +243,7 @@ impl Default for ModelConfig {
             num_layers_unfrozen: 2,
             peft_config: None,
             reference: ReferenceModel::Auto,
+            gradient_checkpointing: false,
         }
     }
 }

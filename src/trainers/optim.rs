@@ -29,6 +29,7 @@ use tch::{nn, Tensor};
 
 use crate::error::{Error, Result};
 use crate::macros::setters;
+use crate::modules::llm::nn::checkpoint;
 use crate::objectives::optim::clip_grad_norm_tensors;
 use crate::trainers::config::{check_cosine, AdamWKwargs, CosineKwargs};
 pub use crate::trainers::config::{MAX_LR, MAX_STEPS};
@@ -448,13 +449,18 @@ impl AdamW {
         reduce_grads: impl FnOnce(&[(String, Tensor)]) -> Result<()>,
     ) -> Result<Option<f64>> {
         self.zero_grad();
+        // a checkpointed forward finishes its backward after the loss's
+        // (modules::llm::nn::checkpoint); the gradient sync's hooks see one backward pass, so
+        // with checkpointing the gradients are summed afterwards instead
+        let checkpointed = checkpoint::pending() > 0;
         match &self.sync {
-            Some(sync) => {
+            Some(sync) if !checkpointed => {
                 sync.prepare(&[loss])?;
                 loss.f_backward()?;
             }
-            None => {
+            _ => {
                 loss.f_backward()?;
+                checkpoint::backward_pending()?;
                 reduce_grads(&self.named_params())?;
             }
         }

@@ -1,7 +1,7 @@
 //! [`hydra_policy`]: the policy PPO-RLHF, GRPO and DPO train, built from a model and the
 //! trainer config's `model` section: LoRA adapters when `peft_config` is set, and the
 //! reference `reference` chooses (adapters off by default with LoRA, trlX's hydra branch
-//! otherwise).
+//! otherwise), and gradient checkpointing when `gradient_checkpointing` is on.
 //!
 //! ```
 //! use tch::{nn::VarStore, Device};
@@ -48,6 +48,9 @@ pub fn hydra_policy(
 ) -> Result<CausalLmWithHydraValueHead> {
     const OP: &str = "trainers::hydra_policy";
     let ModelBox(mut model) = model.into();
+    if config.gradient_checkpointing {
+        model.gradient_checkpointing_enable();
+    }
     match (&config.peft_config, config.reference) {
         (None, ReferenceModel::AdaptersOff) => Err(Error::config(
             OP,

@@ -271,6 +271,18 @@ pub trait CausalLm: Send + fmt::Debug {
         out
     }
 
+    /// Turns gradient checkpointing per block on (`transformers`' name): training forwards
+    /// keep only the blocks' inputs and recompute each block in the backward (see
+    /// [`crate::modules::llm::nn::checkpoint`]; the optimizer's step runs the second phase).
+    fn gradient_checkpointing_enable(&mut self) {
+        self.decoder_mut().set_gradient_checkpointing(true);
+    }
+
+    /// Turns gradient checkpointing off.
+    fn gradient_checkpointing_disable(&mut self) {
+        self.decoder_mut().set_gradient_checkpointing(false);
+    }
+
     /// The parameters' device.
     fn device(&self) -> Device {
         self.lm_head_weight().device()

@@ -226,6 +226,25 @@ impl Attention {
         out
     }
 
+    /// The same attention sharing its tensors.
+    pub(crate) fn shallow(&self) -> Self {
+        let qkv = match &self.qkv {
+            QkvProjection::Fused(l) => QkvProjection::Fused(l.shallow()),
+            QkvProjection::Separate { q, k, v } => QkvProjection::Separate {
+                q: q.shallow(),
+                k: k.shallow(),
+                v: v.shallow(),
+            },
+        };
+        Attention {
+            qkv,
+            o_proj: self.o_proj.shallow(),
+            shape: self.shape,
+            q_norm: self.q_norm.as_ref().map(RmsNorm::shallow),
+            k_norm: self.k_norm.as_ref().map(RmsNorm::shallow),
+        }
+    }
+
     /// A copy under `path`.
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {
         let qkv = match &self.qkv {

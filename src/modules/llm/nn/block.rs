@@ -102,6 +102,16 @@ impl DecoderBlock {
         out
     }
 
+    /// The same block sharing its tensors: what gradient checkpointing keeps to recompute it.
+    pub(crate) fn shallow(&self) -> Self {
+        DecoderBlock {
+            input_norm: self.input_norm.shallow(),
+            attn: self.attn.shallow(),
+            post_norm: self.post_norm.shallow(),
+            mlp: self.mlp.shallow(),
+        }
+    }
+
     /// A copy as new variables under `path` (same names below it).
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {
         Ok(DecoderBlock {
@@ -129,6 +139,7 @@ pub struct Decoder {
     blocks: Vec<DecoderBlock>,
     norm: Norm,
     rotary: Option<RotaryEmbedding>,
+    gradient_checkpointing: bool,
 }
 
 impl Decoder {
@@ -138,7 +149,25 @@ impl Decoder {
             blocks,
             norm,
             rotary,
+            gradient_checkpointing: false,
         }
+    }
+
+    /// Turns gradient checkpointing on or off (see [`super::checkpoint`]): while on, a forward
+    /// with grad enabled and no cache keeps only the blocks' inputs and recomputes them in
+    /// [`super::checkpoint::backward_pending`].
+    pub fn set_gradient_checkpointing(&mut self, on: bool) {
+        self.gradient_checkpointing = on;
+    }
+
+    /// Whether gradient checkpointing is on.
+    pub fn gradient_checkpointing(&self) -> bool {
+        self.gradient_checkpointing
+    }
+
+    /// Whether this forward checkpoints: switched on, grad mode on, no cache.
+    fn checkpoints(&self, cached: bool) -> bool {
+        self.gradient_checkpointing && !cached && crate::host::ffi::grad_enabled()
     }
 
     /// The blocks.
@@ -200,6 +229,13 @@ impl Decoder {
         mut cache: Option<&mut KvCache>,
         capture: Option<usize>,
     ) -> Result<DecoderOutput> {
+        if self.checkpoints(cache.is_some()) {
+            let (last, block_input) = self.forward_checkpointed(0, x, ctx, capture)?;
+            return Ok(DecoderOutput {
+                last_hidden: self.norm.forward(&last)?,
+                block_input,
+            });
+        }
         let mut x = x;
         let mut block_input = None;
         for (i, block) in self.blocks.iter().enumerate() {
@@ -241,11 +277,47 @@ impl Decoder {
                 start.to_string(),
             )
         })?;
+        if self.checkpoints(false) {
+            let (last, _) = self.forward_checkpointed(start, hidden.shallow_clone(), ctx, None)?;
+            return self.norm.forward(&last);
+        }
         let mut x = hidden.shallow_clone();
         for b in blocks {
             x = b.forward(&x, ctx, None)?;
         }
         self.norm.forward(&x)
+    }
+
+    /// Blocks `start..` checkpointed (see [`super::checkpoint`]): the last block's output (a
+    /// leaf requiring grad) and, when `capture` asks for it, the input of that block
+    /// (detached).
+    fn forward_checkpointed(
+        &self,
+        start: usize,
+        x: Tensor,
+        ctx: &BlockContext,
+        capture: Option<usize>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let blocks = self.blocks.get(start..).unwrap_or_default();
+        match capture {
+            // the input of block c is the output of blocks ..c: split the segment there
+            Some(c) if c >= start && c <= self.blocks.len() => {
+                let (lower, upper) = blocks.split_at(c - start);
+                let mid = if lower.is_empty() {
+                    x
+                } else {
+                    super::checkpoint::forward(lower, x, ctx)?
+                };
+                let captured = mid.f_detach()?;
+                let last = if upper.is_empty() {
+                    mid
+                } else {
+                    super::checkpoint::forward(upper, mid, ctx)?
+                };
+                Ok((last, Some(captured)))
+            }
+            _ => Ok((super::checkpoint::forward(blocks, x, ctx)?, None)),
+        }
     }
 
     /// A copy of the whole decoder: block `i` under `blocks / i`, the final norm under `norm`
@@ -270,6 +342,7 @@ impl Decoder {
             blocks: copies,
             norm: self.norm.copy_to(norm)?,
             rotary: self.rotary.as_ref().map(RotaryEmbedding::share),
+            gradient_checkpointing: self.gradient_checkpointing,
         })
     }
 

@@ -269,6 +269,18 @@ impl Linear {
         out
     }
 
+    /// The same layer sharing its tensors (and its adapter's): no copy, gradients reach the
+    /// same variables. What gradient checkpointing keeps to recompute a block.
+    pub(crate) fn shallow(&self) -> Self {
+        Linear {
+            name: self.name.clone(),
+            weight: self.weight.shallow_clone(),
+            bias: self.bias.as_ref().map(Tensor::shallow_clone),
+            layout: self.layout,
+            lora: self.lora.as_ref().map(LoraAdapter::shallow),
+        }
+    }
+
     /// A copy of the layer as new variables under `path` (same name, layout and values; an
     /// adapter is copied too, following the same switch).
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {

@@ -232,6 +232,17 @@ impl LoraAdapter {
         Ok(self.b.f_matmul(&self.a)?.f_mul_scalar(self.scaling)?)
     }
 
+    /// The same adapter sharing its tensors and switch.
+    pub(crate) fn shallow(&self) -> Self {
+        LoraAdapter {
+            a: self.a.shallow_clone(),
+            b: self.b.shallow_clone(),
+            scaling: self.scaling,
+            dropout: self.dropout,
+            switch: self.switch.clone(),
+        }
+    }
+
     /// A copy under `path` (same values, scaling and dropout) following `switch`.
     pub fn copy_to(&self, path: &Path<'_>, switch: &LoraSwitch) -> Result<Self> {
         Ok(LoraAdapter {

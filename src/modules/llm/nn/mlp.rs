@@ -185,6 +185,21 @@ impl FeedForward {
             .collect()
     }
 
+    /// The same layer sharing its tensors.
+    pub(crate) fn shallow(&self) -> Self {
+        match self {
+            FeedForward::Plain(m) => {
+                FeedForward::Plain(Mlp::new(m.up.shallow(), m.down.shallow(), m.activation))
+            }
+            FeedForward::Gated(m) => FeedForward::Gated(GatedMlp::new(
+                m.gate.shallow(),
+                m.up.shallow(),
+                m.down.shallow(),
+                m.activation,
+            )),
+        }
+    }
+
     /// A copy under `path`.
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {
         Ok(match self {

@@ -13,7 +13,8 @@
 //!   [`KvCache`] held outside the model;
 //! - [`Mlp`] and [`GatedMlp`] (SwiGLU), as [`FeedForward`];
 //! - [`DecoderBlock`] (pre-norm attention + feed-forward) and [`Decoder`] (the blocks, the final
-//!   norm and the rotary table): the trunk every model file assembles.
+//!   norm and the rotary table): the trunk every model file assembles, with optional gradient
+//!   checkpointing per block ([`checkpoint`]).
 //!
 //! A model file (`super::models`) builds these under its own names and adds its embeddings
 //! and LM head; see `docs/architecture.md` for adding an architecture.
@@ -36,6 +37,7 @@
 pub mod attention;
 pub mod block;
 pub mod cache;
+pub mod checkpoint;
 pub mod linear;
 pub mod lora;
 pub mod mlp;

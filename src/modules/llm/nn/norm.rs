@@ -75,6 +75,16 @@ impl LayerNorm {
         ]
     }
 
+    /// The same layer sharing its tensors (no copy; gradients reach the same variables).
+    pub(crate) fn shallow(&self) -> Self {
+        LayerNorm {
+            name: self.name.clone(),
+            weight: self.weight.shallow_clone(),
+            bias: self.bias.shallow_clone(),
+            eps: self.eps,
+        }
+    }
+
     /// A copy under `path`.
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {
         let p = sub_path(path, &self.name);
@@ -130,6 +140,15 @@ impl RmsNorm {
         vec![(format!("{}.weight", self.name), &self.weight)]
     }
 
+    /// The same layer sharing its tensors (no copy; gradients reach the same variables).
+    pub(crate) fn shallow(&self) -> Self {
+        RmsNorm {
+            name: self.name.clone(),
+            weight: self.weight.shallow_clone(),
+            eps: self.eps,
+        }
+    }
+
     /// A copy under `path`.
     pub fn copy_to(&self, path: &Path<'_>) -> Result<Self> {
         let p = sub_path(path, &self.name);
@@ -164,6 +183,14 @@ impl Norm {
         match self {
             Norm::Layer(n) => n.named_parameters(),
             Norm::Rms(n) => n.named_parameters(),
+        }
+    }
+
+    /// The same norm sharing its tensors.
+    pub(crate) fn shallow(&self) -> Self {
+        match self {
+            Norm::Layer(n) => Norm::Layer(n.shallow()),
+            Norm::Rms(n) => Norm::Rms(n.shallow()),
         }
     }
 
