@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{json, Value};
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use crate::error::{Error, Result};
 use crate::macros::setters;
@@ -74,6 +74,9 @@ pub struct AdamW {
     params: Vec<Tensor>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
+    /// float32 master copies of the half-precision (bf16 / f16) parameters, which the update
+    /// runs on (`None` for float32 / float64 parameters, updated in place).
+    master: Vec<Option<Tensor>>,
     steps: Vec<u64>,
     lr: f64,
     betas: [f64; 2],
@@ -144,6 +147,11 @@ fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> 
 
 const OP_NEW: &str = "AdamW::new";
 
+/// Whether parameters of `kind` train through a float32 master copy.
+fn is_half(kind: Kind) -> bool {
+    matches!(kind, Kind::BFloat16 | Kind::Half)
+}
+
 /// The one check of AdamW's hyper-parameters, shared by the constructor, `step` and
 /// [`AdamW::load_state`]: a finite `lr >= 0`, betas in [0, 1), a finite `eps > 0` and a finite
 /// weight decay >= 0.
@@ -184,6 +192,7 @@ fn check_hyper(
 /// [`AdamW::commit_state`] only copies.
 pub(crate) struct PreparedAdamW {
     moments: Vec<(Tensor, Tensor)>,
+    masters: Vec<Option<Tensor>>,
     steps: Vec<u64>,
     lr: f64,
     betas: [f64; 2],
@@ -208,6 +217,7 @@ impl AdamW {
         let mut tensors = Vec::with_capacity(params.len());
         let mut exp_avg = Vec::with_capacity(params.len());
         let mut exp_avg_sq = Vec::with_capacity(params.len());
+        let mut master = Vec::with_capacity(params.len());
         for (name, p) in params {
             if !seen.insert(name.clone()) {
                 return Err(Error::argument(
@@ -226,8 +236,18 @@ impl AdamW {
                 ));
             }
             let _guard = tch::no_grad_guard();
-            exp_avg.push(p.f_zeros_like()?);
-            exp_avg_sq.push(p.f_zeros_like()?);
+            // half-precision parameters train through a float32 master copy, with float32
+            // moments: an update below the parameter's resolution (bf16 keeps 8 bits) would
+            // otherwise be rounded away
+            let w = if is_half(p.kind()) {
+                Some(p.f_detach()?.f_to_kind(Kind::Float)?)
+            } else {
+                None
+            };
+            let like = w.as_ref().unwrap_or(&p);
+            exp_avg.push(like.f_zeros_like()?);
+            exp_avg_sq.push(like.f_zeros_like()?);
+            master.push(w);
             names.push(name);
             tensors.push(p);
         }
@@ -237,6 +257,7 @@ impl AdamW {
             params: tensors,
             exp_avg,
             exp_avg_sq,
+            master,
             steps,
             lr,
             betas: [0.9, 0.999],
@@ -360,8 +381,9 @@ impl AdamW {
             .iter_mut()
             .zip(self.exp_avg.iter_mut())
             .zip(self.exp_avg_sq.iter_mut())
+            .zip(self.master.iter_mut())
             .zip(self.steps.iter_mut());
-        for (((p, m), v), t) in items {
+        for ((((p, m), v), master), t) in items {
             let g = p.grad();
             if !g.defined() {
                 continue;
@@ -369,8 +391,13 @@ impl AdamW {
             // Loaded counts are at most MAX_STEPS = 2^53, so the conversion is exact.
             *t = t.saturating_add(1);
             let step = *t as f64;
-            let (tmp, denom) = scratch_for(&mut self.scratch, p)?;
-            let _ = p.f_mul_scalar_(decay)?;
+            let (w, g) = match master {
+                Some(w) => (w.shallow_clone(), g.f_to_kind(Kind::Float)?),
+                None => (p.shallow_clone(), g),
+            };
+            let (tmp, denom) = scratch_for(&mut self.scratch, &w)?;
+            let mut w = w;
+            let _ = w.f_mul_scalar_(decay)?;
             let _ = m.f_lerp_(&g, 1.0 - beta1)?;
             let _ = v.f_mul_scalar_(beta2)?;
             // v += ((1 - β2)·g)·g, as `addcmul_(g, g, value=1 - β2)`.
@@ -382,9 +409,13 @@ impl AdamW {
             let mut denom = v.f_sqrt_out(&denom)?;
             let _ = denom.f_div_scalar_(bias_correction2_sqrt)?;
             let _ = denom.f_add_scalar_(self.eps)?;
-            // p += (-step_size·m) / denom, as `addcdiv_(m, denom, value=-step_size)`.
+            // w += (-step_size·m) / denom, as `addcdiv_(m, denom, value=-step_size)`.
             let _ = m.f_mul_scalar_out(&tmp, -step_size)?;
-            let _ = p.f_addcdiv_(&tmp, &denom)?;
+            let _ = w.f_addcdiv_(&tmp, &denom)?;
+            if master.is_some() {
+                // the parameter is the master rounded to its dtype
+                p.f_copy_(&w)?;
+            }
         }
         Ok(())
     }
@@ -510,6 +541,11 @@ impl AdamW {
             out.push((format!("exp_avg.{name}"), m.shallow_clone()));
             out.push((format!("exp_avg_sq.{name}"), v.shallow_clone()));
         }
+        for (name, w) in self.names.iter().zip(&self.master) {
+            if let Some(w) = w {
+                out.push((format!("master.{name}"), w.shallow_clone()));
+            }
+        }
         out
     }
 
@@ -586,7 +622,8 @@ impl AdamW {
         let given: BTreeMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let mut expected = HashSet::new();
         let mut moments = Vec::with_capacity(self.names.len());
-        for (name, p) in self.names.iter().zip(&self.params) {
+        let mut masters = Vec::with_capacity(self.names.len());
+        for ((name, p), own) in self.names.iter().zip(&self.params).zip(&self.exp_avg) {
             let mut pair = Vec::with_capacity(2);
             for prefix in ["exp_avg", "exp_avg_sq"] {
                 let key = format!("{prefix}.{name}");
@@ -603,7 +640,9 @@ impl AdamW {
                 }
                 let t = {
                     let _guard = tch::no_grad_guard();
-                    t.f_to_kind(p.kind())?.f_to_device(p.device())?.f_detach()?
+                    t.f_to_kind(own.kind())?
+                        .f_to_device(p.device())?
+                        .f_detach()?
                 };
                 let finite = t.numel() == 0
                     || bool::try_from(t.f_isfinite()?.f_all()?)?
@@ -622,6 +661,38 @@ impl AdamW {
             match <[Tensor; 2]>::try_from(pair) {
                 Ok([m, v]) => moments.push((m, v)),
                 Err(_) => return Err(Error::invalid(OP, "two moments per parameter")),
+            }
+            if is_half(p.kind()) {
+                let key = format!("master.{name}");
+                let t = given.get(key.as_str()).ok_or_else(|| {
+                    Error::value(
+                        OP,
+                        &key,
+                        "the float32 master copy of a half-precision parameter",
+                        "none",
+                    )
+                })?;
+                if t.size() != p.size() {
+                    return Err(Error::ShapeMismatch {
+                        op: OP,
+                        key,
+                        expected: p.size(),
+                        actual: t.size(),
+                    });
+                }
+                let t = {
+                    let _guard = tch::no_grad_guard();
+                    t.f_to_kind(Kind::Float)?
+                        .f_to_device(p.device())?
+                        .f_detach()?
+                };
+                if t.numel() > 0 && !bool::try_from(t.f_isfinite()?.f_all()?)? {
+                    return Err(Error::value(OP, &key, "finite values", "other values"));
+                }
+                masters.push(Some(t));
+                expected.insert(key);
+            } else {
+                masters.push(None);
             }
         }
         if let Some(extra) = given.keys().find(|k| !expected.contains(**k)) {
@@ -675,6 +746,7 @@ impl AdamW {
         }
         Ok(PreparedAdamW {
             moments,
+            masters,
             steps,
             lr,
             betas,
@@ -695,6 +767,11 @@ impl AdamW {
         {
             m.f_copy_(src_m)?;
             v.f_copy_(src_v)?;
+        }
+        for (w, src) in self.master.iter_mut().zip(&prepared.masters) {
+            if let (Some(w), Some(src)) = (w, src) {
+                w.f_copy_(src)?;
+            }
         }
         self.steps = prepared.steps;
         self.lr = prepared.lr;

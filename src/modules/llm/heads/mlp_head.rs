@@ -75,6 +75,14 @@ impl MlpHead {
 
     /// `[.., n_embd]` → `[.., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // a head kept in float32 on a half-precision trunk reads its hidden state in float32
+        let cast;
+        let x = if x.kind() != self.w1.kind() {
+            cast = x.f_to_kind(self.w1.kind())?;
+            &cast
+        } else {
+            x
+        };
         let h = x.f_linear(&self.w1, Some(&self.b1))?.f_relu()?;
         Ok(h.f_linear(&self.w2, Some(&self.b2))?)
     }
