@@ -10,8 +10,7 @@ use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLm, CausalLmConfig, CausalLmWithHydraValueHead, LmInput, LoraConfig,
-    TextTokenizer,
+    ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, LmInput, LoraConfig, TextTokenizer,
 };
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::{GenKwargs, ModelConfig, TrlConfig};
