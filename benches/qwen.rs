@@ -19,6 +19,11 @@
 //!   trains against a full frozen reference copy (`TORCHRL_BENCH_UNFROZEN=-1`, the default,
 //!   TRL's design); `TORCHRL_BENCH_UNFROZEN=2` is the hydra with two trainable blocks.
 //!   Seconds per step: best and median of `TORCHRL_BENCH_ITERS` (default 2) after a warm-up.
+//! - W22, the same GRPO step with LoRA (`TORCHRL_BENCH_LORA=R`: rank `R`, `lora_alpha` 2R, on
+//!   every linear layer of the blocks) and the adapters-off reference (no reference copy), TRL +
+//!   PEFT's configuration; with `TORCHRL_BENCH_BF16=1` the base is bfloat16 (adapters and value
+//!   head float32). `TORCHRL_BENCH_CKPT=1` turns on gradient checkpointing (for the
+//!   full-parameter step's memory with and without it).
 //!
 //! `TORCHRL_BENCH_QWEN=generate|forward|grpo` picks one workload (default all three; one per
 //! process gives each its own peak RSS), `TORCHRL_BENCH_THREADS` (default 2). Prints
@@ -36,9 +41,11 @@ use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::{
     generate, ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, GenerationConfig, LmInput,
+    LoraConfig,
 };
 use torchrl::trainers::api::Callbacks;
-use torchrl::trainers::config::GenKwargs;
+use torchrl::trainers::config::{GenKwargs, ModelConfig};
+use torchrl::trainers::policy::hydra_policy;
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
 use torchrl::{Generator, Result};
 
@@ -143,14 +150,36 @@ fn w20_forward(unfrozen: i64, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn w21_grpo(iters: usize, unfrozen: i64) -> Result<()> {
+/// What varies between the GRPO rows: LoRA rank (0: off), a bf16 base, checkpointing.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    lora: i64,
+    bf16: bool,
+    checkpointing: bool,
+}
+
+fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     const GENERATIONS: usize = 4;
     const ROLLOUTS: usize = 8;
     const NEW_TOKENS: usize = 16;
     tch::manual_seed(0);
     let cfg = qwen05b();
-    let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, unfrozen)?;
+    let mut vs = VarStore::new(Device::Cpu);
+    let base = cfg.build(&vs.root())?;
+    if v.bf16 {
+        vs.bfloat16();
+    }
+    let model_cfg = ModelConfig {
+        num_layers_unfrozen: unfrozen,
+        peft_config: (v.lora > 0).then(|| {
+            LoraConfig::new(v.lora)
+                .with_lora_alpha(2.0 * v.lora as f64)
+                .with_all_linear()
+        }),
+        gradient_checkpointing: v.checkpointing,
+        ..ModelConfig::default()
+    };
+    let model = hydra_policy(&vs.root(), base, &model_cfg)?;
     let mut rng = Generator::new(2);
     let groups = ROLLOUTS / GENERATIONS;
     let prompts: Vec<Vec<i64>> = (0..groups * (iters + 3))
@@ -200,14 +229,22 @@ fn w21_grpo(iters: usize, unfrozen: i64) -> Result<()> {
         update.push(s.update_s / steps_per_iteration as f64);
     }
     let (best, median) = best_median(&per_step);
-    let name = if unfrozen < 0 {
+    let mut name = if v.lora > 0 {
+        format!("W22_grpo_step_qwen05b_lora{}", v.lora)
+    } else if unfrozen < 0 {
         "W21_grpo_step_qwen05b".to_string()
     } else {
         format!("W21_grpo_step_qwen05b_hydra{unfrozen}")
     };
+    if v.bf16 {
+        name.push_str("_bf16");
+    }
+    if v.checkpointing {
+        name.push_str("_ckpt");
+    }
     println!("{name}\t{:.4}", 1.0 / best);
     println!(
-        "# {name}: num_layers_unfrozen {unfrozen}; {steps_per_iteration} step(s) per round of \
+        "# {name}: num_layers_unfrozen {unfrozen}; {v:?}; {steps_per_iteration} step(s) per round of \
          {ROLLOUTS} completions; best {best:.2} / median {median:.2} s/step over {per_step:.2?}; \
          rollout (generate + log-probs + reference + reward) {rollout:.2?} s, update \
          {update:.2?} s; peak RSS {:.0} MiB",
@@ -231,6 +268,11 @@ fn main() -> Result<()> {
         w21_grpo(
             env_or("TORCHRL_BENCH_ITERS", 2usize).max(1),
             env_or("TORCHRL_BENCH_UNFROZEN", -1i64),
+            Variant {
+                lora: env_or("TORCHRL_BENCH_LORA", 0i64),
+                bf16: env_or("TORCHRL_BENCH_BF16", 0u8) == 1,
+                checkpointing: env_or("TORCHRL_BENCH_CKPT", 0u8) == 1,
+            },
         )?;
     }
     Ok(())

@@ -45,6 +45,9 @@ def parse_args():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="timed GRPO rounds")
     p.add_argument("--warmup", type=int, default=1, help="GRPO rounds dropped as warm-up")
+    p.add_argument("--lora", type=int, default=0,
+                   help="GRPO with a PEFT LoRA of this rank on all linear layers (0: off)")
+    p.add_argument("--bf16", action="store_true", help="GRPO with the policy in bfloat16")
     p.add_argument("--unfrozen", type=int, default=-1,
                    help="GRPO: -1 trains every parameter (TRL's design); k > 0 freezes the "
                         "embeddings (tied head) and all but the top k blocks, as the Rust "
@@ -148,7 +151,14 @@ def grpo_workload(args):
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
         del model
-        policy = Qwen2ForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        policy = Qwen2ForCausalLM.from_pretrained(out_dir, dtype=dtype)
+        peft_config = None
+        if args.lora > 0:
+            from peft import LoraConfig
+            peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora,
+                                     target_modules="all-linear", lora_dropout=0.0,
+                                     task_type="CAUSAL_LM")
         policy.generation_config.eos_token_id = EOS
         policy.generation_config.pad_token_id = PAD
         if args.unfrozen > 0:
@@ -158,7 +168,7 @@ def grpo_workload(args):
                 p.requires_grad_(any(name.startswith(k) for k in keep))
         config = GRPOConfig(
             output_dir=out_dir, report_to="none", save_strategy="no", logging_strategy="no",
-            disable_tqdm=True, use_cpu=True, bf16=False, fp16=False, seed=0,
+            disable_tqdm=True, use_cpu=True, bf16=args.bf16, fp16=False, seed=0,
             gradient_checkpointing=False, dataloader_num_workers=0,
             gradient_accumulation_steps=1, max_steps=rounds, learning_rate=1e-6,
             lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
@@ -168,6 +178,7 @@ def grpo_workload(args):
             scale_rewards="group", use_vllm=False, log_completions=False,
         )
         trainer = GRPOTrainer(model=policy, reward_funcs=even_ids, args=config,
+                              peft_config=peft_config,
                               train_dataset=Dataset.from_dict({"prompt": prompts}),
                               processing_class=tokenizer, callbacks=[StepTimer()])
         for cb in (PrinterCallback, ProgressCallback):
@@ -175,9 +186,15 @@ def grpo_workload(args):
         trainer.train()
     per_step = [b - a for a, b in zip(stamps, stamps[1:])]
     timed = per_step[args.warmup:] or per_step
-    name = "W21_grpo_step_qwen05b" + (f"_hydra{args.unfrozen}" if args.unfrozen > 0 else "")
+    if args.lora > 0:
+        name = f"W22_grpo_step_qwen05b_lora{args.lora}"
+    else:
+        name = "W21_grpo_step_qwen05b" + (f"_hydra{args.unfrozen}" if args.unfrozen > 0 else "")
+    if args.bf16:
+        name += "_bf16"
     return {"name": name, "ops_per_s": 1 / min(timed), "unfrozen": args.unfrozen,
-            "trainable_params": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+            "trainable_params": sum(p.numel() for p in trainer.model.parameters()
+                                    if p.requires_grad),
             "times_s": timed, "step_s_median": statistics.median(timed)}
 
 
