@@ -290,9 +290,10 @@ fn rlhf_flagship_runs_from_a_hugging_face_folder_and_on_the_embedded_llama() -> 
         "{err}"
     );
 
-    // the embedded Llama runs every stage too
+    // the embedded Llama runs every stage too, PPO / GRPO / DPO with LoRA (`--lora 4`)
     let s = rlhf::run(&rlhf::Config {
         arch: rlhf::Arch::Llama,
+        lora: Some(4),
         ..tiny_flagship(root.join("llama"))
     })?;
     assert_eq!(s.methods.len(), 5);

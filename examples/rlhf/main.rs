@@ -47,8 +47,10 @@
 //! stages run again), `--quiet`, `--arch gpt2|llama` (the embedded model's architecture;
 //! default `gpt2`), `--model DIR` (a Hugging Face folder: `config.json`, the weights and
 //! `tokenizer.json`; its `eos_token_id` / `pad_token_id`, or `generation_config.json`'s, name
-//! the special tokens). The learning rates suit small models trained from scratch; a large
-//! pretrained folder wants smaller ones.
+//! the special tokens), `--lora R` (PPO, GRPO and DPO train LoRA adapters of rank R on every
+//! linear layer of the blocks against the adapters-off base, instead of trlX's hydra). The
+//! learning rates suit small models trained from scratch; a large pretrained folder wants
+//! smaller ones.
 
 mod compare;
 mod task;
