@@ -45,8 +45,8 @@ use torchrl::modules::llm::{
 };
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::{GenKwargs, ModelConfig};
-use torchrl::trainers::policy::hydra_policy;
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
+use torchrl::trainers::policy::hydra_policy;
 use torchrl::{Generator, Result};
 
 const VOCAB: i64 = 151_936;

@@ -356,3 +356,61 @@ fn rslora_scaling_and_modules_to_save() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+#[ignore = "needs CUDA: cargo test --release --test lora -- --ignored"]
+fn cuda_adapters_match_the_cpu_and_train_on_a_bf16_base() {
+    assert!(tch::Cuda::is_available(), "this check needs a CUDA device");
+    let cuda = Device::Cuda(0);
+    let c = case("qwen3_all_linear");
+    let dir = specs().join(c["base"].as_str().unwrap());
+    let mut gpu_vs = VarStore::new(cuda);
+    let mut model = models::from_pretrained(&(gpu_vs.root() / "base"), &dir).unwrap();
+    load_adapter(
+        model.as_mut(),
+        &(gpu_vs.root() / "lora"),
+        &specs().join("peft").join("qwen3_all_linear"),
+    )
+    .unwrap();
+    let ids = int_tensor(&c["input_ids"]).to_device(cuda);
+    let on = logits(model.as_ref(), &ids).to_device(Device::Cpu);
+    assert!(max_diff(&on, &tensor(&c["logits_adapter"])) < 1e-4);
+    // all in bf16 (the adapters too): AdamW's float32 masters train the adapters; the base
+    // does not move
+    gpu_vs.bfloat16();
+    let named: Vec<(String, Tensor)> = model
+        .adapter_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, t.shallow_clone()))
+        .collect();
+    assert!(named
+        .iter()
+        .all(|(_, t)| t.device() == cuda && t.kind() == Kind::BFloat16));
+    let base: Vec<Tensor> = model
+        .named_parameters()
+        .iter()
+        .map(|(_, p)| p.copy())
+        .collect();
+    let before: Vec<Tensor> = named.iter().map(|(_, t)| t.copy()).collect();
+    let mut opt = torchrl::trainers::optim::AdamW::new(
+        named
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect(),
+        1e-2,
+    )
+    .unwrap();
+    let loss = logits(model.as_ref(), &ids)
+        .to_kind(Kind::Float)
+        .pow_tensor_scalar(2)
+        .mean(Kind::Float);
+    opt.backward_step(&loss, Some(1.0)).unwrap();
+    let moved = named
+        .iter()
+        .zip(&before)
+        .any(|((_, t), b)| (t - b).abs().max().double_value(&[]) > 0.0);
+    assert!(moved);
+    for ((_, p), b) in model.named_parameters().iter().zip(&base) {
+        assert_eq!((*p - b).abs().max().double_value(&[]), 0.0);
+    }
+}
