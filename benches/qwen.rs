@@ -21,8 +21,8 @@
 //!   Seconds per step: best and median of `TORCHRL_BENCH_ITERS` (default 2) after a warm-up.
 //! - W22, the same GRPO step with LoRA (`TORCHRL_BENCH_LORA=R`: rank `R`, `lora_alpha` 2R, on
 //!   every linear layer of the blocks) and the adapters-off reference (no reference copy), TRL +
-//!   PEFT's configuration; with `TORCHRL_BENCH_BF16=1` the base is bfloat16 (adapters and value
-//!   head float32). `TORCHRL_BENCH_CKPT=1` turns on gradient checkpointing (for the
+//!   PEFT's configuration; with `TORCHRL_BENCH_BF16=1` every variable is made in bfloat16 (AdamW
+//!   trains the adapters and the value head through float32 masters). `TORCHRL_BENCH_CKPT=1` turns on gradient checkpointing (for the
 //!   full-parameter step's memory with and without it).
 //!
 //! `TORCHRL_BENCH_QWEN=generate|forward|grpo` picks one workload (default all three; one per
@@ -165,10 +165,12 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     tch::manual_seed(0);
     let cfg = qwen05b();
     let mut vs = VarStore::new(Device::Cpu);
-    let base = cfg.build(&vs.root())?;
     if v.bf16 {
-        vs.bfloat16();
+        // every variable is made in bf16 (no float32 copy of the model ever exists; the
+        // adapters and the value head too, trained through AdamW's float32 masters)
+        vs.set_kind(Kind::BFloat16);
     }
+    let base = cfg.build(&vs.root())?;
     let model_cfg = ModelConfig {
         num_layers_unfrozen: unfrozen,
         peft_config: (v.lora > 0).then(|| {
