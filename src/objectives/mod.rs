@@ -9,7 +9,7 @@
 //!   ([`KLPENPPOLoss`]), one generic [`PpoLoss`] configured by a [`PpoConfig`].
 //! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
 //!   [`reward_model_loss`]).
-//! - [`value`]: value estimators ([`value::Gae`], [`value::TdLambdaEstimator`]) and their
+//! - [`value`]: value estimators ([`value::GAE`], [`value::TDLambdaEstimator`]) and their
 //!   functional forms.
 //!
 //! ```
@@ -36,6 +36,7 @@ pub mod llm;
 pub mod optim;
 pub mod ppo;
 pub mod reward_model;
+pub mod target;
 pub mod value;
 
 pub use common::{ensure_finite, DynLossModule, LossModule, LossOutput, Reduction};
@@ -48,7 +49,8 @@ pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, Centering, RewardModelKeys,
     RewardModelLoss, RewardModelLossOutput, ScoreFn,
 };
+pub use target::{HardUpdate, SoftUpdate, TargetNetworks, TargetParams, WithTarget};
 pub use value::{
-    forward_value_estimator_keys, Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys,
-    ValueNetwork, VALUE_ESTIMATOR_KEYS,
+    forward_value_estimator_keys, TD0Estimator, TD1Estimator, TDLambdaEstimator, ValueEstimator,
+    ValueEstimatorKeys, ValueNetwork, GAE, VALUE_ESTIMATOR_KEYS,
 };
