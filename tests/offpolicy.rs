@@ -34,7 +34,10 @@ fn target_w(net: &WithTarget<nn::Linear>) -> Tensor {
 fn with_target_starts_as_a_frozen_copy() -> Result<()> {
     let vs = nn::VarStore::new(Device::Cpu);
     let net = linear_with_target(&vs)?;
-    let t = net.target().map(|t| t.ws.shallow_clone()).expect("a target");
+    let t = net
+        .target()
+        .map(|t| t.ws.shallow_clone())
+        .expect("a target");
     assert!(t.equal(&net.online().ws));
     assert!(!t.requires_grad());
     assert!(net.online().ws.requires_grad());
