@@ -191,6 +191,8 @@ pub trait TargetNetworks {
 /// device and dtype), whose values then start as a copy of the online ones.
 pub struct WithTarget<M> {
     online: M,
+    /// The online network's parameters (shallow copies), for [`WithTarget::frozen`].
+    online_params: Vec<Tensor>,
     target: Option<(M, VarStore, TargetParams)>,
 }
 
@@ -212,17 +214,61 @@ impl<M> WithTarget<M> {
         F: Fn(&nn::Path<'_>) -> Result<M>,
     {
         let online = build(path)?;
-        let target = if with_target {
-            let mut store = VarStore::new(path.device());
-            store.set_kind(path.kind());
-            let net = build(&store.root())?;
+        let mut store = VarStore::new(path.device());
+        store.set_kind(path.kind());
+        let net = build(&store.root())?;
+        if with_target {
             let params = TargetParams::from_path(path, &store)?;
             store.freeze();
-            Some((net, store, params))
+            let online_params = params
+                .pairs()
+                .iter()
+                .map(|(_, o, _)| o.shallow_clone())
+                .collect();
+            Ok(WithTarget {
+                online,
+                online_params,
+                target: Some((net, store, params)),
+            })
         } else {
-            None
-        };
-        Ok(WithTarget { online, target })
+            // the copy only names the online parameters
+            let mut online_params = Vec::new();
+            let mut names: Vec<String> = store.variables().into_keys().collect();
+            names.sort();
+            for name in names {
+                if let Some(t) = lookup(path, &name) {
+                    online_params.push(t);
+                }
+            }
+            Ok(WithTarget {
+                online,
+                online_params,
+                target: None,
+            })
+        }
+    }
+
+    /// Runs `f` with the online parameters' `requires_grad` off (TorchRL's detached
+    /// parameters: the actor's loss must not reach the critic), restoring each afterwards.
+    pub fn frozen<R>(&self, f: impl FnOnce() -> R) -> R {
+        let flags: Vec<bool> = self
+            .online_params
+            .iter()
+            .map(Tensor::requires_grad)
+            .collect();
+        for p in &self.online_params {
+            let _ = p.shallow_clone().set_requires_grad(false);
+        }
+        let out = f();
+        for (p, flag) in self.online_params.iter().zip(flags) {
+            let _ = p.shallow_clone().set_requires_grad(flag);
+        }
+        out
+    }
+
+    /// The online network's parameters (shallow copies sharing storage), sorted by name.
+    pub fn online_params(&self) -> &[Tensor] {
+        &self.online_params
     }
 
     /// The online network.
