@@ -376,9 +376,8 @@ impl SACLoss {
     /// A reparameterised action and its log-probability for `td`.
     fn sample(&self, td: &TensorDict) -> Result<(Tensor, Tensor)> {
         let dist = self.actor.get_dist(td)?;
-        let a = dist.rsample(&mut self.gen.borrow_mut(), &[])?;
-        let lp = dist.log_prob(&a)?;
-        Ok((a, lp))
+        let out = dist.rsample_and_log_prob(&mut self.gen.borrow_mut(), &[]);
+        out
     }
 }
 
@@ -809,7 +808,7 @@ impl LossModule for DiscreteSACLoss {
             let next = next_td(op, td)?;
             let (p, _) = probs_logits(self.actor.get_dist(&next)?.as_ref())?;
             let one = Tensor::f_full(&[] as &[i64], 1e-8, (p.kind(), p.device()))?;
-            let logp = p.f_eq(0.0)?.f_where_self(&one, &p)?.f_log()?;
+            let logp = one.f_where_self(&p.f_eq(0.0)?, &p)?.f_log()?;
             let q = critics_at(op, &self.qvalues, &next, &k.action_value, true, false)?;
             let v = q.f_min_dim(0, false)?.0.f_sub(&logp.f_mul(&alpha)?)?;
             p.f_mul(&v)?.f_sum_dim_intlist(-1, true, None::<Kind>)?
