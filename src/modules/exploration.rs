@@ -116,10 +116,10 @@ fn prefix_shape(
 ) -> Result<Vec<i64>> {
     let a = action.size();
     let s = spec.shape();
-    if a.len() >= s.len() && a[a.len() - s.len()..] == *s {
-        Ok(a[..a.len() - s.len()].to_vec())
-    } else {
-        Err(Error::value(
+    let split = a.len().checked_sub(s.len());
+    match split.map(|k| a.split_at(k)) {
+        Some((prefix, tail)) if tail == s => Ok(prefix.to_vec()),
+        _ => Err(Error::value(
             op,
             key,
             format!(
@@ -127,7 +127,7 @@ fn prefix_shape(
                 ShapeFmt(s)
             ),
             format!("shape {}", ShapeFmt(&a)),
-        ))
+        )),
     }
 }
 
