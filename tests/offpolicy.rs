@@ -525,3 +525,32 @@ fn sac_actor_loss_leaves_the_critics_alone() -> Result<()> {
     assert!(grad_norm("qvalue.0.q.weight") > 0.0);
     Ok(())
 }
+
+#[test]
+fn losses_are_send_and_old_estimator_names_still_work() -> Result<()> {
+    fn assert_send<T: Send>() {}
+    assert_send::<DQNLoss>();
+    assert_send::<SACLoss>();
+    assert_send::<torchrl::objectives::DiscreteSACLoss>();
+    assert_send::<torchrl::objectives::TD3Loss>();
+    assert_send::<torchrl::objectives::DDPGLoss>();
+    // a trainer can hold them type-erased
+    let vs = nn::VarStore::new(Device::Cpu);
+    let loss = DQNLoss::new(
+        &vs.root(),
+        q_builder,
+        DQNConfig::new(ActionSpace::Categorical),
+    )?;
+    let boxed: Box<dyn torchrl::objectives::DynLossModule> = Box::new(loss);
+    assert_eq!(boxed.loss_name(), "DQNLoss");
+    // the former spellings are deprecated aliases of the TorchRL ones
+    #[allow(deprecated)]
+    {
+        let g: torchrl::objectives::value::Gae = torchrl::objectives::value::GAE::new(0.9, 0.8)?;
+        assert_eq!(g.lmbda(), 0.8);
+        let t: torchrl::objectives::value::TdLambdaEstimator =
+            torchrl::objectives::value::TDLambdaEstimator::new(0.9, 0.8)?;
+        assert_eq!(t.gamma(), 0.9);
+    }
+    Ok(())
+}
