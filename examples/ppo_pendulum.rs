@@ -30,7 +30,7 @@ use torchrl::modules::{
     TdModule, TensorDictModule, TensorDictSequential, ValueOperator, MLP,
 };
 use torchrl::objectives::optim::step_with_grad_norm;
-use torchrl::objectives::value::Gae;
+use torchrl::objectives::value::GAE;
 use torchrl::objectives::{ClipPPOLoss, CriticLossType, LossModule, LossOutput};
 use torchrl::{EnvBase, Error, Generator, Result, RolloutConfig, TensorDict, TransformedEnv};
 
@@ -282,7 +282,7 @@ pub fn run(cfg: &Config) -> Result<Summary> {
         .with_loss_critic_type(CriticLossType::L2)
         .with_normalize_advantage(true)
         .with_seed(cfg.seed);
-    loss.make_value_estimator(Box::new(Gae::new(GAMMA, LMBDA)?))?;
+    loss.make_value_estimator(Box::new(GAE::new(GAMMA, LMBDA)?))?;
     let mut opt = nn::Adam::default().build(&vs, LR)?;
 
     // An eval env with the same observation statistics; the baselines' scores.

@@ -5,7 +5,7 @@
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs};
 use torchrl::modules::{from_fn, DistributionBuilder, ProbabilisticActor};
-use torchrl::objectives::value::{Gae, TdLambdaEstimator, ValueEstimator};
+use torchrl::objectives::value::{TDLambdaEstimator, ValueEstimator, GAE};
 use torchrl::objectives::{ClipPPOLoss, KLPENPPOLoss, LossModule, LossOutput};
 use torchrl::specs::{Bounded, Unbounded};
 use torchrl::{Error, TensorDict};
@@ -192,8 +192,8 @@ fn values(td: TensorDict) -> torchrl::Result<TensorDict> {
 fn gae_refuses_a_flat_batch_without_an_explicit_time_dim() -> R {
     let flat = values(trajectories(1, 80)?.reshape([80])?)?;
     for est in [
-        Box::new(Gae::new(0.99, 0.95)?) as Box<dyn ValueEstimator>,
-        Box::new(TdLambdaEstimator::new(0.99, 0.95)?),
+        Box::new(GAE::new(0.99, 0.95)?) as Box<dyn ValueEstimator>,
+        Box::new(TDLambdaEstimator::new(0.99, 0.95)?),
     ] {
         let mut td = flat.clone();
         let err = est.forward(&mut td).unwrap_err();
@@ -204,11 +204,11 @@ fn gae_refuses_a_flat_batch_without_an_explicit_time_dim() -> R {
     }
     // opting in: one trajectory of 80 steps
     let mut td = flat.clone();
-    Gae::new(0.99, 0.95)?.with_time_dim(0).forward(&mut td)?;
+    GAE::new(0.99, 0.95)?.with_time_dim(0).forward(&mut td)?;
     assert_eq!(td.get_or_err("advantage")?.size(), [80, 1]);
     // [B, T] needs nothing
     let mut td = values(trajectories(4, 20)?)?;
-    Gae::new(0.99, 0.95)?.forward(&mut td)?;
+    GAE::new(0.99, 0.95)?.forward(&mut td)?;
     assert_eq!(td.get_or_err("advantage")?.size(), [4, 20, 1]);
     Ok(())
 }

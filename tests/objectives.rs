@@ -22,7 +22,7 @@ use torchrl::objectives::value::functional::{
     generalized_advantage_estimate, td_lambda_advantage_estimate, td_lambda_return_estimate,
 };
 use torchrl::objectives::value::{
-    Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork,
+    TDLambdaEstimator, ValueEstimator, ValueEstimatorKeys, ValueNetwork, GAE,
 };
 use torchrl::objectives::{
     forward_value_estimator_keys, reward_model_loss, set_estimator_keys, set_loss_keys,
@@ -581,7 +581,7 @@ fn replay_gae_module() {
     run_all("gae_module", 7, |c| {
         let a = &c["args"];
         let (gamma, lmbda, average, keys) = estimator_config(a)?;
-        let mut gae = Gae::new(gamma, lmbda).map_err(s)?.with_average_gae(average);
+        let mut gae = GAE::new(gamma, lmbda).map_err(s)?.with_average_gae(average);
         if !a["value_network"].is_null() {
             gae = gae.with_value_network(linear_value_network(&a["value_network"])?);
         }
@@ -595,7 +595,7 @@ fn replay_td_lambda_module() {
     run_all("td_lambda_module", 7, |c| {
         let a = &c["args"];
         let (gamma, lmbda, average, keys) = estimator_config(a)?;
-        let mut est = TdLambdaEstimator::new(gamma, lmbda)
+        let mut est = TDLambdaEstimator::new(gamma, lmbda)
             .map_err(s)?
             .with_average_rewards(average);
         if !a["value_network"].is_null() {
@@ -609,7 +609,7 @@ fn replay_td_lambda_module() {
 #[test]
 fn replay_estimator_set_keys_errors() {
     run_all("estimator_set_keys", 2, |c| {
-        let mut gae = Gae::new(0.9, 0.9).map_err(s)?;
+        let mut gae = GAE::new(0.9, 0.9).map_err(s)?;
         let p = pairs(&c["args"]["pairs"])?;
         let r = gae.set_keys(&as_refs(&p));
         check_error(r, &c["expect"])?;
@@ -826,8 +826,8 @@ fn reward_model_keys_typed_and_by_name_agree() -> torchrl::Result<()> {
 fn losses_and_estimators_are_send() {
     fn send<T: Send>() {}
     send::<RewardModelLoss>();
-    send::<Gae>();
-    send::<TdLambdaEstimator>();
+    send::<GAE>();
+    send::<TDLambdaEstimator>();
 }
 
 // ======================================================================= hand-derived: value
@@ -867,7 +867,7 @@ fn gae_reference_numbers() -> torchrl::Result<()> {
         .with(("next", "state_value"), t(&[0.6, 0.7, 0.0]))?
         .with(("next", "reward"), t(&[0.0, 0.0, 1.0]))?
         .with(("next", "done"), done.shallow_clone())?;
-    Gae::new(1.0, 0.95)?.with_time_dim(0).forward(&mut td)?; // one trajectory [T]
+    GAE::new(1.0, 0.95)?.with_time_dim(0).forward(&mut td)?; // one trajectory [T]
     assert_close(
         &f64s(td.get_or_err("advantage")?),
         &[0.46575, 0.385, 0.3],
@@ -881,7 +881,7 @@ fn gae_reference_numbers() -> torchrl::Result<()> {
     // standardised: (A - mean) / std (unbiased). The reference numbers are trlX's whiten,
     // which adds 1e-8 to the variance (≈ 0.00687): a relative difference of 1e-8 / (2 · var)
     // ≈ 7.3e-7, hence the tolerance.
-    Gae::new(1.0, 0.95)?
+    GAE::new(1.0, 0.95)?
         .with_average_gae(true)
         .with_time_dim(0)
         .forward(&mut td)?;
@@ -974,10 +974,10 @@ fn estimators_match_sequential_loops_on_a_cartpole_rollout() -> torchrl::Result<
         })
     };
     let (g, l) = (0.97, 0.9);
-    let gae = Gae::new(g, l)?.with_value_network(net());
+    let gae = GAE::new(g, l)?.with_value_network(net());
     let mut td_l = td.clone();
     gae.forward(&mut td)?;
-    TdLambdaEstimator::new(g, l)?
+    TDLambdaEstimator::new(g, l)?
         .with_value_network(net())
         .forward(&mut td_l)?;
 
@@ -1052,10 +1052,10 @@ fn truncation_bootstraps_and_termination_does_not() -> torchrl::Result<()> {
     };
     for (terminated, want) in [(true, 1.0), (false, 6.0)] {
         let mut td = mk(terminated)?;
-        Gae::new(0.5, 0.7)?.with_time_dim(0).forward(&mut td)?;
+        GAE::new(0.5, 0.7)?.with_time_dim(0).forward(&mut td)?;
         assert_eq!(td.get_or_err("advantage")?.double_value(&[0, 0]), want);
         let mut td = mk(terminated)?;
-        TdLambdaEstimator::new(0.5, 0.7)?
+        TDLambdaEstimator::new(0.5, 0.7)?
             .with_time_dim(0)
             .forward(&mut td)?;
         assert_eq!(td.get_or_err("value_target")?.double_value(&[0, 0]), want);
@@ -1077,7 +1077,7 @@ fn small_td() -> torchrl::Result<TensorDict> {
 
 #[test]
 fn estimator_errors_and_atomic_writes() -> torchrl::Result<()> {
-    let gae = Gae::new(0.9, 0.9)?;
+    let gae = GAE::new(0.9, 0.9)?;
     // no time dim
     let mut flat = TensorDict::new([])?;
     assert!(gae.forward(&mut flat).is_err());
@@ -1096,15 +1096,15 @@ fn estimator_errors_and_atomic_writes() -> torchrl::Result<()> {
     assert!(err.to_string().contains("[2, 4, 2]"), "{err}");
     // time_dim out of range
     let mut td = small_td()?;
-    assert!(Gae::new(0.9, 0.9)?
+    assert!(GAE::new(0.9, 0.9)?
         .with_time_dim(2)
         .forward(&mut td)
         .is_err());
-    assert!(Gae::new(f64::NAN, 0.9).is_err());
+    assert!(GAE::new(f64::NAN, 0.9).is_err());
     // a write that fails half-way leaves the tensordict as it was: "value_target" is
     // written under "reward/..." which walks through the reward leaf
     let mut td = small_td()?;
-    let mut bad = Gae::new(0.9, 0.9)?;
+    let mut bad = GAE::new(0.9, 0.9)?;
     bad.set_keys(&[("value_target", Some(("next", "reward", "x").into()))])?;
     let before = td.keys(torchrl::tensordict::KeysOptions::nested_leaves());
     assert!(bad.forward(&mut td).is_err());
@@ -1126,7 +1126,7 @@ fn time_dim_can_be_an_earlier_batch_dim() -> torchrl::Result<()> {
         d
     })?;
     let mut tb = bt.permute([1, 0])?;
-    let gae = Gae::new(0.8, 0.5)?;
+    let gae = GAE::new(0.8, 0.5)?;
     gae.forward(&mut bt)?;
     gae.with_time_dim(0).forward(&mut tb)?;
     let a = bt.get_or_err("advantage")?;
@@ -1155,10 +1155,10 @@ fn differentiable_estimates_carry_gradients() -> torchrl::Result<()> {
             )
     };
     let mut td = mk()?;
-    Gae::new(0.9, 0.5)?.forward(&mut td)?;
+    GAE::new(0.9, 0.5)?.forward(&mut td)?;
     assert!(!td.get_or_err("advantage")?.requires_grad());
     let mut td = mk()?;
-    Gae::new(0.9, 0.5)?
+    GAE::new(0.9, 0.5)?
         .with_differentiable(true)
         .forward(&mut td)?;
     let adv = td.get_or_err("advantage")?;
@@ -1177,7 +1177,7 @@ fn differentiable_estimates_carry_gradients() -> torchrl::Result<()> {
 
 #[test]
 fn estimator_set_keys_rules() -> torchrl::Result<()> {
-    let mut gae = Gae::new(0.9, 0.9)?;
+    let mut gae = GAE::new(0.9, 0.9)?;
     gae.set_keys(&[("reward", Some(("agents", "reward").into()))])?;
     assert_eq!(
         gae.tensor_keys().reward,
@@ -1307,7 +1307,7 @@ impl LossModule for CriticLoss {
 
 /// An estimator that does not accept `terminated` (TorchRL issue #4371: a loss must forward
 /// only the keys its estimator accepts).
-struct NoTerminated(Gae);
+struct NoTerminated(GAE);
 
 impl ValueEstimator for NoTerminated {
     fn name(&self) -> &'static str {
@@ -1344,7 +1344,7 @@ impl ValueEstimator for NoTerminated {
 
 #[test]
 fn loss_keys_are_forwarded_to_its_estimator() -> torchrl::Result<()> {
-    let mut loss = CriticLoss::new(Box::new(Gae::new(0.9, 0.8)?))?;
+    let mut loss = CriticLoss::new(Box::new(GAE::new(0.9, 0.8)?))?;
     assert!(loss
         .in_keys()
         .contains(&NestedKey::from(("next", "reward"))));
@@ -1407,7 +1407,7 @@ fn loss_keys_are_forwarded_to_its_estimator() -> torchrl::Result<()> {
 
 #[test]
 fn only_keys_the_estimator_accepts_are_forwarded() -> torchrl::Result<()> {
-    let mut loss = CriticLoss::new(Box::new(NoTerminated(Gae::new(0.9, 0.8)?)))?;
+    let mut loss = CriticLoss::new(Box::new(NoTerminated(GAE::new(0.9, 0.8)?)))?;
     loss.set_keys(&[
         ("terminated", Some("term2".into())),
         ("done", Some("done2".into())),

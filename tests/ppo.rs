@@ -18,7 +18,7 @@ use torchrl::modules::{
     from_fn, DistributionBuilder, NormalParamExtractor, ProbabilisticActor, TensorDictModule,
     TensorDictSequential,
 };
-use torchrl::objectives::value::{Gae, ValueEstimator};
+use torchrl::objectives::value::{ValueEstimator, GAE};
 use torchrl::objectives::{
     ClipPPOLoss, CriticLossType, KLPENPPOLoss, LossModule, LossOutput, PpoLossOutput, Reduction,
 };
@@ -490,7 +490,7 @@ fn outer_product_broadcast_is_refused() {
 fn estimator_path_and_key_forwarding() {
     let (actor, _) = toy_actor();
     let mut loss = ClipPPOLoss::new(actor, toy_critic());
-    loss.make_value_estimator(Box::new(Gae::new(0.9, 0.8).expect("gae").with_time_dim(0)))
+    loss.make_value_estimator(Box::new(GAE::new(0.9, 0.8).expect("gae").with_time_dim(0)))
         .expect("make");
     loss.set_keys(&[
         ("advantage", Some("adv_new".into())),
@@ -514,7 +514,7 @@ fn estimator_path_and_key_forwarding() {
     })
     .expect("critic");
     let mut loss = ClipPPOLoss::new(actor, critic);
-    loss.make_value_estimator(Box::new(Gae::new(0.9, 0.8).expect("gae").with_time_dim(0)))
+    loss.make_value_estimator(Box::new(GAE::new(0.9, 0.8).expect("gae").with_time_dim(0)))
         .expect("make");
     loss.set_keys(&[("value", Some("sv".into())), ("reward", Some("r2".into()))])
         .expect("set_keys");
@@ -616,7 +616,7 @@ fn critic_loss_types_parse() {
         Some(CriticLossType::SmoothL1)
     );
     assert!("huber".parse::<CriticLossType>().is_err());
-    let _ = ValueEstimator::name(&Gae::new(0.9, 0.9).expect("gae"));
+    let _ = ValueEstimator::name(&GAE::new(0.9, 0.9).expect("gae"));
 }
 
 // ------------------------------------------------------------------ KLPENPPOLoss, hand-derived
@@ -798,7 +798,7 @@ fn klpen_config_keys_and_errors() {
 fn compute_advantage_runs_the_critic_and_the_estimator() {
     let (actor, _) = toy_actor();
     let mut loss = ClipPPOLoss::new(actor, toy_critic());
-    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae").with_time_dim(0)))
+    loss.make_value_estimator(Box::new(GAE::new(0.5, 0.5).expect("gae").with_time_dim(0)))
         .expect("estimator");
     let col = |v: &[f64]| Tensor::from_slice(v).view([-1, 1]);
     let flags = |v: &[bool]| Tensor::from_slice(v).view([-1, 1]);
@@ -906,7 +906,7 @@ fn actor_value_operator_runs_the_trunk_once_per_forward() {
         })
         .expect("td");
     let mut loss = loss;
-    loss.make_value_estimator(Box::new(Gae::new(0.5, 0.5).expect("gae").with_time_dim(0)))
+    loss.make_value_estimator(Box::new(GAE::new(0.5, 0.5).expect("gae").with_time_dim(0)))
         .expect("estimator");
     let before = calls.load(Ordering::SeqCst);
     loss.compute_advantage(&mut td).expect("advantage");

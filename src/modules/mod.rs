@@ -18,18 +18,24 @@
 pub mod actor_value;
 pub mod actors;
 pub mod distributions;
+pub mod exploration;
 pub mod llm;
 pub mod models;
 pub mod module;
 pub mod probabilistic;
+pub mod q_value;
 pub mod sequential;
+pub mod tanh;
 
 pub use actor_value::ActorValueOperator;
 pub use actors::{DistributionBuilder, NormalParamExtractor, ProbabilisticActor};
+pub use exploration::{AdditiveGaussianModule, EGreedyModule, OrnsteinUhlenbeckProcessModule};
 pub use models::{MlpConfig, ValueOperator, MLP};
 pub use module::{from_fn, TdModule, TensorDictModule};
 pub use probabilistic::{
     exploration_type, set_exploration_type, ExplorationGuard, ExplorationType,
     ProbabilisticTensorDictModule,
 };
+pub use q_value::{ActionSpace, QValueActor, QValueModule};
 pub use sequential::TensorDictSequential;
+pub use tanh::TanhModule;

@@ -9,7 +9,12 @@
 //!   ([`KLPENPPOLoss`]), one generic [`PpoLoss`] configured by a [`PpoConfig`].
 //! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
 //!   [`reward_model_loss`]).
-//! - [`value`]: value estimators ([`value::Gae`], [`value::TdLambdaEstimator`]) and their
+//! - [`target`]: target networks ([`WithTarget`], [`TargetNetworks`]) and their updaters
+//!   ([`SoftUpdate`], [`HardUpdate`]).
+//! - off-policy losses: [`DQNLoss`] ([`dqn`]), [`DDPGLoss`] ([`ddpg`]), [`TD3Loss`] ([`td3`]),
+//!   [`SACLoss`] and [`DiscreteSACLoss`] ([`sac`]), sharing [`off_policy`]
+//!   ([`ValueEstimators`], [`TargetEntropy`]).
+//! - [`value`]: value estimators ([`value::GAE`], [`value::TDLambdaEstimator`]) and their
 //!   functional forms.
 //!
 //! ```
@@ -31,15 +36,24 @@
 //! ```
 
 pub mod common;
+pub mod ddpg;
+pub mod dqn;
 pub mod keys;
 pub mod llm;
+pub mod off_policy;
 pub mod optim;
 pub mod ppo;
 pub mod reward_model;
+pub mod sac;
+pub mod target;
+pub mod td3;
 pub mod value;
 
 pub use common::{ensure_finite, DynLossModule, LossModule, LossOutput, Reduction};
+pub use ddpg::{DDPGConfig, DDPGKeys, DDPGLoss, DDPGLossOutput};
+pub use dqn::{DQNConfig, DQNKeys, DQNLoss, DQNLossOutput};
 pub use keys::{set_estimator_keys, set_loss_keys, AcceptedKeys, KeyPairs};
+pub use off_policy::{BoxedEstimator, TargetEntropy, ValueEstimators, DEFAULT_GAMMA};
 pub use ppo::{
     Clip, ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPen, KlPenPpoLossOutput, PpoConfig, PpoKeys,
     PpoLoss, PpoLossOutput, PpoObjective,
@@ -48,7 +62,12 @@ pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, Centering, RewardModelKeys,
     RewardModelLoss, RewardModelLossOutput, ScoreFn,
 };
+pub use sac::{
+    DiscreteSACConfig, DiscreteSACKeys, DiscreteSACLoss, SACConfig, SACKeys, SACLoss, SACLossOutput,
+};
+pub use target::{HardUpdate, SoftUpdate, TargetNetworks, TargetParams, WithTarget};
+pub use td3::{TD3Config, TD3Keys, TD3Loss, TD3LossOutput};
 pub use value::{
-    forward_value_estimator_keys, Gae, TdLambdaEstimator, ValueEstimator, ValueEstimatorKeys,
-    ValueNetwork, VALUE_ESTIMATOR_KEYS,
+    forward_value_estimator_keys, TD0Estimator, TD1Estimator, TDLambdaEstimator, ValueEstimator,
+    ValueEstimatorKeys, ValueNetwork, GAE, VALUE_ESTIMATOR_KEYS,
 };

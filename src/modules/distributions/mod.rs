@@ -160,6 +160,19 @@ pub trait Distribution {
     /// from `gen`.
     fn sample(&self, gen: &mut Generator, sample_shape: &[i64]) -> Result<Tensor>;
 
+    /// A reparameterised sample and its log-probability (TorchRL's `rsample_and_log_prob`).
+    /// Defaults to `log_prob(rsample())`; a distribution that can score its sample exactly
+    /// (a [`TanhNormal`] at its pre-tanh value) overrides it.
+    fn rsample_and_log_prob(
+        &self,
+        gen: &mut Generator,
+        sample_shape: &[i64],
+    ) -> Result<(Tensor, Tensor)> {
+        let a = self.rsample(gen, sample_shape)?;
+        let lp = self.log_prob(&a)?;
+        Ok((a, lp))
+    }
+
     /// Whether [`Distribution::rsample`] is supported.
     fn has_rsample(&self) -> bool;
 

@@ -369,6 +369,14 @@ impl Distribution for TanhNormal {
         self.push_forward(&x)
     }
 
+    fn rsample_and_log_prob(
+        &self,
+        gen: &mut Generator,
+        sample_shape: &[i64],
+    ) -> Result<(Tensor, Tensor)> {
+        TanhNormal::rsample_and_log_prob(self, gen, sample_shape)
+    }
+
     /// Always an error: the entropy of a TanhNormal has no closed form. Use
     /// [`TanhNormal::entropy_estimate`].
     fn entropy(&self) -> Result<Tensor> {

@@ -14,7 +14,7 @@ use crate::modules::module::TensorDictModule;
 use crate::modules::sequential::chain_in_keys;
 use crate::modules::ProbabilisticTensorDictModule;
 use crate::objectives::common::ensure_finite;
-use crate::objectives::value::{forward_value_estimator_keys, Gae, ValueEstimator};
+use crate::objectives::value::{forward_value_estimator_keys, ValueEstimator, GAE};
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -279,7 +279,7 @@ impl PpoCommon {
         match &self.value_estimator {
             Some(est) => est.forward(td)?,
             None => {
-                let mut gae = Gae::new(0.99, 0.95)?;
+                let mut gae = GAE::new(0.99, 0.95)?;
                 Self::forward_keys(&self.keys, &mut gae)?;
                 gae.forward(td)?;
             }

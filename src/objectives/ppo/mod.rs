@@ -134,7 +134,12 @@ pub enum CriticLossType {
 
 impl CriticLossType {
     /// The element-wise distance between `target` and `value` (same shapes required).
-    fn distance(self, op: &'static str, target: &Tensor, value: &Tensor) -> Result<Tensor> {
+    pub(crate) fn distance(
+        self,
+        op: &'static str,
+        target: &Tensor,
+        value: &Tensor,
+    ) -> Result<Tensor> {
         let (ts, vs) = (target.size(), value.size());
         if ts != vs {
             return Err(Error::InvalidValue {

@@ -47,7 +47,7 @@ pub(crate) enum Gamma<'a> {
 }
 
 impl Gamma<'_> {
-    fn mul(&self, t: &Tensor) -> Result<Tensor> {
+    pub(crate) fn mul(&self, t: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Gamma::Scalar(g) => t.f_mul_scalar(*g)?,
             Gamma::PerStep(g) => t.f_mul(g)?,

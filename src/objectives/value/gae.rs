@@ -1,8 +1,8 @@
-//! Generalized advantage estimation as a tensordict module: [`Gae`] (TorchRL's `GAE`).
+//! Generalized advantage estimation as a tensordict module: [`GAE`] (TorchRL's `GAE`).
 //!
 //! ```
 //! use tch::{Kind, Tensor};
-//! use torchrl::objectives::value::{Gae, ValueEstimator, ValueNetwork};
+//! use torchrl::objectives::value::{GAE, ValueEstimator, ValueNetwork};
 //! use torchrl::TensorDict;
 //! # fn main() -> torchrl::Result<()> {
 //! // V(s) = 2·obs, a 4-step truncated trajectory (done, not terminated, at the end)
@@ -15,7 +15,7 @@
 //!     .with(("next", "terminated"), Tensor::zeros([4, 1], (Kind::Bool, tch::Device::Cpu)))?;
 //! let net = ValueNetwork::new(["obs"], |td: &TensorDict| Ok(td.get_or_err("obs")?.f_mul_scalar(2.0)?));
 //! // one trajectory of 4 steps: its time dim named explicitly
-//! let gae = Gae::new(1.0, 1.0)?.with_value_network(net).with_time_dim(0);
+//! let gae = GAE::new(1.0, 1.0)?.with_value_network(net).with_time_dim(0);
 //! gae.forward(&mut td)?;
 //! // γ=λ=1, no reward, bootstrapped at truncation: A_t = V(s_4) - V(s_t) = 8 - 2t
 //! let adv = Vec::<f32>::try_from(td.get_or_err("advantage")?.view([-1]))?;
@@ -41,22 +41,25 @@ use super::{estimator_builders, Estimate, EstimatorCore};
 ///
 /// # Shapes
 /// - input: a tensordict of batch size `[*B, T]` (time at the last batch dim unless set with
-///   [`with_time_dim`](Gae::with_time_dim)); value, next value, `("next", reward)`,
+///   [`with_time_dim`](GAE::with_time_dim)); value, next value, `("next", reward)`,
 ///   `("next", done)` and `("next", terminated)` all of one shape `[*B, T, *F]` (typically
 ///   `[*B, T, 1]`).
 /// - output: `advantage` and `value_target`, `[*B, T, *F]`.
 #[derive(Debug)]
-pub struct Gae {
+#[doc(alias = "Gae")]
+#[allow(clippy::upper_case_acronyms)]
+pub struct GAE {
     core: EstimatorCore,
     average_gae: bool,
 }
 
-estimator_builders!(Gae, "GAE", with_average_gae => average_gae);
+estimator_builders!(GAE, "GAE", with_average_gae => average_gae);
 
-impl Gae {
+impl GAE {
     /// `(advantage, value_target)` and the value writes, without touching `td`.
-    fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
-        let (_guard, x) = self.core.start(td)?;
+    /// GAE's target is `A + V(s_t)`: `V(s_t)` is read even for a value estimate.
+    fn estimate(&self, td: &TensorDict, _need_value: bool) -> Result<Estimate> {
+        let (_guard, x) = self.core.start(td, true)?;
         let (adv, target) = gae_time_last(
             &x.gamma(self.core.gamma),
             self.core.lmbda,
@@ -78,3 +81,8 @@ impl Gae {
         })
     }
 }
+
+/// The former name of [`GAE`] (renamed to TorchRL's spelling; see `docs/architecture.md`,
+/// "Naming").
+#[deprecated(note = "renamed to `GAE`, TorchRL's spelling")]
+pub type Gae = GAE;

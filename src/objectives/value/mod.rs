@@ -1,12 +1,12 @@
-//! Value estimators: [`Gae`] (generalized advantage estimation) and [`TdLambdaEstimator`]
-//! (TD(λ) value targets), behind the [`ValueEstimator`] trait, plus their
+//! Value estimators: [`GAE`] (generalized advantage estimation), [`TDLambdaEstimator`]
+//! (TD(λ) value targets), [`TD0Estimator`] (one-step targets) and [`TD1Estimator`] (returns), behind the [`ValueEstimator`] trait, plus their
 //! [`functional`] forms (TorchRL's `torchrl.objectives.value`).
 //!
 //! An estimator reads a `[*B, T]` tensordict laid out as a collector or a batched env's
 //! [`EnvBase::rollout`] produces it (time is the last batch dim unless set otherwise), and
 //! writes `advantage` and `value_target` into it.
 //!
-//! **The time dim must be explicit.** TorchRL takes the last batch dim (or the dim named
+//! **The time dim must be explicit** (except for [`TD0Estimator`], which reads none). TorchRL takes the last batch dim (or the dim named
 //! `"time"`) as time, so a flat minibatch of 80 transitions runs as one 80-step trajectory.
 //! Here a tensordict needs at least two batch dims (`[*B, T]`, time last), or, for a single
 //! trajectory with batch size `[T]` (an unbatched env's rollout), the time dim set explicitly
@@ -31,7 +31,7 @@
 //!
 //! ```
 //! use tch::{Kind, Tensor};
-//! use torchrl::objectives::value::{Gae, ValueEstimator};
+//! use torchrl::objectives::value::{GAE, ValueEstimator};
 //! use torchrl::TensorDict;
 //! # fn main() -> torchrl::Result<()> {
 //! let f = (Kind::Float, tch::Device::Cpu);
@@ -41,7 +41,7 @@
 //!     .with(("next", "state_value"), Tensor::from_slice(&[2.0f32, 3.0, 4.0]).view([1, 3, 1]))?
 //!     .with(("next", "reward"), Tensor::ones([1, 3, 1], f))?
 //!     .with(("next", "done"), Tensor::from_slice(&[false, false, true]).view([1, 3, 1]))?;
-//! let gae = Gae::new(0.9, 0.8)?;
+//! let gae = GAE::new(0.9, 0.8)?;
 //! gae.forward(&mut td)?;
 //! let adv = td.get_or_err("advantage")?;
 //! assert!((adv.double_value(&[0, 0, 0]) - 1.9872).abs() < 1e-5);
@@ -52,6 +52,8 @@
 
 pub mod functional;
 mod gae;
+mod td0;
+mod td1;
 mod td_lambda;
 
 use std::fmt;
@@ -66,7 +68,13 @@ use crate::tensordict::{fmt_key_list, AsKey, NestedKey, TensorDict};
 use super::keys::{set_estimator_keys, AcceptedKeys};
 use functional::{check_same_shape, resolve_dim, Gamma};
 
+#[allow(deprecated)]
 pub use gae::Gae;
+pub use gae::GAE;
+pub use td0::TD0Estimator;
+pub use td1::TD1Estimator;
+pub use td_lambda::TDLambdaEstimator;
+#[allow(deprecated)]
 pub use td_lambda::TdLambdaEstimator;
 
 crate::accepted_keys! {
@@ -275,6 +283,8 @@ pub(crate) struct EstimatorCore {
     pub(crate) value_network: Option<Box<dyn TensorDictModule>>,
     pub(crate) differentiable: bool,
     pub(crate) time_dim: Option<i64>,
+    /// Whether the estimate runs along a time dim (false for TD(0)).
+    pub(crate) needs_time: bool,
 }
 
 impl fmt::Debug for EstimatorCore {
@@ -365,6 +375,7 @@ impl EstimatorCore {
             value_network: None,
             differentiable: false,
             time_dim: None,
+            needs_time: true,
         })
     }
 
@@ -433,7 +444,9 @@ impl EstimatorCore {
     }
 
     /// `(V(s_t), V(s_{t+1}))`: from the network (next detached) or precomputed entries.
-    fn values(&self, td: &TensorDict) -> Result<(Tensor, Tensor)> {
+    /// With `need_value == false` (a value estimate: only the target is wanted), `V(s_t)` is
+    /// not read (zeros stand in for it).
+    fn values(&self, td: &TensorDict, need_value: bool) -> Result<(Tensor, Tensor)> {
         match &self.value_network {
             Some(net) => {
                 let next = td.get_dict("next").ok_or_else(|| Error::KeyNotFound {
@@ -442,9 +455,22 @@ impl EstimatorCore {
                         .to_string(),
                     available: available_keys(td),
                 })?;
-                let value = self.network_value(net.as_ref(), td)?;
                 let next_value = self.network_value(net.as_ref(), next)?.f_detach()?;
+                let value = if need_value {
+                    self.network_value(net.as_ref(), td)?
+                } else {
+                    next_value.f_zeros_like()?
+                };
                 Ok((value, next_value))
+            }
+            None if !need_value => {
+                let next_key = self.keys.value.prefixed("next");
+                let next_value = td.get(&next_key).ok_or_else(|| Error::KeyNotFound {
+                    op: self.name,
+                    key: format!("{next_key} (no value network was provided)"),
+                    available: available_keys(td),
+                })?;
+                Ok((next_value.f_zeros_like()?, next_value.shallow_clone()))
             }
             None => {
                 let value = td.get(&self.keys.value).ok_or_else(|| Error::KeyNotFound {
@@ -480,15 +506,32 @@ impl EstimatorCore {
     }
 
     /// The start of every estimate: the no-grad guard (unless differentiable) and the inputs.
-    pub(crate) fn start(&self, td: &TensorDict) -> Result<(Option<tch::NoGradGuard>, Inputs)> {
+    /// `need_value == false` for a value estimate (the target alone: `V(s_t)` is not read).
+    pub(crate) fn start(
+        &self,
+        td: &TensorDict,
+        need_value: bool,
+    ) -> Result<(Option<tch::NoGradGuard>, Inputs)> {
         let guard = (!self.differentiable).then(tch::no_grad_guard);
-        Ok((guard, self.inputs(td)?))
+        Ok((guard, self.inputs(td, need_value)?))
     }
 
     /// Reads everything an estimate needs, checks shapes, and moves time last.
-    pub(crate) fn inputs(&self, td: &TensorDict) -> Result<Inputs> {
-        let tdim = self.time_dim(td)?;
-        let (value, next_value) = self.values(td)?;
+    pub(crate) fn inputs(&self, td: &TensorDict, need_value: bool) -> Result<Inputs> {
+        // TD(0) has no time dim: its estimate is per transition, any batch shape.
+        let tdim = if self.needs_time {
+            self.time_dim(td)?
+        } else if td.batch_dims() == 0 {
+            return Err(Error::argument(
+                self.name,
+                "td",
+                "a tensordict with at least one batch dim",
+                "a tensordict of batch size []",
+            ));
+        } else {
+            0
+        };
+        let (value, next_value) = self.values(td, need_value)?;
         let reward = self.leaf(td, self.keys.reward.prefixed("next"))?;
         let done = self.leaf(td, self.keys.done.prefixed("next"))?;
         let terminated = td
@@ -566,11 +609,6 @@ fn available_keys(td: &TensorDict) -> Vec<String> {
 macro_rules! estimator_builders {
     ($ty:ident, $name:literal, $setter:ident => $flag:ident) => {
         impl $ty {
-            $crate::macros::setters! {
-                #[doc = concat!("Sets TorchRL's `", stringify!($flag), "` (default `false`; see the type's docs).")]
-                $setter($flag: bool);
-            }
-
             #[doc = concat!($name, " with discount `gamma` and trace decay `lmbda`, no value network")]
             /// (precomputed values are read), no standardisation, not differentiable.
             ///
@@ -580,6 +618,34 @@ macro_rules! estimator_builders {
                     core: $crate::objectives::value::EstimatorCore::new($name, gamma, lmbda)?,
                     $flag: false,
                 })
+            }
+
+            /// The trace decay λ.
+            pub fn lmbda(&self) -> f64 {
+                self.core.lmbda
+            }
+        }
+        $crate::objectives::value::estimator_builders!(@common $ty, $name, $setter => $flag);
+    };
+    ($ty:ident, $name:literal, $setter:ident => $flag:ident, gamma_only, needs_time = $nt:expr) => {
+        impl $ty {
+            #[doc = concat!($name, " with discount `gamma`, no value network")]
+            /// (precomputed values are read), no standardisation, not differentiable.
+            ///
+            /// Errors when `gamma` is not finite.
+            pub fn new(gamma: f64) -> $crate::error::Result<Self> {
+                let mut core = $crate::objectives::value::EstimatorCore::new($name, gamma, 1.0)?;
+                core.needs_time = $nt;
+                Ok($ty { core, $flag: false })
+            }
+        }
+        $crate::objectives::value::estimator_builders!(@common $ty, $name, $setter => $flag);
+    };
+    (@common $ty:ident, $name:literal, $setter:ident => $flag:ident) => {
+        impl $ty {
+            $crate::macros::setters! {
+                #[doc = concat!("Sets TorchRL's `", stringify!($flag), "` (default `false`; see the type's docs).")]
+                $setter($flag: bool);
             }
 
             #[doc = concat!("Whether `", stringify!($flag), "` standardisation is on.")]
@@ -614,11 +680,6 @@ macro_rules! estimator_builders {
             /// The discount γ.
             pub fn gamma(&self) -> f64 {
                 self.core.gamma
-            }
-
-            /// The trace decay λ.
-            pub fn lmbda(&self) -> f64 {
-                self.core.lmbda
             }
 
             /// The value network, if any.
@@ -657,14 +718,14 @@ macro_rules! estimator_builders {
                 &self,
                 td: &mut $crate::tensordict::TensorDict,
             ) -> $crate::error::Result<()> {
-                self.estimate(td)?.write_into(td, &self.core.keys)
+                self.estimate(td, true)?.write_into(td, &self.core.keys)
             }
 
             fn value_estimate(
                 &self,
                 td: &$crate::tensordict::TensorDict,
             ) -> $crate::error::Result<tch::Tensor> {
-                Ok(self.estimate(td)?.value_target)
+                Ok(self.estimate(td, false)?.value_target)
             }
         }
     };

@@ -1,9 +1,9 @@
-//! TD(λ) value targets as a tensordict module: [`TdLambdaEstimator`] (TorchRL's
+//! TD(λ) value targets as a tensordict module: [`TDLambdaEstimator`] (TorchRL's
 //! `TDLambdaEstimator`).
 //!
 //! ```
 //! use tch::{Kind, Tensor};
-//! use torchrl::objectives::value::{TdLambdaEstimator, ValueEstimator};
+//! use torchrl::objectives::value::{TDLambdaEstimator, ValueEstimator};
 //! use torchrl::TensorDict;
 //! # fn main() -> torchrl::Result<()> {
 //! let f = (Kind::Double, tch::Device::Cpu);
@@ -13,7 +13,7 @@
 //!     .with(("next", "state_value"), Tensor::full([3, 1], 10.0, f))?
 //!     .with(("next", "reward"), Tensor::ones([3, 1], f))?
 //!     .with(("next", "done"), Tensor::zeros([3, 1], (Kind::Bool, tch::Device::Cpu)))?;
-//! TdLambdaEstimator::new(0.5, 1.0)?.with_time_dim(0).forward(&mut td)?; // one trajectory [T]
+//! TDLambdaEstimator::new(0.5, 1.0)?.with_time_dim(0).forward(&mut td)?; // one trajectory [T]
 //! let target = Vec::<f64>::try_from(td.get_or_err("value_target")?.view([-1]))?;
 //! // G_2 = 1 + 0.5·10 = 6, G_1 = 1 + 0.5·6 = 4, G_0 = 1 + 0.5·4 = 3
 //! assert_eq!(target, vec![3.0, 4.0, 6.0]);
@@ -37,19 +37,21 @@ use super::{estimator_builders, Estimate, EstimatorCore};
 /// where `γ_t = γ^steps_to_next_obs` when that entry is present and `γ` otherwise.
 ///
 /// # Shapes
-/// As [`Gae`](super::Gae): a `[*B, T]` tensordict, inputs and outputs `[*B, T, *F]`.
+/// As [`GAE`](super::GAE): a `[*B, T]` tensordict, inputs and outputs `[*B, T, *F]`.
 #[derive(Debug)]
-pub struct TdLambdaEstimator {
+#[doc(alias = "TdLambdaEstimator")]
+#[allow(clippy::upper_case_acronyms)]
+pub struct TDLambdaEstimator {
     core: EstimatorCore,
     average_rewards: bool,
 }
 
-estimator_builders!(TdLambdaEstimator, "TDLambdaEstimator", with_average_rewards => average_rewards);
+estimator_builders!(TDLambdaEstimator, "TDLambdaEstimator", with_average_rewards => average_rewards);
 
-impl TdLambdaEstimator {
+impl TDLambdaEstimator {
     /// `(advantage, value_target)` and the value writes, without touching `td`.
-    fn estimate(&self, td: &TensorDict) -> Result<Estimate> {
-        let (_guard, x) = self.core.start(td)?;
+    fn estimate(&self, td: &TensorDict, need_value: bool) -> Result<Estimate> {
+        let (_guard, x) = self.core.start(td, need_value)?;
         let reward = if self.average_rewards {
             standardize(&x.reward)?
         } else {
@@ -71,3 +73,8 @@ impl TdLambdaEstimator {
         })
     }
 }
+
+/// The former name of [`TDLambdaEstimator`] (renamed to TorchRL's spelling; see
+/// `docs/architecture.md`, "Naming").
+#[deprecated(note = "renamed to `TDLambdaEstimator`, TorchRL's spelling")]
+pub type TdLambdaEstimator = TDLambdaEstimator;
