@@ -14,7 +14,7 @@ pub mod transforms;
 mod utils;
 
 pub use base::{read_action, EnvBase, EnvCore, Policy, RolloutConfig};
-pub use check::check_env_specs;
+pub use check::{check_env_specs, check_partial_reset};
 pub use env_specs::{EnvSpecs, SpecGroup};
 pub use keys::EnvKeys;
 pub use transforms::{Compose, Transform, TransformedEnv};
