@@ -357,7 +357,9 @@ fn check_group(name: &str, spec: &Composite, td: &TensorDict, prefix: Option<&st
 /// the random actions and any noise a step draws from it are the same in both runs; an env with
 /// other randomness in its step should be checked with deterministic dynamics. Envs with fewer
 /// than two batch elements, with dynamic (`-1`) specs, or without done keys (so without a
-/// `"_reset"` mask) have nothing to check (`Ok`).
+/// `"_reset"` mask), or whose elements' outputs depend on each other
+/// ([`EnvBase::couples_batch_elements`], e.g. under an updating `VecNorm`) have nothing to
+/// check (`Ok`).
 /// [`check_env_specs`] runs this check too.
 ///
 /// ```
@@ -383,7 +385,7 @@ pub fn check_partial_reset<E: EnvBase + ?Sized>(env: &mut E, seed: u64) -> Resul
         .groups
         .iter()
         .any(|g| specs.done.contains(&g.done) || specs.done.contains(&g.terminated));
-    if numel < 2 || has_dynamic_specs(&specs) || !has_masks {
+    if numel < 2 || has_dynamic_specs(&specs) || !has_masks || env.couples_batch_elements() {
         return Ok(());
     }
     // true where an element is NOT reset (odd flat index)
