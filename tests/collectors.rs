@@ -240,7 +240,7 @@ fn xs(td: &TensorDict) -> Vec<i64> {
 }
 
 #[test]
-fn extend_flattens_and_sample_shapes() -> R {
+fn extend_splits_the_first_dim_and_sample_shapes() -> R {
     let mut rb = ReplayBuffer::new(100)?;
     let td = TensorDict::new([2, 8])?
         .with("obs", Tensor::zeros([2, 8, 3], (Kind::Float, Device::Cpu)))?
@@ -248,7 +248,13 @@ fn extend_flattens_and_sample_shapes() -> R {
             ("next", "reward"),
             Tensor::ones([2, 8, 1], (Kind::Float, Device::Cpu)),
         )?;
-    let idx = rb.extend(&td)?;
+    // TorchRL's storages split along the first batch dim only: a [2, 8] batch is two
+    // items of [8]; flattened first, it is 16 transitions
+    let mut traj = ReplayBuffer::new(10)?;
+    assert_eq!(traj.extend(&td)?, vec![0, 1]);
+    assert_eq!(traj.sample(3)?.batch_size(), &[3, 8]);
+    assert_eq!(traj.sample(3)?.get_or_err("obs")?.size(), vec![3, 8, 3]);
+    let idx = rb.extend(&td.reshape([-1])?)?;
     assert_eq!(idx, (0..16).collect::<Vec<_>>());
     assert_eq!(rb.len(), 16);
     assert_eq!(rb.capacity(), 100);

@@ -1,8 +1,8 @@
 //! [`ReplayBuffer`]: a fixed-capacity tensordict storage (TorchRL's `LazyTensorStorage` with a
 //! round-robin writer) and a [`Sampler`].
 //!
-//! The storage is allocated on the first `extend`, shaped `[capacity, *feature_dims]` per leaf
-//! after the first data's structure. Writes go round-robin: once full, the oldest transitions
+//! The storage is allocated on the first `extend`, shaped `[capacity, *item_shape]` per leaf
+//! after the first data's structure (an item is one slice along the first batch dim). Writes go round-robin: once full, the oldest transitions
 //! are overwritten first (FIFO).
 //!
 //! ```
@@ -31,7 +31,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::samplers::{RandomSampler, Sampler};
 use crate::error::{Error, Result};
-use crate::tensordict::{BatchIndex, TensorDict};
+use crate::tensordict::{fmt_key_list, BatchIndex, KeysOptions, NestedKey, TensorDict};
 
 /// A replay buffer over a tensordict storage. See the module docs.
 #[derive(Debug)]
@@ -119,32 +119,42 @@ impl<S: Sampler> ReplayBuffer<S> {
         }
     }
 
-    /// Adds the transitions of `data`: its batch dims are flattened into one (`[B, T]` gives
-    /// `B * T` transitions; a batch-less tensordict is one transition). Returns the storage
-    /// indices written, in order. When the buffer is full the oldest transitions are
-    /// overwritten; when `data` alone holds more than `capacity` transitions only its last
-    /// `capacity` are kept.
+    /// Adds the items of `data`, split along its **first** batch dim only (TorchRL's storages,
+    /// `ndim=1`): a `[B]` batch adds `B` transitions, a `[B, T]` batch adds `B` items of shape
+    /// `[T]` (reshape it to `[-1]` first to store `B * T` transitions), a batch-less tensordict
+    /// adds one item. Returns the storage indices written, in order. When the buffer is full the
+    /// oldest items are overwritten; when `data` alone holds more than `capacity` items only its
+    /// last `capacity` are kept. The sampler is told which indices were written (a prioritized
+    /// sampler gives them its default priority).
     ///
     /// # Errors
-    /// When `data` does not have the structure (keys, feature shapes, dtypes) of the data
-    /// already stored; nothing is written then.
+    /// When `data`'s keys differ from the stored ones (the error lists both and suggests
+    /// `select`), or its item shapes / dtypes differ; nothing is written then.
     pub fn extend(&mut self, data: &TensorDict) -> Result<Vec<i64>> {
-        let n = data.numel();
+        let op = "ReplayBuffer::extend";
+        let items = if data.batch_size().is_empty() {
+            data.unsqueeze(0)?
+        } else {
+            data.clone()
+        };
+        let n = items.batch_size().first().copied().unwrap_or(0);
         if n == 0 {
             return Ok(Vec::new());
         }
-        let flat = data.reshape([n])?;
+        if let Some(stored) = &self.storage {
+            self.check_keys(op, stored, &items)?;
+        }
         let storage = match self.storage.take() {
             Some(s) => s,
-            None => allocate(&flat, self.capacity)?,
+            None => allocate(&items, self.capacity)?,
         };
         let mut storage = storage;
         // Only the last `capacity` items survive a write larger than the buffer.
         let keep = n.min(self.capacity);
         let src = if keep < n {
-            flat.index(&[BatchIndex::slice(Some(n - keep), None, 1)])?
+            items.index(&[BatchIndex::slice(Some(n - keep), None, 1)])?
         } else {
-            flat
+            items
         };
         let start = (self.cursor + (n - keep)) % self.capacity;
         let idx: Vec<i64> = (0..keep).map(|j| (start + j) % self.capacity).collect();
@@ -153,30 +163,61 @@ impl<S: Sampler> ReplayBuffer<S> {
             .f_to_kind(Kind::Int64)?
             .f_to_device(device)?;
         let res = storage.set_at(&[BatchIndex::Tensor(idx_t)], &src);
+        let item_shape = storage
+            .batch_size()
+            .get(1..)
+            .map(<[i64]>::to_vec)
+            .unwrap_or_default();
         self.storage = Some(storage);
-        res?;
+        res.map_err(|e| {
+            e.context(format!(
+                "{op}: the batch does not fit the buffer's items (capacity {}, item batch shape                  {item_shape:?}, set by the first extend)",
+                self.capacity
+            ))
+        })?;
         self.cursor = (self.cursor + n) % self.capacity;
         self.len = (self.len + keep).min(self.capacity);
+        self.sampler.extended(&idx)?;
         Ok(idx)
     }
 
-    /// Adds one transition (a tensordict without batch dims, or with a batch numel of 1).
-    pub fn add(&mut self, data: &TensorDict) -> Result<Vec<i64>> {
-        if data.numel() != 1 {
-            return Err(Error::invalid(
-                "ReplayBuffer::add",
-                format!(
-                    "add takes one transition, got batch size {:?} (use extend)",
-                    data.batch_size()
-                ),
-            ));
+    /// Refuses a batch whose leaf keys differ from the stored ones, listing both sides.
+    fn check_keys(&self, op: &'static str, stored: &TensorDict, items: &TensorDict) -> Result<()> {
+        let have = stored.keys(KeysOptions::nested_leaves());
+        let got = items.keys(KeysOptions::nested_leaves());
+        let only_batch: Vec<NestedKey> =
+            got.iter().filter(|k| !have.contains(k)).cloned().collect();
+        let only_buffer: Vec<NestedKey> =
+            have.iter().filter(|k| !got.contains(k)).cloned().collect();
+        if only_batch.is_empty() && only_buffer.is_empty() {
+            return Ok(());
         }
-        self.extend(data)
+        Err(Error::invalid(
+            op,
+            format!(
+                "the batch's keys differ from the replay buffer's (ReplayBuffer of capacity {},                  holding {} items; its keys were set by the first extend):\n- only in the batch: \
+                 {}\n- only in the buffer: {}\nextend with the buffer's keys: \
+                 `data.select(&[...], Strict::No)` keeps the common ones (a collector's \
+                 random-action batches, for instance, lack the policy's outputs)",
+                self.capacity,
+                self.len,
+                fmt_key_list(&only_batch),
+                fmt_key_list(&only_buffer)
+            ),
+        ))
     }
 
-    /// Samples `batch_size` transitions (indices from the sampler), `[batch_size]` (or fewer,
-    /// for the short last batch of a [`SamplerWithoutReplacement`](super::SamplerWithoutReplacement)
-    /// epoch without `drop_last`). The result is a copy.
+    /// Adds one item (`data` is the item: its whole batch shape is the item's).
+    pub fn add(&mut self, data: &TensorDict) -> Result<Vec<i64>> {
+        self.extend(&data.unsqueeze(0)?)
+    }
+
+    /// Samples `batch_size` items (indices from the sampler), `[batch_size, *item_shape]` (or
+    /// fewer, for the short last batch of a
+    /// [`SamplerWithoutReplacement`](super::SamplerWithoutReplacement) epoch without
+    /// `drop_last`). A sampler that gives importance weights (a
+    /// [`PrioritizedSampler`](super::PrioritizedSampler)) adds `"index"` (int64) and
+    /// `"priority_weight"` (float32), expanded to the batch shape. The result is a copy.
     ///
     /// # Errors
     /// When the buffer is empty or `batch_size < 1`.
@@ -195,21 +236,71 @@ impl<S: Sampler> ReplayBuffer<S> {
                 ))
             }
         };
-        let idx = self.sampler.sample_indices(self.len, batch_size)?;
+        let sampled = self.sampler.sample_from(storage, self.len, batch_size)?;
+        let idx = sampled.indices;
         let device = storage.device().unwrap_or(Device::Cpu);
         let idx_t = Tensor::f_from_slice(&idx)?
             .f_to_kind(Kind::Int64)?
             .f_to_device(device)?;
-        let out = storage.index(&[BatchIndex::Tensor(idx_t)])?;
+        let mut out = storage.index(&[BatchIndex::Tensor(idx_t.shallow_clone())])?;
+        if let Some(w) = sampled.weights {
+            let shape = out.batch_size().to_vec();
+            let w = Tensor::f_from_slice(&w)?.f_to_device(device)?;
+            out.set("index", expand_right(&idx_t, &shape)?)?;
+            out.set("priority_weight", expand_right(&w, &shape)?)?;
+        }
         Ok((out, idx))
     }
 }
 
-/// Zeros shaped `[capacity, *feature_dims]` with the structure of `flat` (batch `[n]`).
-fn allocate(flat: &TensorDict, capacity: i64) -> Result<TensorDict> {
-    let row = flat.index(&[BatchIndex::slice(Some(0), Some(1), 1)])?;
+impl ReplayBuffer<super::PrioritizedSampler> {
+    /// Sets the priorities of the items at `index` (one priority, or one per index): TorchRL's
+    /// `update_priority`.
+    pub fn update_priority(&mut self, index: &[i64], priority: &[f64]) -> Result<()> {
+        self.sampler.update_priority(index, priority)
+    }
+
+    /// Reads `"index"` and `priority_key` (TorchRL's default `"td_error"`) from a sampled
+    /// tensordict and updates the priorities (an item with trailing dims takes the max over
+    /// them, TorchRL's default reduction): TorchRL's `update_tensordict_priority`.
+    pub fn update_tensordict_priority(
+        &mut self,
+        td: &TensorDict,
+        priority_key: impl crate::tensordict::AsKey,
+    ) -> Result<()> {
+        let mut index = td.get_or_err("index")?.shallow_clone();
+        while index.dim() > 1 {
+            index = index.f_select(-1, 0)?;
+        }
+        let mut p = td
+            .get_or_err(priority_key)?
+            .f_detach()?
+            .f_to_kind(Kind::Double)?;
+        while p.dim() > 1 {
+            p = p.f_amax(&[-1i64][..], false)?;
+        }
+        let index = Vec::<i64>::try_from(index.f_to_kind(Kind::Int64)?.f_reshape([-1])?)?;
+        let p = Vec::<f64>::try_from(p.f_reshape([-1])?)?;
+        self.sampler.update_priority(&index, &p)
+    }
+}
+
+/// `t` (`[B]`) viewed as `[B, 1, …]` and expanded to `shape` (`[B, …]`).
+fn expand_right(t: &Tensor, shape: &[i64]) -> Result<Tensor> {
+    let mut v = t.shallow_clone();
+    while v.dim() < shape.len() {
+        v = v.f_unsqueeze(-1)?;
+    }
+    Ok(v.f_expand(shape, false)?.f_contiguous()?)
+}
+
+/// Zeros shaped `[capacity, *item_shape]` with the structure of `items` (batch `[n, *item]`).
+fn allocate(items: &TensorDict, capacity: i64) -> Result<TensorDict> {
+    let row = items.index(&[BatchIndex::slice(Some(0), Some(1), 1)])?;
     let zeros = row.apply(|t| Ok(Some(t.f_zeros_like()?)))?;
-    zeros
-        .expand([capacity])?
-        .apply(|t| Ok(Some(t.f_contiguous()?)))
+    let mut shape = items.batch_size().to_vec();
+    if let Some(first) = shape.first_mut() {
+        *first = capacity;
+    }
+    zeros.expand(&shape)?.apply(|t| Ok(Some(t.f_contiguous()?)))
 }
