@@ -22,7 +22,7 @@ fn xs(start: i64, n: i64) -> TensorDict {
 }
 
 fn replay(c: &Value) -> Result<(), String> {
-    let f = |k: &str| c[k].as_f64().ok_or(format!("{k}"));
+    let f = |k: &str| c[k].as_f64().ok_or(k.to_string());
     let cap = c["capacity"].as_i64().ok_or("capacity")?;
     let sampler = PrioritizedSampler::new(cap, f("alpha")?, f("beta")?)
         .map_err(|e| e.to_string())?
@@ -323,4 +323,149 @@ fn slice_sampler_by_traj_ids_episode_and_end_key() {
     rb.extend(&xs(0, 4)).unwrap();
     let err = rb.sample(4).unwrap_err().to_string();
     assert!(err.contains("traj_ids") && err.contains("done"), "{err}");
+}
+
+fn mixed(start: i64, n: i64) -> TensorDict {
+    let x = Tensor::arange_start(start, start + n, (Kind::Int64, Device::Cpu));
+    TensorDict::new([n])
+        .unwrap()
+        .with("x", x.shallow_clone())
+        .unwrap()
+        .with(
+            ("next", "obs"),
+            x.to_kind(Kind::Float).unsqueeze(-1).repeat([1, 3]) * 0.5,
+        )
+        .unwrap()
+        .with(("next", "done"), x.remainder(3).eq(0).unsqueeze(-1))
+        .unwrap()
+        .with("value", x.to_kind(Kind::Double) / 7.0)
+        .unwrap()
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("torchrl_replay_{tag}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn same(a: &TensorDict, b: &TensorDict) {
+    let mut ka = a.keys(torchrl::tensordict::KeysOptions::nested_leaves());
+    let mut kb = b.keys(torchrl::tensordict::KeysOptions::nested_leaves());
+    ka.sort();
+    kb.sort();
+    assert_eq!(ka, kb);
+    assert_eq!(a.batch_size(), b.batch_size());
+    for k in ka {
+        let (x, y) = (a.get(&k).unwrap(), b.get(&k).unwrap());
+        assert_eq!(x.kind(), y.kind(), "{k}");
+        assert!(x.equal(y), "{k}: {x} vs {y}");
+    }
+}
+
+#[test]
+fn memmap_storage_matches_memory_and_survives_a_restart() {
+    let dir = temp_dir("restart");
+    let mut mem = ReplayBuffer::with_sampler(7, RandomSampler::new(4)).unwrap();
+    {
+        let mut disk = ReplayBuffer::with_memmap(7, RandomSampler::new(4), &dir).unwrap();
+        // lazy: nothing but the folder before the first batch
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        assert!(disk.storage().unwrap().is_none());
+        for (s, n) in [(0, 4), (4, 5)] {
+            assert_eq!(
+                disk.extend(&mixed(s, n)).unwrap(),
+                mem.extend(&mixed(s, n)).unwrap()
+            );
+        }
+        assert!(dir.join("meta.json").exists());
+        same(
+            &disk.storage().unwrap().unwrap(),
+            &mem.storage().unwrap().unwrap(),
+        );
+        // same seed, same indices: the same samples
+        same(&disk.sample(10).unwrap(), &mem.sample(10).unwrap());
+        // other keys are refused, naming the buffer
+        let err = disk.extend(&xs(0, 2)).unwrap_err().to_string();
+        assert!(
+            err.contains("ReplayBuffer") && err.contains("select"),
+            "{err}"
+        );
+        disk.memmap_storage().unwrap().flush().unwrap();
+    }
+    // reopened after a "restart": same items, length and cursor; writing continues in place
+    let mut disk = ReplayBuffer::with_memmap(7, RandomSampler::new(9), &dir).unwrap();
+    assert_eq!(disk.len(), 7);
+    same(
+        &disk.storage().unwrap().unwrap(),
+        &mem.storage().unwrap().unwrap(),
+    );
+    assert_eq!(
+        disk.extend(&mixed(100, 2)).unwrap(),
+        mem.extend(&mixed(100, 2)).unwrap()
+    );
+    same(
+        &disk.storage().unwrap().unwrap(),
+        &mem.storage().unwrap().unwrap(),
+    );
+    let x = Vec::<i64>::try_from(disk.storage().unwrap().unwrap().get("x").unwrap()).unwrap();
+    assert_eq!(x, vec![7, 8, 100, 101, 4, 5, 6]);
+    // another capacity on the same folder is refused
+    let err = ReplayBuffer::with_memmap(8, RandomSampler::new(0), &dir)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("capacity 7"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn memmap_storage_with_trajectory_items_slices_and_priorities() {
+    use torchrl::data::replay::SliceSampler;
+    // items of [5] steps (a [2, 5] batch is two items)
+    let dir = temp_dir("items");
+    let mut rb = ReplayBuffer::with_memmap(4, RandomSampler::new(0), &dir).unwrap();
+    let td = TensorDict::new([2, 5])
+        .unwrap()
+        .with(
+            "obs",
+            Tensor::arange(30, (Kind::Float, Device::Cpu)).reshape([2, 5, 3]),
+        )
+        .unwrap();
+    rb.extend(&td).unwrap();
+    let s = rb.storage().unwrap().unwrap();
+    assert_eq!(s.batch_size(), &[2, 5]);
+    assert!(s.get("obs").unwrap().equal(td.get("obs").unwrap()));
+    assert_eq!(rb.sample(3).unwrap().batch_size(), &[3, 5]);
+    let _ = std::fs::remove_dir_all(&dir);
+    // a slice sampler reads its trajectory keys from disk
+    let dir = temp_dir("slices");
+    let lengths = [7, 2, 5, 3, 9];
+    let mut rb =
+        ReplayBuffer::with_memmap(50, SliceSampler::with_slice_len(4).unwrap(), &dir).unwrap();
+    rb.extend(&trajectories(&lengths, Some("collector")))
+        .unwrap();
+    for _ in 0..10 {
+        check_slices(&rb.sample(8).unwrap(), 2, 4, &lengths);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // a prioritized sampler over a disk storage carries index and weights
+    let dir = temp_dir("prio");
+    let mut rb =
+        ReplayBuffer::with_memmap(8, PrioritizedSampler::new(8, 1.0, 1.0).unwrap(), &dir).unwrap();
+    rb.extend(&xs(0, 4)).unwrap();
+    rb.update_priority(&[0, 1, 2, 3], &[1.0, 1.0, 1.0, 4.0])
+        .unwrap();
+    let s = rb.sample(32).unwrap();
+    let idx = Vec::<i64>::try_from(s.get("index").unwrap()).unwrap();
+    let x = Vec::<f32>::try_from(s.get("x").unwrap()).unwrap();
+    let w = Vec::<f32>::try_from(s.get("priority_weight").unwrap()).unwrap();
+    for ((i, x), w) in idx.iter().zip(&x).zip(&w) {
+        assert_eq!(*i as f32, *x); // item i holds x = i
+        assert!((w - if *i == 3 { 0.25 } else { 1.0 }).abs() < 1e-6);
+    }
+    // reopened: the items are back with the default priority
+    drop(rb);
+    let rb =
+        ReplayBuffer::with_memmap(8, PrioritizedSampler::new(8, 1.0, 1.0).unwrap(), &dir).unwrap();
+    assert_eq!(rb.len(), 4);
+    let _ = std::fs::remove_dir_all(&dir);
 }

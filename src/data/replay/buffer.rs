@@ -29,14 +29,18 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::samplers::{RandomSampler, Sampler};
+use super::memmap::{leaf_keys, LazyMemmapStorage};
+use super::samplers::{RandomSampler, Sampled, Sampler};
 use crate::error::{Error, Result};
-use crate::tensordict::{fmt_key_list, BatchIndex, KeysOptions, NestedKey, TensorDict};
+use crate::tensordict::{fmt_key_list, BatchIndex, NestedKey, TensorDict};
 
 /// A replay buffer over a tensordict storage. See the module docs.
 #[derive(Debug)]
 pub struct ReplayBuffer<S: Sampler = RandomSampler> {
     storage: Option<TensorDict>,
+    /// The disk-backed storage, when the buffer was made with [`ReplayBuffer::with_memmap`]
+    /// (then `storage` stays `None`).
+    disk: Option<LazyMemmapStorage>,
     capacity: i64,
     len: i64,
     cursor: i64,
@@ -67,11 +71,43 @@ impl<S: Sampler> ReplayBuffer<S> {
         }
         Ok(ReplayBuffer {
             storage: None,
+            disk: None,
             capacity,
             len: 0,
             cursor: 0,
             sampler,
         })
+    }
+
+    /// A buffer of `capacity` items kept in memory-mapped files in `dir` (TorchRL's
+    /// `LazyMemmapStorage`, see [`LazyMemmapStorage`]): the files are made from the first
+    /// batch; a folder that already holds a storage of this capacity is reopened (its items,
+    /// length and write cursor; the sampler is told about the stored items as after an
+    /// `extend`).
+    ///
+    /// # Errors
+    /// When `capacity` is not positive, or the folder cannot be used (see
+    /// [`LazyMemmapStorage::new`]).
+    pub fn with_memmap(
+        capacity: i64,
+        sampler: S,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<Self> {
+        let mut rb = ReplayBuffer::with_sampler(capacity, sampler)?;
+        let disk = LazyMemmapStorage::new(dir, capacity)?;
+        if let Some((len, cursor)) = disk.reopened() {
+            rb.len = len;
+            rb.cursor = cursor;
+            let idx: Vec<i64> = (0..len).collect();
+            rb.sampler.extended(&idx)?;
+        }
+        rb.disk = Some(disk);
+        Ok(rb)
+    }
+
+    /// The disk-backed storage, for a buffer made with [`ReplayBuffer::with_memmap`].
+    pub fn memmap_storage(&self) -> Option<&LazyMemmapStorage> {
+        self.disk.as_ref()
     }
 
     /// The number of transitions stored.
@@ -104,11 +140,22 @@ impl<S: Sampler> ReplayBuffer<S> {
         self.len = 0;
         self.cursor = 0;
         self.sampler.reset();
+        if let Some(d) = &self.disk {
+            // best effort: a stale meta.json only reopens the old items
+            let _ = d.save_meta(0, 0);
+        }
     }
 
-    /// The stored transitions in storage order, `[len]` (views of the storage), or `None` when
-    /// empty.
+    /// The stored transitions in storage order, `[len]` (views of the storage; copies for a
+    /// disk-backed buffer), or `None` when empty.
     pub fn storage(&self) -> Result<Option<TensorDict>> {
+        if let Some(d) = &self.disk {
+            if self.len == 0 || !d.is_initialized() {
+                return Ok(None);
+            }
+            let idx: Vec<i64> = (0..self.len).collect();
+            return d.read(&idx).map(Some);
+        }
         match &self.storage {
             Some(s) if self.len > 0 => Ok(Some(s.index(&[BatchIndex::slice(
                 Some(0),
@@ -142,13 +189,13 @@ impl<S: Sampler> ReplayBuffer<S> {
             return Ok(Vec::new());
         }
         if let Some(stored) = &self.storage {
-            self.check_keys(op, stored, &items)?;
+            self.check_keys(op, leaf_keys(stored), &items)?;
         }
-        let storage = match self.storage.take() {
-            Some(s) => s,
-            None => allocate(&items, self.capacity)?,
-        };
-        let mut storage = storage;
+        if let Some(d) = &self.disk {
+            if d.is_initialized() {
+                self.check_keys(op, d.key_list(), &items)?;
+            }
+        }
         // Only the last `capacity` items survive a write larger than the buffer.
         let keep = n.min(self.capacity);
         let src = if keep < n {
@@ -158,6 +205,18 @@ impl<S: Sampler> ReplayBuffer<S> {
         };
         let start = (self.cursor + (n - keep)) % self.capacity;
         let idx: Vec<i64> = (0..keep).map(|j| (start + j) % self.capacity).collect();
+        if let Some(d) = self.disk.as_mut() {
+            d.write(&src, &idx)?;
+            self.cursor = (self.cursor + n) % self.capacity;
+            self.len = (self.len + keep).min(self.capacity);
+            d.save_meta(self.len, self.cursor)?;
+            self.sampler.extended(&idx)?;
+            return Ok(idx);
+        }
+        let mut storage = match self.storage.take() {
+            Some(s) => s,
+            None => allocate(&src, self.capacity)?,
+        };
         let device = storage.device().unwrap_or(Device::Cpu);
         let idx_t = Tensor::f_from_slice(&idx)?
             .f_to_kind(Kind::Int64)?
@@ -182,9 +241,8 @@ impl<S: Sampler> ReplayBuffer<S> {
     }
 
     /// Refuses a batch whose leaf keys differ from the stored ones, listing both sides.
-    fn check_keys(&self, op: &'static str, stored: &TensorDict, items: &TensorDict) -> Result<()> {
-        let have = stored.keys(KeysOptions::nested_leaves());
-        let got = items.keys(KeysOptions::nested_leaves());
+    fn check_keys(&self, op: &'static str, have: Vec<NestedKey>, items: &TensorDict) -> Result<()> {
+        let got = leaf_keys(items);
         let only_batch: Vec<NestedKey> =
             got.iter().filter(|k| !have.contains(k)).cloned().collect();
         let only_buffer: Vec<NestedKey> =
@@ -227,6 +285,25 @@ impl<S: Sampler> ReplayBuffer<S> {
 
     /// Like [`ReplayBuffer::sample`], also returning the storage indices read.
     pub fn sample_with_indices(&mut self, batch_size: i64) -> Result<(TensorDict, Vec<i64>)> {
+        if let Some(d) = &self.disk {
+            if self.len == 0 || !d.is_initialized() {
+                return Err(Error::invalid(
+                    "ReplayBuffer::sample",
+                    "cannot sample from an empty buffer",
+                ));
+            }
+            // only the keys the sampler reads (none for most samplers) are loaded for it
+            let all: Vec<i64> = (0..self.len).collect();
+            let view = match self.sampler.storage_keys() {
+                Some(keys) if keys.is_empty() => TensorDict::new([self.len])?,
+                Some(keys) => d.read_keys(&all, Some(&keys))?,
+                None => d.read(&all)?,
+            };
+            let sampled = self.sampler.sample_from(&view, self.len, batch_size)?;
+            let mut out = d.read(&sampled.indices)?;
+            add_weights(&mut out, &sampled, Device::Cpu)?;
+            return Ok((out, sampled.indices));
+        }
         let storage = match &self.storage {
             Some(s) if self.len > 0 => s,
             _ => {
@@ -237,18 +314,13 @@ impl<S: Sampler> ReplayBuffer<S> {
             }
         };
         let sampled = self.sampler.sample_from(storage, self.len, batch_size)?;
-        let idx = sampled.indices;
+        let idx = sampled.indices.clone();
         let device = storage.device().unwrap_or(Device::Cpu);
         let idx_t = Tensor::f_from_slice(&idx)?
             .f_to_kind(Kind::Int64)?
             .f_to_device(device)?;
-        let mut out = storage.index(&[BatchIndex::Tensor(idx_t.shallow_clone())])?;
-        if let Some(w) = sampled.weights {
-            let shape = out.batch_size().to_vec();
-            let w = Tensor::f_from_slice(&w)?.f_to_device(device)?;
-            out.set("index", expand_right(&idx_t, &shape)?)?;
-            out.set("priority_weight", expand_right(&w, &shape)?)?;
-        }
+        let mut out = storage.index(&[BatchIndex::Tensor(idx_t)])?;
+        add_weights(&mut out, &sampled, device)?;
         Ok((out, idx))
     }
 }
@@ -283,6 +355,19 @@ impl ReplayBuffer<super::PrioritizedSampler> {
         let p = Vec::<f64>::try_from(p.f_reshape([-1])?)?;
         self.sampler.update_priority(&index, &p)
     }
+}
+
+/// Adds `"index"` and `"priority_weight"` (expanded to the batch shape) when the sampler gave
+/// weights.
+fn add_weights(out: &mut TensorDict, sampled: &Sampled, device: Device) -> Result<()> {
+    if let Some(w) = &sampled.weights {
+        let shape = out.batch_size().to_vec();
+        let idx = Tensor::f_from_slice(&sampled.indices)?.f_to_device(device)?;
+        let w = Tensor::f_from_slice(w)?.f_to_device(device)?;
+        out.set("index", expand_right(&idx, &shape)?)?;
+        out.set("priority_weight", expand_right(&w, &shape)?)?;
+    }
+    Ok(())
 }
 
 /// `t` (`[B]`) viewed as `[B, 1, …]` and expanded to `shape` (`[B, …]`).

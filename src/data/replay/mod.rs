@@ -7,6 +7,8 @@
 //!   whose keys differ from the stored ones is refused with both key lists and a `select` hint.
 //! - [`PrioritizedSampler`]: sum / min trees, `alpha`, `beta`, `eps`, `update_priority`;
 //!   samples carry `"index"` and `"priority_weight"` (TorchRL's `PrioritizedSampler`).
+//! - [`LazyMemmapStorage`] ([`ReplayBuffer::with_memmap`]): items in memory-mapped files in a
+//!   folder, made lazily from the first batch, reopened after a restart.
 //! - [`SliceSampler`]: contiguous slices of stored trajectories (by `("collector",
 //!   "traj_ids")`, `"episode"` or `("next", "done")`), `num_slices` or `slice_len`.
 //! - [`RandomSampler`]: uniform, with replacement, seeded.
@@ -34,11 +36,13 @@
 //! ```
 
 pub mod buffer;
+pub mod memmap;
 pub mod prioritized;
 pub mod samplers;
 pub mod slice;
 
 pub use buffer::ReplayBuffer;
+pub use memmap::LazyMemmapStorage;
 pub use prioritized::PrioritizedSampler;
 pub use samplers::{LastBatch, RandomSampler, Sampled, Sampler, SamplerWithoutReplacement};
 pub use slice::SliceSampler;

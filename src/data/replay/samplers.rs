@@ -52,6 +52,12 @@ pub trait Sampler {
         })
     }
 
+    /// The stored keys [`Sampler::sample_from`] reads (`None`: all of them): a disk-backed
+    /// buffer loads only these for it. Default: none.
+    fn storage_keys(&self) -> Option<Vec<crate::tensordict::NestedKey>> {
+        Some(Vec::new())
+    }
+
     /// Called after `extend` wrote the items at `indices` (TorchRL's `Sampler.extend`; a
     /// prioritized sampler gives them the default priority).
     fn extended(&mut self, _indices: &[i64]) -> Result<()> {

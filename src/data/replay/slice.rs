@@ -201,6 +201,18 @@ impl Sampler for SliceSampler {
         ))
     }
 
+    fn storage_keys(&self) -> Option<Vec<NestedKey>> {
+        let mut keys = match &self.traj_key {
+            Some(k) => vec![k.clone()],
+            None => vec![
+                ("collector", "traj_ids").to_nested_key(),
+                "episode".to_nested_key(),
+            ],
+        };
+        keys.push(self.end_key.clone());
+        Some(keys)
+    }
+
     fn sample_from(&mut self, storage: &TensorDict, len: i64, batch_size: i64) -> Result<Sampled> {
         let op = "SliceSampler::sample";
         check_args(op, len, batch_size)?;
