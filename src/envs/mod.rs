@@ -8,6 +8,8 @@ pub mod batched;
 pub mod builtin;
 mod check;
 mod env_specs;
+#[cfg(feature = "gym")]
+pub mod gym;
 mod keys;
 pub mod llm;
 pub mod transforms;
