@@ -414,3 +414,28 @@ fn frame_skip_checks_and_refusals() {
         .unwrap();
     check_env_specs(&mut env, Some(0)).unwrap();
 }
+
+#[test]
+fn partial_reset_check_skips_envs_coupled_by_vecnorm_only() {
+    use torchrl::envs::batched::{ParallelEnv, SerialEnv};
+    use torchrl::envs::check_partial_reset;
+    let wrapped = || counting(&[2]).with(VecNorm::new()).unwrap();
+    assert!(wrapped().couples_batch_elements());
+    let mut frozen_norm = VecNorm::new();
+    frozen_norm.freeze();
+    assert!(!counting(&[2])
+        .with(frozen_norm)
+        .unwrap()
+        .couples_batch_elements());
+    assert!(SerialEnv::new(vec![wrapped(), wrapped()])
+        .unwrap()
+        .couples_batch_elements());
+    assert!(ParallelEnv::new(vec![wrapped(), wrapped()])
+        .unwrap()
+        .couples_batch_elements());
+    assert!(!SerialEnv::new(vec![counting(&[2]), counting(&[2])])
+        .unwrap()
+        .couples_batch_elements());
+    // an updating VecNorm changes every element's output at a partial reset: skipped, Ok
+    check_partial_reset(&mut wrapped(), 0).unwrap();
+}

@@ -555,7 +555,7 @@ pub trait EnvBase: Send {
     /// a partial reset then legitimately changes what the unselected elements observe, and
     /// [`check_partial_reset`](super::check_partial_reset) has nothing it can compare (it
     /// returns `Ok`). Default false; [`TransformedEnv`](super::TransformedEnv) asks its base
-    /// env and its transforms.
+    /// env and its transforms, `SerialEnv` / `ParallelEnv` their envs.
     fn couples_batch_elements(&self) -> bool {
         false
     }

@@ -359,26 +359,27 @@ impl GymEnv {
             .as_str()
             .unwrap_or("float32")
             .to_string();
-        let action =
-            match field(aspace, "type", op)?.as_str().unwrap_or("") {
-                "Box" => ActionSpace::Box { dtype },
-                "Discrete" => ActionSpace::Discrete {
-                    start: astart.and_then(|s| s.first().copied()).unwrap_or(0),
-                    one_hot: !categorical,
-                    dtype,
-                },
-                "MultiDiscrete" => ActionSpace::MultiDiscrete {
-                    start: astart.unwrap_or_default(),
-                    dtype,
-                },
-                "MultiBinary" => ActionSpace::MultiBinary { dtype },
-                other => return Err(Error::invalid(
+        let action = match field(aspace, "type", op)?.as_str().unwrap_or("") {
+            "Box" => ActionSpace::Box { dtype },
+            "Discrete" => ActionSpace::Discrete {
+                start: astart.and_then(|s| s.first().copied()).unwrap_or(0),
+                one_hot: !categorical,
+                dtype,
+            },
+            "MultiDiscrete" => ActionSpace::MultiDiscrete {
+                start: astart.unwrap_or_default(),
+                dtype,
+            },
+            "MultiBinary" => ActionSpace::MultiBinary { dtype },
+            other => {
+                return Err(Error::invalid(
                     op,
                     format!(
                         "unsupported action space {other} (a Dict action space is not supported)"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let one: Vec<i64> = [batch.as_slice(), &[1]].concat();
         let flag = || -> Result<TensorSpec> {
             Ok(Categorical::new(2)?
