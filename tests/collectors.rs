@@ -450,3 +450,45 @@ fn step_with_grad_norm_clips_before_the_step() -> R {
     );
     Ok(())
 }
+
+#[test]
+fn random_batches_carry_the_policy_keys_and_share_a_buffer() -> R {
+    use torchrl::data::replay::ReplayBuffer;
+    let env = CountingEnv::new(100, &[2])?;
+    // a policy that writes more than the action (a log-prob and a nested loc)
+    let policy = |mut td: TensorDict| {
+        td.set("action", Tensor::zeros([2, 1], (Kind::Float, Device::Cpu)))?;
+        td.set(
+            "action_log_prob",
+            Tensor::full([2], -0.5, (Kind::Float, Device::Cpu)),
+        )?;
+        td.set(
+            ("dist", "loc"),
+            Tensor::ones([2, 1], (Kind::Float, Device::Cpu)),
+        )?;
+        Ok(td)
+    };
+    let mut c = Collector::new(env, policy, 4, Some(8))?.with_init_random_frames(4);
+    let no_batch = || torchrl::Error::InvalidArgument {
+        op: "test",
+        message: "no batch".into(),
+    };
+    let mut rb = ReplayBuffer::new(100)?;
+    let random = c.next().transpose()?.ok_or_else(no_batch)?;
+    // random batch: the policy's keys, as zeros
+    assert_eq!(random.get_or_err("action_log_prob")?.size(), vec![2, 2]);
+    assert_eq!(floats(random.get_or_err(("dist", "loc"))?), vec![0.0; 4]);
+    assert!(floats(random.get_or_err("action")?)
+        .iter()
+        .any(|v| *v != 0.0));
+    let policy_batch = c.next().transpose()?.ok_or_else(no_batch)?;
+    assert_eq!(
+        floats(policy_batch.get_or_err(("dist", "loc"))?),
+        vec![1.0; 4]
+    );
+    // both extend one buffer (the second extend failed before)
+    rb.extend(&random.reshape([-1])?)?;
+    rb.extend(&policy_batch.reshape([-1])?)?;
+    assert_eq!(rb.len(), 8);
+    Ok(())
+}
