@@ -7,6 +7,9 @@
 //! scripts of crates that depend on torchrl), and a dependent binary crate's build script emits
 //! its own rpath from it (`fixtures/dependent/build.rs`, the README's "Depending on torchrl").
 //!
+//! With the cargo feature `gym` it also emits an rpath to libpython's folder and records the
+//! interpreter's site-packages (`gym_python`).
+//!
 //! With the cargo feature `distributed` it also compiles `src/distributed/shim.cpp` (the C ABI
 //! over libtorch's c10d: TCPStore + ProcessGroupGloo) against the wheel's headers and the system
 //! gloo headers (Debian's `libgloo-dev`, installed by `scripts/setup.sh`); docs/distributed.md.
@@ -25,6 +28,36 @@ fn main() {
     }
     #[cfg(feature = "distributed")]
     distributed::build_shim();
+    if std::env::var_os("CARGO_FEATURE_GYM").is_some() {
+        gym_python();
+    }
+}
+
+/// With the feature `gym`: an rpath to the folder of the Python library pyo3 links against
+/// (so tests and binaries start without `LD_LIBRARY_PATH`), and the interpreter's
+/// site-packages baked in as `TORCHRL_GYM_SITE` (an embedded interpreter does not read a
+/// virtual environment's `pyvenv.cfg`, so `GymEnv` adds them to `sys.path`). The interpreter is
+/// `PYO3_PYTHON` (as for pyo3), else `python3`.
+fn gym_python() {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let code = "import site, sysconfig; print(sysconfig.get_config_var('LIBDIR')); \
+                print(':'.join(site.getsitepackages()))";
+    let out = std::process::Command::new(&python)
+        .args(["-c", code])
+        .output();
+    let Ok(out) = out else {
+        println!("cargo:warning=feature gym: cannot run {python} to find libpython");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut lines = text.lines();
+    if let Some(libdir) = lines.next().filter(|l| !l.is_empty()) {
+        println!("cargo:rustc-link-arg=-Wl,-rpath={libdir}");
+    }
+    if let Some(site) = lines.next() {
+        println!("cargo:rustc-env=TORCHRL_GYM_SITE={site}");
+    }
 }
 
 #[cfg(feature = "distributed")]

@@ -42,21 +42,39 @@ impl EnvBase for PointMass {
         &mut self.core
     }
 
-    /// A fresh tensordict: positions drawn uniformly in [-1, 1] from the env's seeded generator.
-    fn reset_impl(&mut self, _td: Option<&TensorDict>) -> Result<TensorDict> {
-        let pos_shape = [self.batch().as_slice(), &[1]].concat();
+    /// A fresh tensordict. Without a `"_reset"` mask every particle restarts (position uniform in
+    /// [-1, 1] from the env's seeded generator, velocity 0); with one (bool, the done leaf's shape
+    /// `[*batch, 1]`: true = reset this element), only the selected particles restart and the
+    /// others keep their state, so the next step continues from the state they last observed.
+    fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
+        let batch = self.batch();
+        let pos_shape = [batch.as_slice(), &[1]].concat();
+        // The whole batch is drawn either way, so the generator's stream does not depend on
+        // the mask.
         let pos = self
             .core
             .generator
             .uniform(&pos_shape, -1.0, 1.0, Kind::Float, Device::Cpu)?;
-        self.state = Tensor::f_cat(
+        let fresh = Tensor::f_cat(
             &[
                 pos,
                 Tensor::f_zeros(&pos_shape, (Kind::Float, Device::Cpu))?,
             ],
             -1,
         )?;
-        TensorDict::new(self.batch())?.with("observation", self.state.copy())
+        self.state = match td.and_then(|t| t.get("_reset")) {
+            Some(mask) => {
+                // [*batch, 1] (a [*batch] mask is accepted too), broadcast over the state's
+                // feature dim: reset where true, keep the current state elsewhere.
+                let mask = mask
+                    .f_to_kind(Kind::Bool)?
+                    .f_reshape([batch.as_slice(), &[-1]].concat())?
+                    .f_any_dim(-1, true)?;
+                fresh.f_where_self(&mask, &self.state)?
+            }
+            None => fresh,
+        };
+        TensorDict::new(batch)?.with("observation", self.state.copy())
     }
 
     /// The *next* tensordict: observation, reward, terminated (done is completed for us).
@@ -82,7 +100,8 @@ impl EnvBase for PointMass {
 fn main() -> Result<()> {
     let mut env = PointMass::new(&[4])?;
     println!("{:?}", env.specs());
-    // Prove the env keeps its word: key sets, shapes, dtypes and bounds of a short rollout.
+    // Prove the env keeps its word: key sets, shapes, dtypes and bounds of a short rollout, and
+    // partial resets that leave the unselected particles alone (check_partial_reset).
     check_env_specs(&mut env, Some(0))?;
     println!("check_env_specs: ok");
     env.set_seed(42)?;

@@ -351,7 +351,8 @@ pub fn run(cfg: &Config) -> Result<Summary> {
 
         // Epochs of minibatches: the sampler hands out each transition once per epoch.
         buffer.clear();
-        buffer.extend(&batch)?;
+        // [envs, time] → [envs * time] transitions (extend splits the first dim only)
+        buffer.extend(&batch.reshape([-1])?)?;
         for _ in 0..EPOCHS {
             for _ in 0..frames_per_batch / MINIBATCH {
                 let minibatch = buffer.sample(MINIBATCH)?;

@@ -14,9 +14,10 @@ use tch::{Device, Kind, Tensor};
 use torchrl::envs::batched::{ParallelEnv, SerialEnv};
 use torchrl::envs::builtin::{CartPoleEnv, CountingEnv, MountainCarContinuousEnv, PendulumEnv};
 use torchrl::envs::transforms::{
-    ActionClamp, CatTensors, Compose, DTypeCast, DoubleToFloat, ExcludeTransform, InitStats,
-    InitTracker, ObservationNorm, RenameTransform, RewardClipping, RewardScaling, RewardSum,
-    SelectTransform, StepCounter, TensorDictPrimer, Transform, TransformedEnv, UnsqueezeTransform,
+    ActionClamp, CatTensors, ClipTransform, Compose, DTypeCast, DoubleToFloat, ExcludeTransform,
+    FrameSkipTransform, InitStats, InitTracker, ObservationNorm, RenameTransform, RewardClipping,
+    RewardScaling, RewardSum, SelectTransform, StepCounter, TensorDictPrimer, Transform,
+    TransformedEnv, UnsqueezeTransform, VecNorm,
 };
 use torchrl::envs::{EnvBase, EnvSpecs, RolloutConfig};
 use torchrl::specs::{Bounded, Composite, TensorSpec};
@@ -327,6 +328,9 @@ const COVERED: &[&str] = &[
     "SelectTransform",
     "UnsqueezeTransform",
     "Compose",
+    "ClipTransform",
+    "FrameSkipTransform",
+    "VecNorm",
     // Needs an actor built on a VarStore: its base-spec check lives in tests/kl_reward.rs.
     "KLRewardTransform",
 ];
@@ -382,6 +386,36 @@ fn action_clamp() {
         Box::new(ActionClamp::new()),
         &|_| {},
     );
+}
+
+#[test]
+fn clip_transform() {
+    check_untouched(
+        "ClipTransform",
+        pendulum(&[2]),
+        Box::new(
+            ClipTransform::new(Some(-0.5), Some(0.5))
+                .unwrap()
+                .with_in_keys(["observation", "reward"])
+                .with_in_keys_inv(["action"]),
+        ),
+        &|_| {},
+    );
+}
+
+#[test]
+fn frame_skip_transform() {
+    check_untouched(
+        "FrameSkipTransform",
+        cartpole(&[3]),
+        Box::new(FrameSkipTransform::new(3).unwrap()),
+        &|_| {},
+    );
+}
+
+#[test]
+fn vec_norm() {
+    check_untouched("VecNorm", pendulum(&[2]), Box::new(VecNorm::new()), &|_| {});
 }
 
 #[test]

@@ -240,7 +240,7 @@ fn xs(td: &TensorDict) -> Vec<i64> {
 }
 
 #[test]
-fn extend_flattens_and_sample_shapes() -> R {
+fn extend_splits_the_first_dim_and_sample_shapes() -> R {
     let mut rb = ReplayBuffer::new(100)?;
     let td = TensorDict::new([2, 8])?
         .with("obs", Tensor::zeros([2, 8, 3], (Kind::Float, Device::Cpu)))?
@@ -248,7 +248,13 @@ fn extend_flattens_and_sample_shapes() -> R {
             ("next", "reward"),
             Tensor::ones([2, 8, 1], (Kind::Float, Device::Cpu)),
         )?;
-    let idx = rb.extend(&td)?;
+    // TorchRL's storages split along the first batch dim only: a [2, 8] batch is two
+    // items of [8]; flattened first, it is 16 transitions
+    let mut traj = ReplayBuffer::new(10)?;
+    assert_eq!(traj.extend(&td)?, vec![0, 1]);
+    assert_eq!(traj.sample(3)?.batch_size(), &[3, 8]);
+    assert_eq!(traj.sample(3)?.get_or_err("obs")?.size(), vec![3, 8, 3]);
+    let idx = rb.extend(&td.reshape([-1])?)?;
     assert_eq!(idx, (0..16).collect::<Vec<_>>());
     assert_eq!(rb.len(), 16);
     assert_eq!(rb.capacity(), 100);
@@ -442,5 +448,47 @@ fn step_with_grad_norm_clips_before_the_step() -> R {
         (v[0] + 2.4).abs() < 1e-5 && (v[1] + 3.2).abs() < 1e-5,
         "{v:?}"
     );
+    Ok(())
+}
+
+#[test]
+fn random_batches_carry_the_policy_keys_and_share_a_buffer() -> R {
+    use torchrl::data::replay::ReplayBuffer;
+    let env = CountingEnv::new(100, &[2])?;
+    // a policy that writes more than the action (a log-prob and a nested loc)
+    let policy = |mut td: TensorDict| {
+        td.set("action", Tensor::zeros([2, 1], (Kind::Float, Device::Cpu)))?;
+        td.set(
+            "action_log_prob",
+            Tensor::full([2], -0.5, (Kind::Float, Device::Cpu)),
+        )?;
+        td.set(
+            ("dist", "loc"),
+            Tensor::ones([2, 1], (Kind::Float, Device::Cpu)),
+        )?;
+        Ok(td)
+    };
+    let mut c = Collector::new(env, policy, 4, Some(8))?.with_init_random_frames(4);
+    let no_batch = || torchrl::Error::InvalidArgument {
+        op: "test",
+        message: "no batch".into(),
+    };
+    let mut rb = ReplayBuffer::new(100)?;
+    let random = c.next().transpose()?.ok_or_else(no_batch)?;
+    // random batch: the policy's keys, as zeros
+    assert_eq!(random.get_or_err("action_log_prob")?.size(), vec![2, 2]);
+    assert_eq!(floats(random.get_or_err(("dist", "loc"))?), vec![0.0; 4]);
+    assert!(floats(random.get_or_err("action")?)
+        .iter()
+        .any(|v| *v != 0.0));
+    let policy_batch = c.next().transpose()?.ok_or_else(no_batch)?;
+    assert_eq!(
+        floats(policy_batch.get_or_err(("dist", "loc"))?),
+        vec![1.0; 4]
+    );
+    // both extend one buffer (the second extend failed before)
+    rb.extend(&random.reshape([-1])?)?;
+    rb.extend(&policy_batch.reshape([-1])?)?;
+    assert_eq!(rb.len(), 8);
     Ok(())
 }

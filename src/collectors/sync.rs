@@ -82,6 +82,9 @@ pub struct Collector<'p, E: EnvBase> {
     /// The next unused trajectory id.
     next_traj_id: i64,
     finished: bool,
+    /// The policy's output entries that random actions lack, as zeros (found by one dry run
+    /// of the policy before the first random step; cleared by `update_policy`).
+    policy_extras: Option<Vec<(NestedKey, Tensor)>>,
 }
 
 /// The old name of [`Collector`] (TorchRL renamed `SyncDataCollector` to `Collector` in 0.14).
@@ -148,11 +151,15 @@ impl<'p, E: EnvBase> Collector<'p, E> {
             traj_ids: None,
             next_traj_id: 0,
             finished: false,
+            policy_extras: None,
         })
     }
 
     /// Builder: the first batches, until `frames` frames have been collected, use random
     /// actions from the env's action spec instead of the policy (whole batches, as in TorchRL).
+    /// Random steps carry the policy's other output entries (log-probs, distribution
+    /// parameters, …) as zeros, found by running the policy once before the first random step,
+    /// so that random and policy batches extend the same replay buffer.
     pub fn with_init_random_frames(mut self, frames: i64) -> Self {
         self.init_random_frames = frames.max(0);
         self
@@ -183,6 +190,7 @@ impl<'p, E: EnvBase> Collector<'p, E> {
     /// weights). The env's state and the running episodes are kept.
     pub fn update_policy(&mut self, policy: impl FnMut(TensorDict) -> Result<TensorDict> + 'p) {
         self.policy = Box::new(policy);
+        self.policy_extras = None;
     }
 
     /// Frames collected so far.
@@ -289,7 +297,7 @@ impl<'p, E: EnvBase> Collector<'p, E> {
         let mut steps = Vec::with_capacity(self.steps_per_batch.min(1 << 12));
         for _ in 0..self.steps_per_batch {
             root = if random {
-                self.env.rand_action(Some(root))?
+                self.random_step(root)?
             } else {
                 (self.policy)(root)?
             };
@@ -306,6 +314,29 @@ impl<'p, E: EnvBase> Collector<'p, E> {
         self.frames += self.frames_per_batch;
         self.batches += 1;
         Ok(batch)
+    }
+
+    /// Random actions from the env's action spec, plus the policy's other output entries as
+    /// zeros, so that random batches have the keys of policy batches (TorchRL fills its rollout
+    /// buffer from a dry run of the policy the same way): a replay buffer takes both.
+    fn random_step(&mut self, root: TensorDict) -> Result<TensorDict> {
+        if self.policy_extras.is_none() {
+            let have = root.keys(crate::tensordict::KeysOptions::nested_leaves());
+            let actions = self.env.action_keys();
+            let probe = (self.policy)(root.clone())?;
+            let mut extras = Vec::new();
+            for (k, t) in probe.leaves() {
+                if !have.contains(&k) && !actions.contains(&k) {
+                    extras.push((k, t.f_zeros_like()?));
+                }
+            }
+            self.policy_extras = Some(extras);
+        }
+        let mut root = self.env.rand_action(Some(root))?;
+        for (k, z) in self.policy_extras.iter().flatten() {
+            root.set(k, z.shallow_clone())?;
+        }
+        Ok(root)
     }
 
     fn exhausted(&self) -> bool {

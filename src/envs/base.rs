@@ -550,6 +550,16 @@ pub trait EnvBase: Send {
         Ok((td, root))
     }
 
+    /// True when an output of one batch element depends on the data of the others (running
+    /// statistics updated by the whole batch, as [`VecNorm`](super::transforms::VecNorm)'s):
+    /// a partial reset then legitimately changes what the unselected elements observe, and
+    /// [`check_partial_reset`](super::check_partial_reset) has nothing it can compare (it
+    /// returns `Ok`). Default false; [`TransformedEnv`](super::TransformedEnv) asks its base
+    /// env and its transforms, `SerialEnv` / `ParallelEnv` their envs.
+    fn couples_batch_elements(&self) -> bool {
+        false
+    }
+
     /// [`check_env_specs`](super::check_env_specs) on this env.
     fn check_env_specs(&mut self, seed: Option<u64>) -> Result<()>
     where

@@ -9,6 +9,10 @@
 //! key and how many values are NaN and infinite; ±Inf alone is judged by the containment
 //! check (an Unbounded spec admits it, a Bounded one does not).
 //!
+//! **Partial resets.** Last, [`check_partial_reset`] proves that a reset under a `"_reset"`
+//! mask leaves the unselected elements' state and observations untouched (envs with two or more
+//! batch elements).
+//!
 //! **Dynamic specs.** When a spec has a dynamic (`-1`) dim (see [`crate::data::specs`]), successive
 //! steps may carry different lengths there, and a rollout cannot stack them (TorchRL lazily
 //! stacks them instead, with `return_contiguous=False`). `check_env_specs` then steps the env by
@@ -70,7 +74,9 @@ fn spec_err(key: String, spec: String, reason: String) -> Error {
 }
 
 /// Checks `env` against its specs; with `seed`, the env is seeded first (so the check is
-/// reproducible). See the module docs for what is compared.
+/// reproducible). See the module docs for what is compared. An env with two or more batch
+/// elements (and static specs) is then put through [`check_partial_reset`] (seeded with `seed`,
+/// or 0), which reseeds it.
 pub fn check_env_specs<E: EnvBase + ?Sized>(env: &mut E, seed: Option<u64>) -> Result<()> {
     if let Some(s) = seed {
         env.set_seed(s)?;
@@ -90,7 +96,7 @@ pub fn check_env_specs<E: EnvBase + ?Sized>(env: &mut E, seed: Option<u64>) -> R
         check_nan_leaves(&real)?;
         check_against_fake(env, &real)?;
     }
-    Ok(())
+    check_partial_reset(env, seed.unwrap_or(0))
 }
 
 /// Refuses NaN anywhere in the env's output (no spec contains NaN, but a leaf check passes it
@@ -328,6 +334,151 @@ fn check_group(name: &str, spec: &Composite, td: &TensorDict, prefix: Option<&st
                     ShapeFmt(&v.size()),
                     v.kind()
                 ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a partial reset leaves the elements it does not select untouched: their
+/// observations, and the env's hidden state behind them.
+///
+/// Runs the env twice from `seed`: reset, two random-action steps (`step_and_maybe_reset`),
+/// then, in the first run only, a partial reset through [`EnvBase::maybe_reset`] whose
+/// `"_reset"` masks select the elements of even flat index (every group's mask has its done
+/// leaf's shape, `[*batch, 1]` by default), then one more random-action step. The elements of
+/// odd flat index were not selected, so both runs must agree on them bit for bit: at the root
+/// right after the reset, and in everything the next step writes under `"next"`
+/// (observations, rewards, done flags). An env that re-samples every element's state in
+/// `reset_impl` fails here even though the provided `reset` keeps the old *observations* of the
+/// unselected elements: the next step starts from a state other than the one observed.
+///
+/// The env's generator ([`EnvCore::generator`](super::EnvCore)) is restored after the reset, so
+/// the random actions and any noise a step draws from it are the same in both runs; an env with
+/// other randomness in its step should be checked with deterministic dynamics. Envs with fewer
+/// than two batch elements, with dynamic (`-1`) specs, or without done keys (so without a
+/// `"_reset"` mask), or whose elements' outputs depend on each other
+/// ([`EnvBase::couples_batch_elements`], e.g. under an updating `VecNorm`) have nothing to
+/// check (`Ok`).
+/// [`check_env_specs`] runs this check too.
+///
+/// ```
+/// use torchrl::envs::builtin::PendulumEnv;
+/// use torchrl::envs::check_partial_reset;
+/// # fn main() -> torchrl::Result<()> {
+/// let mut env = PendulumEnv::new(&[4], tch::Device::Cpu)?;
+/// check_partial_reset(&mut env, 0)?; // the built-in envs reset only the masked elements
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming the first leaf (and how many unselected elements) that
+/// differs between the two runs; any error of the env itself.
+pub fn check_partial_reset<E: EnvBase + ?Sized>(env: &mut E, seed: u64) -> Result<()> {
+    let specs = env.specs().clone();
+    let batch = specs.batch_size().to_vec();
+    let numel: i64 = batch.iter().product();
+    // without a done group there is no "_reset" mask: a partial reset cannot be asked for
+    let has_masks = env
+        .core()
+        .keys()
+        .groups
+        .iter()
+        .any(|g| specs.done.contains(&g.done) || specs.done.contains(&g.terminated));
+    if numel < 2 || has_dynamic_specs(&specs) || !has_masks || env.couples_batch_elements() {
+        return Ok(());
+    }
+    // true where an element is NOT reset (odd flat index)
+    let keep = tch::Tensor::f_arange(numel, (tch::Kind::Int64, tch::Device::Cpu))?
+        .f_remainder(2)?
+        .f_eq(1)?
+        .f_reshape(&batch)?;
+    let (root_a, next_a) = partial_reset_run(env, seed, Some(&keep))?;
+    let (root_b, next_b) = partial_reset_run(env, seed, None)?;
+    compare_kept("right after the partial reset", &root_a, &root_b, &keep)?;
+    compare_kept(
+        "in the step after the partial reset (\"next\")",
+        &next_a,
+        &next_b,
+        &keep,
+    )
+}
+
+/// One run of [`check_partial_reset`]: the root after the (optional) partial reset and the
+/// `"next"` tensordict of the step that follows it.
+fn partial_reset_run<E: EnvBase + ?Sized>(
+    env: &mut E,
+    seed: u64,
+    keep: Option<&tch::Tensor>,
+) -> Result<(TensorDict, TensorDict)> {
+    env.set_seed(seed)?;
+    let mut td = env.reset(None)?;
+    for _ in 0..2 {
+        td = env.rand_action(Some(td))?;
+        let (_, root) = env.step_and_maybe_reset(td)?;
+        td = root;
+    }
+    if let Some(keep) = keep {
+        let reset = keep.f_logical_not()?;
+        let groups = env.core().keys().groups.clone();
+        for g in &groups {
+            let Some(spec) = env
+                .specs()
+                .done
+                .get(&g.done)
+                .or_else(|| env.specs().done.get(&g.terminated))
+            else {
+                continue;
+            };
+            let shape = spec.shape().to_vec();
+            let mut m = reset.shallow_clone();
+            while m.dim() < shape.len() {
+                m = m.f_unsqueeze(-1)?;
+            }
+            let m = m
+                .f_expand(&shape, false)?
+                .f_to_device(env.device())?
+                .f_contiguous()?;
+            td.set(&g.reset, m)?;
+        }
+        let generator = env.core().generator.clone();
+        td = env.maybe_reset(td)?;
+        env.core_mut().generator = generator;
+    }
+    let root = td.clone();
+    let td = env.rand_action(Some(td))?;
+    let stepped = env.step(td)?;
+    let next = stepped.get_dict("next").cloned().unwrap_or(stepped.empty());
+    Ok((root, next))
+}
+
+/// Errors when a leaf present in both `a` and `b` differs on an element where `keep` is true.
+fn compare_kept(when: &str, a: &TensorDict, b: &TensorDict, keep: &tch::Tensor) -> Result<()> {
+    let nb = keep.dim();
+    for (k, x) in a.leaves() {
+        let Some(y) = b.get(&k) else { continue };
+        if x.size() != y.size() || x.size().get(..nb) != Some(keep.size().as_slice()) {
+            continue;
+        }
+        let mut diff = x.f_ne_tensor(&y.f_to_kind(x.kind())?)?;
+        while diff.dim() > nb {
+            diff = diff.f_any_dim(-1, false)?;
+        }
+        let bad = diff.f_to_device(tch::Device::Cpu)?.f_logical_and(keep)?;
+        let count = bad.f_sum(tch::Kind::Int64)?.f_int64_value(&[])?;
+        if count > 0 {
+            let first = bad
+                .f_flatten(0, -1)?
+                .f_nonzero()?
+                .f_view([-1])?
+                .f_int64_value(&[0])?;
+            return Err(Error::value(
+                "check_partial_reset",
+                &k,
+                "the same values as a run without the reset on every element the \"_reset\" mask \
+                 did not select (reset_impl must reset only the masked elements and leave the \
+                 others' state untouched; docs/custom_env.md)",
+                format!("{count} unselected element(s) differ {when} (first: flat index {first})"),
             ));
         }
     }

@@ -12,6 +12,8 @@
 //! - [`pages`]: allocator and page tricks (glibc-specific parts behind
 //!   `cfg(target_env = "gnu")`, with a portable fallback).
 //! - [`pendulum`]: the Pendulum host step's loops, with AVX2/FMA copies picked at run time.
+//! - [`mmap`]: memory-mapped files of the disk-backed replay storage (not a speed trick: the
+//!   one `unsafe` call, mapping a file, lives here by the same rule).
 //!
 //! Rules: every `unsafe` block carries a `// SAFETY:` comment (the crate denies
 //! `clippy::undocumented_unsafe_blocks`); a kernel that meets an input it cannot handle
@@ -39,6 +41,7 @@
 //! ```
 
 pub(crate) mod ffi;
+pub(crate) mod mmap;
 pub(crate) mod out;
 pub(crate) mod pages;
 pub(crate) mod pendulum;

@@ -1,8 +1,8 @@
 //! [`ReplayBuffer`]: a fixed-capacity tensordict storage (TorchRL's `LazyTensorStorage` with a
 //! round-robin writer) and a [`Sampler`].
 //!
-//! The storage is allocated on the first `extend`, shaped `[capacity, *feature_dims]` per leaf
-//! after the first data's structure. Writes go round-robin: once full, the oldest transitions
+//! The storage is allocated on the first `extend`, shaped `[capacity, *item_shape]` per leaf
+//! after the first data's structure (an item is one slice along the first batch dim). Writes go round-robin: once full, the oldest transitions
 //! are overwritten first (FIFO).
 //!
 //! ```
@@ -29,14 +29,18 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::samplers::{RandomSampler, Sampler};
+use super::memmap::{leaf_keys, LazyMemmapStorage};
+use super::samplers::{RandomSampler, Sampled, Sampler};
 use crate::error::{Error, Result};
-use crate::tensordict::{BatchIndex, TensorDict};
+use crate::tensordict::{fmt_key_list, BatchIndex, NestedKey, TensorDict};
 
 /// A replay buffer over a tensordict storage. See the module docs.
 #[derive(Debug)]
 pub struct ReplayBuffer<S: Sampler = RandomSampler> {
     storage: Option<TensorDict>,
+    /// The disk-backed storage, when the buffer was made with [`ReplayBuffer::with_memmap`]
+    /// (then `storage` stays `None`).
+    disk: Option<LazyMemmapStorage>,
     capacity: i64,
     len: i64,
     cursor: i64,
@@ -67,11 +71,43 @@ impl<S: Sampler> ReplayBuffer<S> {
         }
         Ok(ReplayBuffer {
             storage: None,
+            disk: None,
             capacity,
             len: 0,
             cursor: 0,
             sampler,
         })
+    }
+
+    /// A buffer of `capacity` items kept in memory-mapped files in `dir` (TorchRL's
+    /// `LazyMemmapStorage`, see [`LazyMemmapStorage`]): the files are made from the first
+    /// batch; a folder that already holds a storage of this capacity is reopened (its items,
+    /// length and write cursor; the sampler is told about the stored items as after an
+    /// `extend`).
+    ///
+    /// # Errors
+    /// When `capacity` is not positive, or the folder cannot be used (see
+    /// [`LazyMemmapStorage::new`]).
+    pub fn with_memmap(
+        capacity: i64,
+        sampler: S,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<Self> {
+        let mut rb = ReplayBuffer::with_sampler(capacity, sampler)?;
+        let disk = LazyMemmapStorage::new(dir, capacity)?;
+        if let Some((len, cursor)) = disk.reopened() {
+            rb.len = len;
+            rb.cursor = cursor;
+            let idx: Vec<i64> = (0..len).collect();
+            rb.sampler.extended(&idx)?;
+        }
+        rb.disk = Some(disk);
+        Ok(rb)
+    }
+
+    /// The disk-backed storage, for a buffer made with [`ReplayBuffer::with_memmap`].
+    pub fn memmap_storage(&self) -> Option<&LazyMemmapStorage> {
+        self.disk.as_ref()
     }
 
     /// The number of transitions stored.
@@ -104,11 +140,22 @@ impl<S: Sampler> ReplayBuffer<S> {
         self.len = 0;
         self.cursor = 0;
         self.sampler.reset();
+        if let Some(d) = &self.disk {
+            // best effort: a stale meta.json only reopens the old items
+            let _ = d.save_meta(0, 0);
+        }
     }
 
-    /// The stored transitions in storage order, `[len]` (views of the storage), or `None` when
-    /// empty.
+    /// The stored transitions in storage order, `[len]` (views of the storage; copies for a
+    /// disk-backed buffer), or `None` when empty.
     pub fn storage(&self) -> Result<Option<TensorDict>> {
+        if let Some(d) = &self.disk {
+            if self.len == 0 || !d.is_initialized() {
+                return Ok(None);
+            }
+            let idx: Vec<i64> = (0..self.len).collect();
+            return d.read(&idx).map(Some);
+        }
         match &self.storage {
             Some(s) if self.len > 0 => Ok(Some(s.index(&[BatchIndex::slice(
                 Some(0),
@@ -119,64 +166,116 @@ impl<S: Sampler> ReplayBuffer<S> {
         }
     }
 
-    /// Adds the transitions of `data`: its batch dims are flattened into one (`[B, T]` gives
-    /// `B * T` transitions; a batch-less tensordict is one transition). Returns the storage
-    /// indices written, in order. When the buffer is full the oldest transitions are
-    /// overwritten; when `data` alone holds more than `capacity` transitions only its last
-    /// `capacity` are kept.
+    /// Adds the items of `data`, split along its **first** batch dim only (TorchRL's storages,
+    /// `ndim=1`): a `[B]` batch adds `B` transitions, a `[B, T]` batch adds `B` items of shape
+    /// `[T]` (reshape it to `[-1]` first to store `B * T` transitions), a batch-less tensordict
+    /// adds one item. Returns the storage indices written, in order. When the buffer is full the
+    /// oldest items are overwritten; when `data` alone holds more than `capacity` items only its
+    /// last `capacity` are kept. The sampler is told which indices were written (a prioritized
+    /// sampler gives them its default priority).
     ///
     /// # Errors
-    /// When `data` does not have the structure (keys, feature shapes, dtypes) of the data
-    /// already stored; nothing is written then.
+    /// When `data`'s keys differ from the stored ones (the error lists both and suggests
+    /// `select`), or its item shapes / dtypes differ; nothing is written then.
     pub fn extend(&mut self, data: &TensorDict) -> Result<Vec<i64>> {
-        let n = data.numel();
+        let op = "ReplayBuffer::extend";
+        let items = if data.batch_size().is_empty() {
+            data.unsqueeze(0)?
+        } else {
+            data.clone()
+        };
+        let n = items.batch_size().first().copied().unwrap_or(0);
         if n == 0 {
             return Ok(Vec::new());
         }
-        let flat = data.reshape([n])?;
-        let storage = match self.storage.take() {
-            Some(s) => s,
-            None => allocate(&flat, self.capacity)?,
-        };
-        let mut storage = storage;
+        if let Some(stored) = &self.storage {
+            self.check_keys(op, leaf_keys(stored), &items)?;
+        }
+        if let Some(d) = &self.disk {
+            if d.is_initialized() {
+                self.check_keys(op, d.key_list(), &items)?;
+            }
+        }
         // Only the last `capacity` items survive a write larger than the buffer.
         let keep = n.min(self.capacity);
         let src = if keep < n {
-            flat.index(&[BatchIndex::slice(Some(n - keep), None, 1)])?
+            items.index(&[BatchIndex::slice(Some(n - keep), None, 1)])?
         } else {
-            flat
+            items
         };
         let start = (self.cursor + (n - keep)) % self.capacity;
         let idx: Vec<i64> = (0..keep).map(|j| (start + j) % self.capacity).collect();
+        if let Some(d) = self.disk.as_mut() {
+            d.write(&src, &idx)?;
+            self.cursor = (self.cursor + n) % self.capacity;
+            self.len = (self.len + keep).min(self.capacity);
+            d.save_meta(self.len, self.cursor)?;
+            self.sampler.extended(&idx)?;
+            return Ok(idx);
+        }
+        let mut storage = match self.storage.take() {
+            Some(s) => s,
+            None => allocate(&src, self.capacity)?,
+        };
         let device = storage.device().unwrap_or(Device::Cpu);
         let idx_t = Tensor::f_from_slice(&idx)?
             .f_to_kind(Kind::Int64)?
             .f_to_device(device)?;
         let res = storage.set_at(&[BatchIndex::Tensor(idx_t)], &src);
+        let item_shape = storage
+            .batch_size()
+            .get(1..)
+            .map(<[i64]>::to_vec)
+            .unwrap_or_default();
         self.storage = Some(storage);
-        res?;
+        res.map_err(|e| {
+            e.context(format!(
+                "{op}: the batch does not fit the buffer's items (capacity {}, item batch shape                  {item_shape:?}, set by the first extend)",
+                self.capacity
+            ))
+        })?;
         self.cursor = (self.cursor + n) % self.capacity;
         self.len = (self.len + keep).min(self.capacity);
+        self.sampler.extended(&idx)?;
         Ok(idx)
     }
 
-    /// Adds one transition (a tensordict without batch dims, or with a batch numel of 1).
-    pub fn add(&mut self, data: &TensorDict) -> Result<Vec<i64>> {
-        if data.numel() != 1 {
-            return Err(Error::invalid(
-                "ReplayBuffer::add",
-                format!(
-                    "add takes one transition, got batch size {:?} (use extend)",
-                    data.batch_size()
-                ),
-            ));
+    /// Refuses a batch whose leaf keys differ from the stored ones, listing both sides.
+    fn check_keys(&self, op: &'static str, have: Vec<NestedKey>, items: &TensorDict) -> Result<()> {
+        let got = leaf_keys(items);
+        let only_batch: Vec<NestedKey> =
+            got.iter().filter(|k| !have.contains(k)).cloned().collect();
+        let only_buffer: Vec<NestedKey> =
+            have.iter().filter(|k| !got.contains(k)).cloned().collect();
+        if only_batch.is_empty() && only_buffer.is_empty() {
+            return Ok(());
         }
-        self.extend(data)
+        Err(Error::invalid(
+            op,
+            format!(
+                "the batch's keys differ from the replay buffer's (ReplayBuffer of capacity {},                  holding {} items; its keys were set by the first extend):\n- only in the batch: \
+                 {}\n- only in the buffer: {}\nextend with the buffer's keys: \
+                 `data.select(&[...], Strict::No)` keeps the common ones (a collector's \
+                 random-action batches, for instance, lack the policy's outputs)",
+                self.capacity,
+                self.len,
+                fmt_key_list(&only_batch),
+                fmt_key_list(&only_buffer)
+            ),
+        ))
     }
 
-    /// Samples `batch_size` transitions (indices from the sampler), `[batch_size]` (or fewer,
-    /// for the short last batch of a [`SamplerWithoutReplacement`](super::SamplerWithoutReplacement)
-    /// epoch without `drop_last`). The result is a copy.
+    /// Adds one item (`data` is the item: its whole batch shape is the item's).
+    pub fn add(&mut self, data: &TensorDict) -> Result<Vec<i64>> {
+        self.extend(&data.unsqueeze(0)?)
+    }
+
+    /// Samples `batch_size` items (indices from the sampler), `[batch_size, *item_shape]` (or
+    /// fewer, for the short last batch of a
+    /// [`SamplerWithoutReplacement`](super::SamplerWithoutReplacement) epoch without
+    /// `drop_last`). A sampler that gives importance weights (a
+    /// [`PrioritizedSampler`](super::PrioritizedSampler)) adds `"index"` (int64) and
+    /// `"priority_weight"` (float32), expanded to the batch shape. The result is a copy.
     ///
     /// # Errors
     /// When the buffer is empty or `batch_size < 1`.
@@ -186,6 +285,25 @@ impl<S: Sampler> ReplayBuffer<S> {
 
     /// Like [`ReplayBuffer::sample`], also returning the storage indices read.
     pub fn sample_with_indices(&mut self, batch_size: i64) -> Result<(TensorDict, Vec<i64>)> {
+        if let Some(d) = &self.disk {
+            if self.len == 0 || !d.is_initialized() {
+                return Err(Error::invalid(
+                    "ReplayBuffer::sample",
+                    "cannot sample from an empty buffer",
+                ));
+            }
+            // only the keys the sampler reads (none for most samplers) are loaded for it
+            let all: Vec<i64> = (0..self.len).collect();
+            let view = match self.sampler.storage_keys() {
+                Some(keys) if keys.is_empty() => TensorDict::new([self.len])?,
+                Some(keys) => d.read_keys(&all, Some(&keys))?,
+                None => d.read(&all)?,
+            };
+            let sampled = self.sampler.sample_from(&view, self.len, batch_size)?;
+            let mut out = d.read(&sampled.indices)?;
+            add_weights(&mut out, &sampled, Device::Cpu)?;
+            return Ok((out, sampled.indices));
+        }
         let storage = match &self.storage {
             Some(s) if self.len > 0 => s,
             _ => {
@@ -195,21 +313,79 @@ impl<S: Sampler> ReplayBuffer<S> {
                 ))
             }
         };
-        let idx = self.sampler.sample_indices(self.len, batch_size)?;
+        let sampled = self.sampler.sample_from(storage, self.len, batch_size)?;
+        let idx = sampled.indices.clone();
         let device = storage.device().unwrap_or(Device::Cpu);
         let idx_t = Tensor::f_from_slice(&idx)?
             .f_to_kind(Kind::Int64)?
             .f_to_device(device)?;
-        let out = storage.index(&[BatchIndex::Tensor(idx_t)])?;
+        let mut out = storage.index(&[BatchIndex::Tensor(idx_t)])?;
+        add_weights(&mut out, &sampled, device)?;
         Ok((out, idx))
     }
 }
 
-/// Zeros shaped `[capacity, *feature_dims]` with the structure of `flat` (batch `[n]`).
-fn allocate(flat: &TensorDict, capacity: i64) -> Result<TensorDict> {
-    let row = flat.index(&[BatchIndex::slice(Some(0), Some(1), 1)])?;
+impl ReplayBuffer<super::PrioritizedSampler> {
+    /// Sets the priorities of the items at `index` (one priority, or one per index): TorchRL's
+    /// `update_priority`.
+    pub fn update_priority(&mut self, index: &[i64], priority: &[f64]) -> Result<()> {
+        self.sampler.update_priority(index, priority)
+    }
+
+    /// Reads `"index"` and `priority_key` (TorchRL's default `"td_error"`) from a sampled
+    /// tensordict and updates the priorities (an item with trailing dims takes the max over
+    /// them, TorchRL's default reduction): TorchRL's `update_tensordict_priority`.
+    pub fn update_tensordict_priority(
+        &mut self,
+        td: &TensorDict,
+        priority_key: impl crate::tensordict::AsKey,
+    ) -> Result<()> {
+        let mut index = td.get_or_err("index")?.shallow_clone();
+        while index.dim() > 1 {
+            index = index.f_select(-1, 0)?;
+        }
+        let mut p = td
+            .get_or_err(priority_key)?
+            .f_detach()?
+            .f_to_kind(Kind::Double)?;
+        while p.dim() > 1 {
+            p = p.f_amax(&[-1i64][..], false)?;
+        }
+        let index = Vec::<i64>::try_from(index.f_to_kind(Kind::Int64)?.f_reshape([-1])?)?;
+        let p = Vec::<f64>::try_from(p.f_reshape([-1])?)?;
+        self.sampler.update_priority(&index, &p)
+    }
+}
+
+/// Adds `"index"` and `"priority_weight"` (expanded to the batch shape) when the sampler gave
+/// weights.
+fn add_weights(out: &mut TensorDict, sampled: &Sampled, device: Device) -> Result<()> {
+    if let Some(w) = &sampled.weights {
+        let shape = out.batch_size().to_vec();
+        let idx = Tensor::f_from_slice(&sampled.indices)?.f_to_device(device)?;
+        let w = Tensor::f_from_slice(w)?.f_to_device(device)?;
+        out.set("index", expand_right(&idx, &shape)?)?;
+        out.set("priority_weight", expand_right(&w, &shape)?)?;
+    }
+    Ok(())
+}
+
+/// `t` (`[B]`) viewed as `[B, 1, …]` and expanded to `shape` (`[B, …]`).
+fn expand_right(t: &Tensor, shape: &[i64]) -> Result<Tensor> {
+    let mut v = t.shallow_clone();
+    while v.dim() < shape.len() {
+        v = v.f_unsqueeze(-1)?;
+    }
+    Ok(v.f_expand(shape, false)?.f_contiguous()?)
+}
+
+/// Zeros shaped `[capacity, *item_shape]` with the structure of `items` (batch `[n, *item]`).
+fn allocate(items: &TensorDict, capacity: i64) -> Result<TensorDict> {
+    let row = items.index(&[BatchIndex::slice(Some(0), Some(1), 1)])?;
     let zeros = row.apply(|t| Ok(Some(t.f_zeros_like()?)))?;
-    zeros
-        .expand([capacity])?
-        .apply(|t| Ok(Some(t.f_contiguous()?)))
+    let mut shape = items.batch_size().to_vec();
+    if let Some(first) = shape.first_mut() {
+        *first = capacity;
+    }
+    zeros.expand(&shape)?.apply(|t| Ok(Some(t.f_contiguous()?)))
 }

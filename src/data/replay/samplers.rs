@@ -24,17 +24,51 @@
 
 use crate::error::{Error, Result};
 use crate::rng::Generator;
+use crate::tensordict::TensorDict;
+
+/// What a [`Sampler`] hands the buffer for one batch: storage indices and, for a prioritized
+/// sampler, their importance weights.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sampled {
+    /// The storage indices to read, in batch order.
+    pub indices: Vec<i64>,
+    /// One importance weight per index (prioritized samplers); the buffer writes them under
+    /// `"priority_weight"` and the indices under `"index"`.
+    pub weights: Option<Vec<f32>>,
+}
 
 /// Chooses the storage indices of a sampled batch.
 pub trait Sampler {
     /// `batch_size` indices into a storage holding `len` items (`len >= 1`, `batch_size >= 1`).
     fn sample_indices(&mut self, len: i64, batch_size: i64) -> Result<Vec<i64>>;
 
+    /// The batch's indices (and weights) with the stored items at hand (`storage`: the first
+    /// `len` items are valid), for samplers that read the data (trajectory slices). The default
+    /// calls [`Sampler::sample_indices`].
+    fn sample_from(&mut self, _storage: &TensorDict, len: i64, batch_size: i64) -> Result<Sampled> {
+        Ok(Sampled {
+            indices: self.sample_indices(len, batch_size)?,
+            weights: None,
+        })
+    }
+
+    /// The stored keys [`Sampler::sample_from`] reads (`None`: all of them): a disk-backed
+    /// buffer loads only these for it. Default: none.
+    fn storage_keys(&self) -> Option<Vec<crate::tensordict::NestedKey>> {
+        Some(Vec::new())
+    }
+
+    /// Called after `extend` wrote the items at `indices` (TorchRL's `Sampler.extend`; a
+    /// prioritized sampler gives them the default priority).
+    fn extended(&mut self, _indices: &[i64]) -> Result<()> {
+        Ok(())
+    }
+
     /// Forgets any per-storage state (called when the buffer is cleared).
     fn reset(&mut self) {}
 }
 
-fn check_args(op: &'static str, len: i64, batch_size: i64) -> Result<()> {
+pub(crate) fn check_args(op: &'static str, len: i64, batch_size: i64) -> Result<()> {
     if len < 1 {
         return Err(Error::argument(
             op,

@@ -36,6 +36,8 @@ struct Worker {
 pub struct ParallelEnv {
     workers: Vec<Worker>,
     core: EnvCore,
+    /// Whether a worker's env couples its batch elements (asked before the envs move).
+    couples: bool,
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -79,6 +81,7 @@ impl ParallelEnv {
     pub fn new<E: EnvBase + 'static>(envs: Vec<E>) -> Result<Self> {
         let sub = common_specs(&envs)?;
         let specs = batched_specs(&sub, envs.len())?;
+        let couples = envs.iter().any(|e| e.couples_batch_elements());
         let mut workers = Vec::with_capacity(envs.len());
         for (i, env) in envs.into_iter().enumerate() {
             let (tx, wrx) = channel::<Cmd>();
@@ -104,6 +107,7 @@ impl ParallelEnv {
         Ok(ParallelEnv {
             workers,
             core: EnvCore::from_transformed(specs)?,
+            couples,
         })
     }
 
@@ -186,6 +190,10 @@ fn expect_td(op: &'static str, i: usize, r: Option<Reply>) -> Result<TensorDict>
 
 impl EnvBase for ParallelEnv {
     crate::envs::base::env_core_field!();
+
+    fn couples_batch_elements(&self) -> bool {
+        self.couples
+    }
 
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let n = self.workers.len();

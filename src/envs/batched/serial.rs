@@ -36,6 +36,10 @@ impl<E: EnvBase> SerialEnv<E> {
 impl<E: EnvBase> EnvBase for SerialEnv<E> {
     crate::envs::base::env_core_field!();
 
+    fn couples_batch_elements(&self) -> bool {
+        self.envs.iter().any(|e| e.couples_batch_elements())
+    }
+
     fn reset_impl(&mut self, td: Option<&TensorDict>) -> Result<TensorDict> {
         let which = workers_to_reset(td, self.envs.len())?;
         let subs = match td {

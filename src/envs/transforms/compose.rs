@@ -29,7 +29,7 @@
 //! assert!(matches!(err.root(), Error::KeyNotFound { .. }));
 //! ```
 
-use super::Transform;
+use super::{ParentStep, Transform};
 use crate::envs::EnvSpecs;
 use crate::error::{Error, Result};
 use crate::tensordict::{NestedKey, TensorDict};
@@ -239,6 +239,28 @@ impl Transform for Compose {
         self.chain("step", false, next, |t, next| t.step(td, next))
     }
 
+    fn step_with_parent(
+        &mut self,
+        td: &TensorDict,
+        next: TensorDict,
+        parent: &mut dyn ParentStep,
+    ) -> Result<TensorDict> {
+        let n = self.transforms.len();
+        let mut next = next;
+        for i in 0..n {
+            let (before, rest) = self.transforms.split_at_mut(i);
+            let Some(t) = rest.first_mut() else { break };
+            let mut p = Chain {
+                base: &mut *parent,
+                transforms: before,
+            };
+            next = t
+                .step_with_parent(td, next, &mut p)
+                .map_err(|e| in_hook(e, t.as_ref(), i, n, "step"))?;
+        }
+        Ok(next)
+    }
+
     fn reset(&mut self, td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
         self.chain("reset", false, reset, |t, reset| t.reset(td, reset))
     }
@@ -251,11 +273,40 @@ impl Transform for Compose {
         self.chain("forward", false, td, |t, td| t.forward(td))
     }
 
+    fn couples_batch_elements(&self) -> bool {
+        self.transforms.iter().any(|t| t.couples_batch_elements())
+    }
+
     fn set_seed(&mut self, seed: u64) -> Result<()> {
         // Each transform gets its own stream, derived from the seed and its position.
         for (i, t) in self.transforms.iter_mut().enumerate() {
             t.set_seed(seed.wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)))?;
         }
         Ok(())
+    }
+}
+
+/// The parent of a transform inside a [`Compose`]: the outer parent followed by the transforms
+/// before it (each of which may drive its own parent in turn).
+struct Chain<'a> {
+    base: &'a mut dyn ParentStep,
+    transforms: &'a mut [Box<dyn Transform>],
+}
+
+impl ParentStep for Chain<'_> {
+    fn step(&mut self, td: &TensorDict) -> Result<TensorDict> {
+        let n = self.transforms.len();
+        match self.transforms.split_last_mut() {
+            None => self.base.step(td),
+            Some((last, init)) => {
+                let mut p = Chain {
+                    base: &mut *self.base,
+                    transforms: init,
+                };
+                let next = p.step(td)?;
+                last.step_with_parent(td, next, &mut p)
+                    .map_err(|e| in_hook(e, last.as_ref(), n - 1, n, "step"))
+            }
+        }
     }
 }

@@ -34,12 +34,15 @@ mod transformed_env;
 
 // reward & episode transforms
 mod action_clamp;
+mod clip;
+mod frame_skip;
 mod init_tracker;
 mod reward_clipping;
 mod reward_scaling;
 mod reward_sum;
 mod step_counter;
 mod tensordict_primer;
+mod vec_norm;
 pub use action_clamp::{ActionClamp, NanPolicy};
 pub use init_tracker::InitTracker;
 pub use reward_clipping::RewardClipping;
@@ -71,8 +74,11 @@ mod kl_reward;
 pub use kl_reward::{DistributionSource, KLRewardTransform, DEFAULT_LOG_PROB_KEY};
 // end KL reward
 
+pub use clip::ClipTransform;
 pub use compose::Compose;
+pub use frame_skip::FrameSkipTransform;
 pub use transformed_env::{TransformHandle, TransformedEnv};
+pub use vec_norm::VecNorm;
 
 use tch::Tensor;
 
@@ -402,6 +408,15 @@ impl<T: std::any::Any> AsAny for T {
     }
 }
 
+/// The step of a transform's parent: the base env and the transforms before the transform,
+/// handed to [`Transform::step_with_parent`].
+pub trait ParentStep {
+    /// Steps the parent once more with the actions in `td` (the tensordict the env's step
+    /// received, after the inverse transforms) and returns its next tensordict (not nested
+    /// under `"next"`), as the transform's [`Transform::step`] would have received it.
+    fn step(&mut self, td: &TensorDict) -> Result<TensorDict>;
+}
+
 /// A composable rewrite of an environment's specs and data. Every hook defaults to a no-op.
 pub trait Transform: Send + AsAny {
     /// A short name used in error messages (`"RewardScaling(loc=0, scale=0.1)"`).
@@ -470,6 +485,20 @@ pub trait Transform: Send + AsAny {
         Ok(next)
     }
 
+    /// Step hook with access to the parent's step, for a transform that must step its parent
+    /// more than once per step of the env (a frame skip): `parent.step(td)` runs the base env
+    /// and the transforms before this one once more and returns their next tensordict. The
+    /// default ignores `parent` and calls [`Transform::step`]; [`TransformedEnv`] calls this
+    /// hook, a bare [`Compose`] used on offline data calls [`Transform::step`].
+    fn step_with_parent(
+        &mut self,
+        td: &TensorDict,
+        next: TensorDict,
+        _parent: &mut dyn ParentStep,
+    ) -> Result<TensorDict> {
+        self.step(td, next)
+    }
+
     /// Reset hook: `td` is the tensordict given to reset (empty when none, possibly with
     /// `"_reset"` masks), `reset` the parent's reset output. Returns the transformed output.
     fn reset(&mut self, _td: &TensorDict, reset: TensorDict) -> Result<TensorDict> {
@@ -480,6 +509,13 @@ pub trait Transform: Send + AsAny {
     /// shallow copy, so renaming keys here does not change the caller's tensordict.
     fn inv(&mut self, td: TensorDict) -> Result<TensorDict> {
         Ok(td)
+    }
+
+    /// True when the transform makes one batch element's output depend on the others' data
+    /// (running statistics over the batch, as [`VecNorm`]'s); see
+    /// [`EnvBase::couples_batch_elements`](crate::envs::EnvBase::couples_batch_elements).
+    fn couples_batch_elements(&self) -> bool {
+        false
     }
 
     /// Seeds the transform's own randomness (called by `TransformedEnv::set_seed` after the

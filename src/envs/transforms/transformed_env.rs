@@ -49,7 +49,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use super::compose::attach_one;
-use super::{Compose, Transform};
+use super::{Compose, ParentStep, Transform};
 use crate::envs::{EnvBase, EnvCore, EnvSpecs};
 use crate::error::Result;
 use crate::tensordict::TensorDict;
@@ -259,12 +259,16 @@ impl<E: EnvBase> EnvBase for TransformedEnv<E> {
 
     fn step_impl(&mut self, td: &TensorDict) -> Result<TensorDict> {
         let td_in = self.transform.inv(td.clone())?;
-        let mut next = self.base.step_next(&td_in)?;
-        // Entries preset under "next" that the base env did not produce reach the transforms.
-        if let Some(preset) = td.get_dict("next") {
-            crate::envs::base::merge_missing(&mut next, preset)?;
-        }
-        self.transform.step(&td_in, next)
+        let mut base = BaseStep {
+            base: &mut self.base,
+            preset: td.get_dict("next"),
+        };
+        let next = base.step(&td_in)?;
+        self.transform.step_with_parent(&td_in, next, &mut base)
+    }
+
+    fn couples_batch_elements(&self) -> bool {
+        self.base.couples_batch_elements() || self.transform.couples_batch_elements()
     }
 
     fn set_seed_impl(&mut self, seed: u64) -> Result<()> {
@@ -288,5 +292,23 @@ impl EnvCore {
         specs.lock();
         self.replace_specs(specs);
         Ok(())
+    }
+}
+
+/// The base env's step as the first transform's parent ([`ParentStep`]).
+struct BaseStep<'a, E: EnvBase> {
+    base: &'a mut E,
+    /// Entries preset under `"next"` in the input: those the base env does not produce reach
+    /// the transforms.
+    preset: Option<&'a TensorDict>,
+}
+
+impl<E: EnvBase> ParentStep for BaseStep<'_, E> {
+    fn step(&mut self, td: &TensorDict) -> Result<TensorDict> {
+        let mut next = self.base.step_next(td)?;
+        if let Some(preset) = self.preset {
+            crate::envs::base::merge_missing(&mut next, preset)?;
+        }
+        Ok(next)
     }
 }
