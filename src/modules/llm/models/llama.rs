@@ -324,6 +324,15 @@ impl LlamaConfig {
             "a finite number > 0",
             eps,
         )?;
+        // the random init's std (a model built from the config alone uses it), as GPT-2's
+        let std = self.initializer_range;
+        require(
+            std.is_finite() && std >= 0.0,
+            op,
+            "initializer_range",
+            "a finite number >= 0",
+            std,
+        )?;
         if Activation::from_name(&self.hidden_act).is_none() {
             return Err(Error::config(
                 op,
