@@ -39,10 +39,10 @@ fn a_negative_initializer_range_is_refused_with_the_file() {
     cfg["initializer_range"] = serde_json::json!(-65536);
     let path = dir.join("config.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
-    let err = torchrl::modules::llm::models::config_from_file(&path)
-        .err()
-        .expect("refused")
-        .to_string();
+    let Err(err) = torchrl::modules::llm::models::config_from_file(&path) else {
+        panic!("a negative initializer_range was accepted");
+    };
+    let err = err.to_string();
     assert!(
         err.contains("initializer_range") && err.contains(&path.display().to_string()),
         "{err}"
@@ -166,6 +166,44 @@ fn a_trainer_checkpoint_with_non_finite_parameters_is_refused() {
         for (x, y) in before.iter().zip(&after) {
             assert!(x.equal(y), "a refused load changed the trainer");
         }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `tokenizer` (seed 2026, case 3544): a `tokenizer.json` whose added token is 70,000 bytes
+/// long loaded, and then every encode took seconds of CPU (the campaign's 60 s watchdog fired
+/// on a loaded machine). Added tokens and vocabulary keys are held to `MAX_PIECE_BYTES` now,
+/// like Unigram pieces; the error names the field and the file.
+#[test]
+fn a_tokenizer_with_a_huge_added_token_is_refused() {
+    use torchrl::modules::llm::tokenizer::MAX_PIECE_BYTES;
+    use torchrl::modules::llm::HfTokenizer;
+    let dir = tempdir("long-added");
+    let long = "a".repeat(70_000);
+    let word_level = |added: &str, key: &str| {
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{{"id":0,"content":"{added}","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}],"normalizer":{{"type":"Lowercase"}},"pre_tokenizer":{{"type":"Whitespace"}},"post_processor":null,"decoder":null,"model":{{"type":"WordLevel","vocab":{{"{added}":0,"hello":1,"{key}":2}},"unk_token":"{added}"}}}}"#
+        )
+    };
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, word_level("[UNK]", "world")).unwrap();
+    assert!(HfTokenizer::from_file(&path).is_ok(), "the seed loads");
+    for (text, field) in [
+        (word_level(&long, "world"), "added_tokens[0]"),
+        (
+            word_level("[UNK]", &"b".repeat(MAX_PIECE_BYTES + 1)),
+            "model.vocab",
+        ),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let Err(err) = HfTokenizer::from_file(&path) else {
+            panic!("a {field} over the limit loaded");
+        };
+        let msg = err.to_string();
+        assert!(
+            msg.contains(field) && msg.contains(&path.display().to_string()),
+            "{msg}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
