@@ -239,7 +239,12 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.work);
+        // FUZZ_KEEP=1 keeps the case files (for `case` re-runs)
+        if std::env::var_os("FUZZ_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.work);
+        } else {
+            eprintln!("case files kept in {}", self.work.display());
+        }
     }
 }
 
@@ -336,8 +341,10 @@ pub fn same_snapshot(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Option<S
 /// A loaded model must run a forward of one token (finite logits are not required: weights
 /// may hold any float).
 fn forward_ok(model: &dyn CausalLm) -> Result<(), String> {
-    let last = (model.facts().vocab_size - 1).clamp(0, 1);
-    let ids = Tensor::from_slice(&[0i64, last]).view([1, 2]);
+    let f = model.facts();
+    let last = (f.vocab_size - 1).clamp(0, 1);
+    let ids: Vec<i64> = [0i64, last].into_iter().take(f.max_positions.clamp(1, 2) as usize).collect();
+    let ids = Tensor::from_slice(&ids).view([1, -1]);
     model
         .forward(&LmInput::new(&ids), None)
         .and_then(|o| o.logits())
@@ -491,9 +498,24 @@ fn config_case(st: &mut State, rng: &mut Rng) -> Outcome {
             if f.vocab_size < 1 || f.hidden_size < 1 || f.max_positions < 1 {
                 return Outcome::Defect("unusable", format!("accepted config with facts {f:?}"));
             }
-            // build it when small (a config may ask for a big model legitimately)
+            // build it when small (a config may ask for a big model legitimately): the
+            // widest matrix any field describes, per block, plus the embeddings
+            let text = std::fs::read(dir.join("config.json")).unwrap_or_default();
+            let json: Value = serde_json::from_slice(&text).unwrap_or(Value::Null);
+            let num = |k: &str| json.get(k).and_then(Value::as_f64).unwrap_or(0.0).max(0.0);
+            let heads = num("num_attention_heads").max(num("n_head"));
+            let widest = [
+                f.hidden_size as f64,
+                num("intermediate_size"),
+                num("n_inner"),
+                4.0 * num("n_embd"),
+                heads * num("head_dim"),
+                num("num_key_value_heads") * num("head_dim"),
+            ]
+            .into_iter()
+            .fold(0.0, f64::max);
             let approx = (f.vocab_size as f64 + f.max_positions as f64) * f.hidden_size as f64
-                + f.n_layer as f64 * 16.0 * (f.hidden_size as f64).powi(2);
+                + f.n_layer as f64 * 8.0 * widest * f.hidden_size as f64;
             if approx < 4e6 {
                 let vs = VarStore::new(Device::Cpu);
                 match cfg.build(&vs.root()) {
