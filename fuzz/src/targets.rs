@@ -343,7 +343,10 @@ pub fn same_snapshot(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Option<S
 fn forward_ok(model: &dyn CausalLm) -> Result<(), String> {
     let f = model.facts();
     let last = (f.vocab_size - 1).clamp(0, 1);
-    let ids: Vec<i64> = [0i64, last].into_iter().take(f.max_positions.clamp(1, 2) as usize).collect();
+    let ids: Vec<i64> = [0i64, last]
+        .into_iter()
+        .take(f.max_positions.clamp(1, 2) as usize)
+        .collect();
     let ids = Tensor::from_slice(&ids).view([1, -1]);
     model
         .forward(&LmInput::new(&ids), None)
