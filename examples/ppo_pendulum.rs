@@ -224,10 +224,10 @@ fn evaluate(
 
 /// The deterministic policy of `actor` (TanhNormal: `c + h·tanh(loc)`), without gradients.
 fn deterministic(actor: &ProbabilisticActor) -> impl FnMut(TensorDict) -> Result<TensorDict> + '_ {
-    let mut gen = Generator::new(0);
+    let mut rng = Generator::new(0);
     move |td| {
         let _guard = tch::no_grad_guard();
-        actor.forward_with(td, ExplorationType::Deterministic, &mut gen)
+        actor.forward_with(td, ExplorationType::Deterministic, &mut rng)
     }
 }
 

@@ -95,9 +95,9 @@ impl Config {
 
 /// `n` preference pairs: two random responses each, the one the hidden `true_w` scores higher
 /// under `"preferred"`, the other under `"dispreferred"`, each as `{"features": [n, F]}`.
-fn make_pairs(gen: &mut Generator, true_w: &Tensor, n: i64) -> Result<TensorDict> {
-    let a = gen.normal(&[n, FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
-    let b = gen.normal(&[n, FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
+fn make_pairs(rng: &mut Generator, true_w: &Tensor, n: i64) -> Result<TensorDict> {
+    let a = rng.normal(&[n, FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
+    let b = rng.normal(&[n, FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
     let a_wins = a
         .f_matmul(true_w)?
         .f_gt_tensor(&b.f_matmul(true_w)?)?
@@ -113,10 +113,10 @@ fn make_pairs(gen: &mut Generator, true_w: &Tensor, n: i64) -> Result<TensorDict
 pub fn run(cfg: &Config) -> Result<Summary> {
     tch::manual_seed(cfg.seed as i64); // the MLP's initialisation
     tch::set_num_threads(1); // tiny matrices: intra-op threads only cost synchronisation
-    let mut gen = Generator::new(cfg.seed);
-    let true_w = gen.normal(&[FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
-    let train = make_pairs(&mut gen, &true_w, cfg.pairs)?;
-    let test = make_pairs(&mut gen, &true_w, TEST_PAIRS)?;
+    let mut rng = Generator::new(cfg.seed);
+    let true_w = rng.normal(&[FEATURES], 0.0, 1.0, Kind::Float, Device::Cpu)?;
+    let train = make_pairs(&mut rng, &true_w, cfg.pairs)?;
+    let test = make_pairs(&mut rng, &true_w, TEST_PAIRS)?;
 
     // The scorer: features -> one score per response, written under "reward_score" ([B, 1];
     // the loss squeezes the trailing singleton).

@@ -307,9 +307,21 @@ pub enum Error {
     },
 
     // === libtorch ===
-    /// An error raised by libtorch through `tch`.
-    #[error("libtorch error: {0}")]
+    /// An error raised by libtorch through `tch`. Displayed with libtorch's first line only
+    /// (its C++ frames and source locations stay in the wrapped [`tch::TchError`]).
+    #[error("libtorch error: {}", torch_first_line(.0))]
     Torch(#[from] tch::TchError),
+}
+
+/// libtorch's message without its C++ backtrace: the first line, with a trailing
+/// `(Exception raised from …)` location dropped.
+fn torch_first_line(e: &tch::TchError) -> String {
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or_default();
+    match line.find(" (Exception raised from") {
+        Some(i) => line.get(..i).unwrap_or(line).to_string(),
+        None => line.to_string(),
+    }
 }
 
 impl fmt::Debug for Error {

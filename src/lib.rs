@@ -72,12 +72,40 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 pub struct RlhfDocDoctests;
 
-/// The most used items, for `use torchrl::prelude::*`.
+/// What a first program needs, for `use torchrl::prelude::*`: the tensordict, the specs, the
+/// env and transform traits, the module traits (and the wrappers that make a network one), the
+/// loss and value-estimator traits, and the collector. Traits are here so that their methods
+/// (`forward`, `rollout`, `compute_advantage`, …) resolve without further imports; a
+/// distribution or a particular loss is imported from its module (`modules::distributions`,
+/// `objectives`), whose names would otherwise collide with the specs'
+/// (`distributions::Categorical`).
+///
+/// ```
+/// use torchrl::prelude::*;
+/// # fn main() -> torchrl::Result<()> {
+/// let spec = Bounded::new(-1.0, 1.0, [2])?;
+/// let double = from_fn(["obs"], ["action"], |x: &[&tch::Tensor]| -> Result<Vec<tch::Tensor>> {
+///     Ok(x.iter().map(|t| *t * 2.0).collect())
+/// })?;
+/// let td = TensorDict::new([])?.with("obs", tch::Tensor::from_slice(&[1.0f32, 2.0]))?;
+/// let td = double.forward(td)?; // TensorDictModule's method, from the prelude
+/// assert!(!spec.is_in(td.get_or_err("action")?)?); // 4.0 is out of [-1, 1]
+/// assert_eq!(double.in_keys(), vec![NestedKey::from("obs")]);
+/// # Ok(()) }
+/// ```
 pub mod prelude {
+    pub use crate::collectors::Collector;
     pub use crate::data::specs::*;
     pub use crate::envs::transforms::{Compose, Transform, TransformedEnv};
-    pub use crate::envs::{check_env_specs, EnvBase, EnvCore, EnvSpecs, RolloutConfig};
+    pub use crate::envs::{
+        check_env_specs, step_mdp, EnvBase, EnvCore, EnvSpecs, Policy, RolloutConfig, SpecGroup,
+    };
     pub use crate::error::{Error, Result};
+    pub use crate::modules::{
+        from_fn, ExplorationType, ProbabilisticTensorDictModule, TdModule, TensorDictModule,
+        TensorDictSequential,
+    };
+    pub use crate::objectives::{LossModule, LossOutput, ValueEstimator};
     pub use crate::rng::Generator;
     pub use crate::tensordict::{
         cat, stack, AsKey, BatchIndex, Entry, IfExists, KeysOptions, NestedKey, Strict, TensorDict,

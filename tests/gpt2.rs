@@ -113,9 +113,11 @@ fn greedy_generation_matches_transformers() {
         let mut cfg = GenerationConfig::new(max_new)
             .with_min_new_tokens(min_new)
             .with_pad_token_id(pad);
-        if let Some(eos) = case.arg("eos_token_id").unwrap().as_i64() {
-            cfg = cfg.with_eos_token_id(eos);
-        }
+        // transformers' `eos_token_id=None` overrides the checkpoint's EOS: no EOS at all
+        cfg = match case.arg("eos_token_id").unwrap().as_i64() {
+            Some(eos) => cfg.with_eos_token_id(eos),
+            None => cfg.with_model_defaults(false),
+        };
         let out = generate(&model, &prompt, Some(&mask), &cfg, &mut Generator::new(0)).unwrap();
         let expected = tensor_from_json(case.expect.get("sequences").unwrap()).unwrap();
         assert_eq!(

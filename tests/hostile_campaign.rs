@@ -277,6 +277,7 @@ proptest! {
             top_p,
             eos_token_id: eos,
             pad_token_id: None,
+            model_defaults: true,
         };
         let prompt = Tensor::from_slice(&[1i64, 2]).view([1, 2]);
         let outcome = catch_unwind(AssertUnwindSafe(|| {

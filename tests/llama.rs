@@ -188,7 +188,10 @@ fn greedy_tokens_and_incremental_decoding_match() {
         let c = case(name, "greedy");
         let prompt = int_tensor(&c["args"]["input_ids"]);
         let mask = int_tensor(&c["args"]["attention_mask"]);
-        let cfg = GenerationConfig::new(8).with_pad_token_id(0);
+        // recorded with `eos_token_id=None`, which overrides the checkpoint's EOS
+        let cfg = GenerationConfig::new(8)
+            .with_pad_token_id(0)
+            .with_model_defaults(false);
         let out = generate(
             model.as_ref(),
             &prompt,

@@ -161,8 +161,8 @@ const NOT_DEVIATIONS: &[(&str, &[&str], &str)] = &[
             "construct_binary_shape_only",
             "is_in_binary_value_2_false",
         ],
-        "the recorder stores the constructor's n (shape[-1]), which is what Rust's Binary::n() \
-         returns; Python's own Binary.n attribute (always 2) is never recorded",
+        "the recorder stores the constructor's n (shape[-1]), which is Rust's Binary::length(); \
+         Binary::n() is 2 as Python's Binary.n attribute (checked by check_spec)",
     ),
     (
         "nested MultiCategorical nvec",

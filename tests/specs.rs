@@ -132,6 +132,22 @@ fn nested_composite() -> Composite {
 
 // ------------------------------------------------------------------ constructors
 
+/// TorchRL 0.14's `Binary` is a `Categorical` built with `n=2` (`torchrl/data/tensor_specs.py`):
+/// `Binary(3).n == 2` whatever the length, and the length is `shape[-1]`.
+#[test]
+fn binary_n_is_torchrl_cardinality_and_length_is_the_last_dim() {
+    for len in [0i64, 1, 3, 7] {
+        let b = Binary::new(len).unwrap();
+        assert_eq!(b.n(), 2, "Binary::new({len}).n()");
+        assert_eq!(b.length(), len);
+        let shaped = b.with_shape([4, len]).unwrap();
+        assert_eq!((shaped.n(), shaped.length()), (2, len));
+    }
+    // with_shape checks the last dim against the length, not against n = 2.
+    assert!(Binary::new(3).unwrap().with_shape([2, 2]).is_err());
+    assert!(Binary::new(3).unwrap().with_shape([2, 3]).is_ok());
+}
+
 #[test]
 fn default_shapes_and_dtypes() {
     let u = Unbounded::new();
@@ -141,7 +157,10 @@ fn default_shapes_and_dtypes() {
     let o = OneHot::new(4).unwrap();
     assert_eq!((o.shape(), o.dtype()), (&[4i64][..], Kind::Bool));
     let b = Binary::new(3).unwrap();
-    assert_eq!((b.shape(), b.dtype(), b.n()), (&[3i64][..], Kind::Int8, 3));
+    assert_eq!(
+        (b.shape(), b.dtype(), b.length()),
+        (&[3i64][..], Kind::Int8, 3)
+    );
     // nvec [3, 4] → shape [2]; [2, 3] → shape [5]
     assert_eq!(MultiCategorical::new(vec![3, 4]).unwrap().shape(), &[2]);
     assert_eq!(MultiOneHot::new(vec![2, 3]).unwrap().shape(), &[5]);

@@ -300,13 +300,16 @@ fn config_files_round_trip_by_extension() {
     }
     let out_of_range = dir.join("range.toml");
     fs::write(&out_of_range, "[method]\ncliprange = -1.0\n").unwrap();
+    // the field is named by the root error, the file by its context
+    let err = TrlConfig::from_file(&out_of_range).unwrap_err();
     assert!(matches!(
-        TrlConfig::from_file(&out_of_range),
-        Err(Error::InvalidConfig {
+        err.root(),
+        Error::InvalidConfig {
             field: "method.cliprange",
             ..
-        })
+        }
     ));
+    assert!(err.to_string().contains("range.toml"), "{err}");
     fs::remove_dir_all(&dir).ok();
 }
 

@@ -985,7 +985,7 @@ fn run_ilql(
             .collect::<Result<_>>()?;
     let enc = pad_rows(&eval_rows, pad, PaddingSide::Left)?;
     let top_k = trainer.config().method.gen_kwargs.top_k as i64;
-    let gen = IlqlGenerationConfig::new(MAX_NEW_TOKENS)
+    let gen_cfg = IlqlGenerationConfig::new(MAX_NEW_TOKENS)
         .with_beta(best_beta)
         .with_top_k(top_k)
         .with_eos_token_id(eos)
@@ -994,7 +994,7 @@ fn run_ilql(
         trainer.model(),
         &enc.input_ids,
         Some(&enc.attention_mask),
-        &gen,
+        &gen_cfg,
         &mut rng,
     )?;
     let p = enc.input_ids.size()[1];

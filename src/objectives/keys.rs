@@ -146,12 +146,8 @@ fn apply_pairs<K: AcceptedKeys>(
                      Accepted keys are: {accepted}"
                 ),
             };
-            return Err(Error::argument(
-                "set_keys",
-                name,
-                format!("one of the accepted tensordict keys {accepted}"),
-                message,
-            ));
+            // said once (TorchRL's wording): the key, whose keys, and the accepted ones
+            return Err(Error::invalid("set_keys", message));
         }
         match value {
             None if flavour == Flavour::Estimator => {

@@ -347,11 +347,21 @@ impl Component {
         }
         let _guard = tch::no_grad_guard();
         let mut copies = Vec::with_capacity(pairs.len());
-        for (p, src) in pairs {
+        for ((name, _), (p, src)) in params.iter().zip(pairs) {
             let value = src
                 .f_to_kind(p.kind())?
                 .f_to_device(p.device())?
                 .f_detach()?;
+            // a trainer never saves a NaN / inf parameter it could train on; one that is (or
+            // that overflows the parameter's dtype) would only surface later as a NaN loss
+            if crate::kind::is_float(p.kind()) && !bool::try_from(value.f_isfinite()?.f_all()?)? {
+                return Err(Error::value(
+                    OP,
+                    format!("{name:?}"),
+                    format!("finite values in the parameter's dtype {:?}", p.kind()),
+                    "NaN or infinite values",
+                ));
+            }
             copies.push((p.shallow_clone(), value));
         }
         Ok(StagedCopy { copies })

@@ -804,7 +804,9 @@ impl<M: MethodConfig> TrlConfigOf<M> {
             path: path.display().to_string(),
             reason,
         })?;
-        cfg.validate()?;
+        // a field out of range is named by validate; the file is named here
+        cfg.validate()
+            .map_err(|e| e.context(format!("{OP_FILE}: {}", path.display())))?;
         Ok(cfg)
     }
 

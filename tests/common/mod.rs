@@ -1377,7 +1377,11 @@ pub fn check_spec(actual: &TensorSpec, expected: &Value, path: &str) -> Result<(
             check_mask(o.mask(), &expected["mask"], &sub("mask"))
         }
         TensorSpec::Binary(b) => {
-            check_int_field(b.n(), &expected["n"], &sub("n"))?;
+            // The recording stores the constructor's `n` (the length); TorchRL's `Binary.n` is 2.
+            check_int_field(b.length(), &expected["n"], &sub("n"))?;
+            if b.n() != 2 {
+                return Err(format!("{path}: Binary n {}, expected 2 (TorchRL)", b.n()));
+            }
             check_mask(None, &expected["mask"], &sub("mask"))
         }
         TensorSpec::MultiCategorical(m) => {

@@ -1,9 +1,10 @@
 //! [`Binary`]: vectors of 0/1 values; unlike [`OneHot`](super::OneHot), any number of entries
 //! may be 1.
 //!
-//! `Binary::new(n)` has shape `[n]` and dtype `Int8`. The `n` here is the vector length (the last
-//! dim), as TorchRL's constructor argument; TorchRL's `Binary.n` attribute is always 2 (the
-//! number of values per entry). The last dim cannot be indexed, squeezed or unsqueezed.
+//! `Binary::new(n)` has shape `[n]` and dtype `Int8`. The constructor's `n` is the vector length
+//! (the last dim, [`Binary::length`]), as TorchRL's constructor argument; [`Binary::n`] is 2, the
+//! number of values per entry, as TorchRL's `Binary.n` attribute (a `Binary` is a `Categorical`
+//! with `n = 2` there). The last dim cannot be indexed, squeezed or unsqueezed.
 //!
 //! ```
 //! use tch::{Kind, Tensor};
@@ -11,6 +12,7 @@
 //! # fn main() -> torchrl::Result<()> {
 //! let spec = Binary::new(3)?;
 //! assert_eq!((spec.shape(), spec.dtype()), (&[3i64][..], Kind::Int8));
+//! assert_eq!((spec.n(), spec.length()), (2, 3));
 //! assert!(spec.is_in(&Tensor::from_slice(&[1i8, 1, 0]))?);
 //! assert!(!spec.is_in(&Tensor::from_slice(&[0i8, 1, 2]))?);
 //! let p = spec.project(&Tensor::from_slice(&[0i8, 1, 2]))?;
@@ -51,17 +53,24 @@ impl Binary {
         })
     }
 
-    /// Sets the shape, whose last dim must equal the current `n`.
+    /// Sets the shape, whose last dim must equal the current [`length`](Self::length).
     pub fn with_shape(mut self, shape: impl AsRef<[i64]>) -> Result<Self> {
         let op = "Binary::with_shape";
         let shape = shape.as_ref();
-        Self::check_last_dim(op, shape, "'n'", self.n())?;
+        Self::check_last_dim(op, shape, "'n'", self.length())?;
         self.shape = shape.to_vec();
         Ok(self)
     }
 
-    /// The vector length (the last dim). TorchRL's `Binary.n` attribute is 2 instead.
+    /// The number of values each entry takes: always 2, as TorchRL's `Binary.n` (a `Binary` is
+    /// a `Categorical` with `n = 2` there). The vector length is [`length`](Self::length).
     pub fn n(&self) -> i64 {
+        2
+    }
+
+    /// The vector length (the last dim; the `n` given to [`Binary::new`]).
+    #[doc(alias = "len")]
+    pub fn length(&self) -> i64 {
         self.shape.last().copied().unwrap_or(0)
     }
 

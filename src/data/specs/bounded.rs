@@ -291,14 +291,26 @@ impl LeafSpec for Bounded {
                 .f_reshape([-1])?
                 .f_double_value(&[first as i64])?)
         };
-        let (v, l, h) = (flat(value)?, flat(&low)?, flat(&high)?);
+        let (v, l) = (flat(value)?, flat(&low)?);
         let k = self.dtype;
+        let at = |t: &Tensor| common::fmt_element(t, &vshape, first as i64, k);
+        // an integer value below low, compared exactly (f64 rounds near i64::MAX)
+        let below = if is_float(value.kind()) || is_float(low.kind()) {
+            v < l
+        } else {
+            let flat_i = |t: &Tensor| -> Result<i64> {
+                Ok(t.f_expand(vshape.as_slice(), false)?
+                    .f_reshape([-1])?
+                    .f_int64_value(&[first as i64])?)
+            };
+            flat_i(value)? < flat_i(&low)?
+        };
         let side = if v.is_nan() {
             "is NaN".to_string()
-        } else if v < l {
-            format!("< low {}", common::fmt_scalar(l, k))
+        } else if below {
+            format!("< low {}", at(&low)?)
         } else {
-            format!("> high {}", common::fmt_scalar(h, k))
+            format!("> high {}", at(&high)?)
         };
         let range = common::value_range(value, k)?;
         Ok(Some(format!(
@@ -309,7 +321,7 @@ impl LeafSpec for Bounded {
             common::fmt_bound(&self.high),
             common::unravel(first, &vshape),
             ShapeFmt(&vshape),
-            common::fmt_scalar(v, k),
+            at(value)?,
         )))
     }
 

@@ -610,6 +610,18 @@ pub(crate) fn all_true(t: &Tensor) -> Result<bool> {
 /// `"value min=…, max=…"` of `value`, in the notation of `kind` (`""` when it is empty): the
 /// range an out-of-spec message reports.
 pub(crate) fn value_range(value: &Tensor, kind: Kind) -> Result<String> {
+    if value.elements() == 0 {
+        return Ok(String::new());
+    }
+    if crate::kind::is_integral(value.kind()) {
+        // exact: an int64 near i64::MAX has no f64 of its own
+        let (lo, hi) = (value.f_min()?, value.f_max()?);
+        return Ok(format!(
+            "value min={}, max={}",
+            lo.f_int64_value(&[])?,
+            hi.f_int64_value(&[])?
+        ));
+    }
     Ok(match min_max(value)? {
         Some((lo, hi)) => format!(
             "value min={}, max={}",
@@ -617,6 +629,17 @@ pub(crate) fn value_range(value: &Tensor, kind: Kind) -> Result<String> {
             fmt_scalar(hi, kind)
         ),
         None => String::new(),
+    })
+}
+
+/// Element `i` of `t` (row-major, after expanding to `shape`) formatted for a spec of `kind`:
+/// integer tensors exactly (read as int64), floats as [`fmt_scalar`].
+pub(crate) fn fmt_element(t: &Tensor, shape: &[i64], i: i64, kind: Kind) -> Result<String> {
+    let flat = t.f_expand(shape, false)?.f_reshape([-1])?;
+    Ok(if crate::kind::is_integral(t.kind()) {
+        flat.f_int64_value(&[i])?.to_string()
+    } else {
+        fmt_scalar(flat.f_double_value(&[i])?, kind)
     })
 }
 
@@ -642,23 +665,42 @@ pub(crate) fn fmt_scalar(v: f64, kind: Kind) -> String {
 }
 
 /// Formats a bound tensor: one number when uniform, a list when short, else its range.
+/// Integer bounds print exactly (`9223372036854775807`, not a rounded f64).
 pub(crate) fn fmt_bound(t: &Tensor) -> String {
     let kind = t.kind();
-    let values = match crate::rng::read::<f64>(t) {
-        Ok(v) => v,
-        Err(_) => return "?".into(),
-    };
+    if crate::kind::is_integral(kind) {
+        return match crate::rng::read::<i64>(t) {
+            Ok(v) => fmt_list(&v, |x| x.to_string()),
+            Err(_) => "?".into(),
+        };
+    }
+    match crate::rng::read::<f64>(t) {
+        // NaN bounds are refused at construction; the range below skips them anyway
+        Ok(v) => fmt_list(&v, |x| fmt_scalar(x, kind)),
+        Err(_) => "?".into(),
+    }
+}
+
+/// One value when all are equal, the list when short, else `[min..max]`.
+fn fmt_list<T: Copy + PartialOrd>(values: &[T], show: impl Fn(T) -> String) -> String {
     match values.split_first() {
         None => "[]".into(),
-        Some((first, rest)) if rest.iter().all(|v| v == first) => fmt_scalar(*first, kind),
+        Some((first, rest)) if rest.iter().all(|v| v == first) => show(*first),
         Some(_) if values.len() <= 6 => {
-            let inner: Vec<String> = values.iter().map(|v| fmt_scalar(*v, kind)).collect();
+            let inner: Vec<String> = values.iter().map(|v| show(*v)).collect();
             format!("[{}]", inner.join(", "))
         }
-        Some(_) => {
-            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            format!("[{}..{}]", fmt_scalar(lo, kind), fmt_scalar(hi, kind))
+        Some((first, rest)) => {
+            let (mut lo, mut hi) = (*first, *first);
+            for v in rest {
+                if *v < lo {
+                    lo = *v;
+                }
+                if *v > hi {
+                    hi = *v;
+                }
+            }
+            format!("[{}..{}]", show(lo), show(hi))
         }
     }
 }

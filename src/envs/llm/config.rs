@@ -132,6 +132,8 @@ impl TokenEnvConfig {
         let mut g = GenerationConfig::rlhf_sampling(self.max_new_tokens);
         g.eos_token_id = self.eos_token_id;
         g.pad_token_id = Some(self.pad_id());
+        // the env's ids are the ones it scores and pads with: not the model's
+        g.model_defaults = false;
         g
     }
 

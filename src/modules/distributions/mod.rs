@@ -27,13 +27,13 @@
 //! use torchrl::modules::distributions::{Categorical, Distribution, Normal, TanhNormal};
 //! use torchrl::Generator;
 //! # fn main() -> torchrl::Result<()> {
-//! let mut gen = Generator::new(0);
+//! let mut rng = Generator::new(0);
 //! // a diagonal Gaussian policy head over 2 action dims, for a batch of 4
 //! let loc = Tensor::zeros([4, 2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
 //! let scale = Tensor::ones([4, 2], (Kind::Float, tch::Device::Cpu));
 //! let dist = TanhNormal::from_scalar_bounds(&loc, &scale, -2.0, 2.0)?;
 //! assert_eq!((dist.batch_shape(), dist.event_shape()), (&[4i64][..], &[2i64][..]));
-//! let (action, log_prob) = dist.rsample_and_log_prob(&mut gen, &[])?;
+//! let (action, log_prob) = dist.rsample_and_log_prob(&mut rng, &[])?;
 //! assert_eq!(log_prob.size(), vec![4]);
 //! assert!(action.abs().max().double_value(&[]) < 2.0);
 //! log_prob.sum(Kind::Float).backward();
@@ -43,7 +43,7 @@
 //! let logits = Tensor::from_slice(&[0.0f32, 5.0, 0.0]);
 //! let mask = Tensor::from_slice(&[true, false, true]);
 //! let cat = Categorical::from_logits(&logits, Some(&mask))?;
-//! let draws = cat.sample(&mut gen, &[100])?;
+//! let draws = cat.sample(&mut rng, &[100])?;
 //! assert_eq!(draws.eq(1).sum(Kind::Int64).int64_value(&[]), 0);
 //! # let _ = Normal::new(&loc, &scale)?;
 //! # Ok(()) }

@@ -27,7 +27,9 @@
 //!
 //! ```
 //! use tch::{nn::VarStore, Device, Kind, Tensor};
-//! use torchrl::modules::llm::{generate, GenerationConfig, Gpt2Config, Gpt2Model};
+//! use torchrl::modules::llm::{
+//!     generate, generate_greedy, GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Model,
+//! };
 //! use torchrl::Generator;
 //! # fn main() -> torchrl::Result<()> {
 //! tch::manual_seed(0);
@@ -43,15 +45,25 @@
 //! // seeded: the same seed gives the same tokens
 //! let again = generate(&model, &prompt, Some(&mask), &gen_cfg, &mut Generator::new(7))?;
 //! assert!(out.sequences.equal(&again.sequences));
+//! // greedy decoding draws nothing: no generator is needed
+//! let opts = GenerateOptions::default();
+//! let greedy = generate_greedy(&model, &prompt, Some(&mask), &GenerationConfig::new(4), &opts)?;
+//! assert_eq!(greedy.sequences.size(), vec![2, 7]);
 //! // a token id outside the vocabulary is an error, before any compute
 //! assert!(generate(&model, &(prompt + 100), None, &gen_cfg, &mut Generator::new(7)).is_err());
 //! # Ok(()) }
 //! ```
+//!
+//! **Special ids** follow `transformers`: an EOS or pad id the config leaves unset is the
+//! model's ([`LmFacts`](super::LmFacts): the checkpoint's `config.json`, overridden by a
+//! `generation_config.json` beside it); the pad id then falls back to the EOS id, then 0.
+//! [`GenerationConfig::with_model_defaults(false)`](GenerationConfig::with_model_defaults)
+//! uses the config's ids alone.
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::causal_lm::{CausalLm, ForwardOptions, LmInput, LmOutput};
+use super::causal_lm::{CausalLm, ForwardOptions, LmFacts, LmInput, LmOutput};
 use super::nn::KvCache;
 use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
@@ -79,16 +91,27 @@ pub struct GenerationConfig {
     /// Keep the smallest set of tokens whose probability reaches `top_p` when sampling (1: all).
     #[serde(default = "one")]
     pub top_p: f64,
-    /// The end-of-sequence id: a row that produces it is finished.
+    /// The end-of-sequence id: a row that produces it is finished (`None`: the model's, see
+    /// [`model_defaults`](Self::model_defaults)).
     #[serde(default)]
     pub eos_token_id: Option<i64>,
-    /// The id written after a row finished (defaults to the EOS id, as `transformers` does).
+    /// The id written after a row finished (`None`: the model's, else the EOS id, as
+    /// `transformers` does).
     #[serde(default)]
     pub pad_token_id: Option<i64>,
+    /// Whether an unset `eos_token_id` / `pad_token_id` takes the model's
+    /// ([`LmFacts`](super::LmFacts): the checkpoint's `config.json` / `generation_config.json`),
+    /// as `transformers`' `generate` does (default `true`). `false`: unset means none (no EOS;
+    /// pad 0).
+    #[serde(default = "yes")]
+    pub model_defaults: bool,
 }
 
 fn one() -> f64 {
     1.0
+}
+fn yes() -> bool {
+    true
 }
 fn fifty() -> i64 {
     50
@@ -112,6 +135,7 @@ impl GenerationConfig {
             top_p: 1.0,
             eos_token_id: None,
             pad_token_id: None,
+            model_defaults: true,
         }
     }
 
@@ -139,11 +163,45 @@ impl GenerationConfig {
         with_eos_token_id(id: i64) => eos_token_id = Some(id);
         /// Sets the pad id.
         with_pad_token_id(id: i64) => pad_token_id = Some(id);
+        /// Sets whether unset EOS / pad ids take the model's (default `true`).
+        with_model_defaults(on: bool) => model_defaults = on;
     }
 
-    /// The pad id used: `pad_token_id`, else `eos_token_id`, else 0.
+    /// The pad id of this config alone: `pad_token_id`, else `eos_token_id`, else 0 (see
+    /// [`resolved`](Self::resolved) for the ids a generation uses).
     pub fn pad_id(&self) -> i64 {
         self.pad_token_id.or(self.eos_token_id).unwrap_or(0)
+    }
+
+    /// This config with the special ids a generation on a model with `facts` uses: an unset
+    /// `eos_token_id` / `pad_token_id` is the model's (when
+    /// [`model_defaults`](Self::model_defaults)), and the pad id then falls back to the EOS id
+    /// (`transformers`' `generate`).
+    ///
+    /// ```
+    /// use torchrl::modules::llm::{GenerationConfig, Gpt2Config};
+    /// let facts = Gpt2Config::new(30).with_special_tokens(None, Some(7), None).facts();
+    /// let cfg = GenerationConfig::new(4).resolved(&facts);
+    /// assert_eq!((cfg.eos_token_id, cfg.pad_id()), (Some(7), 7));
+    /// // set ids win; model_defaults(false) ignores the model's
+    /// let own = GenerationConfig::new(4).with_eos_token_id(3).resolved(&facts);
+    /// assert_eq!((own.eos_token_id, own.pad_id()), (Some(3), 3));
+    /// let none = GenerationConfig::new(4).with_model_defaults(false).resolved(&facts);
+    /// assert_eq!((none.eos_token_id, none.pad_id()), (None, 0));
+    /// // a checkpoint's id outside the vocabulary names no token (Llama's `pad_token_id: -1`)
+    /// let odd = Gpt2Config::new(30).with_special_tokens(None, Some(7), Some(-1)).facts();
+    /// assert_eq!(GenerationConfig::new(4).resolved(&odd).pad_id(), 7);
+    /// ```
+    pub fn resolved(&self, facts: &LmFacts) -> GenerationConfig {
+        let mut out = self.clone();
+        if self.model_defaults {
+            // a checkpoint's id outside its vocabulary (early Llama conversions write
+            // `"pad_token_id": -1`) names no token: it is no default
+            let valid = |id: Option<i64>| id.filter(|id| (0..facts.vocab_size).contains(id));
+            out.eos_token_id = self.eos_token_id.or(valid(facts.eos_token_id));
+            out.pad_token_id = self.pad_token_id.or(valid(facts.pad_token_id));
+        }
+        out
     }
 
     /// Checks the fields on their own and against a vocabulary of `vocab` tokens.
@@ -240,7 +298,13 @@ pub struct GenerateOptions<'a> {
 }
 
 /// Generates continuations of `prompt` `[B, P]` (int64, left-padded, `attention_mask` 1 on
-/// real tokens; `None`: no padding). See the [module docs](self).
+/// real tokens; `None`: no padding), sampling from `rng` when `config.do_sample` (greedy
+/// decoding draws nothing from it; [`generate_greedy`] needs none). Unset EOS / pad ids are
+/// the model's ([`GenerationConfig::resolved`]). See the [module docs](self).
+///
+/// # Errors
+/// An invalid config (ids outside the vocabulary included), a prompt that does not fit the
+/// context, or token ids outside the vocabulary.
 pub fn generate(
     model: &dyn CausalLm,
     prompt: &Tensor,
@@ -248,13 +312,13 @@ pub fn generate(
     config: &GenerationConfig,
     rng: &mut Generator,
 ) -> Result<GenerationOutput> {
-    generate_with(
+    generate_impl(
         model,
         prompt,
         attention_mask,
         config,
         &GenerateOptions::default(),
-        rng,
+        Some(rng),
     )
 }
 
@@ -267,19 +331,52 @@ pub fn generate_with(
     options: &GenerateOptions<'_>,
     rng: &mut Generator,
 ) -> Result<GenerationOutput> {
+    generate_impl(model, prompt, attention_mask, config, options, Some(rng))
+}
+
+/// Greedy decoding ([`generate`] with `do_sample = false`), which needs no generator.
+///
+/// # Errors
+/// As [`generate`]; and a config with `do_sample = true` (sampling needs a [`Generator`]:
+/// call [`generate`]).
+pub fn generate_greedy(
+    model: &dyn CausalLm,
+    prompt: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &GenerationConfig,
+    options: &GenerateOptions<'_>,
+) -> Result<GenerationOutput> {
+    generate_impl(model, prompt, attention_mask, config, options, None)
+}
+
+fn generate_impl(
+    model: &dyn CausalLm,
+    prompt: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &GenerationConfig,
+    options: &GenerateOptions<'_>,
+    rng: Option<&mut Generator>,
+) -> Result<GenerationOutput> {
     let _guard = tch::no_grad_guard();
     let op = "generate";
     let vocab = model.facts().vocab_size;
+    let config = &config.resolved(model.facts());
     config.validate(vocab)?;
+    if config.do_sample && rng.is_none() {
+        return Err(Error::invalid(
+            "generate_greedy",
+            "do_sample = true needs a Generator: call generate (greedy decoding is \
+             do_sample = false)",
+        ));
+    }
     let [b, p] = check_prompt(op, model, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
     let (mut decoder, first) = DecodeState::start(model, prompt, attention_mask, [b, p])?;
     let mut last_logits = model.lm_head(&first)?;
     let steps = config.max_new_tokens;
-    let uniforms = if config.do_sample {
-        draw_uniforms(rng, steps, b, decoder.device())?
-    } else {
-        None
+    let uniforms = match rng {
+        Some(rng) if config.do_sample => draw_uniforms(rng, steps, b, decoder.device())?,
+        _ => None,
     };
     let mut rows = Rows::new(
         b,

@@ -38,7 +38,8 @@ pub use causal_lm::{
     ModelBox,
 };
 pub use generation::{
-    generate, generate_with, GenerateOptions, GenerationConfig, GenerationOutput, LogitMask,
+    generate, generate_greedy, generate_with, GenerateOptions, GenerationConfig, GenerationOutput,
+    LogitMask,
 };
 pub use heads::{
     batched_index_select, last_token_index, CachedTrunk, CausalLmWithHydraValueHead,

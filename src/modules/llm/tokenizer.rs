@@ -351,10 +351,11 @@ pub struct HfTokenizer {
     vocab_size: i64,
 }
 
-/// The longest Unigram vocabulary piece accepted, in bytes: the `tokenizers` crate keeps
+/// The longest vocabulary piece or added token accepted, in bytes: the `tokenizers` crate keeps
 /// Unigram pieces in a byte trie that it drops (and clones) recursively, one stack frame per
 /// byte, so a piece of a few hundred thousand bytes overflows the stack and aborts the
-/// process. Real pieces are a few dozen bytes.
+/// process; an added token of 70,000 bytes made every encode take seconds. Real pieces are a
+/// few dozen bytes.
 pub const MAX_PIECE_BYTES: usize = 1024;
 
 /// The longest padding a `tokenizer.json` may ask for (`padding.strategy.Fixed`,
@@ -447,6 +448,26 @@ fn precheck(json: &serde_json::Value) -> std::result::Result<(), String> {
             return Err(format!(
                 "model.unk_token {unk:?} is not in model.vocab: text with an unknown piece \
                  could not be encoded"
+            ));
+        }
+    }
+    // added tokens and other models' vocabulary keys: the same bound as Unigram pieces (the
+    // crate's added-token matching took seconds of CPU per encode on a 70,000-byte token)
+    let added = json.get("added_tokens").and_then(Value::as_array);
+    for (i, t) in added.map(Vec::as_slice).unwrap_or(&[]).iter().enumerate() {
+        let content = t.get("content").and_then(Value::as_str).unwrap_or("");
+        if content.len() > MAX_PIECE_BYTES {
+            return Err(format!(
+                "added_tokens[{i}].content is a token of {} bytes (at most {MAX_PIECE_BYTES})",
+                content.len()
+            ));
+        }
+    }
+    if let Some(map) = vocab.and_then(Value::as_object) {
+        if let Some(long) = map.keys().find(|k| k.len() > MAX_PIECE_BYTES) {
+            return Err(format!(
+                "model.vocab has a token of {} bytes (at most {MAX_PIECE_BYTES})",
+                long.len()
             ));
         }
     }

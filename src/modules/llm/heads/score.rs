@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use tch::nn::{Init, Path};
+use tch::nn::Path;
 use tch::{Kind, Tensor};
 
 use super::ilql::batched_index_select;
@@ -11,6 +11,7 @@ use super::{read_tokens, trunk_wrapper};
 use crate::error::Result;
 use crate::modules::llm::causal_lm::{CausalLm, CausalLmConfig, ForwardOptions, LmInput, ModelBox};
 use crate::modules::llm::keys::LlmKeys;
+use crate::modules::llm::nn::randn_var;
 use crate::modules::llm::{models, weights};
 use crate::modules::TensorDictModule;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -42,13 +43,12 @@ impl CausalLmWithScoreHead {
     pub fn from_model(path: &Path<'_>, model: impl Into<ModelBox>) -> Result<Self> {
         let model = model.into();
         let std = model.0.facts().initializer_range;
-        let score = (path / "score").f_var(
+        let score = randn_var(
+            &(path / "score"),
             "weight",
             &[1, model.0.facts().hidden_size],
-            Init::Randn {
-                mean: 0.0,
-                stdev: std,
-            },
+            0.0,
+            std,
         )?;
         Ok(CausalLmWithScoreHead {
             model,

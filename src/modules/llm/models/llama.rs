@@ -39,15 +39,16 @@ use std::path::Path as FsPath;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tch::nn::{Init, Path};
+use tch::nn::Path;
 use tch::Tensor;
 
 use crate::error::{require, Error, Result};
 use crate::modules::llm::causal_lm::{CausalLm, CausalLmConfig, LmFacts};
 use crate::modules::llm::limits;
 use crate::modules::llm::nn::{
-    copy_var, prefixed, Activation, Attention, AttentionShape, Decoder, DecoderBlock, FeedForward,
-    GatedMlp, Linear, QkvProjection, RmsNorm, RopeScaling, RotaryEmbedding, WeightLayout,
+    copy_var, prefixed, randn_var, Activation, Attention, AttentionShape, Decoder, DecoderBlock,
+    FeedForward, GatedMlp, Linear, QkvProjection, RmsNorm, RopeScaling, RotaryEmbedding,
+    WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
 use crate::modules::llm::weights::{check_folder_fits, config_json, read_config, CONFIG_FILE};
@@ -324,6 +325,15 @@ impl LlamaConfig {
             "a finite number > 0",
             eps,
         )?;
+        // the random init's std (a model built from the config alone uses it), as GPT-2's
+        let std = self.initializer_range;
+        require(
+            std.is_finite() && std >= 0.0,
+            op,
+            "initializer_range",
+            "a finite number >= 0",
+            std,
+        )?;
         if Activation::from_name(&self.hidden_act).is_none() {
             return Err(Error::config(
                 op,
@@ -534,12 +544,9 @@ impl LlamaModel {
         config.validate()?;
         let (theta, scaling) = config.rope()?;
         let m = path / "model";
-        let normal = Init::Randn {
-            mean: 0.0,
-            stdev: config.initializer_range,
-        };
+        let std = config.initializer_range;
         let (v, e) = (config.vocab_size, config.hidden_size);
-        let embed_tokens = (&m / "embed_tokens").f_var("weight", &[v, e], normal)?;
+        let embed_tokens = randn_var(&(&m / "embed_tokens"), "weight", &[v, e], 0.0, std)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| block(&(&m / "layers" / i), config))
             .collect::<Result<Vec<_>>>()?;
@@ -548,7 +555,7 @@ impl LlamaModel {
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some((path / "lm_head").f_var("weight", &[v, e], normal)?)
+            Some(randn_var(&(path / "lm_head"), "weight", &[v, e], 0.0, std)?)
         };
         Ok(LlamaModel {
             facts: config.facts(),

@@ -105,14 +105,7 @@ impl Linear {
             WeightLayout::OutIn => [n_out, n_in],
             WeightLayout::InOut => [n_in, n_out],
         };
-        let weight = p.f_var(
-            "weight",
-            &shape,
-            Init::Randn {
-                mean: 0.0,
-                stdev: std,
-            },
-        )?;
+        let weight = super::randn_var(&p, "weight", &shape, 0.0, std)?;
         let bias = if bias {
             Some(p.f_var("bias", &[n_out], Init::Const(0.0))?)
         } else {

@@ -86,6 +86,27 @@ pub(crate) fn copy_var(path: &Path<'_>, name: &str, src: &Tensor) -> Result<Tens
     Ok(v)
 }
 
+/// A new variable `name` of `shape` under `path`, normal with `mean` and `stdev`: the values
+/// tch's `Init::Randn` draws (the same libtorch generator calls and arithmetic), with every step
+/// fallible. tch's init scales with a panicking operator, so a weight too large for memory
+/// panicked instead of returning the allocation error (found by the fuzz campaign).
+pub(crate) fn randn_var(
+    path: &Path<'_>,
+    name: &str,
+    shape: &[i64],
+    mean: f64,
+    stdev: f64,
+) -> Result<Tensor> {
+    let mut v = path.f_zeros(name, shape)?;
+    let _guard = tch::no_grad_guard();
+    let mut r = Tensor::f_randn(shape, (v.kind(), v.device()))?;
+    if mean != 0.0 || (stdev - 1.0).abs() > f64::EPSILON {
+        r = r.f_mul(&Tensor::from(stdev))?.f_add(&Tensor::from(mean))?;
+    }
+    v.f_copy_(&r)?;
+    Ok(v)
+}
+
 /// `(prefix + name, tensor)` for each pair: a layer's names under the block or model it sits in.
 pub(crate) fn prefixed<'t>(
     prefix: &str,

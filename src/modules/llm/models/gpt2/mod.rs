@@ -51,15 +51,15 @@ pub mod config;
 use std::fmt;
 use std::path::Path as FsPath;
 
-use tch::nn::{Init, Path};
+use tch::nn::Path;
 use tch::Tensor;
 
 pub use self::config::Gpt2Config;
 use crate::error::Result;
 use crate::modules::llm::causal_lm::{CausalLm, CausalLmConfig, LmFacts};
 use crate::modules::llm::nn::{
-    copy_var, prefixed, Attention, AttentionShape, Decoder, DecoderBlock, FeedForward, LayerNorm,
-    Linear, Mlp, QkvProjection, WeightLayout,
+    copy_var, prefixed, randn_var, Attention, AttentionShape, Decoder, DecoderBlock, FeedForward,
+    LayerNorm, Linear, Mlp, QkvProjection, WeightLayout,
 };
 use crate::modules::llm::scoring::{score_model, ScoreRequest, ScoreTokens, TokenScores};
 use crate::modules::llm::weights::{check_folder_fits, CONFIG_FILE};
@@ -132,12 +132,9 @@ impl Gpt2Model {
         config.validate()?;
         let t = path / "transformer";
         let std = config.initializer_range;
-        let normal = Init::Randn {
-            mean: 0.0,
-            stdev: std,
-        };
-        let wte = (&t / "wte").f_var("weight", &[config.vocab_size, config.n_embd], normal)?;
-        let wpe = (&t / "wpe").f_var("weight", &[config.n_positions, config.n_embd], normal)?;
+        let (v, e, n) = (config.vocab_size, config.n_embd, config.n_positions);
+        let wte = randn_var(&(&t / "wte"), "weight", &[v, e], 0.0, std)?;
+        let wpe = randn_var(&(&t / "wpe"), "weight", &[n, e], 0.0, std)?;
         let blocks = (0..config.n_layer)
             .map(|i| block(&(&t / "h" / i), config, i))
             .collect::<Result<Vec<_>>>()?;
