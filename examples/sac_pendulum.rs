@@ -162,10 +162,10 @@ fn main() -> Result<()> {
 /// Mean return of one deterministic episode per env element.
 fn evaluate_dyn(actor: &dyn ProbabilisticTensorDictModule, seed: u64) -> Result<f64> {
     let mut env = make_env(seed)?;
-    let mut gen = Generator::new(0);
+    let mut rng = Generator::new(0);
     let mut policy = |td: TensorDict| {
         let _guard = tch::no_grad_guard();
-        actor.forward_with(td, ExplorationType::Deterministic, &mut gen)
+        actor.forward_with(td, ExplorationType::Deterministic, &mut rng)
     };
     let traj = env.rollout(
         EPISODE_STEPS as usize,

@@ -32,7 +32,7 @@ fn prelude_holds_what_a_first_program_needs() {
     fn takes_estimator<V: ValueEstimator>(_: Option<&V>) {}
     fn takes_output<O: LossOutput>(_: Option<&O>) {}
     takes_loss::<torchrl::objectives::ClipPPOLoss>(None);
-    takes_estimator::<torchrl::objectives::value::Gae>(None);
+    takes_estimator::<torchrl::objectives::value::GAE>(None);
     takes_output::<torchrl::objectives::PpoLossOutput>(None);
     let collector: Option<Collector<'static, torchrl::envs::builtin::PendulumEnv>> = None;
     assert!(collector.is_none());
@@ -77,7 +77,7 @@ fn integer_spec_bounds_print_as_integers() {
 /// The unknown-key message says each thing once: the name, whose keys, the accepted list.
 #[test]
 fn unknown_set_keys_name_reads_once() {
-    let mut gae = torchrl::objectives::value::Gae::new(0.99, 0.95).unwrap();
+    let mut gae = torchrl::objectives::value::GAE::new(0.99, 0.95).unwrap();
     let msg = gae
         .set_keys(&[("nope", Some("x".into()))])
         .unwrap_err()

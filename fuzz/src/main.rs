@@ -3,7 +3,7 @@
 //! Every kind of file torchrl reads is mutated (safetensors model weights and tensordicts,
 //! `config.json` in the GPT-2 and Llama / Mistral / Qwen2 / Qwen3 forms,
 //! `generation_config.json`, `tokenizer.json`, trainer checkpoints, TOML / JSON trainer
-//! configs, sharded-weight indexes) and public constructors are called with extreme arguments.
+//! configs, sharded-weight indexes, PEFT adapters) and public constructors are called with extreme arguments.
 //! Each case is a function of `(seed, target, index)`, so any case re-runs alone from its
 //! number. The mutator is ours (`mutate.rs`: a SplitMix64 stream, byte edits, structural JSON /
 //! TOML edits, safetensors headers re-encoded): `cargo fuzz` needs nightly; `proptest` /

@@ -8,6 +8,7 @@ use serde_json::Value;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::builtin::{CartPoleEnv, PendulumEnv};
+use torchrl::modules::llm::lora;
 use torchrl::modules::llm::{
     CausalLm, GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Model, HfTokenizer, KvCache,
     LmInput, SpecialTokens, TextTokenizer, generate, generate_greedy, models,
@@ -55,6 +56,7 @@ pub const TARGETS: &[(&str, CaseFn)] = &[
     ("checkpoint", trainers::checkpoint_case),
     ("trainer-config", trainer_config_case),
     ("constructors", constructors_case),
+    ("peft-adapter", adapter_case),
 ];
 
 /// The repository's recorded folders (`specs/`).
@@ -405,6 +407,77 @@ fn load_checks(
 }
 
 // ------------------------------------------------------------------ targets
+
+/// The PEFT adapters recorded by `specs/record_peft.py`, each on its base folder.
+const ADAPTER_SEEDS: &[&str] = &["gpt2_attn_fc", "qwen2_qv_rslora", "qwen3_all_linear"];
+
+/// A mutated PEFT adapter (`adapter_config.json` edited structurally, or
+/// `adapter_model.safetensors`'s header or bytes) loaded onto a fresh copy of its base model:
+/// an `Err` names the adapter's folder or file, attaches nothing and leaves every base
+/// parameter bitwise unchanged; an `Ok` runs a forward with the adapters on and off.
+fn adapter_case(st: &mut State, rng: &mut Rng) -> Outcome {
+    let src = specs_dir().join("peft").join(rng.pick(ADAPTER_SEEDS));
+    let config = std::fs::read(src.join("adapter_config.json")).expect("seed adapter config");
+    let weights = std::fs::read(src.join("adapter_model.safetensors")).expect("seed adapter");
+    let base_dir = serde_json::from_slice::<Value>(&config)
+        .ok()
+        .and_then(|v| v.get("base_model_name_or_path")?.as_str().map(String::from))
+        .map(|rel| specs_dir().join(rel))
+        .expect("the seed adapter names its base folder");
+    let (config, weights) = match rng.below(3) {
+        0 => (mutate_json_text(rng, &config), weights),
+        1 => {
+            let w = mutate_safetensors_header(rng, &weights)
+                .unwrap_or_else(|| mutate_bytes(rng, &weights));
+            (config, w)
+        }
+        _ => (config, mutate_bytes(rng, &weights)),
+    };
+    let dir = st.case_dir();
+    write_files(
+        &dir,
+        &[
+            ("adapter_config.json".into(), config),
+            ("adapter_model.safetensors".into(), weights),
+        ],
+    );
+    let vs = VarStore::new(Device::Cpu);
+    let mut model = match models::from_pretrained(&(vs.root() / "base"), &base_dir) {
+        Ok(m) => m,
+        Err(e) => return Outcome::Defect("unusable", format!("the seed base: {e}")),
+    };
+    let before = params_snapshot(model.as_ref());
+    match lora::load_adapter(model.as_mut(), &(vs.root() / "lora"), &dir) {
+        Ok((_, switch)) => {
+            if let Err(e) = forward_ok(model.as_ref()) {
+                return Outcome::Defect("unusable", e);
+            }
+            match switch.disabled(|| forward_ok(model.as_ref())) {
+                Ok(()) => Outcome::Ok,
+                Err(e) => Outcome::Defect("unusable", format!("adapters off: {e}")),
+            }
+        }
+        Err(e) => {
+            if lora::lora_switch(model.as_ref()).is_some() {
+                return Outcome::Defect(
+                    "half-written",
+                    format!("a failed load_adapter left adapters attached: {e}"),
+                );
+            }
+            if let Some(what) = same_snapshot(&before, &params_snapshot(model.as_ref())) {
+                return Outcome::Defect(
+                    "half-written",
+                    format!("{what} changed by a failed load_adapter: {e}"),
+                );
+            }
+            named_err(
+                e.to_string(),
+                &dir,
+                &["adapter_config.json", "adapter_model.safetensors"],
+            )
+        }
+    }
+}
 
 /// `TensorDict::from_safetensors_bytes` and `TensorDict::load` on mutated tensordict files.
 fn tensordict_case(st: &mut State, rng: &mut Rng) -> Outcome {
