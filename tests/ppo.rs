@@ -9,7 +9,11 @@
 //!    `KLPENPPOLoss`): the same networks with the behaviour policy's `loc`/`scale` in the batch,
 //!    two calls per case so that the adaptive β is checked before and after each; gradients
 //!    are those of the reported loss (see the recorder on TorchRL's in-place β update).
-//! 3. Hand-derived edge cases: ratio exactly 1, `set_keys` remaps end to end, missing keys,
+//! 3. Replays `specs/a2c_cases.json` (`specs/record_a2c.py`, TorchRL 0.14.1's `A2CLoss` and
+//!    `ReinforceLoss`): the same networks and batches (no behaviour log-prob), plus a
+//!    categorical actor (the actor MLP's output as logits, analytic entropy), within the same
+//!    tolerances; and the settings those losses do not have are refused by name.
+//! 4. Hand-derived edge cases: ratio exactly 1, `set_keys` remaps end to end, missing keys,
 //!    the outer-product guard, the estimator path and key forwarding.
 
 use serde_json::Value;
@@ -20,7 +24,8 @@ use torchrl::modules::{
 };
 use torchrl::objectives::value::{ValueEstimator, GAE};
 use torchrl::objectives::{
-    ClipPPOLoss, CriticLossType, KLPENPPOLoss, LossModule, LossOutput, PpoLossOutput, Reduction,
+    A2CLoss, ClipPPOLoss, CriticLossType, KLPENPPOLoss, LossModule, LossOutput, PpoLossOutput,
+    Reduction, ReinforceLoss,
 };
 use torchrl::{NestedKey, TensorDict};
 
@@ -282,6 +287,111 @@ fn klpen_reference_cases() {
     assert!(cases.len() >= 7);
     let failures: Vec<String> = cases.iter().filter_map(|c| replay_klpen(c).err()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `networks`, with the actor's MLP output read as the logits of a categorical policy for
+/// `dist = "categorical"`.
+fn on_policy_networks(
+    case: &Value,
+) -> R<(ProbabilisticActor, Box<dyn TensorDictModule>, Vec<Tensor>)> {
+    if case["dist"].as_str() != Some("categorical") {
+        let (actor, critic, ws) = networks(case)?;
+        return Ok((actor, Box::new(critic), ws));
+    }
+    let w = &case["weights"];
+    let ws: Vec<Tensor> = WEIGHTS.iter().map(|n| fetch(w, n)).collect::<R<_>>()?;
+    let [a1, ab1, a2, ab2, c1, cb1, c2, cb2] =
+        [0, 1, 2, 3, 4, 5, 6, 7].map(|i| ws[i].shallow_clone());
+    let net = from_fn(["observation"], ["logits"], move |x: &[&Tensor]| {
+        Ok(vec![mlp(x[0], &a1, &ab1, &a2, &ab2)])
+    })
+    .map_err(|e| e.to_string())?;
+    let builder = DistributionBuilder::categorical("logits").map_err(|e| e.to_string())?;
+    let actor = ProbabilisticActor::new(net, builder);
+    let critic = from_fn(["observation"], ["state_value"], move |x: &[&Tensor]| {
+        Ok(vec![mlp(x[0], &c1, &cb1, &c2, &cb2)])
+    })
+    .map_err(|e| e.to_string())?;
+    Ok((actor, Box::new(critic), ws))
+}
+
+fn replay_on_policy(case: &Value) -> R<()> {
+    let name = case["name"].as_str().ok_or("name")?;
+    let (actor, critic, ws) = on_policy_networks(case)?;
+    let kw = &case["kwargs"];
+    let mut td = batch(case)?;
+    if case["dist"].as_str() == Some("categorical") {
+        let a = td.get("action").ok_or("action")?.to_kind(Kind::Int64);
+        td.set("action", a).map_err(|e| e.to_string())?;
+    }
+    let e = |e: torchrl::Error| e.to_string();
+    match case["loss"].as_str() {
+        Some("a2c") => {
+            let loss = shared_kwargs!(A2CLoss::new(actor, critic), kw);
+            let out = loss.forward(&td).map_err(e)?;
+            check_outputs(name, &out, &case["expect"], &ws)
+        }
+        Some("reinforce") => {
+            let loss = shared_kwargs!(ReinforceLoss::new(actor, critic), kw);
+            let out = loss.forward(&td).map_err(e)?;
+            check_outputs(name, &out, &case["expect"], &ws)
+        }
+        other => Err(format!("{name}: unknown loss {other:?}")),
+    }
+}
+
+#[test]
+fn a2c_and_reinforce_reference_cases() {
+    let cases = load("a2c_cases.json");
+    assert!(cases.len() >= 10);
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| replay_on_policy(c).err())
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A2C and REINFORCE read no behaviour log-prob, keep TorchRL's out keys, and refuse the
+/// settings TorchRL's classes do not have, naming them.
+#[test]
+fn a2c_and_reinforce_keys_and_refusals() {
+    let case = &load("a2c_cases.json")[0];
+    let (actor, critic, _) = on_policy_networks(case).unwrap();
+    let a2c = A2CLoss::new(actor, critic);
+    assert!(!a2c.in_keys().contains(&NestedKey::from("action_log_prob")));
+    assert_eq!(
+        a2c.out_keys(),
+        ["loss_objective", "loss_critic", "entropy", "loss_entropy"]
+    );
+    let err = a2c.with_normalize_advantage(true);
+    let mut td = batch(case).unwrap();
+    let a = td.get("action").unwrap().to_kind(Kind::Int64);
+    td.set("action", a).unwrap();
+    let msg = err.forward(&td).unwrap_err().to_string();
+    assert!(msg.contains("normalize_advantage"), "{msg}");
+
+    let (actor, critic, _) = on_policy_networks(case).unwrap();
+    let reinforce = ReinforceLoss::new(actor, critic);
+    assert_eq!(reinforce.out_keys(), ["loss_actor", "loss_value"]);
+    assert!(!reinforce.config().entropy_bonus);
+    let msg = reinforce.with_critic_coeff(0.5).unwrap_err().to_string();
+    assert!(msg.contains("critic_coeff"), "{msg}");
+    let (actor, critic, _) = on_policy_networks(case).unwrap();
+    let msg = ReinforceLoss::new(actor, critic)
+        .with_entropy_coeff(0.1)
+        .map(|l| l.with_entropy_bonus(true))
+        .unwrap()
+        .forward(&td)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("entropy_bonus"), "{msg}");
+    // without the stored action, the error names it
+    let (actor, critic, _) = on_policy_networks(case).unwrap();
+    let msg = A2CLoss::new(actor, critic)
+        .forward(&td.exclude(&["action"]))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("action"), "{msg}");
 }
 
 // ------------------------------------------------------------------------ hand-derived

@@ -6,7 +6,8 @@
 //!   settable by name with TorchRL's `set_keys` rules (their forwarding to a value estimator
 //!   is [`value::forward_value_estimator_keys`]).
 //! - [`ppo`]: PPO's clipped-surrogate loss ([`ClipPPOLoss`]) and its KL-penalty variant
-//!   ([`KLPENPPOLoss`]), one generic [`PpoLoss`] configured by a [`PpoConfig`].
+//!   ([`KLPENPPOLoss`]), one generic [`PpoLoss`] configured by a [`PpoConfig`]; the
+//!   on-policy [`A2CLoss`] and [`ReinforceLoss`] share it.
 //! - [`reward_model`]: the Bradley-Terry reward-model loss ([`RewardModelLoss`],
 //!   [`reward_model_loss`]).
 //! - [`target`]: target networks ([`WithTarget`], [`TargetNetworks`]) and their updaters
@@ -55,8 +56,9 @@ pub use dqn::{DQNConfig, DQNKeys, DQNLoss, DQNLossOutput};
 pub use keys::{set_estimator_keys, set_loss_keys, AcceptedKeys, KeyPairs};
 pub use off_policy::{BoxedEstimator, TargetEntropy, ValueEstimators, DEFAULT_GAMMA};
 pub use ppo::{
-    Clip, ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPen, KlPenPpoLossOutput, PpoConfig, PpoKeys,
-    PpoLoss, PpoLossOutput, PpoObjective,
+    A2CLoss, A2CLossOutput, A2c, Clip, ClipPPOLoss, CriticLossType, KLPENPPOLoss, KlPen,
+    KlPenPpoLossOutput, PpoConfig, PpoKeys, PpoLoss, PpoLossOutput, PpoObjective, Reinforce,
+    ReinforceLoss, ReinforceLossOutput,
 };
 pub use reward_model::{
     reward_model_loss, reward_model_loss_with_accuracy, Centering, RewardModelKeys,

@@ -40,6 +40,9 @@ pub struct PpoCommon {
     /// Whether the distribution's parameter keys are inputs (KLPEN reads the behaviour
     /// policy's parameters from the data).
     pub(crate) reads_dist_params: bool,
+    /// Whether the behaviour policy's log-prob is an input (the PPO losses' importance
+    /// weights; A2C and REINFORCE are on-policy and do not read it).
+    pub(crate) reads_sample_log_prob: bool,
 }
 
 /// Whether the trunk has already run on the tensordict handed to the estimator.
@@ -58,13 +61,14 @@ impl PpoCommon {
         critic: Option<Box<dyn TensorDictModule>>,
         trunk: Option<Box<dyn TensorDictModule>>,
         reads_dist_params: bool,
+        reads_sample_log_prob: bool,
+        config: PpoConfig,
     ) -> Self {
         let keys = PpoKeys {
             action: actor.action_key().clone(),
             sample_log_prob: actor.log_prob_key(),
             ..PpoKeys::default()
         };
-        let config = PpoConfig::default();
         let mut common = PpoCommon {
             name,
             actor,
@@ -76,6 +80,7 @@ impl PpoCommon {
             in_keys: Vec::new(),
             value_estimator: None,
             reads_dist_params,
+            reads_sample_log_prob,
         };
         common.in_keys = common.compute_in_keys(&common.keys);
         common
@@ -196,7 +201,9 @@ impl PpoCommon {
             }
         }
         push(keys.action.clone());
-        push(keys.sample_log_prob.clone());
+        if self.reads_sample_log_prob {
+            push(keys.sample_log_prob.clone());
+        }
         push(keys.reward.prefixed("next"));
         push(keys.done.prefixed("next"));
         push(keys.terminated.prefixed("next"));
@@ -365,6 +372,42 @@ impl PpoCommon {
             log_weight,
             dist,
             kl_approx,
+        })
+    }
+
+    /// What the on-policy objectives (A2C, REINFORCE) start with: a shallow copy of the input,
+    /// the advantage (broadcast to the log-prob) and the current policy's log-prob of the
+    /// stored action, `[*B, 1]` (or `[*B, A, 1]`), with its distribution. The advantage is
+    /// never standardised here (TorchRL's A2C and REINFORCE have no `normalize_advantage`).
+    pub(crate) fn prepare_log_prob(&self, td: &TensorDict) -> Result<OnPolicyPrepared> {
+        if self.config.check_finite {
+            self.check_inputs_finite(td)?;
+        }
+        let mut td = self.run_trunk(td.clone())?;
+        let advantage = match td.get(&self.keys.advantage) {
+            Some(a) => a.shallow_clone(),
+            None => self.estimate_advantage(&mut td, TrunkDone::Yes)?,
+        };
+        if self.config.check_finite {
+            ensure_finite(self.name, &self.keys.advantage, &advantage)?;
+        }
+        let action = self.entry(&td, &self.keys.action)?;
+        if action.requires_grad() {
+            return Err(Error::value(
+                self.name,
+                &self.keys.action,
+                "a stored action, detached",
+                "a tensor that requires grad (tensordict stored it with its graph)",
+            ));
+        }
+        let dist = self.actor.get_dist(&td)?;
+        let log_prob = dist.log_prob(action)?.f_unsqueeze(-1)?;
+        let advantage = self.broadcast_advantage(&advantage, &log_prob)?;
+        Ok(OnPolicyPrepared {
+            td,
+            advantage,
+            log_prob,
+            dist,
         })
     }
 
@@ -580,6 +623,14 @@ pub(crate) struct Prepared {
     pub(crate) log_weight: Tensor,
     pub(crate) dist: Box<dyn Distribution>,
     pub(crate) kl_approx: Tensor,
+}
+
+/// The inputs of an on-policy objective (see `PpoCommon::prepare_log_prob`).
+pub(crate) struct OnPolicyPrepared {
+    pub(crate) td: TensorDict,
+    pub(crate) advantage: Tensor,
+    pub(crate) log_prob: Tensor,
+    pub(crate) dist: Box<dyn Distribution>,
 }
 
 /// `(loss_critic, value_clip_fraction, explained_variance)`.

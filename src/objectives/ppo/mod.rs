@@ -67,10 +67,12 @@
 //! # Ok(()) }
 //! ```
 
+mod a2c;
 mod clip;
 mod common;
 mod config;
 mod kl_pen;
+mod reinforce;
 
 use std::fmt;
 use std::str::FromStr;
@@ -86,10 +88,12 @@ use crate::objectives::value::ValueEstimator;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
 
+pub use a2c::{A2CLoss, A2CLossOutput, A2c};
 pub use clip::{Clip, ClipPPOLoss, PpoLossOutput};
 pub use common::PpoCommon;
 pub use config::PpoConfig;
 pub use kl_pen::{KLPENPPOLoss, KlPen, KlPenPpoLossOutput};
+pub use reinforce::{Reinforce, ReinforceLoss, ReinforceLossOutput};
 
 use common::TrunkDone;
 
@@ -219,7 +223,7 @@ fn ppo_metrics<'a>(
 /// The part of a PPO loss that differs between the clipped and the KL-penalty variants: its
 /// name, its own settings and state, and its objective. [`PpoLoss`] does the rest.
 ///
-/// Sealed: implemented by [`Clip`] and [`KlPen`] only (the shared terms they compute with are
+/// Sealed: implemented by [`Clip`], [`KlPen`], [`A2c`] and [`Reinforce`] only (the shared terms they compute with are
 /// crate-private).
 pub trait PpoObjective: Send + sealed::Sealed {
     /// The typed output of the loss.
@@ -229,6 +233,14 @@ pub trait PpoObjective: Send + sealed::Sealed {
     /// Whether the loss reads the behaviour policy's distribution parameters from the data
     /// (they become in keys).
     const READS_DIST_PARAMS: bool;
+    /// Whether the loss reads the behaviour policy's log-prob (`sample_log_prob`, an in key):
+    /// the PPO losses do, the on-policy A2C and REINFORCE do not.
+    const READS_SAMPLE_LOG_PROB: bool = true;
+
+    /// The loss's defaults (TorchRL's constructor defaults for it).
+    fn default_config() -> PpoConfig {
+        PpoConfig::default()
+    }
 
     /// The objective's state for `config` (already validated).
     fn from_config(config: &PpoConfig) -> Self;
@@ -258,10 +270,13 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Clip {}
     impl Sealed for super::KlPen {}
+    impl Sealed for super::A2c {}
+    impl Sealed for super::Reinforce {}
 }
 
 /// A PPO loss: the networks and settings every variant shares ([`PpoCommon`]) plus the
-/// variant's objective `O`. Use the aliases [`ClipPPOLoss`] and [`KLPENPPOLoss`].
+/// variant's objective `O`. Use the aliases [`ClipPPOLoss`], [`KLPENPPOLoss`], [`A2CLoss`]
+/// and [`ReinforceLoss`].
 pub struct PpoLoss<O: PpoObjective> {
     common: PpoCommon,
     objective: O,
@@ -282,7 +297,15 @@ impl<O: PpoObjective> PpoLoss<O> {
         critic: Option<Box<dyn TensorDictModule>>,
         trunk: Option<Box<dyn TensorDictModule>>,
     ) -> Self {
-        let common = PpoCommon::new(O::NAME, actor, critic, trunk, O::READS_DIST_PARAMS);
+        let common = PpoCommon::new(
+            O::NAME,
+            actor,
+            critic,
+            trunk,
+            O::READS_DIST_PARAMS,
+            O::READS_SAMPLE_LOG_PROB,
+            O::default_config(),
+        );
         let objective = O::from_config(&common.config);
         PpoLoss { common, objective }
     }
