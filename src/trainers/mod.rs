@@ -12,6 +12,7 @@ pub mod optim;
 pub mod parallel;
 pub mod policy;
 pub mod ppo;
+mod ppo_method;
 pub mod reward;
 mod rollout;
 pub mod sft;
