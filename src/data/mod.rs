@@ -1,4 +1,5 @@
-//! Data description and storage: tensor specs and replay buffers.
+//! Data description and storage: tensor specs, replay buffers, and the LLM trainers' text data.
 
+pub mod llm;
 pub mod replay;
 pub mod specs;
