@@ -12,6 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod dataset;
+
+pub use dataset::{Dataset, DatasetFormat, Example, ExampleData, Text};
+
 /// One turn of a conversation: who speaks (`"system"`, `"user"`, `"assistant"`, or any role a
 /// chat template accepts) and what they say.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
