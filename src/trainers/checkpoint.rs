@@ -581,3 +581,49 @@ mod tests {
         assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
     }
 }
+
+/// A supervised trainer's checkpoint (SFT, reward model): the parameters as group `"model"`,
+/// AdamW's moments and state as `"opt"`, and `{"steps": n}` as `"trainer"`.
+pub(crate) fn supervised_checkpoint(
+    steps: usize,
+    params: &[(String, Tensor)],
+    opt: &super::optim::AdamW,
+) -> Checkpoint {
+    let model = params
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    Checkpoint::new(steps as u64)
+        .with_tensors(super::api::names::MODEL, model)
+        .with_tensors(super::api::names::OPT, opt.state_tensors())
+        .with_json(super::api::names::OPT, opt.state_json())
+        .with_json("trainer", json!({ "steps": steps }))
+}
+
+/// Restores what [`supervised_checkpoint`] saved into `params` and `opt`, checking every part
+/// first (names, shapes, finite values, the optimizer's state): on an error nothing changed.
+/// Returns the step count.
+pub(crate) fn restore_supervised(
+    op: &'static str,
+    ckpt: &Checkpoint,
+    params: &[(String, Tensor)],
+    opt: &mut super::optim::AdamW,
+) -> Result<usize> {
+    use super::api::{names, Component};
+    let weights = Component::tensors(
+        ckpt.tensors(names::MODEL)?
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect(),
+    );
+    let staged = weights
+        .stage_into(params)
+        .map_err(|e| e.context(format!("{op}: component \"model\"")))?;
+    let prepared = opt
+        .prepare_state(ckpt.tensors(names::OPT)?, ckpt.json(names::OPT)?)
+        .map_err(|e| e.context(format!("{op}: component \"opt\"")))?;
+    let steps = super::api::counter_from_json(op, ckpt.json("trainer")?, "steps")?;
+    staged.commit()?;
+    opt.commit_state(prepared)?;
+    Ok(steps)
+}

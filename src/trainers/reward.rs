@@ -41,6 +41,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::checkpoint::{restore_supervised, supervised_checkpoint, Checkpoint};
 use super::optim::{shallow_named, AdamW};
 use super::parallel::{join_group, Collective, SharedCollective};
 use crate::error::{Error, Result};
@@ -292,6 +293,29 @@ impl RewardModelTrainer {
     /// The trained model (to plug into the token env as its scorer).
     pub fn into_model(self) -> CausalLmWithScoreHead {
         self.model
+    }
+
+    /// This trainer's state and its model's parameters as a [`Checkpoint`] (groups
+    /// `"model"`, `"opt"`, and the step count), resumed with [`RewardModelTrainer::restore`].
+    pub fn checkpoint(&self) -> Checkpoint {
+        supervised_checkpoint(self.steps, &self.opt.named_params(), &self.opt)
+    }
+
+    /// Restores a [`RewardModelTrainer::checkpoint`] into the model and this trainer, checking
+    /// everything first: on an error neither changed.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotFound`] / [`Error::ShapeMismatch`] / [`Error::InvalidValue`] naming the
+    /// component and tensor that do not fit.
+    pub fn restore(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let params = self.opt.named_params();
+        self.steps = restore_supervised(
+            "RewardModelTrainer::restore",
+            checkpoint,
+            &params,
+            &mut self.opt,
+        )?;
+        Ok(())
     }
 
     /// The optimizer steps taken.

@@ -33,6 +33,7 @@
 
 use tch::{Kind, Tensor};
 
+use super::checkpoint::{restore_supervised, supervised_checkpoint, Checkpoint};
 use super::optim::{shallow_named, AdamW};
 use super::parallel::{join_group, Collective, SharedCollective};
 use crate::error::{Error, Result};
@@ -82,6 +83,59 @@ pub fn causal_lm_nll(
     tokens: &Tensor,
     attention_mask: &Tensor,
 ) -> Result<(Tensor, f64)> {
+    nll(model, tokens, attention_mask, None)
+}
+
+/// [`causal_lm_nll`] over the positions where `loss_mask` `[B, T]` is also nonzero: TRL's
+/// completion-only and assistant-only losses (`completion_only_loss`, `assistant_only_loss`),
+/// where the prompt's or the user's tokens are context but not targets. A position counts when
+/// its token and the one before it are real and its own `loss_mask` is set.
+///
+/// ```
+/// use tch::{nn, Device, Tensor};
+/// use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
+/// use torchrl::trainers::sft::{causal_lm_nll, causal_lm_nll_masked};
+/// # fn main() -> torchrl::Result<()> {
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(8).with_n_layer(1).with_n_head(2);
+/// let model = Gpt2Model::new(&vs.root(), &config)?;
+/// let tokens = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
+/// let mask = Tensor::from_slice(&[1i64, 1, 1, 1]).view([1, 4]);
+/// // the first two tokens are the prompt: only tokens 3 and 4 are targets
+/// let completion = Tensor::from_slice(&[0i64, 0, 1, 1]).view([1, 4]);
+/// let (part, n) = causal_lm_nll_masked(&model, &tokens, &mask, &completion)?;
+/// assert_eq!(n, 2.0);
+/// let (all, n_all) = causal_lm_nll(&model, &tokens, &mask)?;
+/// assert_eq!(n_all, 3.0);
+/// assert!(part.double_value(&[]) < all.double_value(&[]));
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::ShapeMismatch`] when `loss_mask` is not the tokens' shape; as [`causal_lm_nll`].
+pub fn causal_lm_nll_masked(
+    model: &dyn CausalLm,
+    tokens: &Tensor,
+    attention_mask: &Tensor,
+    loss_mask: &Tensor,
+) -> Result<(Tensor, f64)> {
+    if loss_mask.size() != tokens.size() {
+        return Err(Error::ShapeMismatch {
+            op: "causal_lm_nll_masked",
+            key: "loss_mask".into(),
+            expected: tokens.size(),
+            actual: loss_mask.size(),
+        });
+    }
+    nll(model, tokens, attention_mask, Some(loss_mask))
+}
+
+fn nll(
+    model: &dyn CausalLm,
+    tokens: &Tensor,
+    attention_mask: &Tensor,
+    loss_mask: Option<&Tensor>,
+) -> Result<(Tensor, f64)> {
     let t = tokens.size().last().copied().unwrap_or(0);
     if t < 2 {
         return Err(Error::value(
@@ -96,9 +150,14 @@ pub fn causal_lm_nll(
         .with_attention_mask(attention_mask)
         .with_position_ids(&positions);
     let logits = model.forward(&input, None)?.logits()?;
-    let lp = token_log_probs(&logits, tokens, Some(attention_mask))?;
+    let mut lp = token_log_probs(&logits, tokens, Some(attention_mask))?;
     let m = attention_mask.f_to_kind(Kind::Float)?;
-    let predicted = m.f_narrow(1, 1, t - 1)?.f_mul(&m.f_narrow(1, 0, t - 1)?)?;
+    let mut predicted = m.f_narrow(1, 1, t - 1)?.f_mul(&m.f_narrow(1, 0, t - 1)?)?;
+    if let Some(lm) = loss_mask {
+        let lm = lm.f_ne(0)?.f_to_kind(Kind::Float)?;
+        predicted = predicted.f_mul(&lm.f_narrow(1, 1, t - 1)?)?;
+        lp = lp.f_mul(&lm.f_to_kind(lp.kind())?)?;
+    }
     let n = predicted.f_sum(Kind::Float)?.double_value(&[]);
     // summed in the model's precision (float64 models keep float64)
     Ok((lp.f_sum(lp.kind())?.f_neg()?, n))
@@ -246,6 +305,48 @@ impl SftTrainer {
         self.steps
     }
 
+    /// This trainer's state and its model's parameters as a [`Checkpoint`] (groups `"model"`,
+    /// `"opt"`, and the step count), to save with a
+    /// [`CheckpointStore`](super::checkpoint::CheckpointStore) and resume with
+    /// [`SftTrainer::restore`].
+    ///
+    /// ```
+    /// use tch::{nn, Device};
+    /// use torchrl::modules::llm::{CausalLm, Gpt2Config, Gpt2Model};
+    /// use torchrl::trainers::sft::{SftConfig, SftTrainer};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let config = Gpt2Config::new(8).with_n_positions(8).with_n_embd(8).with_n_layer(1).with_n_head(2);
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let model = Gpt2Model::new(&vs.root(), &config)?;
+    /// let mut sft = SftTrainer::new(&model, SftConfig::default())?;
+    /// sft.step(&model, &[vec![1, 2, 3]])?;
+    /// let ckpt = sft.checkpoint();
+    /// // a fresh model and trainer continue exactly where this one stopped
+    /// let vs2 = nn::VarStore::new(Device::Cpu);
+    /// let model2 = Gpt2Model::new(&vs2.root(), &config)?;
+    /// let mut sft2 = SftTrainer::new(&model2, SftConfig::default())?;
+    /// sft2.restore(&ckpt)?;
+    /// assert_eq!(sft2.steps(), 1);
+    /// assert_eq!(sft.step(&model, &[vec![3, 2, 1]])?, sft2.step(&model2, &[vec![3, 2, 1]])?);
+    /// # Ok(()) }
+    /// ```
+    pub fn checkpoint(&self) -> Checkpoint {
+        supervised_checkpoint(self.steps, &self.opt.named_params(), &self.opt)
+    }
+
+    /// Restores a [`SftTrainer::checkpoint`] into the model and this trainer. Everything is
+    /// checked first (parameter names and shapes, finite values, the optimizer's state): on
+    /// an error neither changed.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotFound`] / [`Error::ShapeMismatch`] / [`Error::InvalidValue`] naming the
+    /// component and tensor that do not fit.
+    pub fn restore(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let params = self.opt.named_params();
+        self.steps = restore_supervised("SftTrainer::restore", checkpoint, &params, &mut self.opt)?;
+        Ok(())
+    }
+
     /// One optimizer step on `rows` (right-padded into one batch); returns the loss before
     /// the step. In a data-parallel group every rank calls it with its own rows, and the step
     /// and the loss are those of one process on all of them.
@@ -254,8 +355,59 @@ impl SftTrainer {
     /// On no rows, a row longer than the model's context, no predicted position (on any rank),
     /// or a failing forward / backward or group.
     pub fn step(&mut self, model: &dyn CausalLm, rows: &[Vec<i64>]) -> Result<f64> {
+        self.step_with(model, rows, None)
+    }
+
+    /// [`SftTrainer::step`] with a loss mask per row (its length): only the tokens whose mask
+    /// is `true` are targets (TRL's completion-only / assistant-only loss; see
+    /// [`causal_lm_nll_masked`]). A data-parallel step divides by the targets of every rank.
+    ///
+    /// ```
+    /// use tch::{nn, Device};
+    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
+    /// use torchrl::trainers::sft::{SftConfig, SftTrainer};
+    /// # fn main() -> torchrl::Result<()> {
+    /// tch::manual_seed(0);
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let config = Gpt2Config::new(16).with_n_positions(8).with_n_embd(16).with_n_layer(1).with_n_head(2);
+    /// let model = Gpt2Model::new(&vs.root(), &config)?;
+    /// // prompt 1 2 3, completion 9: only the completion is learned
+    /// let rows = vec![vec![1i64, 2, 3, 9]];
+    /// let masks = vec![vec![false, false, false, true]];
+    /// let mut sft = SftTrainer::new(&model, SftConfig::default().with_lr(1e-2)?)?;
+    /// let first = sft.step_masked(&model, &rows, &masks)?;
+    /// for _ in 0..20 {
+    ///     sft.step_masked(&model, &rows, &masks)?;
+    /// }
+    /// assert!(sft.evaluate_masked(&model, &rows, &masks)? < 0.2 * first);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SftTrainer::step`], and [`Error::InvalidValue`] when the masks are not one per
+    /// row of its length, or no row has a target (on any rank).
+    pub fn step_masked(
+        &mut self,
+        model: &dyn CausalLm,
+        rows: &[Vec<i64>],
+        loss_masks: &[Vec<bool>],
+    ) -> Result<f64> {
+        self.step_with(model, rows, Some(loss_masks))
+    }
+
+    fn step_with(
+        &mut self,
+        model: &dyn CausalLm,
+        rows: &[Vec<i64>],
+        loss_masks: Option<&[Vec<bool>]>,
+    ) -> Result<f64> {
         let (tokens, mask) = self.batch(model, rows)?;
-        let (sum, n) = causal_lm_nll(model, &tokens, &mask)?;
+        let (sum, n) = match loss_masks {
+            Some(lm) => {
+                causal_lm_nll_masked(model, &tokens, &mask, &self.loss_mask(model, rows, lm)?)?
+            }
+            None => causal_lm_nll(model, &tokens, &mask)?,
+        };
         // one all-reduce: the positions and the summed loss of every rank
         let local_sum = sum.double_value(&[]);
         let global = self.collective.sum_scalars(&[n, local_sum])?;
@@ -281,6 +433,54 @@ impl SftTrainer {
         let _guard = tch::no_grad_guard();
         let (tokens, mask) = self.batch(model, rows)?;
         Ok(causal_lm_loss(model, &tokens, &mask)?.double_value(&[]))
+    }
+
+    /// The masked loss of [`SftTrainer::step_masked`] on `rows` without a step.
+    pub fn evaluate_masked(
+        &self,
+        model: &dyn CausalLm,
+        rows: &[Vec<i64>],
+        loss_masks: &[Vec<bool>],
+    ) -> Result<f64> {
+        let _guard = tch::no_grad_guard();
+        let (tokens, mask) = self.batch(model, rows)?;
+        let lm = self.loss_mask(model, rows, loss_masks)?;
+        let (sum, n) = causal_lm_nll_masked(model, &tokens, &mask, &lm)?;
+        if n < 1.0 {
+            return Err(no_predicted_token());
+        }
+        Ok(sum.double_value(&[]) / n)
+    }
+
+    /// The loss masks as one right-padded `[B, T]` tensor on the model's device.
+    fn loss_mask(
+        &self,
+        model: &dyn CausalLm,
+        rows: &[Vec<i64>],
+        loss_masks: &[Vec<bool>],
+    ) -> Result<Tensor> {
+        if loss_masks.len() != rows.len() {
+            return Err(Error::value(
+                "SftTrainer",
+                "loss_masks",
+                format!("one mask per row ({} rows)", rows.len()),
+                format!("{} masks", loss_masks.len()),
+            ));
+        }
+        if let Some(i) = (0..rows.len()).find(|&i| rows[i].len() != loss_masks[i].len()) {
+            return Err(Error::value(
+                "SftTrainer",
+                "loss_masks",
+                format!("mask {i} as long as row {i} ({} tokens)", rows[i].len()),
+                format!("{} entries", loss_masks[i].len()),
+            ));
+        }
+        let as_ids: Vec<Vec<i64>> = loss_masks
+            .iter()
+            .map(|m| m.iter().map(|&b| i64::from(b)).collect())
+            .collect();
+        let enc = pad_rows(&as_ids, 0, PaddingSide::Right)?;
+        Ok(enc.input_ids.f_to_device(model.device())?)
     }
 
     fn batch(&self, model: &dyn CausalLm, rows: &[Vec<i64>]) -> Result<(Tensor, Tensor)> {
