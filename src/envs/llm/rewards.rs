@@ -226,9 +226,10 @@ impl FromStr for Extraction {
     }
 }
 
-/// The number pattern of [`Extraction::LastNumber`].
+/// A run of digits and `,`-separated digit groups with an optional decimal part, the sign
+/// before it optional: what [`Extraction::LastNumber`] looks at.
 fn number_regex() -> Result<regex::Regex> {
-    regex::Regex::new(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+    regex::Regex::new(r"-?\d+(?:,\d+)*(?:\.\d+)?")
         .map_err(|e| Error::invalid("Extraction::LastNumber", e.to_string()))
 }
 
@@ -295,20 +296,36 @@ impl Extraction {
     }
 }
 
-/// The last number of `text`, separators removed.
+/// The last number of `text`, separators removed. A run like `1,234,567.5` is one number; a
+/// run whose groups are not thousands (`12,34`, `3,4,5`) is a list, whose last item counts.
 fn last_number(text: &str) -> Result<Option<String>> {
     let re = number_regex()?;
     let Some(m) = re.find_iter(text).last() else {
         return Ok(None);
     };
-    let mut s = m.as_str();
-    if let Some(rest) = s.strip_prefix('-') {
-        let before = text.get(..m.start()).and_then(|b| b.chars().last());
-        if before.is_some_and(char::is_alphanumeric) {
-            s = rest; // `5-3`: a minus between operands, not a sign
+    let s = m.as_str();
+    let (sign, body) = match s.strip_prefix('-') {
+        // `5-3`: a minus right after a letter or digit is no sign
+        Some(rest)
+            if text
+                .get(..m.start())
+                .and_then(|b| b.chars().last())
+                .is_some_and(char::is_alphanumeric) =>
+        {
+            ("", rest)
         }
-    }
-    Ok(Some(s.replace(',', "")))
+        Some(rest) => ("-", rest),
+        None => ("", s),
+    };
+    let int = body.split('.').next().unwrap_or_default();
+    let mut groups = int.split(',');
+    let first = groups.next().unwrap_or_default();
+    let thousands = first.len() <= 3 && groups.all(|g| g.len() == 3);
+    Ok(Some(if thousands {
+        format!("{sign}{}", body.replace(',', ""))
+    } else {
+        body.rsplit(',').next().unwrap_or_default().to_string()
+    }))
 }
 
 /// The content of the last `\boxed{…}` whose braces balance.
@@ -971,8 +988,8 @@ const STDERR_TAIL: usize = 2000;
 /// threads, so large batches do not deadlock.
 ///
 /// A process per batch (and not one kept alive) keeps batches independent: a scorer that
-/// crashed, hung or printed garbage costs that batch only, there is no framing to resync and
-/// no state leaks between batches; starting even a Python interpreter (~50 ms) is small next
+/// crashed, hung or printed garbage leaves nothing behind for the next batch, there is no
+/// framing to resync and no state leaks between batches; starting even a Python interpreter (~50 ms) is small next
 /// to generating the batch. It inherits the working directory and environment.
 ///
 /// ```
@@ -1360,6 +1377,11 @@ impl RewardPart {
     /// What it runs.
     pub fn source(&self) -> &RewardSource {
         &self.source
+    }
+
+    /// What it runs, to call or adjust directly.
+    pub fn source_mut(&mut self) -> &mut RewardSource {
+        &mut self.source
     }
 }
 
@@ -1775,31 +1797,38 @@ impl RewardsConfig {
     /// Parses TOML; an error names the entry (`reward[i]`) and the field when it can.
     pub fn from_toml_str(text: &str) -> Result<Self> {
         const OP: &str = "RewardsConfig::from_toml_str";
-        toml::from_str(text).map_err(|e| {
-            let at = e.span().map(|s| s.start).unwrap_or(0);
-            let before = text.get(..at).unwrap_or_default();
-            let entries = before
-                .lines()
-                .filter(|l| l.trim_start().starts_with("[[reward]]"))
-                .count();
-            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-            let line_key = text
-                .get(line_start..)
-                .and_then(|l| l.lines().next())
-                .filter(|l| !l.trim_start().starts_with('['))
-                .and_then(|l| l.split_once('='))
-                .map(|(k, _)| k.trim().to_string());
-            let mut place = String::new();
-            if entries > 0 {
-                place = format!("reward[{}]", entries - 1);
-                if let Some(k) = line_key {
-                    place.push('.');
-                    place.push_str(&k);
-                }
-                place.push_str(": ");
-            }
-            Error::invalid(OP, format!("{place}{}", e.message()))
-        })
+        let e = match toml::from_str(text) {
+            Ok(cfg) => return Ok(cfg),
+            Err(e) => e,
+        };
+        // the entry: the first that fails on its own (spans inside an internally tagged enum
+        // cover the whole array); the field: the key without which the entry's error changes
+        // (a missing field's error names it already)
+        let place = toml::from_str::<toml::Table>(text)
+            .ok()
+            .and_then(|doc| {
+                let entries = doc.get("reward")?.as_array()?.clone();
+                entries.into_iter().enumerate().find_map(|(i, entry)| {
+                    let table = entry.as_table()?.clone();
+                    let error = entry.try_into::<RewardEntry>().err()?.message().to_string();
+                    let field = table.keys().filter(|k| *k != "type").find(|k| {
+                        let mut without = table.clone();
+                        without.remove(k.as_str());
+                        toml::Value::Table(without)
+                            .try_into::<RewardEntry>()
+                            .map_or_else(|e| e.message() != error, |_| true)
+                    });
+                    Some(match field {
+                        Some(k) => format!("reward[{i}].{k}: "),
+                        None => format!("reward[{i}]: "),
+                    })
+                })
+            })
+            .unwrap_or_default();
+        Err(Error::invalid(
+            OP,
+            format!("{place}{}", e.message().trim_end()),
+        ))
     }
 
     /// [`build_parts`] on these entries.
