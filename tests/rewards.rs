@@ -1072,11 +1072,13 @@ fn the_toml_form_builds_every_type() {
 fn toml_errors_name_the_entry_and_the_field() {
     let cases = [
         // unknown field
-        ("[[reward]]\ntype = \"think_format\"\n\n[[reward]]\ntype = \"format\"\npatern = \"x\"\n", "reward[1]", "patern"),
+        ("[[reward]]\ntype = \"think_format\"\n\n[[reward]]\ntype = \"format\"\npatern = \"x\"\n", "reward[1].patern: unknown field", ""),
         // unknown type
-        ("[[reward]]\ntype = \"accuracy\"\nfield = \"a\"\n", "reward[0]", "accuracy"),
+        ("[[reward]]\ntype = \"accuracy\"\nfield = \"a\"\n", "reward[0].type", "accuracy"),
+        // no type
+        ("[[reward]]\nfield = \"a\"\n", "reward[0].type", "missing field `type`"),
         // a missing field
-        ("[[reward]]\ntype = \"soft_overlong\"\nmax_completion_len = 5\n", "reward[0]", "soft_punish_cache"),
+        ("[[reward]]\ntype = \"soft_overlong\"\nmax_completion_len = 5\n", "reward[0]: missing field `soft_punish_cache`", ""),
         // a wrong type
         ("[[reward]]\ntype = \"command\"\ncommand = \"python3 score.py\"\n", "reward[0].command", "sequence"),
         // a negative length

@@ -1811,13 +1811,25 @@ impl RewardsConfig {
                 entries.into_iter().enumerate().find_map(|(i, entry)| {
                     let table = entry.as_table()?.clone();
                     let error = entry.try_into::<RewardEntry>().err()?.message().to_string();
-                    let field = table.keys().filter(|k| *k != "type").find(|k| {
-                        let mut without = table.clone();
-                        without.remove(k.as_str());
-                        toml::Value::Table(without)
-                            .try_into::<RewardEntry>()
-                            .map_or_else(|e| e.message() != error, |_| true)
-                    });
+                    let field = if error.starts_with("missing field `type`") {
+                        Some("type".to_string())
+                    } else if error.starts_with("missing field") {
+                        None // it names the field already
+                    } else if error.contains("variant") {
+                        Some("type".to_string())
+                    } else {
+                        table
+                            .keys()
+                            .filter(|k| *k != "type")
+                            .find(|k| {
+                                let mut without = table.clone();
+                                without.remove(k.as_str());
+                                toml::Value::Table(without)
+                                    .try_into::<RewardEntry>()
+                                    .map_or_else(|e| e.message() != error, |_| true)
+                            })
+                            .cloned()
+                    };
                     Some(match field {
                         Some(k) => format!("reward[{i}].{k}: "),
                         None => format!("reward[{i}]: "),
