@@ -1147,3 +1147,29 @@ fn build_errors_name_the_entry_and_the_field() {
         );
     }
 }
+
+#[test]
+fn the_docs_toml_example_parses_and_builds() {
+    let path = format!("{}/docs/rlhf.md", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(path).unwrap();
+    let section = &doc[doc.find("## Rewards without Python").expect("the section")..];
+    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let cfg = RewardsConfig::from_toml_str(block).unwrap();
+    let types: Vec<&str> = cfg.reward.iter().map(RewardEntry::type_name).collect();
+    assert_eq!(
+        types,
+        [
+            "answer_match",
+            "think_format",
+            "soft_overlong",
+            "command",
+            "reward_model"
+        ]
+    );
+    // integers where floats go (timeout_s = 30) are fine; the reward model's folder is only
+    // an example, so build the others
+    let parts = build_parts(&cfg.reward[..4], Device::Cpu).unwrap();
+    assert_eq!(parts[3].name(), "command");
+    assert_eq!(parts[1].weight(), 0.2);
+}

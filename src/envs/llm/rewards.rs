@@ -80,6 +80,16 @@ use crate::modules::llm::{CausalLmWithScoreHead, SpecialTokens, TextTokenizer};
 
 /// One (prompt, completion) pair as a [`RewardFunction`] sees it (TRL passes `prompts`,
 /// `completions`, `completion_ids` and the dataset's other columns as keyword arguments).
+///
+/// ```
+/// use serde_json::{json, Map};
+/// use torchrl::envs::llm::rewards::RewardSample;
+/// let mut fields = Map::new();
+/// fields.insert("answer".into(), json!("42"));
+/// let s = RewardSample { prompt: "6*7=", completion: "42", completion_ids: &[52, 50], fields: &fields };
+/// assert_eq!(s.fields["answer"], "42");
+/// assert_eq!(s.completion_ids.len(), 2);
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RewardSample<'a> {
     /// The prompt's text.
@@ -355,6 +365,14 @@ fn last_boxed(text: &str) -> Option<&str> {
 /// Parses a number as it is written in answers: optional sign, digits with optional `,`
 /// thousands separators, optional decimals and exponent (`-1,234.5`, `72`, `1e3`). `None` for
 /// anything else (and for non-finite values).
+///
+/// ```
+/// use torchrl::envs::llm::rewards::parse_number;
+/// assert_eq!(parse_number(" -1,234.5 "), Some(-1234.5));
+/// assert_eq!(parse_number("1e3"), Some(1000.0));
+/// assert_eq!(parse_number("12,34"), None); // not a thousands grouping
+/// assert_eq!(parse_number("1/2"), None);
+/// ```
 pub fn parse_number(text: &str) -> Option<f64> {
     let t = text.trim();
     let body = t.strip_prefix(['-', '+']).unwrap_or(t);
@@ -386,6 +404,14 @@ pub fn parse_number(text: &str) -> Option<f64> {
 // ------------------------------------------------------------------ answer match
 
 /// How [`AnswerMatch`] compares the two extracted answers.
+///
+/// ```
+/// use torchrl::envs::llm::rewards::Compare;
+/// # fn main() -> torchrl::Result<()> {
+/// assert_eq!(Compare::numeric(0.01)?, Compare::Numeric { tolerance: 0.01 });
+/// assert_ne!(Compare::Exact, Compare::numeric(0.0)?);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Compare {
     /// The same text (both trimmed).
@@ -556,6 +582,13 @@ impl RewardFunction for AnswerMatch {
 
 /// TRL's `think_format_reward` pattern, anchored in full: `<think>` first, no second
 /// `<think>`, a `</think>` later, anything after.
+///
+/// ```
+/// use torchrl::envs::llm::rewards::{FormatCheck, THINK_FORMAT};
+/// # fn main() -> torchrl::Result<()> {
+/// assert_eq!(FormatCheck::think()?.pattern(), THINK_FORMAT);
+/// # Ok(()) }
+/// ```
 pub const THINK_FORMAT: &str = r"(?s)<think>(?!.*<think>).*?</think>.*";
 
 /// 1.0 when the completion matches the regex **in full** (the pattern is wrapped as
@@ -1303,11 +1336,19 @@ impl RewardFunction for CommandReward {
 // ------------------------------------------------------------------ the scorer
 
 /// What a [`RewardPart`] runs.
+///
+/// ```
+/// use torchrl::envs::llm::rewards::{RewardPart, RewardSource, SoftOverlongPunishment};
+/// # fn main() -> torchrl::Result<()> {
+/// let part = RewardPart::function(SoftOverlongPunishment::new(8, 2)?, 1.0)?;
+/// assert!(matches!(part.source(), RewardSource::Function(f) if f.name() == "soft_overlong_punishment_reward"));
+/// # Ok(()) }
+/// ```
 pub enum RewardSource {
     /// A reward function on the decoded batch.
     Function(Box<dyn RewardFunction>),
     /// A learned reward model on the batch's tokens.
-    Model(RewardModelScorer),
+    Model(Box<RewardModelScorer>),
 }
 
 impl fmt::Debug for RewardSource {
@@ -1360,7 +1401,7 @@ impl RewardPart {
         Ok(RewardPart {
             name,
             weight,
-            source: RewardSource::Model(scorer),
+            source: RewardSource::Model(Box::new(scorer)),
         })
     }
 
@@ -1616,7 +1657,18 @@ impl<T: TextTokenizer> Scorer for RewardScorer<T> {
                         .f_to_kind(Kind::Double)?
                         .f_to_device(Device::Cpu)?
                         .f_reshape([-1])?;
-                    Ok(Vec::<f64>::try_from(&t)?)
+                    let v = Vec::<f64>::try_from(&t)?;
+                    // a model has no "does not apply": NaN there is a broken model
+                    match v.iter().position(|x| !x.is_finite()) {
+                        Some(i) => Err(Error::InvalidValue {
+                            op: OP,
+                            what: "sample",
+                            key: i.to_string(),
+                            expected: "a finite reward-model score".into(),
+                            got: v.get(i).copied().unwrap_or(f64::NAN).to_string(),
+                        }),
+                        None => Ok(v),
+                    }
                 }),
             }
             .with_context(|| format!("reward part {name:?}"))?;
