@@ -750,7 +750,10 @@ fn command_reward_failures_name_the_command() {
 // ------------------------------------------------------------------ the scorer adapter
 
 /// Records the fields and completion ids it was given; scores 0.
-struct Spy(std::sync::Arc<Mutex<Vec<(String, Map<String, Value>, Vec<i64>)>>>);
+/// What [`Spy`] saw: each completion, its fields and its ids.
+type Seen = Vec<(String, Map<String, Value>, Vec<i64>)>;
+
+struct Spy(std::sync::Arc<Mutex<Seen>>);
 
 impl RewardFunction for Spy {
     fn name(&self) -> &str {
