@@ -1013,8 +1013,8 @@ const STDERR_TAIL: usize = 2000;
 /// "does not apply" (TRL's `None`, NaN here). A final newline is optional; nothing else may
 /// follow the last score.
 ///
-/// Errors, each naming the command: it ran past the timeout (it is killed with its process
-/// group, and waited for); it exited non-zero or by a signal (with the status and the tail of
+/// Errors, each naming the command: it ran past the timeout (it is killed, on Linux with its
+/// whole process group so that a `sleep` it started goes too, and waited for); it exited non-zero or by a signal (with the status and the tail of
 /// its stderr); an output line is not a score, is NaN or infinite (naming the line number and
 /// text), or the number of lines is not the number of samples. It never leaves a zombie:
 /// every child is waited for. Stdin is written from a thread and stdout / stderr are read by
