@@ -73,14 +73,14 @@ pub trait Scorer: Send {
 }
 
 /// Scores from one `f64` per sample, on the device of `input.tokens`.
-fn from_values(values: &[f64], input: &ScoreInput<'_>) -> Result<Tensor> {
+pub(crate) fn from_values(values: &[f64], input: &ScoreInput<'_>) -> Result<Tensor> {
     Ok(Tensor::from_slice(values)
         .f_to_kind(Kind::Float)?
         .f_to_device(input.tokens.device())?)
 }
 
 /// Checks that the lists of `input` have `batch_size` entries.
-fn check_lists(op: &'static str, input: &ScoreInput<'_>) -> Result<()> {
+pub(crate) fn check_lists(op: &'static str, input: &ScoreInput<'_>) -> Result<()> {
     let b = input.batch_size;
     for (name, n) in [
         ("prompts", input.prompts.len()),
