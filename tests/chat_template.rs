@@ -391,3 +391,20 @@ fn hostile_templates_fail_with_errors() {
     let text = quick_err(&deep);
     assert!(!text.is_empty());
 }
+
+#[test]
+fn generation_blocks_whose_output_is_transformed_are_refused() {
+    // the block's output is trimmed after rendering: markers would change the text
+    let chat = ChatTemplate::new(
+        "{% for m in messages %}{% filter trim %}{% generation %} {{ m.content }} {% endgeneration %}{% endfilter %}{% endfor %}",
+        None,
+        None,
+    )
+    .unwrap();
+    let msgs = [Message::new("assistant", "x")];
+    assert_eq!(chat.render(&msgs, false).unwrap(), "x");
+    let err = chat
+        .encode_with_assistant_mask(&ByteTokenizer::new(), &msgs)
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot be tracked"), "{err}");
+}

@@ -43,7 +43,7 @@ use crate::modules::llm::TextTokenizer;
 /// The most template instructions one render may execute (`minijinja`'s fuel): a template
 /// that loops without end (`range` nested in `range`) stops with an error. A ChatML render
 /// spends a few dozen per message.
-pub const MAX_FUEL: u64 = 50_000_000;
+pub const MAX_FUEL: u64 = 10_000_000;
 
 /// The deepest nesting of macro calls and includes a render may reach.
 pub const MAX_RECURSION: usize = 100;
@@ -763,7 +763,8 @@ impl ChatTemplate {
                     }
                 }
             }
-            Some(other) => return Err(invalid(format!(
+            Some(other) => {
+                return Err(invalid(format!(
                 "chat_template: expected a string or a list of {{\"name\", \"template\"}}, got {}",
                 match other {
                     serde_json::Value::Null => "null",
@@ -772,7 +773,8 @@ impl ChatTemplate {
                     serde_json::Value::Object(_) => "an object",
                     _ => "another value",
                 }
-            ))),
+            )))
+            }
             None => {
                 return Err(Error::InvalidFile {
                     op,
@@ -1057,6 +1059,20 @@ impl ChatTemplate {
                 return Err(Error::invalid(
                     op,
                     "unbalanced generation markers in the rendered text",
+                ));
+            }
+            // a generation block whose output the template transforms afterwards (captured
+            // in a `{% set %}` / `{% filter %}` block and trimmed, measured, …) renders
+            // differently with the markers in it: refuse rather than mask the wrong text
+            if text != self.render(messages, false)? {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "the {{% generation %}} blocks of the chat template ({}) cannot be tracked: \
+                         their output is transformed after rendering (inside a set / filter \
+                         block or a macro's return value)",
+                        self.origin
+                    ),
                 ));
             }
             spans.sort_by_key(|s| (s.start, s.end));

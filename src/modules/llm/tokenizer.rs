@@ -144,6 +144,14 @@ pub trait TextTokenizer: Send {
     /// reports); chat templates map assistant spans to tokens with them
     /// (`torchrl::data::llm::ChatTemplate::encode_with_assistant_mask`). The default is an
     /// error: a tokenizer that cannot tell where its tokens come from has no offsets.
+    ///
+    /// ```
+    /// use torchrl::modules::llm::{ByteTokenizer, TextTokenizer};
+    /// let (ids, offsets) = ByteTokenizer::new().encode_with_offsets("aé<|endoftext|>").unwrap();
+    /// assert_eq!(ids, vec![97, 0xc3, 0xa9, ByteTokenizer::EOS]);
+    /// // both bytes of "é" point at the whole character
+    /// assert_eq!(offsets, vec![(0, 1), (1, 3), (1, 3), (3, 16)]);
+    /// ```
     fn encode_with_offsets(&self, text: &str) -> Result<(Vec<i64>, Vec<(usize, usize)>)> {
         let _ = text;
         Err(Error::invalid(
