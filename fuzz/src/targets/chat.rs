@@ -61,7 +61,15 @@ const FRAGMENTS: &[&str] = &[
     "{% raw %}",
 ];
 
-const ROLES: &[&str] = &["user", "assistant", "system", "tool", "", "ASSISTANT", "\u{10FFFC}"];
+const ROLES: &[&str] = &[
+    "user",
+    "assistant",
+    "system",
+    "tool",
+    "",
+    "ASSISTANT",
+    "\u{10FFFC}",
+];
 
 const CONTENTS: &[&str] = &[
     "Hello!",
@@ -101,7 +109,7 @@ fn mutate_template(rng: &mut Rng, seed: &str) -> String {
                 .chain([text.len()])
                 .collect();
             let at = *rng.pick(&cuts);
-            text.insert_str(at, rng.pick(FRAGMENTS));
+            text.insert_str(at, *rng.pick(FRAGMENTS));
         }
     }
     text
@@ -114,7 +122,7 @@ fn conversation(rng: &mut Rng) -> Vec<Message> {
             let role = if rng.chance(0.8) {
                 if i % 2 == 0 { "user" } else { "assistant" }
             } else {
-                rng.pick(ROLES)
+                *rng.pick(ROLES)
             };
             let content = if rng.chance(0.05) {
                 "long ".repeat(20_000)
@@ -143,7 +151,11 @@ pub fn chat_template_case(st: &mut State, rng: &mut Rng) -> Outcome {
             "chat_template": source,
         });
         let text = serde_json::to_vec(&config).expect("json");
-        let text = if rng.chance(0.5) { mutate_json_text(rng, &text) } else { text };
+        let text = if rng.chance(0.5) {
+            mutate_json_text(rng, &text)
+        } else {
+            text
+        };
         std::fs::write(dir.join("tokenizer_config.json"), &text).expect("case file");
         if rng.chance(0.3) {
             std::fs::write(dir.join("chat_template.jinja"), source.as_bytes()).expect("case file");
@@ -166,8 +178,8 @@ pub fn chat_template_case(st: &mut State, rng: &mut Rng) -> Outcome {
     };
     let tok = ByteTokenizer::new();
     let msgs = conversation(rng);
-    for gen in [false, true] {
-        match chat.encode(&tok, &msgs, gen) {
+    for prompt in [false, true] {
+        match chat.encode(&tok, &msgs, prompt) {
             Ok(ids) => {
                 if let Some(bad) = ids.iter().find(|&&i| !(0..tok.vocab_size()).contains(&i)) {
                     return Outcome::Defect("unusable", format!("encode gave id {bad}"));

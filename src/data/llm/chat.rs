@@ -29,6 +29,18 @@
 //! fuel budget ([`MAX_FUEL`] instructions), a recursion limit ([`MAX_RECURSION`]) and an
 //! output cap ([`MAX_OUTPUT_BYTES`]); any of them ends the render with an error, never a hang
 //! or an abort.
+//!
+//! Differences from `transformers` that remain:
+//! - messages are [`Message`]s (`role`, `content` strings): no `tool_calls`, content lists or
+//!   `tools=` / `documents=` values (both are `none`);
+//! - `strftime_now` formats the current time in UTC (Python uses the local time zone);
+//! - Python features `minijinja` lacks are errors (`%` string formatting, most list methods),
+//!   and a list or dict printed as such uses `minijinja`'s quoting (`["a"]`, Python `['a']`);
+//! - `{% generation %}` tags are found in the source text (as `transformers` looks for them),
+//!   so one inside a string literal is rewritten too; a generation block whose output the
+//!   template transforms afterwards (`{% filter trim %}` around it) is refused for masks;
+//! - fuel bounds the work but not the memory: a template can still build a huge string by
+//!   repeated concatenation (`minijinja` has no allocation limit).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -1084,13 +1096,17 @@ impl ChatTemplate {
             if m.role != "assistant" {
                 continue;
             }
-            let prompt = self.render(&messages[..i], true).map_err(|e| {
+            let (before, through) = (
+                messages.get(..i).unwrap_or_default(),
+                messages.get(..=i).unwrap_or_default(),
+            );
+            let prompt = self.render(before, true).map_err(|e| {
                 e.context(format!(
                     "{op}: rendering messages[..{i}] with the generation prompt"
                 ))
             })?;
             let upto = self
-                .render(&messages[..=i], false)
+                .render(through, false)
                 .map_err(|e| e.context(format!("{op}: rendering messages[..={i}]")))?;
             if !full.starts_with(&upto) || !upto.starts_with(&prompt) {
                 let which = if full.starts_with(&prompt) {
@@ -1147,7 +1163,7 @@ impl ChatTemplate {
         let mut mask = vec![false; ids.len()];
         let mut s = 0;
         for (slot, &(start, end)) in mask.iter_mut().zip(&offsets) {
-            while s < spans.len() && start >= spans[s].end {
+            while spans.get(s).is_some_and(|span| start >= span.end) {
                 s += 1;
             }
             let Some(span) = spans.get(s) else { break };

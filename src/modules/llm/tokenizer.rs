@@ -124,6 +124,10 @@ pub fn pad_rows(rows: &[Vec<i64>], pad: i64, side: PaddingSide) -> Result<Encode
     })
 }
 
+/// Token ids and each token's byte range `(start, end)` in the encoded text
+/// ([`TextTokenizer::encode_with_offsets`]).
+pub type IdsWithOffsets = (Vec<i64>, Vec<(usize, usize)>);
+
 /// Text ↔ token ids.
 pub trait TextTokenizer: Send {
     /// The ids of `text` (special-token strings inside it are recognised).
@@ -152,7 +156,7 @@ pub trait TextTokenizer: Send {
     /// // both bytes of "é" point at the whole character
     /// assert_eq!(offsets, vec![(0, 1), (1, 3), (1, 3), (3, 16)]);
     /// ```
-    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<i64>, Vec<(usize, usize)>)> {
+    fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
         let _ = text;
         Err(Error::invalid(
             "TextTokenizer::encode_with_offsets",
@@ -315,7 +319,7 @@ impl TextTokenizer for ByteTokenizer {
         Ok(out)
     }
 
-    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<i64>, Vec<(usize, usize)>)> {
+    fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
         // every byte of a character maps to that character's range, as the tokenizers crate
         // reports the pieces of a character split by a byte-level model
         let mut ids = Vec::with_capacity(text.len());
@@ -731,7 +735,7 @@ impl TextTokenizer for HfTokenizer {
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
 
-    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<i64>, Vec<(usize, usize)>)> {
+    fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
         let op = "HfTokenizer::encode_with_offsets";
         let enc = guarded(op, || self.inner.encode(text, false))?.map_err(|e| {
             Error::value(op, "text", "text the tokenizer can encode", e.to_string())
