@@ -28,6 +28,7 @@ use crate::mutate::{
     mutate_toml_text,
 };
 
+mod chat;
 mod trainers;
 
 /// What a case found.
@@ -57,6 +58,7 @@ pub const TARGETS: &[(&str, CaseFn)] = &[
     ("trainer-config", trainer_config_case),
     ("constructors", constructors_case),
     ("peft-adapter", adapter_case),
+    ("chat-template", chat::chat_template_case),
 ];
 
 /// The repository's recorded folders (`specs/`).

@@ -10,6 +10,9 @@
 //! assert_eq!(m, Message::new("user", "2 + 2 ="));
 //! ```
 
+pub mod chat;
+pub use chat::ChatTemplate;
+
 use serde::{Deserialize, Serialize};
 
 pub mod dataset;

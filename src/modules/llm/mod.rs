@@ -60,5 +60,5 @@ pub use scoring::{
 };
 pub use tokenizer::{
     check_tokenizer_fits, pad_rows, BatchEncodeOptions, ByteTokenizer, Encoded, HfTokenizer,
-    PaddingSide, SpecialTokens, TextTokenizer,
+    IdsWithOffsets, PaddingSide, SpecialTokens, TextTokenizer,
 };

@@ -124,6 +124,10 @@ pub fn pad_rows(rows: &[Vec<i64>], pad: i64, side: PaddingSide) -> Result<Encode
     })
 }
 
+/// Token ids and each token's byte range `(start, end)` in the encoded text
+/// ([`TextTokenizer::encode_with_offsets`]).
+pub type IdsWithOffsets = (Vec<i64>, Vec<(usize, usize)>);
+
 /// Text ↔ token ids.
 pub trait TextTokenizer: Send {
     /// The ids of `text` (special-token strings inside it are recognised).
@@ -138,6 +142,27 @@ pub trait TextTokenizer: Send {
     fn pad_token_id(&self) -> Option<i64>;
     /// The beginning-of-sequence id, if any.
     fn bos_token_id(&self) -> Option<i64>;
+
+    /// The ids of `text`, as [`TextTokenizer::encode`] gives them, with each token's byte
+    /// range `(start, end)` in `text` (what the `tokenizers` crate's `Encoding::get_offsets`
+    /// reports); chat templates map assistant spans to tokens with them
+    /// (`torchrl::data::llm::ChatTemplate::encode_with_assistant_mask`). The default is an
+    /// error: a tokenizer that cannot tell where its tokens come from has no offsets.
+    ///
+    /// ```
+    /// use torchrl::modules::llm::{ByteTokenizer, TextTokenizer};
+    /// let (ids, offsets) = ByteTokenizer::new().encode_with_offsets("aé<|endoftext|>").unwrap();
+    /// assert_eq!(ids, vec![97, 0xc3, 0xa9, ByteTokenizer::EOS]);
+    /// // both bytes of "é" point at the whole character
+    /// assert_eq!(offsets, vec![(0, 1), (1, 3), (1, 3), (3, 16)]);
+    /// ```
+    fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
+        let _ = text;
+        Err(Error::invalid(
+            "TextTokenizer::encode_with_offsets",
+            "this tokenizer does not report token offsets",
+        ))
+    }
 
     /// Encodes `texts` into one padded batch on the CPU (pad id: the tokenizer's, else its
     /// EOS, else 0).
@@ -292,6 +317,33 @@ impl TextTokenizer for ByteTokenizer {
             rest = chars.as_str();
         }
         Ok(out)
+    }
+
+    fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
+        // every byte of a character maps to that character's range, as the tokenizers crate
+        // reports the pieces of a character split by a byte-level model
+        let mut ids = Vec::with_capacity(text.len());
+        let mut offsets = Vec::with_capacity(text.len());
+        let mut at = 0;
+        'outer: while at < text.len() {
+            let rest = text.get(at..).unwrap_or_default();
+            for (s, id) in Self::SPECIALS {
+                if rest.starts_with(s) {
+                    ids.push(id);
+                    offsets.push((at, at + s.len()));
+                    at += s.len();
+                    continue 'outer;
+                }
+            }
+            let Some(c) = rest.chars().next() else { break };
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                ids.push(i64::from(b));
+                offsets.push((at, at + c.len_utf8()));
+            }
+            at += c.len_utf8();
+        }
+        Ok((ids, offsets))
     }
 
     fn decode(&self, ids: &[i64], special: SpecialTokens) -> Result<String> {
@@ -681,6 +733,22 @@ impl TextTokenizer for HfTokenizer {
             Error::value(op, "text", "text the tokenizer can encode", e.to_string())
         })?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
+    fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
+        let op = "HfTokenizer::encode_with_offsets";
+        let enc = guarded(op, || self.inner.encode(text, false))?.map_err(|e| {
+            Error::value(op, "text", "text the tokenizer can encode", e.to_string())
+        })?;
+        let ids = enc.get_ids().iter().map(|&i| i64::from(i)).collect();
+        // byte offsets into `text`, clamped so that a tokenizer's odd offsets cannot index
+        // outside it
+        let offsets = enc
+            .get_offsets()
+            .iter()
+            .map(|&(s, e)| (s.min(text.len()), e.min(text.len()).max(s.min(text.len()))))
+            .collect();
+        Ok((ids, offsets))
     }
 
     fn decode(&self, ids: &[i64], special: SpecialTokens) -> Result<String> {
