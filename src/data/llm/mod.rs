@@ -10,13 +10,13 @@
 //! assert_eq!(m, Message::new("user", "2 + 2 ="));
 //! ```
 
-pub mod chat;
-pub use chat::ChatTemplate;
-
 use serde::{Deserialize, Serialize};
 
+pub mod chat;
 pub mod dataset;
+pub mod prepare;
 
+pub use chat::ChatTemplate;
 pub use dataset::{Dataset, DatasetFormat, Example, ExampleData, Text};
 
 /// One turn of a conversation: who speaks (`"system"`, `"user"`, `"assistant"`, or any role a

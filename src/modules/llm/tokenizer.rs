@@ -395,6 +395,7 @@ impl TextTokenizer for ByteTokenizer {
 /// vocabulary lacks), and every call into the crate runs behind `catch_unwind`: its panics
 /// are errors naming the operation. The vocabulary size is the highest id + 1; an id inside
 /// it that the file does not define (a gap) is an error naming the id.
+#[derive(Clone)]
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     eos: Option<i64>,
