@@ -318,6 +318,11 @@ impl RewardModelTrainer {
         Ok(())
     }
 
+    /// Sets the optimizer's learning rate for the next steps (a schedule run by the caller).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.opt.set_lr(lr);
+    }
+
     /// The optimizer steps taken.
     pub fn steps(&self) -> usize {
         self.steps

@@ -300,6 +300,11 @@ impl SftTrainer {
         &self.collective
     }
 
+    /// Sets the optimizer's learning rate for the next steps (a schedule run by the caller).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.opt.set_lr(lr);
+    }
+
     /// The optimizer steps taken.
     pub fn steps(&self) -> usize {
         self.steps
@@ -467,12 +472,17 @@ impl SftTrainer {
                 format!("{} masks", loss_masks.len()),
             ));
         }
-        if let Some(i) = (0..rows.len()).find(|&i| rows[i].len() != loss_masks[i].len()) {
+        if let Some((i, (r, m))) = rows
+            .iter()
+            .zip(loss_masks)
+            .enumerate()
+            .find(|(_, (r, m))| r.len() != m.len())
+        {
             return Err(Error::value(
                 "SftTrainer",
                 "loss_masks",
-                format!("mask {i} as long as row {i} ({} tokens)", rows[i].len()),
-                format!("{} entries", loss_masks[i].len()),
+                format!("mask {i} as long as row {i} ({} tokens)", r.len()),
+                format!("{} entries", m.len()),
             ));
         }
         let as_ids: Vec<Vec<i64>> = loss_masks
