@@ -40,6 +40,7 @@
     )
 )]
 
+pub mod cli;
 pub mod collectors;
 pub mod data;
 #[cfg(feature = "distributed")]
