@@ -63,10 +63,11 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tch::{nn, Device, Kind, Tensor};
+use torchrl::cli::log::register_font;
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::{
     generate, ilql_generate, models, pad_rows, ByteTokenizer, CausalLm, CausalLmConfig,
-    CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig, Gpt2Config, HfTokenizer,
+    CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerationConfig, Gpt2Config,
     IlqlGenerationConfig, LoraConfig, PaddingSide, SpecialTokens, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
@@ -300,45 +301,10 @@ impl Config {
     /// `tokenizer.json` otherwise, its EOS / pad / BOS set to the ids the model's config names
     /// (pad falls back to EOS).
     pub fn tokenizer(&self) -> Result<Box<dyn TextTokenizer>> {
-        let Some(dir) = &self.model else {
-            return Ok(Box::new(ByteTokenizer::new()));
-        };
-        let mut tok = HfTokenizer::from_file(dir.join("tokenizer.json"))?;
-        let facts = models::config_from_file(&dir.join("config.json"))?.facts();
-        let token = |tok: &HfTokenizer, id: i64| -> Result<String> {
-            u32::try_from(id)
-                .ok()
-                .and_then(|i| tok.inner().id_to_token(i))
-                .ok_or_else(|| {
-                    fail(format!(
-                        "{}: the config's special id {id} is not in tokenizer.json",
-                        dir.display()
-                    ))
-                })
-        };
-        if let Some(id) = facts.eos_token_id {
-            let t = token(&tok, id)?;
-            tok = tok.with_eos_token(&t)?;
+        match &self.model {
+            None => Ok(Box::new(ByteTokenizer::new())),
+            Some(dir) => Ok(Box::new(torchrl::cli::load_tokenizer(dir)?)),
         }
-        if let Some(id) = facts.bos_token_id {
-            let t = token(&tok, id)?;
-            tok = tok.with_bos_token(&t)?;
-        }
-        if let Some(id) = facts
-            .pad_token_id
-            .or(tok.pad_token_id())
-            .or(facts.eos_token_id)
-        {
-            let t = token(&tok, id)?;
-            tok = tok.with_pad_token(&t)?;
-        }
-        if tok.eos_token_id().is_none() {
-            return Err(fail(format!(
-                "{}: no EOS token (set eos_token_id in config.json or generation_config.json)",
-                dir.display()
-            )));
-        }
-        Ok(Box::new(tok))
     }
 
     /// The policy section of the PPO / GRPO / DPO configs: trlX's hydra with one trainable
@@ -751,32 +717,6 @@ fn read_stage_stats(path: &Path) -> Result<[f64; 3]> {
         field("sft_loss_last")?,
         field("rm_test_accuracy")?,
     ])
-}
-
-/// A system TrueType font for the plot's text (plotters' `ab_glyph` backend needs one); the
-/// plot is drawn without text when none is found.
-fn register_font() -> bool {
-    const FONTS: [&str; 4] = [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/Library/Fonts/Arial.ttf",
-    ];
-    for path in FONTS {
-        if let Ok(bytes) = fs::read(path) {
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            if plotters::style::register_font(
-                "sans-serif",
-                plotters::style::FontStyle::Normal,
-                bytes,
-            )
-            .is_ok()
-            {
-                return true;
-            }
-        }
-    }
-    false
 }
 
 /// One panel of the plot: a title and one named curve.
