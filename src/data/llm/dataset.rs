@@ -367,11 +367,11 @@ fn split_implicit(
              take as the implicit prompt",
         ));
     }
-    let prompt = chosen[..shared].to_vec();
+    let prompt: Vec<Message> = chosen.iter().take(shared).cloned().collect();
     Ok((
         Text::Chat(prompt),
-        Text::Chat(chosen[shared..].to_vec()),
-        Text::Chat(rejected[shared..].to_vec()),
+        Text::Chat(chosen.into_iter().skip(shared).collect()),
+        Text::Chat(rejected.into_iter().skip(shared).collect()),
     ))
 }
 
@@ -513,8 +513,9 @@ fn parse_example(
         _ => Vec::new(),
     };
     if texts
-        .windows(2)
-        .any(|w| w[0].is_conversational() != w[1].is_conversational())
+        .iter()
+        .zip(texts.iter().skip(1))
+        .any(|(a, b)| a.is_conversational() != b.is_conversational())
     {
         return Err(bad_line(
             path,
