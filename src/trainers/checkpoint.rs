@@ -569,19 +569,6 @@ fn sync_dir(op: &'static str, dir: &Path) -> Result<()> {
         .map_err(|e| io(op, dir, e))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fnv1a64_matches_the_reference_vectors() {
-        // Published FNV-1a 64 test vectors.
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-    }
-}
-
 /// A supervised trainer's checkpoint (SFT, reward model): the parameters as group `"model"`,
 /// AdamW's moments and state as `"opt"`, and `{"steps": n}` as `"trainer"`.
 pub(crate) fn supervised_checkpoint(
@@ -626,4 +613,17 @@ pub(crate) fn restore_supervised(
     staged.commit()?;
     opt.commit_state(prepared)?;
     Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a64_matches_the_reference_vectors() {
+        // Published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
 }
