@@ -260,3 +260,58 @@ fn retain_counts_what_it_drops_and_names_the_line_of_an_error() {
     assert!(Dataset::from_examples(DatasetFormat::PromptOnly, vec![ex.clone()]).is_ok());
     assert!(Dataset::from_examples(DatasetFormat::Scored, vec![ex]).is_err());
 }
+
+#[test]
+fn batched_language_modeling_rows_equal_the_rows_one_by_one() {
+    use torchrl::data::llm::prepare::Encoder;
+    use torchrl::data::llm::ChatTemplate;
+    use torchrl::modules::llm::HfTokenizer;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = root.join("specs/chat/chatml_qwen");
+    let tok = HfTokenizer::from_file(model.join("tokenizer.json")).unwrap();
+    let template = ChatTemplate::from_model_dir(&model).unwrap();
+    let chats: String = (0..40)
+        .map(|i| {
+            format!(
+                "{{\"messages\": [{{\"role\": \"user\", \"content\": \"question {i} é\"}}, \
+                 {{\"role\": \"assistant\", \"content\": \"answer {}\"}}]}}\n",
+                i * 7
+            )
+        })
+        .collect();
+    let plain: String = (0..40)
+        .map(|i| format!("{{\"text\": \"some text number {i}\"}}\n"))
+        .collect();
+    for (text, drop_some) in [(chats, true), (plain, false)] {
+        let data = parse(&text).unwrap();
+        // a limit at the shortest length drops the longer rows
+        let mut lens: Vec<usize> = data
+            .examples()
+            .iter()
+            .map(|e| {
+                Encoder::new(&tok)
+                    .with_chat_template(&template)
+                    .sft_row(e)
+                    .unwrap()
+                    .ids
+                    .len()
+            })
+            .collect();
+        lens.sort_unstable();
+        let limit = drop_some.then(|| lens[0]);
+        let enc = Encoder::new(&tok)
+            .with_chat_template(&template)
+            .with_length_limit(limit);
+        let (rows, dropped) = enc.sft_rows(&data).unwrap();
+        let one_by_one: Vec<_> = data
+            .examples()
+            .iter()
+            .map(|e| enc.sft_row(e).unwrap())
+            .filter(|r| limit.is_none_or(|m| r.ids.len() <= m))
+            .collect();
+        assert_eq!(rows, one_by_one);
+        assert_eq!(dropped, data.len() - one_by_one.len());
+        assert_eq!(dropped > 0, drop_some);
+        assert!(rows.iter().all(|r| r.loss_mask.iter().all(|&m| m)));
+    }
+}

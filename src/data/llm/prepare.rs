@@ -255,10 +255,84 @@ impl<'a> Encoder<'a> {
     /// On a data format SFT cannot use, an example that does not encode (with its line), or
     /// no row left.
     pub fn sft_rows(&self, data: &Dataset) -> Result<(Vec<SftRow>, usize)> {
+        if data.format() == DatasetFormat::LanguageModeling && !self.assistant_only_loss {
+            return self.language_modeling_rows(data);
+        }
         self.collect(data, "SFT", |e| {
             let row = self.sft_row(e)?;
             Ok((row.ids.len(), row))
         })
+    }
+
+    /// [`Encoder::sft_rows`] of language-modeling data trained on every token: the texts are
+    /// rendered first, then tokenized together in chunks ([`TextTokenizer::encode_many`],
+    /// parallel for [`HfTokenizer`](crate::modules::llm::HfTokenizer)); the same rows as
+    /// [`Encoder::sft_row`] one by one.
+    fn language_modeling_rows(&self, data: &Dataset) -> Result<(Vec<SftRow>, usize)> {
+        const CHUNK: usize = 2048;
+        let mut rows = Vec::with_capacity(data.len());
+        let mut dropped = 0usize;
+        for chunk in data.examples().chunks(CHUNK) {
+            let mut texts = Vec::with_capacity(chunk.len());
+            for e in chunk {
+                let at = || format!("{} line {}", data.source(), e.line);
+                let text = match &e.data {
+                    ExampleData::LanguageModeling {
+                        text: Text::Plain(s),
+                    } => s.clone(),
+                    ExampleData::LanguageModeling {
+                        text: Text::Chat(m),
+                    } => self
+                        .template("messages")
+                        .and_then(|t| t.render(m, false))
+                        .context(at())?,
+                    _ => {
+                        return Err(wrong_format(
+                            "SFT",
+                            e.format(),
+                            &[DatasetFormat::LanguageModeling],
+                        ))
+                    }
+                };
+                texts.push(text);
+            }
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let encoded = match self.tokenizer.encode_many(&refs) {
+                Ok(ids) => ids,
+                // one by one, to name the example that does not encode
+                Err(_) => chunk
+                    .iter()
+                    .zip(&refs)
+                    .map(|(e, t)| {
+                        self.tokenizer.encode(t).context(format!(
+                            "{} line {}",
+                            data.source(),
+                            e.line
+                        ))
+                    })
+                    .collect::<Result<_>>()?,
+            };
+            for (e, ids) in chunk.iter().zip(encoded) {
+                let ids = match &e.data {
+                    ExampleData::LanguageModeling {
+                        text: Text::Plain(_),
+                    } => self.with_eos(ids),
+                    _ => ids,
+                };
+                if self.fits(ids.len()) {
+                    rows.push(SftRow {
+                        loss_mask: vec![true; ids.len()],
+                        ids,
+                    });
+                } else {
+                    dropped += 1;
+                }
+            }
+        }
+        if rows.is_empty() {
+            return Err(nothing_left("SFT", data, dropped, self.max_length));
+        }
+        Ok((rows, dropped))
     }
 
     /// The prompt ids of every example with a prompt (any format but language modeling), and
@@ -353,18 +427,22 @@ impl<'a> Encoder<'a> {
             }
         }
         if rows.is_empty() {
-            return Err(Error::invalid(
-                "Encoder",
-                format!(
-                    "{what}: no example of {} is left: all {dropped} are longer than the length \
-                     limit, {} tokens",
-                    data.source(),
-                    self.max_length.unwrap_or(usize::MAX)
-                ),
-            ));
+            return Err(nothing_left(what, data, dropped, self.max_length));
         }
         Ok((rows, dropped))
     }
+}
+
+fn nothing_left(what: &str, data: &Dataset, dropped: usize, limit: Option<usize>) -> Error {
+    Error::invalid(
+        "Encoder",
+        format!(
+            "{what}: no example of {} is left: all {dropped} are longer than the length limit, \
+             {} tokens",
+            data.source(),
+            limit.unwrap_or(usize::MAX)
+        ),
+    )
 }
 
 fn wrong_format(what: &str, got: DatasetFormat, accepted: &[DatasetFormat]) -> Error {

@@ -164,6 +164,18 @@ pub trait TextTokenizer: Send {
         ))
     }
 
+    /// The ids of each of `texts`, as [`TextTokenizer::encode`] gives them; a tokenizer may
+    /// encode them in parallel ([`HfTokenizer`] does, on the `tokenizers` crate's thread pool).
+    ///
+    /// ```
+    /// use torchrl::modules::llm::{ByteTokenizer, TextTokenizer};
+    /// let tok = ByteTokenizer::new();
+    /// assert_eq!(tok.encode_many(&["a", "bc"]).unwrap(), vec![vec![97], vec![98, 99]]);
+    /// ```
+    fn encode_many(&self, texts: &[&str]) -> Result<Vec<Vec<i64>>> {
+        texts.iter().map(|t| self.encode(t)).collect()
+    }
+
     /// Encodes `texts` into one padded batch on the CPU (pad id: the tokenizer's, else its
     /// EOS, else 0).
     fn batch_encode(&self, texts: &[&str], options: &BatchEncodeOptions) -> Result<Encoded> {
@@ -734,6 +746,18 @@ impl TextTokenizer for HfTokenizer {
             Error::value(op, "text", "text the tokenizer can encode", e.to_string())
         })?;
         Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+    }
+
+    fn encode_many(&self, texts: &[&str]) -> Result<Vec<Vec<i64>>> {
+        let op = "HfTokenizer::encode_many";
+        let encs =
+            guarded(op, || self.inner.encode_batch(texts.to_vec(), false))?.map_err(|e| {
+                Error::value(op, "texts", "texts the tokenizer can encode", e.to_string())
+            })?;
+        Ok(encs
+            .iter()
+            .map(|e| e.get_ids().iter().map(|&i| i64::from(i)).collect())
+            .collect())
     }
 
     fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
