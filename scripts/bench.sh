@@ -26,6 +26,9 @@ for cfg in grpo:W15_grpo_step_flagship dpo:W16_dpo_step_flagship; do
   OMP_NUM_THREADS=1 "$PY" benches/python/grpo_dpo_baseline.py --workload "${cfg%%:*}" --unfrozen 1 2>/dev/null | tail -1 | \
     "$PY" -c "import json,sys; r=json.load(sys.stdin); print(f'${cfg#*:}\t{1/r[\"step_s_best\"]:.4f}\t# median {r[\"step_s_median\"]:.4f} s/step')" >> "$py_out"
 done
+# W23: 100k conversations read and tokenized through the chat template (the file benches/data.rs wrote),
+# against datasets + transformers' batched apply_chat_template.
+"$PY" benches/python/chat_baseline.py target/bench_data/conversations.jsonl specs/chat/chatml_qwen --batched 2>/dev/null | grep -P '^W\w+\t' >> "$py_out"
 # W17: all_reduce(sum) between 2 processes on loopback, the Rust ProcessGroup against torch.distributed,
 # both on libtorch's c10d Gloo; W18: a data-parallel PPO-RLHF iteration on 1 vs 2 processes at a fixed
 # global batch (Rust only). The bench needs the `distributed` feature, so it is run here, not above.
