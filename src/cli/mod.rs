@@ -35,7 +35,7 @@
 //! The binary's entry point is [`main_with_args`]; every subcommand is also a function
 //! ([`sft::run_sft`], …) that tests and programs can call.
 
-pub mod gen;
+pub mod generate;
 pub mod log;
 pub mod rl;
 pub mod sft;
@@ -179,8 +179,8 @@ pub fn run(command: Command) -> Result<()> {
         Command::Grpo(a) => rl::run_grpo(&a).map(drop),
         Command::Dpo(a) => rl::run_dpo(&a).map(drop),
         Command::Ilql(a) => rl::run_ilql(&a).map(drop),
-        Command::Generate(a) => gen::run_generate(&a).map(drop),
-        Command::Eval(a) => gen::run_eval(&a).map(drop),
+        Command::Generate(a) => generate::run_generate(&a).map(drop),
+        Command::Eval(a) => generate::run_eval(&a).map(drop),
     }
 }
 

@@ -48,7 +48,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tch::{nn, Device};
 
-use super::gen::{generate_all, score_samples, GenerationSettings};
+use super::generate::{generate_all, score_samples, GenerationSettings};
 use super::log::RunLog;
 use super::{bar, fail, load_data, load_model, load_template, load_tokenizer, Output, TrainArgs};
 use crate::data::llm::prepare::Encoder;
@@ -269,13 +269,13 @@ fn held_out_reward(
     if prompts.is_empty() {
         return Ok(f64::NAN);
     }
-    let mut gen = settings.to_config()?;
-    gen.max_new_tokens = max_new_tokens;
+    let mut gen_config = settings.to_config()?;
+    gen_config.max_new_tokens = max_new_tokens;
     let mut rng = Generator::new(settings.seed);
     let samples = generate_all(
         model,
         prompts,
-        &gen,
+        &gen_config,
         settings.batch_size,
         pad,
         &mut rng,

@@ -346,7 +346,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<Sample>> {
             "[[reward]] tables are for `torchrl eval`",
         ));
     }
-    let gen = p.config.generation.to_config()?;
+    let gen_config = p.config.generation.to_config()?;
     let pad = p.tokenizer.pad_token_id().unwrap_or(0);
     let mut rng = Generator::new(p.config.generation.seed);
     let pb = bar(
@@ -357,7 +357,7 @@ pub fn run_generate(args: &GenerateArgs) -> Result<Vec<Sample>> {
     let samples = generate_all(
         p.model.as_ref(),
         &p.prompts,
-        &gen,
+        &gen_config,
         p.config.generation.batch_size,
         pad,
         &mut rng,
@@ -401,7 +401,7 @@ pub fn run_eval(args: &GenerateArgs) -> Result<EvalSummary> {
     let mut scorer = RewardScorer::new(p.tokenizer.clone(), parts)?
         .with_rows(rows)?
         .with_eos_token_id(eos);
-    let gen = p.config.generation.to_config()?;
+    let gen_config = p.config.generation.to_config()?;
     let pad = p.tokenizer.pad_token_id().unwrap_or(0);
     let mut rng = Generator::new(p.config.generation.seed);
     let pb = bar(p.prompts.len() as u64, "eval", args.quiet);
@@ -412,7 +412,7 @@ pub fn run_eval(args: &GenerateArgs) -> Result<EvalSummary> {
         let samples = generate_all(
             p.model.as_ref(),
             chunk,
-            &gen,
+            &gen_config,
             p.config.generation.batch_size,
             pad,
             &mut rng,
