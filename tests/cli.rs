@@ -628,3 +628,107 @@ fn train_settings_schedule_and_steps() {
     );
     assert!(TrainSettings::from_toml_str("learning_rate = -1.0\n").is_err());
 }
+
+#[test]
+fn lora_writes_the_adapter_and_the_merged_model() {
+    let dir = tmp("lora");
+    let model = Path::new(EXAMPLE).join("model");
+    let data = head(&dir, "sft.jsonl", 32);
+    // a base with weights: a few SFT steps from scratch
+    let sft_cfg = write(
+        &dir,
+        "sft.toml",
+        "max_steps = 3\nper_device_train_batch_size = 8\n",
+    );
+    let base = dir.join("base");
+    run(&[
+        "sft",
+        "--model",
+        s(&model),
+        "--data",
+        s(&data),
+        "--config",
+        s(&sft_cfg),
+        "--output",
+        s(&base),
+        "--from-scratch",
+        "--quiet",
+    ])
+    .unwrap();
+    let base = base.join("model");
+    let mut pairs = String::new();
+    for (a, b) in [
+        (1, 2),
+        (3, 4),
+        (10, 5),
+        (7, 7),
+        (20, 1),
+        (2, 30),
+        (9, 9),
+        (12, 3),
+    ] {
+        pairs.push_str(&format!(
+            "{{\"prompt\": \"{a}+{b}=\", \"chosen\": \"{}\", \"rejected\": \"{}\"}}\n",
+            a + b,
+            a + b + 2
+        ));
+    }
+    let pairs = write(&dir, "pairs.jsonl", &pairs);
+    let cfg = write(
+        &dir,
+        "dpo.toml",
+        "[train]\nepochs = 2\nbatch_size = 4\nseq_length = 16\n[optimizer.kwargs]\nlr = 1e-2\n\
+         [model.peft_config]\nr = 4\nlora_alpha = 8\ntarget_modules = \"all-linear\"\n",
+    );
+    let out = dir.join("dpo");
+    run(&[
+        "dpo",
+        "--model",
+        s(&base),
+        "--data",
+        s(&pairs),
+        "--config",
+        s(&cfg),
+        "--output",
+        s(&out),
+        "--quiet",
+    ])
+    .unwrap();
+    let adapter: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out.join("adapter/adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(adapter["r"], 4);
+    assert_eq!(adapter["peft_type"], "LORA");
+    assert!(out.join("adapter/adapter_model.safetensors").exists());
+    // the merged model has the base's names and shapes, and the trained adapters folded in:
+    // the linear layers moved, the norms and embeddings (frozen, not targeted) did not
+    let (merged, before) = (weights(&out.join("model")), weights(&base));
+    assert_eq!(merged.len(), before.len());
+    for ((name, m), (name_b, b)) in merged.iter().zip(&before) {
+        assert_eq!(name, name_b);
+        let moved = m != b;
+        let linear = name.ends_with("proj.weight");
+        assert_eq!(moved, linear, "{name}");
+    }
+    // LoRA on random weights is refused by name
+    let err = run(&[
+        "dpo",
+        "--model",
+        s(&model),
+        "--data",
+        s(&pairs),
+        "--config",
+        s(&cfg),
+        "--output",
+        s(&dir.join("x")),
+        "--from-scratch",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("peft_config") && err.contains("--from-scratch"),
+        "{err}"
+    );
+    assert!(!dir.join("x").exists());
+    fs::remove_dir_all(&dir).ok();
+}

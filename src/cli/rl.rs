@@ -190,6 +190,15 @@ struct Common<M: MethodConfig> {
 
 fn common<M: MethodConfig>(args: &TrainArgs) -> Result<Common<M>> {
     let mut config = RlConfig::<M>::from_file(args.config.as_deref())?;
+    if args.from_scratch && config.trl.model.peft_config.is_some() {
+        return Err(Error::config(
+            "[model]",
+            "peft_config",
+            "no LoRA with --from-scratch: adapters train on the folder's pretrained weights, \
+             and the merged model is those weights plus the adapter",
+            "a peft_config",
+        ));
+    }
     let data = load_data(&args.data)?;
     let tokenizer = load_tokenizer(&args.model)?;
     let template = load_template(&args.model)?;
