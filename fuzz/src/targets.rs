@@ -29,6 +29,7 @@ use crate::mutate::{
 };
 
 mod chat;
+mod dataset;
 mod trainers;
 
 /// What a case found.
@@ -59,6 +60,7 @@ pub const TARGETS: &[(&str, CaseFn)] = &[
     ("constructors", constructors_case),
     ("peft-adapter", adapter_case),
     ("chat-template", chat::chat_template_case),
+    ("dataset", dataset::dataset_case),
 ];
 
 /// The repository's recorded folders (`specs/`).
