@@ -49,6 +49,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tch::nn;
 
 use crate::data::llm::chat::ChatTemplate;
+use crate::data::llm::prepare::Encoder;
 use crate::data::llm::Dataset;
 use crate::error::{Error, Result};
 use crate::modules::llm::{models, CausalLm, HfTokenizer, TextTokenizer};
@@ -281,6 +282,74 @@ pub(crate) fn load_template(dir: &Path) -> Result<Option<ChatTemplate>> {
         ChatTemplate::from_model_dir(dir).map(Some)
     } else {
         Ok(None)
+    }
+}
+
+/// What a training command reads and checks before it creates its output folder: the
+/// dataset (split when `test_size` holds examples out), the model folder's tokenizer and its
+/// chat template (required when the data is conversational).
+pub(crate) struct Inputs {
+    pub(crate) tokenizer: HfTokenizer,
+    pub(crate) template: Option<ChatTemplate>,
+    pub(crate) train: Dataset,
+    pub(crate) test: Option<Dataset>,
+}
+
+impl Inputs {
+    /// Reads `args.data` and `args.model`'s tokenizer and template; holds out `test_size`
+    /// examples (0: none) with `seed`.
+    pub(crate) fn load(args: &TrainArgs, test_size: f64, seed: u64) -> Result<Self> {
+        let data = load_data(&args.data)?;
+        let tokenizer = load_tokenizer(&args.model)?;
+        let template = load_template(&args.model)?;
+        if data.is_conversational() && template.is_none() {
+            return Err(fail(
+                "torchrl",
+                format!(
+                    "{} is conversational and {} has no chat template (chat_template.jinja or \
+                     tokenizer_config.json's chat_template)",
+                    args.data.display(),
+                    args.model.display()
+                ),
+            ));
+        }
+        let (train, test) = if test_size > 0.0 {
+            let (a, b) = data.train_test_split(test_size, seed)?;
+            (a, Some(b))
+        } else {
+            (data, None)
+        };
+        Ok(Inputs {
+            tokenizer,
+            template,
+            train,
+            test,
+        })
+    }
+
+    /// An encoder over the tokenizer and template, dropping rows over `limit` tokens.
+    pub(crate) fn encoder(&self, limit: Option<usize>) -> Encoder<'_> {
+        let enc = Encoder::new(&self.tokenizer).with_length_limit(limit);
+        match &self.template {
+            Some(t) => enc.with_chat_template(t),
+            None => enc,
+        }
+    }
+
+    /// `encode` over the training and the held-out data: their rows (none held out: empty)
+    /// and the examples dropped from both.
+    pub(crate) fn rows<T>(
+        &self,
+        encode: impl Fn(&Dataset) -> Result<(Vec<T>, usize)>,
+    ) -> Result<(Vec<T>, Vec<T>, usize)> {
+        let (train, dropped) = encode(&self.train)?;
+        match &self.test {
+            Some(t) => {
+                let (test, d) = encode(t)?;
+                Ok((train, test, dropped + d))
+            }
+            None => Ok((train, Vec::new(), dropped)),
+        }
     }
 }
 

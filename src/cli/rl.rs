@@ -50,7 +50,7 @@ use tch::{nn, Device};
 
 use super::generate::{generate_all, score_samples, GenerationSettings};
 use super::log::RunLog;
-use super::{bar, fail, load_data, load_model, load_template, load_tokenizer, Output, TrainArgs};
+use super::{bar, fail, load_model, Inputs, Output, TrainArgs};
 use crate::data::llm::prepare::Encoder;
 use crate::data::llm::{Dataset, DatasetFormat};
 use crate::envs::llm::rewards::{build_parts, RewardEntry, RewardScorer};
@@ -179,13 +179,10 @@ pub struct RlSummary {
     pub model_dir: PathBuf,
 }
 
-/// Inputs shared by the four commands.
+/// The config and inputs shared by the four commands.
 struct Common<M: MethodConfig> {
     config: RlConfig<M>,
-    tokenizer: HfTokenizer,
-    template: Option<crate::data::llm::chat::ChatTemplate>,
-    train: Dataset,
-    test: Option<Dataset>,
+    inputs: Inputs,
 }
 
 fn common<M: MethodConfig>(args: &TrainArgs) -> Result<Common<M>> {
@@ -199,44 +196,15 @@ fn common<M: MethodConfig>(args: &TrainArgs) -> Result<Common<M>> {
             "a peft_config",
         ));
     }
-    let data = load_data(&args.data)?;
-    let tokenizer = load_tokenizer(&args.model)?;
-    let template = load_template(&args.model)?;
-    if data.is_conversational() && template.is_none() {
-        return Err(fail(
-            "torchrl",
-            format!(
-                "{} is conversational and {} has no chat template",
-                args.data.display(),
-                args.model.display()
-            ),
-        ));
-    }
-    let (train, test) = if config.data.test_size > 0.0 {
-        let (a, b) = data.train_test_split(config.data.test_size, config.trl.train.seed)?;
-        (a, Some(b))
-    } else {
-        (data, None)
-    };
+    let inputs = Inputs::load(args, config.data.test_size, config.trl.train.seed)?;
     // checkpoints go to the output folder, at iteration boundaries (see the module docs)
     config.trl.train.checkpoint_dir = args.output.join("checkpoints").display().to_string();
-    Ok(Common {
-        config,
-        tokenizer,
-        template,
-        train,
-        test,
-    })
+    Ok(Common { config, inputs })
 }
 
 impl<M: MethodConfig> Common<M> {
     fn encoder(&self) -> Encoder<'_> {
-        let mut enc =
-            Encoder::new(&self.tokenizer).with_length_limit(self.config.data.drop_longer_than);
-        if let Some(t) = &self.template {
-            enc = enc.with_chat_template(t);
-        }
-        enc
+        self.inputs.encoder(self.config.data.drop_longer_than)
     }
 }
 
@@ -375,7 +343,7 @@ fn on_policy<M: MethodConfig>(
     peft: impl Fn(&RlConfig<M>) -> Option<LoraConfig>,
 ) -> Result<RlSummary> {
     let c = common::<M>(args)?;
-    let fmt = c.train.format();
+    let fmt = c.inputs.train.format();
     if fmt == DatasetFormat::LanguageModeling {
         return Err(fail(
             "torchrl",
@@ -386,26 +354,22 @@ fn on_policy<M: MethodConfig>(
         ));
     }
     let enc = c.encoder();
-    let (prompts, mut dropped) = enc.prompts(&c.train)?;
-    let test_prompts = match &c.test {
-        Some(t) => {
-            let (p, d) = enc.prompts(t)?;
-            dropped += d;
-            p
-        }
-        None => Vec::new(),
-    };
-    let mut scorer = scorer_for(&c.config.reward, &c.tokenizer, &c.train, &prompts)?;
-    let mut eval_scorer = match &c.test {
+    let (prompts, test_prompts, dropped) = c.inputs.rows(|d| enc.prompts(d))?;
+    let scorer = scorer_for(
+        &c.config.reward,
+        &c.inputs.tokenizer,
+        &c.inputs.train,
+        &prompts,
+    )?;
+    let mut eval_scorer = match &c.inputs.test {
         Some(t) => Some(scorer_for(
             &c.config.reward,
-            &c.tokenizer,
+            &c.inputs.tokenizer,
             t,
             &test_prompts,
         )?),
         None => None,
     };
-    let _ = &mut scorer;
     tch::manual_seed(c.config.trl.train.seed as i64);
     let vs = nn::VarStore::new(Device::Cpu);
     let base = load_model(&vs.root(), &args.model, args.from_scratch)?;
@@ -418,9 +382,9 @@ fn on_policy<M: MethodConfig>(
     );
     let ids: Vec<Vec<i64>> = prompts.iter().map(|(_, p)| p.clone()).collect();
     let env = TokenEnv::new(env_cfg, ids, Box::new(scorer))?;
-    let mut run = build(&c.config, model, env, Box::new(c.tokenizer.clone()))?;
-    let pad = c.tokenizer.pad_token_id().unwrap_or(0);
-    let eos = c.tokenizer.eos_token_id().unwrap_or(0);
+    let mut run = build(&c.config, model, env, Box::new(c.inputs.tokenizer.clone()))?;
+    let pad = c.inputs.tokenizer.pad_token_id().unwrap_or(0);
+    let eos = c.inputs.tokenizer.eos_token_id().unwrap_or(0);
     let out = Output::create(&args.output)?;
     out.guard(|| {
         let store = CheckpointStore::new(out.checkpoints());
@@ -654,15 +618,7 @@ fn epochs_loop<T: RlTrainer>(
 pub fn run_dpo(args: &TrainArgs) -> Result<RlSummary> {
     let c = common::<DpoMethodConfig>(args)?;
     let enc = c.encoder();
-    let (pairs, mut dropped) = enc.dpo_pairs(&c.train)?;
-    let test = match &c.test {
-        Some(t) => {
-            let (p, d) = enc.dpo_pairs(t)?;
-            dropped += d;
-            p
-        }
-        None => Vec::new(),
-    };
+    let (pairs, test, dropped) = c.inputs.rows(|d| enc.dpo_pairs(d))?;
     tch::manual_seed(c.config.trl.train.seed as i64);
     let vs = nn::VarStore::new(Device::Cpu);
     let base = load_model(&vs.root(), &args.model, args.from_scratch)?;
@@ -671,7 +627,7 @@ pub fn run_dpo(args: &TrainArgs) -> Result<RlSummary> {
         c.config.trl.clone(),
         model,
         pairs,
-        Box::new(c.tokenizer.clone()),
+        Box::new(c.inputs.tokenizer.clone()),
     )?;
     let out = Output::create(&args.output)?;
     out.guard(|| {
@@ -717,7 +673,7 @@ pub fn run_dpo(args: &TrainArgs) -> Result<RlSummary> {
 /// As [`run_ppo`]; data that is not scored samples.
 pub fn run_ilql(args: &TrainArgs) -> Result<RlSummary> {
     let c = common::<IlqlMethodConfig>(args)?;
-    if c.test.is_some() {
+    if c.inputs.test.is_some() {
         return Err(Error::config(
             "[data]",
             "test_size",
@@ -726,7 +682,7 @@ pub fn run_ilql(args: &TrainArgs) -> Result<RlSummary> {
         ));
     }
     let enc = c.encoder();
-    let (samples, dropped) = enc.ilql_samples(&c.train)?;
+    let (samples, dropped) = enc.ilql_samples(&c.inputs.train)?;
     let data = IlqlDataset::from_token_rows(
         &samples,
         &IlqlDataConfig::new().with_seq_length(c.config.trl.train.seq_length),
@@ -741,7 +697,7 @@ pub fn run_ilql(args: &TrainArgs) -> Result<RlSummary> {
         vs,
         model,
         data,
-        Box::new(c.tokenizer.clone()),
+        Box::new(c.inputs.tokenizer.clone()),
     )?;
     let out = Output::create(&args.output)?;
     out.guard(|| {

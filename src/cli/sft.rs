@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use tch::{nn, Device};
 
 use super::log::RunLog;
-use super::{bar, fail, load_data, load_model, load_template, load_tokenizer, Output, TrainArgs};
-use crate::data::llm::prepare::{Encoder, SftRow};
-use crate::data::llm::{Dataset, DatasetFormat};
+use super::{bar, fail, load_model, Inputs, Output, TrainArgs};
+use crate::data::llm::prepare::SftRow;
+use crate::data::llm::DatasetFormat;
 use crate::error::{Error, Result};
 use crate::modules::llm::{CausalLm, CausalLmWithScoreHead, TextTokenizer};
 use crate::trainers::checkpoint::{Checkpoint, CheckpointStore};
@@ -420,43 +420,6 @@ fn supervised_loop(
     Ok((total, first, last, eval_loss, eval_acc))
 }
 
-/// The prepared inputs of a supervised run: tokenizer, template, split data.
-struct Inputs {
-    tokenizer: Box<dyn TextTokenizer>,
-    template: Option<crate::data::llm::chat::ChatTemplate>,
-    train: Dataset,
-    test: Option<Dataset>,
-}
-
-fn inputs(args: &TrainArgs, settings: &TrainSettings) -> Result<Inputs> {
-    let data = load_data(&args.data)?;
-    let tokenizer: Box<dyn TextTokenizer> = Box::new(load_tokenizer(&args.model)?);
-    let template = load_template(&args.model)?;
-    if data.is_conversational() && template.is_none() {
-        return Err(fail(
-            "torchrl",
-            format!(
-                "{} is conversational and {} has no chat template (chat_template.jinja or \
-                 tokenizer_config.json's chat_template)",
-                args.data.display(),
-                args.model.display()
-            ),
-        ));
-    }
-    let (train, test) = if settings.test_size > 0.0 {
-        let (a, b) = data.train_test_split(settings.test_size, settings.seed)?;
-        (a, Some(b))
-    } else {
-        (data, None)
-    };
-    Ok(Inputs {
-        tokenizer,
-        template,
-        train,
-        test,
-    })
-}
-
 fn truncate(mut row: SftRow, max: Option<usize>) -> SftRow {
     if let Some(m) = max {
         row.ids.truncate(m);
@@ -529,7 +492,7 @@ pub fn run_sft(args: &TrainArgs) -> Result<SupervisedSummary> {
         )],
     )?;
     let lr = settings.learning_rate.unwrap_or(2e-5);
-    let inp = inputs(args, &settings)?;
+    let inp = Inputs::load(args, settings.test_size, settings.seed)?;
     let fmt = inp.train.format();
     if !matches!(
         fmt,
@@ -544,22 +507,11 @@ pub fn run_sft(args: &TrainArgs) -> Result<SupervisedSummary> {
             ),
         ));
     }
-    let mut enc = Encoder::new(inp.tokenizer.as_ref())
+    let enc = inp
+        .encoder(settings.drop_longer_than)
         .with_completion_only_loss(settings.completion_only_loss.unwrap_or(true))
-        .with_assistant_only_loss(settings.assistant_only_loss)
-        .with_length_limit(settings.drop_longer_than);
-    if let Some(t) = &inp.template {
-        enc = enc.with_chat_template(t);
-    }
-    let (rows, mut dropped) = enc.sft_rows(&inp.train)?;
-    let test = match &inp.test {
-        Some(t) => {
-            let (r, d) = enc.sft_rows(t)?;
-            dropped += d;
-            r
-        }
-        None => Vec::new(),
-    };
+        .with_assistant_only_loss(settings.assistant_only_loss);
+    let (rows, test, dropped) = inp.rows(|d| enc.sft_rows(d))?;
     let rows: Vec<SftRow> = rows
         .into_iter()
         .map(|r| truncate(r, settings.max_length))
@@ -704,20 +656,9 @@ pub fn run_reward(args: &TrainArgs) -> Result<SupervisedSummary> {
         ],
     )?;
     let lr = settings.learning_rate.unwrap_or(1e-4);
-    let inp = inputs(args, &settings)?;
-    let mut enc = Encoder::new(inp.tokenizer.as_ref()).with_length_limit(settings.drop_longer_than);
-    if let Some(t) = &inp.template {
-        enc = enc.with_chat_template(t);
-    }
-    let (pairs, mut dropped) = enc.preference_pairs(&inp.train)?;
-    let test = match &inp.test {
-        Some(t) => {
-            let (p, d) = enc.preference_pairs(t)?;
-            dropped += d;
-            p
-        }
-        None => Vec::new(),
-    };
+    let inp = Inputs::load(args, settings.test_size, settings.seed)?;
+    let enc = inp.encoder(settings.drop_longer_than);
+    let (pairs, test, dropped) = inp.rows(|d| enc.preference_pairs(d))?;
     let cut = |p: PreferencePair| match settings.max_length {
         Some(m) => PreferencePair::new(
             p.chosen.into_iter().take(m).collect(),
