@@ -29,8 +29,9 @@
 //! tch::no_grad(|| adapter.a().shallow_clone().copy_(&Tensor::from_slice(&[1.0f32, 0.0, 0.0]).view([1, 3])));
 //! tch::no_grad(|| adapter.b().shallow_clone().copy_(&Tensor::from_slice(&[1.0f32, -1.0]).view([2, 1])));
 //! // delta = 2 · B A x = 2 · [1, -1] · x₀ = [2, -2]
+//! // (the base output is random, so the difference is exact only to float32 rounding)
 //! let delta = Vec::<f32>::try_from((lin.forward(&x)? - &base).view([-1]))?;
-//! assert_eq!(delta, vec![2.0, -2.0]);
+//! assert!((delta[0] - 2.0).abs() < 1e-5 && (delta[1] + 2.0).abs() < 1e-5, "{delta:?}");
 //! // adapters off: the base layer again
 //! let off = switch.disabled(|| lin.forward(&x))?;
 //! assert!((off - &base).abs().max().double_value(&[]) < 1e-7);
