@@ -4,9 +4,9 @@
 # Idempotent: a present, version-checked environment is reused.
 # `scripts/setup.sh --for DIR` also writes DIR/.cargo/config.toml: a crate of yours that depends
 # on torchrl then builds with plain `cargo build` / `cargo run` (README, "Depending on torchrl").
-# With TORCHRL_WITH_PYTHON_REFS=1 it also installs torchrl/tensordict/gymnasium and transformers /
-# tokenizers, trl (for specs/record*.py and the Python half of the benchmarks); tests never need
-# them.
+# It installs gymnasium and MuJoCo for the `gym` feature's tests. With TORCHRL_WITH_PYTHON_REFS=1
+# it also installs torchrl/tensordict and transformers / tokenizers, trl (for specs/record*.py and
+# the Python half of the benchmarks); tests never need those.
 set -euo pipefail
 FOR_DIRS=()
 while [ $# -gt 0 ]; do
@@ -30,6 +30,12 @@ if ! have_torch; then
   "$PY" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
   have_torch || { echo "[setup] torch $TORCH_VERSION did not install correctly" >&2; exit 1; }
 fi
+# gymnasium and MuJoCo (about 70 MB) for the cargo feature `gym` (`GymEnv`), whose tests
+# scripts/test.sh runs when they import; a failed install only warns (those tests are then skipped,
+# saying so, and the rest of the suite does not need Python).
+"$PY" -c "import gymnasium, mujoco, imageio" 2>/dev/null || \
+  "$PY" -m pip install -q --disable-pip-version-check gymnasium mujoco imageio >&2 || \
+  echo "[setup] warning: could not install gymnasium / mujoco; the gym feature's tests will be skipped" >&2
 if [ "${TORCHRL_WITH_PYTHON_REFS:-0}" = "1" ]; then
   "$PY" -c "import torchrl, tensordict, gymnasium, transformers, tokenizers" 2>/dev/null || \
     "$PY" -m pip install -q --disable-pip-version-check torchrl==0.14.1 tensordict gymnasium numpy \

@@ -9,3 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cargo test --features "$(./scripts/dist-features.sh)" "$@"
+# GymEnv (cargo feature `gym`, tests/gym.rs, a MuJoCo task included): built against the cached
+# environment's Python, where setup.sh installed gymnasium and it has a shared libpython (pyo3
+# embeds it); otherwise skipped, saying why.
+PY="${TORCHRL_CACHE:-$HOME/.cache/torchrl-rs}/venv/bin/python"
+if "$PY" -c "import gymnasium, sysconfig, sys; sys.exit(0 if sysconfig.get_config_var('Py_ENABLE_SHARED') else 1)" 2>/dev/null; then
+  PYO3_PYTHON="$PY" cargo test --features "$(./scripts/dist-features.sh),gym" --test gym "$@"
+else
+  echo "[test] skipped tests/gym.rs: $PY lacks gymnasium or a shared libpython (scripts/setup.sh installs gymnasium)" >&2
+fi
