@@ -22,10 +22,11 @@ use torchrl::modules::{
     from_fn, DistributionBuilder, NormalParamExtractor, ProbabilisticActor, TensorDictModule,
     TensorDictSequential,
 };
-use torchrl::objectives::value::{ValueEstimator, GAE};
+use torchrl::modules::{PercentileValueNorm, RunningValueNorm, ValueNorm};
+use torchrl::objectives::value::{TD0Estimator, ValueEstimator, GAE};
 use torchrl::objectives::{
     A2CLoss, ClipPPOLoss, CriticLossType, KLPENPPOLoss, LossModule, LossOutput, PpoLossOutput,
-    Reduction, ReinforceLoss,
+    Reduction, ReinforceLoss, SoftUpdate, TargetParams,
 };
 use torchrl::{NestedKey, TensorDict};
 
@@ -44,7 +45,11 @@ fn tensor(v: &Value) -> R<Tensor> {
         .as_array()
         .ok_or("data")?
         .iter()
-        .map(|x| x.as_f64().unwrap_or(f64::NAN))
+        .map(|x| {
+            x.as_f64()
+                .or_else(|| x.as_bool().map(f64::from))
+                .unwrap_or(f64::NAN)
+        })
         .collect();
     Ok(Tensor::from_slice(&data).view(shape.as_slice()))
 }
@@ -1225,4 +1230,336 @@ fn klpen_beta_survives_other_config_changes() {
     // a new initial β sets it, even to the same value
     let loss = loss.with_beta(1.0).expect("beta");
     assert_eq!(loss.beta(), 1.0);
+}
+
+// ------------------------------------------------ advantage_norm and REINFORCE's delay_value
+
+/// A recorded tensordict (`{"batch_size", "entries"}`, nested; bool / int64 dtypes kept).
+fn td_json(v: &Value) -> R<TensorDict> {
+    let batch: Vec<i64> = v["batch_size"]
+        .as_array()
+        .ok_or("batch_size")?
+        .iter()
+        .filter_map(Value::as_i64)
+        .collect();
+    let mut td = TensorDict::new(batch.as_slice()).map_err(|e| e.to_string())?;
+    for (k, e) in v["entries"].as_object().ok_or("entries")? {
+        if e.get("data").is_some() {
+            let t = tensor(e)?;
+            let t = match e["dtype"].as_str() {
+                Some("bool") => t.to_kind(Kind::Bool),
+                Some("int64") => t.to_kind(Kind::Int64),
+                _ => t,
+            };
+            td.set(k.as_str(), t).map_err(|e| e.to_string())?;
+        } else {
+            td.set(k.as_str(), td_json(e)?).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(td)
+}
+
+/// The recorded normaliser (float64 statistics).
+fn value_norm(v: &Value) -> R<Box<dyn ValueNorm>> {
+    let kw = &v["kwargs"];
+    let e = |e: torchrl::Error| e.to_string();
+    Ok(match v["class"].as_str() {
+        Some("RunningValueNorm") => {
+            Box::new(RunningValueNorm::new().with_kind(Kind::Double).map_err(e)?)
+        }
+        Some("PercentileValueNorm") => {
+            let mut n = PercentileValueNorm::new()
+                .with_kind(Kind::Double)
+                .map_err(e)?;
+            if let Some(r) = kw.get("rate").and_then(Value::as_f64) {
+                n = n.with_rate(r).map_err(e)?;
+            }
+            if let Some(m) = kw.get("min_scale").and_then(Value::as_f64) {
+                n = n.with_min_scale(m).map_err(e)?;
+            }
+            Box::new(n)
+        }
+        other => return Err(format!("unknown normaliser {other:?}")),
+    })
+}
+
+/// Boxed normalisers pass through `with_advantage_norm` as themselves.
+#[derive(Debug)]
+struct Boxed(Box<dyn ValueNorm>);
+
+impl ValueNorm for Boxed {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn shape(&self) -> &[i64] {
+        self.0.shape()
+    }
+    fn update(&mut self, v: &Tensor) -> torchrl::Result<()> {
+        self.0.update(v)
+    }
+    fn normalize(&self, v: &Tensor) -> torchrl::Result<Tensor> {
+        self.0.normalize(v)
+    }
+    fn denormalize(&self, v: &Tensor) -> torchrl::Result<Tensor> {
+        self.0.denormalize(v)
+    }
+    fn scale(&self) -> torchrl::Result<Tensor> {
+        self.0.scale()
+    }
+    fn state(&self) -> Vec<(&'static str, &Tensor)> {
+        self.0.state()
+    }
+}
+
+fn check_norm(norm: &dyn ValueNorm, state: &Value, scale: &Value, what: &str) -> R<()> {
+    for (name, t) in norm.state() {
+        close(t, &tensor(&state[name])?, 1e-10, &format!("{what}.{name}"))?;
+    }
+    close(
+        &norm.scale().map_err(|e| e.to_string())?,
+        &tensor(scale)?,
+        1e-10,
+        &format!("{what}.scale"),
+    )
+}
+
+/// GAE as recorded: γ = 0.99, λ = 0.95, the flat `[6]` batch read as one trajectory.
+fn gae_one_trajectory() -> Box<dyn ValueEstimator + Send> {
+    Box::new(GAE::new(0.99, 0.95).unwrap().with_time_dim(0))
+}
+
+/// One A2C / ClipPPO loss with an `advantage_norm`, called twice: outputs and gradients, the
+/// normaliser's statistics and scale after each call.
+fn replay_advantage_norm(case: &Value) -> R<()> {
+    let name = case["name"].as_str().ok_or("name")?;
+    let (actor, critic, ws) = on_policy_networks(case)?;
+    let mut norm = value_norm(&case["norm"])?;
+    if !case["pre_update"].is_null() {
+        norm.update(&tensor(&case["pre_update"])?)
+            .map_err(|e| e.to_string())?;
+    }
+    let kw = &case["kwargs"];
+    let e = |e: torchrl::Error| format!("{name}: {e}");
+    // TorchRL masks its loss means with ("collector", "mask"); our losses do not, so that case
+    // checks only what the mask does to the normaliser
+    let masked = name.contains("collector_mask");
+    let calls = case["calls"].as_array().ok_or("calls")?;
+    match case["loss"].as_str() {
+        Some("a2c") => {
+            let mut loss = shared_kwargs!(A2CLoss::new(actor, critic), kw)
+                .with_advantage_norm(Boxed(norm))
+                .map_err(e)?;
+            loss.make_value_estimator(gae_one_trajectory()).map_err(e)?;
+            for (i, call) in calls.iter().enumerate() {
+                let what = format!("{name}[call {i}]");
+                let mut td = td_json(&call["td"])?;
+                let a = td.get("action").ok_or("action")?.to_kind(Kind::Int64);
+                td.set("action", a).map_err(e)?;
+                let out = loss.forward(&td).map_err(e)?;
+                if !masked {
+                    check_outputs(&what, &out, &call["expect"], &ws)?;
+                }
+                let n = loss.advantage_norm().ok_or("norm")?;
+                check_norm(n.as_ref(), &call["norm_state"], &call["scale"], &what)?;
+            }
+        }
+        Some("ppo") => {
+            let mut loss = shared_kwargs!(ClipPPOLoss::new(actor, critic), kw);
+            if let Some(v) = kw.get("clip_epsilon").and_then(Value::as_f64) {
+                loss = loss.with_clip_epsilon(v).map_err(e)?;
+            }
+            let mut loss = loss.with_advantage_norm(Boxed(norm)).map_err(e)?;
+            loss.make_value_estimator(gae_one_trajectory()).map_err(e)?;
+            for (i, call) in calls.iter().enumerate() {
+                let what = format!("{name}[call {i}]");
+                let td = td_json(&call["td"])?;
+                let out = loss.forward(&td).map_err(e)?;
+                check_outputs(&what, &out, &call["expect"], &ws)?;
+                let n = loss.advantage_norm().ok_or("norm")?;
+                check_norm(n.as_ref(), &call["norm_state"], &call["scale"], &what)?;
+            }
+        }
+        other => return Err(format!("{name}: unknown loss {other:?}")),
+    }
+    Ok(())
+}
+
+#[test]
+fn advantage_norm_reference_cases() {
+    let cases = load("advantage_norm_cases.json");
+    // TorchRL's eval mode (statistics frozen) has no counterpart here: the losses have no
+    // train / eval switch, so the normaliser updates whenever the loss estimates the advantage
+    let replayed: Vec<&Value> = cases
+        .iter()
+        .filter(|c| c["op"] == "loss" && c["training"] == true)
+        .collect();
+    assert_eq!(replayed.len(), 9);
+    let failures: Vec<String> = replayed
+        .iter()
+        .filter_map(|c| replay_advantage_norm(c).err())
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // TorchRL refuses normalize_advantage with an advantage_norm; here forward does, by name
+    let ppo = cases
+        .iter()
+        .find(|c| c["name"] == "ppo_running_estimated")
+        .unwrap();
+    for case in cases.iter().filter(|c| c["op"] == "ctor_error") {
+        let (actor, critic, _) = on_policy_networks(ppo).unwrap();
+        let mut loss = ClipPPOLoss::new(actor, critic)
+            .with_normalize_advantage(true)
+            .with_advantage_norm(Boxed(value_norm(&case["norm"]).unwrap()))
+            .unwrap();
+        loss.make_value_estimator(gae_one_trajectory()).unwrap();
+        let td = td_json(&ppo["calls"][0]["td"]).unwrap();
+        let err = loss.forward(&td).unwrap_err().to_string();
+        assert!(
+            err.contains("normalize_advantage") && err.contains("mutually exclusive"),
+            "{err}"
+        );
+    }
+    // REINFORCE takes none (TorchRL's ReinforceLoss has no advantage_norm)
+    let (actor, critic, _) = on_policy_networks(ppo).unwrap();
+    let err = ReinforceLoss::new(actor, critic)
+        .with_advantage_norm(RunningValueNorm::new())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("advantage_norm"), "{err}");
+}
+
+/// REINFORCE with and without `delay_value`: the estimator's advantage, value target and
+/// values, the two losses and their gradients, and the target after one soft update.
+fn replay_reinforce_delay(case: &Value) -> R<()> {
+    let name = case["name"].as_str().ok_or("name")?;
+    let e = |e: torchrl::Error| format!("{name}: {e}");
+    let (actor, critic, ws) = on_policy_networks(case)?;
+    let kw = &case["kwargs"];
+    let delay = kw.get("delay_value").and_then(Value::as_bool) == Some(true);
+    let mut loss = shared_kwargs!(ReinforceLoss::new(actor, critic), kw);
+    let mut target_leaves = Vec::new();
+    let mut updater = None;
+    if delay {
+        let tw = &case["target_weights"];
+        let names = ["critic_w1", "critic_b1", "critic_w2", "critic_b2"];
+        let leaves: Vec<Tensor> = names
+            .iter()
+            .map(|n| tensor(&tw[*n]))
+            .collect::<R<_>>()?;
+        let [c1, cb1, c2, cb2] = [0, 1, 2, 3].map(|i| leaves[i].shallow_clone());
+        let target = from_fn(["observation"], ["state_value"], move |x: &[&Tensor]| {
+            Ok(vec![mlp(x[0], &c1, &cb1, &c2, &cb2)])
+        })
+        .map_err(e)?;
+        let pairs = names
+            .iter()
+            .zip(&leaves)
+            .map(|(n, t)| {
+                let online = ws[WEIGHTS.iter().position(|w| w == n).unwrap()].shallow_clone();
+                (n.to_string(), online, t.shallow_clone())
+            })
+            .collect();
+        let params = TargetParams::new(pairs).map_err(e)?;
+        loss = loss.with_target_critic(target, params).map_err(e)?;
+        // the updater is made first (its init copies the online values in, as TorchRL's
+        // `init_`); the case then gives the target values of its own
+        if let Some(su) = case.get("soft_update") {
+            let tau = su["tau"].as_f64().ok_or("tau")?;
+            updater = Some(SoftUpdate::new(&loss, None, Some(tau)).map_err(e)?);
+        }
+        tch::no_grad(|| {
+            for (leaf, n) in leaves.iter().zip(names) {
+                leaf.shallow_clone().copy_(&tensor(&tw[n]).unwrap());
+            }
+        });
+        target_leaves = leaves;
+    }
+    let estimator: Box<dyn ValueEstimator + Send> = match case["estimator"]["type"].as_str() {
+        Some("TD0") => Box::new(
+            TD0Estimator::new(case["estimator"]["gamma"].as_f64().ok_or("gamma")?)
+                .map_err(e)?
+                .with_time_dim(0),
+        ),
+        _ => gae_one_trajectory(),
+    };
+    loss.make_value_estimator(estimator).map_err(e)?;
+    let mut td = td_json(&case["td"])?;
+    if case["dist"].as_str() == Some("categorical") {
+        let a = td.get("action").ok_or("action")?.to_kind(Kind::Int64);
+        td.set("action", a).map_err(e)?;
+    }
+    let exp = &case["expect"];
+    // what the estimator computes, through the loss's own entry point
+    let mut est = td.clone();
+    loss.compute_advantage(&mut est).map_err(e)?;
+    for (key, rec) in [
+        (NestedKey::from("state_value"), "state_value"),
+        (NestedKey::from(["next", "state_value"]), "next_state_value"),
+        (NestedKey::from("advantage"), "advantage"),
+        (NestedKey::from("value_target"), "value_target"),
+    ] {
+        let t = est.get(&key).ok_or_else(|| format!("{name}: no {key}"))?;
+        close(t, &tensor(&exp[rec])?, VALUE_TOL, &format!("{name}.{rec}"))?;
+    }
+    let out = loss.forward(&td).map_err(e)?;
+    close(
+        &out.loss_actor,
+        &tensor(&exp["loss_actor"])?,
+        VALUE_TOL,
+        &format!("{name}.loss_actor"),
+    )?;
+    let value = out.loss_value.as_ref().ok_or("loss_value")?;
+    close(
+        value,
+        &tensor(&exp["loss_value"])?,
+        VALUE_TOL,
+        &format!("{name}.loss_value"),
+    )?;
+    let total = out.loss_actor.sum(Kind::Double) + value.sum(Kind::Double);
+    let grads = Tensor::run_backward(&[total], &ws, false, false);
+    for (i, n) in WEIGHTS.iter().enumerate() {
+        close(
+            &grads[i],
+            &tensor(&exp["grads"][*n])?,
+            GRAD_TOL,
+            &format!("{name}.grad.{n}"),
+        )?;
+    }
+    if let Some(su) = case.get("soft_update") {
+        let updater = updater
+            .as_mut()
+            .ok_or("a soft_update case without delay_value")?;
+        updater.step().map_err(e)?;
+        for (leaf, n) in
+            target_leaves
+                .iter()
+                .zip(["critic_w1", "critic_b1", "critic_w2", "critic_b2"])
+        {
+            close(
+                leaf,
+                &tensor(&su["target_after"][n])?,
+                1e-12,
+                &format!("{name}.target.{n}"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn reinforce_delay_value_reference_cases() {
+    let cases = load("reinforce_delay_cases.json");
+    let losses: Vec<&Value> = cases.iter().filter(|c| c["op"] == "loss").collect();
+    assert_eq!(losses.len(), 5);
+    let failures: Vec<String> = losses
+        .iter()
+        .filter_map(|c| replay_reinforce_delay(c).err())
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // as TorchRL's updater, an updater over a loss without a target critic is refused
+    let (actor, critic, _) = on_policy_networks(losses[0]).unwrap();
+    let loss = ReinforceLoss::new(actor, critic);
+    let err = SoftUpdate::new(&loss, None, Some(0.1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("target"), "{err}");
 }

@@ -388,6 +388,124 @@ fn sac_matches_torchrl() -> Result<()> {
     Ok(())
 }
 
+/// SAC version 1 (`with_value_network`; `specs/record_sac_v1.py`): every output term, and the
+/// gradient of each term alone with respect to every weight (zero where TorchRL's term does
+/// not reach: the critics, the value network and `log α` are held out where TorchRL detaches
+/// them). The recorded actor noise is drawn in TorchRL's order (the value loss's, then the
+/// actor loss's).
+#[test]
+fn sac_v1_matches_torchrl() -> Result<()> {
+    let cases: Vec<Case> = load_cases("sac_v1_cases.json")
+        .cases
+        .into_iter()
+        .filter(|c| c.args["delay_actor"].as_bool() == Some(false))
+        .collect();
+    assert_eq!(cases.len(), 4);
+    for case in cases {
+        let a = &case.args;
+        let vs = store();
+        let net = TensorDictSequential::new()
+            .with(TdModule::new(
+                mlp(&vs.root(), 3, 2),
+                ["observation"],
+                ["param"],
+            )?)
+            .with(NormalParamExtractor::new());
+        let inner = ProbabilisticActor::new(
+            net,
+            DistributionBuilder::tanh_normal("loc", "scale", -1.0, 1.0)?,
+        );
+        let noise: VecDeque<Tensor> = a["eps"].as_array().expect("eps").iter().map(t).collect();
+        let actor = FixedNoiseActor {
+            inner,
+            noise: Arc::new(Mutex::new(noise)),
+        };
+        let fixed = a["fixed_alpha"].as_bool().expect("bool");
+        let delay_value = a["delay_value"].as_bool().expect("bool");
+        let config = SACConfig::new()
+            .with_action_dims(1)
+            .with_fixed_alpha(fixed)
+            .with_alpha_init(a["alpha_init"].as_f64().expect("alpha"))
+            .with_delay_value(delay_value);
+        // built at `root / "value"`: its weights are `value.l0.weight`, … as recorded
+        let mut loss = SACLoss::new(&vs.root(), actor, critic, config)?
+            .with_value_network(&vs.root(), |p: &nn::Path| {
+                TdModule::new(mlp(p, 3, 1), ["observation"], ["state_value"])
+            })?;
+        loss.make_value_estimator(ValueEstimators::TD0, a["gamma"].as_f64().expect("gamma"))?;
+        let la = (!fixed).then(|| a["alpha_init"].as_f64().expect("alpha").ln());
+        load_with(&vs, &a["weights"], la);
+        for (i, q) in loss.qvalue_networks().iter().enumerate() {
+            load_target(
+                q.target_params(),
+                &format!("qvalue.{i}."),
+                &a["target_weights"],
+            );
+        }
+        let v = loss.value_network().expect("a value network");
+        assert_eq!(v.has_target(), delay_value);
+        if delay_value {
+            load_target(v.target_params(), "value.", &a["target_weights"]);
+        }
+        let out = loss.forward(&td(&a["td"]))?;
+        let mut got = out.loss_terms();
+        got.extend(out.metrics());
+        got.push(("td_error", &out.td_error));
+        for (name, want) in case.expect.as_object().expect("expect") {
+            if name == "grads" || name == "reached" {
+                continue;
+            }
+            let g = got
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{}: no output {name}", case.name));
+            close(&format!("{}: {name}", case.name), g.1, want);
+        }
+        // each term's gradients, by the recorded names
+        let vars = vs.variables();
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
+        let leaves: Vec<Tensor> = names.iter().map(|n| vars[*n].shallow_clone()).collect();
+        for (term, grads) in case.expect["grads"].as_object().expect("grads") {
+            let (_, value) = out
+                .loss_terms()
+                .into_iter()
+                .find(|(n, _)| n == term)
+                .unwrap_or_else(|| panic!("{}: no term {term}", case.name));
+            let wants_grad: Vec<bool> = leaves.iter().map(Tensor::requires_grad).collect();
+            let reach: Vec<Tensor> = leaves
+                .iter()
+                .zip(&wants_grad)
+                .filter(|(_, w)| **w)
+                .map(|(l, _)| l.shallow_clone())
+                .collect();
+            let got = if value.requires_grad() {
+                Tensor::run_backward(&[value.sum(Kind::Double)], &reach, true, true)
+            } else {
+                reach.iter().map(Tensor::zeros_like).collect()
+            };
+            let mut k = 0;
+            for (name, w) in names.iter().zip(&wants_grad) {
+                let want = grads.get(name.as_str()).unwrap_or_else(|| {
+                    panic!("{}: no recorded grad of {term} for {name}", case.name)
+                });
+                if !*w {
+                    continue;
+                }
+                let g = &got[k];
+                k += 1;
+                let g = if g.defined() {
+                    g.shallow_clone()
+                } else {
+                    Tensor::zeros_like(&reach[k - 1])
+                };
+                close(&format!("{}: d {term} / d {name}", case.name), &g, want);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn discrete_sac_matches_torchrl() -> Result<()> {
     for case in cases("discrete_sac") {

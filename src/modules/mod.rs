@@ -26,6 +26,7 @@ pub mod probabilistic;
 pub mod q_value;
 pub mod sequential;
 pub mod tanh;
+pub mod value_norm;
 
 pub use actor_value::ActorValueOperator;
 pub use actors::{DistributionBuilder, NormalParamExtractor, ProbabilisticActor};
@@ -39,3 +40,4 @@ pub use probabilistic::{
 pub use q_value::{ActionSpace, QValueActor, QValueModule};
 pub use sequential::TensorDictSequential;
 pub use tanh::TanhModule;
+pub use value_norm::{PercentileValueNorm, PopArtValueNorm, RunningValueNorm, ValueNorm};

@@ -1,5 +1,5 @@
-//! The soft actor-critic losses: [`SACLoss`] (TorchRL's `SACLoss`, version 2: no state-value
-//! network) for continuous actions and [`DiscreteSACLoss`] (TorchRL's `DiscreteSACLoss`) for
+//! The soft actor-critic losses: [`SACLoss`] (TorchRL's `SACLoss`: version 2 by default,
+//! version 1 with a state-value network) for continuous actions and [`DiscreteSACLoss`] (TorchRL's `DiscreteSACLoss`) for
 //! discrete ones, with twin (or more) critics, their target copies, and an entropy
 //! coefficient α that is learned towards a target entropy or fixed.
 //!
@@ -96,6 +96,9 @@ pub struct SACConfig {
     pub action_numel: Option<i64>,
     /// Whether the critics have target copies (default `true`).
     pub delay_qvalue: bool,
+    /// Whether the state-value network of version 1 (see
+    /// [`SACLoss::with_value_network`]) has a target copy (default `true`).
+    pub delay_value: bool,
     /// The reduction (default mean).
     pub reduction: Reduction,
     /// The seed of the actor's samples in the loss (default 0).
@@ -121,6 +124,7 @@ impl SACConfig {
             target_entropy: TargetEntropy::Auto,
             action_numel: None,
             delay_qvalue: true,
+            delay_value: true,
             reduction: Reduction::Mean,
             seed: 0,
         }
@@ -153,6 +157,8 @@ impl SACConfig {
         with_target_entropy(target_entropy: TargetEntropy);
         /// Sets `delay_qvalue`.
         with_delay_qvalue(delay_qvalue: bool);
+        /// Sets `delay_value` (version 1's value network).
+        with_delay_value(delay_value: bool);
         /// Sets `reduction`.
         with_reduction(reduction: Reduction);
         /// Sets `seed`.
@@ -173,8 +179,12 @@ pub struct SACLossOutput {
     pub alpha: Tensor,
     /// `-mean(log π)`, detached.
     pub entropy: Tensor,
-    /// `max_i |Q_i(s, a) - target|`, `[*B]` (TorchRL's priority).
+    /// `max_i |Q_i(s, a) - target|`, `[*B]` (TorchRL's priority); with a value network
+    /// (version 1) `(Q_i(s, a) - target)²` of the critic that saw each element.
     pub td_error: Tensor,
+    /// Version 1 only ([`SACLoss::with_value_network`]): `distance(V(s), min_i Q'_i(s, ã) -
+    /// α·log π(ã|s))`, reduced.
+    pub loss_value: Option<Tensor>,
 }
 
 impl LossOutput for SACLossOutput {
@@ -184,6 +194,9 @@ impl LossOutput for SACLossOutput {
             ("loss_qvalue", &self.loss_qvalue),
             ("loss_alpha", &self.loss_alpha),
         ]
+        .into_iter()
+        .chain(self.loss_value.as_ref().map(|v| ("loss_value", v)))
+        .collect()
     }
 
     fn metrics(&self) -> Vec<(&'static str, &Tensor)> {
@@ -233,7 +246,8 @@ fn critics_at(
     Ok(Tensor::f_stack(&vals, 0)?)
 }
 
-/// The soft actor-critic loss, version 2 (TorchRL's `SACLoss` without a value network).
+/// The soft actor-critic loss (TorchRL's `SACLoss`): version 2 by default, version 1 with
+/// [`with_value_network`](SACLoss::with_value_network).
 ///
 /// With `ã ~ π(·|s)` reparameterised and `ã' ~ π(·|s')`:
 /// - critics: `V(s') = min_i Q'_i(s', ã') - α·log π(ã'|s')` (target critics, no gradient),
@@ -246,12 +260,14 @@ fn critics_at(
 /// store; TorchRL's default `delay_actor = false`); the critics are built from a builder
 /// (`num_qvalue_nets` copies, each initialised afresh), read the observation and the action
 /// and write `"state_action_value"`. A learned `log α` is a variable `path / "log_alpha"` of
-/// the caller's var store. TorchRL's optional state-value network (SAC version 1) is not
-/// supported.
+/// the caller's var store. TorchRL's optional state-value network (SAC version 1) is added
+/// with [`with_value_network`](SACLoss::with_value_network).
 #[allow(clippy::upper_case_acronyms)]
 pub struct SACLoss {
     actor: Box<dyn ProbabilisticTensorDictModule>,
     qvalues: Vec<WithTarget<DynModule>>,
+    /// Version 1's state-value network `V(s)` (and its target copy).
+    value: Option<WithTarget<DynModule>>,
     alpha: Alpha,
     target_entropy: f64,
     config: SACConfig,
@@ -318,6 +334,7 @@ impl SACLoss {
         let mut loss = SACLoss {
             actor: Box::new(actor),
             qvalues,
+            value: None,
             alpha,
             target_entropy,
             gen: RefCell::new(Generator::new(config.seed)),
@@ -332,6 +349,71 @@ impl SACLoss {
         };
         loss.set_tensor_keys(keys)?;
         Ok(loss)
+    }
+
+    /// TorchRL's `value_network`: SAC version 1 (Haarnoja et al. 2018), with a state-value
+    /// network `V(s)` built at `path / "value"` (a target copy too with
+    /// [`delay_value`](SACConfig::delay_value), the default), reading the observation and
+    /// writing the loss's `value` key (`"state_value"`). Then:
+    /// - critics: `target = value_estimate(V'(s'))` (the target copy, no gradient; TD(0) by
+    ///   default), and the batch is cut into `num_qvalue_nets` equal chunks along its first
+    ///   dim, critic `i` regressing on chunk `i` only (TorchRL's independent critics; the
+    ///   batch must divide evenly); `loss_qvalue = reduce(distance(Q_i(s, a), target))` over
+    ///   the batch, `td_error = (Q_i(s, a) - target)²`;
+    /// - value: `loss_value = reduce(distance(V(s), min_i Q'_i(s, ã) - α·log π(ã|s)))`, the
+    ///   action drawn from the actor without gradient and scored by the target critics;
+    /// - actor and α as version 2.
+    ///
+    /// ```
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use torchrl::modules::{DistributionBuilder, NormalParamExtractor, ProbabilisticActor, TdModule, TensorDictSequential};
+    /// use torchrl::objectives::{LossModule, LossOutput, SACConfig, SACLoss, SoftUpdate, TargetNetworks};
+    /// use torchrl::TensorDict;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let net = TensorDictSequential::new()
+    ///     .with(TdModule::new(nn::linear(vs.root() / "pi", 3, 2, Default::default()), ["observation"], ["param"])?)
+    ///     .with(NormalParamExtractor::new());
+    /// let actor = ProbabilisticActor::new(net, DistributionBuilder::tanh_normal("loc", "scale", -1.0, 1.0)?);
+    /// let critic = |p: &nn::Path| TdModule::new(nn::linear(p / "q", 4, 1, Default::default()), ["observation", "action"], ["state_action_value"]);
+    /// let value = |p: &nn::Path| TdModule::new(nn::linear(p / "v", 3, 1, Default::default()), ["observation"], ["state_value"]);
+    /// let loss = SACLoss::new(&vs.root(), actor, critic, SACConfig::new().with_action_dims(1))?
+    ///     .with_value_network(&vs.root(), value)?;
+    /// let f = (Kind::Float, Device::Cpu);
+    /// let td = TensorDict::new([4])?
+    ///     .with("observation", Tensor::randn([4, 3], f))?
+    ///     .with("action", Tensor::rand([4, 1], f))?
+    ///     .with(("next", "observation"), Tensor::randn([4, 3], f))?
+    ///     .with(("next", "reward"), Tensor::ones([4, 1], f))?
+    ///     .with(("next", "done"), Tensor::zeros([4, 1], (Kind::Bool, Device::Cpu)))?
+    ///     .with(("next", "terminated"), Tensor::zeros([4, 1], (Kind::Bool, Device::Cpu)))?;
+    /// let out = loss.forward(&td)?;
+    /// assert!(out.loss_value.is_some());
+    /// assert_eq!(out.loss_terms().len(), 4); // actor, qvalue, alpha, value
+    /// // an updater moves the target copies of both critics and of the value network
+    /// assert_eq!(loss.target_params().len(), 3);
+    /// let mut updater = SoftUpdate::new(&loss, None, Some(0.005))?;
+    /// updater.step()?;
+    /// // an odd batch cannot be split between two critics
+    /// let odd = td.split(&[3, 1], 0)?.remove(0);
+    /// assert!(loss.forward(&odd).unwrap_err().to_string().contains("num_qvalue_nets"));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_value_network<V, FV>(mut self, path: &nn::Path<'_>, build: FV) -> Result<Self>
+    where
+        V: TensorDictModule + 'static,
+        FV: Fn(&nn::Path<'_>) -> Result<V>,
+    {
+        let value = WithTarget::new(&path.sub("value"), self.config.delay_value, boxed(build))?;
+        self.value = Some(value);
+        let keys = self.keys.clone();
+        self.set_tensor_keys(keys)?;
+        Ok(self)
+    }
+
+    /// Version 1's state-value network (online and target), if any.
+    pub fn value_network(&self) -> Option<&WithTarget<DynModule>> {
+        self.value.as_ref()
     }
 
     /// Replaces the value estimator (default TD(0), `γ = 0.99`).
@@ -410,7 +492,12 @@ impl LossModule for SACLoss {
             .first()
             .map(|q| q.online().in_keys())
             .unwrap_or_default();
-        for k in self.actor.in_keys().into_iter().chain(q_keys) {
+        let v_keys = self
+            .value
+            .as_ref()
+            .map(|v| v.online().in_keys())
+            .unwrap_or_default();
+        for k in self.actor.in_keys().into_iter().chain(q_keys).chain(v_keys) {
             if k != keys.action {
                 push_unique(&mut in_keys, k.prefixed("next"));
             }
@@ -431,39 +518,19 @@ impl LossModule for SACLoss {
         let c = &self.config;
         let w = priority_weights(td, &k.priority_weight);
         let alpha = self.alpha.alpha()?;
-        // critics (first, as TorchRL: the next-state sample is drawn before the actor's)
-        let next_value = {
-            let _guard = tch::no_grad_guard();
-            let mut next = next_td(op, td)?;
-            let (a, lp) = self.sample(&next)?;
-            next.set(&k.action, a)?;
-            let q = critics_at(op, &self.qvalues, &next, &k.state_action_value, true, false)?;
-            let lp = if q.dim() > lp.dim() + 1 {
-                lp.f_unsqueeze(-1)?
-            } else {
-                lp
-            };
-            let v = q.f_sub(&lp.f_mul(&alpha)?)?;
-            v.f_min_dim(0, false)?.0
+        // the critics first, then (version 1) the value network, then the actor: TorchRL's
+        // order, which is also the order of the actor's draws
+        let (loss_qvalue, td_error, loss_value) = match &self.value {
+            None => {
+                let (loss, td_error) = self.qvalue_v2_loss(td, &alpha, w.as_ref())?;
+                (loss, td_error, None)
+            }
+            Some(value) => {
+                let (loss, td_error) = self.qvalue_v1_loss(value, td, w.as_ref())?;
+                let loss_value = self.value_loss(value, td, &alpha, w.as_ref())?;
+                (loss, td_error, Some(loss_value))
+            }
         };
-        let target = squeeze_last(&estimate_with_next(
-            self.estimator.as_ref(),
-            td,
-            next_value,
-        )?)?;
-        let pred = squeeze_last(&critics_at(
-            op,
-            &self.qvalues,
-            td,
-            &k.state_action_value,
-            false,
-            false,
-        )?)?;
-        let dist = c
-            .loss_function
-            .distance(op, &target.f_expand_as(&pred)?, &pred)?
-            .f_sum_dim_intlist(0, false, None::<Kind>)?;
-        let loss_qvalue = reduce(op, c.reduction, &dist, w.as_ref())?;
         // actor
         let (a, log_prob) = self.sample(td)?;
         let mut with_a = td.clone();
@@ -489,13 +556,6 @@ impl LossModule for SACLoss {
             &self.alpha.loss(&log_prob, self.target_entropy)?,
             w.as_ref(),
         )?;
-        let _guard = tch::no_grad_guard();
-        let td_error = pred
-            .f_detach()?
-            .f_sub(&target)?
-            .f_abs()?
-            .f_max_dim(0, false)?
-            .0;
         Ok(SACLossOutput {
             loss_actor,
             loss_qvalue,
@@ -503,7 +563,142 @@ impl LossModule for SACLoss {
             alpha,
             entropy: log_prob.f_detach()?.f_mean(None)?.f_neg()?,
             td_error,
+            loss_value,
         })
+    }
+}
+
+impl SACLoss {
+    /// Version 2's critic loss and priority: the soft value of the next state from the target
+    /// critics and a fresh action, every critic on the whole batch.
+    fn qvalue_v2_loss(
+        &self,
+        td: &TensorDict,
+        alpha: &Tensor,
+        w: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "SACLoss";
+        let k = &self.keys;
+        let next_value = {
+            let _guard = tch::no_grad_guard();
+            let mut next = next_td(op, td)?;
+            let (a, lp) = self.sample(&next)?;
+            next.set(&k.action, a)?;
+            let q = critics_at(op, &self.qvalues, &next, &k.state_action_value, true, false)?;
+            let lp = if q.dim() > lp.dim() + 1 {
+                lp.f_unsqueeze(-1)?
+            } else {
+                lp
+            };
+            let v = q.f_sub(&lp.f_mul(alpha)?)?;
+            v.f_min_dim(0, false)?.0
+        };
+        let target = squeeze_last(&estimate_with_next(
+            self.estimator.as_ref(),
+            td,
+            next_value,
+        )?)?;
+        let pred = squeeze_last(&critics_at(
+            op,
+            &self.qvalues,
+            td,
+            &k.state_action_value,
+            false,
+            false,
+        )?)?;
+        let dist = self
+            .config
+            .loss_function
+            .distance(op, &target.f_expand_as(&pred)?, &pred)?
+            .f_sum_dim_intlist(0, false, None::<Kind>)?;
+        let loss = reduce(op, self.config.reduction, &dist, w)?;
+        let _guard = tch::no_grad_guard();
+        let td_error = pred
+            .f_detach()?
+            .f_sub(&target)?
+            .f_abs()?
+            .f_max_dim(0, false)?
+            .0;
+        Ok((loss, td_error))
+    }
+
+    /// Version 1's critic loss and priority: the target is bootstrapped from the (target)
+    /// value network at the next state; critic `i` regresses on the `i`-th chunk of the batch.
+    fn qvalue_v1_loss(
+        &self,
+        value: &WithTarget<DynModule>,
+        td: &TensorDict,
+        w: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = "SACLoss";
+        let k = &self.keys;
+        let n = self.qvalues.len() as i64;
+        let batch = td.batch_size().first().copied().unwrap_or(0);
+        if td.batch_size().is_empty() || batch % n != 0 {
+            return Err(Error::config(
+                op,
+                "num_qvalue_nets",
+                format!(
+                    "a divisor of the batch's first dim (version 1 trains each of the {n} \
+                     critics on its own chunk of the batch)"
+                ),
+                format!("{n} for a batch of size {:?}", td.batch_size()),
+            ));
+        }
+        let next_value = {
+            let _guard = tch::no_grad_guard();
+            let next = next_td(op, td)?;
+            read(op, &value.target_or_online().forward(next)?, &k.value)?
+        };
+        let target = squeeze_last(&estimate_with_next(
+            self.estimator.as_ref(),
+            td,
+            next_value,
+        )?)?;
+        let chunk = batch / n;
+        let pieces = td.chunk_by(chunk, 0)?;
+        let mut preds = Vec::with_capacity(self.qvalues.len());
+        for (q, piece) in self.qvalues.iter().zip(pieces) {
+            let out = q.online().forward(piece)?;
+            preds.push(squeeze_last(&read(op, &out, &k.state_action_value)?)?);
+        }
+        let pred = Tensor::f_cat(&preds, 0)?;
+        let dist = self.config.loss_function.distance(op, &target, &pred)?;
+        let loss = reduce(op, self.config.reduction, &dist, w)?;
+        let _guard = tch::no_grad_guard();
+        let td_error = pred.f_detach()?.f_sub(&target)?.f_square()?;
+        Ok((loss, td_error))
+    }
+
+    /// Version 1's value loss: `V(s)` against the target critics' soft value of a fresh
+    /// action, which carries no gradient.
+    fn value_loss(
+        &self,
+        value: &WithTarget<DynModule>,
+        td: &TensorDict,
+        alpha: &Tensor,
+        w: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let op = "SACLoss";
+        let k = &self.keys;
+        let pred = squeeze_last(&read(op, &value.online().forward(td.detach()?)?, &k.value)?)?;
+        let target = {
+            let _guard = tch::no_grad_guard();
+            let (a, log_prob) = self.sample(td)?;
+            let mut with_a = td.clone();
+            with_a.set(&k.action, a)?;
+            let q = squeeze_last(&critics_at(
+                op,
+                &self.qvalues,
+                &with_a,
+                &k.state_action_value,
+                true,
+                false,
+            )?)?;
+            q.f_min_dim(0, false)?.0.f_sub(&log_prob.f_mul(alpha)?)?
+        };
+        let dist = self.config.loss_function.distance(op, &target, &pred)?;
+        reduce(op, self.config.reduction, &dist, w)
     }
 }
 
@@ -511,6 +706,7 @@ impl TargetNetworks for SACLoss {
     fn target_params(&self) -> Vec<&TargetParams> {
         self.qvalues
             .iter()
+            .chain(self.value.as_ref())
             .filter_map(|q| q.target_params())
             .collect()
     }
@@ -867,6 +1063,7 @@ impl LossModule for DiscreteSACLoss {
             alpha,
             entropy: log_prob.f_mean(None)?.f_neg()?,
             td_error,
+            loss_value: None,
         })
     }
 }

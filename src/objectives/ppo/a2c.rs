@@ -74,9 +74,9 @@ pub struct A2c;
 ///
 /// Settings as TorchRL's constructor: `entropy_bonus` (default on), `samples_mc_entropy`,
 /// `entropy_coeff` (0.01), `critic_coeff` (1.0; 0 disables the critic loss, TorchRL's
-/// `None`), `loss_critic_type` (smooth L1), `clip_value`, `reduction`. TorchRL's A2C has no
-/// `normalize_advantage` (it has `advantage_norm`, a running normaliser not implemented
-/// here): setting it is an error. `out_keys`: `loss_objective`, `loss_critic`, `entropy`,
+/// `None`), `loss_critic_type` (smooth L1), `clip_value`, `reduction`, and `advantage_norm`
+/// ([`with_advantage_norm`](PpoLoss::with_advantage_norm): a running normaliser whose scale
+/// divides the advantage). TorchRL's A2C has no `normalize_advantage`: setting it is an error. `out_keys`: `loss_objective`, `loss_critic`, `entropy`,
 /// `loss_entropy` (and `value_clip_fraction` with `clip_value`).
 ///
 /// ```

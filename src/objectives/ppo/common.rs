@@ -12,8 +12,10 @@ use crate::modules::actors::ProbabilisticActor;
 use crate::modules::distributions::Distribution;
 use crate::modules::module::TensorDictModule;
 use crate::modules::sequential::chain_in_keys;
+use crate::modules::value_norm::ValueNorm;
 use crate::modules::ProbabilisticTensorDictModule;
 use crate::objectives::common::ensure_finite;
+use crate::objectives::target::TargetParams;
 use crate::objectives::value::{forward_value_estimator_keys, ValueEstimator, GAE};
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -43,6 +45,12 @@ pub struct PpoCommon {
     /// Whether the behaviour policy's log-prob is an input (the PPO losses' importance
     /// weights; A2C and REINFORCE are on-policy and do not read it).
     pub(crate) reads_sample_log_prob: bool,
+    /// TorchRL's `advantage_norm`: a running normaliser of the value targets whose scale
+    /// divides the advantage (updated when the loss estimates the advantage itself).
+    pub(crate) advantage_norm: Option<RefCell<Box<dyn ValueNorm>>>,
+    /// TorchRL's `delay_value` (REINFORCE): a target copy of the critic that gives the value
+    /// estimator the next state's value, with the parameter pairs an updater moves.
+    pub(crate) target_critic: Option<(Box<dyn TensorDictModule>, TargetParams)>,
 }
 
 /// Whether the trunk has already run on the tensordict handed to the estimator.
@@ -81,6 +89,8 @@ impl PpoCommon {
             value_estimator: None,
             reads_dist_params,
             reads_sample_log_prob,
+            advantage_norm: None,
+            target_critic: None,
         };
         common.in_keys = common.compute_in_keys(&common.keys);
         common
@@ -112,6 +122,10 @@ impl PpoCommon {
             .field(
                 "value_estimator",
                 &self.value_estimator.as_ref().map(|e| e.name()),
+            )
+            .field(
+                "advantage_norm",
+                &self.advantage_norm.as_ref().map(|n| n.borrow().name()),
             );
     }
 
@@ -279,7 +293,11 @@ impl PpoCommon {
                 ))
             })?;
             let next = self.run_trunk(next.clone())?;
-            let nv = self.critic_value(critic.as_ref(), &next)?.f_detach()?;
+            let next_critic = match &self.target_critic {
+                Some((target, _)) => target.as_ref(),
+                None => critic.as_ref(),
+            };
+            let nv = self.critic_value(next_critic, &next)?.f_detach()?;
             td.set(&self.keys.value, v)?;
             td.set(self.keys.value.prefixed("next"), nv)?;
         }
@@ -294,15 +312,63 @@ impl PpoCommon {
         Ok(self.entry(td, &self.keys.advantage)?.shallow_clone())
     }
 
-    /// The advantage (read, or estimated on `td`), standardised with `normalize_advantage`.
-    fn advantage(&self, td: &mut TensorDict) -> Result<Tensor> {
-        let advantage = match td.get(&self.keys.advantage) {
-            Some(a) => a.shallow_clone(),
-            // the trunk has run on the root already (see `prepare`)
-            None => self.estimate_advantage(td, TrunkDone::Yes)?,
+    /// The advantage read from `td`, or estimated on it (then `true`: the estimator has
+    /// written the value target). The trunk has run on the root already.
+    fn read_or_estimate_advantage(&self, td: &mut TensorDict) -> Result<(Tensor, bool)> {
+        let (advantage, estimated) = match td.get(&self.keys.advantage) {
+            Some(a) => (a.shallow_clone(), false),
+            None => (self.estimate_advantage(td, TrunkDone::Yes)?, true),
         };
         if self.config.check_finite {
             ensure_finite(self.name, &self.keys.advantage, &advantage)?;
+        }
+        Ok((advantage, estimated))
+    }
+
+    /// TorchRL's `_scale_advantage`: with an `advantage_norm`, the advantage divided by its
+    /// scale, after folding the value target into it when the loss estimated the advantage
+    /// (`update`; rows that a validity mask — `("collector", "mask")`, `"shifted_valid"` —
+    /// marks invalid are left out). Without one, the advantage unchanged.
+    pub(crate) fn scale_advantage(
+        &self,
+        advantage: Tensor,
+        td: &TensorDict,
+        update: bool,
+    ) -> Result<Tensor> {
+        let Some(norm) = &self.advantage_norm else {
+            return Ok(advantage);
+        };
+        if update {
+            let target = td.get(&self.keys.value_target).ok_or_else(|| {
+                self.bad(format!(
+                    "advantage_norm needs the value target ({}) to update its statistics; the \
+                     value estimator writes it",
+                    self.keys.value_target
+                ))
+            })?;
+            let target = valid_rows(target, td)?;
+            norm.borrow_mut()
+                .update(&target)
+                .map_err(|e| e.context(format!("{}: updating advantage_norm", self.name)))?;
+        }
+        let scale = norm.borrow().scale()?;
+        Ok(advantage.f_div(&scale.f_to_kind(advantage.kind())?)?)
+    }
+
+    /// The advantage (read, or estimated on `td`), rescaled by `advantage_norm` or
+    /// standardised with `normalize_advantage`.
+    fn advantage(&self, td: &mut TensorDict) -> Result<Tensor> {
+        let (advantage, estimated) = self.read_or_estimate_advantage(td)?;
+        if self.advantage_norm.is_some() {
+            if self.config.normalize_advantage {
+                return Err(Error::config(
+                    self.name,
+                    "normalize_advantage",
+                    "false with an advantage_norm (TorchRL: the two are mutually exclusive)",
+                    true,
+                ));
+            }
+            return self.scale_advantage(advantage, td, estimated);
         }
         if self.config.normalize_advantage && advantage.numel() > 1 {
             let mean = advantage.f_mean(None)?;
@@ -378,19 +444,15 @@ impl PpoCommon {
     /// What the on-policy objectives (A2C, REINFORCE) start with: a shallow copy of the input,
     /// the advantage (broadcast to the log-prob) and the current policy's log-prob of the
     /// stored action, `[*B, 1]` (or `[*B, A, 1]`), with its distribution. The advantage is
-    /// never standardised here (TorchRL's A2C and REINFORCE have no `normalize_advantage`).
+    /// never standardised here (TorchRL's A2C and REINFORCE have no `normalize_advantage`);
+    /// A2C's `advantage_norm` rescales it.
     pub(crate) fn prepare_log_prob(&self, td: &TensorDict) -> Result<OnPolicyPrepared> {
         if self.config.check_finite {
             self.check_inputs_finite(td)?;
         }
         let mut td = self.run_trunk(td.clone())?;
-        let advantage = match td.get(&self.keys.advantage) {
-            Some(a) => a.shallow_clone(),
-            None => self.estimate_advantage(&mut td, TrunkDone::Yes)?,
-        };
-        if self.config.check_finite {
-            ensure_finite(self.name, &self.keys.advantage, &advantage)?;
-        }
+        let (advantage, estimated) = self.read_or_estimate_advantage(&mut td)?;
+        let advantage = self.scale_advantage(advantage, &td, estimated)?;
         let action = self.entry(&td, &self.keys.action)?;
         if action.requires_grad() {
             return Err(Error::value(
@@ -663,4 +725,42 @@ fn broadcast_advantage(advantage: &Tensor, log_weight: &Tensor) -> Result<Tensor
     expand.extend_from_slice(token_dims);
     expand.push(1);
     Ok(advantage.f_reshape(&view)?.f_expand(&expand, false)?)
+}
+
+/// TorchRL's `_valid_value_target_rows`: the rows of `value_target` that every validity mask
+/// present in `td` (`("collector", "mask")`, `"shifted_valid"`; trailing singleton dims
+/// dropped) marks valid; all of them when no mask is present.
+fn valid_rows(value_target: &Tensor, td: &TensorDict) -> Result<Tensor> {
+    let mut mask: Option<Tensor> = None;
+    let keys = [
+        NestedKey::from(["collector", "mask"]),
+        NestedKey::from("shifted_valid"),
+    ];
+    for key in &keys {
+        let Some(entry) = td.get(key) else { continue };
+        let mut entry = entry.f_to_kind(Kind::Bool)?;
+        while entry.dim() >= value_target.dim() && entry.size().last() == Some(&1) {
+            entry = entry.f_squeeze_dim(-1)?;
+        }
+        mask = Some(match mask {
+            Some(m) => m.f_logical_and(&entry)?,
+            None => entry,
+        });
+    }
+    match mask {
+        None => Ok(value_target.shallow_clone()),
+        Some(m) => {
+            let size = value_target.size();
+            let lead = size.get(..m.dim()).unwrap_or(size.as_slice());
+            if m.size().as_slice() != lead {
+                return Err(Error::ShapeMismatch {
+                    op: "advantage_norm",
+                    key: "the validity mask, against the value target's leading dims".into(),
+                    expected: lead.to_vec(),
+                    actual: m.size(),
+                });
+            }
+            Ok(value_target.f_index(&[Some(m)])?)
+        }
+    }
 }

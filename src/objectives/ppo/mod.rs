@@ -74,6 +74,7 @@ mod config;
 mod kl_pen;
 mod reinforce;
 
+use std::cell::{Ref, RefCell};
 use std::fmt;
 use std::str::FromStr;
 
@@ -82,8 +83,10 @@ use tch::Tensor;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::actors::ProbabilisticActor;
 use crate::modules::module::TensorDictModule;
+use crate::modules::value_norm::ValueNorm;
 use crate::modules::ActorValueOperator;
 use crate::objectives::common::{parse_named, LossModule, LossOutput, Reduction};
+use crate::objectives::target::{TargetNetworks, TargetParams};
 use crate::objectives::value::ValueEstimator;
 use crate::rng::Generator;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -236,6 +239,9 @@ pub trait PpoObjective: Send + sealed::Sealed {
     /// Whether the loss reads the behaviour policy's log-prob (`sample_log_prob`, an in key):
     /// the PPO losses do, the on-policy A2C and REINFORCE do not.
     const READS_SAMPLE_LOG_PROB: bool = true;
+    /// Whether TorchRL's loss takes an `advantage_norm` (the PPO losses and A2C do,
+    /// REINFORCE does not).
+    const TAKES_ADVANTAGE_NORM: bool = true;
 
     /// The loss's defaults (TorchRL's constructor defaults for it).
     fn default_config() -> PpoConfig {
@@ -397,6 +403,65 @@ impl<O: PpoObjective> PpoLoss<O> {
         self.edit(|c| c.clip_value = clip_value)
     }
 
+    /// TorchRL's `advantage_norm`: a running normaliser of the value targets (e.g.
+    /// [`PercentileValueNorm`](crate::modules::PercentileValueNorm), DreamerV3's return
+    /// scaling) whose [`scale`](ValueNorm::scale) divides the advantage, without re-centring
+    /// it. When the loss estimates the advantage itself (the input has none), it first folds
+    /// that batch's value target into the normaliser; an advantage read from the input is
+    /// only rescaled. Errors when the loss does not take one (REINFORCE), and at `forward`
+    /// when `normalize_advantage` is also on (TorchRL: mutually exclusive).
+    ///
+    /// ```
+    /// use tch::Tensor;
+    /// use torchrl::modules::{from_fn, DistributionBuilder, ProbabilisticActor, RunningValueNorm, ValueNorm};
+    /// use torchrl::objectives::{A2CLoss, LossModule};
+    /// use torchrl::TensorDict;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let net = from_fn(["observation"], ["loc", "scale"], |x: &[&Tensor]| {
+    ///     Ok(vec![x[0].f_zeros_like()?, x[0].f_ones_like()?])
+    /// })?;
+    /// let actor = ProbabilisticActor::new(net, DistributionBuilder::normal("loc", "scale")?);
+    /// let critic = from_fn(["observation"], ["state_value"], |x: &[&Tensor]| {
+    ///     Ok(vec![x[0].f_zeros_like()?])
+    /// })?;
+    /// let mut norm = RunningValueNorm::new().with_kind(tch::Kind::Double)?;
+    /// // returns seen so far: 0 and 4 (population std 2)
+    /// norm.update(&Tensor::from_slice(&[0.0f64, 4.0]).view([2, 1]))?;
+    /// let loss = A2CLoss::new(actor, critic)
+    ///     .with_entropy_bonus(false)
+    ///     .with_advantage_norm(norm)?;
+    /// let td = TensorDict::new([1])?
+    ///     .with("observation", Tensor::from_slice(&[0.3f64]).view([1, 1]))?
+    ///     .with("action", Tensor::from_slice(&[0.0f64]).view([1, 1]))?
+    ///     .with("advantage", Tensor::from_slice(&[2.0f64]).view([1, 1]))?
+    ///     .with("value_target", Tensor::from_slice(&[3.0f64]).view([1, 1]))?;
+    /// let out = loss.forward(&td)?;
+    /// // the advantage 2 is divided by the scale 2: -log N(0; 0, 1) · 1 = ½ ln 2π
+    /// let expected = 0.5 * (2.0 * std::f64::consts::PI).ln();
+    /// assert!((out.loss_objective.double_value(&[]) - expected).abs() < 1e-12);
+    /// // an advantage read from the input leaves the statistics alone
+    /// let norm = loss.advantage_norm().expect("set");
+    /// assert_eq!(norm.state()[2].1.double_value(&[]), 2.0); // count
+    /// # Ok(()) }
+    /// ```
+    pub fn with_advantage_norm(mut self, norm: impl ValueNorm + 'static) -> Result<Self> {
+        if !O::TAKES_ADVANTAGE_NORM {
+            return Err(Error::config(
+                O::NAME,
+                "advantage_norm",
+                format!("none ({}: TorchRL's loss has no advantage_norm)", O::NAME),
+                norm.name(),
+            ));
+        }
+        self.common.advantage_norm = Some(RefCell::new(Box::new(norm)));
+        Ok(self)
+    }
+
+    /// The `advantage_norm`, if any (borrowed; do not hold it across a `forward`).
+    pub fn advantage_norm(&self) -> Option<Ref<'_, Box<dyn ValueNorm>>> {
+        self.common.advantage_norm.as_ref().map(RefCell::borrow)
+    }
+
     /// Standardises the advantage before use (default `false`).
     pub fn with_normalize_advantage(mut self, normalize: bool) -> Self {
         self.common.config.normalize_advantage = normalize;
@@ -532,5 +597,17 @@ impl<O: PpoObjective> LossModule for PpoLoss<O> {
             )
         })?;
         self.objective.forward(&self.common, td, &mut gen)
+    }
+}
+
+impl<O: PpoObjective> TargetNetworks for PpoLoss<O> {
+    /// The target critic's parameters ([`PpoLoss::with_target_critic`], REINFORCE's
+    /// `delay_value`); none otherwise.
+    fn target_params(&self) -> Vec<&TargetParams> {
+        self.common
+            .target_critic
+            .iter()
+            .map(|(_, params)| params)
+            .collect()
     }
 }

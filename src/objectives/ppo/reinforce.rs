@@ -4,7 +4,9 @@
 use tch::Tensor;
 
 use crate::error::{Error, Result};
+use crate::modules::module::TensorDictModule;
 use crate::objectives::common::LossOutput;
+use crate::objectives::target::TargetParams;
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
@@ -62,8 +64,9 @@ pub struct Reinforce;
 ///
 /// Settings as TorchRL's constructor: `loss_critic_type` (smooth L1), `clip_value`,
 /// `reduction`. The settings TorchRL's REINFORCE does not have are refused (named errors):
-/// an entropy bonus, a critic coefficient other than 1, `normalize_advantage`. TorchRL's
-/// `delay_value` (a target critic for the estimator, default off) is not implemented.
+/// an entropy bonus, a critic coefficient other than 1, `normalize_advantage`,
+/// `advantage_norm`. TorchRL's `delay_value` (a target critic that gives the estimator the
+/// next state's value, default off) is [`with_target_critic`](PpoLoss::with_target_critic).
 /// `out_keys`: `loss_actor`, `loss_value` (and `value_clip_fraction` with `clip_value`).
 ///
 /// ```
@@ -134,6 +137,7 @@ impl PpoObjective for Reinforce {
     const NAME: &'static str = "ReinforceLoss";
     const READS_DIST_PARAMS: bool = false;
     const READS_SAMPLE_LOG_PROB: bool = false;
+    const TAKES_ADVANTAGE_NORM: bool = false;
 
     fn default_config() -> PpoConfig {
         PpoConfig {
@@ -183,5 +187,79 @@ impl PpoObjective for Reinforce {
             loss_value,
             value_clip_fraction,
         })
+    }
+}
+
+impl PpoLoss<Reinforce> {
+    /// TorchRL's `delay_value=True`: the value estimator takes the next state's value from
+    /// `target`, a copy of the critic whose parameters `params` pairs with the online
+    /// critic's (e.g. [`TargetParams::from_path`] over the online critic's path and the
+    /// target's own var store); the online values are copied into the target here, and an
+    /// updater ([`SoftUpdate`](crate::objectives::SoftUpdate) /
+    /// [`HardUpdate`](crate::objectives::HardUpdate) over this loss) moves them later. The
+    /// value at the current state and `loss_value` use the online critic. Errors on a loss
+    /// with a shared trunk, or when `params` is empty.
+    ///
+    /// ```
+    /// use tch::{nn, Device, Kind, Tensor};
+    /// use torchrl::modules::{from_fn, DistributionBuilder, ProbabilisticActor, TdModule};
+    /// use torchrl::objectives::{LossModule, ReinforceLoss, SoftUpdate, TargetParams, TargetNetworks};
+    /// use torchrl::TensorDict;
+    /// # fn main() -> torchrl::Result<()> {
+    /// let net = from_fn(["observation"], ["loc", "scale"], |x: &[&Tensor]| {
+    ///     Ok(vec![x[0].f_zeros_like()?, x[0].f_ones_like()?])
+    /// })?;
+    /// let actor = ProbabilisticActor::new(net, DistributionBuilder::normal("loc", "scale")?);
+    /// let critic_of = |p: nn::Path| TdModule::new(nn::linear(p, 1, 1, Default::default()), ["observation"], ["state_value"]);
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let target_vs = nn::VarStore::new(Device::Cpu);
+    /// let critic = critic_of(vs.root() / "critic")?;
+    /// let target = critic_of(target_vs.root())?;
+    /// let params = TargetParams::from_path(&(vs.root() / "critic"), &target_vs)?;
+    /// let loss = ReinforceLoss::new(actor, critic).with_target_critic(target, params)?;
+    /// assert_eq!(loss.target_params().len(), 1);
+    /// let mut updater = SoftUpdate::new(&loss, None, Some(0.1))?;
+    /// let f = (Kind::Float, Device::Cpu);
+    /// // one 4-step trajectory ([*B, T] for the default GAE)
+    /// let td = TensorDict::new([1, 4])?
+    ///     .with("observation", Tensor::randn([1, 4, 1], f))?
+    ///     .with("action", Tensor::randn([1, 4, 1], f))?
+    ///     .with(("next", "observation"), Tensor::randn([1, 4, 1], f))?
+    ///     .with(("next", "reward"), Tensor::ones([1, 4, 1], f))?
+    ///     .with(("next", "done"), Tensor::zeros([1, 4, 1], (Kind::Bool, Device::Cpu)))?
+    ///     .with(("next", "terminated"), Tensor::zeros([1, 4, 1], (Kind::Bool, Device::Cpu)))?;
+    /// let out = loss.forward(&td)?;
+    /// assert!(out.loss_value.is_some());
+    /// updater.step()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_target_critic(
+        mut self,
+        target: impl TensorDictModule + 'static,
+        params: TargetParams,
+    ) -> Result<Self> {
+        let op = Reinforce::NAME;
+        if self.common.trunk.is_some() {
+            return Err(Error::invalid(
+                op,
+                "a target critic with a shared trunk is not supported (TorchRL's \
+                 ReinforceLoss has no shared trunk); build the loss with new(actor, critic)",
+            ));
+        }
+        if self.common.critic.is_none() {
+            return Err(Error::invalid(
+                op,
+                "a target critic needs an online critic (the loss was built without_critic)",
+            ));
+        }
+        if params.is_empty() {
+            return Err(Error::invalid(
+                op,
+                "the target critic's parameter pairs are empty: nothing would track the \
+                 online critic",
+            ));
+        }
+        self.common.target_critic = Some((Box::new(target), params));
+        Ok(self)
     }
 }
