@@ -783,6 +783,90 @@ fn worker_iteration() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Resume: a group stopped after one iteration and resumed from its checkpoint is bitwise the
+// uninterrupted group on every rank (each rank's generator and prompt position are saved).
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_resumed_data_parallel_run_is_bitwise_the_uninterrupted_one_on_every_rank() {
+    let w = run_two("worker_resume");
+    for rank in 0..2 {
+        let straight = w.tensors(&format!("straight_{rank}.ot"));
+        let resumed = w.tensors(&format!("resumed_{rank}.ot"));
+        assert_eq!(
+            max_abs_diff(&straight, &resumed),
+            0.0,
+            "rank {rank}: the resumed run's parameters differ from the uninterrupted run's"
+        );
+        let s = w.json(&format!("straight_{rank}.json"));
+        let r = w.json(&format!("resumed_{rank}.json"));
+        // every rank's generator and prompt position, as every rank sees them
+        assert_eq!(
+            s, r,
+            "rank {rank}: the ranks' states after the second iteration"
+        );
+        // the ranks draw different streams (so rank 1's state is really its own)
+        assert_ne!(s["ranks"][0]["rng"], s["ranks"][1]["rng"]);
+    }
+    // the checkpoint holds both ranks' states
+    let ckpt = w.json("ranks_in_checkpoint.json");
+    assert_eq!(ckpt["count"], json!(2), "{ckpt}");
+}
+
+#[test]
+#[ignore = "a worker process of a_resumed_data_parallel_run_is_bitwise_the_uninterrupted_one_on_every_rank"]
+fn worker_resume() {
+    let Some(pg) = join(SLOW) else { return };
+    let rank = pg.rank();
+    let out = out_dir();
+    let group = SharedCollective::new(pg);
+    let dir = out.join("resume-ckpt"); // one folder: only rank 0 writes
+    let shard = if rank == 0 {
+        &PROMPTS[..4]
+    } else {
+        &PROMPTS[4..]
+    };
+    let fresh = || {
+        let (vs, t) = trainer_with(trl_config(GLOBAL / 2, &dir), shard, rank as u64);
+        (vs, t.with_collective(group.clone()).unwrap())
+    };
+    let report = |t: &PpoRlhfTrainer, name: &str| {
+        save_params(t, &out.join(format!("{name}_{rank}.ot")));
+        // a collective call: both ranks make it
+        let ranks = t.rank_states().unwrap().expect("a group of two");
+        write_json(
+            &out.join(format!("{name}_{rank}.json")),
+            &json!({ "ranks": ranks, "iter_count": t.iter_count() }),
+        );
+    };
+    // uninterrupted: two iterations
+    let (_vs, mut t) = fresh();
+    t.iteration(&mut Callbacks::new()).unwrap();
+    t.iteration(&mut Callbacks::new()).unwrap();
+    report(&t, "straight");
+    drop(t);
+    // stopped after one iteration (its checkpoint written), then a new group resumes
+    let (_vs, mut t) = fresh();
+    t.iteration(&mut Callbacks::new()).unwrap();
+    let folder = t.save(&dir).unwrap();
+    drop(t);
+    if rank == 0 {
+        let ckpt = torchrl::trainers::checkpoint::Checkpoint::load(&folder).unwrap();
+        let ranks = ckpt.json(torchrl::trainers::RANKS_COMPONENT).unwrap();
+        let count = ranks.as_array().map_or(0, Vec::len);
+        write_json(
+            &out.join("ranks_in_checkpoint.json"),
+            &json!({ "count": count }),
+        );
+    }
+    let (_vs, mut t) = fresh();
+    t.load(&dir).unwrap();
+    t.iteration(&mut Callbacks::new()).unwrap();
+    report(&t, "resumed");
+    done("worker_resume", rank);
+}
+
+// ---------------------------------------------------------------------------------------------
 // (d): a rank that vanishes mid-training gives the other an error, not a hang.
 // ---------------------------------------------------------------------------------------------
 

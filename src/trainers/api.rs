@@ -538,6 +538,19 @@ pub trait RlTrainer {
         ckpt
     }
 
+    /// In a data-parallel group, every rank's own state (what differs between ranks: its
+    /// generator, its env's prompt position), gathered on every rank, for
+    /// [`save_to`](Self::save_to) to write beside rank 0's checkpoint (the `"ranks"`
+    /// component), so that each rank resumes exactly where it was. A collective call:
+    /// `save_to` makes it on every rank. `None` (the default) when the ranks hold nothing of
+    /// their own, or in a world of one.
+    ///
+    /// # Errors
+    /// When the collective fails.
+    fn rank_states(&self) -> Result<Option<Vec<Value>>> {
+        Ok(None)
+    }
+
     /// Saves a checkpoint into `store` (atomically) and returns its folder. In a
     /// data-parallel group only the main process writes; the others return the folder it
     /// writes ([`CheckpointStore::path_of`] the step), and all meet in
@@ -546,8 +559,14 @@ pub trait RlTrainer {
     /// # Errors
     /// As [`CheckpointStore::save`] (on the main process, reported on every process).
     fn save_to(&self, store: &CheckpointStore) -> Result<PathBuf> {
+        // every rank takes part: the ranks' own states travel to the main process
+        let ranks = self.rank_states()?;
         let saved = if self.is_main_process() {
-            store.save(&self.checkpoint())
+            let mut ckpt = self.checkpoint();
+            if let Some(ranks) = ranks {
+                ckpt = ckpt.with_json(RANKS_COMPONENT, Value::Array(ranks));
+            }
+            store.save(&ckpt)
         } else {
             Ok(store.path_of(self.iter_count() as u64))
         };
@@ -611,6 +630,10 @@ pub trait RlTrainer {
             .map_err(|e| e.context(format!("RlTrainer::load: checkpoint {}", folder.display())))
     }
 }
+
+/// The checkpoint component that holds every rank's own state
+/// ([`RlTrainer::rank_states`]): a JSON array, rank `i`'s state at index `i`.
+pub const RANKS_COMPONENT: &str = "ranks";
 
 /// `err` with the component it came from: `component "opt" (opt.safetensors, opt.json)`,
 /// the files a [`CheckpointStore`] writes for it.

@@ -17,7 +17,7 @@ pub mod reward;
 mod rollout;
 pub mod sft;
 
-pub use api::{Callbacks, Component, EvalReport, Intervals, RlTrainer, Stats};
+pub use api::{Callbacks, Component, EvalReport, Intervals, RlTrainer, Stats, RANKS_COMPONENT};
 pub use checkpoint::{Checkpoint, CheckpointStore};
 pub use config::TrlConfig;
 pub use optim::{AdamW, CosineAnnealingLr};

@@ -60,12 +60,12 @@ use serde_json::{json, Map, Value};
 use tch::Tensor;
 
 use super::api::{
-    counter_from_json, in_component, rng_from_json, rng_to_json, Callbacks, Component, EvalReport,
-    Evaluation, RlTrainer, Stats,
+    counter_from_json, in_component, rng_from_json, rng_to_json, take_component, Callbacks,
+    Component, EvalReport, Evaluation, RlTrainer, Stats, RANKS_COMPONENT,
 };
 use super::config::TrainConfig;
 use super::optim::{AdamW, CosineAnnealingLr};
-use super::parallel::{join_group, rank_seed, Collective, SharedCollective};
+use super::parallel::{all_gather_json, join_group, rank_seed, Collective, SharedCollective};
 use super::rollout::{
     check_store_rows, generate_text, hydra_components, hydra_policy_step, permutation,
     policy_params, prepare_hydra_components, prompt_batch, prompt_state_from_json,
@@ -304,8 +304,9 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
     }
 
     /// Makes this trainer one rank of a data-parallel group. A collective call: every rank
-    /// calls it once, with the same config, before training (or right after loading the same
-    /// checkpoint). It checks that every rank has rank 0's schedule (a mismatch would
+    /// calls it once, with the same config, before training and before loading a checkpoint
+    /// (a rank then takes its own generator and prompt position from it; joining after a
+    /// load would give ranks `> 0` a fresh generator again). It checks that every rank has rank 0's schedule (a mismatch would
     /// desynchronise the collectives), broadcasts rank 0's policy (trunk and value head) and
     /// frozen reference into every rank, gives ranks `> 0` their own generator
     /// ([`rank_seed`] of `train.seed`), and lets the method join (PPO-RLHF makes its score
@@ -549,19 +550,45 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
         Value::Object(state)
     }
 
+    /// This rank's own state: its generator and its env's prompt position (what differs
+    /// between the ranks of a group).
+    fn rank_state_json(&self) -> Value {
+        json!({
+            "rng": rng_to_json(&self.rng),
+            "prompts": prompt_state_json(self.env.base()),
+        })
+    }
+
     /// Restores [`state_json`](Self::state_json): every field is read and checked before
     /// any changes; the prompt position and the method's state (each all-or-nothing) are
     /// applied last, the prompt position put back if the method refuses its state.
-    fn set_state_json(&mut self, state: &Value) -> Result<()> {
+    ///
+    /// A rank `> 0` takes its own generator and prompt position from `ranks` (the
+    /// checkpoint's [`RANKS_COMPONENT`], one entry per rank of the group that saved it), so
+    /// the resumed group is bitwise the uninterrupted one on every rank. A checkpoint without
+    /// them (written by one process, or before they were saved) or from a group of another
+    /// size gives ranks `> 0` a generator derived from rank 0's, and they keep their env's
+    /// prompt position.
+    fn set_state_json(&mut self, state: &Value, ranks: Option<&Value>) -> Result<()> {
         let iter_count = counter_from_json(M::NAME, state, "iter_count")?;
         let epoch = counter_from_json(M::NAME, state, "epoch")?;
         let mut rng = rng_from_json(M::NAME, state.get("rng"))?;
         let rank = self.collective.rank();
+        let world = self.collective.world_size();
+        let own = ranks
+            .and_then(Value::as_array)
+            .filter(|all| all.len() == world)
+            .and_then(|all| all.get(rank));
         let prompts = if rank == 0 {
             prompt_state_from_json(M::NAME, state)?
+        } else if let Some(own) = own {
+            rng = rng_from_json(M::NAME, own.get("rng"))
+                .map_err(|e| e.context(format!("the {RANKS_COMPONENT} component, rank {rank}")))?;
+            prompt_state_from_json(M::NAME, own)
+                .map_err(|e| e.context(format!("the {RANKS_COMPONENT} component, rank {rank}")))?
         } else {
-            // The checkpoint holds rank 0's generator and prompt position: other ranks draw
-            // their own stream from it and keep their own env's prompt position.
+            // Rank 0's generator and prompt position only: other ranks draw their own stream
+            // from it and keep their own env's prompt position.
             rng = Generator::new(rank_seed(rng.next_u64(), rank));
             None
         };
@@ -650,6 +677,15 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
         self.evaluation.report(samples)
     }
 
+    /// Every rank's generator and prompt position, gathered on every rank (`None` in a
+    /// world of one).
+    fn rank_states(&self) -> Result<Option<Vec<Value>>> {
+        if self.collective.world_size() == 1 {
+            return Ok(None);
+        }
+        all_gather_json(&self.collective, &self.rank_state_json()).map(Some)
+    }
+
     fn get_components(&self) -> Vec<(String, Component)> {
         let mut components =
             hydra_components(&self.model, &self.opt, &self.sched, self.state_json());
@@ -666,8 +702,11 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
     /// counters and generators are as they were (only a libtorch failure of the final
     /// copies, such as a device out of memory, could interrupt them).
     fn set_components(&mut self, mut components: Vec<(String, Component)>) -> Result<()> {
+        let ranks = take_component(&mut components, RANKS_COMPONENT)
+            .ok()
+            .map(|c| c.state);
         let (restore, state) = prepare_hydra_components(&self.model, &self.opt, &mut components)?;
-        self.set_state_json(&state)
+        self.set_state_json(&state, ranks.as_ref())
             .map_err(|e| in_component("trainer", e))?;
         restore.commit(&mut self.opt, &mut self.sched)
     }

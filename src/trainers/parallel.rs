@@ -438,6 +438,46 @@ impl Collective for SharedCollective {
     }
 }
 
+/// Every rank's `local` JSON value, in rank order, on every rank (an all-gather built from two
+/// [`Collective::all_reduce_sum`]s over the values' UTF-8 bytes: their lengths, then the bytes,
+/// each rank filling its own row). A collective call: every rank calls it once.
+///
+/// # Errors
+/// When a collective fails, or a gathered row does not parse (a rank sent something else).
+pub(crate) fn all_gather_json(
+    c: &(impl Collective + ?Sized),
+    local: &serde_json::Value,
+) -> Result<Vec<serde_json::Value>> {
+    let op = "all_gather_json";
+    let bytes = serde_json::to_vec(local).map_err(|e| Error::invalid(op, e.to_string()))?;
+    let (rank, world) = (c.rank(), c.world_size());
+    let mut lens = Tensor::f_zeros([world as i64], (Kind::Int64, Device::Cpu))?;
+    let _ = lens.f_get(rank as i64)?.f_fill_(bytes.len() as i64)?;
+    c.all_reduce_sum(&mut lens)?;
+    let lens: Vec<i64> = Vec::<i64>::try_from(&lens)?;
+    let width = lens.iter().copied().max().unwrap_or(0);
+    let mut rows = Tensor::f_zeros([world as i64, width], (Kind::Int64, Device::Cpu))?;
+    let own: Vec<i64> = bytes.iter().map(|&b| i64::from(b)).collect();
+    if !own.is_empty() {
+        rows.f_get(rank as i64)?
+            .f_narrow(0, 0, own.len() as i64)?
+            .f_copy_(&Tensor::f_from_slice(&own)?)?;
+    }
+    c.all_reduce_sum(&mut rows)?;
+    let mut out = Vec::with_capacity(world);
+    for (r, &len) in lens.iter().enumerate() {
+        let row: Vec<i64> = Vec::<i64>::try_from(&rows.f_get(r as i64)?.f_narrow(0, 0, len)?)?;
+        let row: Vec<u8> = row.iter().map(|&b| b.clamp(0, 255) as u8).collect();
+        out.push(serde_json::from_slice(&row).map_err(|e| {
+            Error::invalid(
+                op,
+                format!("rank {r} sent a value that does not parse: {e}"),
+            )
+        })?);
+    }
+    Ok(out)
+}
+
 /// A per-rank seed derived from a run's seed: `seed` itself on rank 0 (so rank 0 of a
 /// data-parallel run draws what a single-process run draws), a well-mixed different value on
 /// every other rank (so the ranks' generators, and the rollouts they sample, differ).

@@ -53,10 +53,12 @@
 //!   ([`RlTrainer::sync_processes`]), and a failure there is an error on every rank.
 //!   [`RlTrainer::evaluate`] called directly runs on the rank that calls it.
 //!
-//! A checkpoint holds rank 0's generator and prompt position; on [`RlTrainer::load`] (every
-//! rank loads the same folder) rank 0 resumes exactly, other ranks derive a new generator from
-//! it and keep their env's prompt position, so a resumed group is not bitwise an
-//! uninterrupted one on ranks `> 0`.
+//! A checkpoint holds rank 0's state and, beside it, every rank's generator and prompt
+//! position ([`RlTrainer::rank_states`], gathered when every rank calls
+//! [`RlTrainer::save_to`]); on [`RlTrainer::load`] (every rank loads the same folder) each
+//! rank takes its own back, so a resumed group is bitwise an uninterrupted one on every rank.
+//! A checkpoint from one process (or a group of another size) gives ranks `> 0` a generator
+//! derived from rank 0's.
 //!
 //! # Logged statistics
 //! Per optimizer step (`Stats`): `loss`, `loss/policy`, `loss/value`, `policy/approx_kl`,
