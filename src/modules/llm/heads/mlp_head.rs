@@ -2,11 +2,11 @@
 
 use std::fmt;
 
-use tch::nn::{Init, Path};
+use tch::nn::Path;
 use tch::Tensor;
 
 use crate::error::{Error, Result};
-use crate::modules::llm::nn::copy_var;
+use crate::modules::llm::nn::{copy_var, uniform_var};
 
 /// trlX's `make_head(n_embd, out)`: `Linear(n_embd, 2·n_embd) → ReLU → Linear(2·n_embd, out)`,
 /// parameters named `0.weight`, `0.bias`, `2.weight`, `2.bias` (PyTorch's `nn.Sequential`
@@ -44,20 +44,17 @@ impl MlpHead {
                 n_embd.to_string(),
             )
         })?;
-        let uniform = |fan_in: i64| {
+        let uniform = |p: &Path<'_>, name: &str, shape: &[i64], fan_in: i64| {
             let bound = 1.0 / (fan_in as f64).sqrt();
-            Init::Uniform {
-                lo: -bound,
-                up: bound,
-            }
+            uniform_var(p, name, shape, -bound, bound)
         };
         let l0 = path / "0";
         let l2 = path / "2";
         Ok(MlpHead {
-            w1: l0.f_var("weight", &[hidden, n_embd], uniform(n_embd))?,
-            b1: l0.f_var("bias", &[hidden], uniform(n_embd))?,
-            w2: l2.f_var("weight", &[out, hidden], uniform(hidden))?,
-            b2: l2.f_var("bias", &[out], uniform(hidden))?,
+            w1: uniform(&l0, "weight", &[hidden, n_embd], n_embd)?,
+            b1: uniform(&l0, "bias", &[hidden], n_embd)?,
+            w2: uniform(&l2, "weight", &[out, hidden], hidden)?,
+            b2: uniform(&l2, "bias", &[out], hidden)?,
         })
     }
 

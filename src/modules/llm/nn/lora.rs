@@ -169,14 +169,7 @@ impl LoraAdapter {
     ) -> Result<Self> {
         check_hyper(r, scaling, dropout)?;
         let bound = 1.0 / (n_in.max(1) as f64).sqrt();
-        let a = (path / "lora_A").f_var(
-            "weight",
-            &[r, n_in],
-            Init::Uniform {
-                lo: -bound,
-                up: bound,
-            },
-        )?;
+        let a = super::uniform_var(&(path / "lora_A"), "weight", &[r, n_in], -bound, bound)?;
         let b = (path / "lora_B").f_var("weight", &[n_out, r], Init::Const(0.0))?;
         Ok(LoraAdapter {
             a,

@@ -38,6 +38,7 @@ pub mod attention;
 pub mod block;
 pub mod cache;
 pub mod checkpoint;
+pub mod init;
 pub mod linear;
 pub mod lora;
 pub mod mlp;
@@ -47,6 +48,8 @@ pub mod rotary;
 pub use attention::{attention_mask, Attention, AttentionShape, BlockContext, QkvProjection};
 pub use block::{Decoder, DecoderBlock, DecoderOutput};
 pub use cache::KvCache;
+pub use init::{init_is_seeded, with_init_seed};
+pub(crate) use init::{randn_var, uniform_var};
 pub use linear::{Linear, WeightLayout};
 pub use lora::{LoraAdapter, LoraSwitch};
 pub use mlp::{Activation, FeedForward, GatedMlp, Mlp};
@@ -83,27 +86,6 @@ pub(crate) fn copy_var(path: &Path<'_>, name: &str, src: &Tensor) -> Result<Tens
     let mut v = path.f_zeros(name, &src.size())?;
     let _guard = tch::no_grad_guard();
     v.f_copy_(src)?;
-    Ok(v)
-}
-
-/// A new variable `name` of `shape` under `path`, normal with `mean` and `stdev`: the values
-/// tch's `Init::Randn` draws (the same libtorch generator calls and arithmetic), with every step
-/// fallible. tch's init scales with a panicking operator, so a weight too large for memory
-/// panicked instead of returning the allocation error (found by the fuzz campaign).
-pub(crate) fn randn_var(
-    path: &Path<'_>,
-    name: &str,
-    shape: &[i64],
-    mean: f64,
-    stdev: f64,
-) -> Result<Tensor> {
-    let mut v = path.f_zeros(name, shape)?;
-    let _guard = tch::no_grad_guard();
-    let mut r = Tensor::f_randn(shape, (v.kind(), v.device()))?;
-    if mean != 0.0 || (stdev - 1.0).abs() > f64::EPSILON {
-        r = r.f_mul(&Tensor::from(stdev))?.f_add(&Tensor::from(mean))?;
-    }
-    v.f_copy_(&r)?;
     Ok(v)
 }
 
