@@ -3,12 +3,11 @@
 //! rounded away; a bf16 model trains in the trainers (its log-probs, KL and losses in float32),
 //! with LoRA adapters and the value head kept in float32 on a bf16 base, or all in bf16.
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::LlamaConfig;
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, LmInput, LoraConfig, TextTokenizer,
 };
@@ -18,12 +17,6 @@ use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::trainers::optim::AdamW;
 use torchrl::trainers::policy::hydra_policy;
 use torchrl::trainers::ppo::PpoRlhfTrainer;
-
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 #[test]
 fn adamw_accumulates_bf16_updates_in_a_float32_master() {
@@ -117,22 +110,21 @@ fn env(g: i64) -> TokenEnv {
 
 /// A Qwen3-shaped base of `seed` in bf16, then the policy `model` says on it (adapters and
 /// the value head are created after the cast: float32).
-fn bf16_policy(seed: i64, model: &ModelConfig) -> (VarStore, CausalLmWithHydraValueHead) {
-    tch::manual_seed(seed);
-    let mut vs = VarStore::new(Device::Cpu);
-    let base = qwen3().build(&vs.root()).unwrap();
-    vs.bfloat16();
-    assert_eq!(base.kind(), Kind::BFloat16);
-    let m = hydra_policy(&vs.root(), base, model).unwrap();
-    (vs, m)
+fn bf16_policy(seed: u64, model: &ModelConfig) -> (VarStore, CausalLmWithHydraValueHead) {
+    with_init_seed(seed, || {
+        let mut vs = VarStore::new(Device::Cpu);
+        let base = qwen3().build(&vs.root()).unwrap();
+        vs.bfloat16();
+        assert_eq!(base.kind(), Kind::BFloat16);
+        let m = hydra_policy(&vs.root(), base, model).unwrap();
+        (vs, m)
+    })
 }
 
 #[test]
 fn a_bf16_model_is_close_to_its_float32_self() {
-    let _g = lock();
-    tch::manual_seed(1);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = qwen3().build(&vs.root()).unwrap();
+    let model = with_init_seed(1, || qwen3().build(&vs.root())).unwrap();
     let ids = Tensor::from_slice(&[5i64, 60, 70, 80, 90, 100]).view([1, 6]);
     let f32_logits = model
         .forward(&LmInput::new(&ids), None)
@@ -158,7 +150,6 @@ fn a_bf16_model_is_close_to_its_float32_self() {
 
 #[test]
 fn grpo_with_lora_on_a_bf16_base_learns_and_keeps_the_base() {
-    let _g = lock();
     let dir = std::env::temp_dir().join(format!("torchrl-bf16-grpo-{}", std::process::id()));
     let mut c = GrpoTrlConfig::default();
     c.train.batch_size = 8;
@@ -221,7 +212,6 @@ fn grpo_with_lora_on_a_bf16_base_learns_and_keeps_the_base() {
 
 #[test]
 fn ppo_rlhf_trains_a_bf16_model_through_float32_masters() {
-    let _g = lock();
     let dir = std::env::temp_dir().join(format!("torchrl-bf16-ppo-{}", std::process::id()));
     let mut c = TrlConfig::default();
     c.train.batch_size = 4;

@@ -2,14 +2,13 @@
 //! plain backward: on GPT-2 and a Qwen3-shaped model, with LoRA adapters, through a hydra
 //! head that captures a block's input, and through a whole trainer run.
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::lora::inject_adapter;
 use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::nn::checkpoint::{backward_pending, pending};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLm, CausalLmConfig, CausalLmWithHydraValueHead, Gpt2Config, LmInput,
     LoraConfig, TextTokenizer,
@@ -18,12 +17,7 @@ use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::{GenKwargs, ModelConfig};
 use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::trainers::policy::hydra_policy;
-
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
+use torchrl::Generator;
 
 fn qwen3() -> LlamaConfig {
     let tok = ByteTokenizer::new();
@@ -103,14 +97,13 @@ fn logits_loss(model: &dyn CausalLm) -> Tensor {
 
 #[test]
 fn checkpointed_gradients_equal_the_plain_ones() {
-    let _g = lock();
     for which in ["gpt2", "qwen3"] {
-        tch::manual_seed(1);
         let vs = VarStore::new(Device::Cpu);
-        let mut model: Box<dyn CausalLm> = match which {
-            "gpt2" => gpt2().build(&vs.root()).unwrap(),
-            _ => qwen3().build(&vs.root()).unwrap(),
-        };
+        let mut model: Box<dyn CausalLm> = with_init_seed(1, || match which {
+            "gpt2" => gpt2().build(&vs.root()),
+            _ => qwen3().build(&vs.root()),
+        })
+        .unwrap();
         let plain = grads(model.as_ref(), logits_loss);
         model.gradient_checkpointing_enable();
         // the forward kept a segment; the loss's own backward reaches no block parameter
@@ -139,21 +132,27 @@ fn checkpointed_gradients_equal_the_plain_ones() {
 
 #[test]
 fn checkpointed_lora_gradients_equal_the_plain_ones() {
-    let _g = lock();
-    tch::manual_seed(2);
     let vs = VarStore::new(Device::Cpu);
-    let mut model = qwen3().build(&vs.root()).unwrap();
-    inject_adapter(
-        model.as_mut(),
-        &(vs.root() / "lora"),
-        &LoraConfig::new(2).with_all_linear(),
-    )
+    let mut model = with_init_seed(2, || {
+        let mut model = qwen3().build(&vs.root())?;
+        inject_adapter(
+            model.as_mut(),
+            &(vs.root() / "lora"),
+            &LoraConfig::new(2).with_all_linear(),
+        )?;
+        Ok::<_, torchrl::Error>(model)
+    })
     .unwrap();
-    // B = 0 at init would leave A without gradient: move B first
+    // B = 0 at init would leave A without gradient: move B first (normal values of a seeded
+    // generator of this test, not libtorch's global one)
+    let mut rng = Generator::new(2);
     for (n, b) in model.adapter_parameters() {
         if n.ends_with("lora_B.weight") {
+            let noise = rng
+                .normal(&b.size(), 0.0, 0.1, b.kind(), b.device())
+                .unwrap();
             tch::no_grad(|| {
-                b.shallow_clone().copy_(&(b.randn_like() * 0.1));
+                b.shallow_clone().copy_(&noise);
             });
         }
     }
@@ -165,11 +164,11 @@ fn checkpointed_lora_gradients_equal_the_plain_ones() {
 
 #[test]
 fn checkpointed_hydra_forward_matches_with_a_captured_block() {
-    let _g = lock();
-    tch::manual_seed(3);
     let vs = VarStore::new(Device::Cpu);
-    let model = qwen3().build(&vs.root()).unwrap();
-    let hydra = CausalLmWithHydraValueHead::from_model(&vs.root(), model, 2).unwrap();
+    let hydra = with_init_seed(3, || {
+        CausalLmWithHydraValueHead::from_model(&vs.root(), qwen3().build(&vs.root())?, 2)
+    })
+    .unwrap();
     let (ids, mask) = ids_and_mask();
     let loss = |h: &CausalLmWithHydraValueHead| -> Tensor {
         let out = h
@@ -193,9 +192,14 @@ fn checkpointed_hydra_forward_matches_with_a_captured_block() {
             .collect()
     };
     // the policy moves away from the reference first, so the KL-like term has a gradient
+    // (normal steps from a seeded generator of this test, not libtorch's global one)
+    let mut rng = Generator::new(3);
     for p in hydra.trainable_parameters() {
+        let step = rng
+            .normal(&p.size(), 0.0, 0.05, p.kind(), p.device())
+            .unwrap();
         tch::no_grad(|| {
-            let _ = p.shallow_clone().f_add_(&(p.randn_like() * 0.05)).unwrap();
+            let _ = p.shallow_clone().f_add_(&step).unwrap();
         });
     }
     loss(&hydra).backward();
@@ -204,10 +208,12 @@ fn checkpointed_hydra_forward_matches_with_a_captured_block() {
     // the same head with checkpointing (a second head, its model switched on before it is
     // wrapped, given the first head's values)
     let vs2 = VarStore::new(Device::Cpu);
-    tch::manual_seed(3);
-    let mut m2 = qwen3().build(&vs2.root()).unwrap();
-    m2.gradient_checkpointing_enable();
-    let hydra2 = CausalLmWithHydraValueHead::from_model(&vs2.root(), m2, 2).unwrap();
+    let hydra2 = with_init_seed(3, || {
+        let mut m2 = qwen3().build(&vs2.root())?;
+        m2.gradient_checkpointing_enable();
+        CausalLmWithHydraValueHead::from_model(&vs2.root(), m2, 2)
+    })
+    .unwrap();
     // same values as the first head (trainable parts moved above, frozen ones equal by seed)
     tch::no_grad(|| {
         for ((_, a), (_, b)) in hydra
@@ -244,9 +250,11 @@ fn grpo(dir: &std::path::Path, checkpointing: bool) -> Vec<Tensor> {
         max_new_tokens: 4,
         ..GenKwargs::default()
     };
-    tch::manual_seed(5);
     let vs = VarStore::new(Device::Cpu);
-    let model = hydra_policy(&vs.root(), qwen3().build(&vs.root()).unwrap(), &c.model).unwrap();
+    let model = with_init_seed(5, || {
+        hydra_policy(&vs.root(), qwen3().build(&vs.root())?, &c.model)
+    })
+    .unwrap();
     let tok = ByteTokenizer::new();
     let env_cfg = TokenEnvConfig::for_model(&qwen3().facts())
         .with_max_new_tokens(4)
@@ -273,7 +281,6 @@ fn grpo(dir: &std::path::Path, checkpointing: bool) -> Vec<Tensor> {
 
 #[test]
 fn a_grpo_run_with_checkpointing_trains_as_without() {
-    let _g = lock();
     let dir = std::env::temp_dir().join(format!("torchrl-gc-{}", std::process::id()));
     let a = grpo(&dir, false);
     let b = grpo(&dir, true);

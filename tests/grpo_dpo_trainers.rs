@@ -3,11 +3,10 @@
 //! and its DAPO loss by hand, learning, checkpoints and resume, DPO's ln 2 at init, the
 //! precomputed reference, and the errors.
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     token_log_probs, ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, LmInput, TextTokenizer,
 };
@@ -17,9 +16,6 @@ use torchrl::trainers::config::GenKwargs;
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
 use torchrl::Error;
-
-/// Weight initialisation draws from libtorch's global RNG: one test at a time.
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
 
 const NEW: i64 = 4;
 /// The hidden reward: the number of lowercase ASCII letters in the response (about 1 token
@@ -50,10 +46,6 @@ impl Drop for Scratch {
     }
 }
 
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn cfg() -> Gpt2Config {
     let tok = ByteTokenizer::new();
     Gpt2Config::new(tok.vocab_size())
@@ -64,11 +56,12 @@ fn cfg() -> Gpt2Config {
         .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
 }
 
-fn model(seed: i64) -> (VarStore, CausalLmWithHydraValueHead) {
-    tch::manual_seed(seed);
+fn model(seed: u64) -> (VarStore, CausalLmWithHydraValueHead) {
     let vs = VarStore::new(Device::Cpu);
-    let m = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), -1).unwrap();
-    (vs, m)
+    let m = with_init_seed(seed, || {
+        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), -1)
+    });
+    (vs, m.unwrap())
 }
 
 fn params(m: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
@@ -122,7 +115,7 @@ fn grpo_env(g: i64) -> TokenEnv {
     TokenEnv::from_text(env_cfg, &tok, &["ab", "cd", "efg"], Box::new(scorer)).unwrap()
 }
 
-fn grpo_trainer(c: GrpoTrlConfig, seed: i64) -> (VarStore, GrpoTrainer) {
+fn grpo_trainer(c: GrpoTrlConfig, seed: u64) -> (VarStore, GrpoTrainer) {
     let (vs, m) = model(seed);
     let g = c.method.num_generations as i64;
     let t = GrpoTrainer::new(c, m, grpo_env(g), Box::new(ByteTokenizer::new())).unwrap();
@@ -182,7 +175,6 @@ fn grpo_config_errors_name_the_field() {
 
 #[test]
 fn grpo_trainer_rejects_an_env_that_does_not_fit() {
-    let _g = lock();
     let dir = Scratch::new("grpo_trainer_rejects_an_env_that_does_not_fit");
     let (_vs, m) = model(0);
     // the env serves groups of 2, the method wants 4
@@ -212,7 +204,6 @@ fn grpo_trainer_rejects_an_env_that_does_not_fit() {
 
 #[test]
 fn grpo_rollout_groups_advantages_and_first_step_by_hand() {
-    let _g = lock();
     let dir = Scratch::new("grpo_rollout_groups_advantages_and_first_step_by_hand");
     let (_vs, mut t) = grpo_trainer(grpo_config(dir.path()), 1);
     let stats = t.make_experience().unwrap();
@@ -271,7 +262,6 @@ fn sorted(vars: std::collections::HashMap<String, Tensor>) -> Vec<(String, Tenso
 
 #[test]
 fn grpo_first_step_loss_is_dapo_of_the_advantages() {
-    let _g = lock();
     let dir = Scratch::new("grpo_first_step_loss_is_dapo_of_the_advantages");
     let (_vs, mut t) = grpo_trainer(grpo_config(dir.path()), 2);
     let mut logs: Vec<Stats> = Vec::new();
@@ -301,7 +291,6 @@ fn grpo_first_step_loss_is_dapo_of_the_advantages() {
 
 #[test]
 fn grpo_raises_the_hidden_score() {
-    let _g = lock();
     let dir = Scratch::new("grpo_raises_the_hidden_score");
     let mut c = grpo_config(dir.path());
     c.method.num_rollouts = 16;
@@ -323,7 +312,6 @@ fn grpo_raises_the_hidden_score() {
 
 #[test]
 fn grpo_with_beta_logs_the_kl_term_and_resumes_exactly() {
-    let _g = lock();
     let dir = Scratch::new("grpo_with_beta_logs_the_kl_term_and_resumes_exactly");
     let mut c = grpo_config(dir.path());
     c.method.beta = 0.05;
@@ -357,7 +345,6 @@ fn grpo_with_beta_logs_the_kl_term_and_resumes_exactly() {
 
 #[test]
 fn grpo_sample_and_evaluate() {
-    let _g = lock();
     let dir = Scratch::new("grpo_sample_and_evaluate");
     let (_vs, t) = grpo_trainer(grpo_config(dir.path()), 8);
     let count_a = |s: &[String]| Ok(s.iter().map(|x| x.matches('a').count() as f64).collect());
@@ -408,7 +395,7 @@ fn dpo_pairs() -> Vec<DpoPair> {
         .collect()
 }
 
-fn dpo_trainer(c: DpoTrlConfig, seed: i64) -> (VarStore, DpoTrainer) {
+fn dpo_trainer(c: DpoTrlConfig, seed: u64) -> (VarStore, DpoTrainer) {
     let (vs, m) = model(seed);
     let t = DpoTrainer::new(c, m, dpo_pairs(), Box::new(ByteTokenizer::new())).unwrap();
     (vs, t)
@@ -476,7 +463,6 @@ fn seq_logp(m: &CausalLmWithHydraValueHead, prompt: &[i64], completion: &[i64]) 
 
 #[test]
 fn dpo_first_step_is_ln2_with_zero_rewards_and_the_policy_log_probs() {
-    let _g = lock();
     let dir = Scratch::new("dpo_first_step_is_ln2_with_zero_rewards_and_the_policy_log_probs");
     let (_vs, mut t) = dpo_trainer(dpo_config(dir.path()), 1);
     let pairs = dpo_pairs();
@@ -510,7 +496,6 @@ fn dpo_first_step_is_ln2_with_zero_rewards_and_the_policy_log_probs() {
 
 #[test]
 fn dpo_learns_the_preference_and_precomputed_reference_agrees() {
-    let _g = lock();
     let dir = Scratch::new("dpo_learns_the_preference_and_precomputed_reference_agrees");
     let mut c = dpo_config(dir.path());
     c.train.epochs = 15;
@@ -539,7 +524,6 @@ fn dpo_learns_the_preference_and_precomputed_reference_agrees() {
 
 #[test]
 fn dpo_resumes_exactly_from_a_checkpoint() {
-    let _g = lock();
     let dir = Scratch::new("dpo_resumes_exactly_from_a_checkpoint");
     let c = dpo_config(dir.path());
     let (_vs, mut a) = dpo_trainer(c.clone(), 3);
@@ -557,7 +541,6 @@ fn dpo_resumes_exactly_from_a_checkpoint() {
 
 #[test]
 fn dpo_rejects_bad_pairs_naming_them() {
-    let _g = lock();
     let dir = Scratch::new("dpo_rejects_bad_pairs_naming_them");
     let (_vs, m) = model(0);
     let tok = Box::new(ByteTokenizer::new());

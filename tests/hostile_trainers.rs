@@ -8,12 +8,12 @@
 //! reference and optimizer before reading the later parts.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde_json::{json, Value};
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Model,
     TextTokenizer,
@@ -27,14 +27,7 @@ use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample
 use torchrl::trainers::ilql::{IlqlTrainer, IlqlTrlConfig};
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 
-/// Weight initialisation draws from libtorch's global RNG: one test at a time.
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
-
 const NEW: i64 = 3;
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn tempdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
@@ -55,11 +48,12 @@ fn cfg(n_layer: i64) -> Gpt2Config {
         .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
 }
 
-fn hydra(seed: i64, unfrozen: i64) -> (VarStore, CausalLmWithHydraValueHead) {
-    tch::manual_seed(seed);
+fn hydra(seed: u64, unfrozen: i64) -> (VarStore, CausalLmWithHydraValueHead) {
     let vs = VarStore::new(Device::Cpu);
-    let m = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(2), unfrozen).unwrap();
-    (vs, m)
+    let m = with_init_seed(seed, || {
+        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(2), unfrozen)
+    });
+    (vs, m.unwrap())
 }
 
 fn env(batch: i64, generations: i64) -> TokenEnv {
@@ -85,7 +79,7 @@ fn gen_kwargs() -> GenKwargs {
     }
 }
 
-fn ppo(dir: &Path, seed: i64) -> (VarStore, PpoRlhfTrainer) {
+fn ppo(dir: &Path, seed: u64) -> (VarStore, PpoRlhfTrainer) {
     let mut c = TrlConfig::default();
     c.train.batch_size = 4;
     c.train.epochs = 10;
@@ -105,7 +99,7 @@ fn ppo(dir: &Path, seed: i64) -> (VarStore, PpoRlhfTrainer) {
     (vs, t)
 }
 
-fn grpo(dir: &Path, seed: i64) -> (VarStore, GrpoTrainer) {
+fn grpo(dir: &Path, seed: u64) -> (VarStore, GrpoTrainer) {
     let mut c = GrpoTrlConfig::default();
     c.train.batch_size = 4;
     c.train.epochs = 100;
@@ -124,11 +118,11 @@ fn grpo(dir: &Path, seed: i64) -> (VarStore, GrpoTrainer) {
     (vs, t)
 }
 
-fn dpo(dir: &Path, seed: i64) -> (VarStore, DpoTrainer) {
+fn dpo(dir: &Path, seed: u64) -> (VarStore, DpoTrainer) {
     dpo_with(dir, seed, false)
 }
 
-fn dpo_with(dir: &Path, seed: i64, precompute: bool) -> (VarStore, DpoTrainer) {
+fn dpo_with(dir: &Path, seed: u64, precompute: bool) -> (VarStore, DpoTrainer) {
     let mut c = DpoTrlConfig::default();
     c.method.precompute_ref_log_probs = precompute;
     c.train.batch_size = 2;
@@ -153,8 +147,7 @@ fn dpo_with(dir: &Path, seed: i64, precompute: bool) -> (VarStore, DpoTrainer) {
     (vs, t)
 }
 
-fn ilql(dir: &Path, seed: i64) -> IlqlTrainer {
-    tch::manual_seed(seed);
+fn ilql(dir: &Path, seed: u64) -> IlqlTrainer {
     let mut c = IlqlTrlConfig::default();
     c.train.batch_size = 4;
     c.train.epochs = 3;
@@ -171,12 +164,14 @@ fn ilql(dir: &Path, seed: i64) -> IlqlTrainer {
     let data =
         IlqlDataset::from_token_rows(&samples, &IlqlDataConfig::new().with_seq_length(16)).unwrap();
     let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithIlqlHeads::from_model(
-        &vs.root(),
-        Gpt2Model::new(&vs.root(), &cfg(1)).unwrap(),
-        true,
-        0.5,
-    )
+    let model = with_init_seed(seed, || {
+        CausalLmWithIlqlHeads::from_model(
+            &vs.root(),
+            Gpt2Model::new(&vs.root(), &cfg(1))?,
+            true,
+            0.5,
+        )
+    })
     .unwrap();
     IlqlTrainer::new(c, vs, model, data, Box::new(ByteTokenizer::new())).unwrap()
 }
@@ -507,7 +502,6 @@ fn check_all_or_nothing(name: &str, trained: &dyn RlTrainer, fresh: &mut dyn RlT
 
 #[test]
 fn ppo_loads_are_all_or_nothing() {
-    let _g = lock();
     let dir = tempdir("ppo-run");
     let (_va, mut a) = ppo(&dir, 1);
     a.iteration(&mut Callbacks::new()).unwrap();
@@ -517,7 +511,6 @@ fn ppo_loads_are_all_or_nothing() {
 
 #[test]
 fn grpo_loads_are_all_or_nothing() {
-    let _g = lock();
     let dir = tempdir("grpo-run");
     let (_va, mut a) = grpo(&dir, 1);
     a.iteration(&mut Callbacks::new()).unwrap();
@@ -527,7 +520,6 @@ fn grpo_loads_are_all_or_nothing() {
 
 #[test]
 fn dpo_loads_are_all_or_nothing() {
-    let _g = lock();
     let dir = tempdir("dpo-run");
     let (_va, mut a) = dpo(&dir, 1);
     a.train_epoch(&mut Callbacks::new()).unwrap();
@@ -537,7 +529,6 @@ fn dpo_loads_are_all_or_nothing() {
 
 #[test]
 fn ilql_loads_are_all_or_nothing() {
-    let _g = lock();
     let dir = tempdir("ilql-run");
     let mut a = ilql(&dir, 1);
     a.train_epoch(&mut Callbacks::new()).unwrap();
@@ -549,7 +540,6 @@ fn ilql_loads_are_all_or_nothing() {
 fn a_dpo_load_replaces_the_precomputed_reference_log_probs() {
     // before: the cache computed from the fresh trainer's own reference survived the load,
     // so training went on with log-probs of a reference the checkpoint did not hold
-    let _g = lock();
     let dir = tempdir("dpo-precompute");
     let (_va, mut a) = dpo_with(&dir, 1, true);
     a.train_epoch(&mut Callbacks::new()).unwrap();

@@ -2,10 +2,9 @@
 //! `steps_for_target_q_sync` optimizer steps (checked by hand), the step budget, the β sweep
 //! report, checkpoints, and bad configs.
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::Device;
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Model, TextTokenizer,
 };
@@ -13,8 +12,6 @@ use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
 use torchrl::Error;
-
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
 
 fn cfg() -> Gpt2Config {
     Gpt2Config::new(ByteTokenizer::new().vocab_size())
@@ -47,14 +44,17 @@ fn config(name: &str, sync: usize) -> IlqlTrlConfig {
     c
 }
 
-fn trainer(name: &str, sync: usize, alpha: f64) -> IlqlTrainer {
+/// A trainer on a model whose initial weights are those of `seed`.
+fn trainer(name: &str, sync: usize, alpha: f64, seed: u64) -> IlqlTrainer {
     let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithIlqlHeads::from_model(
-        &vs.root(),
-        Gpt2Model::new(&vs.root(), &cfg()).unwrap(),
-        true,
-        alpha,
-    )
+    let model = with_init_seed(seed, || {
+        CausalLmWithIlqlHeads::from_model(
+            &vs.root(),
+            Gpt2Model::new(&vs.root(), &cfg())?,
+            true,
+            alpha,
+        )
+    })
     .unwrap();
     IlqlTrainer::new(
         config(name, sync),
@@ -72,9 +72,7 @@ fn tempdir(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn targets_follow_the_q_heads_by_polyak_every_sync_interval() {
-    let _g = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(0);
-    let mut t = trainer("polyak", 2, 0.5);
+    let mut t = trainer("polyak", 2, 0.5, 0);
     let (q, target) = {
         let heads = t.model().heads();
         (
@@ -98,10 +96,8 @@ fn targets_follow_the_q_heads_by_polyak_every_sync_interval() {
 
 #[test]
 fn learn_spends_the_budget_and_evaluates_every_beta() {
-    let _g = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(1);
     let hidden = |s: &[String]| Ok(s.iter().map(|x| x.matches('a').count() as f64).collect());
-    let mut t = trainer("learn", 1, 0.5)
+    let mut t = trainer("learn", 1, 0.5, 1)
         .with_evaluation(Evaluation::new(vec!["b:".into(), "c:".into()]).with_reward_fn(hidden));
     assert_eq!(t.total_steps(), 6); // 3 epochs of 2 minibatches
     let mut logged = Vec::new();
@@ -134,8 +130,7 @@ fn learn_spends_the_budget_and_evaluates_every_beta() {
     );
     // the last step saved a checkpoint; a fresh trainer loads it exactly
     let dir = tempdir("learn");
-    tch::manual_seed(9);
-    let mut u = trainer("learn", 1, 0.5);
+    let mut u = trainer("learn", 1, 0.5, 9);
     u.load(&dir).unwrap();
     assert_eq!(u.iter_count(), 6);
     // the frozen target heads (their own store) are saved and restored too
@@ -160,16 +155,16 @@ fn learn_spends_the_budget_and_evaluates_every_beta() {
 
 #[test]
 fn a_model_that_does_not_fit_the_config_is_refused() {
-    let _g = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(2);
     let build = |two_qs: bool, alpha: f64, c: IlqlTrlConfig| {
         let vs = VarStore::new(Device::Cpu);
-        let model = CausalLmWithIlqlHeads::from_model(
-            &vs.root(),
-            Gpt2Model::new(&vs.root(), &cfg()).unwrap(),
-            two_qs,
-            alpha,
-        )
+        let model = with_init_seed(2, || {
+            CausalLmWithIlqlHeads::from_model(
+                &vs.root(),
+                Gpt2Model::new(&vs.root(), &cfg())?,
+                two_qs,
+                alpha,
+            )
+        })
         .unwrap();
         IlqlTrainer::new(c, vs, model, data(), Box::new(ByteTokenizer::new())).map(|_| ())
     };

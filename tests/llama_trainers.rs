@@ -3,12 +3,11 @@
 //! exactly, a PPO-RLHF iteration steps, DPO at init is ln 2 and resumes exactly, SFT's loss
 //! falls, a reward model learns a preference, and ILQL spends its budget.
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::{LlamaConfig, LlamaModel};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{ByteTokenizer, CausalLmWithHydraValueHead, TextTokenizer};
 use torchrl::trainers::api::{Callbacks, RlTrainer};
 use torchrl::trainers::config::{GenKwargs, TrlConfig};
@@ -17,14 +16,7 @@ use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
 
-/// Weight initialisation draws from libtorch's global RNG: one test at a time.
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
-
 const NEW: i64 = 4;
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn lowercase(r: &[i64]) -> f64 {
     r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
@@ -44,11 +36,12 @@ fn cfg() -> LlamaConfig {
     serde_json::from_value(json).unwrap()
 }
 
-fn hydra(seed: i64, unfrozen: i64) -> (VarStore, CausalLmWithHydraValueHead) {
-    tch::manual_seed(seed);
+fn hydra(seed: u64, unfrozen: i64) -> (VarStore, CausalLmWithHydraValueHead) {
     let vs = VarStore::new(Device::Cpu);
-    let m = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), unfrozen).unwrap();
-    (vs, m)
+    let m = with_init_seed(seed, || {
+        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), unfrozen)
+    });
+    (vs, m.unwrap())
 }
 
 fn params(m: &CausalLmWithHydraValueHead) -> Vec<Tensor> {
@@ -106,7 +99,6 @@ fn grpo_config(dir: &std::path::Path) -> GrpoTrlConfig {
 
 #[test]
 fn grpo_on_a_llama_family_policy_learns_and_resumes_exactly() {
-    let _g = lock();
     let dir = scratch("grpo");
     let c = grpo_config(&dir);
     let (_vs, m) = hydra(4, -1);
@@ -133,7 +125,6 @@ fn grpo_on_a_llama_family_policy_learns_and_resumes_exactly() {
 
 #[test]
 fn ppo_rlhf_iteration_on_a_llama_family_hydra() {
-    let _g = lock();
     let dir = scratch("ppo");
     let mut c = TrlConfig::default();
     c.method.num_rollouts = 8;
@@ -163,7 +154,6 @@ fn ppo_rlhf_iteration_on_a_llama_family_hydra() {
 
 #[test]
 fn dpo_on_a_llama_family_policy_starts_at_ln2_and_resumes_exactly() {
-    let _g = lock();
     let dir = scratch("dpo");
     let tok = ByteTokenizer::new();
     let pairs: Vec<DpoPair> = ["ab", "cd", "efg", "h"]
@@ -208,10 +198,8 @@ fn dpo_on_a_llama_family_policy_starts_at_ln2_and_resumes_exactly() {
 
 #[test]
 fn sft_on_a_llama_family_model_lowers_its_loss() {
-    let _g = lock();
-    tch::manual_seed(9);
     let vs = VarStore::new(Device::Cpu);
-    let model = LlamaModel::new(&vs.root(), &cfg()).unwrap();
+    let model = with_init_seed(9, || LlamaModel::new(&vs.root(), &cfg())).unwrap();
     let tok = ByteTokenizer::new();
     let rows: Vec<Vec<i64>> = ["abab", "cdcd", "efef"]
         .iter()
@@ -230,10 +218,8 @@ fn sft_on_a_llama_family_model_lowers_its_loss() {
 fn a_llama_family_reward_model_learns_the_preference() {
     use torchrl::modules::llm::CausalLmWithScoreHead;
     use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
-    let _g = lock();
-    tch::manual_seed(10);
     let vs = VarStore::new(Device::Cpu);
-    let rm = CausalLmWithScoreHead::new(&vs.root(), &cfg()).unwrap();
+    let rm = with_init_seed(10, || CausalLmWithScoreHead::new(&vs.root(), &cfg())).unwrap();
     let tok = ByteTokenizer::new();
     // chosen completions end in 'a', rejected in 'z'
     let pairs: Vec<PreferencePair> = ["ab", "cd", "ef", "gh"]
@@ -262,16 +248,16 @@ fn ilql_on_a_llama_family_model_spends_its_budget() {
     use torchrl::modules::llm::CausalLmWithIlqlHeads;
     use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
     use torchrl::trainers::ilql::{IlqlTrainer, IlqlTrlConfig};
-    let _g = lock();
-    tch::manual_seed(11);
     let dir = scratch("ilql");
     let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithIlqlHeads::from_model(
-        &vs.root(),
-        LlamaModel::new(&vs.root(), &cfg()).unwrap(),
-        true,
-        0.5,
-    )
+    let model = with_init_seed(11, || {
+        CausalLmWithIlqlHeads::from_model(
+            &vs.root(),
+            LlamaModel::new(&vs.root(), &cfg())?,
+            true,
+            0.5,
+        )
+    })
     .unwrap();
     let samples: Vec<IlqlTokenSample> = (0..8)
         .map(|i| IlqlTokenSample::new(vec![98, 58], vec![97 + (i % 3), 97, 256], (i % 3) as f64))

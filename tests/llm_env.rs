@@ -14,6 +14,7 @@ use torchrl::envs::llm::{
     TokenEnvConfig, TokenScorer,
 };
 use torchrl::envs::{check_env_specs, EnvBase, RolloutConfig};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     token_log_probs, ByteTokenizer, CausalLm, CausalLmWithScoreHead, GenerationConfig, Gpt2Config,
     Gpt2Model, LmInput,
@@ -66,17 +67,8 @@ fn response(rows: &[[i64; 4]]) -> Tensor {
     Tensor::from_slice(&flat).view([rows.len() as i64, 4])
 }
 
-/// The tests of this file share libtorch's global generator (models seeded with
-/// `tch::manual_seed`); run in parallel threads, one test's seeding lands between another's
-/// seed and its draws. Each test holds this lock, so they run one at a time.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 fn reset_left_pads_the_prompts_and_writes_their_mask() {
-    let _serial = serial();
     let mut env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
     assert_eq!(
         env.prompt_width(),
@@ -111,7 +103,6 @@ fn recording_scorer(seen: Seen) -> Box<dyn Scorer> {
 
 #[test]
 fn step_puts_the_score_at_the_last_real_response_token() {
-    let _serial = serial();
     let seen: Seen = Arc::default();
     let mut env =
         TokenEnv::new(env_cfg(4), four_prompts(), recording_scorer(seen.clone())).unwrap();
@@ -171,7 +162,6 @@ type BatchSeen = (Vec<i64>, Vec<i64>, Vec<bool>, i64);
 
 #[test]
 fn with_pad_equal_to_eos_the_first_eos_ends_the_response() {
-    let _serial = serial();
     // trlX's default setup: no pad id, so pad = EOS
     let cfg = TokenEnvConfig::new(VOCAB, 16)
         .with_batch_size(2)
@@ -211,7 +201,6 @@ fn with_pad_equal_to_eos_the_first_eos_ends_the_response() {
 
 #[test]
 fn config_reads_from_json_with_defaults() {
-    let _serial = serial();
     let cfg: TokenEnvConfig =
         serde_json::from_str(r#"{"vocab_size": 20, "n_positions": 16, "eos_token_id": 19}"#)
             .unwrap();
@@ -226,7 +215,6 @@ fn config_reads_from_json_with_defaults() {
 
 #[test]
 fn batch_scorer_sees_the_full_tokens_and_mask() {
-    let _serial = serial();
     let seen: Arc<Mutex<Option<BatchSeen>>> = Arc::default();
     let s2 = seen.clone();
     let scorer = BatchScorer::new(move |input: &ScoreInput<'_>| {
@@ -260,7 +248,6 @@ fn batch_scorer_sees_the_full_tokens_and_mask() {
 
 #[test]
 fn text_scorer_gets_the_decoded_prompt_and_response() {
-    let _serial = serial();
     let tok = ByteTokenizer::new();
     let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let s2 = seen.clone();
@@ -295,21 +282,23 @@ fn text_scorer_gets_the_decoded_prompt_and_response() {
     assert_eq!(floats(td.get(("next", "score")).unwrap()), vec![2.0, 4.0]);
 }
 
-fn score_model(seed: i64) -> (VarStore, CausalLmWithScoreHead) {
-    tch::manual_seed(seed);
+/// A score model whose initial weights are those of `seed` (the same weights for the same
+/// seed, whatever the tests beside it draw).
+fn score_model(seed: u64) -> (VarStore, CausalLmWithScoreHead) {
     let vs = VarStore::new(Device::Cpu);
-    let m = CausalLmWithScoreHead::new(&vs.root(), &model_cfg()).unwrap();
-    (vs, m)
+    let m = with_init_seed(seed, || {
+        CausalLmWithScoreHead::new(&vs.root(), &model_cfg())
+    });
+    (vs, m.unwrap())
 }
 
 #[test]
 fn reward_model_scorer_equals_the_score_model_run_by_hand() {
-    let _serial = serial();
     let resp = response(&[[4, 5, EOS, PAD], [6, 7, 8, 9]]);
     // by hand: full = cat(prompt, response) with the left-padded prompt [PAD, 3]
     let full = Tensor::from_slice(&[1i64, 2, 4, 5, EOS, PAD, PAD, 3, 6, 7, 8, 9]).view([2, 6]);
     let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1]).view([2, 6]);
-    let (vs, by_hand) = score_model(3);
+    let (_vs, by_hand) = score_model(3);
     let expected = tch::no_grad(|| {
         by_hand
             .forward(&LmInput::new(&full).with_attention_mask(&mask))
@@ -317,10 +306,9 @@ fn reward_model_scorer_equals_the_score_model_run_by_hand() {
     });
     let e = floats(&expected);
 
-    // the same weights, copied (re-seeding the global generator races with the tests that
-    // run beside this one)
-    let (mut vs2, model) = score_model(3);
-    vs2.copy(&vs).unwrap();
+    // the same weights: the same seed builds them (with_init_seed: whatever the tests beside
+    // this one draw meanwhile)
+    let (_vs2, model) = score_model(3);
     let scorer = RewardModelScorer::new(model);
     let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], Box::new(scorer)).unwrap();
     let td = env.reset(None).unwrap();
@@ -368,7 +356,6 @@ fn first_tokens(env: &mut TokenEnv, resets: usize) -> Vec<Vec<i64>> {
 
 #[test]
 fn prompts_are_served_in_order_and_cycle() {
-    let _serial = serial();
     let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
     // width 2 (the source's longest is 1) leaves room for the explicit prompts below
     let cfg = env_cfg(2).with_prompt_width(2);
@@ -394,7 +381,6 @@ fn prompts_are_served_in_order_and_cycle() {
 
 #[test]
 fn num_generations_serves_each_prompt_in_consecutive_rows() {
-    let _serial = serial();
     let prompts: Vec<Vec<i64>> = (1..=3).map(|i| vec![i]).collect();
     let cfg = env_cfg(4).with_num_generations(2).with_prompt_width(2);
     assert_eq!(cfg.prompts_per_reset(), 2);
@@ -438,7 +424,6 @@ fn num_generations_serves_each_prompt_in_consecutive_rows() {
 
 #[test]
 fn prompt_state_round_trips_and_a_bad_one_changes_nothing() {
-    let _serial = serial();
     let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
     let cfg = env_cfg(2).with_shuffle(true).with_seed(3);
     let mut a = TokenEnv::new(cfg.clone(), prompts.clone(), zero_scorer()).unwrap();
@@ -460,7 +445,6 @@ fn prompt_state_round_trips_and_a_bad_one_changes_nothing() {
 
 #[test]
 fn shuffled_prompts_are_seeded_permutations_per_pass() {
-    let _serial = serial();
     let prompts: Vec<Vec<i64>> = (1..=5).map(|i| vec![i]).collect();
     let make = |seed: u64| {
         let cfg = env_cfg(5).with_shuffle(true).with_seed(seed);
@@ -490,16 +474,14 @@ fn shuffled_prompts_are_seeded_permutations_per_pass() {
     assert_eq!(first_tokens(&mut env, 6), a);
 }
 
-fn tiny_model(seed: i64) -> (VarStore, Gpt2Model) {
-    tch::manual_seed(seed);
+fn tiny_model(seed: u64) -> (VarStore, Gpt2Model) {
     let vs = VarStore::new(Device::Cpu);
-    let m = Gpt2Model::new(&vs.root(), &model_cfg()).unwrap();
-    (vs, m)
+    let m = with_init_seed(seed, || Gpt2Model::new(&vs.root(), &model_cfg()));
+    (vs, m.unwrap())
 }
 
 #[test]
 fn generation_policy_writes_the_llm_layout() {
-    let _serial = serial();
     let (_vs, model) = tiny_model(5);
     let cfg = env_cfg(4);
     let mut policy = GenerationPolicy::new(&model, cfg.generation_config(), 11).unwrap();
@@ -558,7 +540,6 @@ fn generation_policy_writes_the_llm_layout() {
 
 #[test]
 fn reward_index_follows_the_policy_response_length() {
-    let _serial = serial();
     // 8 rows of up to 12 tokens (3 + 12 <= 16 positions): with this seed some rows end with
     // EOS and some hit the limit, both asserted below
     let (b, r, t) = (8usize, 12usize, 15usize);
@@ -600,7 +581,6 @@ fn reward_index_follows_the_policy_response_length() {
 
 #[test]
 fn check_env_specs_passes_and_a_policy_rollout_stays_in_the_specs() {
-    let _serial = serial();
     let mut env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
     check_env_specs(&mut env, Some(0)).unwrap();
 
@@ -657,7 +637,6 @@ fn uneven_prompts() -> Vec<Vec<i64>> {
 
 #[test]
 fn specs_are_any_length_as_torchrl() {
-    let _serial = serial();
     let env = TokenEnv::new(env_cfg(4), four_prompts(), zero_scorer()).unwrap();
     let specs = env.specs();
     let shape = |s: Option<&torchrl::specs::TensorSpec>| s.unwrap().shape().to_vec();
@@ -687,7 +666,6 @@ fn specs_are_any_length_as_torchrl() {
 
 #[test]
 fn each_reset_pads_to_its_own_longest_prompt() {
-    let _serial = serial();
     let widths = Arc::default();
     let mut env = TokenEnv::new(
         env_cfg(2),
@@ -724,7 +702,6 @@ fn each_reset_pads_to_its_own_longest_prompt() {
 
 #[test]
 fn a_partial_reset_pads_to_the_kept_rows_width() {
-    let _serial = serial();
     // batches [1, 2] / [3] (width 2), then [4] / [5] (width 1), then [6, 7, 8] / [9]
     let prompts = vec![
         vec![1, 2],
@@ -761,7 +738,6 @@ fn a_partial_reset_pads_to_the_kept_rows_width() {
 
 #[test]
 fn check_env_specs_passes_with_prompt_widths_changing_across_resets() {
-    let _serial = serial();
     let widths = Arc::new(Mutex::new(Vec::new()));
     let mut env = TokenEnv::new(
         env_cfg(2),
@@ -793,7 +769,6 @@ fn check_env_specs_passes_with_prompt_widths_changing_across_resets() {
 
 #[test]
 fn a_response_narrower_than_max_new_tokens_steps_fine() {
-    let _serial = serial();
     let seen: Seen = Arc::default();
     let mut env =
         TokenEnv::new(env_cfg(4), four_prompts(), recording_scorer(seen.clone())).unwrap();
@@ -912,7 +887,6 @@ fn reward_after_step(env: &mut RewardShapeEnv) -> torchrl::Result<Tensor> {
 
 #[test]
 fn dynamic_reward_specs_are_checked_not_reshaped() {
-    let _serial = serial();
     // fixed spec: today's reshape ([2] -> [2, 1]; also tests/envs.rs
     // step_validates_batch_size_and_reshapes_rewards and check.rs's doc example)
     let r = reward_after_step(&mut RewardShapeEnv::new(&[2, 1], false, &[2])).unwrap();
@@ -952,7 +926,6 @@ fn expect_err<T: std::fmt::Debug>(r: torchrl::Result<T>, needles: &[&str]) -> Er
 
 #[test]
 fn bad_prompts_and_configs_are_errors() {
-    let _serial = serial();
     expect_err(
         TokenEnv::new(env_cfg(1), vec![], zero_scorer()),
         &["prompts", "at least one prompt"],
@@ -1059,7 +1032,6 @@ fn bad_prompts_and_configs_are_errors() {
 
 #[test]
 fn bad_responses_are_errors() {
-    let _serial = serial();
     let mut env = TokenEnv::new(env_cfg(2), vec![vec![1, 2], vec![3]], zero_scorer()).unwrap();
     let td = env.reset(None).unwrap();
     let step = |env: &mut TokenEnv, resp: Tensor| {
@@ -1207,7 +1179,6 @@ fn bad_responses_are_errors() {
 
 #[test]
 fn generation_policy_errors_on_bad_prompts() {
-    let _serial = serial();
     let (_vs, model) = tiny_model(5);
     let mut policy = GenerationPolicy::new(&model, GenerationConfig::new(2), 0).unwrap();
     let td = TensorDict::new([2]).unwrap();
@@ -1224,10 +1195,11 @@ fn generation_policy_errors_on_bad_prompts() {
         .unwrap();
     expect_err(policy.call(td), &["\"tokens\", \"prompt\"", "int64"]);
     // a value-head wrapper generates with its trunk: the same tokens for the same seed
-    tch::manual_seed(5);
     let vs = VarStore::new(Device::Cpu);
-    let with_head =
-        torchrl::modules::llm::CausalLmWithValueHead::new(&vs.root(), &model_cfg()).unwrap();
+    let with_head = with_init_seed(5, || {
+        torchrl::modules::llm::CausalLmWithValueHead::new(&vs.root(), &model_cfg())
+    })
+    .unwrap();
     let prompt = TensorDict::new([1])
         .unwrap()
         .with(

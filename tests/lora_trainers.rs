@@ -3,12 +3,11 @@
 //! reference is the base model (adapters off, no copy), only the adapters and the value head
 //! train, the base weights stay bitwise as they were, and the runs learn and resume exactly.
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::LlamaConfig;
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, LoraConfig, TextTokenizer,
 };
@@ -19,14 +18,7 @@ use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::trainers::policy::hydra_policy;
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 
-/// Weight initialisation draws from libtorch's global RNG: one test at a time.
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
-
 const NEW: i64 = 4;
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn lowercase(r: &[i64]) -> f64 {
     r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
@@ -70,13 +62,14 @@ fn lora_with_head_config() -> ModelConfig {
 }
 
 /// The base model of `seed` (the same weights for the same seed) with adapters as `model`
-/// says.
-fn policy(seed: i64, model: &ModelConfig) -> (VarStore, CausalLmWithHydraValueHead) {
-    tch::manual_seed(seed);
+/// says (their `A` and the value head drawn from the same seeded generator). No dropout
+/// (`lora_dropout` 0), so nothing here draws from libtorch's global generator.
+fn policy(seed: u64, model: &ModelConfig) -> (VarStore, CausalLmWithHydraValueHead) {
     let vs = VarStore::new(Device::Cpu);
-    let base = cfg().build(&vs.root()).unwrap();
-    let m = hydra_policy(&vs.root(), base, model).unwrap();
-    (vs, m)
+    let m = with_init_seed(seed, || {
+        hydra_policy(&vs.root(), cfg().build(&vs.root())?, model)
+    });
+    (vs, m.unwrap())
 }
 
 /// The base parameters, without those `modules_to_save` trains (`lm_head`).
@@ -130,7 +123,6 @@ fn env(g: i64) -> TokenEnv {
 
 #[test]
 fn grpo_with_lora_learns_keeps_the_base_and_resumes_exactly() {
-    let _g = lock();
     let dir = scratch("grpo");
     let mut c = GrpoTrlConfig::default();
     c.train.batch_size = 8;
@@ -189,7 +181,6 @@ fn grpo_with_lora_learns_keeps_the_base_and_resumes_exactly() {
 
 #[test]
 fn ppo_rlhf_with_lora_starts_at_the_reference_and_trains_only_adapters() {
-    let _g = lock();
     let dir = scratch("ppo");
     let mut c = TrlConfig::default();
     c.method.num_rollouts = 8;
@@ -236,7 +227,6 @@ fn ppo_rlhf_with_lora_starts_at_the_reference_and_trains_only_adapters() {
 
 #[test]
 fn dpo_with_lora_starts_at_ln2_and_learns_the_preference() {
-    let _g = lock();
     let dir = scratch("dpo");
     let tok = ByteTokenizer::new();
     let pairs: Vec<DpoPair> = ["ab", "cd", "efg", "h"]
@@ -258,6 +248,9 @@ fn dpo_with_lora_starts_at_ln2_and_learns_the_preference() {
     c.optimizer.kwargs.lr = 5e-2;
     c.scheduler.kwargs.eta_min = 5e-2;
     c.method.gen_kwargs.max_new_tokens = NEW as usize;
+    // 40 steps: the last minibatch's loss is below 0.06 for every initial weight tried (seeds
+    // 0-11, with libtorch's init and with `with_init_seed`); after 20 steps a quarter of them
+    // were still between 0.10 and 0.27 (the minibatch is 2 pairs: the loss is noisy)
     let (_vs, m) = policy(7, &c.model);
     let base = base_params(&m);
     let mut a = DpoTrainer::new(c, m, pairs.clone(), Box::new(ByteTokenizer::new())).unwrap();
@@ -267,7 +260,7 @@ fn dpo_with_lora_starts_at_ln2_and_learns_the_preference() {
             logs.push(s.clone());
             Ok(())
         });
-        for _ in 0..10 {
+        for _ in 0..20 {
             a.train_epoch(&mut cb).unwrap();
         }
     }
@@ -281,7 +274,6 @@ fn dpo_with_lora_starts_at_ln2_and_learns_the_preference() {
 
 #[test]
 fn the_config_chooses_the_reference_and_round_trips_peft_config() {
-    let _g = lock();
     let c = TrlConfig {
         model: lora_model_config(),
         ..TrlConfig::default()

@@ -1441,10 +1441,7 @@ fn replay_reinforce_delay(case: &Value) -> R<()> {
     if delay {
         let tw = &case["target_weights"];
         let names = ["critic_w1", "critic_b1", "critic_w2", "critic_b2"];
-        let leaves: Vec<Tensor> = names
-            .iter()
-            .map(|n| tensor(&tw[*n]))
-            .collect::<R<_>>()?;
+        let leaves: Vec<Tensor> = names.iter().map(|n| tensor(&tw[*n])).collect::<R<_>>()?;
         let [c1, cb1, c2, cb2] = [0, 1, 2, 3].map(|i| leaves[i].shallow_clone());
         let target = from_fn(["observation"], ["state_value"], move |x: &[&Tensor]| {
             Ok(vec![mlp(x[0], &c1, &cb1, &c2, &cb2)])

@@ -3,11 +3,10 @@
 //! trainer (rollout layout, zero KL at init, ratio 1 on the first step, the KL controller's
 //! schedule, evaluation, sampling, checkpoints and resume, and its errors).
 
-use std::sync::Mutex;
-
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLm, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config,
     Gpt2Model, LmInput, TextTokenizer,
@@ -21,14 +20,7 @@ use torchrl::trainers::reward::{
 use torchrl::trainers::sft::causal_lm_loss;
 use torchrl::Error;
 
-/// Weight initialisation draws from libtorch's global RNG: one test at a time.
-static GLOBAL_RNG: Mutex<()> = Mutex::new(());
-
 const NEW: i64 = 4;
-
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn cfg() -> Gpt2Config {
     let tok = ByteTokenizer::new();
@@ -67,10 +59,14 @@ fn trl_config(dir: &std::path::Path, target: Option<f64>) -> TrlConfig {
     c
 }
 
-/// A trainer whose hidden reward is the number of 'a' bytes in the response.
-fn trainer(dir: &std::path::Path, target: Option<f64>) -> (VarStore, PpoRlhfTrainer) {
+/// A trainer whose hidden reward is the number of 'a' bytes in the response, on a model whose
+/// initial weights are those of `seed`.
+fn trainer(dir: &std::path::Path, target: Option<f64>, seed: u64) -> (VarStore, PpoRlhfTrainer) {
     let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1).unwrap();
+    let model = with_init_seed(seed, || {
+        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1)
+    })
+    .unwrap();
     let tok = ByteTokenizer::new();
     let env_cfg = TokenEnvConfig::for_model(&cfg().facts())
         .with_max_new_tokens(NEW)
@@ -86,10 +82,8 @@ fn trainer(dir: &std::path::Path, target: Option<f64>) -> (VarStore, PpoRlhfTrai
 
 #[test]
 fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
-    let _g = lock();
-    tch::manual_seed(0);
     let vs = VarStore::new(Device::Cpu);
-    let model = Gpt2Model::new(&vs.root(), &cfg()).unwrap();
+    let model = with_init_seed(0, || Gpt2Model::new(&vs.root(), &cfg())).unwrap();
     // row 0: 3 real tokens then padding; row 1: 4 real tokens
     let tokens = Tensor::from_slice(&[5i64, 6, 7, 257, 8, 9, 10, 11]).view([2, 4]);
     let mask = Tensor::from_slice(&[1i64, 1, 1, 0, 1, 1, 1, 1]).view([2, 4]);
@@ -124,12 +118,11 @@ fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
 
 #[test]
 fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
-    let _g = lock();
-    tch::manual_seed(1);
     let vs = VarStore::new(Device::Cpu);
-    let rm =
-        CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg()).unwrap())
-            .unwrap();
+    let rm = with_init_seed(1, || {
+        CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg())?)
+    })
+    .unwrap();
     let pairs = vec![
         PreferencePair::new(vec![1, 2, 3], vec![1, 2]),
         PreferencePair::new(vec![4, 5], vec![6, 7, 8, 9]),
@@ -183,10 +176,8 @@ fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
 
 #[test]
 fn ppo_iteration_layout_zero_kl_at_init_and_unit_ratio_on_the_first_step() {
-    let _g = lock();
-    tch::manual_seed(2);
     let dir = tempdir("layout");
-    let (_vs, mut t) = trainer(&dir, None);
+    let (_vs, mut t) = trainer(&dir, None, 2);
     let mut logged: Vec<(usize, Stats)> = Vec::new();
     let stats = {
         let mut cb = Callbacks::new().on_log(|step, s| {
@@ -249,10 +240,8 @@ fn ppo_iteration_layout_zero_kl_at_init_and_unit_ratio_on_the_first_step() {
 
 #[test]
 fn adaptive_controller_follows_the_rollout_kl_once_per_epoch() {
-    let _g = lock();
-    tch::manual_seed(3);
     let dir = tempdir("adaptive");
-    let (_vs, mut t) = trainer(&dir, Some(0.5));
+    let (_vs, mut t) = trainer(&dir, Some(0.5), 3);
     let mut cb = Callbacks::new();
     let mut expected = 0.1;
     for _ in 0..3 {
@@ -271,10 +260,8 @@ fn adaptive_controller_follows_the_rollout_kl_once_per_epoch() {
 
 #[test]
 fn evaluate_and_sample_decode_the_responses() {
-    let _g = lock();
-    tch::manual_seed(4);
     let dir = tempdir("eval");
-    let (_vs, t) = trainer(&dir, None);
+    let (_vs, t) = trainer(&dir, None, 4);
     let lens = |s: &[String]| Ok(s.iter().map(|x| x.len() as f64).collect());
     let mut t =
         t.with_evaluation(Evaluation::new(vec!["ab".into(), "c".into()]).with_reward_fn(lens));
@@ -292,17 +279,15 @@ fn evaluate_and_sample_decode_the_responses() {
 
 #[test]
 fn checkpoint_resume_restores_weights_optimizer_schedule_and_controller() {
-    let _g = lock();
-    tch::manual_seed(5);
     let dir = tempdir("resume");
-    let (_vs, mut a) = trainer(&dir, Some(0.5));
+    let (_vs, mut a) = trainer(&dir, Some(0.5), 5);
     let mut cb = Callbacks::new();
     a.iteration(&mut cb).unwrap();
     a.iteration(&mut cb).unwrap();
     let saved = a.save(&dir).unwrap();
     assert!(saved.exists());
-    tch::manual_seed(99); // a different init, overwritten by the load
-    let (_vs2, mut b) = trainer(&dir, Some(0.5));
+    // a different init (seed 99), overwritten by the load
+    let (_vs2, mut b) = trainer(&dir, Some(0.5), 99);
     b.load(&dir).unwrap();
     assert_eq!(RlTrainer::iter_count(&b), RlTrainer::iter_count(&a));
     assert_eq!(b.kl_controller().value(), a.kl_controller().value());
@@ -323,12 +308,11 @@ fn checkpoint_resume_restores_weights_optimizer_schedule_and_controller() {
 
 #[test]
 fn bad_configs_tokenizers_and_envs_are_refused() {
-    let _g = lock();
-    tch::manual_seed(6);
     let dir = tempdir("errors");
     let build = |config: TrlConfig, env_vocab: i64, tok_vocab_ok: bool| {
         let vs = VarStore::new(Device::Cpu);
-        let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1).unwrap();
+        let model =
+            with_init_seed(6, || CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1)).unwrap();
         let env_cfg = TokenEnvConfig::new(env_vocab, 16)
             .with_max_new_tokens(NEW)
             .with_batch_size(2);
@@ -437,12 +421,9 @@ fn params_of(t: &PpoRlhfTrainer) -> Vec<(String, Tensor)> {
 #[test]
 fn single_process_collective_and_learn_on_replay_an_iteration_bit_for_bit() {
     use torchrl::trainers::parallel::{Collective, SingleProcess};
-    let _g = lock();
     let dir = tempdir("single-collective");
-    tch::manual_seed(11);
-    let (_va, mut a) = trainer(&dir, Some(0.5));
-    tch::manual_seed(11);
-    let (_vb, b) = trainer(&dir, Some(0.5));
+    let (_va, mut a) = trainer(&dir, Some(0.5), 11);
+    let (_vb, b) = trainer(&dir, Some(0.5), 11);
     let mut b = b.with_collective(SingleProcess).unwrap();
     assert_eq!((b.collective().rank(), b.collective().world_size()), (0, 1));
     assert!(b.is_main_process());
@@ -480,9 +461,13 @@ fn global_whitening_and_token_normalizer_reduce_to_the_local_ones_in_one_process
     };
     use torchrl::objectives::llm::{compute_ppo_rlhf_advantages_with, masked_whiten_global};
     use torchrl::TensorDict;
-    let _g = lock();
-    tch::manual_seed(4);
-    let x = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+    // arbitrary inputs, from a seeded generator of this test (not libtorch's global one)
+    let mut rng = torchrl::Generator::new(4);
+    let mut randn = |shape: &[i64]| {
+        rng.normal(shape, 0.0, 1.0, Kind::Float, Device::Cpu)
+            .unwrap()
+    };
+    let x = randn(&[3, 5]);
     let mask = Tensor::from_slice(&[0i64, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1]).view([3, 5]);
     let identity = |_: &mut Tensor| Ok(());
     // bitwise the local whitening
@@ -522,10 +507,14 @@ fn global_whitening_and_token_normalizer_reduce_to_the_local_ones_in_one_process
     }
 
     // the loss: Some(n) is bitwise None; Some(2n) halves every term; Some(< n) is refused
-    let lp = Tensor::randn([2, 4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-    let v = Tensor::randn([2, 4], (Kind::Float, Device::Cpu));
-    let r = || Tensor::randn([2, 4], (Kind::Float, Device::Cpu));
-    let (olp, ov, adv, ret) = (r(), r(), r(), r());
+    let lp = randn(&[2, 4]).set_requires_grad(true);
+    let v = randn(&[2, 4]);
+    let (olp, ov, adv, ret) = (
+        randn(&[2, 4]),
+        randn(&[2, 4]),
+        randn(&[2, 4]),
+        randn(&[2, 4]),
+    );
     let m = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]).view([2, 4]);
     let inputs = PpoRlhfInputs {
         log_probs: &lp,
