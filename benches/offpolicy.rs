@@ -19,8 +19,9 @@
 //!   random priorities.
 //!
 //! W24 and W25 are printed next to a bare-`tch` floor (`*_floor`: the same graph written with
-//! `tch` ops on `nn::Linear` layers, no tensordict, no loss module) and the ratio of the two
-//! times as a `#` comment line. W26 has no floor.
+//! `tch` ops on `nn::Linear` layers, no tensordict, no loss module; its repetitions interleaved
+//! with ours, so that machine noise hits both alike) and the ratio of the two times (ours /
+//! floor) as a `#` comment line. W26 has no floor.
 //!
 //! Run: `cargo bench --bench offpolicy`.
 
@@ -59,6 +60,22 @@ fn warm_best_of_3(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     try_best_of(f, 3)
 }
 
+/// One repetition of a workload, with its state.
+type Repetition<'a> = Box<dyn FnMut() -> Result<()> + 'a>;
+
+/// The best of 3 timed repetitions of `ours` and of `floor` (in seconds), after one warm-up
+/// repetition of each, the two interleaved so that machine noise hits both alike.
+fn paired(mut ours: Repetition<'_>, mut floor: Repetition<'_>) -> Result<(f64, f64)> {
+    ours()?;
+    floor()?;
+    let (mut best_ours, mut best_floor) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..3 {
+        best_floor = best_floor.min(try_best_of(&mut floor, 1)?);
+        best_ours = best_ours.min(try_best_of(&mut ours, 1)?);
+    }
+    Ok((best_ours, best_floor))
+}
+
 /// A batch of `n` random transitions: observation `[n, obs]`, action `action`, next
 /// observation, next reward `[n, 1]`, next done = next terminated (bool `[n, 1]`, ~5% set).
 fn transitions(n: i64, obs: i64, action: Tensor) -> Result<TensorDict> {
@@ -91,7 +108,7 @@ fn mlp_config(inputs: i64, outputs: i64) -> MlpConfig {
 // ------------------------------------------------------------------------------------ W24
 
 /// W24 (ours): `SACLoss` forward, backward of the three losses, Adam, `SoftUpdate`.
-fn w24(data: &TensorDict) -> Result<f64> {
+fn w24(data: &TensorDict) -> Result<Repetition<'_>> {
     let vs = nn::VarStore::new(Device::Cpu);
     let mlp = MLP::new(&vs.root().sub("actor"), &mlp_config(3, 2))?;
     let net = TensorDictSequential::new()
@@ -117,7 +134,7 @@ fn w24(data: &TensorDict) -> Result<f64> {
     loss.make_value_estimator(ValueEstimators::TD0, GAMMA)?;
     let mut updater = SoftUpdate::new(&loss, None, Some(TAU))?;
     let mut opt = nn::Adam::default().build(&vs, LR)?;
-    let secs = warm_best_of_3(|| {
+    Ok(Box::new(move || {
         for _ in 0..W24_UPDATES {
             let out = loss.forward(data)?;
             opt.zero_grad();
@@ -126,8 +143,7 @@ fn w24(data: &TensorDict) -> Result<f64> {
             updater.step()?;
         }
         Ok(())
-    })?;
-    Ok(W24_UPDATES as f64 / secs)
+    }))
 }
 
 /// An MLP of `nn::Linear` layers with tanh between them (the floor's networks).
@@ -213,7 +229,7 @@ fn tanh_normal_rsample(param: &Tensor) -> (Tensor, Tensor) {
 }
 
 /// The W24 floor: the same SAC update written with `tch` ops on `nn::Linear` layers.
-fn w24_floor(data: &TensorDict) -> Result<f64> {
+fn w24_floor(data: &TensorDict) -> Result<Repetition<'static>> {
     let obs = data.get_or_err("observation")?.shallow_clone();
     let act = data.get_or_err("action")?.shallow_clone();
     let next_obs = data.get_or_err(("next", "observation"))?.shallow_clone();
@@ -242,7 +258,7 @@ fn w24_floor(data: &TensorDict) -> Result<f64> {
     let target_pairs = pairs(&vs, &tvs);
     let target_entropy = -1.0;
     let mut opt = nn::Adam::default().build(&vs, LR)?;
-    let secs = warm_best_of_3(|| {
+    Ok(Box::new(move || {
         for _ in 0..W24_UPDATES {
             let alpha = log_alpha.exp().detach();
             // critics: V(s') = min_i Q'_i(s', a') - α log π(a'|s')
@@ -274,8 +290,7 @@ fn w24_floor(data: &TensorDict) -> Result<f64> {
             soft_update(&target_pairs);
         }
         Ok(())
-    })?;
-    Ok(W24_UPDATES as f64 / secs)
+    }))
 }
 
 // ------------------------------------------------------------------------------------ W25
@@ -289,7 +304,7 @@ fn w25_data() -> Result<TensorDict> {
 }
 
 /// W25 (ours): `DQNLoss` forward, backward, Adam, `SoftUpdate`.
-fn w25(data: &TensorDict) -> Result<f64> {
+fn w25(data: &TensorDict) -> Result<Repetition<'_>> {
     let vs = nn::VarStore::new(Device::Cpu);
     let q = |p: &nn::Path| {
         QValueActor::new(
@@ -305,7 +320,7 @@ fn w25(data: &TensorDict) -> Result<f64> {
     loss.make_value_estimator(ValueEstimators::TD0, GAMMA)?;
     let mut updater = SoftUpdate::new(&loss, None, Some(TAU))?;
     let mut opt = nn::Adam::default().build(&vs, LR)?;
-    let secs = warm_best_of_3(|| {
+    Ok(Box::new(move || {
         for _ in 0..W25_UPDATES {
             let out = loss.forward(data)?;
             opt.zero_grad();
@@ -314,12 +329,11 @@ fn w25(data: &TensorDict) -> Result<f64> {
             updater.step()?;
         }
         Ok(())
-    })?;
-    Ok(W25_UPDATES as f64 / secs)
+    }))
 }
 
 /// The W25 floor: `Q(s, a) = Σ Q(s)·a`, target `r + γ (1 - terminated) max Q'(s')`, L2.
-fn w25_floor(data: &TensorDict) -> Result<f64> {
+fn w25_floor(data: &TensorDict) -> Result<Repetition<'static>> {
     let obs = data.get_or_err("observation")?.shallow_clone();
     let act = data.get_or_err("action")?.f_to_kind(Kind::Float)?;
     let next_obs = data.get_or_err(("next", "observation"))?.shallow_clone();
@@ -337,7 +351,7 @@ fn w25_floor(data: &TensorDict) -> Result<f64> {
     tvs.freeze();
     let target_pairs = pairs(&vs, &tvs);
     let mut opt = nn::Adam::default().build(&vs, LR)?;
-    let secs = warm_best_of_3(|| {
+    Ok(Box::new(move || {
         for _ in 0..W25_UPDATES {
             let pred = (q.forward(&obs) * &act).sum_dim_intlist(-1, false, Kind::Float);
             let target = tch::no_grad(|| {
@@ -351,8 +365,7 @@ fn w25_floor(data: &TensorDict) -> Result<f64> {
             soft_update(&target_pairs);
         }
         Ok(())
-    })?;
-    Ok(W25_UPDATES as f64 / secs)
+    }))
 }
 
 // ------------------------------------------------------------------------------------ W26
@@ -398,22 +411,22 @@ fn main() -> Result<()> {
     tch::set_num_threads(1);
     tch::manual_seed(0);
     let data = pendulum_transitions(BATCH)?;
-    let floor = w24_floor(&data)?;
-    let ours = w24(&data)?;
-    println!("W24_sac_update\t{ours:.1}");
-    println!("W24_sac_update_floor\t{floor:.1}");
+    let (ours, floor) = paired(w24(&data)?, w24_floor(&data)?)?;
+    let n = W24_UPDATES as f64;
+    println!("W24_sac_update\t{:.1}", n / ours);
+    println!("W24_sac_update_floor\t{:.1}", n / floor);
     println!(
         "# W24 ours (SACLoss) vs bare-tch floor: {:.3}x the floor's time",
-        floor / ours
+        ours / floor
     );
     let data = w25_data()?;
-    let floor = w25_floor(&data)?;
-    let ours = w25(&data)?;
-    println!("W25_dqn_update\t{ours:.1}");
-    println!("W25_dqn_update_floor\t{floor:.1}");
+    let (ours, floor) = paired(w25(&data)?, w25_floor(&data)?)?;
+    let n = W25_UPDATES as f64;
+    println!("W25_dqn_update\t{:.1}", n / ours);
+    println!("W25_dqn_update_floor\t{:.1}", n / floor);
     println!(
         "# W25 ours (DQNLoss) vs bare-tch floor: {:.3}x the floor's time",
-        floor / ours
+        ours / floor
     );
     let (fill, ops) = w26()?;
     println!("W26_fill_1m\t{fill:.1}");
