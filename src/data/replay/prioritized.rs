@@ -85,18 +85,31 @@ impl SegmentTree {
             .unwrap_or(self.identity)
     }
 
-    fn update(&mut self, index: usize, value: f32) {
-        let mut i = index | self.capacity;
-        if let Some(v) = self.values.get_mut(i) {
-            *v = value;
-        }
-        while i > 1 {
-            let a = self.values.get(i).copied().unwrap_or(self.identity);
-            let b = self.values.get(i ^ 1).copied().unwrap_or(self.identity);
-            if let Some(p) = self.values.get_mut(i >> 1) {
-                *p = (self.op)(a, b);
+    /// Sets the leaves `(index, value)` (in order: a later value for the same index wins) and
+    /// recomputes their ancestors. The ancestors are recomputed level by level for all the
+    /// leaves at once, so that the reads of the different paths (cache misses in a large tree)
+    /// overlap; the tree is the same as after one leaf-to-root pass per leaf, since every
+    /// node is the operation of its two children either way.
+    fn update_many(&mut self, items: &[(usize, f32)]) {
+        let mut nodes: Vec<usize> = Vec::with_capacity(items.len());
+        for &(index, value) in items {
+            let i = index | self.capacity;
+            if let Some(v) = self.values.get_mut(i) {
+                *v = value;
+                nodes.push(i);
             }
-            i >>= 1;
+        }
+        let mut level = self.capacity;
+        while level > 1 {
+            for i in nodes.iter_mut() {
+                let a = self.values.get(*i).copied().unwrap_or(self.identity);
+                let b = self.values.get(*i ^ 1).copied().unwrap_or(self.identity);
+                *i >>= 1;
+                if let Some(p) = self.values.get_mut(*i) {
+                    *p = (self.op)(a, b);
+                }
+            }
+            level >>= 1;
         }
     }
 
@@ -122,22 +135,37 @@ impl SegmentTree {
         ret
     }
 
-    /// The smallest index whose prefix sum reaches `value` (sum trees only).
-    fn scan_lower_bound(&self, value: f32) -> usize {
-        if value > self.values.get(1).copied().unwrap_or(0.0) {
-            return self.size;
-        }
-        let mut index = 1usize;
-        let mut current = value;
-        while index < self.capacity {
-            index <<= 1;
-            let left = self.values.get(index).copied().unwrap_or(0.0);
-            if current > left {
-                current -= left;
-                index |= 1;
+    /// For each of `values`, the smallest index whose prefix sum reaches it (sum trees only;
+    /// `size` for a value above the total). The descents run level by level for all the values
+    /// at once, so that their reads (cache misses in a large tree) overlap; each result is the
+    /// one a descent of its own would give.
+    fn scan_lower_bounds(&self, values: &[f32]) -> Vec<usize> {
+        let total = self.values.get(1).copied().unwrap_or(0.0);
+        let mut nodes = vec![1usize; values.len()];
+        let mut rest = values.to_vec();
+        let mut level = 1usize;
+        while level < self.capacity {
+            for (node, current) in nodes.iter_mut().zip(rest.iter_mut()) {
+                *node <<= 1;
+                let left = self.values.get(*node).copied().unwrap_or(0.0);
+                if *current > left {
+                    *current -= left;
+                    *node |= 1;
+                }
             }
+            level <<= 1;
         }
-        index ^ self.capacity
+        values
+            .iter()
+            .zip(nodes)
+            .map(|(v, node)| {
+                if *v > total {
+                    self.size
+                } else {
+                    node ^ self.capacity
+                }
+            })
+            .collect()
     }
 }
 
@@ -280,12 +308,13 @@ impl PrioritizedSampler {
             }
         }
         let (eps, alpha) = (self.eps as f32, self.alpha as f32);
-        for (i, p) in pairs {
-            // torch.pow(priority + eps, alpha) in float32
-            let v = (p + eps).powf(alpha);
-            self.sum_tree.update(i, v);
-            self.min_tree.update(i, v);
-        }
+        // torch.pow(priority + eps, alpha) in float32
+        let leaves: Vec<(usize, f32)> = pairs
+            .into_iter()
+            .map(|(i, p)| (i, (p + eps).powf(alpha)))
+            .collect();
+        self.sum_tree.update_many(&leaves);
+        self.min_tree.update_many(&leaves);
         Ok(())
     }
 
@@ -319,11 +348,14 @@ impl PrioritizedSampler {
                 ),
             ));
         }
-        let mut indices = Vec::with_capacity(batch_size.unsigned_abs() as usize);
-        let mut weights = Vec::with_capacity(indices.capacity());
-        for _ in 0..batch_size {
-            let mass = (self.generator.next_f64() * f64::from(p_sum)) as f32;
-            let mut i = self.sum_tree.scan_lower_bound(mass).min(n - 1);
+        let masses: Vec<f32> = (0..batch_size)
+            .map(|_| (self.generator.next_f64() * f64::from(p_sum)) as f32)
+            .collect();
+        let found = self.sum_tree.scan_lower_bounds(&masses);
+        let mut indices = Vec::with_capacity(found.len());
+        let mut weights = Vec::with_capacity(found.len());
+        for i in found {
+            let mut i = i.min(n - 1);
             // a zero leaf is never the answer: step back (TorchRL)
             while self.sum_tree.at(i) == 0.0 && i > 0 {
                 i -= 1;
@@ -356,5 +388,89 @@ impl Sampler for PrioritizedSampler {
         self.sum_tree = SegmentTree::sum(self.max_capacity);
         self.min_tree = SegmentTree::min(self.max_capacity);
         self.max_priority = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SegmentTree;
+    use crate::rng::Generator;
+
+    /// The one-leaf-at-a-time update (a leaf, then its path to the root).
+    fn update_one(tree: &mut SegmentTree, index: usize, value: f32) {
+        let mut i = index | tree.capacity;
+        if let Some(v) = tree.values.get_mut(i) {
+            *v = value;
+        }
+        while i > 1 {
+            let a = tree.values.get(i).copied().unwrap_or(tree.identity);
+            let b = tree.values.get(i ^ 1).copied().unwrap_or(tree.identity);
+            if let Some(p) = tree.values.get_mut(i >> 1) {
+                *p = (tree.op)(a, b);
+            }
+            i >>= 1;
+        }
+    }
+
+    /// The one-value-at-a-time descent.
+    fn scan_one(tree: &SegmentTree, value: f32) -> usize {
+        if value > tree.values.get(1).copied().unwrap_or(0.0) {
+            return tree.size;
+        }
+        let mut index = 1usize;
+        let mut current = value;
+        while index < tree.capacity {
+            index <<= 1;
+            let left = tree.values.get(index).copied().unwrap_or(0.0);
+            if current > left {
+                current -= left;
+                index |= 1;
+            }
+        }
+        index ^ tree.capacity
+    }
+
+    #[test]
+    fn batched_updates_and_descents_match_one_at_a_time() {
+        let mut gen = Generator::new(3);
+        for size in [1usize, 2, 5, 64, 1000] {
+            let (mut sum, mut min) = (SegmentTree::sum(size), SegmentTree::min(size));
+            let (mut sum1, mut min1) = (SegmentTree::sum(size), SegmentTree::min(size));
+            for round in 0..20 {
+                // repeated indices included: the last value written wins
+                let items: Vec<(usize, f32)> = (0..(round % 7) * 5 + 1)
+                    .map(|_| {
+                        let i = (gen.next_f64() * size as f64) as usize % size;
+                        let v = if gen.next_f64() < 0.1 {
+                            0.0
+                        } else {
+                            gen.next_f64() as f32
+                        };
+                        (i, v)
+                    })
+                    .collect();
+                sum.update_many(&items);
+                min.update_many(&items);
+                for &(i, v) in &items {
+                    update_one(&mut sum1, i, v);
+                    update_one(&mut min1, i, v);
+                }
+                assert_eq!(
+                    sum.values, sum1.values,
+                    "sum tree, size {size}, round {round}"
+                );
+                assert_eq!(
+                    min.values, min1.values,
+                    "min tree, size {size}, round {round}"
+                );
+                let total = f64::from(sum.query(0, size));
+                // masses over [0, 1.1 * total]: some above the total (→ size)
+                let masses: Vec<f32> = (0..33)
+                    .map(|_| (gen.next_f64() * 1.1 * total) as f32)
+                    .collect();
+                let one: Vec<usize> = masses.iter().map(|m| scan_one(&sum1, *m)).collect();
+                assert_eq!(sum.scan_lower_bounds(&masses), one, "size {size}");
+            }
+        }
     }
 }
