@@ -34,6 +34,12 @@ done
 # global batch (Rust only). The bench needs the `distributed` feature, so it is run here, not above.
 cargo bench --quiet --features distributed --bench distributed 2>/dev/null | grep -P '^W\w+\t' >> "$rust_out"
 "$PY" benches/python/allreduce_baseline.py 2>/dev/null | grep -P '^W\w+\t' >> "$py_out"
+# W24-W26 (SAC / DQN updates, prioritized replay of 1M entries) ran above with the other benches;
+# their TorchRL half, and W27: SAC on Pendulum until the deterministic mean return reaches -200
+# (the example with --target-return; its "reached after F frames, S s" line -> 1/S).
+"$PY" benches/python/offpolicy_baseline.py 2>/dev/null | grep -P '^W\w+\t' >> "$py_out"
+cargo run --quiet --release --example sac_pendulum -- --target-return -200 --quiet 2>/dev/null | \
+  "$PY" -c "import re,sys; m=re.search(r'reached after (\d+) frames, ([0-9.]+)s', sys.stdin.read()); print(f'W27_sac_pendulum_to_m200\t{1/float(m.group(2)):.4f}\t# {m.group(2)} s, {m.group(1)} frames' if m else 'W27_sac_pendulum_to_m200\t0\t# -200 not reached')" >> "$rust_out"
 printf '%-34s %14s %14s %9s\n' workload "rust ops/s" "torchrl ops/s" ratio
 while IFS=$'\t' read -r name rust; do
   py=$(awk -F'\t' -v n="$name" '$1==n {print $2}' "$py_out")
