@@ -61,37 +61,105 @@ fn make_env(seed: u64) -> Result<TransformedEnv<PendulumEnv>> {
         .with(RewardSum::new())
 }
 
-fn main() -> Result<()> {
-    let mut frames: i64 = 12_000;
-    let mut seed: u64 = 0;
-    let mut quiet = false;
-    let mut target_return: Option<f64> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--frames" => {
-                frames = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| fail("--frames N"))?
-            }
-            "--seed" => {
-                seed = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| fail("--seed S"))?
-            }
-            "--target-return" => {
-                target_return = Some(
-                    args.next()
+/// The example's options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Frames to collect (default 12,000).
+    pub frames: i64,
+    /// The seed of the weights, the envs, the actor's and the buffer's draws (default 0).
+    pub seed: u64,
+    /// No progress lines.
+    pub quiet: bool,
+    /// With `Some(r)`: evaluate every 1,000 frames after warm-up and stop once the mean
+    /// deterministic return reaches `r` (workload W27 with `-200`).
+    pub target_return: Option<f64>,
+}
+
+impl Config {
+    /// `--frames N`, `--seed S`, `--target-return R`, `--quiet`.
+    pub fn from_args() -> Result<Self> {
+        let mut c = Config {
+            frames: 12_000,
+            seed: 0,
+            quiet: false,
+            target_return: None,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--frames" => {
+                    c.frames = args
+                        .next()
                         .and_then(|v| v.parse().ok())
-                        .ok_or_else(|| fail("--target-return R"))?,
-                )
+                        .ok_or_else(|| fail("--frames N"))?
+                }
+                "--seed" => {
+                    c.seed = args
+                        .next()
+                        .and_then(|v| v.parse().ok())
+                        .ok_or_else(|| fail("--seed S"))?
+                }
+                "--target-return" => {
+                    c.target_return = Some(
+                        args.next()
+                            .and_then(|v| v.parse().ok())
+                            .ok_or_else(|| fail("--target-return R"))?,
+                    )
+                }
+                "--quiet" => c.quiet = true,
+                other => return Err(fail(format!("unknown argument {other:?}"))),
             }
-            "--quiet" => quiet = true,
-            other => return Err(fail(format!("unknown argument {other:?}"))),
+        }
+        Ok(c)
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Frames collected.
+    pub frames: i64,
+    /// The deterministic policy's mean return on the evaluation episodes, before training.
+    pub before: f64,
+    /// The same after training.
+    pub after: f64,
+    /// With a target return: the frames and the seconds from the start at which it was reached.
+    pub reached: Option<(i64, f64)>,
+    /// Seconds from the start to the end.
+    pub seconds: f64,
+}
+
+fn main() -> Result<()> {
+    let cfg = Config::from_args()?;
+    let s = run(&cfg)?;
+    println!("SAC on Pendulum ({} frames, {:.1}s)", s.frames, s.seconds);
+    println!(
+        "  deterministic policy, mean return of {ENVS} episodes: before {:.1}, after {:.1}",
+        s.before, s.after
+    );
+    if let Some(target) = cfg.target_return {
+        match s.reached {
+            Some((at, secs)) => println!(
+                "  target return {target} reached after {at} frames, {secs:.1}s from the start \
+                 (evaluations every {EVAL_EVERY} frames included)"
+            ),
+            None => println!(
+                "  target return {target} not reached in {} frames",
+                cfg.frames
+            ),
         }
     }
+    Ok(())
+}
+
+/// Trains SAC as configured; see the module documentation.
+pub fn run(cfg: &Config) -> Result<Summary> {
+    let Config {
+        frames,
+        seed,
+        quiet,
+        target_return,
+    } = cfg.clone();
     let start = Instant::now();
     tch::manual_seed(seed as i64);
     tch::set_num_threads(1);
@@ -185,22 +253,13 @@ fn main() -> Result<()> {
     }
     drop(collector);
     let after = evaluate_dyn(loss.actor(), eval_seed)?;
-    let run_frames = reached.map_or(frames, |(at, _)| at);
-    println!(
-        "SAC on Pendulum ({run_frames} frames, {:.1}s)",
-        start.elapsed().as_secs_f64()
-    );
-    println!("  deterministic policy, mean return of {ENVS} episodes: before {before:.1}, after {after:.1}");
-    if let Some(target) = target_return {
-        match reached {
-            Some((at, secs)) => println!(
-                "  target return {target} reached after {at} frames, {secs:.1}s from the start \
-                 (evaluations every {EVAL_EVERY} frames included)"
-            ),
-            None => println!("  target return {target} not reached in {frames} frames"),
-        }
-    }
-    Ok(())
+    Ok(Summary {
+        frames: reached.map_or(frames, |(at, _)| at),
+        before,
+        after,
+        reached,
+        seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Mean return of one deterministic episode per env element.

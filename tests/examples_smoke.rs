@@ -1,5 +1,5 @@
 //! Smoke runs of the training examples (`examples/ppo_pendulum.rs`, `examples/reward_model.rs`,
-//! the flagship `examples/rlhf/`)
+//! `examples/sac_pendulum.rs`, the flagship `examples/rlhf/`)
 //! with tiny settings: their `run` functions are compiled in here, so the examples cannot rot
 //! and their seeding stays deterministic. The full runs (`cargo run --release --example ...`)
 //! check that learning happens; these only check that everything runs end to end.
@@ -11,6 +11,10 @@ mod ppo_pendulum;
 #[allow(dead_code)]
 #[path = "../examples/reward_model.rs"]
 mod reward_model;
+
+#[allow(dead_code)]
+#[path = "../examples/sac_pendulum.rs"]
+mod sac_pendulum;
 
 #[allow(dead_code)]
 #[path = "../examples/rlhf/main.rs"]
@@ -45,6 +49,29 @@ fn ppo_pendulum_smoke_run_is_deterministic() -> torchrl::Result<()> {
     }
     let b = ppo_pendulum::run(&cfg)?;
     assert_eq!(a, b, "same seed, same run");
+    Ok(())
+}
+
+/// SAC on Pendulum learns (the replay buffer once stored `[envs, T]` collector batches as
+/// `envs` trajectories, the example never left its warm-up, and "after" equalled "before"
+/// without any test noticing): seed 0 reaches a mean deterministic return of -200 within
+/// 4,000 frames (2,048 in release on this seed; the run is deterministic).
+#[test]
+fn sac_pendulum_smoke_run_reaches_minus_200() -> torchrl::Result<()> {
+    let _lock = GLOBAL_RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = sac_pendulum::Config {
+        frames: 4_000,
+        seed: 0,
+        quiet: true,
+        target_return: Some(-200.0),
+    };
+    let s = sac_pendulum::run(&cfg)?;
+    let (at, _) = s
+        .reached
+        .unwrap_or_else(|| panic!("-200 not reached: {s:?}"));
+    assert!(at <= 4_000, "{s:?}");
+    // the untrained policy is far below (the same evaluation episodes)
+    assert!(s.before < -1_000.0 && s.after >= -200.0, "{s:?}");
     Ok(())
 }
 

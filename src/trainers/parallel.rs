@@ -451,12 +451,12 @@ pub(crate) fn all_gather_json(
     let op = "all_gather_json";
     let bytes = serde_json::to_vec(local).map_err(|e| Error::invalid(op, e.to_string()))?;
     let (rank, world) = (c.rank(), c.world_size());
-    let mut lens = Tensor::f_zeros([world as i64], (Kind::Int64, Device::Cpu))?;
+    let mut lens = Tensor::f_zeros([world as i64], (Kind::Int64, tch::Device::Cpu))?;
     let _ = lens.f_get(rank as i64)?.f_fill_(bytes.len() as i64)?;
     c.all_reduce_sum(&mut lens)?;
     let lens: Vec<i64> = Vec::<i64>::try_from(&lens)?;
     let width = lens.iter().copied().max().unwrap_or(0);
-    let mut rows = Tensor::f_zeros([world as i64, width], (Kind::Int64, Device::Cpu))?;
+    let mut rows = Tensor::f_zeros([world as i64, width], (Kind::Int64, tch::Device::Cpu))?;
     let own: Vec<i64> = bytes.iter().map(|&b| i64::from(b)).collect();
     if !own.is_empty() {
         rows.f_get(rank as i64)?
