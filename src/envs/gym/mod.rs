@@ -31,9 +31,9 @@
 //! ```
 
 use std::ffi::CString;
-use std::sync::Once;
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyModule;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
@@ -52,12 +52,16 @@ fn py_err(op: &'static str, e: PyErr) -> Error {
     Error::invalid(op, format!("gymnasium (Python): {e}"))
 }
 
-/// Adds the build interpreter's site-packages to `sys.path`, once.
+/// Adds the build interpreter's site-packages to `sys.path`, once (retried if it failed).
+///
+/// A `PyOnceLock`, not a `std::sync::Once`: `site.addsitedir` runs Python code (the `.pth`
+/// files), during which the interpreter may hand the GIL to another thread; that thread would
+/// then block on a `Once` while holding the GIL, and the first could never finish (the gym
+/// tests hung this way on a loaded machine). `PyOnceLock` releases the GIL while it waits.
 fn init_paths(py: Python<'_>) -> PyResult<()> {
-    static ONCE: Once = Once::new();
-    let mut res = Ok(());
-    ONCE.call_once(|| {
-        res = (|| {
+    static PATHS: PyOnceLock<()> = PyOnceLock::new();
+    PATHS
+        .get_or_try_init(py, || -> PyResult<()> {
             let site = py.import("site")?;
             for p in option_env!("TORCHRL_GYM_SITE")
                 .unwrap_or("")
@@ -67,9 +71,8 @@ fn init_paths(py: Python<'_>) -> PyResult<()> {
                 site.call_method1("addsitedir", (p,))?;
             }
             Ok(())
-        })();
-    });
-    res
+        })
+        .map(|_| ())
 }
 
 /// Runs Python source in the embedded interpreter (its `__main__` namespace), e.g. to define and
