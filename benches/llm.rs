@@ -18,7 +18,8 @@
 //! `scripts/bench.sh` for the side-by-side table.
 
 mod common;
-use common::try_best_of;
+use common::bare_gpt2::BareGpt2;
+use common::{paired, print_floor, try_best_of};
 
 use std::hint::black_box;
 
@@ -29,7 +30,16 @@ use torchrl::modules::llm::{
 };
 use torchrl::Generator;
 
-fn tokens_per_s(cfg: &Gpt2Config, batch: i64, prompt: i64, new: i64) -> torchrl::Result<f64> {
+/// W8 / W9: generated tokens per second, ours and the bare-`tch` floor
+/// ([`BareGpt2::generate`]), their repetitions interleaved. The two are checked first to draw
+/// the same tokens from the same uniforms.
+fn tokens_per_s(
+    name: &str,
+    cfg: &Gpt2Config,
+    batch: i64,
+    prompt: i64,
+    new: i64,
+) -> torchrl::Result<f64> {
     tch::manual_seed(0);
     let vs = VarStore::new(Device::Cpu);
     let model = Gpt2Model::new(&vs.root(), cfg)?;
@@ -39,19 +49,37 @@ fn tokens_per_s(cfg: &Gpt2Config, batch: i64, prompt: i64, new: i64) -> torchrl:
         [batch, prompt],
         (Kind::Int64, Device::Cpu),
     )?;
-    let gen_cfg = GenerationConfig::rlhf_sampling(new);
+    let gen_cfg = GenerationConfig::rlhf_sampling(new).with_model_defaults(false);
+    let bare = BareGpt2::from_model(&model, cfg.n_head);
+    // the same math: the same tokens from the same uniforms
+    let ours = generate(&model, &ids, None, &gen_cfg, &mut Generator::new(7))?;
+    let u = Generator::new(7).uniform(&[new, batch], 0.0, 1.0, Kind::Double, Device::Cpu)?;
+    let (tokens, log_probs) = bare.generate(&ids, new, &u);
+    assert!(
+        ours.response.equal(&tokens),
+        "{name}: the floor drew other tokens"
+    );
+    let diff = (&ours.log_probs - &log_probs).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "{name}: log-probs differ by {diff}");
+
     let mut rng = Generator::new(0);
-    // warm-up (allocator, kernels)
-    generate(&model, &ids, None, &gen_cfg, &mut rng)?;
-    let secs = try_best_of(
-        || {
+    let mut floor_rng = Generator::new(0);
+    let (ours, floor) = paired(
+        Box::new(|| {
             let out = generate(&model, &ids, None, &gen_cfg, &mut rng)?;
             black_box(&out.sequences);
             Ok(())
-        },
-        3,
+        }),
+        Box::new(|| {
+            let u = floor_rng.uniform(&[new, batch], 0.0, 1.0, Kind::Double, Device::Cpu)?;
+            let _ = black_box(bare.generate(&ids, new, &u));
+            Ok(())
+        }),
     )?;
-    Ok((batch * new) as f64 / secs)
+    let tokens = (batch * new) as f64;
+    println!("{name}\t{:.1}", tokens / ours);
+    print_floor(name, tokens, ours, floor);
+    Ok(tokens / ours)
 }
 
 fn tiny() -> Gpt2Config {
@@ -69,13 +97,11 @@ fn main() -> torchrl::Result<()> {
         .unwrap_or(2);
     tch::set_num_threads(threads);
     let small = Gpt2Config::new(50257);
-    let w8 = tokens_per_s(&tiny(), 16, 16, 32)?;
-    println!("W8_gpt_generate_tiny\t{w8:.0}");
+    tokens_per_s("W8_gpt_generate_tiny", &tiny(), 16, 16, 32)?;
     if std::env::var_os("TORCHRL_BENCH_TINY_ONLY").is_some() {
         return Ok(());
     }
-    let w9 = tokens_per_s(&small, 8, 16, 32)?;
-    println!("W9_gpt_generate_gpt2_small\t{w9:.1}");
+    tokens_per_s("W9_gpt_generate_gpt2_small", &small, 8, 16, 32)?;
 
     tch::manual_seed(0);
     let vs = VarStore::new(Device::Cpu);

@@ -26,7 +26,7 @@
 //! Run: `cargo bench --bench offpolicy`.
 
 mod common;
-use common::try_best_of;
+use common::{paired, print_floor, try_best_of, Repetition};
 
 use std::hint::black_box;
 
@@ -58,22 +58,6 @@ const W26_OPS: usize = 1_000;
 fn warm_best_of_3(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     try_best_of(f, 3)
-}
-
-/// One repetition of a workload, with its state.
-type Repetition<'a> = Box<dyn FnMut() -> Result<()> + 'a>;
-
-/// The best of 3 timed repetitions of `ours` and of `floor` (in seconds), after one warm-up
-/// repetition of each, the two interleaved so that machine noise hits both alike.
-fn paired(mut ours: Repetition<'_>, mut floor: Repetition<'_>) -> Result<(f64, f64)> {
-    ours()?;
-    floor()?;
-    let (mut best_ours, mut best_floor) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..3 {
-        best_floor = best_floor.min(try_best_of(&mut floor, 1)?);
-        best_ours = best_ours.min(try_best_of(&mut ours, 1)?);
-    }
-    Ok((best_ours, best_floor))
 }
 
 /// A batch of `n` random transitions: observation `[n, obs]`, action `action`, next
@@ -414,20 +398,12 @@ fn main() -> Result<()> {
     let (ours, floor) = paired(w24(&data)?, w24_floor(&data)?)?;
     let n = W24_UPDATES as f64;
     println!("W24_sac_update\t{:.1}", n / ours);
-    println!("W24_sac_update_floor\t{:.1}", n / floor);
-    println!(
-        "# W24 ours (SACLoss) vs bare-tch floor: {:.3}x the floor's time",
-        ours / floor
-    );
+    print_floor("W24_sac_update", n, ours, floor);
     let data = w25_data()?;
     let (ours, floor) = paired(w25(&data)?, w25_floor(&data)?)?;
     let n = W25_UPDATES as f64;
     println!("W25_dqn_update\t{:.1}", n / ours);
-    println!("W25_dqn_update_floor\t{:.1}", n / floor);
-    println!(
-        "# W25 ours (DQNLoss) vs bare-tch floor: {:.3}x the floor's time",
-        ours / floor
-    );
+    print_floor("W25_dqn_update", n, ours, floor);
     let (fill, ops) = w26()?;
     println!("W26_fill_1m\t{fill:.1}");
     println!("W26_prioritized_replay_1m\t{ops:.1}");

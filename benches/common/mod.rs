@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each bench uses some of these
 
+pub mod bare_gpt2;
+
 use std::time::Instant;
 
 /// The shortest of `repeat` runs of `f`, in seconds.
@@ -61,4 +63,30 @@ pub fn best_median(times: &[f64]) -> (f64, f64) {
         _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     };
     (sorted.first().copied().unwrap_or(f64::NAN), median)
+}
+
+/// One repetition of a workload, with its state.
+pub type Repetition<'a> = Box<dyn FnMut() -> torchrl::Result<()> + 'a>;
+
+/// The best of 3 timed repetitions of `ours` and of `floor` (in seconds), after one warm-up
+/// repetition of each, the two interleaved so that machine noise hits both alike.
+pub fn paired(mut ours: Repetition<'_>, mut floor: Repetition<'_>) -> torchrl::Result<(f64, f64)> {
+    ours()?;
+    floor()?;
+    let (mut best_ours, mut best_floor) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..3 {
+        best_floor = best_floor.min(try_best_of(&mut floor, 1)?);
+        best_ours = best_ours.min(try_best_of(&mut ours, 1)?);
+    }
+    Ok((best_ours, best_floor))
+}
+
+/// Prints the row `<name>_floor\t<ops/s>` (`ops` operations in `floor_s` seconds) that
+/// `scripts/bench.sh` pairs with the row `name`, and a `#` line with ours / floor (times).
+pub fn print_floor(name: &str, ops: f64, ours_s: f64, floor_s: f64) {
+    println!("{name}_floor\t{:.2}", ops / floor_s);
+    println!(
+        "# {name}: ours vs the bare-tch floor: {:.3}x the floor's time",
+        ours_s / floor_s
+    );
 }
