@@ -5,6 +5,10 @@
 #![allow(dead_code)] // each bench uses some of these
 
 pub mod bare_gpt2;
+pub mod bare_ilql;
+pub mod bare_optim;
+pub mod bare_ppo;
+pub mod bare_rlhf;
 
 use std::time::Instant;
 

@@ -1,0 +1,3 @@
+//! Bare-`tch` floor pieces of the ppo benches (see `bare_gpt2.rs`).
+
+#![allow(dead_code)] // each bench uses some of these
