@@ -26,7 +26,8 @@ use std::hint::black_box;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    generate, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Config, Gpt2Model, LmInput,
+    generate, CausalLm, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Config, Gpt2Model,
+    LmInput,
 };
 use torchrl::Generator;
 
@@ -41,8 +42,15 @@ fn tokens_per_s(
     new: i64,
 ) -> torchrl::Result<f64> {
     tch::manual_seed(0);
-    let vs = VarStore::new(Device::Cpu);
+    let mut vs = VarStore::new(Device::Cpu);
+    if bf16() {
+        // every variable made in bfloat16, as the Python side's `.to(bfloat16)`
+        vs.set_kind(Kind::BFloat16);
+    }
     let model = Gpt2Model::new(&vs.root(), cfg)?;
+    if bf16() {
+        report_bf16_drift(name, cfg, &mut vs, &model)?;
+    }
     let ids = Tensor::f_randint_low(
         3,
         cfg.vocab_size,
@@ -80,6 +88,45 @@ fn tokens_per_s(
     println!("{name}\t{:.1}", tokens / ours);
     print_floor(name, tokens, ours, floor);
     Ok(tokens / ours)
+}
+
+/// `TORCHRL_BENCH_BF16=1`: the GPT models are made in bfloat16 (both sides).
+fn bf16() -> bool {
+    common::env_or("TORCHRL_BENCH_BF16", 0u8) == 1
+}
+
+/// Rounds a float32 model's weights into the bf16 model (whose variables `bf16_vs` holds),
+/// then prints (as a `#` line) how far the bf16 logits are from the float32 ones on a
+/// `[4, 16]` batch: the largest absolute difference of the log-probs and the mean
+/// KL(f32 ‖ bf16) per position.
+fn report_bf16_drift(
+    name: &str,
+    cfg: &Gpt2Config,
+    bf16_vs: &mut VarStore,
+    bf16_model: &Gpt2Model,
+) -> torchrl::Result<()> {
+    tch::manual_seed(0);
+    let vs = VarStore::new(Device::Cpu);
+    let f32_model = Gpt2Model::new(&vs.root(), cfg)?;
+    // the bf16 model's weights become the float32 ones rounded
+    bf16_vs.copy(&vs)?;
+    let ids = Tensor::f_randint_low(3, cfg.vocab_size, [4, 16], (Kind::Int64, Device::Cpu))?;
+    let _guard = tch::no_grad_guard();
+    let exact = f32_model
+        .forward(&LmInput::new(&ids), None)?
+        .logits()?
+        .log_softmax(-1, Kind::Float);
+    let rounded = bf16_model
+        .forward(&LmInput::new(&ids), None)?
+        .logits()?
+        .log_softmax(-1, Kind::Float);
+    let max_diff = (&exact - &rounded).abs().max().double_value(&[]);
+    let kl = (exact.exp() * (&exact - &rounded)).sum_dim_intlist(-1, false, Kind::Float);
+    println!(
+        "# {name} bf16: log-probs within {max_diff:.3e} of float32's, mean KL(f32 || bf16) {:.3e}",
+        kl.mean(Kind::Float).double_value(&[])
+    );
+    Ok(())
 }
 
 fn tiny() -> Gpt2Config {

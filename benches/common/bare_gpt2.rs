@@ -16,6 +16,15 @@ use torchrl::modules::llm::CausalLm;
 
 /// The mask value of float32 scores (`transformers`' `finfo.min`).
 pub const MASK: f64 = f32::MIN as f64;
+
+/// The mask value of `kind`'s scores: its lowest finite value (as our attention uses).
+pub fn mask_value(kind: Kind) -> f64 {
+    match kind {
+        Kind::Half => -65504.0,
+        Kind::BFloat16 => -3.3895313892515355e38,
+        _ => MASK,
+    }
+}
 /// Below this many keys the CPU softmax is padded to it (as `nn/attention.rs` does).
 const SOFTMAX_MIN_KEYS: i64 = 16;
 
@@ -172,7 +181,7 @@ impl BareGpt2 {
         }
         let mut scores = q.matmul(&k.transpose(-1, -2)) / (d as f64).sqrt();
         if let Some(blocked) = blocked {
-            scores = scores.masked_fill(blocked, MASK);
+            scores = scores.masked_fill(blocked, mask_value(scores.kind()));
         }
         let attn = softmax_keys(&scores)
             .matmul(&v)
@@ -185,7 +194,7 @@ impl BareGpt2 {
 
     /// Samples `steps` tokens after the unpadded prompt `[B, P]` with the uniforms `u`
     /// `[steps, B]` (float64), from the full distribution at temperature 1, no EOS: the
-    /// tokens `[B, steps]` and their log-probs. Our `generate`'s math for
+    /// tokens `[B, steps]` and their log-probs (the logits taken in float32, as ours). Our `generate`'s math for
     /// `GenerationConfig::rlhf_sampling` on an unpadded prompt, bare.
     pub fn generate(&self, prompt: &Tensor, steps: i64, u: &Tensor) -> (Tensor, Tensor) {
         let _guard = tch::no_grad_guard();
@@ -194,11 +203,11 @@ impl BareGpt2 {
         let positions = Tensor::arange(p, (Kind::Int64, prompt.device())).expand([b, p], false);
         let causal = causal_blocked(p, prompt.device());
         let h = self.hidden(prompt, &positions, Some(&mut cache), Some(&causal));
-        let mut logits = self.logits(&h.select(1, p - 1));
+        let mut logits = self.logits(&h.select(1, p - 1)).to_kind(Kind::Float);
         let mut tokens = Vec::with_capacity(steps as usize);
         let mut log_probs = Vec::with_capacity(steps as usize);
         for step in 0..steps {
-            let logp = logits.log_softmax(-1, Kind::Float);
+            let logp = logits.log_softmax(-1, None::<Kind>);
             let next = sample_rows(&logits, &u.select(0, step));
             log_probs.push(logp.gather(-1, &next.unsqueeze(-1), false).squeeze_dim(-1));
             tokens.push(next.shallow_clone());
@@ -207,7 +216,7 @@ impl BareGpt2 {
             }
             let pos = Tensor::full([b, 1], p + step, (Kind::Int64, prompt.device()));
             let h = self.hidden(&next.unsqueeze(1), &pos, Some(&mut cache), None);
-            logits = self.logits(&h.select(1, 0));
+            logits = self.logits(&h.select(1, 0)).to_kind(Kind::Float);
         }
         (Tensor::stack(&tokens, 1), Tensor::stack(&log_probs, 1))
     }
@@ -252,18 +261,22 @@ pub fn positions_from_mask(mask: &Tensor) -> Tensor {
 pub fn softmax_keys(scores: &Tensor) -> Tensor {
     let keys = *scores.size().last().expect("keys");
     if keys >= SOFTMAX_MIN_KEYS {
-        return scores.softmax(-1, Kind::Float);
+        return scores.softmax(-1, None::<Kind>);
     }
     scores
-        .pad([0, SOFTMAX_MIN_KEYS - keys], "constant", MASK)
-        .softmax(-1, Kind::Float)
+        .pad(
+            [0, SOFTMAX_MIN_KEYS - keys],
+            "constant",
+            mask_value(scores.kind()),
+        )
+        .softmax(-1, None::<Kind>)
         .narrow(-1, 0, keys)
 }
 
 /// One draw per row from `softmax(scores)` by inverting the CDF at `u` `[B]` (our sampler's
 /// math: cumulative sum in float64, `searchsorted` on the right).
 pub fn sample_rows(scores: &Tensor, u: &Tensor) -> Tensor {
-    let cdf = scores.softmax(-1, Kind::Float).cumsum(-1, Kind::Double);
+    let cdf = scores.softmax(-1, None::<Kind>).cumsum(-1, Kind::Double);
     let vocab = *cdf.size().last().expect("vocab");
     let target = u.unsqueeze(-1) * cdf.narrow(-1, vocab - 1, 1);
     target
