@@ -40,13 +40,24 @@ cargo bench --quiet --features distributed --bench distributed 2>/dev/null | gre
 "$PY" benches/python/offpolicy_baseline.py 2>/dev/null | grep -P '^W\w+\t' >> "$py_out"
 cargo run --quiet --release --example sac_pendulum -- --target-return -200 --quiet 2>/dev/null | \
   "$PY" -c "import re,sys; m=re.search(r'reached after (\d+) frames, ([0-9.]+)s', sys.stdin.read()); print(f'W27_sac_pendulum_to_m200\t{1/float(m.group(2)):.4f}\t# {m.group(2)} s, {m.group(1)} frames' if m else 'W27_sac_pendulum_to_m200\t0\t# -200 not reached')" >> "$rust_out"
-printf '%-34s %14s %14s %9s\n' workload "rust ops/s" "torchrl ops/s" ratio
+# A row `<name>_floor` from a Rust bench is the kernel floor of `<name>`: the same libtorch ops on
+# the same shapes from a bare loop (benches/common/bare_*.rs). It is shown as two columns of its
+# row: ours / floor and peer / floor, both as time ratios (1.00 = at the floor).
+printf '%-34s %14s %14s %9s %14s %11s %11s\n' workload "rust ops/s" "peer ops/s" ratio "floor ops/s" "ours/floor" "peer/floor"
 while IFS=$'\t' read -r name rust; do
+  case "$name" in *_floor) continue ;; esac
   py=$(awk -F'\t' -v n="$name" '$1==n {print $2}' "$py_out")
+  floor=$(awk -F'\t' -v n="${name}_floor" '$1==n {print $2}' "$rust_out")
   if [ -n "$py" ]; then
     ratio=$(awk -v a="$rust" -v b="$py" 'BEGIN {printf "%.1fx", a/b}')
   else
     py="-"; ratio="-"
   fi
-  printf '%-34s %14s %14s %9s\n' "$name" "$rust" "$py" "$ratio"
+  if [ -n "$floor" ]; then
+    ours_floor=$(awk -v f="$floor" -v a="$rust" 'BEGIN {printf "%.2f", f/a}')
+    peer_floor=$([ "$py" = "-" ] && echo "-" || awk -v f="$floor" -v b="$py" 'BEGIN {printf "%.2f", f/b}')
+  else
+    floor="-"; ours_floor="-"; peer_floor="-"
+  fi
+  printf '%-34s %14s %14s %9s %14s %11s %11s\n' "$name" "$rust" "$py" "$ratio" "$floor" "$ours_floor" "$peer_floor"
 done < "$rust_out"
