@@ -72,6 +72,9 @@ def parse_args():
                    help="-1: train every parameter (TRL's design); 1: freeze the embeddings and "
                         "the lower block as the Rust hydra does")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true",
+                   help="policy, reference and reward model in bfloat16, TRL's bf16=True "
+                        "(the Rust side's TORCHRL_BENCH_BF16=1)")
     return p.parse_args()
 
 
@@ -103,7 +106,7 @@ def build_tokenizer():
                                    bos_token="<bos>")
 
 
-def build_policy(seed, tokenizer, out_dir, unfrozen):
+def build_policy(seed, tokenizer, out_dir, unfrozen, bf16=False):
     """A random-init policy saved to `out_dir` and loaded back, so TRL can build its reference
     from that path (TRL creates the reference model from the policy's `_name_or_path`)."""
     import torch
@@ -113,7 +116,9 @@ def build_policy(seed, tokenizer, out_dir, unfrozen):
     config = GPT2Config(**MODEL, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS)
     GPT2LMHeadModel(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    policy = GPT2LMHeadModel.from_pretrained(out_dir)
+    # TRL builds the reference from the path in the policy's dtype
+    policy = GPT2LMHeadModel.from_pretrained(
+        out_dir, dtype=torch.bfloat16 if bf16 else torch.float32)
     policy.generation_config.pad_token_id = PAD
     policy.generation_config.eos_token_id = EOS
     if unfrozen > 0:
@@ -124,10 +129,10 @@ def build_policy(seed, tokenizer, out_dir, unfrozen):
     return policy
 
 
-def common_args(out_dir, seed, max_steps):
+def common_args(out_dir, seed, max_steps, bf16=False):
     return dict(
         output_dir=out_dir, report_to="none", save_strategy="no", logging_strategy="no",
-        disable_tqdm=True, use_cpu=True, bf16=False, fp16=False, seed=seed,
+        disable_tqdm=True, use_cpu=True, bf16=bf16, fp16=False, seed=seed,
         gradient_checkpointing=False,  # TRL's base config defaults it to True
         dataloader_num_workers=0, gradient_accumulation_steps=1, max_steps=max_steps,
         learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -142,16 +147,18 @@ def run_grpo(args, tokenizer, out_dir, stamps_cb):
     from trl import GRPOConfig, GRPOTrainer
 
     rounds = args.warmup + args.rounds
-    policy = build_policy(args.seed, tokenizer, out_dir, args.unfrozen)
+    policy = build_policy(args.seed, tokenizer, out_dir, args.unfrozen, args.bf16)
     torch.manual_seed(args.seed + 2)
     reward = GPT2ForSequenceClassification(
         GPT2Config(**MODEL, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=BOS, num_labels=1))
     reward.eval()
+    if args.bf16:
+        reward.to(torch.bfloat16)
     rng = random.Random(args.seed)
     n_prompts = rounds * GENERATION_BATCH // NUM_GENERATIONS
     prompts = ["".join(rng.choice(ALPHABET) for _ in range(PROMPT_LEN)) for _ in range(n_prompts)]
     config = GRPOConfig(
-        **common_args(out_dir, args.seed, rounds * STEPS_PER_ROUND),
+        **common_args(out_dir, args.seed, rounds * STEPS_PER_ROUND, args.bf16),
         per_device_train_batch_size=MINIBATCH, generation_batch_size=GENERATION_BATCH,
         num_generations=NUM_GENERATIONS, num_iterations=NUM_ITERATIONS,
         max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
@@ -170,7 +177,7 @@ def run_dpo(args, tokenizer, out_dir, stamps_cb):
     from trl import DPOConfig, DPOTrainer
 
     steps = args.warmup + args.rounds
-    policy = build_policy(args.seed, tokenizer, out_dir, args.unfrozen)
+    policy = build_policy(args.seed, tokenizer, out_dir, args.unfrozen, args.bf16)
     rng = random.Random(args.seed)
 
     def text(lo, hi):
@@ -182,7 +189,7 @@ def run_dpo(args, tokenizer, out_dir, stamps_cb):
             "chosen": [text(4, 10) for _ in range(n)],
             "rejected": [text(4, 10) for _ in range(n)]}
     config = DPOConfig(
-        **common_args(out_dir, args.seed, steps),
+        **common_args(out_dir, args.seed, steps, args.bf16),
         per_device_train_batch_size=DPO_BATCH, max_length=32, beta=0.1, loss_type=["sigmoid"],
         precompute_ref_log_probs=False,
     )
@@ -235,7 +242,7 @@ def main():
     timed = windows[args.warmup:] or windows
     result = {
         "impl": f"trl-{trl.__version__}-{args.workload}", "workload": args.workload,
-        "unfrozen": args.unfrozen, "warmup": args.warmup,
+        "unfrozen": args.unfrozen, "warmup": args.warmup, "bf16": args.bf16,
         "step_s_best": min(timed), "step_s_median": statistics.median(timed),
         "timed_step_s": timed, "per_step_s": per_step,
         "trainable_params": sum(p.numel() for p in policy.parameters() if p.requires_grad),
