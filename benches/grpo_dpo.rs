@@ -50,9 +50,10 @@ use common::bare_gpt2::{padded_blocked, positions_from_mask, BareGpt2};
 use common::bare_optim::BareAdamW;
 use common::bare_rlhf::{
     collate_left, dpo_sigmoid_loss, generate_eos, gpt2_parameters, group_advantages,
-    grpo_dapo_loss, next_token_log_probs, sequence_sum, shuffled, BareHydra, BareRewardModel,
+    grpo_dapo_loss, hydra_and_reward_model, sequence_sum, shuffled, trainable_params, BareHydra,
+    BareRewardModel, HydraAndRewardModel,
 };
-use common::{best_median, env_or, paired, peak_rss_mib, print_floor};
+use common::{best_median, env_or, max_diff, paired, peak_rss_mib, print_floor};
 
 use std::time::Instant;
 
@@ -62,10 +63,7 @@ use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::keys::{
     ASSISTANT_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, REF_LOG_PROBS_KEY,
 };
-use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config, Gpt2Model,
-    TextTokenizer,
-};
+use torchrl::modules::llm::{ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, TextTokenizer};
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::GenKwargs;
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
@@ -111,14 +109,6 @@ fn rounded(times: &[f64]) -> Vec<f64> {
     times.iter().map(|t| (t * 1e4).round() / 1e4).collect()
 }
 
-/// The largest absolute difference of two tensors (as float64).
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
-}
-
 /// Asserts that every parameter of two GPT-2 models is the same to [`TOL`].
 fn assert_same_parameters(what: &str, ours: &BareGpt2, floor: &BareGpt2) {
     let (a, b) = (gpt2_parameters(ours), gpt2_parameters(floor));
@@ -142,28 +132,9 @@ fn assert_close(what: &str, ours: f64, floor: f64) {
     );
 }
 
-/// The hydra policy (with `unfrozen` trainable blocks) and the reward model, seeded: two
-/// calls give the same parameters.
-fn grpo_models(
-    cfg: &Gpt2Config,
-    unfrozen: i64,
-) -> Result<(
-    VarStore,
-    CausalLmWithHydraValueHead,
-    VarStore,
-    CausalLmWithScoreHead,
-)> {
-    tch::manual_seed(0);
-    let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), cfg, unfrozen)?;
-    let rm_vs = VarStore::new(Device::Cpu);
-    let rm = CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), cfg)?)?;
-    Ok((vs, model, rm_vs, rm))
-}
-
 fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
     let cfg = model_config();
-    let (_vs, model, _rm_vs, rm) = grpo_models(&cfg, unfrozen)?;
+    let (_vs, model, _rm_vs, rm) = hydra_and_reward_model(&cfg, unfrozen)?;
     let mut rng = Generator::new(0);
     let groups = ROLLOUTS / NUM_GENERATIONS;
     let prompts: Vec<Vec<i64>> = (0..groups * (iters + 1))
@@ -275,12 +246,7 @@ struct GrpoFloor {
     cursor: usize,
     eos: i64,
     pad: i64,
-    _models: (
-        VarStore,
-        CausalLmWithHydraValueHead,
-        VarStore,
-        CausalLmWithScoreHead,
-    ),
+    _models: HydraAndRewardModel,
 }
 
 /// One floor rollout: `[B, T]` tokens and mask, the frozen trunk's output and the attention
@@ -299,10 +265,10 @@ struct FloorRollout {
 
 impl GrpoFloor {
     fn new(cfg: &Gpt2Config, unfrozen: i64, prompts: Vec<Vec<i64>>, seed: u64) -> Result<Self> {
-        let models = grpo_models(cfg, unfrozen)?;
+        let models = hydra_and_reward_model(cfg, unfrozen)?;
         let hydra = BareHydra::from_model(&models.1, cfg.n_head);
         let rm = BareRewardModel::from_model(&models.3, cfg.n_head);
-        let opt = BareAdamW::new(hydra.trainable(), LR, 0.0);
+        let opt = BareAdamW::new(trainable_params(&models.1, false), LR, 0.0);
         let tok = ByteTokenizer::new();
         Ok(GrpoFloor {
             hydra,
@@ -357,12 +323,7 @@ impl GrpoFloor {
         let positions = positions_from_mask(&attention);
         let blocked = padded_blocked(&attention);
         // one frozen-trunk pass for the rollout's and the reference's log-probs
-        let h = &self.hydra;
-        let trunk = h.trunk(&full, &positions, &blocked);
-        let policy = h.policy_hidden(&trunk, &blocked);
-        let old_lp = next_token_log_probs(&policy, &h.policy.wte, &full, p);
-        let reference = h.reference_hidden(&trunk, &blocked);
-        let ref_lp = next_token_log_probs(&reference, &h.branch.wte, &full, p);
+        let scored = self.hydra.score(&full, &positions, &blocked, p, false);
         let scores = self.rm.scores(&full, &attention, &positions, &blocked);
         let adv = group_advantages(
             &scores.to_kind(Kind::Double),
@@ -373,10 +334,10 @@ impl GrpoFloor {
         Ok(FloorRollout {
             full,
             blocked,
-            trunk,
+            trunk: scored.trunk,
             mask: gen.live.to_kind(Kind::Float),
-            old_lp,
-            ref_lp,
+            old_lp: scored.log_probs,
+            ref_lp: scored.ref_log_probs,
             scores,
             adv,
         })
@@ -392,9 +353,13 @@ impl GrpoFloor {
             for chunk in perm.chunks(MINIBATCH) {
                 let idx = Tensor::from_slice(chunk);
                 let pick = |t: &Tensor| t.index_select(0, &idx);
-                let blocked = pick(&r.blocked);
-                let hidden = self.hydra.policy_hidden(&pick(&r.trunk), &blocked);
-                let lp = next_token_log_probs(&hidden, &self.hydra.policy.wte, &pick(&r.full), p);
+                let (lp, _) = self.hydra.policy_forward(
+                    &pick(&r.trunk),
+                    &pick(&r.blocked),
+                    &pick(&r.full),
+                    p,
+                    false,
+                );
                 let loss = grpo_dapo_loss(
                     &lp,
                     &pick(&r.old_lp),
@@ -588,7 +553,7 @@ impl DpoFloor {
     fn new(cfg: &Gpt2Config, unfrozen: i64) -> Result<Self> {
         let model = dpo_model(cfg, unfrozen)?;
         let hydra = BareHydra::from_model(&model.1, cfg.n_head);
-        let opt = BareAdamW::new(hydra.trainable(), LR, 0.0);
+        let opt = BareAdamW::new(trainable_params(&model.1, false), LR, 0.0);
         Ok(DpoFloor {
             hydra,
             opt,
@@ -617,18 +582,13 @@ impl DpoFloor {
         let h = &self.hydra;
         let trunk = h.trunk(&rows.ids, &positions, &blocked);
         let reference = tch::no_grad(|| {
-            let hidden = h.reference_hidden(&trunk, &blocked);
             sequence_sum(
-                &next_token_log_probs(&hidden, &h.branch.wte, &rows.ids, from),
+                &h.reference_log_probs(&trunk, &blocked, &rows.ids, from),
                 &completion,
             )
         });
-        let hidden = h.policy_hidden(&trunk, &blocked);
-        let policy = sequence_sum(
-            &next_token_log_probs(&hidden, &h.policy.wte, &rows.ids, from),
-            &completion,
-        );
-        (policy, reference)
+        let (policy, _) = h.policy_forward(&trunk, &blocked, &rows.ids, from, false);
+        (sequence_sum(&policy, &completion), reference)
     }
 
     /// One step on `pairs`; returns the loss.

@@ -33,7 +33,7 @@ use std::hint::black_box;
 
 use common::bare_ilql::{BareIlql, BareIlqlBatch};
 use common::bare_optim::BareAdamW;
-use common::{paired, print_floor, try_best_of};
+use common::{env_or, max_diff, paired, print_floor, try_best_of};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
@@ -72,11 +72,6 @@ fn build() -> Result<(VarStore, CausalLmWithIlqlHeads)> {
         0.001,
     )?;
     Ok((vs, model))
-}
-
-/// The largest absolute difference between two tensors.
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).abs().max().double_value(&[])
 }
 
 /// W13's check: the floor draws the same tokens as ours from the same uniforms.
@@ -156,11 +151,7 @@ fn check_step(batch: &TensorDict) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let threads = std::env::var("TORCHRL_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    tch::set_num_threads(threads);
+    tch::set_num_threads(env_or("TORCHRL_BENCH_THREADS", 1));
     tch::manual_seed(0);
     let (vs, model) = build()?;
 
@@ -231,10 +222,7 @@ fn main() -> Result<()> {
             Ok(())
         }),
     )?;
-    let repeat: usize = std::env::var("TORCHRL_BENCH_REPEAT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let repeat: usize = env_or("TORCHRL_BENCH_REPEAT", 3);
     if repeat > 3 {
         ours = ours.min(try_best_of(&mut step, repeat - 3)?);
     }

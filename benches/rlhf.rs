@@ -14,8 +14,9 @@
 //!
 //! Then, for each config run, the kernel floor of the iteration: `W<name>_floor\t<iterations/s>`
 //! and a `#` line with ours / floor (times), from a fresh trainer and the bare loop of
-//! `common/bare_ppo.rs` on models of the same seed, their iterations interleaved
-//! (`common::paired`: best of 3 after a warm-up). The bare loop is the same math as bare `tch`
+//! `common/bare_ppo.rs` (on `common/bare_rlhf.rs`'s hydra, generation and reward-model
+//! pieces, shared with the GRPO / DPO floors) on models of the same seed, their iterations
+//! interleaved (`common::paired`: best of 3 after a warm-up). The bare loop is the same math as bare `tch`
 //! ops on the same tensors (the trainer's generator draws, generation with EOS, one hydra pass
 //! for the log-probs, reference log-probs and values with the frozen trunk kept, the reward
 //! model, the KL-penalised rewards, GAE, per-minibatch whitening, the update forwards from the
@@ -33,19 +34,17 @@
 
 mod common;
 use common::bare_ppo::{whiten, BarePpoRlhf, LossSettings, PpoSettings};
-use common::{paired, peak_rss_mib, print_floor};
+use common::bare_rlhf::{hydra_and_reward_model, trainable_params, HydraAndRewardModel};
+use common::{env_or, max_diff, paired, peak_rss_mib, print_floor};
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use tch::nn::VarStore;
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig};
 use torchrl::modules::llm::keys;
-use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config, Gpt2Model,
-    SpecialTokens, TextTokenizer,
-};
+use torchrl::modules::llm::{ByteTokenizer, Gpt2Config, SpecialTokens, TextTokenizer};
 use torchrl::objectives::llm::{compute_ppo_rlhf_advantages, PpoRlhfConfig, PpoRlhfKeys};
 use torchrl::trainers::api::Callbacks;
 use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
@@ -149,30 +148,13 @@ fn gpt2_config(shape: &Shape) -> Gpt2Config {
 
 /// `TORCHRL_BENCH_UNFROZEN`, else the shape's hydra split.
 fn unfrozen(shape: &Shape) -> i64 {
-    std::env::var("TORCHRL_BENCH_UNFROZEN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(shape.unfrozen)
+    env_or("TORCHRL_BENCH_UNFROZEN", shape.unfrozen)
 }
 
-/// The policy (hydra) and the reward model, random-init from `tch::manual_seed(0)`: the same
-/// values on every call.
-fn models(
-    shape: &Shape,
-) -> Result<(
-    VarStore,
-    CausalLmWithHydraValueHead,
-    VarStore,
-    CausalLmWithScoreHead,
-)> {
-    tch::manual_seed(0);
-    let cfg = gpt2_config(shape);
-    let vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, unfrozen(shape))?;
-    let rm_vs = VarStore::new(Device::Cpu);
-    let rm =
-        CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), &cfg)?)?;
-    Ok((vs, model, rm_vs, rm))
+/// The policy (hydra) and the reward model of `shape`, random-init from
+/// `tch::manual_seed(0)`: the same values on every call.
+fn models(shape: &Shape) -> Result<HydraAndRewardModel> {
+    hydra_and_reward_model(&gpt2_config(shape), unfrozen(shape))
 }
 
 /// `shape.prompts × (iters + 1)` random prompts of `shape.prompt_len` ids (no special id).
@@ -301,14 +283,6 @@ fn floor_settings(shape: &Shape, trainer: &PpoRlhfTrainer) -> PpoSettings {
     }
 }
 
-/// The largest absolute difference of two tensors (float64).
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
-}
-
 /// The floor row of `shape`: a fresh trainer and the bare loop ([`BarePpoRlhf`]) on models of
 /// the same seed, checked on their first iteration (same tokens, scores, log-probs, values,
 /// rewards, advantages, losses and updated parameters), then timed, their iterations
@@ -380,21 +354,21 @@ fn floor(shape: &Shape, iters: usize) -> Result<()> {
             "log-probs",
             max_diff(
                 &resp(store.get_or_err(keys::FULL_LOG_PROBS_KEY)?),
-                &on_keep(&exp.scored.log_probs),
+                &on_keep(&exp.log_probs),
             ),
         ),
         (
             "reference log-probs",
             max_diff(
                 &resp(store.get_or_err(keys::REF_LOG_PROBS_KEY)?),
-                &on_keep(&exp.scored.ref_log_probs),
+                &on_keep(&exp.ref_log_probs),
             ),
         ),
         (
             "values",
             max_diff(
                 &on_keep(&resp(store.get_or_err("values")?)),
-                &on_keep(&exp.scored.values),
+                &on_keep(&exp.values),
             ),
         ),
         (
@@ -435,14 +409,7 @@ fn floor(shape: &Shape, iters: usize) -> Result<()> {
             .collect::<Vec<_>>()
     );
     // the parameters after the 4 × 2 updates, their moves, and the last update's gradients
-    let ours_params: Vec<Tensor> = trainer
-        .model()
-        .policy()
-        .named_parameters()
-        .into_iter()
-        .filter(|(_, p)| p.requires_grad())
-        .map(|(_, p)| p.shallow_clone())
-        .collect();
+    let ours_params = trainable_params(trainer.model(), true);
     let (mut param_d, mut move_d, mut move_n, mut grad_d, mut grad_n) =
         (0f64, 0f64, 0f64, 0f64, 0f64);
     for ((o, f), init) in ours_params.iter().zip(bare.opt_params()).zip(&before) {
@@ -484,18 +451,9 @@ fn floor(shape: &Shape, iters: usize) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let threads = std::env::var("TORCHRL_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    tch::set_num_threads(threads);
+    tch::set_num_threads(env_or("TORCHRL_BENCH_THREADS", 1));
     let which = std::env::var("TORCHRL_BENCH_RLHF").unwrap_or_else(|_| "both".into());
-    let iters = |d: usize| {
-        std::env::var("TORCHRL_BENCH_ITERS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
+    let iters = |d: usize| env_or("TORCHRL_BENCH_ITERS", d);
     if which == "flagship" || which == "both" {
         run(&FLAGSHIP, iters(FLAGSHIP.iters))?;
     }

@@ -8,11 +8,18 @@
 //! is what our code would cost with every non-kernel cost removed. Each bench that uses it
 //! checks once that the bare loop and ours give the same outputs (same tokens for the same
 //! uniforms; logits / losses to float rounding) before timing anything.
+//!
+//! Also here, for the floors built on this one (`bare_ilql.rs`, `bare_rlhf.rs`, `bare_ppo.rs`):
+//! reading a block's parameters by name ([`BareBlock::from_vars`], [`param`], [`pair`]),
+//! trlX's `MlpHead` ([`BareHead`]: the ILQL heads, the hydra's value head) and
+//! [`gather_rows`].
 
 #![allow(dead_code)] // each bench uses some of these
 
+use std::collections::HashMap;
+
 use tch::{Kind, Tensor};
-use torchrl::modules::llm::CausalLm;
+use torchrl::modules::llm::{CausalLm, MlpHead};
 
 /// The mask value of float32 scores (`transformers`' `finfo.min`).
 pub const MASK: f64 = f32::MIN as f64;
@@ -41,6 +48,52 @@ pub struct BareBlock {
     pub mlp_proj: Pair,
 }
 
+impl BareBlock {
+    /// The block named `prefix` in `vars` (`{prefix}.ln_1.weight`, `{prefix}.attn.c_attn.bias`,
+    /// … by `transformers`' names; `prefix` is `transformer.h.{i}` in a model, `h.{i}` in a
+    /// hydra's reference branch).
+    ///
+    /// # Panics
+    /// When a parameter is missing.
+    pub fn from_vars(vars: &HashMap<String, Tensor>, prefix: &str) -> Self {
+        let at = |name: &str| pair(vars, &format!("{prefix}.{name}"));
+        BareBlock {
+            ln_1: at("ln_1"),
+            c_attn: at("attn.c_attn"),
+            attn_proj: at("attn.c_proj"),
+            ln_2: at("ln_2"),
+            c_fc: at("mlp.c_fc"),
+            mlp_proj: at("mlp.c_proj"),
+        }
+    }
+}
+
+/// `vars[name]`, shared (a shallow clone).
+///
+/// # Panics
+/// When `vars` has no `name` (bench code: the model is built right there); the message lists
+/// the names it has.
+pub fn param(vars: &HashMap<String, Tensor>, name: &str) -> Tensor {
+    vars.get(name)
+        .unwrap_or_else(|| {
+            let mut names: Vec<&String> = vars.keys().collect();
+            names.sort();
+            panic!("no parameter {name} in {names:?}")
+        })
+        .shallow_clone()
+}
+
+/// `(vars[prefix.weight], vars[prefix.bias])`, shared: a layer norm or a `Conv1D`.
+///
+/// # Panics
+/// When either is missing.
+pub fn pair(vars: &HashMap<String, Tensor>, prefix: &str) -> Pair {
+    (
+        param(vars, &format!("{prefix}.weight")),
+        param(vars, &format!("{prefix}.bias")),
+    )
+}
+
 /// GPT-2's parameters, shared (shallow clones) with the model they were taken from, so that
 /// gradients and optimizer steps reach the same tensors.
 pub struct BareGpt2 {
@@ -61,44 +114,21 @@ impl BareGpt2 {
     /// # Panics
     /// When a GPT-2 parameter is missing (bench code: the model is built right there).
     pub fn from_model(model: &dyn CausalLm, n_head: i64) -> Self {
-        let params: std::collections::HashMap<String, Tensor> = model
+        let vars: HashMap<String, Tensor> = model
             .named_parameters()
             .into_iter()
             .map(|(n, t)| (n, t.shallow_clone()))
             .collect();
-        let get = |name: &str| -> Tensor {
-            params
-                .get(name)
-                .unwrap_or_else(|| panic!("no parameter {name}"))
-                .shallow_clone()
-        };
-        let pair = |prefix: &str| {
-            (
-                get(&format!("{prefix}.weight")),
-                get(&format!("{prefix}.bias")),
-            )
-        };
         let n_layer = (0..)
-            .take_while(|i| params.contains_key(&format!("transformer.h.{i}.ln_1.weight")))
+            .take_while(|i| vars.contains_key(&format!("transformer.h.{i}.ln_1.weight")))
             .count();
-        let blocks = (0..n_layer)
-            .map(|i| {
-                let p = format!("transformer.h.{i}");
-                BareBlock {
-                    ln_1: pair(&format!("{p}.ln_1")),
-                    c_attn: pair(&format!("{p}.attn.c_attn")),
-                    attn_proj: pair(&format!("{p}.attn.c_proj")),
-                    ln_2: pair(&format!("{p}.ln_2")),
-                    c_fc: pair(&format!("{p}.mlp.c_fc")),
-                    mlp_proj: pair(&format!("{p}.mlp.c_proj")),
-                }
-            })
-            .collect();
         BareGpt2 {
-            wte: get("transformer.wte.weight"),
-            wpe: get("transformer.wpe.weight"),
-            blocks,
-            ln_f: pair("transformer.ln_f"),
+            wte: param(&vars, "transformer.wte.weight"),
+            wpe: param(&vars, "transformer.wpe.weight"),
+            blocks: (0..n_layer)
+                .map(|i| BareBlock::from_vars(&vars, &format!("transformer.h.{i}")))
+                .collect(),
+            ln_f: pair(&vars, "transformer.ln_f"),
             n_head,
             eps: 1e-5,
         }
@@ -194,8 +224,8 @@ impl BareGpt2 {
 
     /// Samples `steps` tokens after the unpadded prompt `[B, P]` with the uniforms `u`
     /// `[steps, B]` (float64), from the full distribution at temperature 1, no EOS: the
-    /// tokens `[B, steps]` and their log-probs (the logits taken in float32, as ours). Our `generate`'s math for
-    /// `GenerationConfig::rlhf_sampling` on an unpadded prompt, bare.
+    /// tokens `[B, steps]` and their log-probs (the logits taken in float32, as ours). Our
+    /// `generate`'s math for `GenerationConfig::rlhf_sampling` on an unpadded prompt, bare.
     pub fn generate(&self, prompt: &Tensor, steps: i64, u: &Tensor) -> (Tensor, Tensor) {
         let _guard = tch::no_grad_guard();
         let (b, p) = prompt.size2().expect("[B, P]");
@@ -283,4 +313,45 @@ pub fn sample_rows(scores: &Tensor, u: &Tensor) -> Tensor {
         .searchsorted(&cdf, false, true, "right", None::<Tensor>)
         .clamp_max(vocab - 1)
         .squeeze_dim(-1)
+}
+
+/// `hs` `[B, T, H]` at `ixs` `[B, N]` → `[B, N, H]` (`batched_index_select`).
+pub fn gather_rows(hs: &Tensor, ixs: &Tensor) -> Tensor {
+    let h = *hs.size().last().expect("[B, T, H]");
+    hs.gather(1, &ixs.unsqueeze(-1).expand([-1, -1, h], false), false)
+}
+
+/// trlX's head on the trunk, an `MlpHead` (`Linear(h, 2h) → ReLU → Linear(2h, out)`, `[out,
+/// in]` weights): the ILQL heads, the hydra's value head; its parameters shared with the head.
+pub struct BareHead {
+    pub w1: Tensor,
+    pub b1: Tensor,
+    pub w2: Tensor,
+    pub b2: Tensor,
+}
+
+impl BareHead {
+    /// The parameters of `head` (shallow clones).
+    pub fn from_head(head: &MlpHead) -> Self {
+        let [w1, b1, w2, b2] = head.parameters().map(Tensor::shallow_clone);
+        BareHead { w1, b1, w2, b2 }
+    }
+
+    /// The hidden layer, `relu(x·w1ᵀ + b1)`.
+    pub fn hidden(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.w1, Some(&self.b1)).relu()
+    }
+
+    /// `[.., n_embd]` → `[.., out]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.hidden(x).linear(&self.w2, Some(&self.b2))
+    }
+
+    /// Output `idx` of each row only: `x` `[.., n_embd]`, `idx` `[..]` (int64) → `[..]` (the
+    /// rows of the output layer gathered, not the full output).
+    pub fn forward_at(&self, x: &Tensor, idx: &Tensor) -> Tensor {
+        let w = Tensor::embedding(&self.w2, idx, -1, false, false);
+        let b = Tensor::embedding(&self.b2.unsqueeze(-1), idx, -1, false, false).squeeze_dim(-1);
+        (self.hidden(x) * w).sum_dim_intlist(-1, false, Kind::Float) + b
+    }
 }

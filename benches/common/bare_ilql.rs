@@ -1,5 +1,5 @@
 //! Bare-`tch` floor pieces of the ilql benches (see `bare_gpt2.rs`): trlX's ILQL heads
-//! (`Linear → ReLU → Linear`, V / two Q / two target Q) on [`BareGpt2`], β-shaped generation
+//! (`bare_gpt2`'s [`BareHead`]s, V / two Q / two target Q) on [`BareGpt2`], β-shaped generation
 //! ([`BareIlql::generate`], `ilql_generate`'s math) and the ILQL loss ([`BareIlql::loss`],
 //! `IlqlLoss`'s math with `ilql_loss`'s terms), as bare ops on the model's own parameter
 //! tensors.
@@ -14,49 +14,15 @@
 #![allow(dead_code)] // each bench uses some of these
 
 use tch::{Kind, Tensor};
-use torchrl::modules::llm::{CausalLmWithIlqlHeads, MlpHead};
+use torchrl::modules::llm::CausalLmWithIlqlHeads;
 use torchrl::objectives::llm::IlqlConfig;
 use torchrl::objectives::llm::IlqlKeys;
 use torchrl::tensordict::TensorDict;
 
 use super::bare_gpt2::{
-    causal_blocked, padded_blocked, positions_from_mask, sample_rows, BareGpt2,
+    causal_blocked, gather_rows, padded_blocked, positions_from_mask, sample_rows, BareGpt2,
+    BareHead,
 };
-
-/// One `MlpHead`'s parameters (`Linear(h, 2h) → ReLU → Linear(2h, out)`, `[out, in]`
-/// weights), shared with the head.
-pub struct BareHead {
-    pub w1: Tensor,
-    pub b1: Tensor,
-    pub w2: Tensor,
-    pub b2: Tensor,
-}
-
-impl BareHead {
-    /// The parameters of `head` (shallow clones).
-    pub fn from_head(head: &MlpHead) -> Self {
-        let [w1, b1, w2, b2] = head.parameters().map(Tensor::shallow_clone);
-        BareHead { w1, b1, w2, b2 }
-    }
-
-    /// The hidden layer, `relu(x·w1ᵀ + b1)`.
-    pub fn hidden(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.w1, Some(&self.b1)).relu()
-    }
-
-    /// `[.., n_embd]` → `[.., out]`.
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.hidden(x).linear(&self.w2, Some(&self.b2))
-    }
-
-    /// Output `idx` of each row only: `x` `[.., n_embd]`, `idx` `[..]` (int64) → `[..]` (the
-    /// rows of the output layer gathered, not the full output).
-    pub fn forward_at(&self, x: &Tensor, idx: &Tensor) -> Tensor {
-        let w = Tensor::embedding(&self.w2, idx, -1, false, false);
-        let b = Tensor::embedding(&self.b2.unsqueeze(-1), idx, -1, false, false).squeeze_dim(-1);
-        (self.hidden(x) * w).sum_dim_intlist(-1, false, Kind::Float) + b
-    }
-}
 
 /// A [`CausalLmWithIlqlHeads`]'s trunk and heads as bare tensors (shared with the model).
 pub struct BareIlql {
@@ -97,12 +63,6 @@ impl BareIlqlBatch {
             rewards: get(&k.action_rewards),
         }
     }
-}
-
-/// `hs` `[B, T, H]` at `ixs` `[B, N]` → `[B, N, H]` (`batched_index_select`).
-pub fn gather_rows(hs: &Tensor, ixs: &Tensor) -> Tensor {
-    let h = *hs.size().last().expect("[B, T, H]");
-    hs.gather(1, &ixs.unsqueeze(-1).expand([-1, -1, h], false), false)
 }
 
 impl BareIlql {

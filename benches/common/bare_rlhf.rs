@@ -1,6 +1,8 @@
-//! Bare-`tch` floor pieces of the RLHF benches (GRPO, DPO, PPO-RLHF), on top of
-//! `bare_gpt2.rs`'s GPT-2 forward: the hydra model's passes, per-token log-probs, a reward
-//! model's scores, sampling with EOS, GRPO's group advantages and DAPO loss, DPO's sigmoid loss
+//! Bare-`tch` floor pieces of the RLHF benches (GRPO, DPO, PPO-RLHF: `benches/grpo_dpo.rs`,
+//! and `bare_ppo.rs` for `benches/rlhf.rs`), on top of `bare_gpt2.rs`'s GPT-2 forward: the
+//! seeded models, the hydra model's passes (log-probs, reference log-probs and values, the
+//! frozen trunk kept), per-token log-probs, a reward model's scores, sampling with EOS, the
+//! trainers' minibatch permutation, GRPO's group advantages and DAPO loss, DPO's sigmoid loss
 //! and left-padded collation. Each is the math our library computes for the same thing (the
 //! library function is named on each item), as the bare ops that math needs, with the same
 //! parameter tensors (shallow clones: gradients and optimizer steps reach the model's
@@ -9,27 +11,59 @@
 //!
 //! Where our code computes something the math does not need, these leave it out (each item
 //! says what): e.g. the LM head and log-softmax run only on the positions whose next-token
-//! log-prob is used, and no value head runs where no value is used.
+//! log-prob is used (the final norm too), and no value head runs where no value is used.
 
 #![allow(dead_code)] // each bench uses some of these
 
 use std::collections::HashMap;
 
-use tch::{Kind, Tensor};
-use torchrl::modules::llm::{CausalLmWithHydraValueHead, CausalLmWithScoreHead};
-use torchrl::Generator;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use torchrl::modules::llm::{
+    CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config, Gpt2Model,
+};
+use torchrl::{Generator, Result};
 
-use super::bare_gpt2::{layer_norm, positions_from_mask, sample_rows, BareBlock, BareGpt2, Pair};
+use super::bare_gpt2::{
+    gather_rows, padded_blocked, pair, positions_from_mask, sample_rows, BareBlock, BareGpt2,
+    BareHead,
+};
+
+// ------------------------------------------------------------------------------ models
+
+/// A hydra policy and a reward model with their stores (kept alive with the models).
+pub type HydraAndRewardModel = (
+    VarStore,
+    CausalLmWithHydraValueHead,
+    VarStore,
+    CausalLmWithScoreHead,
+);
+
+/// The hydra policy of `cfg` (`unfrozen` trainable blocks, `num_layers_unfrozen`) and a GPT-2
+/// reward model of the same config, random-init from `tch::manual_seed(0)`: every call gives
+/// the same parameters, so that ours and a floor start from equal models.
+///
+/// # Errors
+/// When a model cannot be built from `cfg`.
+pub fn hydra_and_reward_model(cfg: &Gpt2Config, unfrozen: i64) -> Result<HydraAndRewardModel> {
+    tch::manual_seed(0);
+    let vs = VarStore::new(Device::Cpu);
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), cfg, unfrozen)?;
+    let rm_vs = VarStore::new(Device::Cpu);
+    let rm = CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), cfg)?)?;
+    Ok((vs, model, rm_vs, rm))
+}
 
 // ------------------------------------------------------------------------------ hydra
 
 /// A hydra model (`CausalLmWithHydraValueHead` with a branch reference, `num_layers_unfrozen
-/// ≥ 1`) as bare parameters: the policy GPT-2, and the frozen reference branch (copies of the
-/// top blocks and of the final norm, over the policy's frozen trunk). The value head is left
-/// out: none of the GRPO / DPO floors uses a value.
+/// ≥ 1`) as bare parameters: the policy GPT-2 and its value head, and the frozen reference
+/// branch (copies of the top blocks and of the final norm, over the policy's frozen trunk).
 pub struct BareHydra {
     /// The policy: every block, its final norm and the tied LM head (`wte`).
     pub policy: BareGpt2,
+    /// The policy's value head (trlX's `MlpHead`, one output); only PPO-RLHF reads a value.
+    pub v_head: BareHead,
     /// The reference branch as a [`BareGpt2`]: `blocks` are the branch's (block `i` replaces
     /// policy block `start + i`), `ln_f` is its own final norm, `wte` its LM head (the
     /// policy's frozen embedding, shared, unless the branch holds a copy); `wpe` is the
@@ -38,6 +72,16 @@ pub struct BareHydra {
     /// The first trainable policy block, where the frozen trunk ends and the branch starts
     /// (`CausalLmWithHydraValueHead::frozen_trunk_end`).
     pub start: usize,
+}
+
+/// What [`BareHydra::score`] returns: the frozen trunk's output `[B, T, E]` (kept for the
+/// updates, as our `CachedTrunk` keeps it) and, over the scored columns `from..T`, the
+/// policy's and the reference's log-probs `[B, T − from]` and, when asked for, the values.
+pub struct HydraScores {
+    pub trunk: Tensor,
+    pub log_probs: Tensor,
+    pub ref_log_probs: Tensor,
+    pub values: Option<Tensor>,
 }
 
 impl BareHydra {
@@ -52,33 +96,8 @@ impl BareHydra {
             .frozen_trunk_end()
             .expect("a hydra model with a branch reference (num_layers_unfrozen >= 1)");
         let vars: HashMap<String, Tensor> = model.reference_store().variables();
-        let get = |name: &str| -> Tensor {
-            vars.get(name)
-                .unwrap_or_else(|| {
-                    let mut names: Vec<&String> = vars.keys().collect();
-                    names.sort();
-                    panic!("no reference parameter {name} in {names:?}")
-                })
-                .shallow_clone()
-        };
-        let pair = |prefix: &str| -> Pair {
-            (
-                get(&format!("{prefix}.weight")),
-                get(&format!("{prefix}.bias")),
-            )
-        };
         let blocks = (0..policy.blocks.len() - start)
-            .map(|i| {
-                let p = format!("h.{i}");
-                BareBlock {
-                    ln_1: pair(&format!("{p}.ln_1")),
-                    c_attn: pair(&format!("{p}.attn.c_attn")),
-                    attn_proj: pair(&format!("{p}.attn.c_proj")),
-                    ln_2: pair(&format!("{p}.ln_2")),
-                    c_fc: pair(&format!("{p}.mlp.c_fc")),
-                    mlp_proj: pair(&format!("{p}.mlp.c_proj")),
-                }
-            })
+            .map(|i| BareBlock::from_vars(&vars, &format!("h.{i}")))
             .collect();
         let head = vars
             .get("lm_head.weight")
@@ -87,12 +106,13 @@ impl BareHydra {
             wte: head,
             wpe: policy.wpe.shallow_clone(),
             blocks,
-            ln_f: pair("ln_f"),
+            ln_f: pair(&vars, "ln_f"),
             n_head,
             eps: policy.eps,
         };
         BareHydra {
             policy,
+            v_head: BareHead::from_head(model.policy().v_head()),
             branch,
             start,
         }
@@ -108,36 +128,105 @@ impl BareHydra {
             .blocks_forward(x, 0..self.start, None, Some(blocked))
     }
 
-    /// The policy's last hidden state `[B, T, E]` from the trunk's output: blocks `start..`
-    /// and the final norm (with gradient when enabled; `CachedTrunk`'s forward without the
-    /// value head).
-    pub fn policy_hidden(&self, trunk: &Tensor, blocked: &Tensor) -> Tensor {
+    /// The policy's last hidden state at positions `from − 1 .. T − 1` (those that predict
+    /// tokens `from..T`), `[B, T − from, E]`, from the trunk's output `[B, T, E]`: blocks
+    /// `start..`, then the final norm on those positions only (with gradient when enabled;
+    /// `CachedTrunk`'s forward, whose final norm runs on all `T` positions, without the value
+    /// head: [`Self::policy_forward`] adds it).
+    pub fn policy_hidden(&self, trunk: &Tensor, blocked: &Tensor, from: i64) -> Tensor {
         let n = self.policy.blocks.len();
         let x =
             self.policy
                 .blocks_forward(trunk.shallow_clone(), self.start..n, None, Some(blocked));
-        self.policy.final_norm(&x)
+        self.policy.final_norm(&predicting(&x, from))
     }
 
-    /// The reference's last hidden state `[B, T, E]` from the trunk's output: the branch's
-    /// blocks and final norm, without gradient (`ModelBranch::forward` before its LM head).
-    pub fn reference_hidden(&self, trunk: &Tensor, blocked: &Tensor) -> Tensor {
+    /// The reference's last hidden state at positions `from − 1 .. T − 1`, `[B, T − from, E]`,
+    /// from the trunk's output: the branch's blocks, then its final norm on those positions,
+    /// without gradient (`ModelBranch::forward` before its LM head).
+    pub fn reference_hidden(&self, trunk: &Tensor, blocked: &Tensor, from: i64) -> Tensor {
         let _guard = tch::no_grad_guard();
         let n = self.branch.blocks.len();
         let x = self
             .branch
             .blocks_forward(trunk.shallow_clone(), 0..n, None, Some(blocked));
-        self.branch.final_norm(&x)
+        self.branch.final_norm(&predicting(&x, from))
     }
 
-    /// The policy parameters that train (`requires_grad`): what our trainers' AdamW steps
-    /// for GRPO and DPO (the value head excluded).
-    pub fn trainable(&self) -> Vec<Tensor> {
-        gpt2_parameters(&self.policy)
-            .into_iter()
-            .filter(Tensor::requires_grad)
-            .collect()
+    /// An update's forward from the trunk's output: the policy's log-probs of `tokens`
+    /// `[B, T]` at `from..T`, `[B, T − from]`, and with `with_values` the value head on the
+    /// same positions (`[B, T − from]`), with gradient when enabled.
+    pub fn policy_forward(
+        &self,
+        trunk: &Tensor,
+        blocked: &Tensor,
+        tokens: &Tensor,
+        from: i64,
+        with_values: bool,
+    ) -> (Tensor, Option<Tensor>) {
+        let hidden = self.policy_hidden(trunk, blocked, from);
+        let log_probs = next_token_log_probs(&hidden, &self.policy.wte, tokens);
+        let values = with_values.then(|| self.v_head.forward(&hidden).squeeze_dim(-1));
+        (log_probs, values)
     }
+
+    /// The reference's log-probs of `tokens` `[B, T]` at `from..T`, `[B, T − from]`, from the
+    /// trunk's output, without gradient.
+    pub fn reference_log_probs(
+        &self,
+        trunk: &Tensor,
+        blocked: &Tensor,
+        tokens: &Tensor,
+        from: i64,
+    ) -> Tensor {
+        let _guard = tch::no_grad_guard();
+        let hidden = self.reference_hidden(trunk, blocked, from);
+        next_token_log_probs(&hidden, &self.branch.wte, tokens)
+    }
+
+    /// A rollout's one hydra pass over `tokens` `[B, T]` (at `positions`, under `blocked`),
+    /// without gradient: the frozen trunk once, then the policy's top blocks and the reference
+    /// branch on it; the LM heads and log-softmax (and with `with_values` the value head) on
+    /// the positions that predict tokens `from..T` only (ours runs them on all `T` positions
+    /// and masks the prompt out afterwards).
+    pub fn score(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        blocked: &Tensor,
+        from: i64,
+        with_values: bool,
+    ) -> HydraScores {
+        let _guard = tch::no_grad_guard();
+        let trunk = self.trunk(tokens, positions, blocked);
+        let (log_probs, values) = self.policy_forward(&trunk, blocked, tokens, from, with_values);
+        let ref_log_probs = self.reference_log_probs(&trunk, blocked, tokens, from);
+        HydraScores {
+            trunk,
+            log_probs,
+            ref_log_probs,
+            values,
+        }
+    }
+}
+
+/// `x` `[B, T, E]` at the positions `from − 1 .. T − 1` that predict tokens `from..T`.
+fn predicting(x: &Tensor, from: i64) -> Tensor {
+    let t = x.size()[1];
+    x.narrow(1, from - 1, t - from)
+}
+
+/// The policy parameters our trainers' AdamW steps, in its order (`trainers::rollout::
+/// trainable_params`): the policy's that require grad, by name, without the value head unless
+/// `with_value_head` (PPO-RLHF trains it; GRPO and DPO do not).
+pub fn trainable_params(model: &CausalLmWithHydraValueHead, with_value_head: bool) -> Vec<Tensor> {
+    model
+        .policy()
+        .named_parameters()
+        .into_iter()
+        .filter(|(name, p)| p.requires_grad() && (with_value_head || !name.starts_with("v_head")))
+        .map(|(_, p)| p.shallow_clone())
+        .collect()
 }
 
 /// Every parameter of `model` (shallow clones): embeddings, each block's, the final norm.
@@ -163,19 +252,19 @@ pub fn gpt2_parameters(model: &BareGpt2) -> Vec<Tensor> {
 
 // ------------------------------------------------------------------------------ log-probs
 
-/// `log p(tokens[:, t] | tokens[:, < t])` for `t` in `from..T`, `[B, T − from]` float32, from
-/// a last hidden state `hidden` `[B, T, E]` and an LM head `head` `[V, E]` (`from ≥ 1`).
-/// `token_log_probs`' math on the positions that are used: the head and the log-softmax run
-/// on positions `from − 1 .. T − 1` only (ours runs them on all `T` and then drops the last
-/// and masks the prompt).
-pub fn next_token_log_probs(hidden: &Tensor, head: &Tensor, tokens: &Tensor, from: i64) -> Tensor {
+/// `log p(tokens[:, t] | tokens[:, < t])` for the last `L` columns `t` of `tokens` `[B, T]`,
+/// `[B, L]` float32, from the last hidden state `hidden` `[B, L, E]` at the positions that
+/// predict them (`T − L − 1 .. T − 1`: [`BareHydra::policy_hidden`]'s) and an LM head `head`
+/// `[V, E]`. `token_log_probs`' math on the positions that are used: the head and the
+/// log-softmax run on those `L` positions only (ours runs them on all `T` and then drops the
+/// last and masks the prompt).
+pub fn next_token_log_probs(hidden: &Tensor, head: &Tensor, tokens: &Tensor) -> Tensor {
     let t = tokens.size()[1];
-    let n = t - from;
+    let n = hidden.size()[1];
     hidden
-        .narrow(1, from - 1, n)
         .matmul(&head.tr())
         .log_softmax(-1, Kind::Float)
-        .gather(-1, &tokens.narrow(1, from, n).unsqueeze(-1), false)
+        .gather(-1, &tokens.narrow(1, t - n, n).unsqueeze(-1), false)
         .squeeze_dim(-1)
 }
 
@@ -229,7 +318,7 @@ pub fn generate_eos(
     // as ours: a prompt without padding needs no mask on the one-token steps
     let padded = prompt_mask.is_some() && !bool::try_from(mask.all()).unwrap_or(false);
     let positions = positions_from_mask(&mask);
-    let blocked = super::bare_gpt2::padded_blocked(&mask);
+    let blocked = padded_blocked(&mask);
     let mut cache = model.new_cache();
     let h = model.hidden(prompt, &positions, Some(&mut cache), Some(&blocked));
     let mut logits = model.logits(&h.select(1, p - 1));
@@ -342,15 +431,26 @@ impl BareRewardModel {
         let m = &self.trunk;
         let x = m.embed(tokens, positions);
         let x = m.blocks_forward(x, 0..m.blocks.len(), None, Some(blocked));
-        let (b, t, e) = x.size3().expect("[B, T, E]");
-        let last = (Tensor::arange(t, (Kind::Int64, mask.device())) * mask).argmax(-1, false);
-        let h = x
-            .gather(1, &last.view([b, 1, 1]).expand([b, 1, e], false), false)
-            .squeeze_dim(1);
-        layer_norm(&h, &m.ln_f, m.eps)
+        let t = x.size()[1];
+        let last = (Tensor::arange(t, (Kind::Int64, mask.device())) * mask).argmax(-1, true);
+        let h = gather_rows(&x, &last).squeeze_dim(1);
+        m.final_norm(&h)
             .linear(&self.score, None::<Tensor>)
             .squeeze_dim(-1)
     }
+}
+
+// ------------------------------------------------------------------------------ minibatches
+
+/// `0..n` shuffled by Fisher-Yates on `rng`: the draw of our trainers' minibatch permutation
+/// (`trainers::rollout::shuffled`), so a floor reproduces the same minibatches.
+pub fn shuffled(rng: &mut Generator, n: usize) -> Vec<i64> {
+    let mut idx: Vec<i64> = (0..n as i64).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        idx.swap(i, j);
+    }
+    idx
 }
 
 // ------------------------------------------------------------------------------ GRPO
@@ -398,17 +498,6 @@ pub fn grpo_dapo_loss(
         }
         None => objective,
     }
-}
-
-/// `0..n` shuffled by Fisher-Yates on `rng`: the draw of our trainers' minibatch permutation
-/// (`trainers::rollout::shuffled`), so a floor reproduces the same minibatches.
-pub fn shuffled(rng: &mut Generator, n: usize) -> Vec<i64> {
-    let mut idx: Vec<i64> = (0..n as i64).collect();
-    for i in (1..n).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        idx.swap(i, j);
-    }
-    idx
 }
 
 // ------------------------------------------------------------------------------ DPO

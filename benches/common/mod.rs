@@ -85,12 +85,34 @@ pub fn paired(mut ours: Repetition<'_>, mut floor: Repetition<'_>) -> torchrl::R
     Ok((best_ours, best_floor))
 }
 
-/// Prints the row `<name>_floor\t<ops/s>` (`ops` operations in `floor_s` seconds) that
-/// `scripts/bench.sh` pairs with the row `name`, and a `#` line with ours / floor (times).
+/// The largest absolute difference of two tensors (taken in float64), for the floors'
+/// checks against ours.
+pub fn max_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
+    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+/// Prints the row `<name>_floor\t<ops/s>` (`ops` operations in `floor_s` seconds, to 4
+/// significant digits: a slow workload's 0.1503 keeps its digits) that `scripts/bench.sh`
+/// pairs with the row `name`, and a `#` line with ours / floor (times).
 pub fn print_floor(name: &str, ops: f64, ours_s: f64, floor_s: f64) {
-    println!("{name}_floor\t{:.2}", ops / floor_s);
+    println!("{name}_floor\t{}", significant(ops / floor_s, 4));
     println!(
         "# {name}: ours vs the bare-tch floor: {:.3}x the floor's time",
         ours_s / floor_s
     );
+}
+
+/// `x` in plain decimal notation with at least `digits` significant digits: the decimals
+/// that gives, none past the point once the integer part has them (`0.1503`, `15.03`,
+/// `1503`, `150312`); 0, NaN and the infinities as Rust prints them.
+pub fn significant(x: f64, digits: i32) -> String {
+    if !x.is_finite() || x == 0.0 {
+        return format!("{x}");
+    }
+    let magnitude = x.abs().log10().floor() as i32;
+    let decimals = (digits - 1 - magnitude).max(0) as usize;
+    format!("{x:.decimals$}")
 }
