@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tch::{nn, Device};
+use tch::Device;
 
 use super::generate::{generate_all, score_samples, GenerationSettings};
 use super::log::RunLog;

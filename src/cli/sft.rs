@@ -11,7 +11,6 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use tch::{nn, Device};
 
 use super::log::RunLog;
 use super::{bar, fail, load_model, new_store, Inputs, Output, TrainArgs};

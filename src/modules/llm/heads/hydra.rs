@@ -361,21 +361,52 @@ impl CausalLmWithHydraValueHead {
         }
     }
 
-    /// The reference logits only (trlX's `forward_hydra`).
+    /// The reference logits only (trlX's `forward_hydra`): with a branch reference, the
+    /// frozen trunk then the branch (the policy's upper blocks are not run).
     pub fn forward_hydra(&self, input: &LmInput<'_>) -> Result<Tensor> {
+        Ok(self.reference_and_trunk(input)?.0)
+    }
+
+    /// The reference logits and, with a branch reference, the frozen trunk's output (the
+    /// input of block [`frozen_trunk_end`](Self::frozen_trunk_end), detached): the policy's
+    /// forward can continue from it ([`CachedTrunk`](super::CachedTrunk)) instead of running
+    /// the trunk again. `None` for a full-copy or adapters-off reference. No gradient.
+    ///
+    /// ```
+    /// use tch::nn::VarStore;
+    /// use tch::Tensor;
+    /// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, LmInput};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let cfg = Gpt2Config::new(20).with_n_layer(3).with_n_embd(8).with_n_head(2).with_n_positions(8);
+    /// let vs = VarStore::new(tch::Device::Cpu);
+    /// let model = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, 1)?;
+    /// let ids = Tensor::from_slice(&[3i64, 4, 5, 6]).view([2, 2]);
+    /// let input = LmInput::new(&ids).with_attention_mask(&ids.ones_like());
+    /// let (ref_logits, trunk) = model.reference_and_trunk(&input)?;
+    /// let full = model.forward(&input)?;
+    /// assert!((ref_logits - full.ref_logits).abs().max().double_value(&[]) < 1e-6);
+    /// assert!(trunk.unwrap().equal(&full.trunk.unwrap()));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`CausalLmWithHydraValueHead::forward`].
+    pub fn reference_and_trunk(&self, input: &LmInput<'_>) -> Result<(Tensor, Option<Tensor>)> {
         match &self.reference {
             Reference::Branch(b) => {
-                let out = self.policy.model().forward_with(
-                    input,
-                    None,
-                    ForwardOptions {
-                        logits: false,
-                        capture_block_input: Some(b.start_block()),
-                    },
-                )?;
-                self.reference_logits(input, out.block_input)
+                let trunk = {
+                    let _guard = tch::no_grad_guard();
+                    self.policy
+                        .model()
+                        .forward_trunk(input, b.start_block())?
+                        .f_detach()?
+                };
+                let logits = self.reference_logits(input, Some(trunk.shallow_clone()))?;
+                Ok((logits, Some(trunk)))
             }
-            Reference::Full(_) | Reference::AdaptersOff(_) => self.reference_logits(input, None),
+            Reference::Full(_) | Reference::AdaptersOff(_) => {
+                Ok((self.reference_logits(input, None)?, None))
+            }
         }
     }
 
