@@ -6,7 +6,10 @@
 //! 1. **Rollout** ([`GrpoTrainer::make_experience`]): `chunk_size` completions at a time until
 //!    `num_rollouts` are collected. The env ([`TokenEnvConfig::num_generations`] = the
 //!    method's `num_generations`) serves each prompt in `G` consecutive rows; the policy
-//!    samples, and one trunk pass of the hydra model gives the rollout's log-probs and the
+//!    samples (each group's prompt pass runs once and its KV cache is repeated to the group's
+//!    rows: [`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups),
+//!    see [`GrpoTrainer::with_shared_prompts`]), and one trunk pass of the hydra model gives
+//!    the rollout's log-probs and the
 //!    frozen reference's (the same step as the PPO-RLHF trainer's); the env scores each
 //!    completion.
 //! 2. **Group advantages** over the whole rollout ([`group_advantages`]): each group of `G`
@@ -360,6 +363,7 @@ pub type GrpoTrainer = OnPolicyTrainer<GrpoMethod>;
 pub struct GrpoMethod {
     config: GrpoTrlConfig,
     loss_config: GrpoConfig,
+    share_prompts: bool,
 }
 
 /// The keys the trainer hands [`GrpoLoss`]: TorchRL's, with the reference log-probs where
@@ -434,6 +438,7 @@ impl OnPolicyTrainer<GrpoMethod> {
         let method = GrpoMethod {
             config,
             loss_config,
+            share_prompts: true,
         };
         Ok(OnPolicyTrainer::from_parts(method, parts))
     }
@@ -441,6 +446,17 @@ impl OnPolicyTrainer<GrpoMethod> {
     /// The loss settings.
     pub fn loss_config(&self) -> &GrpoConfig {
         &self.method.loss_config
+    }
+
+    /// Whether the rollout runs the prompt pass of each group once (`true` by default): the
+    /// env serves each prompt in `num_generations` consecutive rows, so generation computes
+    /// the prompt's KV cache on one row per group and repeats it to the group
+    /// ([`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups)).
+    /// The rollout is the same either way: the same tokens from the same seed and the same
+    /// log-probs.
+    pub fn with_shared_prompts(mut self, on: bool) -> Self {
+        self.method.share_prompts = on;
+        self
     }
 }
 
@@ -496,6 +512,16 @@ impl OnPolicyMethod for GrpoMethod {
 
     fn passes(&self) -> usize {
         self.config.method.num_iterations
+    }
+
+    /// `num_generations` (the env serves each prompt in that many consecutive rows), unless
+    /// [`with_shared_prompts(false)`](OnPolicyTrainer::with_shared_prompts).
+    fn prompt_groups(&self) -> usize {
+        if self.share_prompts {
+            self.config.method.num_generations
+        } else {
+            1
+        }
     }
 
     /// [`GrpoTrlConfig::total_steps`].

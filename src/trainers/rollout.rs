@@ -81,22 +81,36 @@ pub(crate) fn check_vocab(
     Ok(())
 }
 
+/// How [`hydra_policy_step`] runs beyond the generation config.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PolicyStep {
+    /// Keep the frozen trunk's output under [`CachedTrunk::KEY`] (when the model has a frozen
+    /// trunk), so that the updates can start above it ([`update_policy`]).
+    pub(crate) keep_trunk: bool,
+    /// The prompts come in consecutive groups of this many identical rows (GRPO's env):
+    /// generation runs each group's prompt pass once
+    /// ([`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups)).
+    /// 0 or 1: no groups.
+    pub(crate) prompt_groups: usize,
+}
+
 /// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
-/// the policy generates (seeded from `rng`), then **one trunk pass** of the hydra model over
-/// prompt + response writes `("log_probs", "full")` (the policy's, from raw logits),
-/// `("ref_log_probs", "full")` (the frozen reference's) and `"values"`, all without gradient;
-/// with `keep_trunk`, also the frozen trunk's output under [`CachedTrunk::KEY`] (when the
-/// model has a frozen trunk), so that the updates can start above it ([`update_policy`]).
+/// the policy generates (seeded from `rng`; `step` says whether the prompts come in groups),
+/// then **one trunk pass** of the hydra model over prompt + response writes `("log_probs",
+/// "full")` (the policy's, from raw logits), `("ref_log_probs", "full")` (the frozen
+/// reference's) and `"values"`, all without gradient; with [`PolicyStep::keep_trunk`], also
+/// the frozen trunk's output.
 pub(crate) fn hydra_policy_step(
     model: &CausalLmWithHydraValueHead,
     rng: &mut Generator,
     td: TensorDict,
     gen: &GenerationConfig,
-    keep_trunk: bool,
+    step: PolicyStep,
 ) -> Result<TensorDict> {
     let seed = rng.next_u64();
-    let mut policy =
-        GenerationPolicy::new(model.policy(), gen.clone(), seed)?.with_full_log_probs(false);
+    let mut policy = GenerationPolicy::new(model.policy(), gen.clone(), seed)?
+        .with_full_log_probs(false)
+        .with_prompt_groups(step.prompt_groups);
     let mut td = policy.call(td)?;
     let _guard = tch::no_grad_guard();
     let tokens = td.get_or_err(FULL_KEY)?.shallow_clone();
@@ -107,7 +121,7 @@ pub(crate) fn hydra_policy_step(
     td.set(FULL_LOG_PROBS_KEY, lp)?;
     td.set(REF_LOG_PROBS_KEY, ref_lp)?;
     td.set("values", align_values_to_tokens(&out.values)?)?;
-    if let (true, Some(trunk)) = (keep_trunk, out.trunk) {
+    if let (true, Some(trunk)) = (step.keep_trunk, out.trunk) {
         td.set(CachedTrunk::KEY, trunk)?;
     }
     Ok(td)
