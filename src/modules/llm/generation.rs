@@ -208,6 +208,40 @@ impl GenerationConfig {
         out
     }
 
+    /// Whether a generation with this config on `model` returns, in
+    /// [`GenerationOutput::log_probs`], the log-probs a full forward of `model` over the
+    /// sequences gives ([`token_log_probs`](super::token_log_probs) of its raw logits, what the
+    /// RLHF trainers' policy pass recomputes), up to the rounding between the cached
+    /// incremental pass and the full one. Conservative: all of
+    /// - greedy decoding, or sampling at temperature exactly 1 (the log-probs are taken at the
+    ///   sampling temperature; top-k, top-p, the logit mask and `min_new_tokens` act after
+    ///   them and do not matter);
+    /// - a float32 or float64 model (half-precision rounding between the two passes is not
+    ///   negligible);
+    /// - no active dropout: the only dropout in these models is LoRA's `lora_dropout`, active
+    ///   while the adapters' switch is training ([`LoraSwitch::is_training`](super::LoraSwitch::is_training)).
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Kind};
+    /// use torchrl::modules::llm::{CausalLmConfig, GenerationConfig, Gpt2Config};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let mut vs = VarStore::new(Device::Cpu);
+    /// let model = Gpt2Config::new(30).with_n_layer(1).with_n_embd(8).with_n_head(2).build(&vs.root())?;
+    /// assert!(GenerationConfig::rlhf_sampling(4).log_probs_are_the_models(model.as_ref()));
+    /// assert!(GenerationConfig::new(4).log_probs_are_the_models(model.as_ref())); // greedy
+    /// let hot = GenerationConfig::rlhf_sampling(4).with_temperature(0.7);
+    /// assert!(!hot.log_probs_are_the_models(model.as_ref()));
+    /// vs.set_kind(Kind::BFloat16);
+    /// assert!(!GenerationConfig::rlhf_sampling(4).log_probs_are_the_models(model.as_ref()));
+    /// # Ok(()) }
+    /// ```
+    pub fn log_probs_are_the_models(&self, model: &dyn CausalLm) -> bool {
+        let untempered = !self.do_sample || self.temperature == 1.0;
+        let full_precision = matches!(model.kind(), Kind::Float | Kind::Double);
+        let no_dropout = super::lora::lora_switch(model).is_none_or(|s| !s.is_training());
+        untempered && full_precision && no_dropout
+    }
+
     /// Checks the fields on their own and against a vocabulary of `vocab` tokens.
     pub fn validate(&self, vocab: i64) -> Result<()> {
         let op = "GenerationConfig";
