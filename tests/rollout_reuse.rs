@@ -7,17 +7,25 @@
 //! to 1e-6; groups whose rows differ are an error. The token env's policy
 //! ([`GenerationPolicy::with_prompt_groups`]) writes the same rollout either way, and the GRPO
 //! trainer (which shares its groups' prompts by default) trains bitwise as without sharing.
+//!
+//! The rollout's policy log-probs taken from the sampler when they are the model's
+//! ([`GenerationConfig::log_probs_are_the_models`]): the hydra model's reference side alone
+//! ([`CausalLmWithHydraValueHead::forward_reference`]) equals what `forward` gives of it; the
+//! GRPO rollout's stored log-probs equal the recomputed ones to 1e-5 on every response token,
+//! masked alike, 0 on the prompt; a training run agrees with the recomputing one to 1e-5; a
+//! tempered sampler falls back to the recomputation.
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{GenerationPolicy, TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::envs::EnvBase;
+use torchrl::modules::llm::lora::inject_adapter;
 use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     generate_greedy, generate_with, ilql_generate_with, ByteTokenizer, CausalLm, CausalLmConfig,
     CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, GenerateOptions, GenerationConfig,
-    GenerationOutput, Gpt2Config, IlqlGenerationConfig, TextTokenizer,
+    GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmInput, LoraConfig, TextTokenizer,
 };
 use torchrl::tensordict::KeysOptions;
 use torchrl::trainers::api::{Callbacks, Stats};
@@ -317,6 +325,16 @@ fn byte_qwen3() -> LlamaConfig {
 /// A GRPO trainer on `model_cfg` (a fresh model from `seed`, `unfrozen` top layers trained),
 /// groups of 4, two minibatches per rollout, β > 0 (the reference's log-probs are read).
 fn grpo(model_cfg: &dyn CausalLmConfig, unfrozen: i64, seed: u64) -> (VarStore, GrpoTrainer) {
+    grpo_with(model_cfg, unfrozen, seed, |_| {})
+}
+
+/// [`grpo`] with the config changed by `edit`.
+fn grpo_with(
+    model_cfg: &dyn CausalLmConfig,
+    unfrozen: i64,
+    seed: u64,
+    edit: impl FnOnce(&mut GrpoTrlConfig),
+) -> (VarStore, GrpoTrainer) {
     let vs = VarStore::new(Device::Cpu);
     let model = with_init_seed(seed, || {
         CausalLmWithHydraValueHead::new(&vs.root(), model_cfg, unfrozen)
@@ -342,6 +360,7 @@ fn grpo(model_cfg: &dyn CausalLmConfig, unfrozen: i64, seed: u64) -> (VarStore, 
         max_new_tokens: 4,
         ..GenKwargs::default()
     };
+    edit(&mut c);
     let tok = ByteTokenizer::new();
     let env_cfg = TokenEnvConfig::for_model(&model_cfg.facts())
         .with_max_new_tokens(4)
@@ -385,19 +404,20 @@ fn without_times(s: &Stats) -> Vec<(String, f64)> {
 
 #[test]
 fn grpo_trains_bitwise_alike_with_shared_prompts() {
-    for (name, cfg, unfrozen) in [
-        (
-            "gpt2, full reference",
-            &byte_gpt2() as &dyn CausalLmConfig,
-            -1,
-        ),
-        ("gpt2, hydra branch", &byte_gpt2(), 1),
-        ("qwen3, hydra branch", &byte_qwen3(), 1),
-    ] {
+    let cases: [(&str, &dyn CausalLmConfig, i64, bool); 5] = [
+        ("gpt2, full reference", &byte_gpt2(), -1, true),
+        ("gpt2, hydra branch", &byte_gpt2(), 1, true),
+        ("qwen3, hydra branch", &byte_qwen3(), 1, true),
+        ("gpt2, recomputed log-probs", &byte_gpt2(), 1, false),
+        ("qwen3, recomputed log-probs", &byte_qwen3(), -1, false),
+    ];
+    for (name, cfg, unfrozen, sampler) in cases {
         let (_va, a) = grpo(cfg, unfrozen, 21);
         let (_vb, b) = grpo(cfg, unfrozen, 21);
+        let a = a.with_sampler_log_probs(sampler);
+        let b = b.with_sampler_log_probs(sampler).with_shared_prompts(false);
         let (logs_a, params_a, store_a) = run(a);
-        let (logs_b, params_b, store_b) = run(b.with_shared_prompts(false));
+        let (logs_b, params_b, store_b) = run(b);
         assert_eq!(logs_a.len(), 4, "{name}");
         let logs_a: Vec<_> = logs_a.iter().map(without_times).collect();
         let logs_b: Vec<_> = logs_b.iter().map(without_times).collect();
@@ -414,5 +434,210 @@ fn grpo_trains_bitwise_alike_with_shared_prompts() {
             );
             assert!(x.equal(y), "{name}: {key:?}");
         }
+    }
+}
+
+// ------------------------------------------------------------------------------ sampler log-probs
+
+/// A left-padded batch of byte tokens and its mask.
+fn byte_batch() -> (Tensor, Tensor) {
+    let ids = Tensor::from_slice(&[0i64, 0, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106]);
+    let mask = Tensor::from_slice(&[0i64, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    (ids.view([2, 6]), mask.view([2, 6]))
+}
+
+fn check_reference_side(m: &CausalLmWithHydraValueHead, what: &str) {
+    let (ids, mask) = byte_batch();
+    let input = LmInput::new(&ids).with_attention_mask(&mask);
+    let full = m.forward(&input).unwrap();
+    let reference = m.forward_reference(&input).unwrap();
+    assert!(reference.ref_logits.equal(&full.ref_logits), "{what}");
+    match (&reference.trunk, &full.trunk) {
+        (Some(a), Some(b)) => assert!(a.equal(b), "{what}"),
+        (None, None) => {}
+        _ => panic!("{what}: the trunk is not forward's"),
+    }
+    assert!(
+        m.forward_hydra(&input).unwrap().equal(&full.ref_logits),
+        "{what}"
+    );
+}
+
+#[test]
+fn forward_reference_is_what_forward_gives_of_the_reference() {
+    let models: [(&str, &dyn CausalLmConfig); 2] =
+        [("gpt2", &byte_gpt2()), ("qwen3", &byte_qwen3())];
+    for (name, cfg) in models {
+        for unfrozen in [-1, 0, 1, 2] {
+            let vs = VarStore::new(Device::Cpu);
+            let m = with_init_seed(5, || {
+                CausalLmWithHydraValueHead::new(&vs.root(), cfg, unfrozen)
+            })
+            .unwrap();
+            check_reference_side(&m, &format!("{name}, num_layers_unfrozen {unfrozen}"));
+        }
+        let vs = VarStore::new(Device::Cpu);
+        let m = with_init_seed(5, || {
+            let mut model = cfg.build(&vs.root())?;
+            inject_adapter(model.as_mut(), &(vs.root() / "lora"), &LoraConfig::new(2))?;
+            CausalLmWithHydraValueHead::with_adapters_off_reference(&vs.root(), model)
+        })
+        .unwrap();
+        // move the adapters so that the policy is not its reference
+        for (n, p) in m.policy().model().adapter_parameters() {
+            if n.ends_with("lora_B.weight") {
+                tch::no_grad(|| {
+                    let _ = p.shallow_clone().fill_(0.3);
+                });
+            }
+        }
+        check_reference_side(&m, &format!("{name}, adapters off"));
+    }
+}
+
+#[test]
+fn the_sampler_log_probs_are_the_models_only_when_exact() {
+    let cfg = byte_qwen3();
+    let vs = VarStore::new(Device::Cpu);
+    let mut model = with_init_seed(5, || cfg.build(&vs.root())).unwrap();
+    let rlhf = GenerationConfig::rlhf_sampling(4);
+    assert!(rlhf.log_probs_are_the_models(model.as_ref()));
+    // greedy decoding ignores the temperature
+    let greedy = GenerationConfig::new(4).with_temperature(0.5);
+    assert!(greedy.log_probs_are_the_models(model.as_ref()));
+    let hot = rlhf.clone().with_temperature(1.5);
+    assert!(!hot.log_probs_are_the_models(model.as_ref()));
+    // warpers act after the log-probs
+    let warped = rlhf.clone().with_top_k(5).with_top_p(0.5);
+    assert!(warped.log_probs_are_the_models(model.as_ref()));
+    // LoRA dropout counts while the adapters train
+    let lora = LoraConfig::new(2).with_lora_dropout(0.1);
+    let switch = inject_adapter(model.as_mut(), &(vs.root() / "lora"), &lora).unwrap();
+    assert!(rlhf.log_probs_are_the_models(model.as_ref()));
+    switch.set_training(true);
+    assert!(!rlhf.log_probs_are_the_models(model.as_ref()));
+    switch.set_training(false);
+    assert!(rlhf.log_probs_are_the_models(model.as_ref()));
+}
+
+/// The rollout stores of two trainers alike but for the sampler's log-probs (`a`) against
+/// the recomputed ones (`b`): the same rollout, the log-probs equal on the response tokens
+/// to `1e-5` and masked alike, 0 on the prompt, no values. Returns the largest difference.
+fn compare_rollouts(a: &mut GrpoTrainer, b: &mut GrpoTrainer, what: &str) -> f64 {
+    a.make_experience().unwrap();
+    b.make_experience().unwrap();
+    let (sa, sb) = (a.store().unwrap(), b.store().unwrap());
+    for key in [
+        ("tokens", "full"),
+        ("masks", "all_attention_mask"),
+        ("masks", "all_assistant_mask"),
+        ("ref_log_probs", "full"),
+    ] {
+        let (x, y) = (sa.get(key).unwrap(), sb.get(key).unwrap());
+        assert!(x.equal(y), "{what}: {key:?}");
+    }
+    assert!(sa
+        .get("advantage")
+        .unwrap()
+        .equal(sb.get("advantage").unwrap()));
+    match (sa.get(("hydra", "trunk")), sb.get(("hydra", "trunk"))) {
+        (Some(x), Some(y)) => assert!(x.equal(y), "{what}: trunk"),
+        (None, None) => {}
+        _ => panic!("{what}: the trunk is kept on one path only"),
+    }
+    assert!(sa.get("values").is_none(), "{what}");
+    assert!(sb.get("values").is_some(), "{what}");
+    let (lpa, lpb) = (
+        sa.get(("log_probs", "full")).unwrap(),
+        sb.get(("log_probs", "full")).unwrap(),
+    );
+    assert_eq!(lpa.size(), lpb.size(), "{what}");
+    assert_eq!(lpa.kind(), lpb.kind(), "{what}");
+    let p = sa.get(("tokens", "prompt")).unwrap().size()[1];
+    let t = lpa.size()[1];
+    // the prompt: none from the sampler
+    assert_eq!(
+        lpa.narrow(1, 0, p).abs().max().double_value(&[]),
+        0.0,
+        "{what}"
+    );
+    // the response: the recomputed values to rounding, zero exactly where they are masked
+    let (ra, rb) = (lpa.narrow(1, p, t - p), lpb.narrow(1, p, t - p));
+    let d = max_diff(&ra, &rb);
+    assert!(d <= 1e-5, "{what}: the log-probs differ by {d}");
+    assert!(ra.eq(0.0).equal(&rb.eq(0.0)), "{what}: masked differently");
+    let assistant = sa.get(("masks", "all_assistant_mask")).unwrap();
+    let live = assistant.narrow(1, p, t - p).ne(0);
+    assert!(
+        live.equal(&rb.ne(0.0)),
+        "{what}: a live token without a log-prob"
+    );
+    d
+}
+
+#[test]
+fn the_rollout_takes_the_samplers_log_probs_to_rounding() {
+    let cases: [(&str, &dyn CausalLmConfig, i64); 4] = [
+        ("gpt2, full reference", &byte_gpt2(), -1),
+        ("gpt2, hydra branch", &byte_gpt2(), 1),
+        ("qwen3, hydra branch", &byte_qwen3(), 1),
+        ("qwen3, full reference", &byte_qwen3(), -1),
+    ];
+    for (name, cfg, unfrozen) in cases {
+        let (_va, mut a) = grpo(cfg, unfrozen, 31);
+        let (_vb, b) = grpo(cfg, unfrozen, 31);
+        let mut b = b.with_sampler_log_probs(false);
+        for round in 0..2 {
+            let d = compare_rollouts(&mut a, &mut b, &format!("{name}, rollout {round}"));
+            eprintln!("{name}, rollout {round}: sampler vs recomputed log-probs {d:e}");
+        }
+    }
+}
+
+#[test]
+fn grpo_trains_alike_with_the_samplers_log_probs() {
+    let cases: [(&str, &dyn CausalLmConfig, i64); 2] = [
+        ("gpt2, hydra branch", &byte_gpt2(), 1),
+        ("qwen3, full reference", &byte_qwen3(), -1),
+    ];
+    for (name, cfg, unfrozen) in cases {
+        let (_va, a) = grpo(cfg, unfrozen, 41);
+        let (_vb, b) = grpo(cfg, unfrozen, 41);
+        let (logs_a, params_a, _) = run(a);
+        let (logs_b, params_b, _) = run(b.with_sampler_log_probs(false));
+        assert_eq!(logs_a.len(), logs_b.len(), "{name}");
+        for (step, (x, y)) in logs_a.iter().zip(&logs_b).enumerate() {
+            let (x, y) = (without_times(x), without_times(y));
+            assert_eq!(x.len(), y.len(), "{name}");
+            for ((k, u), (k2, v)) in x.iter().zip(&y) {
+                assert_eq!(k, k2);
+                let tol = 1e-5 * v.abs().max(1.0);
+                assert!((u - v).abs() <= tol, "{name}, step {step}: {k} {u} vs {v}");
+            }
+        }
+        for (x, y) in params_a.iter().zip(&params_b) {
+            let d = max_diff(x, y);
+            assert!(d <= 1e-5, "{name}: parameters differ by {d}");
+        }
+    }
+}
+
+#[test]
+fn the_rollout_recomputes_when_the_sampler_is_not_the_model() {
+    // temperature 0.7: the sampler's log-probs are of the tempered distribution, so the
+    // rollout recomputes them, as with the switch off (bitwise), and writes the values
+    let hot = |c: &mut GrpoTrlConfig| c.method.gen_kwargs.temperature = 0.7;
+    let (_va, mut a) = grpo_with(&byte_gpt2(), 1, 51, hot);
+    let (_vb, b) = grpo_with(&byte_gpt2(), 1, 51, hot);
+    let mut b = b.with_sampler_log_probs(false);
+    a.make_experience().unwrap();
+    b.make_experience().unwrap();
+    let (sa, sb) = (a.store().unwrap(), b.store().unwrap());
+    let keys = sa.keys(KeysOptions::nested_leaves());
+    assert_eq!(keys, sb.keys(KeysOptions::nested_leaves()));
+    assert!(sa.get("values").is_some());
+    for key in keys {
+        let (x, y) = (sa.get(key.clone()).unwrap(), sb.get(key.clone()).unwrap());
+        assert!(x.equal(y), "{key:?}");
     }
 }

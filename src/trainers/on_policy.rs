@@ -181,6 +181,15 @@ pub trait OnPolicyMethod {
         1
     }
 
+    /// Whether the rollout's policy log-probs come from the sampler when they are the
+    /// model's ([`GenerationConfig::log_probs_are_the_models`]), so that the policy step's
+    /// pass runs the reference's side only
+    /// ([`CausalLmWithHydraValueHead::forward_reference`]) and writes no `"values"`. Default
+    /// `false` (PPO-RLHF's value head needs the policy's whole pass).
+    fn sampler_log_probs(&self) -> bool {
+        false
+    }
+
     /// Called when the trainer joins a group (after the parameter broadcast).
     ///
     /// # Errors
@@ -420,6 +429,7 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
             let step = PolicyStep {
                 keep_trunk: self.cache_trunk,
                 prompt_groups: self.method.prompt_groups(),
+                sampler_log_probs: self.method.sampler_log_probs(),
             };
             let td = hydra_policy_step(&self.model, &mut self.rng, td, &self.rollout_gen, step)?;
             let td = self.env.step(td)?;
