@@ -82,7 +82,7 @@ use super::parallel::{
 };
 use super::rollout::{
     generate_text, hydra_components, hydra_policy_step, policy_params, prepare_hydra_components,
-    prompt_batch, reference_params, sample_prompts, shuffled, trainable_params,
+    prompt_batch, reference_params, sample_prompts, shuffled, trainable_params, PolicyStep,
 };
 use crate::error::{Error, Result};
 use crate::modules::llm::{
@@ -786,7 +786,8 @@ impl RlTrainer for DpoTrainer {
     /// Samples responses for the `("tokens", "prompt")` batch of `data` and writes the
     /// policy's and the reference's log-probs.
     fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
-        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen, false)
+        let step = PolicyStep::default();
+        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen, step)
     }
 
     fn sample(

@@ -363,7 +363,7 @@ fn hydra_ref_scores(
 impl HydraReference<&CausalLmWithHydraValueHead> {
     /// The reference's token log-probs (as [`ScoreTokens::token_log_probs`]) and the frozen
     /// trunk's output they were computed from
-    /// ([`CausalLmWithHydraValueHead::reference_and_trunk`]; `None` without a branch
+    /// ([`CausalLmWithHydraValueHead::forward_reference`]; `None` without a branch
     /// reference), so that the policy's forward on the same rows can start there.
     ///
     /// # Errors
@@ -376,15 +376,15 @@ impl HydraReference<&CausalLmWithHydraValueHead> {
         check_inputs("HydraReference::score_tokens", tokens, attention_mask)?;
         let _guard = tch::no_grad_guard();
         let input = LmInput::new(tokens).with_attention_mask(attention_mask);
-        let (logits, trunk) = self.hydra.reference_and_trunk(&input)?;
+        let out = self.hydra.forward_reference(&input)?;
         let scores = scores_from_logits(
-            &logits,
+            &out.ref_logits,
             None,
             tokens,
             attention_mask,
             ScoreRequest::log_probs(),
         )?;
-        Ok((scores.log_probs, trunk))
+        Ok((scores.log_probs, out.trunk))
     }
 }
 

@@ -257,28 +257,6 @@ impl Decoder {
         })
     }
 
-    /// Blocks `0..end` on `x`, without a cache or the final norm: the hidden state entering
-    /// block `end` (what [`Decoder::forward`] captures for it), without the blocks above.
-    ///
-    /// # Errors
-    /// `end > n_layer`.
-    pub fn forward_until(&self, end: usize, x: Tensor, ctx: &BlockContext) -> Result<Tensor> {
-        let n = self.blocks.len();
-        let blocks = self.blocks.get(..end).ok_or_else(|| {
-            Error::value(
-                "Decoder::forward_until",
-                "end",
-                format!("a block index of at most n_layer = {n}"),
-                end.to_string(),
-            )
-        })?;
-        let mut x = x;
-        for b in blocks {
-            x = b.forward(&x, ctx, None)?;
-        }
-        Ok(x)
-    }
-
     /// Blocks `start..` on `hidden` (the hidden state entering block `start`), then the final
     /// norm, without a cache.
     ///
@@ -308,6 +286,29 @@ impl Decoder {
             x = b.forward(&x, ctx, None)?;
         }
         self.norm.forward(&x)
+    }
+
+    /// Blocks `..end` on `x` (the embedding's output), without a cache, checkpointing or the
+    /// final norm: the hidden state entering block `end` (what [`Decoder::forward`] captures
+    /// for it).
+    ///
+    /// # Errors
+    /// `end > n_layer`.
+    pub fn forward_to(&self, end: usize, x: Tensor, ctx: &BlockContext) -> Result<Tensor> {
+        let n = self.blocks.len();
+        let blocks = self.blocks.get(..end).ok_or_else(|| {
+            Error::value(
+                "Decoder::forward_to",
+                "end",
+                format!("a block index of at most n_layer = {n}"),
+                end.to_string(),
+            )
+        })?;
+        let mut x = x;
+        for b in blocks {
+            x = b.forward(&x, ctx, None)?;
+        }
+        Ok(x)
     }
 
     /// Blocks `start..` checkpointed (see [`super::checkpoint`]): the last block's output (a
