@@ -1,3 +1,481 @@
-//! Bare-`tch` floor pieces of the rlhf benches (see `bare_gpt2.rs`).
+//! Bare-`tch` floor pieces of the RLHF benches (GRPO, DPO, PPO-RLHF), on top of
+//! `bare_gpt2.rs`'s GPT-2 forward: the hydra model's passes, per-token log-probs, a reward
+//! model's scores, sampling with EOS, GRPO's group advantages and DAPO loss, DPO's sigmoid loss
+//! and left-padded collation. Each is the math our library computes for the same thing (the
+//! library function is named on each item), as the bare ops that math needs, with the same
+//! parameter tensors (shallow clones: gradients and optimizer steps reach the model's
+//! tensors). They take and return tensors, so that any bench can compose them; a bench that
+//! uses them checks once that its bare loop and ours give the same outputs.
+//!
+//! Where our code computes something the math does not need, these leave it out (each item
+//! says what): e.g. the LM head and log-softmax run only on the positions whose next-token
+//! log-prob is used, and no value head runs where no value is used.
 
 #![allow(dead_code)] // each bench uses some of these
+
+use std::collections::HashMap;
+
+use tch::{Kind, Tensor};
+use torchrl::modules::llm::{CausalLmWithHydraValueHead, CausalLmWithScoreHead};
+use torchrl::Generator;
+
+use super::bare_gpt2::{layer_norm, positions_from_mask, sample_rows, BareBlock, BareGpt2, Pair};
+
+// ------------------------------------------------------------------------------ hydra
+
+/// A hydra model (`CausalLmWithHydraValueHead` with a branch reference, `num_layers_unfrozen
+/// ≥ 1`) as bare parameters: the policy GPT-2, and the frozen reference branch (copies of the
+/// top blocks and of the final norm, over the policy's frozen trunk). The value head is left
+/// out: none of the GRPO / DPO floors uses a value.
+pub struct BareHydra {
+    /// The policy: every block, its final norm and the tied LM head (`wte`).
+    pub policy: BareGpt2,
+    /// The reference branch as a [`BareGpt2`]: `blocks` are the branch's (block `i` replaces
+    /// policy block `start + i`), `ln_f` is its own final norm, `wte` its LM head (the
+    /// policy's frozen embedding, shared, unless the branch holds a copy); `wpe` is the
+    /// policy's and unused.
+    pub branch: BareGpt2,
+    /// The first trainable policy block, where the frozen trunk ends and the branch starts
+    /// (`CausalLmWithHydraValueHead::frozen_trunk_end`).
+    pub start: usize,
+}
+
+impl BareHydra {
+    /// The parameters of `model` (GPT-2, `n_head` heads).
+    ///
+    /// # Panics
+    /// When the reference is not a branch (`num_layers_unfrozen` 0 or -1: a full copy) or a
+    /// parameter is missing (bench code: the model is built right there).
+    pub fn from_model(model: &CausalLmWithHydraValueHead, n_head: i64) -> Self {
+        let policy = BareGpt2::from_model(model.policy().model(), n_head);
+        let start = model
+            .frozen_trunk_end()
+            .expect("a hydra model with a branch reference (num_layers_unfrozen >= 1)");
+        let vars: HashMap<String, Tensor> = model.reference_store().variables();
+        let get = |name: &str| -> Tensor {
+            vars.get(name)
+                .unwrap_or_else(|| {
+                    let mut names: Vec<&String> = vars.keys().collect();
+                    names.sort();
+                    panic!("no reference parameter {name} in {names:?}")
+                })
+                .shallow_clone()
+        };
+        let pair = |prefix: &str| -> Pair {
+            (
+                get(&format!("{prefix}.weight")),
+                get(&format!("{prefix}.bias")),
+            )
+        };
+        let blocks = (0..policy.blocks.len() - start)
+            .map(|i| {
+                let p = format!("h.{i}");
+                BareBlock {
+                    ln_1: pair(&format!("{p}.ln_1")),
+                    c_attn: pair(&format!("{p}.attn.c_attn")),
+                    attn_proj: pair(&format!("{p}.attn.c_proj")),
+                    ln_2: pair(&format!("{p}.ln_2")),
+                    c_fc: pair(&format!("{p}.mlp.c_fc")),
+                    mlp_proj: pair(&format!("{p}.mlp.c_proj")),
+                }
+            })
+            .collect();
+        let head = vars
+            .get("lm_head.weight")
+            .map_or_else(|| policy.wte.shallow_clone(), Tensor::shallow_clone);
+        let branch = BareGpt2 {
+            wte: head,
+            wpe: policy.wpe.shallow_clone(),
+            blocks,
+            ln_f: pair("ln_f"),
+            n_head,
+            eps: policy.eps,
+        };
+        BareHydra {
+            policy,
+            branch,
+            start,
+        }
+    }
+
+    /// The frozen trunk's output `[B, T, E]` for `tokens` `[B, T]` at `positions` under
+    /// `blocked` (`padded_blocked`): the embeddings and blocks `0..start`, without gradient
+    /// (what `HydraOutput::trunk` gives and `CachedTrunk` starts from).
+    pub fn trunk(&self, tokens: &Tensor, positions: &Tensor, blocked: &Tensor) -> Tensor {
+        let _guard = tch::no_grad_guard();
+        let x = self.policy.embed(tokens, positions);
+        self.policy
+            .blocks_forward(x, 0..self.start, None, Some(blocked))
+    }
+
+    /// The policy's last hidden state `[B, T, E]` from the trunk's output: blocks `start..`
+    /// and the final norm (with gradient when enabled; `CachedTrunk`'s forward without the
+    /// value head).
+    pub fn policy_hidden(&self, trunk: &Tensor, blocked: &Tensor) -> Tensor {
+        let n = self.policy.blocks.len();
+        let x =
+            self.policy
+                .blocks_forward(trunk.shallow_clone(), self.start..n, None, Some(blocked));
+        self.policy.final_norm(&x)
+    }
+
+    /// The reference's last hidden state `[B, T, E]` from the trunk's output: the branch's
+    /// blocks and final norm, without gradient (`ModelBranch::forward` before its LM head).
+    pub fn reference_hidden(&self, trunk: &Tensor, blocked: &Tensor) -> Tensor {
+        let _guard = tch::no_grad_guard();
+        let n = self.branch.blocks.len();
+        let x = self
+            .branch
+            .blocks_forward(trunk.shallow_clone(), 0..n, None, Some(blocked));
+        self.branch.final_norm(&x)
+    }
+
+    /// The policy parameters that train (`requires_grad`): what our trainers' AdamW steps
+    /// for GRPO and DPO (the value head excluded).
+    pub fn trainable(&self) -> Vec<Tensor> {
+        gpt2_parameters(&self.policy)
+            .into_iter()
+            .filter(Tensor::requires_grad)
+            .collect()
+    }
+}
+
+/// Every parameter of `model` (shallow clones): embeddings, each block's, the final norm.
+pub fn gpt2_parameters(model: &BareGpt2) -> Vec<Tensor> {
+    let mut out = vec![model.wte.shallow_clone(), model.wpe.shallow_clone()];
+    for b in &model.blocks {
+        for (w, bias) in [
+            &b.ln_1,
+            &b.c_attn,
+            &b.attn_proj,
+            &b.ln_2,
+            &b.c_fc,
+            &b.mlp_proj,
+        ] {
+            out.push(w.shallow_clone());
+            out.push(bias.shallow_clone());
+        }
+    }
+    out.push(model.ln_f.0.shallow_clone());
+    out.push(model.ln_f.1.shallow_clone());
+    out
+}
+
+// ------------------------------------------------------------------------------ log-probs
+
+/// `log p(tokens[:, t] | tokens[:, < t])` for `t` in `from..T`, `[B, T − from]` float32, from
+/// a last hidden state `hidden` `[B, T, E]` and an LM head `head` `[V, E]` (`from ≥ 1`).
+/// `token_log_probs`' math on the positions that are used: the head and the log-softmax run
+/// on positions `from − 1 .. T − 1` only (ours runs them on all `T` and then drops the last
+/// and masks the prompt).
+pub fn next_token_log_probs(hidden: &Tensor, head: &Tensor, tokens: &Tensor, from: i64) -> Tensor {
+    let t = tokens.size()[1];
+    let n = t - from;
+    hidden
+        .narrow(1, from - 1, n)
+        .matmul(&head.tr())
+        .log_softmax(-1, Kind::Float)
+        .gather(-1, &tokens.narrow(1, from, n).unsqueeze(-1), false)
+        .squeeze_dim(-1)
+}
+
+/// Per-sequence sums of token log-probs under a 0/1 mask of the same shape (`[B, L]` →
+/// `[B]`): `sequence_log_probs`' sum.
+pub fn sequence_sum(log_probs: &Tensor, mask: &Tensor) -> Tensor {
+    (log_probs * mask.to_kind(log_probs.kind())).sum_dim_intlist(1, false, None::<Kind>)
+}
+
+// ------------------------------------------------------------------------------ generation
+
+/// What [`generate_eos`] returns.
+pub struct BareGeneration {
+    /// The sampled tokens `[B, steps]` (int64): the pad id after a row's EOS, and on every
+    /// step after all rows finished (ours pads the response to `max_new_tokens` the same way).
+    pub response: Tensor,
+    /// `[B, steps]` bool: the generated tokens up to and including EOS.
+    pub live: Tensor,
+    /// Each generated token's log-prob `[B, steps]` (0 where not live), when asked for.
+    pub log_probs: Option<Tensor>,
+    /// The steps actually run (generation stops once every row produced EOS).
+    pub steps_run: i64,
+}
+
+/// Samples up to `steps` (≥ 1) tokens after `prompt` `[B, P]` (left-padded by `prompt_mask`, 1 on
+/// real tokens; `None`: unpadded) with the uniforms `u` `[steps, B]` (float64), from the full
+/// distribution at temperature 1, with EOS: our `generate`'s math for
+/// `GenerationConfig::rlhf_sampling` with an EOS and a pad id (`Rows::push` / `Rows::done`: a
+/// row that produced `eos` receives `pad` from then on, generation stops when every row
+/// finished, checked every step as ours does on the CPU), bare. `with_log_probs`: also each
+/// token's log-prob (ours always computes it; GRPO and PPO-RLHF rescore the rollout in the
+/// hydra pass and never read it).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_eos(
+    model: &BareGpt2,
+    prompt: &Tensor,
+    prompt_mask: Option<&Tensor>,
+    steps: i64,
+    u: &Tensor,
+    eos: i64,
+    pad: i64,
+    with_log_probs: bool,
+) -> BareGeneration {
+    let _guard = tch::no_grad_guard();
+    let (b, p) = prompt.size2().expect("[B, P]");
+    let device = prompt.device();
+    let mut mask = match prompt_mask {
+        Some(m) => m.shallow_clone(),
+        None => Tensor::ones([b, p], (Kind::Int64, device)),
+    };
+    // as ours: a prompt without padding needs no mask on the one-token steps
+    let padded = prompt_mask.is_some() && !bool::try_from(mask.all()).unwrap_or(false);
+    let positions = positions_from_mask(&mask);
+    let blocked = super::bare_gpt2::padded_blocked(&mask);
+    let mut cache = model.new_cache();
+    let h = model.hidden(prompt, &positions, Some(&mut cache), Some(&blocked));
+    let mut logits = model.logits(&h.select(1, p - 1));
+    let mut pos = positions.narrow(1, p - 1, 1);
+    let ones = Tensor::ones([b, 1], (Kind::Int64, device));
+    let pad_row = Tensor::full([b], pad, (Kind::Int64, device));
+    let mut unfinished = Tensor::ones([b], (Kind::Bool, device));
+    let cap = usize::try_from(steps).unwrap_or(0);
+    let (mut tokens, mut live, mut log_probs) = (
+        Vec::with_capacity(cap),
+        Vec::with_capacity(cap),
+        Vec::with_capacity(cap),
+    );
+    for step in 0..steps {
+        let next = sample_rows(&logits, &u.select(0, step));
+        if with_log_probs {
+            let lp = logits
+                .log_softmax(-1, Kind::Float)
+                .gather(-1, &next.unsqueeze(-1), false)
+                .squeeze_dim(-1);
+            log_probs.push(lp * unfinished.to_kind(Kind::Float));
+        }
+        let next = next.where_self(&unfinished, &pad_row);
+        live.push(unfinished.shallow_clone());
+        tokens.push(next.shallow_clone());
+        unfinished = unfinished.logical_and(&next.ne(eos));
+        if step + 1 == steps || !bool::try_from(unfinished.any()).unwrap_or(true) {
+            break;
+        }
+        pos = &pos + 1;
+        let step_blocked = if padded {
+            mask = Tensor::cat(&[&mask, &ones], 1);
+            Some(mask.eq(0).view([b, 1, 1, -1]))
+        } else {
+            None
+        };
+        let h = model.hidden(
+            &next.unsqueeze(1),
+            &pos,
+            Some(&mut cache),
+            step_blocked.as_ref(),
+        );
+        logits = model.logits(&h.select(1, 0));
+    }
+    let g = tokens.len() as i64;
+    let rest = steps - g;
+    let finish = |parts: Vec<Tensor>, value: f64, kind: Kind| -> Tensor {
+        let stacked = Tensor::stack(&parts, 1);
+        if rest > 0 {
+            Tensor::cat(
+                &[stacked, Tensor::full([b, rest], value, (kind, device))],
+                1,
+            )
+        } else {
+            stacked
+        }
+    };
+    let response = finish(tokens, pad as f64, Kind::Int64);
+    let live = finish(live, 0.0, Kind::Bool);
+    let log_probs = with_log_probs.then(|| finish(log_probs, 0.0, Kind::Float));
+    BareGeneration {
+        response,
+        live,
+        log_probs,
+        steps_run: g,
+    }
+}
+
+// ------------------------------------------------------------------------------ reward model
+
+/// A reward model (`CausalLmWithScoreHead` on GPT-2) as bare parameters.
+pub struct BareRewardModel {
+    /// The GPT-2 trunk (its LM head unused).
+    pub trunk: BareGpt2,
+    /// The score head's weight `[1, E]` (no bias).
+    pub score: Tensor,
+}
+
+impl BareRewardModel {
+    /// The parameters of `rm` (`n_head` heads).
+    ///
+    /// # Panics
+    /// When the score head's weight is missing.
+    pub fn from_model(rm: &CausalLmWithScoreHead, n_head: i64) -> Self {
+        let score = rm
+            .named_parameters()
+            .into_iter()
+            .find(|(n, _)| n == "score.weight")
+            .map(|(_, t)| t.shallow_clone())
+            .expect("the score head's weight");
+        BareRewardModel {
+            trunk: BareGpt2::from_model(rm.model(), n_head),
+            score,
+        }
+    }
+
+    /// The scores `[B]` of `tokens` `[B, T]` under `mask` (1 = real token), with the
+    /// `positions` and `blocked` mask of that `mask` (a caller that already built them for
+    /// the same tokens passes them): every block, then the final norm and the score head at
+    /// each row's last real token, without gradient (`CausalLmWithScoreHead::forward`, whose
+    /// final norm runs on every position).
+    pub fn scores(
+        &self,
+        tokens: &Tensor,
+        mask: &Tensor,
+        positions: &Tensor,
+        blocked: &Tensor,
+    ) -> Tensor {
+        let _guard = tch::no_grad_guard();
+        let m = &self.trunk;
+        let x = m.embed(tokens, positions);
+        let x = m.blocks_forward(x, 0..m.blocks.len(), None, Some(blocked));
+        let (b, t, e) = x.size3().expect("[B, T, E]");
+        let last = (Tensor::arange(t, (Kind::Int64, mask.device())) * mask).argmax(-1, false);
+        let h = x
+            .gather(1, &last.view([b, 1, 1]).expand([b, 1, e], false), false)
+            .squeeze_dim(1);
+        layer_norm(&h, &m.ln_f, m.eps)
+            .linear(&self.score, None::<Tensor>)
+            .squeeze_dim(-1)
+    }
+}
+
+// ------------------------------------------------------------------------------ GRPO
+
+/// TRL's group advantages (`group_advantages` with `GroupScale::StdPlusEps`): each group of
+/// `g` consecutive scores `[B]` centred on its mean and divided by its (unbiased) std + `eps`.
+pub fn group_advantages(scores: &Tensor, g: i64, eps: f64) -> Tensor {
+    let b = scores.size()[0];
+    let grouped = scores.view([b / g, g]);
+    let mean = grouped.mean_dim(Some([1i64].as_slice()), true, None::<Kind>);
+    let std = grouped.std_dim(Some([1i64].as_slice()), true, true);
+    ((grouped - mean) / (std + eps)).reshape([b])
+}
+
+/// GRPO's loss with DAPO's aggregation (`grpo_loss` with `GrpoAggregation::Dapo`): the
+/// clipped token objective (log-space ratio clamp `[ln(1 − eps_low), ln(1 + eps_high)]`) plus,
+/// when `ref_log_probs` is given, `beta ·` the k3 KL to the reference, each summed over the
+/// masked tokens and divided by their count. `log_probs`, `old_log_probs`, `ref_log_probs`,
+/// `mask` (float 0/1) `[B, L]`; `advantages` `[B]`. Ours also zeroes every input outside the
+/// mask with `where` first and computes its statistics (clip fraction, ESS, the KL metric);
+/// here the mask multiplies each term, which is the same for the finite inputs it gets.
+#[allow(clippy::too_many_arguments)]
+pub fn grpo_dapo_loss(
+    log_probs: &Tensor,
+    old_log_probs: &Tensor,
+    advantages: &Tensor,
+    mask: &Tensor,
+    ref_log_probs: Option<&Tensor>,
+    eps_low: f64,
+    eps_high: f64,
+    beta: f64,
+) -> Tensor {
+    let n = mask.sum(None::<Kind>);
+    let adv = advantages.view([-1, 1]);
+    let lw = log_probs - old_log_probs.detach();
+    let lw_clip = lw.clamp((-eps_low).ln_1p(), eps_high.ln_1p());
+    let gain = lw.exp() * &adv;
+    let gain_clip = lw_clip.exp() * &adv;
+    let objective = (gain.minimum(&gain_clip).neg() * mask).sum(None::<Kind>) / &n;
+    match ref_log_probs {
+        Some(r) => {
+            let d = r.detach() - log_probs;
+            let k3 = (d.expm1() - &d) * mask;
+            objective + (k3.sum(None::<Kind>) / &n) * beta
+        }
+        None => objective,
+    }
+}
+
+/// `0..n` shuffled by Fisher-Yates on `rng`: the draw of our trainers' minibatch permutation
+/// (`trainers::rollout::shuffled`), so a floor reproduces the same minibatches.
+pub fn shuffled(rng: &mut Generator, n: usize) -> Vec<i64> {
+    let mut idx: Vec<i64> = (0..n as i64).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        idx.swap(i, j);
+    }
+    idx
+}
+
+// ------------------------------------------------------------------------------ DPO
+
+/// DPO's sigmoid loss (`dpo_loss` with `DpoLossType::Sigmoid`, no label smoothing) from
+/// sequence log-probs `[B]`: `mean(−log σ(β · ((πc − rc) − (πr − rr))))`, without the
+/// reward statistics.
+pub fn dpo_sigmoid_loss(
+    policy_chosen: &Tensor,
+    policy_rejected: &Tensor,
+    ref_chosen: &Tensor,
+    ref_rejected: &Tensor,
+    beta: f64,
+) -> Tensor {
+    let chosen = policy_chosen - ref_chosen.detach();
+    let rejected = policy_rejected - ref_rejected.detach();
+    ((chosen - rejected) * beta)
+        .log_sigmoid()
+        .g_mul_scalar(-1.0)
+        .mean(None::<Kind>)
+}
+
+/// Rows `prompt ++ completion`, left-padded with `pad` to the longest (as
+/// `collate_dpo_pairs`): the ids `[B, T]`, the attention mask and the completion mask
+/// (int64 `[B, T]`), and the longest completion (so a caller can score only the last
+/// positions).
+pub fn collate_left(prompts: &[&[i64]], completions: &[&[i64]], pad: i64) -> CollatedRows {
+    let lens: Vec<usize> = prompts
+        .iter()
+        .zip(completions)
+        .map(|(p, c)| p.len() + c.len())
+        .collect();
+    let t = lens.iter().copied().max().unwrap_or(0);
+    let longest = completions.iter().map(|c| c.len()).max().unwrap_or(0);
+    let b = prompts.len();
+    let (mut ids, mut attn, mut comp) = (
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+        Vec::with_capacity(b * t),
+    );
+    for ((p, c), len) in prompts.iter().zip(completions).zip(&lens) {
+        let n_pad = t - len;
+        ids.extend(std::iter::repeat_n(pad, n_pad));
+        ids.extend_from_slice(p);
+        ids.extend_from_slice(c);
+        attn.extend(std::iter::repeat_n(0i64, n_pad).chain(std::iter::repeat_n(1, *len)));
+        comp.extend(
+            std::iter::repeat_n(0i64, n_pad + p.len()).chain(std::iter::repeat_n(1, c.len())),
+        );
+    }
+    let shape = [b as i64, t as i64];
+    CollatedRows {
+        ids: Tensor::from_slice(&ids).view(shape),
+        attention_mask: Tensor::from_slice(&attn).view(shape),
+        completion_mask: Tensor::from_slice(&comp).view(shape),
+        longest_completion: longest as i64,
+    }
+}
+
+/// What [`collate_left`] returns.
+pub struct CollatedRows {
+    /// `[B, T]` int64.
+    pub ids: Tensor,
+    /// `[B, T]` int64, 1 on real tokens.
+    pub attention_mask: Tensor,
+    /// `[B, T]` int64, 1 on completion tokens.
+    pub completion_mask: Tensor,
+    /// The longest completion, in tokens.
+    pub longest_completion: i64,
+}
