@@ -732,3 +732,87 @@ fn lora_writes_the_adapter_and_the_merged_model() {
     assert!(!dir.join("x").exists());
     fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn dtype_bfloat16_trains_saves_and_generates_in_bf16() {
+    let dir = tmp("dtype");
+    let model = Path::new(EXAMPLE).join("model");
+    let data = head(&dir, "sft.jsonl", 64);
+    let cfg = write(
+        &dir,
+        "sft.toml",
+        "learning_rate = 3e-3\nmax_steps = 8\nper_device_train_batch_size = 8\nlogging_steps = 4\n",
+    );
+    let out = dir.join("sft");
+    run(&[
+        "sft",
+        "--model",
+        s(&model),
+        "--data",
+        s(&data),
+        "--config",
+        s(&cfg),
+        "--output",
+        s(&out),
+        "--from-scratch",
+        "--dtype",
+        "bfloat16",
+        "--quiet",
+    ])
+    .unwrap();
+    // every saved weight is bfloat16
+    let saved = tch::Tensor::read_safetensors(out.join("model/model.safetensors")).unwrap();
+    assert!(!saved.is_empty());
+    for (name, t) in &saved {
+        assert_eq!(t.kind(), Kind::BFloat16, "{name}");
+    }
+    // the loss is logged finite and goes down (float32 master weights take the small steps)
+    let log = fs::read_to_string(out.join("log.csv")).unwrap();
+    let losses: Vec<f64> = log
+        .lines()
+        .skip(1)
+        .map(|r| r.split(',').nth(2).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 2, "{log}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{log}");
+    assert!(losses[1] < losses[0], "{log}");
+    // the bf16 folder loads into a float32 model (weights converted on load) and generates
+    let prompts = head(&dir, "test.jsonl", 4);
+    let samples = dir.join("samples.jsonl");
+    let gen_cfg = write(&dir, "gen.toml", "[generation]\nmax_new_tokens = 3\n");
+    for dtype in ["float32", "bfloat16"] {
+        run(&[
+            "generate",
+            "--model",
+            s(&out.join("model")),
+            "--data",
+            s(&prompts),
+            "--config",
+            s(&gen_cfg),
+            "--output",
+            s(&samples),
+            "--dtype",
+            dtype,
+            "--quiet",
+        ])
+        .unwrap();
+        assert_eq!(fs::read_to_string(&samples).unwrap().lines().count(), 4);
+    }
+    // an unknown dtype is refused by clap, naming the values it takes
+    let err = run(&[
+        "sft",
+        "--model",
+        s(&model),
+        "--data",
+        s(&data),
+        "--output",
+        s(&dir.join("never")),
+        "--dtype",
+        "float64",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("float64") && err.contains("bfloat16"), "{err}");
+    assert!(!dir.join("never").exists());
+    let _ = fs::remove_dir_all(&dir);
+}

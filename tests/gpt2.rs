@@ -440,9 +440,7 @@ fn bad_inputs_are_errors() {
         ));
     }
     let mask = LogitMask::new(Tensor::zeros([5, 5], (Kind::Bool, Device::Cpu))).unwrap();
-    let opts = GenerateOptions {
-        logit_mask: Some(&mask),
-    };
+    let opts = GenerateOptions::default().with_logit_mask(&mask);
     assert!(generate_with(&model, &ids, None, &GenerationConfig::new(2), &opts, rng).is_err());
     assert!(LogitMask::new(Tensor::zeros([5, 4], (Kind::Bool, Device::Cpu))).is_err());
 }
@@ -455,9 +453,7 @@ fn logit_mask_and_eos_stop() {
     let table = Tensor::ones([101, 101], (Kind::Bool, Device::Cpu));
     let _ = table.narrow(1, 9, 1).fill_(0);
     let mask = LogitMask::new(table).unwrap();
-    let opts = GenerateOptions {
-        logit_mask: Some(&mask),
-    };
+    let opts = GenerateOptions::default().with_logit_mask(&mask);
     let cfg = GenerationConfig::new(4);
     let out = generate_with(&model, &prompt, None, &cfg, &opts, &mut Generator::new(0)).unwrap();
     assert_eq!(

@@ -564,3 +564,37 @@ fn dpo_rejects_bad_pairs_naming_them() {
         .unwrap_err();
     assert!(err.to_string().contains("pairs[0].chosen"), "{err}");
 }
+
+#[test]
+fn dpo_with_a_branch_reference_continues_the_policy_from_the_shared_trunk() {
+    // hydra with 1 unfrozen block: each side's frozen trunk runs once, for the reference
+    // branch, and the policy's forward continues from it; with the reference log-probs
+    // precomputed the policy runs whole. Both take the same steps.
+    let dir = Scratch::new("dpo_with_a_branch_reference_continues_the_policy");
+    let mut c = dpo_config(dir.path());
+    c.train.epochs = 3;
+    let branch = |c: DpoTrlConfig| {
+        let vs = VarStore::new(Device::Cpu);
+        let m = with_init_seed(5, || CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1));
+        let t = DpoTrainer::new(c, m.unwrap(), dpo_pairs(), Box::new(ByteTokenizer::new()));
+        (vs, t.unwrap())
+    };
+    let (_vs, mut shared) = branch(c.clone());
+    let mut cb = Callbacks::new();
+    shared.learn(&mut cb).unwrap();
+    c.method.precompute_ref_log_probs = true;
+    let (_vs2, mut whole) = branch(c);
+    whole.learn(&mut cb).unwrap();
+    assert_eq!(shared.iter_count(), 6);
+    let vs0 = VarStore::new(Device::Cpu);
+    let start = with_init_seed(5, || {
+        CausalLmWithHydraValueHead::new(&vs0.root(), &cfg(), 1)
+    });
+    let moved = max_diff(&params(shared.model()), &params(&start.unwrap()));
+    assert!(moved > 1e-3, "the policy trained: {moved}");
+    let d = max_diff(&params(shared.model()), &params(whole.model()));
+    assert!(d < 1e-6, "{d}");
+    for (a, b) in shared.history().iter().zip(whole.history()) {
+        assert!((a["loss"] - b["loss"]).abs() < 1e-6, "{a:?} vs {b:?}");
+    }
+}

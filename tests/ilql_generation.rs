@@ -248,9 +248,7 @@ fn the_logit_mask_is_honoured() {
     let (_vs, m) = model(true, 5);
     let (ids, mask) = prompt();
     let table = chain_mask();
-    let opts = GenerateOptions {
-        logit_mask: Some(&table),
-    };
+    let opts = GenerateOptions::default().with_logit_mask(&table);
     for t in [0.0, 1.0, 2.5] {
         let cfg = IlqlGenerationConfig::new(15)
             .with_beta(4.0)
@@ -268,9 +266,7 @@ fn the_logit_mask_is_honoured() {
 fn finished_rows_get_pad_and_generation_stops_when_all_finished() {
     let (_vs, m) = model(false, 6);
     let table = chain_mask();
-    let opts = GenerateOptions {
-        logit_mask: Some(&table),
-    };
+    let opts = GenerateOptions::default().with_logit_mask(&table);
     let eos = 5;
     // row 0 ends in 3 (4, EOS, pad, pad), row 1 in 10 (never reaches EOS in 4 steps)
     let ids = Tensor::from_slice(&[1i64, 2, 3, 8, 9, 10]).view([2, 3]);
@@ -388,9 +384,7 @@ fn bad_inputs_are_errors() {
     assert!(ilql_generate(&m, &ids, Some(&bad_mask), &ok, rng).is_err());
     // a logit mask for another vocabulary
     let table = LogitMask::new(Tensor::zeros([5, 5], (Kind::Bool, Device::Cpu))).unwrap();
-    let opts = GenerateOptions {
-        logit_mask: Some(&table),
-    };
+    let opts = GenerateOptions::default().with_logit_mask(&table);
     let err = ilql_generate_with(&m, &ids, None, &ok, &opts, rng).unwrap_err();
     assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
     assert!(err.to_string().contains("logit_mask"), "{err}");

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tch::{nn, Device, Kind, Tensor};
 
-use super::{bar, fail, load_data, load_model, load_template, load_tokenizer, GenerateArgs};
+use super::{
+    bar, fail, load_data, load_model, load_template, load_tokenizer, new_store, GenerateArgs,
+};
 use crate::data::llm::prepare::Encoder;
 use crate::envs::llm::rewards::{build_parts, RewardEntry, RewardScorer};
 use crate::envs::llm::scorer::{ScoreInput, Scorer};
@@ -281,7 +283,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
     if let Some(n) = args.limit {
         prompts.truncate(n);
     }
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = new_store(args.dtype);
     let model = load_model(&vs.root(), &args.model, false)?;
     Ok(Prepared {
         tokenizer,

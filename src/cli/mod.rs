@@ -110,6 +110,10 @@ pub struct TrainArgs {
     /// No progress bar, no per-step lines.
     #[arg(long)]
     pub quiet: bool,
+    /// The dtype the model is made and trained in (TRL's `--dtype`): bfloat16 / float16 keep
+    /// float32 master weights in AdamW and take log-probs, KL and losses in float32.
+    #[arg(long, value_enum, default_value_t = Dtype::Float32)]
+    pub dtype: Dtype,
 }
 
 /// The arguments of `generate` and `eval`.
@@ -133,6 +137,9 @@ pub struct GenerateArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// The dtype the model is made in (TRL's `--dtype`).
+    #[arg(long, value_enum, default_value_t = Dtype::Float32)]
+    pub dtype: Dtype,
 }
 
 /// Parses `args` (the program name first, as `std::env::args_os()` gives them) and runs the
@@ -351,6 +358,44 @@ impl Inputs {
             None => Ok((train, Vec::new(), dropped)),
         }
     }
+}
+
+/// The dtype a command makes its model in (`--dtype`; TRL's `ModelConfig.dtype` values).
+/// Weights stored in another dtype are converted on load; the saved model keeps this dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Dtype {
+    /// `float32` (the default).
+    #[default]
+    Float32,
+    /// `bfloat16`: half the memory of float32; fast matrix products on CPUs with AVX-512
+    /// BF16 or AMX, and on recent GPUs.
+    Bfloat16,
+    /// `float16`.
+    Float16,
+}
+
+impl Dtype {
+    /// The libtorch kind.
+    ///
+    /// ```
+    /// use torchrl::cli::Dtype;
+    /// assert_eq!(Dtype::Bfloat16.kind(), tch::Kind::BFloat16);
+    /// assert_eq!(Dtype::default().kind(), tch::Kind::Float);
+    /// ```
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Dtype::Float32 => tch::Kind::Float,
+            Dtype::Bfloat16 => tch::Kind::BFloat16,
+            Dtype::Float16 => tch::Kind::Half,
+        }
+    }
+}
+
+/// An empty variable store on the CPU whose variables are made in `dtype`.
+pub(crate) fn new_store(dtype: Dtype) -> nn::VarStore {
+    let mut vs = nn::VarStore::new(tch::Device::Cpu);
+    vs.set_kind(dtype.kind());
+    vs
 }
 
 /// The model of a folder: its weights, or (`from_scratch`) a random one of its config.

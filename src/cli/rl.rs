@@ -46,11 +46,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tch::{nn, Device};
+use tch::Device;
 
 use super::generate::{generate_all, score_samples, GenerationSettings};
 use super::log::RunLog;
-use super::{bar, fail, load_model, Inputs, Output, TrainArgs};
+use super::{bar, fail, load_model, new_store, Inputs, Output, TrainArgs};
 use crate::data::llm::prepare::Encoder;
 use crate::data::llm::{Dataset, DatasetFormat};
 use crate::envs::llm::rewards::{build_parts, RewardEntry, RewardScorer};
@@ -223,7 +223,7 @@ fn save_policy(
             })?;
             // the merged model: the base again, the saved adapter loaded and folded in
             out.save_folder("model", &args.model, |dir| {
-                let vs = nn::VarStore::new(Device::Cpu);
+                let vs = new_store(args.dtype);
                 let mut base = load_model(&vs.root(), &args.model, false)?;
                 load_adapter(base.as_mut(), &(vs.root() / "lora"), &adapter)?;
                 merge_and_unload(base.as_mut())?;
@@ -371,7 +371,7 @@ fn on_policy<M: MethodConfig>(
         None => None,
     };
     tch::manual_seed(c.config.trl.train.seed as i64);
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = new_store(args.dtype);
     let base = load_model(&vs.root(), &args.model, args.from_scratch)?;
     let model = hydra_policy(&vs.root(), base, &c.config.trl.model)?;
     let (env_cfg, max_new) = env_config(
@@ -620,7 +620,7 @@ pub fn run_dpo(args: &TrainArgs) -> Result<RlSummary> {
     let enc = c.encoder();
     let (pairs, test, dropped) = c.inputs.rows(|d| enc.dpo_pairs(d))?;
     tch::manual_seed(c.config.trl.train.seed as i64);
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = new_store(args.dtype);
     let base = load_model(&vs.root(), &args.model, args.from_scratch)?;
     let model = hydra_policy(&vs.root(), base, &c.config.trl.model)?;
     let mut trainer = DpoTrainer::new(
@@ -688,7 +688,7 @@ pub fn run_ilql(args: &TrainArgs) -> Result<RlSummary> {
         &IlqlDataConfig::new().with_seq_length(c.config.trl.train.seq_length),
     )?;
     tch::manual_seed(c.config.trl.train.seed as i64);
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = new_store(args.dtype);
     let trunk = load_model(&vs.root(), &args.model, args.from_scratch)?;
     let m = &c.config.trl.method;
     let model = CausalLmWithIlqlHeads::from_model(&vs.root(), trunk, m.two_qs, m.alpha)?;

@@ -11,10 +11,9 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use tch::{nn, Device};
 
 use super::log::RunLog;
-use super::{bar, fail, load_model, Inputs, Output, TrainArgs};
+use super::{bar, fail, load_model, new_store, Inputs, Output, TrainArgs};
 use crate::data::llm::prepare::SftRow;
 use crate::data::llm::DatasetFormat;
 use crate::error::{Error, Result};
@@ -521,7 +520,7 @@ pub fn run_sft(args: &TrainArgs) -> Result<SupervisedSummary> {
         .map(|r| truncate(r, settings.max_length))
         .collect();
     tch::manual_seed(settings.seed as i64);
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = new_store(args.dtype);
     let model = load_model(&vs.root(), &args.model, args.from_scratch)?;
     let context = model.facts().max_positions;
     if let Some(r) = rows
@@ -669,7 +668,7 @@ pub fn run_reward(args: &TrainArgs) -> Result<SupervisedSummary> {
     let pairs: Vec<PreferencePair> = pairs.into_iter().map(cut).collect();
     let test: Vec<PreferencePair> = test.into_iter().map(cut).collect();
     tch::manual_seed(settings.seed as i64);
-    let vs = nn::VarStore::new(Device::Cpu);
+    let vs = new_store(args.dtype);
     let trunk = load_model(&vs.root(), &args.model, args.from_scratch)?;
     let rm = CausalLmWithScoreHead::from_model(&vs.root(), trunk)?;
     let mut config = RewardTrainerConfig::default()

@@ -82,12 +82,13 @@ use super::parallel::{
 };
 use super::rollout::{
     generate_text, hydra_components, hydra_policy_step, policy_params, prepare_hydra_components,
-    prompt_batch, reference_params, sample_prompts, shuffled, trainable_params,
+    prompt_batch, reference_params, sample_prompts, shuffled, trainable_params, PolicyStep,
 };
 use crate::error::{Error, Result};
 use crate::modules::llm::{
-    check_tokenizer_fits, pad_rows, CausalLmWithHydraValueHead, CausalLmWithValueHead,
-    GenerationConfig, HydraReference, PaddingSide, ScoreTokens, TextTokenizer,
+    check_tokenizer_fits, pad_rows, CachedTrunk, CausalLm, CausalLmWithHydraValueHead,
+    CausalLmWithValueHead, GenerationConfig, HydraReference, PaddingSide, ScoreRequest,
+    ScoreTokens, TextTokenizer, TokenScores,
 };
 use crate::objectives::llm::{sequence_log_probs, DpoConfig, DpoLoss, DpoLossOutput, DpoLossType};
 use crate::objectives::{LossModule, LossOutput};
@@ -482,17 +483,28 @@ impl DpoTrainer {
         self.model.policy().model().device()
     }
 
-    /// The reference's sequence log-probs of both sides of a collated batch, `[B]` each.
-    fn reference_log_probs(&self, td: &TensorDict) -> Result<(Tensor, Tensor)> {
+    /// The reference's sequence log-probs of both sides of a collated batch, `[B]` each, and
+    /// each side's frozen-trunk output (with a branch reference; the policy's forward on the
+    /// side continues from it, see [`SidePolicy`]).
+    fn reference_log_probs(&self, td: &TensorDict) -> Result<(Tensor, Tensor, Vec<SideTrunk>)> {
         let reference = HydraReference::new(&self.model);
-        let side = |s: &str| -> Result<Tensor> {
-            let lp = reference.token_log_probs(
-                td.get_or_err((s, "input_ids"))?,
-                td.get_or_err((s, "attention_mask"))?,
-            )?;
+        let mut trunks = Vec::with_capacity(2);
+        let mut side = |s: &str| -> Result<Tensor> {
+            let tokens = td.get_or_err((s, "input_ids"))?;
+            let mask = td.get_or_err((s, "attention_mask"))?;
+            let (lp, trunk) = reference.log_probs_and_trunk(tokens, mask)?;
+            if let Some(hidden) = trunk {
+                trunks.push(SideTrunk {
+                    tokens: tokens.shallow_clone(),
+                    mask: mask.shallow_clone(),
+                    hidden,
+                });
+            }
             Ok(sequence_log_probs(&lp, td.get_or_err((s, "completion_mask"))?)?.0)
         };
-        Ok((side("chosen")?, side("rejected")?))
+        let chosen = side("chosen")?;
+        let rejected = side("rejected")?;
+        Ok((chosen, rejected, trunks))
     }
 
     fn precompute_reference(&mut self) -> Result<()> {
@@ -500,7 +512,7 @@ impl DpoTrainer {
         let mut cache = Vec::with_capacity(self.pairs.len());
         for chunk in self.pairs.chunks(mb) {
             let td = collate_dpo_pairs(chunk, self.pad(), self.device())?;
-            let (c, r) = self.reference_log_probs(&td)?;
+            let (c, r, _) = self.reference_log_probs(&td)?;
             let c = Vec::<f64>::try_from(c.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
             let r = Vec::<f64>::try_from(r.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?;
             cache.extend(c.into_iter().zip(r));
@@ -510,14 +522,19 @@ impl DpoTrainer {
     }
 
     /// The collated batch of `pairs`, with the reference's log-probs written
-    /// under `(side, "ref_log_probs")`.
-    fn batch(&self, pairs: &[DpoPair], cached: Option<Vec<(f64, f64)>>) -> Result<TensorDict> {
+    /// under `(side, "ref_log_probs")`, and the sides' frozen-trunk outputs when the reference
+    /// was run here (not `cached`) from a branch.
+    fn batch(
+        &self,
+        pairs: &[DpoPair],
+        cached: Option<Vec<(f64, f64)>>,
+    ) -> Result<(TensorDict, Vec<SideTrunk>)> {
         let mut td = collate_dpo_pairs(pairs, self.pad(), self.device())?;
         let kind = self.model.policy().model().kind();
-        let (c, r) = match cached {
+        let (c, r, trunks) = match cached {
             Some(refs) => {
                 let (c, r): (Vec<f64>, Vec<f64>) = refs.into_iter().unzip();
-                (Tensor::from_slice(&c), Tensor::from_slice(&r))
+                (Tensor::from_slice(&c), Tensor::from_slice(&r), Vec::new())
             }
             None => self.reference_log_probs(&td)?,
         };
@@ -530,11 +547,17 @@ impl DpoTrainer {
             ("rejected", "ref_log_probs"),
             r.f_to_kind(kind)?.f_to_device(device)?,
         )?;
-        Ok(td)
+        Ok((td, trunks))
     }
 
-    fn loss(&self) -> Result<DpoLoss<&CausalLmWithValueHead>> {
-        DpoLoss::new(self.model.policy()).with_config(self.loss_config.clone())
+    /// The loss over the policy continued from `trunks` where a side has one.
+    fn loss(&self, trunks: Vec<SideTrunk>) -> Result<DpoLoss<SidePolicy<'_>>> {
+        let policy = SidePolicy {
+            policy: self.model.policy(),
+            start: self.model.frozen_trunk_end().unwrap_or(0),
+            trunks,
+        };
+        DpoLoss::new(policy).with_config(self.loss_config.clone())
     }
 
     /// One optimizer step on `pairs` (any count ≥ 1); returns TRL's logged statistics. In a
@@ -558,8 +581,8 @@ impl DpoTrainer {
         cached: Option<Vec<(f64, f64)>>,
         local: usize,
     ) -> Result<Stats> {
-        let td = self.batch(pairs, cached)?;
-        let out = self.loss()?.forward(&td)?;
+        let (td, trunks) = self.batch(pairs, cached)?;
+        let out = self.loss(trunks)?.forward(&td)?;
         let global = self
             .collective
             .sum_scalars(&[local as f64])?
@@ -602,8 +625,8 @@ impl DpoTrainer {
         let _guard = tch::no_grad_guard();
         let mut sums = Stats::new();
         for chunk in pairs.chunks(self.config.train.batch_size.max(1)) {
-            let td = self.batch(chunk, None)?;
-            let out = self.loss()?.forward(&td)?;
+            let (td, trunks) = self.batch(chunk, None)?;
+            let out = self.loss(trunks)?.forward(&td)?;
             for (k, v) in trl_stats(&out, &td, self.loss_config.beta)? {
                 *sums.entry(k).or_insert(0.0) += v * chunk.len() as f64;
             }
@@ -763,7 +786,8 @@ impl RlTrainer for DpoTrainer {
     /// Samples responses for the `("tokens", "prompt")` batch of `data` and writes the
     /// policy's and the reference's log-probs.
     fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
-        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen, false)
+        let step = PolicyStep::default();
+        hydra_policy_step(&self.model, &mut self.rng, data.clone(), &self.gen, step)
     }
 
     fn sample(
@@ -837,5 +861,54 @@ impl RlTrainer for DpoTrainer {
         // the precomputed reference log-probs were the old reference's
         self.ref_cache = None;
         Ok(())
+    }
+}
+
+/// One side of a DPO batch (its token ids and mask) and its frozen-trunk output, computed by
+/// the reference branch's pass.
+struct SideTrunk {
+    tokens: Tensor,
+    mask: Tensor,
+    hidden: Tensor,
+}
+
+/// The policy a DPO step trains: on a side whose frozen-trunk output the reference pass kept,
+/// continued from it ([`CachedTrunk`]: the trunk is frozen, so the log-probs are those of the
+/// whole policy and the trunk runs once per side instead of twice); the whole policy otherwise
+/// (precomputed reference log-probs, a full-copy or adapters-off reference).
+struct SidePolicy<'a> {
+    policy: &'a CausalLmWithValueHead,
+    start: usize,
+    trunks: Vec<SideTrunk>,
+}
+
+impl fmt::Debug for SidePolicy<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SidePolicy(start {}, {} trunks)",
+            self.start,
+            self.trunks.len()
+        )
+    }
+}
+
+impl ScoreTokens for SidePolicy<'_> {
+    fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
+        for side in &self.trunks {
+            if side.tokens.size() == t.size()
+                && side.mask.size() == m.size()
+                && side.tokens.equal(t)
+                && side.mask.equal(m)
+            {
+                let cached = CachedTrunk::new(self.policy, side.hidden.shallow_clone(), self.start);
+                return cached.score_tokens(t, m, r);
+            }
+        }
+        self.policy.score_tokens(t, m, r)
+    }
+
+    fn generating_model(&self) -> Option<&dyn CausalLm> {
+        Some(self.policy.model())
     }
 }

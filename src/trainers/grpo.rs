@@ -6,7 +6,11 @@
 //! 1. **Rollout** ([`GrpoTrainer::make_experience`]): `chunk_size` completions at a time until
 //!    `num_rollouts` are collected. The env ([`TokenEnvConfig::num_generations`] = the
 //!    method's `num_generations`) serves each prompt in `G` consecutive rows; the policy
-//!    samples, and one trunk pass of the hydra model gives the rollout's log-probs and the
+//!    samples (each group's prompt pass runs once and its KV cache is repeated to the group's
+//!    rows: [`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups),
+//!    see [`GrpoTrainer::with_shared_prompts`]), and one trunk pass of the hydra model gives
+//!    the rollout's log-probs (or, when the sampler's are the policy's, only the reference's
+//!    side runs and the sampler's are kept: [`GrpoTrainer::with_sampler_log_probs`]) and the
 //!    frozen reference's (the same step as the PPO-RLHF trainer's); the env scores each
 //!    completion.
 //! 2. **Group advantages** over the whole rollout ([`group_advantages`]): each group of `G`
@@ -360,6 +364,8 @@ pub type GrpoTrainer = OnPolicyTrainer<GrpoMethod>;
 pub struct GrpoMethod {
     config: GrpoTrlConfig,
     loss_config: GrpoConfig,
+    share_prompts: bool,
+    sampler_log_probs: bool,
 }
 
 /// The keys the trainer hands [`GrpoLoss`]: TorchRL's, with the reference log-probs where
@@ -434,6 +440,8 @@ impl OnPolicyTrainer<GrpoMethod> {
         let method = GrpoMethod {
             config,
             loss_config,
+            share_prompts: true,
+            sampler_log_probs: true,
         };
         Ok(OnPolicyTrainer::from_parts(method, parts))
     }
@@ -441,6 +449,32 @@ impl OnPolicyTrainer<GrpoMethod> {
     /// The loss settings.
     pub fn loss_config(&self) -> &GrpoConfig {
         &self.method.loss_config
+    }
+
+    /// Whether the rollout runs the prompt pass of each group once (`true` by default): the
+    /// env serves each prompt in `num_generations` consecutive rows, so generation computes
+    /// the prompt's KV cache on one row per group and repeats it to the group
+    /// ([`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups)).
+    /// The rollout is the same either way: the same tokens from the same seed and the same
+    /// log-probs.
+    pub fn with_shared_prompts(mut self, on: bool) -> Self {
+        self.method.share_prompts = on;
+        self
+    }
+
+    /// Whether the rollout's policy log-probs are the sampler's when they are the model's
+    /// (`true` by default): then the rollout's hydra pass computes only the reference's
+    /// log-probs (and the frozen trunk's output), not the policy's upper blocks and LM head
+    /// over every sequence again. The condition
+    /// ([`GenerationConfig::log_probs_are_the_models`](crate::modules::llm::GenerationConfig::log_probs_are_the_models))
+    /// is conservative: greedy decoding or temperature 1, a float32 / float64 model, no active
+    /// LoRA dropout; otherwise the pass recomputes them as with `false`. The stored
+    /// `("log_probs", "full")` then equal the recomputed ones up to float rounding on the
+    /// response tokens (the loss and statistics read no others; the prompt's are 0), and the
+    /// store holds no `"values"` (GRPO trains no value head).
+    pub fn with_sampler_log_probs(mut self, on: bool) -> Self {
+        self.method.sampler_log_probs = on;
+        self
     }
 }
 
@@ -496,6 +530,21 @@ impl OnPolicyMethod for GrpoMethod {
 
     fn passes(&self) -> usize {
         self.config.method.num_iterations
+    }
+
+    /// `num_generations` (the env serves each prompt in that many consecutive rows), unless
+    /// [`with_shared_prompts(false)`](OnPolicyTrainer::with_shared_prompts).
+    fn prompt_groups(&self) -> usize {
+        if self.share_prompts {
+            self.config.method.num_generations
+        } else {
+            1
+        }
+    }
+
+    /// `true`, unless [`with_sampler_log_probs(false)`](OnPolicyTrainer::with_sampler_log_probs).
+    fn sampler_log_probs(&self) -> bool {
+        self.sampler_log_probs
     }
 
     /// [`GrpoTrlConfig::total_steps`].

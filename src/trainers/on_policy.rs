@@ -69,7 +69,7 @@ use super::parallel::{all_gather_json, join_group, rank_seed, Collective, Shared
 use super::rollout::{
     check_store_rows, generate_text, hydra_components, hydra_policy_step, permutation,
     policy_params, prepare_hydra_components, prompt_batch, prompt_state_from_json,
-    prompt_state_json, reference_params, sample_prompts,
+    prompt_state_json, reference_params, sample_prompts, PolicyStep,
 };
 use crate::envs::llm::TokenEnv;
 use crate::envs::{EnvBase, TransformedEnv};
@@ -171,6 +171,24 @@ pub trait OnPolicyMethod {
     /// The fields every rank must share with rank 0 (what decides how many collectives each
     /// rank makes).
     fn schedule_fields(&self) -> Vec<(&'static str, f64)>;
+
+    /// The rollout's prompts come in consecutive groups of this many identical rows (the
+    /// env's [`num_generations`](crate::envs::llm::TokenEnvConfig::num_generations)): the
+    /// policy step then runs each group's prompt pass once
+    /// ([`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups);
+    /// the same tokens and log-probs). Default 1: no groups.
+    fn prompt_groups(&self) -> usize {
+        1
+    }
+
+    /// Whether the rollout's policy log-probs come from the sampler when they are the
+    /// model's ([`GenerationConfig::log_probs_are_the_models`]), so that the policy step's
+    /// pass runs the reference's side only
+    /// ([`CausalLmWithHydraValueHead::forward_reference`]) and writes no `"values"`. Default
+    /// `false` (PPO-RLHF's value head needs the policy's whole pass).
+    fn sampler_log_probs(&self) -> bool {
+        false
+    }
 
     /// Called when the trainer joins a group (after the parameter broadcast).
     ///
@@ -408,13 +426,12 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
         let mut have = 0usize;
         while have < want {
             let td = self.env.reset(None)?;
-            let td = hydra_policy_step(
-                &self.model,
-                &mut self.rng,
-                td,
-                &self.rollout_gen,
-                self.cache_trunk,
-            )?;
+            let step = PolicyStep {
+                keep_trunk: self.cache_trunk,
+                prompt_groups: self.method.prompt_groups(),
+                sampler_log_probs: self.method.sampler_log_probs(),
+            };
+            let td = hydra_policy_step(&self.model, &mut self.rng, td, &self.rollout_gen, step)?;
             let td = self.env.step(td)?;
             have += td.batch_size().first().copied().unwrap_or(0).max(1) as usize;
             chunks.push(td);
@@ -630,12 +647,13 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
     /// `("masks", "prompt_attention_mask")`) and writes the policy's log-probs, the values
     /// and the reference log-probs (the rollout's policy step).
     fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
+        let step = PolicyStep::default();
         hydra_policy_step(
             &self.model,
             &mut self.rng,
             data.clone(),
             &self.rollout_gen,
-            false,
+            step,
         )
     }
 

@@ -1,11 +1,13 @@
 //! What the on-policy token trainers (PPO-RLHF, GRPO) and DPO share about a
 //! [`CausalLmWithHydraValueHead`]: generation settings checked against the env, the policy
 //! step of a rollout (generation, then one trunk pass for the policy's and the reference's
-//! log-probs and the values), prompt batches for evaluation, decoded responses, the per-side
-//! parameter lists of a checkpoint, and trainer-state fields read back from JSON.
+//! log-probs and the values; GRPO's shares its groups' prompt pass and, when exact, keeps the
+//! sampler's log-probs and runs the reference's side only: [`PolicyStep`]), prompt batches
+//! for evaluation, decoded responses, the per-side parameter lists of a checkpoint, and
+//! trainer-state fields read back from JSON.
 
 use serde_json::Value;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::api::{
     decode_masked, encode_prompts, in_component, take_component, Component, StagedCopy,
@@ -81,36 +83,92 @@ pub(crate) fn check_vocab(
     Ok(())
 }
 
+/// How [`hydra_policy_step`] runs beyond the generation config.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PolicyStep {
+    /// Keep the frozen trunk's output under [`CachedTrunk::KEY`] (when the model has a frozen
+    /// trunk), so that the updates can start above it ([`update_policy`]).
+    pub(crate) keep_trunk: bool,
+    /// The prompts come in consecutive groups of this many identical rows (GRPO's env):
+    /// generation runs each group's prompt pass once
+    /// ([`GenerateOptions::prompt_groups`](crate::modules::llm::GenerateOptions::prompt_groups)).
+    /// 0 or 1: no groups.
+    pub(crate) prompt_groups: usize,
+    /// Take the policy's log-probs from the sampler when they are the model's
+    /// ([`GenerationConfig::log_probs_are_the_models`]) and run only the reference's side of
+    /// the hydra model ([`CausalLmWithHydraValueHead::forward_reference`]); no `"values"` are
+    /// written then (for a method without a value head).
+    pub(crate) sampler_log_probs: bool,
+}
+
 /// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
-/// the policy generates (seeded from `rng`), then **one trunk pass** of the hydra model over
-/// prompt + response writes `("log_probs", "full")` (the policy's, from raw logits),
-/// `("ref_log_probs", "full")` (the frozen reference's) and `"values"`, all without gradient;
-/// with `keep_trunk`, also the frozen trunk's output under [`CachedTrunk::KEY`] (when the
-/// model has a frozen trunk), so that the updates can start above it ([`update_policy`]).
+/// the policy generates (seeded from `rng`; `step` says whether the prompts come in groups),
+/// then **one trunk pass** of the hydra model over prompt + response writes `("log_probs",
+/// "full")` (the policy's, from raw logits), `("ref_log_probs", "full")` (the frozen
+/// reference's) and `"values"`, all without gradient; with [`PolicyStep::keep_trunk`], also
+/// the frozen trunk's output.
+///
+/// With [`PolicyStep::sampler_log_probs`], when the sampler's log-probs are the model's
+/// ([`GenerationConfig::log_probs_are_the_models`]: temperature 1 or greedy, a float32 /
+/// float64 model, no dropout), `("log_probs", "full")` is the sampler's instead, laid out as
+/// [`token_log_probs`] lays out the recomputed ones on the response (0 where the token or the
+/// one before it is padding) and 0 on the prompt (where the recomputation has the prompt
+/// tokens' log-probs, which no consumer of a GRPO rollout reads: its loss and statistics take
+/// the assistant tokens);
+/// the pass then runs the reference's side only
+/// ([`CausalLmWithHydraValueHead::forward_reference`]: not the policy's upper blocks, LM head
+/// or value head) and writes no `"values"`.
 pub(crate) fn hydra_policy_step(
     model: &CausalLmWithHydraValueHead,
     rng: &mut Generator,
     td: TensorDict,
     gen: &GenerationConfig,
-    keep_trunk: bool,
+    step: PolicyStep,
 ) -> Result<TensorDict> {
     let seed = rng.next_u64();
-    let mut policy =
-        GenerationPolicy::new(model.policy(), gen.clone(), seed)?.with_full_log_probs(false);
+    let sampler = step.sampler_log_probs && gen.log_probs_are_the_models(model.policy().model());
+    let mut policy = GenerationPolicy::new(model.policy(), gen.clone(), seed)?
+        .with_full_log_probs(sampler)
+        .with_prompt_groups(step.prompt_groups);
     let mut td = policy.call(td)?;
     let _guard = tch::no_grad_guard();
     let tokens = td.get_or_err(FULL_KEY)?.shallow_clone();
     let mask = td.get_or_err(ATTENTION_MASK_KEY)?.shallow_clone();
-    let out = model.forward(&LmInput::new(&tokens).with_attention_mask(&mask))?;
+    let input = LmInput::new(&tokens).with_attention_mask(&mask);
+    if sampler {
+        let lp = mask_like_token_log_probs(td.get_or_err(FULL_LOG_PROBS_KEY)?, &mask)?;
+        let out = model.forward_reference(&input)?;
+        let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
+        td.set(FULL_LOG_PROBS_KEY, lp)?;
+        td.set(REF_LOG_PROBS_KEY, ref_lp)?;
+        if let (true, Some(trunk)) = (step.keep_trunk, out.trunk) {
+            td.set(CachedTrunk::KEY, trunk)?;
+        }
+        return Ok(td);
+    }
+    let out = model.forward(&input)?;
     let lp = token_log_probs(&out.logits, &tokens, Some(&mask))?;
     let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
     td.set(FULL_LOG_PROBS_KEY, lp)?;
     td.set(REF_LOG_PROBS_KEY, ref_lp)?;
     td.set("values", align_values_to_tokens(&out.values)?)?;
-    if let (true, Some(trunk)) = (keep_trunk, out.trunk) {
+    if let (true, Some(trunk)) = (step.keep_trunk, out.trunk) {
         td.set(CachedTrunk::KEY, trunk)?;
     }
     Ok(td)
+}
+
+/// `lp` `[B, T]` with [`token_log_probs`]' masking under `mask` `[B, T]`: 0 at `t = 0` and
+/// wherever the token or the one before it is padding.
+fn mask_like_token_log_probs(lp: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let (b, t) = mask.size2()?;
+    if t == 0 {
+        return Ok(lp.shallow_clone());
+    }
+    let m = mask.f_to_kind(Kind::Float)?;
+    let first = Tensor::f_zeros([b, 1], (Kind::Float, m.device()))?;
+    let prev = Tensor::f_cat(&[&first, &m.f_narrow(1, 0, t - 1)?], 1)?;
+    Ok(lp.f_mul(&m)?.f_mul(&prev)?)
 }
 
 /// The policy an update step trains on the minibatch `mb`: continued from the rollout's

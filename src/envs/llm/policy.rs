@@ -4,7 +4,9 @@
 //! It reads `("tokens", "prompt")` `[B, P]` (left-padded) and `("masks",
 //! "prompt_attention_mask")` (all ones when absent), runs the batched
 //! [`generate_with`] (KV cache, left padding, the config's
-//! sampling options, an owned seeded [`Generator`]), pads the response to `max_new_tokens`,
+//! sampling options, an owned seeded [`Generator`]; with
+//! [`with_prompt_groups`](GenerationPolicy::with_prompt_groups), one prompt pass per group of
+//! identical rows), pads the response to `max_new_tokens`,
 //! and writes (see the [env's layout](super::env)):
 //! - `("tokens", "response")` `[B, R]` (right-padded with the pad id) and `("tokens", "full")`
 //!   `[B, P + R]`;
@@ -73,6 +75,7 @@ pub struct GenerationPolicy<M> {
     rng: Generator,
     logit_mask: Option<LogitMask>,
     full_log_probs: bool,
+    prompt_groups: usize,
 }
 
 impl<M> fmt::Debug for GenerationPolicy<M> {
@@ -80,6 +83,7 @@ impl<M> fmt::Debug for GenerationPolicy<M> {
         f.debug_struct("GenerationPolicy")
             .field("config", &self.config)
             .field("logit_mask", &self.logit_mask.is_some())
+            .field("prompt_groups", &self.prompt_groups)
             .finish_non_exhaustive()
     }
 }
@@ -95,7 +99,42 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             rng: Generator::new(seed),
             logit_mask: None,
             full_log_probs: true,
+            prompt_groups: 0,
         })
+    }
+
+    /// Whether the prompts come in consecutive groups of `g` identical rows (a
+    /// [`TokenEnv`](super::env::TokenEnv) with [`num_generations`](super::TokenEnvConfig::num_generations)
+    /// `= g` serves them so): each group's prompt pass then runs once
+    /// ([`GenerateOptions::prompt_groups`]), with the same tokens and log-probs as without
+    /// it. `0` or `1` (the default): no grouping. [`call`](Self::call) errors on a batch whose
+    /// groups are not identical.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device};
+    /// use torchrl::envs::llm::{GenerationPolicy, TokenEnv, TokenEnvConfig, TokenScorer};
+    /// use torchrl::envs::EnvBase;
+    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let model_cfg = Gpt2Config::new(12).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(16);
+    /// let model = Gpt2Model::new(&vs.root(), &model_cfg)?;
+    /// // 2 prompts, each in 2 consecutive rows
+    /// let cfg = TokenEnvConfig::for_model(&model_cfg.facts()).with_batch_size(4)
+    ///     .with_num_generations(2).with_max_new_tokens(3).with_eos_token_id(11).with_pad_token_id(10);
+    /// let gen_cfg = cfg.generation_config().with_do_sample(true);
+    /// let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.len() as f64);
+    /// let mut env = TokenEnv::new(cfg, vec![vec![1, 2, 3], vec![4]], Box::new(scorer))?;
+    /// let td = env.reset(None)?;
+    /// let mut shared = GenerationPolicy::new(&model, gen_cfg.clone(), 0)?.with_prompt_groups(2);
+    /// let mut plain = GenerationPolicy::new(&model, gen_cfg, 0)?;
+    /// let (a, b) = (shared.call(td.clone())?, plain.call(td)?);
+    /// assert!(a.get_or_err(("tokens", "full"))?.equal(b.get_or_err(("tokens", "full"))?));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_prompt_groups(mut self, g: usize) -> Self {
+        self.prompt_groups = g;
+        self
     }
 
     /// Whether [`call`](Self::call) writes `("log_probs", "full")` (default `true`). A caller
@@ -156,6 +195,7 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
         };
         let options = GenerateOptions {
             logit_mask: self.logit_mask.as_ref(),
+            prompt_groups: self.prompt_groups,
         };
         let out = generate_with(
             model_of(&self.model)?,

@@ -424,6 +424,45 @@ pub trait CausalLm: Send + fmt::Debug {
         })
     }
 
+    /// The hidden state entering block `end` (`[B, T, hidden]`, what
+    /// [`ForwardOptions::capture_block_input`] returns for it), running the embedding and
+    /// blocks `..end` only: not the blocks above, the final norm or the LM head. What a
+    /// hydra model's reference branch starts from, without the policy's upper blocks
+    /// ([`CausalLmWithHydraValueHead::forward_reference`](crate::modules::llm::CausalLmWithHydraValueHead::forward_reference)).
+    /// Checks the input as [`CausalLm::forward_with`] does; no cache, no gradient
+    /// checkpointing.
+    ///
+    /// ```
+    /// use tch::nn::VarStore;
+    /// use tch::Tensor;
+    /// use torchrl::modules::llm::{CausalLm, ForwardOptions, Gpt2Config, Gpt2Model, LmInput};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let cfg = Gpt2Config::new(20).with_n_layer(3).with_n_embd(8).with_n_head(2).with_n_positions(8);
+    /// let vs = VarStore::new(tch::Device::Cpu);
+    /// let model = Gpt2Model::new(&vs.root(), &cfg)?;
+    /// let ids = Tensor::from_slice(&[0i64, 3, 4, 5]).view([1, 4]);
+    /// let mask = Tensor::from_slice(&[0i64, 1, 1, 1]).view([1, 4]);
+    /// let input = LmInput::new(&ids).with_attention_mask(&mask);
+    /// let full = model.forward_with(&input, None, ForwardOptions { logits: false, capture_block_input: Some(2) })?;
+    /// let lower = model.forward_to_block(&input, 2)?;
+    /// assert!(lower.equal(full.block_input.as_ref().unwrap()));
+    /// assert!(model.forward_to_block(&input, 4).is_err()); // 3 blocks
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`CausalLm::forward_with`]'s input checks; `end > n_layer`.
+    fn forward_to_block(&self, input: &LmInput<'_>, end: usize) -> Result<Tensor> {
+        check_input(self.facts(), input, None)?;
+        let [_, t] = dims2("CausalLm::forward", "input_ids", input.input_ids, "[B, T]")?;
+        let device = self.device();
+        let pos = positions(input, 0, t, device)?;
+        let x = self.embed(input.input_ids, &pos)?;
+        let decoder = self.decoder();
+        let ctx = decoder.context(input.attention_mask, Some(&pos), 0, t, device, x.kind())?;
+        decoder.forward_to(end, x, &ctx)
+    }
+
     /// Loads `model.safetensors` (by `transformers`' names; a tied `lm_head.weight` is checked
     /// and skipped; buffers ignored). Nothing is written unless every tensor fits.
     ///

@@ -21,6 +21,10 @@
 //! before the mask, top-k and top-p: the distribution PPO and the KL penalty compare); 0 where
 //! the response mask is 0.
 //!
+//! **Shared prompts** ([`GenerateOptions::prompt_groups`]): rows that come in consecutive
+//! groups of identical prompts (GRPO's completions of one prompt) run the prompt pass once per
+//! group; the KV cache is repeated to the group's rows, and decoding is as without it.
+//!
 //! # Shapes
 //! prompt `[B, P]` (left-padded, with its mask); `sequences` `[B, P + G]`; `response`,
 //! `response_mask`, `log_probs` `[B, G]`, `G ≤ max_new_tokens`; `attention_mask` `[B, P + G]`.
@@ -204,6 +208,40 @@ impl GenerationConfig {
         out
     }
 
+    /// Whether a generation with this config on `model` returns, in
+    /// [`GenerationOutput::log_probs`], the log-probs a full forward of `model` over the
+    /// sequences gives ([`token_log_probs`](super::token_log_probs) of its raw logits, what the
+    /// RLHF trainers' policy pass recomputes), up to the rounding between the cached
+    /// incremental pass and the full one. Conservative: all of
+    /// - greedy decoding, or sampling at temperature exactly 1 (the log-probs are taken at the
+    ///   sampling temperature; top-k, top-p, the logit mask and `min_new_tokens` act after
+    ///   them and do not matter);
+    /// - a float32 or float64 model (half-precision rounding between the two passes is not
+    ///   negligible);
+    /// - no active dropout: the only dropout in these models is LoRA's `lora_dropout`, active
+    ///   while the adapters' switch is training ([`LoraSwitch::is_training`](super::LoraSwitch::is_training)).
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Kind};
+    /// use torchrl::modules::llm::{CausalLmConfig, GenerationConfig, Gpt2Config};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let mut vs = VarStore::new(Device::Cpu);
+    /// let model = Gpt2Config::new(30).with_n_layer(1).with_n_embd(8).with_n_head(2).build(&vs.root())?;
+    /// assert!(GenerationConfig::rlhf_sampling(4).log_probs_are_the_models(model.as_ref()));
+    /// assert!(GenerationConfig::new(4).log_probs_are_the_models(model.as_ref())); // greedy
+    /// let hot = GenerationConfig::rlhf_sampling(4).with_temperature(0.7);
+    /// assert!(!hot.log_probs_are_the_models(model.as_ref()));
+    /// vs.set_kind(Kind::BFloat16);
+    /// assert!(!GenerationConfig::rlhf_sampling(4).log_probs_are_the_models(model.as_ref()));
+    /// # Ok(()) }
+    /// ```
+    pub fn log_probs_are_the_models(&self, model: &dyn CausalLm) -> bool {
+        let untempered = !self.do_sample || self.temperature == 1.0;
+        let full_precision = matches!(model.kind(), Kind::Float | Kind::Double);
+        let no_dropout = super::lora::lora_switch(model).is_none_or(|s| !s.is_training());
+        untempered && full_precision && no_dropout
+    }
+
     /// Checks the fields on their own and against a vocabulary of `vocab` tokens.
     pub fn validate(&self, vocab: i64) -> Result<()> {
         let op = "GenerationConfig";
@@ -290,11 +328,62 @@ pub struct GenerationOutput {
     pub attention_mask: Tensor,
 }
 
-/// Extra inputs of a generation step beyond the config.
-#[derive(Debug, Default)]
+/// Extra inputs of a generation beyond the config.
+///
+/// ```
+/// use tch::{nn::VarStore, Device, Tensor};
+/// use torchrl::modules::llm::{generate_with, GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Model};
+/// use torchrl::Generator;
+/// # fn main() -> torchrl::Result<()> {
+/// tch::manual_seed(0);
+/// let vs = VarStore::new(Device::Cpu);
+/// let cfg = Gpt2Config::new(30).with_n_layer(2).with_n_embd(16).with_n_head(2).with_n_positions(32);
+/// let model = Gpt2Model::new(&vs.root(), &cfg)?;
+/// // two prompts, each served in 3 consecutive rows (GRPO's groups)
+/// let prompt = Tensor::from_slice(&[4i64, 5, 4, 5, 4, 5, 7, 8, 7, 8, 7, 8]).view([6, 2]);
+/// let gen_cfg = GenerationConfig::rlhf_sampling(5).with_pad_token_id(0);
+/// let shared = GenerateOptions::default().with_prompt_groups(3);
+/// let out = generate_with(&model, &prompt, None, &gen_cfg, &shared, &mut Generator::new(1))?;
+/// // the prompt pass ran on 2 rows, the decode on 6: the same tokens as without sharing
+/// let plain = generate_with(&model, &prompt, None, &gen_cfg, &GenerateOptions::default(), &mut Generator::new(1))?;
+/// assert!(out.sequences.equal(&plain.sequences));
+/// // rows of a group that differ are an error, not a silent fallback
+/// let mixed = Tensor::from_slice(&[4i64, 5, 4, 6, 4, 5, 7, 8, 7, 8, 7, 8]).view([6, 2]);
+/// assert!(generate_with(&model, &mixed, None, &gen_cfg, &shared, &mut Generator::new(1)).is_err());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default, Clone, Copy)]
 pub struct GenerateOptions<'a> {
     /// trlX's logit mask.
     pub logit_mask: Option<&'a LogitMask>,
+    /// The rows come in consecutive groups of this many identical prompts (identical ids and
+    /// attention masks: GRPO's `num_generations` completions of one prompt, as the
+    /// [`TokenEnv`](crate::envs::llm::TokenEnv) serves them). The prompt pass then runs on
+    /// one row per group and its KV cache (and last hidden state) is repeated to every row of
+    /// the group before decoding, which proceeds over all `B` rows as without it: the same
+    /// tokens (greedy, or sampled from the same seed: the uniforms are drawn as `[steps, B]`
+    /// either way) and the same log-probs up to rounding. `0` (the default) and `1`: every
+    /// row is its own prompt.
+    ///
+    /// # Errors
+    /// A batch that is not a multiple of the group size, or a group whose rows differ
+    /// (checked with one comparison and one host read; generation does not fall back).
+    pub prompt_groups: usize,
+}
+
+impl<'a> GenerateOptions<'a> {
+    /// Sets trlX's logit mask.
+    pub fn with_logit_mask(mut self, mask: &'a LogitMask) -> Self {
+        self.logit_mask = Some(mask);
+        self
+    }
+
+    /// Sets [`prompt_groups`](Self::prompt_groups): the rows come in consecutive groups of `g`
+    /// identical prompts, whose prompt pass runs once per group.
+    pub fn with_prompt_groups(mut self, g: usize) -> Self {
+        self.prompt_groups = g;
+        self
+    }
 }
 
 /// Generates continuations of `prompt` `[B, P]` (int64, left-padded, `attention_mask` 1 on
@@ -371,7 +460,8 @@ fn generate_impl(
     }
     let [b, p] = check_prompt(op, model, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
-    let (mut decoder, first) = DecodeState::start(model, prompt, attention_mask, [b, p])?;
+    let (mut decoder, first) =
+        DecodeState::start(model, prompt, attention_mask, [b, p], options.prompt_groups)?;
     let mut last_logits = model.lm_head(&first)?;
     let steps = config.max_new_tokens;
     let uniforms = match rng {
@@ -520,11 +610,15 @@ impl<'m> DecodeState<'m> {
     /// Runs the prompt `[B, P]` (left-padded by `attention_mask`; `None`: no padding) through
     /// `model` into a fresh cache; returns the decoder and the last position's hidden state
     /// `[B, n_embd]` (`transformers`' `logits_to_keep=1`: the LM head is left to the caller).
+    /// With `groups > 1` ([`GenerateOptions::prompt_groups`]) the rows come in consecutive
+    /// groups of that many identical prompts (checked): the pass runs on the first row of
+    /// each group, and the cache and hidden state are repeated to the group's rows.
     pub(crate) fn start(
         model: &'m dyn CausalLm,
         prompt: &Tensor,
         attention_mask: Option<&Tensor>,
         [b, p]: [i64; 2],
+        groups: usize,
     ) -> Result<(Self, Tensor)> {
         let device = model.device();
         let prompt = prompt.f_to_device(device)?;
@@ -537,12 +631,30 @@ impl<'m> DecodeState<'m> {
             logits: false,
             capture_block_input: None,
         };
-        let first = model.forward_with(
-            &LmInput::new(&prompt).with_attention_mask(&mask),
-            Some(&mut cache),
-            hidden_only,
-        )?;
-        let last_hidden = first.last_hidden.f_select(1, p - 1)?;
+        let last_hidden = match PromptGroups::check(&prompt, &mask, [b, p], groups)? {
+            None => {
+                let first = model.forward_with(
+                    &LmInput::new(&prompt).with_attention_mask(&mask),
+                    Some(&mut cache),
+                    hidden_only,
+                )?;
+                first.last_hidden.f_select(1, p - 1)?
+            }
+            Some(groups) => {
+                let ids = prompt.f_index_select(0, &groups.first_rows)?;
+                let group_mask = mask.f_index_select(0, &groups.first_rows)?;
+                let first = model.forward_with(
+                    &LmInput::new(&ids).with_attention_mask(&group_mask),
+                    Some(&mut cache),
+                    hidden_only,
+                )?;
+                cache.index_select(&groups.expand)?;
+                first
+                    .last_hidden
+                    .f_select(1, p - 1)?
+                    .f_index_select(0, &groups.expand)?
+            }
+        };
         let positions = super::causal_lm::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
         let last_token = prompt.f_select(1, p - 1)?;
         // Without padding in the prompt, a one-token step attends every cached key: no mask
@@ -588,6 +700,68 @@ impl<'m> DecodeState<'m> {
             .forward_unchecked(&input, Some(&mut self.cache), options)?;
         self.last_token = next;
         Ok(out)
+    }
+}
+
+/// The row indices of [`GenerateOptions::prompt_groups`]: the first row of each group, and
+/// each row's group (what repeats a per-group tensor to every row).
+struct PromptGroups {
+    /// `[B / g]`: `0, g, 2g, …`.
+    first_rows: Tensor,
+    /// `[B]`: `0, …, 0, 1, …, 1, …` (each group index `g` times).
+    expand: Tensor,
+}
+
+impl PromptGroups {
+    /// `None` when `groups ≤ 1`; else the indices, after checking that `B` is a multiple of
+    /// `groups` and that the rows of each group have the same ids and mask (one comparison,
+    /// one host read).
+    fn check(
+        prompt: &Tensor,
+        mask: &Tensor,
+        [b, p]: [i64; 2],
+        groups: usize,
+    ) -> Result<Option<Self>> {
+        let op = "generate";
+        if groups <= 1 {
+            return Ok(None);
+        }
+        let g = i64::try_from(groups).unwrap_or(i64::MAX);
+        if b % g != 0 {
+            return Err(Error::config(
+                op,
+                "prompt_groups",
+                format!("a divisor of the batch size {b} (whole groups of identical prompts)"),
+                groups,
+            ));
+        }
+        let n = b / g;
+        // each row against the first row of its group, ids and mask at once
+        let same = |t: &Tensor| -> Result<Tensor> {
+            let t = t.f_reshape([n, g, p])?;
+            Ok(t.f_eq_tensor(&t.f_narrow(1, 0, 1)?)?.f_all_dim(2, false)?)
+        };
+        let rows_same = same(prompt)?.f_logical_and(&same(mask)?)?;
+        if !bool::try_from(rows_same.f_all()?)? {
+            // the error path reads which row differs
+            let differs = rows_same.f_reshape([b])?.f_logical_not()?;
+            let first_bad = i64::try_from(differs.f_to_kind(Kind::Int64)?.f_argmax(0, false)?)?;
+            let head = first_bad / g * g;
+            return Err(Error::value(
+                op,
+                "prompt",
+                format!(
+                    "rows in consecutive groups of prompt_groups = {g} identical prompts \
+                     (token ids and attention mask)"
+                ),
+                format!("row {first_bad} differs from row {head}, the first of its group"),
+            ));
+        }
+        let device = prompt.device();
+        let first_rows = Tensor::f_arange_start_step(0, b, g, (Kind::Int64, device))?;
+        let expand =
+            Tensor::f_arange(n, (Kind::Int64, device))?.f_repeat_interleave_self_int(g, 0, b)?;
+        Ok(Some(PromptGroups { first_rows, expand }))
     }
 }
 

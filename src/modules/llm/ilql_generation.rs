@@ -401,7 +401,7 @@ pub fn ilql_generate(
 /// let table = Tensor::ones([10, 10], (Kind::Bool, Device::Cpu))
 ///     .scatter_value(1, &allowed.view([10, 1]), 0);
 /// let mask = LogitMask::new(table)?;
-/// let opts = GenerateOptions { logit_mask: Some(&mask) };
+/// let opts = GenerateOptions::default().with_logit_mask(&mask);
 /// let prompt = Tensor::from_slice(&[7i64]).view([1, 1]);
 /// let out = ilql_generate_with(&model, &prompt, None, &IlqlGenerationConfig::new(4), &opts, &mut Generator::new(0))?;
 /// assert_eq!(Vec::<i64>::try_from(out.response.view([-1]))?, vec![8, 9, 0, 1]);
@@ -422,7 +422,8 @@ pub fn ilql_generate_with(
     config.validate(vocab)?;
     let [b, p] = check_prompt(op, trunk, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
-    let (mut decoder, mut hidden) = DecodeState::start(trunk, prompt, attention_mask, [b, p])?;
+    let (mut decoder, mut hidden) =
+        DecodeState::start(trunk, prompt, attention_mask, [b, p], options.prompt_groups)?;
     let steps = config.max_new_tokens;
     let greedy = config.temperature == 0.0;
     let uniforms = if greedy {

@@ -44,7 +44,7 @@ pub use generation::{
 pub use heads::{
     batched_index_select, last_token_index, CachedTrunk, CausalLmWithHydraValueHead,
     CausalLmWithIlqlHeads, CausalLmWithScoreHead, CausalLmWithValueHead, HydraOutput, IlqlHeads,
-    IlqlHeadsOutput, IlqlOutput, MlpHead, ModelBranch, ValueOutput,
+    IlqlHeadsOutput, IlqlOutput, MlpHead, ModelBranch, ReferenceOutput, ValueOutput,
 };
 pub use ilql_generation::{
     ilql_generate, ilql_generate_with, ilql_scores, IlqlGenerationConfig, IlqlGenerationOutput,

@@ -360,6 +360,34 @@ fn hydra_ref_scores(
     scores_from_logits(&logits, None, tokens, attention_mask, request)
 }
 
+impl HydraReference<&CausalLmWithHydraValueHead> {
+    /// The reference's token log-probs (as [`ScoreTokens::token_log_probs`]) and the frozen
+    /// trunk's output they were computed from
+    /// ([`CausalLmWithHydraValueHead::forward_reference`]; `None` without a branch
+    /// reference), so that the policy's forward on the same rows can start there.
+    ///
+    /// # Errors
+    /// As [`ScoreTokens::token_log_probs`].
+    pub fn log_probs_and_trunk(
+        &self,
+        tokens: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        check_inputs("HydraReference::score_tokens", tokens, attention_mask)?;
+        let _guard = tch::no_grad_guard();
+        let input = LmInput::new(tokens).with_attention_mask(attention_mask);
+        let out = self.hydra.forward_reference(&input)?;
+        let scores = scores_from_logits(
+            &out.ref_logits,
+            None,
+            tokens,
+            attention_mask,
+            ScoreRequest::log_probs(),
+        )?;
+        Ok((scores.log_probs, out.trunk))
+    }
+}
+
 impl ScoreTokens for HydraReference<&CausalLmWithHydraValueHead> {
     fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
         hydra_ref_scores(self.hydra, t, m, r)

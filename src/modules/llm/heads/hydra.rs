@@ -127,6 +127,17 @@ pub struct HydraOutput {
     pub trunk: Option<Tensor>,
 }
 
+/// What [`CausalLmWithHydraValueHead::forward_reference`] returns: the reference's logits and
+/// the frozen trunk's output, without the policy's upper blocks, LM head or values.
+#[derive(Debug)]
+pub struct ReferenceOutput {
+    /// Reference logits `[B, T, vocab]`, detached (as [`HydraOutput::ref_logits`]).
+    pub ref_logits: Tensor,
+    /// The frozen trunk's output `[B, T, hidden]`, detached (as [`HydraOutput::trunk`]);
+    /// `None` for a full-copy or adapters-off reference.
+    pub trunk: Option<Tensor>,
+}
+
 /// trlX's `GPTHydraHeadWithValueModel(config, num_layers_unfrozen)`: a policy with a value
 /// head and a frozen reference (see the [module docs](self) for the `num_layers_unfrozen`
 /// rules). The reference's parameters live in a store of their own, frozen as a whole.
@@ -361,21 +372,60 @@ impl CausalLmWithHydraValueHead {
         }
     }
 
-    /// The reference logits only (trlX's `forward_hydra`).
+    /// The reference logits only (trlX's `forward_hydra`), as
+    /// [`forward_reference`](Self::forward_reference) computes them.
     pub fn forward_hydra(&self, input: &LmInput<'_>) -> Result<Tensor> {
+        Ok(self.forward_reference(input)?.ref_logits)
+    }
+
+    /// What [`forward`](Self::forward) gives of the reference, without the policy's own
+    /// output: the reference logits and the frozen trunk's output, equal to `forward`'s
+    /// (the same kernels on the same inputs), computed without gradient. A hydra branch runs the shared trunk up to
+    /// [`frozen_trunk_end`](Self::frozen_trunk_end) ([`CausalLm::forward_to_block`]) and its
+    /// own copy of the top blocks, skipping the policy's upper blocks, LM head and value head;
+    /// a full-copy or adapters-off reference runs the reference alone. For a caller that has
+    /// the policy's log-probs already (a rollout's sampler, when they are the model's:
+    /// [`GenerationConfig::log_probs_are_the_models`](crate::modules::llm::GenerationConfig::log_probs_are_the_models))
+    /// and needs no values.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Tensor};
+    /// use torchrl::modules::llm::{CausalLmWithHydraValueHead, Gpt2Config, LmInput};
+    /// # fn main() -> torchrl::Result<()> {
+    /// tch::manual_seed(0);
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let cfg = Gpt2Config::new(32).with_n_layer(3).with_n_embd(16).with_n_head(2).with_n_positions(16);
+    /// let hydra = CausalLmWithHydraValueHead::new(&vs.root(), &cfg, 1)?;
+    /// let ids = Tensor::from_slice(&[1i64, 5, 7, 2]).view([1, 4]);
+    /// let input = LmInput::new(&ids);
+    /// let (full, reference) = (hydra.forward(&input)?, hydra.forward_reference(&input)?);
+    /// assert!(reference.ref_logits.equal(&full.ref_logits));
+    /// assert!(reference.trunk.unwrap().equal(&full.trunk.unwrap()));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward).
+    pub fn forward_reference(&self, input: &LmInput<'_>) -> Result<ReferenceOutput> {
+        // every output is detached: record no graph
+        let _guard = tch::no_grad_guard();
         match &self.reference {
             Reference::Branch(b) => {
-                let out = self.policy.model().forward_with(
-                    input,
-                    None,
-                    ForwardOptions {
-                        logits: false,
-                        capture_block_input: Some(b.start_block()),
-                    },
-                )?;
-                self.reference_logits(input, out.block_input)
+                let h = self
+                    .policy
+                    .model()
+                    .forward_to_block(input, b.start_block())?;
+                let trunk = h.f_detach()?;
+                let ref_logits = self.reference_logits(input, Some(h))?;
+                Ok(ReferenceOutput {
+                    ref_logits,
+                    trunk: Some(trunk),
+                })
             }
-            Reference::Full(_) | Reference::AdaptersOff(_) => self.reference_logits(input, None),
+            Reference::Full(_) | Reference::AdaptersOff(_) => Ok(ReferenceOutput {
+                ref_logits: self.reference_logits(input, None)?,
+                trunk: None,
+            }),
         }
     }
 

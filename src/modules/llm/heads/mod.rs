@@ -50,7 +50,7 @@ pub mod score;
 pub mod value;
 
 pub use cached_trunk::CachedTrunk;
-pub use hydra::{CausalLmWithHydraValueHead, HydraOutput, ModelBranch};
+pub use hydra::{CausalLmWithHydraValueHead, HydraOutput, ModelBranch, ReferenceOutput};
 pub use ilql::{
     batched_index_select, CausalLmWithIlqlHeads, IlqlHeads, IlqlHeadsOutput, IlqlOutput,
 };

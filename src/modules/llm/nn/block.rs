@@ -288,6 +288,29 @@ impl Decoder {
         self.norm.forward(&x)
     }
 
+    /// Blocks `..end` on `x` (the embedding's output), without a cache, checkpointing or the
+    /// final norm: the hidden state entering block `end` (what [`Decoder::forward`] captures
+    /// for it).
+    ///
+    /// # Errors
+    /// `end > n_layer`.
+    pub fn forward_to(&self, end: usize, x: Tensor, ctx: &BlockContext) -> Result<Tensor> {
+        let n = self.blocks.len();
+        let blocks = self.blocks.get(..end).ok_or_else(|| {
+            Error::value(
+                "Decoder::forward_to",
+                "end",
+                format!("a block index of at most n_layer = {n}"),
+                end.to_string(),
+            )
+        })?;
+        let mut x = x;
+        for b in blocks {
+            x = b.forward(&x, ctx, None)?;
+        }
+        Ok(x)
+    }
+
     /// Blocks `start..` checkpointed (see [`super::checkpoint`]): the last block's output (a
     /// leaf requiring grad) and, when `capture` asks for it, the input of that block
     /// (detached).
