@@ -27,17 +27,18 @@
 //! `bare_gpt2` / `bare_optim`, timed interleaved with ours (`common::paired`: best of 3
 //! iterations / steps each after a warm-up). The GRPO floor is one whole iteration: the env's
 //! prompts, sampling with EOS from the same uniforms (its generator seeded as the trainer's),
-//! one frozen-trunk pass giving the trunk output and the policy's and the reference's
-//! log-probs of the response tokens, the reward model at each row's last real token, the
-//! group advantages, then the trainer's minibatch permutations (drawn as the trainer draws
-//! them) and 4 DAPO updates starting above the frozen trunk with `BareAdamW`. The DPO floor is
-//! one step: left-padded collation, per side one frozen-trunk pass shared by the reference
-//! branch and the policy's top block, sequence log-probs, the sigmoid loss, backward, clip,
-//! AdamW. Left out of both (computed by ours, not needed by the math): the value head, the LM
-//! head and log-softmax at prompt positions, generation's per-token log-probs (GRPO), the
-//! loss statistics, the tensordict bookkeeping; and for DPO, ours runs the frozen trunk twice
-//! per side (reference via `forward_hydra`, which also runs the policy's top block, then the
-//! policy's full forward). Before timing, the first GRPO iteration and the first two DPO steps
+//! the prompt pass once per group of `num_generations` identical prompts, the sampler's
+//! log-probs kept as the rollout's, one frozen-trunk pass and the reference branch for the
+//! reference's log-probs of the response tokens, the reward model at each row's last real
+//! token, the group advantages, then the trainer's minibatch permutations (drawn as the
+//! trainer draws them) and 4 DAPO updates starting above the frozen trunk with `BareAdamW`.
+//! The DPO floor is one step: left-padded collation, per side one frozen-trunk pass shared by
+//! the reference branch and the policy's top block, sequence log-probs, the sigmoid loss,
+//! backward, clip, AdamW. Ours does the same since issue 27 (the shared prompt pass, the
+//! sampler's log-probs, and DPO's trunk run once per side); left out of the floors (computed
+//! by ours, not needed by the math): the value head in the update forwards, the LM head and
+//! log-softmax at prompt positions, the loss statistics, the tensordict bookkeeping. Before
+//! timing, the first GRPO iteration and the first two DPO steps
 //! of ours and of the floor are checked against each other: the same tokens; log-probs, scores,
 //! advantages and losses to 1e-4; every parameter after the updates to 1e-4. No floor runs
 //! with `TORCHRL_BENCH_UNFROZEN` 0 or -1 (a full-copy reference: no frozen trunk). Env:
@@ -315,15 +316,19 @@ impl GrpoFloor {
             &u,
             self.eos,
             self.pad,
-            false,
+            true,
+            NUM_GENERATIONS as i64,
         );
         let _guard = tch::no_grad_guard();
         let full = Tensor::cat(&[&prompt, &gen.response], 1);
         let attention = Tensor::cat(&[&prompt_mask, &gen.live.to_kind(Kind::Int64)], 1);
         let positions = positions_from_mask(&attention);
         let blocked = padded_blocked(&attention);
-        // one frozen-trunk pass for the rollout's and the reference's log-probs
-        let scored = self.hydra.score(&full, &positions, &blocked, p, false);
+        // the rollout's log-probs are the sampler's; one frozen-trunk pass and the reference
+        // branch for the reference's
+        let trunk = self.hydra.trunk(&full, &positions, &blocked);
+        let ref_lp = self.hydra.reference_log_probs(&trunk, &blocked, &full, p);
+        let old_lp = gen.log_probs.expect("asked for");
         let scores = self.rm.scores(&full, &attention, &positions, &blocked);
         let adv = group_advantages(
             &scores.to_kind(Kind::Double),
@@ -334,10 +339,10 @@ impl GrpoFloor {
         Ok(FloorRollout {
             full,
             blocked,
-            trunk: scored.trunk,
+            trunk,
             mask: gen.live.to_kind(Kind::Float),
-            old_lp: scored.log_probs,
-            ref_lp: scored.ref_log_probs,
+            old_lp,
+            ref_lp,
             scores,
             adv,
         })

@@ -252,6 +252,7 @@ impl BarePpoRlhf {
             s.eos,
             s.pad,
             false,
+            1,
         );
         let (r, keep) = (s.new_tokens, gen.live);
         let full = Tensor::cat(&[prompt, &gen.response], 1);

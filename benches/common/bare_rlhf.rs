@@ -296,7 +296,9 @@ pub struct BareGeneration {
 /// row that produced `eos` receives `pad` from then on, generation stops when every row
 /// finished, checked every step as ours does on the CPU), bare. `with_log_probs`: also each
 /// token's log-prob (ours always computes it; GRPO and PPO-RLHF rescore the rollout in the
-/// hydra pass and never read it).
+/// hydra pass and never read it). `prompt_groups` > 1: the rows come in groups of that many
+/// identical prompts, whose prompt pass runs once per group and whose KV cache is repeated to
+/// the group (ours with `GenerateOptions::with_prompt_groups`, as the GRPO rollout runs).
 #[allow(clippy::too_many_arguments)]
 pub fn generate_eos(
     model: &BareGpt2,
@@ -307,6 +309,7 @@ pub fn generate_eos(
     eos: i64,
     pad: i64,
     with_log_probs: bool,
+    prompt_groups: i64,
 ) -> BareGeneration {
     let _guard = tch::no_grad_guard();
     let (b, p) = prompt.size2().expect("[B, P]");
@@ -320,7 +323,26 @@ pub fn generate_eos(
     let positions = positions_from_mask(&mask);
     let blocked = padded_blocked(&mask);
     let mut cache = model.new_cache();
-    let h = model.hidden(prompt, &positions, Some(&mut cache), Some(&blocked));
+    let h = if prompt_groups > 1 {
+        // one row per group through the prompt pass, then its cache repeated to the group
+        let first = Tensor::arange_start_step(0, b, prompt_groups, (Kind::Int64, device));
+        let one = |t: &Tensor| t.index_select(0, &first);
+        let h = model.hidden(
+            &one(prompt),
+            &one(&positions),
+            Some(&mut cache),
+            Some(&one(&blocked)),
+        );
+        let repeat = Tensor::arange(b / prompt_groups, (Kind::Int64, device))
+            .repeat_interleave_self_int(prompt_groups, 0, None);
+        for (k, v) in cache.iter_mut().flatten() {
+            *k = k.index_select(0, &repeat);
+            *v = v.index_select(0, &repeat);
+        }
+        h.index_select(0, &repeat)
+    } else {
+        model.hidden(prompt, &positions, Some(&mut cache), Some(&blocked))
+    };
     let mut logits = model.logits(&h.select(1, p - 1));
     let mut pos = positions.narrow(1, p - 1, 1);
     let ones = Tensor::ones([b, 1], (Kind::Int64, device));
