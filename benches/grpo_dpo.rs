@@ -44,7 +44,8 @@
 //! with `TORCHRL_BENCH_UNFROZEN` 0 or -1 (a full-copy reference: no frozen trunk). Env:
 //! `TORCHRL_BENCH_GRPO_DPO=grpo|dpo|both` (default `both`), `TORCHRL_BENCH_ITERS` (timed GRPO
 //! iterations, default 5), `TORCHRL_BENCH_DPO_STEPS` (timed DPO steps, default 20),
-//! `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN` (default 1).
+//! `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN` (default 1), `TORCHRL_BENCH_BF16=1`
+//! (the models in bfloat16, the Python side's `--bf16`; no floor).
 
 mod common;
 use common::bare_gpt2::{padded_blocked, positions_from_mask, BareGpt2};
@@ -184,7 +185,7 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
         Box::new(RewardModelScorer::new(rm)),
     )?;
     let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?;
-    let mut floor = if unfrozen >= 1 {
+    let mut floor = if unfrozen >= 1 && !bf16() {
         Some(GrpoFloor::new(&cfg, unfrozen, prompts, seed)?)
     } else {
         None
@@ -218,7 +219,9 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
         peak_rss_mib()
     );
     let Some(mut floor) = floor else {
-        println!("# W15_grpo_step_flagship: no floor with num_layers_unfrozen {unfrozen}");
+        println!(
+            "# W15_grpo_step_flagship: no floor with num_layers_unfrozen {unfrozen} or in bf16"
+        );
         return Ok(());
     };
     let (ours_s, floor_s) = paired(
@@ -462,9 +465,18 @@ fn dpo_pairs(rng: &mut Generator, n: usize) -> Vec<DpoPair> {
 /// parameters.
 fn dpo_model(cfg: &Gpt2Config, unfrozen: i64) -> Result<(VarStore, CausalLmWithHydraValueHead)> {
     tch::manual_seed(0);
-    let vs = VarStore::new(Device::Cpu);
+    let mut vs = VarStore::new(Device::Cpu);
+    if bf16() {
+        vs.set_kind(tch::Kind::BFloat16);
+    }
     let model = CausalLmWithHydraValueHead::new(&vs.root(), cfg, unfrozen)?;
     Ok((vs, model))
+}
+
+/// `TORCHRL_BENCH_BF16=1`: the models are made in bfloat16 (AdamW keeps float32 masters; the
+/// Python side's `--bf16`), and no floor runs (its checks compare in float32).
+fn bf16() -> bool {
+    env_or("TORCHRL_BENCH_BF16", 0u8) == 1
 }
 
 fn dpo(steps: usize, unfrozen: i64) -> Result<()> {
@@ -490,7 +502,7 @@ fn dpo(steps: usize, unfrozen: i64) -> Result<()> {
     c.method.precompute_ref_log_probs = false;
     let all: Vec<DpoPair> = batches.iter().flatten().cloned().collect();
     let mut trainer = DpoTrainer::new(c, model, all, Box::new(ByteTokenizer::new()))?;
-    let mut floor = if unfrozen >= 1 {
+    let mut floor = if unfrozen >= 1 && !bf16() {
         Some(DpoFloor::new(&cfg, unfrozen)?)
     } else {
         None
@@ -526,7 +538,9 @@ fn dpo(steps: usize, unfrozen: i64) -> Result<()> {
         peak_rss_mib()
     );
     let Some(mut floor) = floor else {
-        println!("# W16_dpo_step_flagship: no floor with num_layers_unfrozen {unfrozen}");
+        println!(
+            "# W16_dpo_step_flagship: no floor with num_layers_unfrozen {unfrozen} or in bf16"
+        );
         return Ok(());
     };
     let (mut at_ours, mut at_floor) = (0usize, 0usize);

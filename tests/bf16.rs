@@ -250,3 +250,32 @@ fn ppo_rlhf_trains_a_bf16_model_through_float32_masters() {
     assert!(moved > after.len() / 2, "{moved} of {} moved", after.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_bf16_hydra_reference_is_made_in_bf16_and_starts_equal_to_the_policy() {
+    // the hydra branch and the full reference copy live in a store of their own: made in the
+    // policy's dtype, a bf16 policy's reference runs (no float32 / bf16 mix in a product) and
+    // starts as the policy's exact copy
+    let ids = Tensor::from_slice(&[5i64, 60, 70, 80, 90, 100]).view([1, 6]);
+    let input = LmInput::new(&ids);
+    for unfrozen in [1, 2, -1] {
+        let (_vs, hydra) = with_init_seed(3, || {
+            let mut vs = VarStore::new(Device::Cpu);
+            vs.set_kind(Kind::BFloat16);
+            let base = qwen3().build(&vs.root()).unwrap();
+            let hydra = CausalLmWithHydraValueHead::from_model(&vs.root(), base, unfrozen).unwrap();
+            (vs, hydra)
+        });
+        for (name, p) in hydra.reference_store().variables() {
+            assert_eq!(p.kind(), Kind::BFloat16, "{unfrozen}: {name}");
+        }
+        let out = hydra.forward(&input).unwrap();
+        assert_eq!(out.ref_logits.kind(), Kind::BFloat16);
+        assert!(out.ref_logits.equal(&out.logits), "{unfrozen}");
+        assert!(hydra
+            .forward_reference(&input)
+            .unwrap()
+            .ref_logits
+            .equal(&out.ref_logits));
+    }
+}

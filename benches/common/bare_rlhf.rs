@@ -47,9 +47,14 @@ pub type HydraAndRewardModel = (
 /// When a model cannot be built from `cfg`.
 pub fn hydra_and_reward_model(cfg: &Gpt2Config, unfrozen: i64) -> Result<HydraAndRewardModel> {
     tch::manual_seed(0);
-    let vs = VarStore::new(Device::Cpu);
+    let mut vs = VarStore::new(Device::Cpu);
+    let mut rm_vs = VarStore::new(Device::Cpu);
+    if super::env_or("TORCHRL_BENCH_BF16", 0u8) == 1 {
+        // every variable made in bfloat16 (the benches' bf16 rows)
+        vs.set_kind(tch::Kind::BFloat16);
+        rm_vs.set_kind(tch::Kind::BFloat16);
+    }
     let model = CausalLmWithHydraValueHead::new(&vs.root(), cfg, unfrozen)?;
-    let rm_vs = VarStore::new(Device::Cpu);
     let rm = CausalLmWithScoreHead::from_model(&rm_vs.root(), Gpt2Model::new(&rm_vs.root(), cfg)?)?;
     Ok((vs, model, rm_vs, rm))
 }

@@ -199,6 +199,8 @@ impl CausalLmWithHydraValueHead {
             k => freeze(model.lower_trunk_parameters(model.n_layer() - k as usize))?,
         }
         let mut ref_store = VarStore::new(model.device());
+        // the branch / copy in the policy's dtype (a bf16 policy gets a bf16 reference)
+        ref_store.set_kind(model.kind());
         let reference = match usize::try_from(num_layers_unfrozen) {
             Ok(k) if k > 0 => {
                 Reference::Branch(ModelBranch::new(&ref_store.root(), model.as_ref(), k)?)
