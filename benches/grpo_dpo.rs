@@ -45,7 +45,9 @@
 //! `TORCHRL_BENCH_GRPO_DPO=grpo|dpo|both` (default `both`), `TORCHRL_BENCH_ITERS` (timed GRPO
 //! iterations, default 5), `TORCHRL_BENCH_DPO_STEPS` (timed DPO steps, default 20),
 //! `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN` (default 1), `TORCHRL_BENCH_BF16=1`
-//! (the models in bfloat16, the Python side's `--bf16`; no floor).
+//! (the models in bfloat16, the Python side's `--bf16`; no floor), `TORCHRL_BENCH_REUSE=0` (W15's
+//! rollout without the shared prompt pass and with the policy's log-probs recomputed, as before
+//! issue 27; no floor).
 
 mod common;
 use common::bare_gpt2::{padded_blocked, positions_from_mask, BareGpt2};
@@ -184,8 +186,13 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
         prompts.clone(),
         Box::new(RewardModelScorer::new(rm)),
     )?;
-    let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?;
-    let mut floor = if unfrozen >= 1 && !bf16() {
+    // TORCHRL_BENCH_REUSE=0: the rollout as before issue 27 (every row's prompt pass, the
+    // policy's log-probs recomputed by the hydra pass), for an A/B of the two (no floor then)
+    let reuse = env_or("TORCHRL_BENCH_REUSE", 1u8) == 1;
+    let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?
+        .with_shared_prompts(reuse)
+        .with_sampler_log_probs(reuse);
+    let mut floor = if unfrozen >= 1 && !bf16() && reuse {
         Some(GrpoFloor::new(&cfg, unfrozen, prompts, seed)?)
     } else {
         None
@@ -220,7 +227,7 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
     );
     let Some(mut floor) = floor else {
         println!(
-            "# W15_grpo_step_flagship: no floor with num_layers_unfrozen {unfrozen} or in bf16"
+            "# W15_grpo_step_flagship: no floor (num_layers_unfrozen {unfrozen}, bf16 or TORCHRL_BENCH_REUSE=0)"
         );
         return Ok(());
     };
