@@ -296,3 +296,37 @@ fn the_fallible_init_draws_the_same_weights() {
         .unwrap();
     assert!(wte.equal(&expected));
 }
+
+/// `checkpoint` (seed 2028, case 11243): a `manifest.json` whose file list names a component
+/// `sche[uler` was refused by `Checkpoint::load` with an argument error naming the component but
+/// not the checkpoint. The manifest is the file at fault, and the error names it now.
+#[test]
+fn a_manifest_with_a_bad_component_name_names_the_manifest() {
+    use tch::Tensor;
+    use torchrl::trainers::checkpoint::{Checkpoint, CheckpointStore};
+
+    let dir = tempdir("manifest-name");
+    let store = CheckpointStore::new(&dir);
+    let ckpt = Checkpoint::new(3)
+        .with_tensors(
+            "scheduler",
+            vec![("w".into(), Tensor::from_slice(&[1f32, 2.0]))],
+        )
+        .with_json("trainer_state", serde_json::json!({ "iter_count": 3 }));
+    let folder = store.save(&ckpt).unwrap();
+    let manifest = folder.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains("\"scheduler\""), "{text}");
+    std::fs::write(&manifest, text.replace("\"scheduler\"", "\"sche[uler\"")).unwrap();
+    let err = Checkpoint::load(&folder).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&manifest.display().to_string()) && msg.contains("sche[uler"),
+        "{msg}"
+    );
+    assert!(
+        matches!(err.root(), torchrl::Error::InvalidFile { .. }),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

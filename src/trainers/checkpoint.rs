@@ -176,7 +176,17 @@ impl Checkpoint {
                     format!("bad file entry {entry}"),
                 ));
             };
-            check_name(OP, name)?;
+            // a manifest edited by hand (or by a crash) is the file at fault: name it
+            if check_name(OP, name).is_err() {
+                return Err(invalid(
+                    OP,
+                    &manifest_path,
+                    format!(
+                        "file entry name {name:?}: expected a plain file name of [A-Za-z0-9_.-], \
+                         not starting with '.', not \"manifest\""
+                    ),
+                ));
+            }
             let file = dir.join(file_name(name, kind));
             let data = read(OP, &file)?;
             if data.len() as u64 != bytes {
