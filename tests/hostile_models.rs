@@ -452,3 +452,84 @@ fn a_tensor_held_by_two_shards_is_named() {
     );
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A load that fails after its header check (an I/O error half-way, a file replaced between the
+/// check and the read) used to leave the new model's variables in the caller's store. Every
+/// `from_pretrained` now builds and loads through `nn::build_staged`: here the late failure is
+/// staged by hand, with the weights of another shape read where the checked ones were.
+#[test]
+fn a_load_that_fails_after_its_header_check_adds_nothing_to_the_store() {
+    use torchrl::modules::llm::nn::build_staged;
+    let good = saved_gpt2("late-good");
+    let other = dir("late-other");
+    let vs = VarStore::new(Device::Cpu);
+    Gpt2Model::new(&vs.root(), &tiny_gpt2().with_n_embd(12))
+        .unwrap()
+        .save_pretrained(&other)
+        .unwrap();
+    // what `Gpt2Model::from_pretrained` does once the header check has passed, with the
+    // weights swapped for the other model's
+    let store = VarStore::new(Device::Cpu);
+    let err = build_staged(&store.root().sub("policy"), |p| {
+        let model = Gpt2Model::new(p, &tiny_gpt2())?;
+        model.load_folder(&other)?;
+        Ok(model)
+    })
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("does not fit the model"), "{err}");
+    assert!(
+        store.variables().is_empty(),
+        "a failed load added variables"
+    );
+    assert!(store.trainable_variables().is_empty());
+    // the same store then takes the good folder: every variable, none suffixed
+    let model = Gpt2Model::from_pretrained(&store.root().sub("policy"), &good).unwrap();
+    let names: std::collections::BTreeSet<String> = store.variables().into_keys().collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("policy.") && !n.contains("__")),
+        "{names:?}"
+    );
+    assert_eq!(names.len(), model.named_parameters().len());
+    std::fs::remove_dir_all(&good).ok();
+    std::fs::remove_dir_all(&other).ok();
+}
+
+/// A staged build lists the same variables, with the same names, values and trainable order,
+/// as a build straight into the store followed by the same load: optimizers and gradient
+/// clipping (which walk `trainable_variables()`) see what they saw before.
+#[test]
+fn from_pretrained_through_a_staged_build_matches_a_direct_build_and_load() {
+    for folder in [
+        "specs/gpt2/tiny_v101",
+        "specs/llama/qwen2_mqa",
+        "specs/llama/qwen3_head_dim",
+    ] {
+        let d = Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
+        let staged = VarStore::new(Device::Cpu);
+        let _a = models::from_pretrained(&staged.root().sub("m"), &d).unwrap();
+        let direct = VarStore::new(Device::Cpu);
+        let b = models::from_config_file(&direct.root().sub("m"), &d.join("config.json")).unwrap();
+        b.load_folder(&d).unwrap();
+        let mut x: Vec<(String, Tensor)> = staged.variables().into_iter().collect();
+        let mut y: Vec<(String, Tensor)> = direct.variables().into_iter().collect();
+        x.sort_by(|p, q| p.0.cmp(&q.0));
+        y.sort_by(|p, q| p.0.cmp(&q.0));
+        assert_eq!(x.len(), y.len(), "{folder}");
+        for ((nx, tx), (ny, ty)) in x.iter().zip(&y) {
+            assert_eq!(nx, ny, "{folder}");
+            assert!(tx.equal(ty), "{folder}: {nx}");
+            assert_eq!(tx.requires_grad(), ty.requires_grad(), "{folder}: {nx}");
+        }
+        let tx = staged.trainable_variables();
+        let ty = direct.trainable_variables();
+        assert_eq!(tx.len(), ty.len(), "{folder}");
+        for (a, b) in tx.iter().zip(&ty) {
+            assert_eq!(a.size(), b.size(), "{folder}");
+            assert!(a.equal(b), "{folder}: trainable order");
+        }
+    }
+}

@@ -303,6 +303,19 @@ pub fn named_err(msg: String, dir: &Path, files: &[&str]) -> Outcome {
     }
 }
 
+/// The error of a `from_pretrained` into the fresh store `vs`: half-written when the store is
+/// no longer empty (a failed load must add no variable), else named as [`named_err`] requires.
+fn fresh_load_err(vs: &VarStore, msg: String, dir: &Path, files: &[&str]) -> Outcome {
+    let left = vs.variables().len();
+    if left > 0 {
+        return Outcome::Defect(
+            "half-written",
+            format!("a failed from_pretrained left {left} variables in the store: {msg}"),
+        );
+    }
+    named_err(msg, dir, files)
+}
+
 /// A plain error (no file involved): anything but libtorch's C++ text.
 fn plain_err(msg: String) -> Outcome {
     if raw_libtorch(&msg) {
@@ -402,7 +415,7 @@ fn load_checks(
                 Ok(()) => Outcome::Ok,
                 Err(e) => Outcome::Defect("unusable", e),
             },
-            Err(e) => named_err(e.to_string(), dir, files),
+            Err(e) => fresh_load_err(&vs, e.to_string(), dir, files),
         };
     }
     // restore the seed's weights so that the next case starts from them
@@ -625,7 +638,7 @@ fn config_case(st: &mut State, rng: &mut Rng) -> Outcome {
             Ok(()) => Outcome::Ok,
             Err(e) => Outcome::Defect("unusable", e),
         },
-        Err(e) => named_err(e.to_string(), &dir, &names),
+        Err(e) => fresh_load_err(&vs, e.to_string(), &dir, &names),
     }
 }
 
@@ -683,7 +696,7 @@ fn generation_config_case(st: &mut State, rng: &mut Rng) -> Outcome {
                 ),
             }
         }
-        Err(e) => named_err(e.to_string(), &dir, &names),
+        Err(e) => fresh_load_err(&vs, e.to_string(), &dir, &names),
     }
 }
 

@@ -69,10 +69,13 @@ impl CausalLmWithScoreHead {
         shapes.remove("lm_head.weight");
         shapes.insert("score.weight".into(), vec![1, config.hidden_size()]);
         weights::check_folder_fits(op, dir, &config_file, &shapes, None)?;
-        let this = Self::from_model(path, config.build(path)?)?;
-        let (file, tensors) = weights::read_folder(op, dir)?;
-        weights::load_into(op, &file, &this.named_parameters(), tensors, None)?;
-        Ok(this)
+        // built and loaded aside: a late failure adds nothing to the caller's store
+        crate::modules::llm::nn::build_staged(path, |path| {
+            let this = Self::from_model(path, config.build(path)?)?;
+            let (file, tensors) = weights::read_folder(op, dir)?;
+            weights::load_into(op, &file, &this.named_parameters(), tensors, None)?;
+            Ok(this)
+        })
     }
 
     /// Writes `config.json` and `model.safetensors` (the trunk's and `score.weight`).

@@ -578,9 +578,12 @@ impl LlamaModel {
         let op = "LlamaModel::from_pretrained";
         let shapes = config.weight_shapes();
         check_folder_fits(op, dir, &config_file, &shapes, config.tied_lm_head())?;
-        let model = LlamaModel::new(path, &config)?;
-        model.load_folder(dir)?;
-        Ok(model)
+        // built and loaded aside: a late failure adds nothing to the caller's store
+        crate::modules::llm::nn::build_staged(path, |path| {
+            let model = LlamaModel::new(path, &config)?;
+            model.load_folder(dir)?;
+            Ok(model)
+        })
     }
 
     /// The configuration.

@@ -197,7 +197,10 @@ pub fn from_pretrained(path: &Path<'_>, dir: impl AsRef<FsPath>) -> Result<Box<d
     let dir = dir.as_ref();
     let config = AnyConfig::read(&dir.join(CONFIG_FILE))?;
     config.check_weights("models::from_pretrained", dir)?;
-    let model = config.build(path)?;
-    model.load_folder(dir)?;
-    Ok(model)
+    // built and loaded aside: a late failure adds nothing to the caller's store
+    crate::modules::llm::nn::build_staged(path, |path| {
+        let model = config.build(path)?;
+        model.load_folder(dir)?;
+        Ok(model)
+    })
 }

@@ -14,7 +14,9 @@
 //! - [`Mlp`] and [`GatedMlp`] (SwiGLU), as [`FeedForward`];
 //! - [`DecoderBlock`] (pre-norm attention + feed-forward) and [`Decoder`] (the blocks, the final
 //!   norm and the rotary table): the trunk every model file assembles, with optional gradient
-//!   checkpointing per block ([`checkpoint`]).
+//!   checkpointing per block ([`checkpoint`]);
+//! - [`build_staged`]: a build (and its weight load) that adds its variables to the caller's
+//!   store only when it succeeds, as every `from_pretrained` does.
 //!
 //! A model file (`super::models`) builds these under its own names and adds its embeddings
 //! and LM head; see `docs/architecture.md` for adding an architecture.
@@ -44,6 +46,7 @@ pub mod lora;
 pub mod mlp;
 pub mod norm;
 pub mod rotary;
+pub mod staged;
 
 pub use attention::{attention_mask, Attention, AttentionShape, BlockContext, QkvProjection};
 pub use block::{Decoder, DecoderBlock, DecoderOutput};
@@ -55,6 +58,7 @@ pub use lora::{LoraAdapter, LoraSwitch};
 pub use mlp::{Activation, FeedForward, GatedMlp, Mlp};
 pub use norm::{LayerNorm, Norm, RmsNorm};
 pub use rotary::{RopeScaling, RotaryEmbedding};
+pub use staged::build_staged;
 
 use tch::nn::Path;
 use tch::{Kind, Tensor};

@@ -160,9 +160,12 @@ impl Gpt2Model {
         let op = "Gpt2Model::from_pretrained";
         let shapes = config.weight_shapes();
         check_folder_fits(op, dir, &config_file, &shapes, Some(TIED_LM_HEAD))?;
-        let model = Gpt2Model::new(path, &config)?;
-        model.load_folder(dir)?;
-        Ok(model)
+        // built and loaded aside: a late failure adds nothing to the caller's store
+        crate::modules::llm::nn::build_staged(path, |path| {
+            let model = Gpt2Model::new(path, &config)?;
+            model.load_folder(dir)?;
+            Ok(model)
+        })
     }
 
     /// The configuration.
