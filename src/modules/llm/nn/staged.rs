@@ -86,7 +86,11 @@ pub fn build_staged<T>(path: &Path<'_>, build: impl FnOnce(&Path<'_>) -> Result<
                 .get(&(t.data_ptr() as usize))
                 .and_then(|c| {
                     c.iter().find(|n| {
-                        !placed.contains(*n) && same_variable(&variables.named_variables[**n], t)
+                        !placed.contains(*n)
+                            && variables
+                                .named_variables
+                                .get(*n)
+                                .is_some_and(|v| same_variable(v, t))
                     })
                 })
                 .copied()
