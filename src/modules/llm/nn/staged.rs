@@ -89,7 +89,7 @@ pub fn build_staged<T>(path: &Path<'_>, build: impl FnOnce(&Path<'_>) -> Result<
                         !placed.contains(*n)
                             && variables
                                 .named_variables
-                                .get(*n)
+                                .get(n.as_str())
                                 .is_some_and(|v| same_variable(v, t))
                     })
                 })
