@@ -5,8 +5,9 @@
 # `scripts/setup.sh --for DIR` also writes DIR/.cargo/config.toml: a crate of yours that depends
 # on torchrl then builds with plain `cargo build` / `cargo run` (README, "Depending on torchrl").
 # It installs gymnasium and MuJoCo for the `gym` feature's tests. With TORCHRL_WITH_PYTHON_REFS=1
-# it also installs torchrl/tensordict and transformers / tokenizers, trl (for specs/record*.py and
-# the Python half of the benchmarks); tests never need those.
+# it also installs torchrl/tensordict and transformers / tokenizers, trl and peft (for
+# specs/record*.py, the Python half of the benchmarks, and tests/transformers_loads.rs, which only
+# the cargo feature `python-refs` builds; .ci/run sets it).
 set -euo pipefail
 FOR_DIRS=()
 while [ $# -gt 0 ]; do
@@ -42,8 +43,8 @@ if [ "${TORCHRL_WITH_PYTHON_REFS:-0}" = "1" ]; then
       transformers==5.24.0 tokenizers safetensors
   # TRL for the recorded RLHF cases (trl 1.16) and, in a folder of its own, TRL 1.10: the last
   # release that ships PPOTrainer, the baseline of benches/python/rlhf_baseline.py.
-  "$PY" -c "import trl, accelerate, datasets" 2>/dev/null || \
-    "$PY" -m pip install -q --disable-pip-version-check trl==1.16.0 accelerate datasets
+  "$PY" -c "import trl, accelerate, datasets, peft" 2>/dev/null || \
+    "$PY" -m pip install -q --disable-pip-version-check trl==1.16.0 accelerate datasets peft==0.21.2
   [ -d "$CACHE/trl110/trl/experimental/ppo" ] || \
     "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$CACHE/trl110" trl==1.10.0
 fi

@@ -18,3 +18,12 @@ if "$PY" -c "import gymnasium, sysconfig, sys; sys.exit(0 if sysconfig.get_confi
 else
   echo "[test] skipped tests/gym.rs: $PY lacks gymnasium or a shared libpython (scripts/setup.sh installs gymnasium)" >&2
 fi
+# `transformers` and PEFT load what we save (cargo feature `python-refs`,
+# tests/transformers_loads.rs): where the cached environment has them (scripts/setup.sh with
+# TORCHRL_WITH_PYTHON_REFS=1, which .ci/run uses); otherwise skipped, saying why.
+if "$PY" -c "import transformers, peft, safetensors" 2>/dev/null; then
+  TORCHRL_PYTHON="$PY" cargo test --features "$(./scripts/dist-features.sh),python-refs" \
+    --test transformers_loads "$@"
+else
+  echo "[test] skipped tests/transformers_loads.rs: $PY lacks transformers / peft (scripts/setup.sh with TORCHRL_WITH_PYTHON_REFS=1 installs them)" >&2
+fi

@@ -257,6 +257,28 @@ fn a_qwen2_sequence_classifier_scores_as_transformers() {
         .named_parameters()
         .iter()
         .all(|(n, _)| n != "lm_head.weight"));
+    // saved as `transformers` saves a one-label classifier (tests/transformers_loads.rs loads
+    // it with AutoModelForSequenceClassification): without `id2label` it built two labels and
+    // refused `score.weight`
+    let tmp = std::env::temp_dir().join(format!("torchrl-qwen2-score-{}", std::process::id()));
+    rm.save_pretrained(&tmp).unwrap();
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(tmp.join("config.json")).unwrap()).unwrap();
+    let recorded: Value =
+        serde_json::from_slice(&std::fs::read(dir("qwen2_score").join("config.json")).unwrap())
+            .unwrap();
+    for field in ["architectures", "id2label", "label2id", "model_type"] {
+        assert_eq!(saved[field], recorded[field], "{field}");
+    }
+    let vs2 = VarStore::new(Device::Cpu);
+    let back = CausalLmWithScoreHead::from_pretrained(&vs2.root(), &tmp).unwrap();
+    let ids = Tensor::from_slice(&[3i64, 4, 5]).view([1, 3]);
+    let (a, b) = (
+        rm.forward(&LmInput::new(&ids)).unwrap(),
+        back.forward(&LmInput::new(&ids)).unwrap(),
+    );
+    assert!(a.equal(&b));
+    std::fs::remove_dir_all(&tmp).ok();
 }
 
 /// A copy of a recorded folder in a fresh temporary directory.

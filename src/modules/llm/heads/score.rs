@@ -8,7 +8,7 @@ use tch::{Kind, Tensor};
 
 use super::ilql::batched_index_select;
 use super::{read_tokens, trunk_wrapper};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::modules::llm::causal_lm::{CausalLm, CausalLmConfig, ForwardOptions, LmInput, ModelBox};
 use crate::modules::llm::keys::LlmKeys;
 use crate::modules::llm::nn::randn_var;
@@ -78,14 +78,15 @@ impl CausalLmWithScoreHead {
         })
     }
 
-    /// Writes `config.json` and `model.safetensors` (the trunk's and `score.weight`).
+    /// Writes `config.json` and `model.safetensors` (the trunk's and `score.weight`) as
+    /// `transformers` writes a `*ForSequenceClassification` with one label: the trunk's config
+    /// with `architectures` naming the classifier and `id2label` / `label2id` of one label, so
+    /// that `AutoModelForSequenceClassification` builds a one-label head that takes
+    /// `score.weight` (without them it builds two labels and refuses the `[1, hidden]` weight).
     pub fn save_pretrained(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
-        weights::save_folder(
-            "CausalLmWithScoreHead::save_pretrained",
-            dir.as_ref(),
-            &self.model.0.config_json()?,
-            &self.named_parameters(),
-        )
+        let op = "CausalLmWithScoreHead::save_pretrained";
+        let config = classifier_config(op, &self.model.0.config_json()?)?;
+        weights::save_folder(op, dir.as_ref(), &config, &self.named_parameters())
     }
 
     /// The trunk's parameters and `score.weight`, by `transformers` name. A sequence
@@ -146,3 +147,32 @@ trunk_wrapper!(
     new: "A random trunk (of the config's architecture) and score head under `path` \
           (`transformer.*` for GPT-2, `score.weight`)."
 );
+
+/// A causal LM's `config.json` text turned into its one-label sequence classifier's:
+/// `architectures` renamed (`GPT2LMHeadModel` → `GPT2ForSequenceClassification`,
+/// `*ForCausalLM` → `*ForSequenceClassification`), `id2label` / `label2id` of one label.
+fn classifier_config(op: &'static str, causal: &str) -> Result<String> {
+    let mut value: serde_json::Value = serde_json::from_str(causal)
+        .map_err(|e| Error::invalid(op, format!("the trunk's config.json is not JSON: {e}")))?;
+    let Some(map) = value.as_object_mut() else {
+        return Err(Error::invalid(
+            op,
+            "the trunk's config.json is not a JSON object",
+        ));
+    };
+    if let Some(archs) = map.get_mut("architectures").and_then(|a| a.as_array_mut()) {
+        for arch in archs.iter_mut() {
+            if let Some(name) = arch.as_str() {
+                let base = name
+                    .strip_suffix("LMHeadModel")
+                    .or_else(|| name.strip_suffix("ForCausalLM"))
+                    .unwrap_or(name);
+                *arch = serde_json::Value::String(format!("{base}ForSequenceClassification"));
+            }
+        }
+    }
+    map.insert("id2label".into(), serde_json::json!({ "0": "LABEL_0" }));
+    map.insert("label2id".into(), serde_json::json!({ "LABEL_0": 0 }));
+    serde_json::to_string_pretty(&value)
+        .map_err(|e| Error::invalid(op, format!("writing config.json: {e}")))
+}
