@@ -97,6 +97,43 @@ fn kind_name(kind: Kind) -> Result<&'static str> {
         })
 }
 
+/// The most bytes one leaf file may span (capacity × item bytes): 2^44 (16 TiB), far above any
+/// real buffer; a larger layout, from a `meta.json` or a first batch, is refused before any
+/// file is touched.
+pub const MAX_LEAF_BYTES: u64 = 1 << 44;
+
+/// One item's bytes and the file's (`capacity` items) for a leaf of item shape `shape`, with
+/// checked arithmetic; the reason when a size is negative, overflows or passes
+/// [`MAX_LEAF_BYTES`].
+fn leaf_bytes(
+    shape: &[i64],
+    kind: Kind,
+    capacity: i64,
+) -> std::result::Result<(usize, u64), String> {
+    let mut numel: u64 = 1;
+    for &d in shape {
+        let d = u64::try_from(d).map_err(|_| format!("shape {shape:?} has a negative size"))?;
+        numel = numel
+            .checked_mul(d)
+            .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    }
+    let row = numel
+        .checked_mul(kind.elt_size_in_bytes() as u64)
+        .filter(|r| *r <= MAX_LEAF_BYTES)
+        .ok_or_else(|| format!("an item of shape {shape:?} exceeds {MAX_LEAF_BYTES} bytes"))?;
+    let total = row
+        .checked_mul(u64::try_from(capacity).unwrap_or(0))
+        .filter(|t| *t <= MAX_LEAF_BYTES)
+        .ok_or_else(|| {
+            format!(
+                "{capacity} items of shape {shape:?} ({row} bytes each) exceed {MAX_LEAF_BYTES} bytes"
+            )
+        })?;
+    let row = usize::try_from(row)
+        .map_err(|_| format!("an item of shape {shape:?} does not fit in memory"))?;
+    Ok((row, total))
+}
+
 /// A disk-backed storage of `capacity` items in a folder. See the module docs.
 #[derive(Debug)]
 pub struct LazyMemmapStorage {
@@ -114,10 +151,20 @@ impl LazyMemmapStorage {
     /// (`meta.json`), it is reopened.
     ///
     /// # Errors
-    /// When the folder cannot be created, or its storage has another capacity or unreadable
-    /// metadata or files.
+    /// A `capacity` below 1; a folder that cannot be created; a storage on disk of another
+    /// capacity, or whose `meta.json` or files fail the checks of a reopen (named, nothing on
+    /// disk changed): a layout out of range, a file name outside the folder, a leaf file
+    /// missing or of another size than the layout needs.
     pub fn new(dir: impl AsRef<Path>, capacity: i64) -> Result<Self> {
         let op = "LazyMemmapStorage::new";
+        if capacity < 1 {
+            return Err(Error::argument(
+                op,
+                "capacity",
+                "at least 1",
+                capacity.to_string(),
+            ));
+        }
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::invalid(op, format!("{}: {e}", dir.display())))?;
@@ -130,37 +177,7 @@ impl LazyMemmapStorage {
         };
         let meta_path = s.dir.join("meta.json");
         if meta_path.exists() {
-            let text = std::fs::read_to_string(&meta_path)
-                .map_err(|e| Error::invalid(op, format!("{}: {e}", meta_path.display())))?;
-            let meta: Meta = serde_json::from_str(&text)
-                .map_err(|e| Error::invalid(op, format!("{}: {e}", meta_path.display())))?;
-            if meta.capacity != capacity {
-                return Err(Error::value(
-                    op,
-                    meta_path.display(),
-                    format!("a storage of capacity {capacity} (the buffer's)"),
-                    format!("a storage of capacity {} on disk", meta.capacity),
-                ));
-            }
-            for l in &meta.leaves {
-                let kind = KINDS
-                    .iter()
-                    .find(|(_, n)| *n == l.dtype)
-                    .map(|(k, _)| *k)
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            op,
-                            format!("unknown dtype {:?} in {}", l.dtype, meta_path.display()),
-                        )
-                    })?;
-                let parts: Vec<&str> = l.key.iter().map(String::as_str).collect();
-                s.add_leaf(parts[..].to_nested_key(), l.shape.clone(), kind, &l.file)?;
-            }
-            s.item_batch = meta.item_batch;
-            s.reopened = Some((
-                meta.len.clamp(0, capacity),
-                meta.cursor.rem_euclid(capacity.max(1)),
-            ));
+            s.reopen(&meta_path)?;
         }
         Ok(s)
     }
@@ -185,11 +202,131 @@ impl LazyMemmapStorage {
         !self.leaves.is_empty()
     }
 
+    /// Reads `meta.json` and maps the files it lists, checking everything before any file is
+    /// opened: the version, the capacity, `len` and `cursor` in range, every leaf's key
+    /// (non-empty, unique, none inside another), dtype, shape (the item batch first, sizes
+    /// without overflow, at most [`MAX_LEAF_BYTES`] a file) and file name (a plain name in the
+    /// folder); then every file must exist with exactly the size the layout needs. A storage
+    /// that fails any check is an error naming `meta.json` or the file, and no file is created,
+    /// resized or written.
+    fn reopen(&mut self, meta_path: &Path) -> Result<()> {
+        let op = "LazyMemmapStorage::new";
+        let bad = |reason: String| Error::InvalidFile {
+            op,
+            path: meta_path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(meta_path).map_err(|e| Error::Io {
+            op,
+            path: meta_path.display().to_string(),
+            source: e,
+        })?;
+        let meta: Meta =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not a storage layout: {e}")))?;
+        if meta.version != 1 {
+            return Err(bad(format!("version {}, expected 1", meta.version)));
+        }
+        let capacity = self.capacity;
+        if meta.capacity != capacity {
+            return Err(Error::value(
+                op,
+                meta_path.display(),
+                format!("a storage of capacity {capacity} (the buffer's)"),
+                format!("a storage of capacity {} on disk", meta.capacity),
+            ));
+        }
+        if !(0..=capacity).contains(&meta.len) {
+            return Err(bad(format!("len {} outside [0, {capacity}]", meta.len)));
+        }
+        if !(0..capacity).contains(&meta.cursor) {
+            return Err(bad(format!(
+                "cursor {} outside [0, {capacity})",
+                meta.cursor
+            )));
+        }
+        if meta.item_batch.iter().any(|&d| d < 0) {
+            return Err(bad(format!(
+                "item_batch {:?} has a negative size",
+                meta.item_batch
+            )));
+        }
+        let mut plan = Vec::with_capacity(meta.leaves.len());
+        let mut keys: Vec<&[String]> = Vec::with_capacity(meta.leaves.len());
+        let mut files: Vec<&str> = Vec::with_capacity(meta.leaves.len());
+        for (i, l) in meta.leaves.iter().enumerate() {
+            let at = |what: String| bad(format!("leaves[{i}] (key {:?}): {what}", l.key));
+            if l.key.is_empty() {
+                return Err(at("an empty key".into()));
+            }
+            if let Some(other) = keys.iter().find(|k| {
+                let n = k.len().min(l.key.len());
+                k.get(..n) == l.key.get(..n)
+            }) {
+                return Err(at(format!("collides with the key {other:?}")));
+            }
+            keys.push(&l.key);
+            let kind = KINDS
+                .iter()
+                .find(|(_, n)| *n == l.dtype)
+                .map(|(k, _)| *k)
+                .ok_or_else(|| at(format!("unknown dtype {:?}", l.dtype)))?;
+            if !l.shape.starts_with(&meta.item_batch) {
+                return Err(at(format!(
+                    "shape {:?} does not start with the item batch {:?}",
+                    l.shape, meta.item_batch
+                )));
+            }
+            let plain = !l.file.is_empty()
+                && !l.file.starts_with('.')
+                && l.file != "meta.json"
+                && l.file
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if !plain {
+                return Err(at(format!(
+                    "file {:?}: expected a plain file name in the storage's folder \
+                     ([A-Za-z0-9_.-], not starting with '.', not meta.json)",
+                    l.file
+                )));
+            }
+            if files.contains(&l.file.as_str()) {
+                return Err(at(format!("file {:?} is listed twice", l.file)));
+            }
+            files.push(&l.file);
+            let (row_bytes, total) = leaf_bytes(&l.shape, kind, capacity).map_err(at)?;
+            let parts: Vec<&str> = l.key.iter().map(String::as_str).collect();
+            plan.push((
+                parts[..].to_nested_key(),
+                l.shape.clone(),
+                kind,
+                row_bytes,
+                total,
+                &l.file,
+            ));
+        }
+        let mut leaves = Vec::with_capacity(plan.len());
+        for (key, shape, kind, row_bytes, total, file) in plan {
+            let map = MappedFile::existing(&self.dir.join(file), total)?;
+            leaves.push(Leaf {
+                key,
+                shape,
+                kind,
+                row_bytes,
+                map,
+            });
+        }
+        self.leaves = leaves;
+        self.item_batch = meta.item_batch;
+        self.reopened = Some((meta.len, meta.cursor));
+        Ok(())
+    }
+
+    /// Maps a new leaf file (a first write's layout).
     fn add_leaf(&mut self, key: NestedKey, shape: Vec<i64>, kind: Kind, file: &str) -> Result<()> {
-        let numel: i64 = shape.iter().product();
-        let row_bytes = usize::try_from(numel).unwrap_or(0) * kind.elt_size_in_bytes();
-        let cap = u64::try_from(self.capacity).unwrap_or(0);
-        let map = MappedFile::open(&self.dir.join(file), cap * row_bytes as u64)?;
+        let (row_bytes, total) = leaf_bytes(&shape, kind, self.capacity).map_err(|reason| {
+            Error::invalid("LazyMemmapStorage::extend", format!("leaf {key}: {reason}"))
+        })?;
+        let map = MappedFile::create(&self.dir.join(file), total)?;
         self.leaves.push(Leaf {
             key,
             shape,
