@@ -357,3 +357,94 @@ fn an_mlp_depth_past_the_limit_is_named_not_allocated() {
         vec![32, 32]
     );
 }
+
+/// `VecNorm::load` / `load_state_dict` took any statistics with the right keys: a negative or
+/// zero count, a negative sum of squares, NaN, integer dtypes or mismatched shapes loaded and
+/// the next forward normalized to NaN or to wrong values; and a file's errors did not name it.
+/// Each is refused now, naming the key (and the file), and the statistics stay as they were.
+#[test]
+fn vecnorm_statistics_that_no_update_produces_are_refused() {
+    use torchrl::envs::transforms::VecNorm;
+    use torchrl::TensorDict;
+    let good = || {
+        TensorDict::new(Vec::<i64>::new())
+            .unwrap()
+            .with("observation_sum", Tensor::from_slice(&[2.0f32, 4.0]))
+            .unwrap()
+            .with("observation_ssq", Tensor::from_slice(&[3.0f32, 9.0]))
+            .unwrap()
+            .with("observation_count", Tensor::from_slice(&[2.0f32]))
+            .unwrap()
+    };
+    let norm = VecNorm::new().with_in_keys(["observation"]);
+    norm.load_state_dict(&good()).unwrap();
+    let (loc, _) = norm.loc_scale("observation").unwrap();
+    assert_eq!(Vec::<f32>::try_from(&loc).unwrap(), vec![1.0, 2.0]);
+    let cases: Vec<(&str, &str, Tensor)> = vec![
+        (
+            "observation_count",
+            "count > 0",
+            Tensor::from_slice(&[0.0f32]),
+        ),
+        (
+            "observation_count",
+            "count > 0",
+            Tensor::from_slice(&[-3.0f32]),
+        ),
+        (
+            "observation_count",
+            "count > 0",
+            Tensor::from_slice(&[1.0f32, 1.0]),
+        ),
+        (
+            "observation_ssq",
+            "≥ 0",
+            Tensor::from_slice(&[-1.0f32, 9.0]),
+        ),
+        (
+            "observation_sum",
+            "finite",
+            Tensor::from_slice(&[f32::NAN, 4.0]),
+        ),
+        (
+            "observation_ssq",
+            "finite",
+            Tensor::from_slice(&[f32::INFINITY, 9.0]),
+        ),
+        (
+            "observation_sum",
+            "floating",
+            Tensor::from_slice(&[2i64, 4]),
+        ),
+        (
+            "observation_ssq",
+            "[2]",
+            Tensor::from_slice(&[3.0f32, 9.0, 1.0]),
+        ),
+    ];
+    for (key, says, value) in cases {
+        let mut state = good();
+        state.set(key, value).unwrap();
+        let err = norm.load_state_dict(&state).unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains(says), "{key}: {err}");
+        // unchanged
+        let (after, _) = norm.loc_scale("observation").unwrap();
+        assert_eq!(
+            Vec::<f32>::try_from(&after).unwrap(),
+            vec![1.0, 2.0],
+            "{key}"
+        );
+    }
+    // from a file: the error names it
+    let dir = std::env::temp_dir().join(format!("torchrl-vecnorm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("stats.safetensors");
+    let mut state = good();
+    state
+        .set("observation_count", Tensor::from_slice(&[0.0f32]))
+        .unwrap();
+    state.save(&path).unwrap();
+    let err = norm.load(&path).unwrap_err().to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -186,16 +186,26 @@ impl VecNorm {
     }
 
     /// Replaces the statistics with `state` (as [`VecNorm::state_dict`] returns them), for
-    /// every transform sharing them. Errors when an in key lacks one of its three entries.
+    /// every transform sharing them, after checking them as the updates keep them: for each
+    /// in key, `_sum` and `_ssq` floating point of one shape, `_ssq` ≥ 0, `_count` one
+    /// floating-point element > 0, every value finite. Nothing changes on error.
+    ///
+    /// # Errors
+    /// An in key lacking one of its three entries, or statistics that break those rules
+    /// (named by key), which no sequence of updates produces and which would normalize to NaN
+    /// or to wrong values.
     pub fn load_state_dict(&self, state: &TensorDict) -> Result<()> {
         let op = "VecNorm::load_state_dict";
         for k in &self.keys.ins {
+            let mut got = Vec::with_capacity(3);
             for s in ["_sum", "_ssq", "_count"] {
                 let key = append_last(k, s);
-                if !state.contains(&key) {
+                let Some(t) = state.get(&key) else {
                     return Err(super::missing_key(op, state, &key));
-                }
+                };
+                got.push((key, t));
             }
+            check_stats(op, &got)?;
         }
         *self.lock(op)? = Some(state.deep_clone()?);
         Ok(())
@@ -206,9 +216,12 @@ impl VecNorm {
         self.state_dict()?.save(path)
     }
 
-    /// Reads a file written by [`VecNorm::save`] into the statistics.
+    /// Reads a file written by [`VecNorm::save`] into the statistics (checked as
+    /// [`VecNorm::load_state_dict`] checks them; an error names the file).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
         self.load_state_dict(&TensorDict::load(path)?)
+            .map_err(|e| e.context(format!("VecNorm::load({})", path.display())))
     }
 
     /// `(loc, scale)` of `key` (an in key): the running mean and standard deviation, as
@@ -275,6 +288,55 @@ impl VecNorm {
         }
         Ok(td)
     }
+}
+
+/// Checks one in key's `[(sum key, sum), (ssq key, ssq), (count key, count)]` as the updates
+/// keep them (see [`VecNorm::load_state_dict`]).
+fn check_stats(op: &'static str, got: &[(NestedKey, &Tensor)]) -> Result<()> {
+    let [(ks, sum), (kq, ssq), (kc, count)] = got else {
+        return Err(Error::invalid(op, "three statistics per in key"));
+    };
+    for (k, t) in [(ks, sum), (kq, ssq), (kc, count)] {
+        if !t.is_floating_point() {
+            return Err(Error::value(
+                op,
+                k,
+                "floating-point statistics",
+                format!("dtype {:?}", t.kind()),
+            ));
+        }
+        let finite = t.f_isfinite()?.f_all()?.f_int64_value(&[])? == 1;
+        if !finite {
+            return Err(Error::value(op, k, "finite values", "NaN or infinity"));
+        }
+    }
+    if sum.size() != ssq.size() {
+        return Err(Error::ShapeMismatch {
+            op,
+            key: kq.to_string(),
+            expected: sum.size(),
+            actual: ssq.size(),
+        });
+    }
+    if ssq.numel() > 0 && ssq.f_min()?.f_to_kind(Kind::Double)?.f_double_value(&[])? < 0.0 {
+        return Err(Error::value(
+            op,
+            kq,
+            "sums of squares ≥ 0",
+            "a negative value",
+        ));
+    }
+    let n = count.numel();
+    let value = count.f_sum(Kind::Double)?.f_double_value(&[])?;
+    if n != 1 || value <= 0.0 {
+        return Err(Error::value(
+            op,
+            kc,
+            "one count > 0 (the decayed number of values seen)",
+            format!("{n} element(s) summing to {value}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Sums `v` over its leading dims until it has `dim` dims (TorchRL's `_sum_left`).
