@@ -5,18 +5,21 @@
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
-use torchrl::modules::llm::models::llama::LlamaConfig;
+use torchrl::envs::llm::TokenEnv;
 use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, LmInput, LoraConfig, TextTokenizer,
+    ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, LmInput, LoraConfig,
 };
 use torchrl::trainers::api::Callbacks;
-use torchrl::trainers::config::{GenKwargs, ModelConfig, TrlConfig};
+use torchrl::trainers::config::ModelConfig;
 use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::trainers::optim::AdamW;
 use torchrl::trainers::policy::hydra_policy;
 use torchrl::trainers::ppo::PpoRlhfTrainer;
+
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{byte_qwen3, constant_lr, gen_kwargs, lowercase_env, tiny_ppo_config};
 
 #[test]
 fn adamw_accumulates_bf16_updates_in_a_float32_master() {
@@ -81,31 +84,8 @@ fn adamw_state_with_masters_round_trips_and_a_missing_master_is_named() {
     assert!(e.contains("master.p"), "{e}");
 }
 
-fn qwen3() -> LlamaConfig {
-    let tok = ByteTokenizer::new();
-    serde_json::from_value(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
-        "initializer_range": 0.1,
-        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
-        "pad_token_id": tok.pad_token_id(),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    }))
-    .unwrap()
-}
-
 fn env(g: i64) -> TokenEnv {
-    let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&qwen3().facts())
-        .with_max_new_tokens(4)
-        .with_batch_size(8)
-        .with_num_generations(g)
-        .with_prompt_width(3);
-    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| {
-        r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
-    });
-    TokenEnv::from_text(env_cfg, &tok, &["ab", "cd", "efg"], Box::new(scorer)).unwrap()
+    lowercase_env(&byte_qwen3(), g)
 }
 
 /// A Qwen3-shaped base of `seed` in bf16, then the policy `model` says on it (adapters and
@@ -113,7 +93,7 @@ fn env(g: i64) -> TokenEnv {
 fn bf16_policy(seed: u64, model: &ModelConfig) -> (VarStore, CausalLmWithHydraValueHead) {
     with_init_seed(seed, || {
         let mut vs = VarStore::new(Device::Cpu);
-        let base = qwen3().build(&vs.root()).unwrap();
+        let base = byte_qwen3().build(&vs.root()).unwrap();
         vs.bfloat16();
         assert_eq!(base.kind(), Kind::BFloat16);
         let m = hydra_policy(&vs.root(), base, model).unwrap();
@@ -124,7 +104,7 @@ fn bf16_policy(seed: u64, model: &ModelConfig) -> (VarStore, CausalLmWithHydraVa
 #[test]
 fn a_bf16_model_is_close_to_its_float32_self() {
     let mut vs = VarStore::new(Device::Cpu);
-    let model = with_init_seed(1, || qwen3().build(&vs.root())).unwrap();
+    let model = with_init_seed(1, || byte_qwen3().build(&vs.root())).unwrap();
     let ids = Tensor::from_slice(&[5i64, 60, 70, 80, 90, 100]).view([1, 6]);
     let f32_logits = model
         .forward(&LmInput::new(&ids), None)
@@ -160,15 +140,11 @@ fn grpo_with_lora_on_a_bf16_base_learns_and_keeps_the_base() {
         peft_config: Some(LoraConfig::new(4).with_lora_alpha(16.0).with_all_linear()),
         ..ModelConfig::default()
     };
-    c.optimizer.kwargs.lr = 3e-2;
-    c.scheduler.kwargs.eta_min = 3e-2;
+    constant_lr(&mut c, 3e-2);
     c.method.num_generations = 4;
     c.method.num_rollouts = 16;
     c.method.chunk_size = 8;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: 4,
-        ..GenKwargs::default()
-    };
+    c.method.gen_kwargs = gen_kwargs(4);
     let (_vs, m) = bf16_policy(4, &c.model);
     let base: Vec<Tensor> = m
         .policy()
@@ -213,19 +189,10 @@ fn grpo_with_lora_on_a_bf16_base_learns_and_keeps_the_base() {
 #[test]
 fn ppo_rlhf_trains_a_bf16_model_through_float32_masters() {
     let dir = std::env::temp_dir().join(format!("torchrl-bf16-ppo-{}", std::process::id()));
-    let mut c = TrlConfig::default();
-    c.train.batch_size = 4;
-    c.train.checkpoint_dir = dir.display().to_string();
+    let mut c = tiny_ppo_config(&dir);
     c.model = ModelConfig {
         num_layers_unfrozen: -1,
         ..ModelConfig::default()
-    };
-    c.method.num_rollouts = 8;
-    c.method.chunk_size = 8;
-    c.method.ppo_epochs = 2;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: 4,
-        ..GenKwargs::default()
     };
     let (_vs, m) = bf16_policy(6, &c.model);
     let before: Vec<Tensor> = m
@@ -262,7 +229,7 @@ fn a_bf16_hydra_reference_is_made_in_bf16_and_starts_equal_to_the_policy() {
         let (_vs, hydra) = with_init_seed(3, || {
             let mut vs = VarStore::new(Device::Cpu);
             vs.set_kind(Kind::BFloat16);
-            let base = qwen3().build(&vs.root()).unwrap();
+            let base = byte_qwen3().build(&vs.root()).unwrap();
             let hydra = CausalLmWithHydraValueHead::from_model(&vs.root(), base, unfrozen).unwrap();
             (vs, hydra)
         });

@@ -25,12 +25,12 @@ use torchrl::envs::llm::{
 use torchrl::envs::transforms::Transform;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead,
-    Gpt2Config, Gpt2Model, TextTokenizer,
+    Gpt2Model,
 };
 use torchrl::objectives::llm::moments::{BatchMoments, MomentsReduce, RunningMoments};
 use torchrl::tensordict::BatchIndex;
 use torchrl::trainers::api::{Callbacks, RlTrainer};
-use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::config::{ScaleReward, TrlConfig};
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
 use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
@@ -42,6 +42,13 @@ use torchrl::trainers::reward::{
 };
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
 use torchrl::{Error, TensorDict};
+
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{
+    byte_gpt2, byte_qwen3_with, constant_lr, gen_kwargs, policy_params, short_run,
+    sorted_policy_params,
+};
 
 /// Set in the workers' environment; a worker test without it returns at once.
 const WORKER_ENV: &str = "TORCHRL_DIST_PPO_WORKER";
@@ -265,27 +272,9 @@ fn out_dir() -> PathBuf {
 /// (rotary, grouped-query heads, q/k norms) instead of GPT-2.
 static LLAMA_POLICY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The byte-tokenizer Qwen3-shaped model at `transformers`' default initializer range (0.02).
 fn llama() -> torchrl::modules::llm::models::llama::LlamaConfig {
-    let tok = ByteTokenizer::new();
-    serde_json::from_value(json!({
-        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
-        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
-        "pad_token_id": tok.pad_token_id(),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    }))
-    .unwrap()
-}
-
-fn gpt() -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(16)
-        .with_n_embd(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
+    byte_qwen3_with(2, 0.02)
 }
 
 /// `rollouts` rollouts per iteration, all in one minibatch, 2 PPO epochs, the adaptive KL
@@ -293,12 +282,8 @@ fn gpt() -> Gpt2Config {
 fn trl_config(rollouts: usize, dir: &Path) -> TrlConfig {
     let mut c = TrlConfig::default();
     c.train.batch_size = rollouts;
-    c.train.epochs = 10;
+    short_run(&mut c, dir, 10, 5);
     c.train.log_interval = 1;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 5;
     c.optimizer.kwargs.lr = 1e-3;
     c.method.num_rollouts = rollouts;
     c.method.chunk_size = rollouts;
@@ -307,13 +292,7 @@ fn trl_config(rollouts: usize, dir: &Path) -> TrlConfig {
     c.method.target = Some(6.0);
     c.method.horizon = 100;
     c.method.scale_reward = ScaleReward::Ignored;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: NEW as usize,
-        top_k: 0,
-        top_p: 1.0,
-        do_sample: true,
-        temperature: 1.0,
-    };
+    c.method.gen_kwargs = gen_kwargs(NEW as usize);
     c
 }
 
@@ -325,7 +304,7 @@ const PROMPTS: [&str; 8] = ["ab", "cd", "efg", "h", "ij", "kl", "mno", "p"];
 fn trainer_with(config: TrlConfig, prompts: &[&str], env_seed: u64) -> (VarStore, PpoRlhfTrainer) {
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &byte_gpt2(), 1).unwrap();
     // float64 weights, so that the comparison with one process is not limited by float32
     // rounding of the gradients (Adam amplifies it for near-zero gradients)
     vs.double();
@@ -334,7 +313,7 @@ fn trainer_with(config: TrlConfig, prompts: &[&str], env_seed: u64) -> (VarStore
         t.set_data(&d);
     }
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&gpt().facts())
+    let env_cfg = TokenEnvConfig::for_model(&byte_gpt2().facts())
         .with_max_new_tokens(NEW)
         .with_batch_size(config.method.chunk_size as i64)
         .with_prompt_width(3)
@@ -397,17 +376,8 @@ fn half(store: &TensorDict, rank: usize) -> TensorDict {
         .unwrap()
 }
 
-fn policy_params(t: &PpoRlhfTrainer) -> Vec<(String, Tensor)> {
-    t.model()
-        .policy()
-        .named_parameters()
-        .into_iter()
-        .map(|(n, p)| (n, p.detach().copy()))
-        .collect()
-}
-
 fn save_params(t: &PpoRlhfTrainer, path: &Path) {
-    let params = policy_params(t);
+    let params = policy_params(t.model());
     let named: Vec<(&str, &Tensor)> = params.iter().map(|(n, p)| (n.as_str(), p)).collect();
     Tensor::save_multi(&named, path).unwrap();
 }
@@ -996,19 +966,8 @@ fn to_double(vs: &mut VarStore, model: &CausalLmWithHydraValueHead) {
     }
 }
 
-fn model_params(m: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
-    let mut p: Vec<(String, Tensor)> = m
-        .policy()
-        .named_parameters()
-        .into_iter()
-        .map(|(n, p)| (n, p.detach().copy()))
-        .collect();
-    p.sort_by(|a, b| a.0.cmp(&b.0));
-    p
-}
-
 fn save_model(m: &CausalLmWithHydraValueHead, path: &Path) {
-    let params = model_params(m);
+    let params = sorted_policy_params(m);
     let named: Vec<(&str, &Tensor)> = params.iter().map(|(n, p)| (n.as_str(), p)).collect();
     Tensor::save_multi(&named, path).unwrap();
 }
@@ -1030,14 +989,14 @@ fn grpo_trainer(
     let model = if use_llama {
         CausalLmWithHydraValueHead::new(&vs.root(), &llama(), 1).unwrap()
     } else {
-        CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap()
+        CausalLmWithHydraValueHead::new(&vs.root(), &byte_gpt2(), 1).unwrap()
     };
     to_double(&mut vs, &model);
     let tok = ByteTokenizer::new();
     let facts = if use_llama {
         llama().facts()
     } else {
-        gpt().facts()
+        byte_gpt2().facts()
     };
     let env_cfg = TokenEnvConfig::for_model(&facts)
         .with_max_new_tokens(NEW)
@@ -1051,14 +1010,9 @@ fn grpo_trainer(
     let env = TokenEnv::from_text(env_cfg, &tok, prompts, Box::new(scorer)).unwrap();
     let mut c = GrpoTrlConfig::default();
     c.train.batch_size = rollouts;
-    c.train.epochs = 10;
+    short_run(&mut c, dir, 10, 5);
     c.train.log_interval = 1;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 5;
-    c.optimizer.kwargs.lr = 1e-3;
-    c.scheduler.kwargs.eta_min = 1e-3;
+    constant_lr(&mut c, 1e-3);
     let m = &mut c.method;
     m.num_generations = G;
     m.num_rollouts = rollouts;
@@ -1069,13 +1023,7 @@ fn grpo_trainer(
     m.entropy_coeff = Some(0.01);
     m.loss_type = loss_type;
     m.scale_rewards = ScaleRewards::Batch;
-    m.gen_kwargs = GenKwargs {
-        max_new_tokens: NEW as usize,
-        top_k: 0,
-        top_p: 1.0,
-        do_sample: true,
-        temperature: 1.0,
-    };
+    m.gen_kwargs = gen_kwargs(NEW as usize);
     let t = GrpoTrainer::new(c, model, env, Box::new(tok)).unwrap();
     (vs, t)
 }
@@ -1261,18 +1209,13 @@ fn dpo_pairs() -> Vec<DpoPair> {
 fn dpo_trainer(pairs: Vec<DpoPair>, batch_size: usize, dir: &Path) -> (VarStore, DpoTrainer) {
     tch::manual_seed(0);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = CausalLmWithHydraValueHead::new(&vs.root(), &gpt(), 1).unwrap();
+    let model = CausalLmWithHydraValueHead::new(&vs.root(), &byte_gpt2(), 1).unwrap();
     to_double(&mut vs, &model);
     let mut c = DpoTrlConfig::default();
     c.train.batch_size = batch_size;
-    c.train.epochs = 1;
+    short_run(&mut c, dir, 1, 5);
     c.train.log_interval = 1;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 5;
-    c.optimizer.kwargs.lr = 1e-2;
-    c.scheduler.kwargs.eta_min = 1e-2;
+    constant_lr(&mut c, 1e-2);
     let t = DpoTrainer::new(c, model, pairs, Box::new(ByteTokenizer::new())).unwrap();
     (vs, t)
 }
@@ -1425,7 +1368,7 @@ fn save_named(params: &[(String, Tensor)], path: &Path) {
 fn double_gpt(seed: i64) -> (VarStore, Gpt2Model) {
     tch::manual_seed(seed);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = Gpt2Model::new(&vs.root(), &gpt()).unwrap();
+    let model = Gpt2Model::new(&vs.root(), &byte_gpt2()).unwrap();
     vs.double();
     (vs, model)
 }
@@ -1475,14 +1418,9 @@ fn ilql_run(
     ilql_to_double(&mut vs, &model);
     let mut c = IlqlTrlConfig::default();
     c.train.batch_size = batch_size;
-    c.train.epochs = 1;
+    short_run(&mut c, dir, 1, 3);
     c.train.seq_length = 16;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 3;
-    c.optimizer.kwargs.lr = 1e-2;
-    c.scheduler.kwargs.eta_min = 1e-2;
+    constant_lr(&mut c, 1e-2);
     c.method.alpha = 0.1;
     c.method.steps_for_target_q_sync = 1;
     let mut t =

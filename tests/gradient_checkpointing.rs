@@ -4,33 +4,27 @@
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::lora::inject_adapter;
 use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::nn::checkpoint::{backward_pending, pending};
 use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     ByteTokenizer, CausalLm, CausalLmConfig, CausalLmWithHydraValueHead, Gpt2Config, LmInput,
-    LoraConfig, TextTokenizer,
+    LoraConfig,
 };
 use torchrl::trainers::api::Callbacks;
-use torchrl::trainers::config::{GenKwargs, ModelConfig};
+use torchrl::trainers::config::ModelConfig;
 use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::trainers::policy::hydra_policy;
 use torchrl::Generator;
 
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{byte_qwen3_with, gen_kwargs, lowercase_env_on};
+
+/// The byte-tokenizer Qwen3-shaped model with 3 blocks.
 fn qwen3() -> LlamaConfig {
-    let tok = ByteTokenizer::new();
-    serde_json::from_value(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
-        "initializer_range": 0.1,
-        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
-        "pad_token_id": tok.pad_token_id(),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    }))
-    .unwrap()
+    byte_qwen3_with(3, 0.1)
 }
 
 fn gpt2() -> Gpt2Config {
@@ -246,26 +240,14 @@ fn grpo(dir: &std::path::Path, checkpointing: bool) -> Vec<Tensor> {
     c.method.num_generations = 4;
     c.method.num_rollouts = 8;
     c.method.chunk_size = 8;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: 4,
-        ..GenKwargs::default()
-    };
+    c.method.gen_kwargs = gen_kwargs(4);
     let vs = VarStore::new(Device::Cpu);
     let model = with_init_seed(5, || {
         hydra_policy(&vs.root(), qwen3().build(&vs.root())?, &c.model)
     })
     .unwrap();
-    let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&qwen3().facts())
-        .with_max_new_tokens(4)
-        .with_batch_size(8)
-        .with_num_generations(4)
-        .with_prompt_width(3);
-    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| {
-        r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
-    });
-    let env = TokenEnv::from_text(env_cfg, &tok, &["ab", "cd"], Box::new(scorer)).unwrap();
-    let mut t = GrpoTrainer::new(c, model, env, Box::new(tok)).unwrap();
+    let env = lowercase_env_on(&qwen3(), 4, &["ab", "cd"]);
+    let mut t = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new())).unwrap();
     let mut cb = Callbacks::new();
     for _ in 0..3 {
         t.iteration(&mut cb).unwrap();

@@ -4,25 +4,24 @@
 //! precomputed reference, and the errors.
 
 use tch::nn::VarStore;
-use tch::{Device, Kind, Tensor};
-use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
-use torchrl::modules::llm::nn::with_init_seed;
+use tch::{Kind, Tensor};
+use torchrl::envs::llm::TokenEnv;
 use torchrl::modules::llm::{
-    token_log_probs, ByteTokenizer, CausalLmWithHydraValueHead, Gpt2Config, LmInput, TextTokenizer,
+    token_log_probs, ByteTokenizer, CausalLmWithHydraValueHead, LmInput, TextTokenizer,
 };
 use torchrl::objectives::llm::DpoLossType;
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer, Stats};
-use torchrl::trainers::config::GenKwargs;
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
 use torchrl::Error;
 
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{
+    byte_gpt2, constant_lr, grpo_config, lowercase_env, policy_params, seeded_hydra, short_run,
+};
+
 const NEW: i64 = 4;
-/// The hidden reward: the number of lowercase ASCII letters in the response (about 1 token
-/// in 10 at init).
-fn lowercase(r: &[i64]) -> f64 {
-    r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
-}
 
 /// A fresh folder under the temp dir, removed when dropped.
 struct Scratch(std::path::PathBuf);
@@ -46,30 +45,8 @@ impl Drop for Scratch {
     }
 }
 
-fn cfg() -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(16)
-        .with_n_embd(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
-}
-
 fn model(seed: u64) -> (VarStore, CausalLmWithHydraValueHead) {
-    let vs = VarStore::new(Device::Cpu);
-    let m = with_init_seed(seed, || {
-        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), -1)
-    });
-    (vs, m.unwrap())
-}
-
-fn params(m: &CausalLmWithHydraValueHead) -> Vec<(String, Tensor)> {
-    m.policy()
-        .named_parameters()
-        .into_iter()
-        .map(|(n, t)| (n, t.detach().copy()))
-        .collect()
+    seeded_hydra(&byte_gpt2(), seed, -1)
 }
 
 fn max_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
@@ -84,35 +61,13 @@ fn max_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> f64 {
 
 // ------------------------------------------------------------------------------ GRPO
 
-fn grpo_config(dir: &std::path::Path) -> GrpoTrlConfig {
-    let mut c = GrpoTrlConfig::default();
-    c.train.batch_size = 8;
-    c.train.epochs = 100;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 3;
-    c.optimizer.kwargs.lr = 3e-3;
-    c.scheduler.kwargs.eta_min = 3e-3;
-    c.method.num_generations = 4;
-    c.method.num_rollouts = 8;
-    c.method.chunk_size = 8;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: NEW as usize,
-        ..GenKwargs::default()
-    };
-    c
+/// The GRPO config of these tests: 8 rollouts per iteration, a constant rate of 3e-3.
+fn grpo_config_in(dir: &std::path::Path) -> GrpoTrlConfig {
+    grpo_config(dir, 3e-3, 8)
 }
 
 fn grpo_env(g: i64) -> TokenEnv {
-    let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&cfg().facts())
-        .with_max_new_tokens(NEW)
-        .with_batch_size(8)
-        .with_num_generations(g)
-        .with_prompt_width(3);
-    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| lowercase(r));
-    TokenEnv::from_text(env_cfg, &tok, &["ab", "cd", "efg"], Box::new(scorer)).unwrap()
+    lowercase_env(&byte_gpt2(), g)
 }
 
 fn grpo_trainer(c: GrpoTrlConfig, seed: u64) -> (VarStore, GrpoTrainer) {
@@ -179,7 +134,7 @@ fn grpo_trainer_rejects_an_env_that_does_not_fit() {
     let (_vs, m) = model(0);
     // the env serves groups of 2, the method wants 4
     let err = GrpoTrainer::new(
-        grpo_config(dir.path()),
+        grpo_config_in(dir.path()),
         m,
         grpo_env(2),
         Box::new(ByteTokenizer::new()),
@@ -196,7 +151,7 @@ fn grpo_trainer_rejects_an_env_that_does_not_fit() {
         "{err}"
     );
     let (_vs, m) = model(0);
-    let mut c = grpo_config(dir.path());
+    let mut c = grpo_config_in(dir.path());
     c.method.gen_kwargs.max_new_tokens = 6;
     let err = GrpoTrainer::new(c, m, grpo_env(4), Box::new(ByteTokenizer::new())).unwrap_err();
     assert!(err.to_string().contains("max_new_tokens"), "{err}");
@@ -205,7 +160,7 @@ fn grpo_trainer_rejects_an_env_that_does_not_fit() {
 #[test]
 fn grpo_rollout_groups_advantages_and_first_step_by_hand() {
     let dir = Scratch::new("grpo_rollout_groups_advantages_and_first_step_by_hand");
-    let (_vs, mut t) = grpo_trainer(grpo_config(dir.path()), 1);
+    let (_vs, mut t) = grpo_trainer(grpo_config_in(dir.path()), 1);
     let stats = t.make_experience().unwrap();
     let store = t.store().unwrap();
     // groups: rows 0-3 share a prompt, rows 4-7 share the next
@@ -239,10 +194,10 @@ fn grpo_rollout_groups_advantages_and_first_step_by_hand() {
     );
     // one iteration (its own rollout, then one step): the value head and the reference
     // stay put, the policy moves
-    let before = params(t.model());
+    let before = policy_params(t.model());
     let ref_before = sorted(t.model().reference_store().variables());
     t.iteration(&mut Callbacks::new()).unwrap();
-    let after = params(t.model());
+    let after = policy_params(t.model());
     assert!(max_diff(&before, &after) > 0.0);
     for ((n, a), (_, b)) in before.iter().zip(&after) {
         if n.starts_with("v_head") {
@@ -263,7 +218,7 @@ fn sorted(vars: std::collections::HashMap<String, Tensor>) -> Vec<(String, Tenso
 #[test]
 fn grpo_first_step_loss_is_dapo_of_the_advantages() {
     let dir = Scratch::new("grpo_first_step_loss_is_dapo_of_the_advantages");
-    let (_vs, mut t) = grpo_trainer(grpo_config(dir.path()), 2);
+    let (_vs, mut t) = grpo_trainer(grpo_config_in(dir.path()), 2);
     let mut logs: Vec<Stats> = Vec::new();
     {
         let mut cb = Callbacks::new().on_log(|_, s| {
@@ -292,7 +247,7 @@ fn grpo_first_step_loss_is_dapo_of_the_advantages() {
 #[test]
 fn grpo_raises_the_hidden_score() {
     let dir = Scratch::new("grpo_raises_the_hidden_score");
-    let mut c = grpo_config(dir.path());
+    let mut c = grpo_config_in(dir.path());
     c.method.num_rollouts = 16;
     c.train.epochs = 40;
     c.method.epsilon_high = Some(0.28);
@@ -313,7 +268,7 @@ fn grpo_raises_the_hidden_score() {
 #[test]
 fn grpo_with_beta_logs_the_kl_term_and_resumes_exactly() {
     let dir = Scratch::new("grpo_with_beta_logs_the_kl_term_and_resumes_exactly");
-    let mut c = grpo_config(dir.path());
+    let mut c = grpo_config_in(dir.path());
     c.method.beta = 0.05;
     c.train.batch_size = 4; // two minibatches per rollout
     let (_vs, mut a) = grpo_trainer(c.clone(), 6);
@@ -340,13 +295,13 @@ fn grpo_with_beta_logs_the_kl_term_and_resumes_exactly() {
     assert_eq!((b.iter_count(), b.epoch()), (2, 1));
     let next_b = b.iteration(&mut cb).unwrap();
     assert_eq!(next_a.score, next_b.score);
-    assert!(max_diff(&params(a.model()), &params(b.model())) < 1e-6);
+    assert!(max_diff(&policy_params(a.model()), &policy_params(b.model())) < 1e-6);
 }
 
 #[test]
 fn grpo_sample_and_evaluate() {
     let dir = Scratch::new("grpo_sample_and_evaluate");
-    let (_vs, t) = grpo_trainer(grpo_config(dir.path()), 8);
+    let (_vs, t) = grpo_trainer(grpo_config_in(dir.path()), 8);
     let count_a = |s: &[String]| Ok(s.iter().map(|x| x.matches('a').count() as f64).collect());
     // (an evaluation reward of its own: the env's scorer is not used by evaluate)
     let mut t =
@@ -370,13 +325,8 @@ fn grpo_sample_and_evaluate() {
 fn dpo_config(dir: &std::path::Path) -> DpoTrlConfig {
     let mut c = DpoTrlConfig::default();
     c.train.batch_size = 4;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.epochs = 50;
-    c.train.seed = 9;
-    c.optimizer.kwargs.lr = 3e-3;
-    c.scheduler.kwargs.eta_min = 3e-3;
+    short_run(&mut c, dir, 50, 9);
+    constant_lr(&mut c, 3e-3);
     c.method.gen_kwargs.max_new_tokens = NEW as usize;
     c
 }
@@ -517,7 +467,7 @@ fn dpo_learns_the_preference_and_precomputed_reference_agrees() {
     c.method.precompute_ref_log_probs = true;
     let (_vs2, mut b) = dpo_trainer(c, 2);
     b.learn(&mut cb).unwrap();
-    assert!(max_diff(&params(a.model()), &params(b.model())) < 1e-5);
+    assert!(max_diff(&policy_params(a.model()), &policy_params(b.model())) < 1e-5);
     assert_eq!(a.history().len(), 15);
     assert!(a.history()[14]["loss"] < a.history()[0]["loss"]);
 }
@@ -536,7 +486,7 @@ fn dpo_resumes_exactly_from_a_checkpoint() {
     assert_eq!((b.iter_count(), b.epoch()), (2, 1));
     let next_b = b.train_epoch(&mut cb).unwrap();
     assert_eq!(next_a["loss"], next_b["loss"]);
-    assert!(max_diff(&params(a.model()), &params(b.model())) < 1e-6);
+    assert!(max_diff(&policy_params(a.model()), &policy_params(b.model())) < 1e-6);
 }
 
 #[test]
@@ -574,9 +524,8 @@ fn dpo_with_a_branch_reference_continues_the_policy_from_the_shared_trunk() {
     let mut c = dpo_config(dir.path());
     c.train.epochs = 3;
     let branch = |c: DpoTrlConfig| {
-        let vs = VarStore::new(Device::Cpu);
-        let m = with_init_seed(5, || CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1));
-        let t = DpoTrainer::new(c, m.unwrap(), dpo_pairs(), Box::new(ByteTokenizer::new()));
+        let (vs, m) = seeded_hydra(&byte_gpt2(), 5, 1);
+        let t = DpoTrainer::new(c, m, dpo_pairs(), Box::new(ByteTokenizer::new()));
         (vs, t.unwrap())
     };
     let (_vs, mut shared) = branch(c.clone());
@@ -586,13 +535,13 @@ fn dpo_with_a_branch_reference_continues_the_policy_from_the_shared_trunk() {
     let (_vs2, mut whole) = branch(c);
     whole.learn(&mut cb).unwrap();
     assert_eq!(shared.iter_count(), 6);
-    let vs0 = VarStore::new(Device::Cpu);
-    let start = with_init_seed(5, || {
-        CausalLmWithHydraValueHead::new(&vs0.root(), &cfg(), 1)
-    });
-    let moved = max_diff(&params(shared.model()), &params(&start.unwrap()));
+    let (_vs0, start) = seeded_hydra(&byte_gpt2(), 5, 1);
+    let moved = max_diff(&policy_params(shared.model()), &policy_params(&start));
     assert!(moved > 1e-3, "the policy trained: {moved}");
-    let d = max_diff(&params(shared.model()), &params(whole.model()));
+    let d = max_diff(
+        &policy_params(shared.model()),
+        &policy_params(whole.model()),
+    );
     assert!(d < 1e-6, "{d}");
     for (a, b) in shared.history().iter().zip(whole.history()) {
         assert!((a["loss"] - b["loss"]).abs() < 1e-6, "{a:?} vs {b:?}");

@@ -20,40 +20,32 @@ use torchrl::modules::llm::{
 };
 use torchrl::trainers::api::{Callbacks, RlTrainer};
 use torchrl::trainers::checkpoint::{Checkpoint, CheckpointStore};
-use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::config::{ScaleReward, TrlConfig};
 use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
 use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
-use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
-use torchrl::trainers::ilql::{IlqlTrainer, IlqlTrlConfig};
+use torchrl::trainers::ilql::IlqlTrainer;
 use torchrl::trainers::ppo::PpoRlhfTrainer;
+
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{
+    byte_gpt2_sized, constant_lr, gen_kwargs, ilql_config, ilql_data, lowercase, scratch,
+    seeded_hydra, short_run,
+};
 
 const NEW: i64 = 3;
 
 fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "torchrl-hostile-trainer-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    scratch("hostile-trainer", name)
 }
 
+/// GPT-2 on the byte tokenizer, 8 wide, with `n_layer` blocks.
 fn cfg(n_layer: i64) -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(16)
-        .with_n_embd(8)
-        .with_n_layer(n_layer)
-        .with_n_head(2)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
+    byte_gpt2_sized(8, n_layer)
 }
 
 fn hydra(seed: u64, unfrozen: i64) -> (VarStore, CausalLmWithHydraValueHead) {
-    let vs = VarStore::new(Device::Cpu);
-    let m = with_init_seed(seed, || {
-        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(2), unfrozen)
-    });
-    (vs, m.unwrap())
+    seeded_hydra(&cfg(2), seed, unfrozen)
 }
 
 fn env(batch: i64, generations: i64) -> TokenEnv {
@@ -63,37 +55,21 @@ fn env(batch: i64, generations: i64) -> TokenEnv {
         .with_batch_size(batch)
         .with_num_generations(generations)
         .with_prompt_width(3);
-    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| {
-        r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
-    });
+    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| lowercase(r));
     TokenEnv::from_text(env_cfg, &tok, &["ab", "cd", "efg", "h"], Box::new(scorer)).unwrap()
-}
-
-fn gen_kwargs() -> GenKwargs {
-    GenKwargs {
-        max_new_tokens: NEW as usize,
-        top_k: 0,
-        top_p: 1.0,
-        do_sample: true,
-        temperature: 1.0,
-    }
 }
 
 fn ppo(dir: &Path, seed: u64) -> (VarStore, PpoRlhfTrainer) {
     let mut c = TrlConfig::default();
     c.train.batch_size = 4;
-    c.train.epochs = 10;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 5;
+    short_run(&mut c, dir, 10, 5);
     c.optimizer.kwargs.lr = 1e-3;
     c.method.num_rollouts = 4;
     c.method.chunk_size = 4;
     c.method.ppo_epochs = 1;
     c.method.target = Some(0.5);
     c.method.scale_reward = ScaleReward::Running;
-    c.method.gen_kwargs = gen_kwargs();
+    c.method.gen_kwargs = gen_kwargs(NEW as usize);
     let (vs, m) = hydra(seed, 1);
     let t = PpoRlhfTrainer::new(c, m, env(4, 1), Box::new(ByteTokenizer::new())).unwrap();
     (vs, t)
@@ -102,17 +78,12 @@ fn ppo(dir: &Path, seed: u64) -> (VarStore, PpoRlhfTrainer) {
 fn grpo(dir: &Path, seed: u64) -> (VarStore, GrpoTrainer) {
     let mut c = GrpoTrlConfig::default();
     c.train.batch_size = 4;
-    c.train.epochs = 100;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 3;
-    c.optimizer.kwargs.lr = 3e-3;
-    c.scheduler.kwargs.eta_min = 3e-3;
+    short_run(&mut c, dir, 100, 3);
+    constant_lr(&mut c, 3e-3);
     c.method.num_generations = 2;
     c.method.num_rollouts = 4;
     c.method.chunk_size = 4;
-    c.method.gen_kwargs = gen_kwargs();
+    c.method.gen_kwargs = gen_kwargs(NEW as usize);
     let (vs, m) = hydra(seed, -1);
     let t = GrpoTrainer::new(c, m, env(4, 2), Box::new(ByteTokenizer::new())).unwrap();
     (vs, t)
@@ -126,13 +97,8 @@ fn dpo_with(dir: &Path, seed: u64, precompute: bool) -> (VarStore, DpoTrainer) {
     let mut c = DpoTrlConfig::default();
     c.method.precompute_ref_log_probs = precompute;
     c.train.batch_size = 2;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.epochs = 50;
-    c.train.seed = 9;
-    c.optimizer.kwargs.lr = 3e-3;
-    c.scheduler.kwargs.eta_min = 3e-3;
+    short_run(&mut c, dir, 50, 9);
+    constant_lr(&mut c, 3e-3);
     c.method.gen_kwargs.max_new_tokens = NEW as usize;
     let tok = ByteTokenizer::new();
     let pairs = ["ab", "cd", "efg", "h"]
@@ -148,21 +114,9 @@ fn dpo_with(dir: &Path, seed: u64, precompute: bool) -> (VarStore, DpoTrainer) {
 }
 
 fn ilql(dir: &Path, seed: u64) -> IlqlTrainer {
-    let mut c = IlqlTrlConfig::default();
-    c.train.batch_size = 4;
-    c.train.epochs = 3;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.optimizer.kwargs.lr = 1e-2;
-    c.method.alpha = 0.5;
+    let mut c = ilql_config(dir);
     c.method.steps_for_target_q_sync = 1;
-    c.method.gen_kwargs.max_new_tokens = NEW as usize;
-    let samples: Vec<IlqlTokenSample> = (0..4)
-        .map(|i| IlqlTokenSample::new(vec![98, 58], vec![97 + (i % 3), 97, 256], (i % 3) as f64))
-        .collect();
-    let data =
-        IlqlDataset::from_token_rows(&samples, &IlqlDataConfig::new().with_seq_length(16)).unwrap();
+    let data = ilql_data(4);
     let vs = VarStore::new(Device::Cpu);
     let model = with_init_seed(seed, || {
         CausalLmWithIlqlHeads::from_model(

@@ -9,9 +9,13 @@ use torchrl::modules::llm::{
     ByteTokenizer, CausalLmWithIlqlHeads, Gpt2Config, Gpt2Model, TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer};
-use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
+use torchrl::trainers::ilql::data::IlqlDataset;
 use torchrl::trainers::ilql::{BetaSweep, IlqlTrainer, IlqlTrlConfig};
 use torchrl::Error;
+
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{ilql_config, ilql_data};
 
 fn cfg() -> Gpt2Config {
     Gpt2Config::new(ByteTokenizer::new().vocab_size())
@@ -22,24 +26,13 @@ fn cfg() -> Gpt2Config {
 }
 
 fn data() -> IlqlDataset {
-    let samples: Vec<IlqlTokenSample> = (0..8)
-        .map(|i| IlqlTokenSample::new(vec![98, 58], vec![97 + (i % 3), 97, 256], (i % 3) as f64))
-        .collect();
-    IlqlDataset::from_token_rows(&samples, &IlqlDataConfig::new().with_seq_length(16)).unwrap()
+    ilql_data(8)
 }
 
 fn config(name: &str, sync: usize) -> IlqlTrlConfig {
-    let mut c = IlqlTrlConfig::default();
-    c.train.batch_size = 4;
-    c.train.epochs = 3;
+    let mut c = ilql_config(&tempdir(name));
     c.train.log_interval = 1;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = tempdir(name).display().to_string();
-    c.optimizer.kwargs.lr = 1e-2;
-    c.method.alpha = 0.5;
     c.method.steps_for_target_q_sync = sync;
-    c.method.gen_kwargs.max_new_tokens = 3;
     c.method.gen_kwargs.beta = BetaSweep::Many(vec![0.0, 2.0]);
     c
 }

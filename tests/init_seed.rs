@@ -11,44 +11,23 @@ use std::sync::{Arc, Barrier};
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::nn::{init_is_seeded, with_init_seed};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads,
-    CausalLmWithScoreHead, Gpt2Config, Gpt2Model, LoraConfig, TextTokenizer,
+    CausalLmConfig, CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead,
+    Gpt2Config, Gpt2Model, LoraConfig,
 };
 use torchrl::trainers::config::ModelConfig;
 use torchrl::trainers::policy::hydra_policy;
+
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{byte_gpt2, byte_qwen3};
 
 /// Named tensors, sorted by name.
 type Named = Vec<(String, Tensor)>;
 
 /// Each model's label and its parameters (every store it owns).
 type Models = Vec<(&'static str, Named)>;
-
-fn gpt2() -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(16)
-        .with_n_embd(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
-}
-
-fn qwen3() -> LlamaConfig {
-    let tok = ByteTokenizer::new();
-    serde_json::from_value(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
-        "initializer_range": 0.1,
-        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
-        "pad_token_id": tok.pad_token_id(),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    }))
-    .unwrap()
-}
 
 /// Copies of `stores`' variables, each name prefixed with its store's label, sorted by name.
 fn named(stores: &[(&str, &VarStore)]) -> Named {
@@ -74,20 +53,20 @@ fn build_all(seed: u64) -> Models {
         let mut out = Models::new();
 
         let vs = VarStore::new(Device::Cpu);
-        let m = CausalLmWithHydraValueHead::new(&vs.root(), &gpt2(), 1).unwrap();
+        let m = CausalLmWithHydraValueHead::new(&vs.root(), &byte_gpt2(), 1).unwrap();
         out.push((
             "gpt2 hydra",
             named(&[("policy", &vs), ("reference", m.reference_store())]),
         ));
 
         let vs = VarStore::new(Device::Cpu);
-        let _m = qwen3().build(&vs.root()).unwrap();
+        let _m = byte_qwen3().build(&vs.root()).unwrap();
         out.push(("qwen3", named(&[("model", &vs)])));
 
         let vs = VarStore::new(Device::Cpu);
         let m = CausalLmWithIlqlHeads::from_model(
             &vs.root(),
-            Gpt2Model::new(&vs.root(), &gpt2()).unwrap(),
+            Gpt2Model::new(&vs.root(), &byte_gpt2()).unwrap(),
             true,
             0.5,
         )
@@ -98,7 +77,7 @@ fn build_all(seed: u64) -> Models {
         ));
 
         let vs = VarStore::new(Device::Cpu);
-        let _m = CausalLmWithScoreHead::new(&vs.root(), &qwen3()).unwrap();
+        let _m = CausalLmWithScoreHead::new(&vs.root(), &byte_qwen3()).unwrap();
         out.push(("qwen3 score", named(&[("model", &vs)])));
 
         let vs = VarStore::new(Device::Cpu);
@@ -106,7 +85,7 @@ fn build_all(seed: u64) -> Models {
             peft_config: Some(LoraConfig::new(4).with_lora_alpha(16.0).with_all_linear()),
             ..ModelConfig::default()
         };
-        let m = hydra_policy(&vs.root(), qwen3().build(&vs.root()).unwrap(), &config).unwrap();
+        let m = hydra_policy(&vs.root(), byte_qwen3().build(&vs.root()).unwrap(), &config).unwrap();
         assert!(m.reference_is_adapters_off());
         out.push(("qwen3 lora", named(&[("policy", &vs)])));
         out

@@ -5,43 +5,25 @@
 
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
-use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
-use torchrl::modules::llm::models::llama::{LlamaConfig, LlamaModel};
+use torchrl::envs::llm::TokenEnv;
+use torchrl::modules::llm::models::llama::LlamaModel;
 use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{ByteTokenizer, CausalLmWithHydraValueHead, TextTokenizer};
 use torchrl::trainers::api::{Callbacks, RlTrainer};
-use torchrl::trainers::config::{GenKwargs, TrlConfig};
-use torchrl::trainers::dpo::{DpoPair, DpoTrainer, DpoTrlConfig};
-use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
+use torchrl::trainers::dpo::DpoTrainer;
+use torchrl::trainers::grpo::GrpoTrainer;
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::trainers::sft::{SftConfig, SftTrainer};
 
-const NEW: i64 = 4;
-
-fn lowercase(r: &[i64]) -> f64 {
-    r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
-}
-
-fn cfg() -> LlamaConfig {
-    let tok = ByteTokenizer::new();
-    let json = serde_json::json!({
-        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
-        "initializer_range": 0.1,
-        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
-        "pad_token_id": tok.pad_token_id(),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    });
-    serde_json::from_value(json).unwrap()
-}
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{
+    aa_over_zz_pairs, byte_qwen3, grpo_config, ilql_config, ilql_data, lowercase_env, max_abs_diff,
+    scratch, seeded_hydra, tiny_dpo_config, tiny_ppo_config,
+};
 
 fn hydra(seed: u64, unfrozen: i64) -> (VarStore, CausalLmWithHydraValueHead) {
-    let vs = VarStore::new(Device::Cpu);
-    let m = with_init_seed(seed, || {
-        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), unfrozen)
-    });
-    (vs, m.unwrap())
+    seeded_hydra(&byte_qwen3(), seed, unfrozen)
 }
 
 fn params(m: &CausalLmWithHydraValueHead) -> Vec<Tensor> {
@@ -52,55 +34,16 @@ fn params(m: &CausalLmWithHydraValueHead) -> Vec<Tensor> {
         .collect()
 }
 
-fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs().max().double_value(&[]))
-        .fold(0.0, f64::max)
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("torchrl-llama-tr-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 fn env(g: i64) -> TokenEnv {
-    let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&cfg().facts())
-        .with_max_new_tokens(NEW)
-        .with_batch_size(8)
-        .with_num_generations(g)
-        .with_prompt_width(3);
-    let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| lowercase(r));
-    TokenEnv::from_text(env_cfg, &tok, &["ab", "cd", "efg"], Box::new(scorer)).unwrap()
-}
-
-fn grpo_config(dir: &std::path::Path) -> GrpoTrlConfig {
-    let mut c = GrpoTrlConfig::default();
-    c.train.batch_size = 8;
-    c.train.epochs = 100;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 3;
-    c.optimizer.kwargs.lr = 1e-2;
-    c.scheduler.kwargs.eta_min = 1e-2;
-    c.method.num_generations = 4;
-    c.method.num_rollouts = 16;
-    c.method.chunk_size = 8;
-    c.method.epsilon_high = Some(0.28);
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: NEW as usize,
-        ..GenKwargs::default()
-    };
-    c
+    lowercase_env(&byte_qwen3(), g)
 }
 
 #[test]
 fn grpo_on_a_llama_family_policy_learns_and_resumes_exactly() {
-    let dir = scratch("grpo");
-    let c = grpo_config(&dir);
+    let dir = scratch("llama-tr", "grpo");
+    // 16 rollouts per iteration at a constant 1e-2, DAPO's clip-higher
+    let mut c = grpo_config(&dir, 1e-2, 16);
+    c.method.epsilon_high = Some(0.28);
     let (_vs, m) = hydra(4, -1);
     let mut t = GrpoTrainer::new(c.clone(), m, env(4), Box::new(ByteTokenizer::new())).unwrap();
     let mut cb = Callbacks::new();
@@ -119,23 +62,14 @@ fn grpo_on_a_llama_family_policy_learns_and_resumes_exactly() {
     b.load(&dir.join("resume")).unwrap();
     let next_b = b.iteration(&mut cb).unwrap();
     assert_eq!(next_a.score, next_b.score);
-    assert!(max_diff(&params(t.model()), &params(b.model())) < 1e-6);
+    assert!(max_abs_diff(&params(t.model()), &params(b.model())) < 1e-6);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn ppo_rlhf_iteration_on_a_llama_family_hydra() {
-    let dir = scratch("ppo");
-    let mut c = TrlConfig::default();
-    c.method.num_rollouts = 8;
-    c.method.chunk_size = 8;
-    c.method.ppo_epochs = 2;
-    c.train.batch_size = 4;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: NEW as usize,
-        ..GenKwargs::default()
-    };
+    let dir = scratch("llama-tr", "ppo");
+    let c = tiny_ppo_config(&dir);
     // one unfrozen block: the hydra branch copies a rotary block, the updates start from the
     // cached trunk
     let (_vs, m) = hydra(6, 1);
@@ -148,30 +82,15 @@ fn ppo_rlhf_iteration_on_a_llama_family_hydra() {
         "the first rollout is at the reference: {}",
         s.kl
     );
-    assert!(max_diff(&before, &params(t.model())) > 0.0);
+    assert!(max_abs_diff(&before, &params(t.model())) > 0.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn dpo_on_a_llama_family_policy_starts_at_ln2_and_resumes_exactly() {
-    let dir = scratch("dpo");
-    let tok = ByteTokenizer::new();
-    let pairs: Vec<DpoPair> = ["ab", "cd", "efg", "h"]
-        .iter()
-        .map(|p| {
-            DpoPair::new(
-                tok.encode(p).unwrap(),
-                tok.encode("aa").unwrap(),
-                tok.encode("zz").unwrap(),
-            )
-        })
-        .collect();
-    let mut c = DpoTrlConfig::default();
-    c.train.batch_size = 2;
-    c.train.epochs = 50;
-    c.train.seed = 9;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.method.gen_kwargs.max_new_tokens = NEW as usize;
+    let dir = scratch("llama-tr", "dpo");
+    let pairs = aa_over_zz_pairs();
+    let c = tiny_dpo_config(&dir);
     let (_vs, m) = hydra(7, 1);
     let mut a =
         DpoTrainer::new(c.clone(), m, pairs.clone(), Box::new(ByteTokenizer::new())).unwrap();
@@ -199,7 +118,7 @@ fn dpo_on_a_llama_family_policy_starts_at_ln2_and_resumes_exactly() {
 #[test]
 fn sft_on_a_llama_family_model_lowers_its_loss() {
     let vs = VarStore::new(Device::Cpu);
-    let model = with_init_seed(9, || LlamaModel::new(&vs.root(), &cfg())).unwrap();
+    let model = with_init_seed(9, || LlamaModel::new(&vs.root(), &byte_qwen3())).unwrap();
     let tok = ByteTokenizer::new();
     let rows: Vec<Vec<i64>> = ["abab", "cdcd", "efef"]
         .iter()
@@ -219,7 +138,7 @@ fn a_llama_family_reward_model_learns_the_preference() {
     use torchrl::modules::llm::CausalLmWithScoreHead;
     use torchrl::trainers::reward::{PreferencePair, RewardModelTrainer, RewardTrainerConfig};
     let vs = VarStore::new(Device::Cpu);
-    let rm = with_init_seed(10, || CausalLmWithScoreHead::new(&vs.root(), &cfg())).unwrap();
+    let rm = with_init_seed(10, || CausalLmWithScoreHead::new(&vs.root(), &byte_qwen3())).unwrap();
     let tok = ByteTokenizer::new();
     // chosen completions end in 'a', rejected in 'z'
     let pairs: Vec<PreferencePair> = ["ab", "cd", "ef", "gh"]
@@ -246,34 +165,21 @@ fn a_llama_family_reward_model_learns_the_preference() {
 #[test]
 fn ilql_on_a_llama_family_model_spends_its_budget() {
     use torchrl::modules::llm::CausalLmWithIlqlHeads;
-    use torchrl::trainers::ilql::data::{IlqlDataConfig, IlqlDataset, IlqlTokenSample};
-    use torchrl::trainers::ilql::{IlqlTrainer, IlqlTrlConfig};
-    let dir = scratch("ilql");
+    use torchrl::trainers::ilql::IlqlTrainer;
+    let dir = scratch("llama-tr", "ilql");
     let vs = VarStore::new(Device::Cpu);
     let model = with_init_seed(11, || {
         CausalLmWithIlqlHeads::from_model(
             &vs.root(),
-            LlamaModel::new(&vs.root(), &cfg())?,
+            LlamaModel::new(&vs.root(), &byte_qwen3())?,
             true,
             0.5,
         )
     })
     .unwrap();
-    let samples: Vec<IlqlTokenSample> = (0..8)
-        .map(|i| IlqlTokenSample::new(vec![98, 58], vec![97 + (i % 3), 97, 256], (i % 3) as f64))
-        .collect();
-    let data =
-        IlqlDataset::from_token_rows(&samples, &IlqlDataConfig::new().with_seq_length(16)).unwrap();
-    let mut c = IlqlTrlConfig::default();
-    c.train.batch_size = 4;
-    c.train.epochs = 3;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.optimizer.kwargs.lr = 1e-2;
-    c.method.alpha = 0.5;
-    c.method.gen_kwargs.max_new_tokens = 3;
-    let mut t = IlqlTrainer::new(c, vs, model, data, Box::new(ByteTokenizer::new())).unwrap();
+    let c = ilql_config(&dir);
+    let mut t =
+        IlqlTrainer::new(c, vs, model, ilql_data(8), Box::new(ByteTokenizer::new())).unwrap();
     let mut losses = Vec::new();
     {
         let mut cb = Callbacks::new().on_log(|_, s| {

@@ -8,11 +8,11 @@ use tch::{Device, Kind, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLm, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Config,
-    Gpt2Model, LmInput, TextTokenizer,
+    ByteTokenizer, CausalLm, CausalLmWithHydraValueHead, CausalLmWithScoreHead, Gpt2Model, LmInput,
+    TextTokenizer,
 };
 use torchrl::trainers::api::{Callbacks, Evaluation, RlTrainer, Stats};
-use torchrl::trainers::config::{GenKwargs, ScaleReward, TrlConfig};
+use torchrl::trainers::config::{ScaleReward, TrlConfig};
 use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::trainers::reward::{
     collate_preferences, PreferencePair, RewardModelTrainer, RewardTrainerConfig,
@@ -20,27 +20,18 @@ use torchrl::trainers::reward::{
 use torchrl::trainers::sft::causal_lm_loss;
 use torchrl::Error;
 
-const NEW: i64 = 4;
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{byte_gpt2, gen_kwargs, seeded_hydra, short_run, sorted_policy_params};
 
-fn cfg() -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(16)
-        .with_n_embd(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
-}
+const NEW: i64 = 4;
 
 fn trl_config(dir: &std::path::Path, target: Option<f64>) -> TrlConfig {
     let mut c = TrlConfig::default();
     c.train.batch_size = 4;
-    c.train.epochs = 10; // a budget the tests do not reach: every epoch ends with its KL update
+    // 10 epochs: a budget the tests do not reach (every epoch ends with its KL update)
+    short_run(&mut c, dir, 10, 5);
     c.train.log_interval = 1;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = dir.display().to_string();
-    c.train.seed = 5;
     c.optimizer.kwargs.lr = 1e-3;
     c.method.num_rollouts = 8;
     c.method.chunk_size = 8;
@@ -49,26 +40,16 @@ fn trl_config(dir: &std::path::Path, target: Option<f64>) -> TrlConfig {
     c.method.target = target;
     c.method.horizon = 100;
     c.method.scale_reward = ScaleReward::Ignored;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: NEW as usize,
-        top_k: 0,
-        top_p: 1.0,
-        do_sample: true,
-        temperature: 1.0,
-    };
+    c.method.gen_kwargs = gen_kwargs(NEW as usize);
     c
 }
 
 /// A trainer whose hidden reward is the number of 'a' bytes in the response, on a model whose
 /// initial weights are those of `seed`.
 fn trainer(dir: &std::path::Path, target: Option<f64>, seed: u64) -> (VarStore, PpoRlhfTrainer) {
-    let vs = VarStore::new(Device::Cpu);
-    let model = with_init_seed(seed, || {
-        CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1)
-    })
-    .unwrap();
+    let (vs, model) = seeded_hydra(&byte_gpt2(), seed, 1);
     let tok = ByteTokenizer::new();
-    let env_cfg = TokenEnvConfig::for_model(&cfg().facts())
+    let env_cfg = TokenEnvConfig::for_model(&byte_gpt2().facts())
         .with_max_new_tokens(NEW)
         .with_batch_size(8)
         .with_prompt_width(3);
@@ -83,7 +64,7 @@ fn trainer(dir: &std::path::Path, target: Option<f64>, seed: u64) -> (VarStore, 
 #[test]
 fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
     let vs = VarStore::new(Device::Cpu);
-    let model = with_init_seed(0, || Gpt2Model::new(&vs.root(), &cfg())).unwrap();
+    let model = with_init_seed(0, || Gpt2Model::new(&vs.root(), &byte_gpt2())).unwrap();
     // row 0: 3 real tokens then padding; row 1: 4 real tokens
     let tokens = Tensor::from_slice(&[5i64, 6, 7, 257, 8, 9, 10, 11]).view([2, 4]);
     let mask = Tensor::from_slice(&[1i64, 1, 1, 0, 1, 1, 1, 1]).view([2, 4]);
@@ -120,7 +101,7 @@ fn causal_lm_loss_is_the_mean_nll_of_predicted_real_tokens() {
 fn reward_trainer_statistics_are_the_score_model_run_by_hand() {
     let vs = VarStore::new(Device::Cpu);
     let rm = with_init_seed(1, || {
-        CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg())?)
+        CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &byte_gpt2())?)
     })
     .unwrap();
     let pairs = vec![
@@ -311,8 +292,10 @@ fn bad_configs_tokenizers_and_envs_are_refused() {
     let dir = tempdir("errors");
     let build = |config: TrlConfig, env_vocab: i64, tok_vocab_ok: bool| {
         let vs = VarStore::new(Device::Cpu);
-        let model =
-            with_init_seed(6, || CausalLmWithHydraValueHead::new(&vs.root(), &cfg(), 1)).unwrap();
+        let model = with_init_seed(6, || {
+            CausalLmWithHydraValueHead::new(&vs.root(), &byte_gpt2(), 1)
+        })
+        .unwrap();
         let env_cfg = TokenEnvConfig::new(env_vocab, 16)
             .with_max_new_tokens(NEW)
             .with_batch_size(2);
@@ -406,18 +389,6 @@ fn tempdir(name: &str) -> std::path::PathBuf {
 // The data-parallel seam in a world of one (tests/distributed_trainers.rs runs two processes).
 // ---------------------------------------------------------------------------------------------
 
-fn params_of(t: &PpoRlhfTrainer) -> Vec<(String, Tensor)> {
-    let mut p: Vec<(String, Tensor)> = t
-        .model()
-        .policy()
-        .named_parameters()
-        .into_iter()
-        .map(|(n, p)| (n, p.detach().copy()))
-        .collect();
-    p.sort_by(|a, b| a.0.cmp(&b.0));
-    p
-}
-
 #[test]
 fn single_process_collective_and_learn_on_replay_an_iteration_bit_for_bit() {
     use torchrl::trainers::parallel::{Collective, SingleProcess};
@@ -434,7 +405,10 @@ fn single_process_collective_and_learn_on_replay_an_iteration_bit_for_bit() {
     let sb = b.learn_on(store, &mut Callbacks::new()).unwrap();
     assert_eq!(sa.iter_count, 4);
     assert_eq!(sb.iter_count, 4);
-    for ((na, pa), (nb, pb)) in params_of(&a).iter().zip(&params_of(&b)) {
+    for ((na, pa), (nb, pb)) in sorted_policy_params(a.model())
+        .iter()
+        .zip(&sorted_policy_params(b.model()))
+    {
         assert_eq!(na, nb);
         assert!(pa.equal(pb), "{na} differs");
     }

@@ -25,13 +25,16 @@ use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     generate_greedy, generate_with, ilql_generate_with, ByteTokenizer, CausalLm, CausalLmConfig,
     CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, GenerateOptions, GenerationConfig,
-    GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmInput, LoraConfig, TextTokenizer,
+    GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmInput, LoraConfig,
 };
 use torchrl::tensordict::KeysOptions;
 use torchrl::trainers::api::{Callbacks, Stats};
-use torchrl::trainers::config::GenKwargs;
 use torchrl::trainers::grpo::{GrpoTrainer, GrpoTrlConfig};
 use torchrl::{Error, Generator, TensorDict};
+
+#[path = "common/llm.rs"]
+mod llm_fixtures;
+use llm_fixtures::{byte_gpt2, byte_qwen3, grpo_config, lowercase, seeded_hydra, tiny_qwen3};
 
 const VOCAB: i64 = 29;
 const EOS: i64 = 3;
@@ -46,15 +49,10 @@ fn gpt2() -> Gpt2Config {
         .with_n_positions(24)
 }
 
+/// The tiny Qwen3-shaped model on [`VOCAB`] tokens: 2 blocks, 24 positions, initializer range
+/// 0.3.
 fn qwen3() -> LlamaConfig {
-    serde_json::from_value(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 24,
-        "initializer_range": 0.3,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    }))
-    .unwrap()
+    tiny_qwen3(VOCAB, 2, 24, 0.3)
 }
 
 fn build(cfg: &dyn CausalLmConfig, seed: u64) -> (VarStore, Box<dyn CausalLm>) {
@@ -293,35 +291,6 @@ fn the_policy_writes_the_same_rollout_with_shared_prompts() {
 
 // ------------------------------------------------------------------------------ GRPO
 
-/// The hidden reward: lowercase ASCII letters in the response.
-fn lowercase(r: &[i64]) -> f64 {
-    r.iter().filter(|t| (97..=122).contains(*t)).count() as f64
-}
-
-fn byte_gpt2() -> Gpt2Config {
-    let tok = ByteTokenizer::new();
-    Gpt2Config::new(tok.vocab_size())
-        .with_n_positions(16)
-        .with_n_embd(16)
-        .with_n_layer(2)
-        .with_n_head(2)
-        .with_special_tokens(tok.bos_token_id(), tok.eos_token_id(), tok.pad_token_id())
-}
-
-fn byte_qwen3() -> LlamaConfig {
-    let tok = ByteTokenizer::new();
-    serde_json::from_value(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": tok.vocab_size(), "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 16,
-        "initializer_range": 0.1,
-        "bos_token_id": tok.bos_token_id(), "eos_token_id": tok.eos_token_id(),
-        "pad_token_id": tok.pad_token_id(),
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    }))
-    .unwrap()
-}
-
 /// A GRPO trainer on `model_cfg` (a fresh model from `seed`, `unfrozen` top layers trained),
 /// groups of 4, two minibatches per rollout, β > 0 (the reference's log-probs are read).
 fn grpo(model_cfg: &dyn CausalLmConfig, unfrozen: i64, seed: u64) -> (VarStore, GrpoTrainer) {
@@ -335,31 +304,12 @@ fn grpo_with(
     seed: u64,
     edit: impl FnOnce(&mut GrpoTrlConfig),
 ) -> (VarStore, GrpoTrainer) {
-    let vs = VarStore::new(Device::Cpu);
-    let model = with_init_seed(seed, || {
-        CausalLmWithHydraValueHead::new(&vs.root(), model_cfg, unfrozen)
-    })
-    .unwrap();
-    let mut c = GrpoTrlConfig::default();
+    let (vs, model) = seeded_hydra(model_cfg, seed, unfrozen);
+    let dir = std::env::temp_dir().join(format!("torchrl-rollout-reuse-{}", std::process::id()));
+    // 8 rollouts per iteration at a constant 3e-3, minibatches of 4, the KL term on
+    let mut c = grpo_config(&dir, 3e-3, 8);
     c.train.batch_size = 4;
-    c.train.epochs = 100;
-    c.train.eval_interval = 1000;
-    c.train.checkpoint_interval = 1000;
-    c.train.checkpoint_dir = std::env::temp_dir()
-        .join(format!("torchrl-rollout-reuse-{}", std::process::id()))
-        .display()
-        .to_string();
-    c.train.seed = 3;
-    c.optimizer.kwargs.lr = 3e-3;
-    c.scheduler.kwargs.eta_min = 3e-3;
     c.method.beta = 0.05;
-    c.method.num_generations = 4;
-    c.method.num_rollouts = 8;
-    c.method.chunk_size = 8;
-    c.method.gen_kwargs = GenKwargs {
-        max_new_tokens: 4,
-        ..GenKwargs::default()
-    };
     edit(&mut c);
     let tok = ByteTokenizer::new();
     let env_cfg = TokenEnvConfig::for_model(&model_cfg.facts())
@@ -402,8 +352,28 @@ fn without_times(s: &Stats) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// Whether two float tensors agree to `tol` relative to their scale (integer and bool tensors,
+/// such as tokens and masks, must be equal).
+fn close(x: &Tensor, y: &Tensor, tol: f64) -> bool {
+    if x.size() != y.size() || x.kind() != y.kind() {
+        return false;
+    }
+    if !x.is_floating_point() {
+        return x.equal(y);
+    }
+    let (x, y) = (x.to_kind(Kind::Double), y.to_kind(Kind::Double));
+    let scale = x.abs().max().double_value(&[]).max(1.0);
+    (x - y).abs().max().double_value(&[]) <= tol * scale
+}
+
+/// GRPO with the prompt pass shared per group trains as without it. With one libtorch thread
+/// the two runs are bitwise equal; with several, libtorch may split the prompt pass's matmuls
+/// differently for one row per group and for every row (seen on a 2-core AMD EPYC: ESS
+/// 1.0000003 against 1.0000001), so the tokens must be identical and every logged value,
+/// parameter and stored float agree to 1e-5 of its scale.
 #[test]
-fn grpo_trains_bitwise_alike_with_shared_prompts() {
+fn grpo_trains_alike_with_shared_prompts() {
+    const TOL: f64 = 1e-5;
     let cases: [(&str, &dyn CausalLmConfig, i64, bool); 5] = [
         ("gpt2, full reference", &byte_gpt2(), -1, true),
         ("gpt2, hydra branch", &byte_gpt2(), 1, true),
@@ -419,11 +389,19 @@ fn grpo_trains_bitwise_alike_with_shared_prompts() {
         let (logs_a, params_a, store_a) = run(a);
         let (logs_b, params_b, store_b) = run(b);
         assert_eq!(logs_a.len(), 4, "{name}");
-        let logs_a: Vec<_> = logs_a.iter().map(without_times).collect();
-        let logs_b: Vec<_> = logs_b.iter().map(without_times).collect();
-        assert_eq!(logs_a, logs_b, "{name}");
+        for (la, lb) in logs_a.iter().zip(&logs_b) {
+            let (la, lb) = (without_times(la), without_times(lb));
+            assert_eq!(la.len(), lb.len(), "{name}");
+            for ((ka, va), (kb, vb)) in la.iter().zip(&lb) {
+                assert_eq!(ka, kb, "{name}");
+                assert!(
+                    (va - vb).abs() <= TOL * va.abs().max(1.0),
+                    "{name}: {ka} {va} vs {vb}"
+                );
+            }
+        }
         for (x, y) in params_a.iter().zip(&params_b) {
-            assert!(x.equal(y), "{name}");
+            assert!(close(x, y, TOL), "{name}");
         }
         let keys = store_a.keys(KeysOptions::nested_leaves());
         assert_eq!(keys, store_b.keys(KeysOptions::nested_leaves()));
@@ -432,7 +410,7 @@ fn grpo_trains_bitwise_alike_with_shared_prompts() {
                 store_a.get(key.clone()).unwrap(),
                 store_b.get(key.clone()).unwrap(),
             );
-            assert!(x.equal(y), "{name}: {key:?}");
+            assert!(close(x, y, TOL), "{name}: {key:?}");
         }
     }
 }
