@@ -30,6 +30,7 @@ use crate::mutate::{
 
 mod chat;
 mod dataset;
+mod replay;
 mod trainers;
 
 /// What a case found.
@@ -61,6 +62,7 @@ pub const TARGETS: &[(&str, CaseFn)] = &[
     ("peft-adapter", adapter_case),
     ("chat-template", chat::chat_template_case),
     ("dataset", dataset::dataset_case),
+    ("replay-storage", replay::replay_storage_case),
 ];
 
 /// The repository's recorded folders (`specs/`).
