@@ -141,6 +141,12 @@ fn a_hostile_meta_json_is_refused_naming_it_and_touches_no_file() {
         ),
         ("version", Box::new(|m| m["version"] = json!(2))),
         ("not a layout", Box::new(|m| *m = json!({"leaves": 3}))),
+        // fuzz replay-storage, seed 2030, case 1725: items without leaves reopened, then
+        // every sample failed
+        (
+            "items without leaves",
+            Box::new(|m| m["leaves"] = json!([])),
+        ),
     ];
     for (what, edit) in edits {
         let mut m = original.clone();

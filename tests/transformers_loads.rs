@@ -18,7 +18,7 @@ use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::models;
 use torchrl::modules::llm::nn::with_init_seed;
-use torchrl::modules::llm::{lora, CausalLmWithScoreHead, LmInput, LoraConfig};
+use torchrl::modules::llm::{lora, CausalLm, CausalLmWithScoreHead, LmInput, LoraConfig};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
@@ -81,6 +81,20 @@ fn write_ours(file: &Path, ids: &Tensor, mask: &Tensor, name: &str, out: &Tensor
     .unwrap();
 }
 
+/// Our logits on [`batch`], written as `dir/ours.safetensors` (returned).
+fn write_our_logits(model: &dyn CausalLm, dir: &Path) -> PathBuf {
+    let (ids, mask) = batch(model.facts().vocab_size);
+    let logits = tch::no_grad(|| {
+        model
+            .forward(&LmInput::new(&ids).with_attention_mask(&mask), None)
+            .and_then(|o| o.logits())
+    })
+    .unwrap();
+    let ours = dir.join("ours.safetensors");
+    write_ours(&ours, &ids, &mask, "logits", &logits);
+    ours
+}
+
 #[test]
 fn transformers_loads_every_folder_we_save() {
     let work = std::env::temp_dir().join(format!("torchrl-hf-loads-{}", std::process::id()));
@@ -104,15 +118,7 @@ fn transformers_loads_every_folder_we_save() {
         perturb(&model.named_parameters());
         let dir = work.join(name);
         model.save_pretrained(&dir).unwrap();
-        let (ids, mask) = batch(model.facts().vocab_size);
-        let logits = tch::no_grad(|| {
-            model
-                .forward(&LmInput::new(&ids).with_attention_mask(&mask), None)
-                .and_then(|o| o.logits())
-        })
-        .unwrap();
-        let ours = dir.join("ours.safetensors");
-        write_ours(&ours, &ids, &mask, "logits", &logits);
+        let ours = write_our_logits(model.as_ref(), &dir);
         cases.push(serde_json::json!({
             "name": name, "kind": "causal", "dir": dir, "ours": ours,
         }));
@@ -158,15 +164,7 @@ fn transformers_loads_every_folder_we_save() {
         perturb(&model.adapter_parameters());
         let dir = work.join("peft_adapter");
         lora::save_adapter(model.as_ref(), &config, &dir).unwrap();
-        let (ids, mask) = batch(model.facts().vocab_size);
-        let logits = tch::no_grad(|| {
-            model
-                .forward(&LmInput::new(&ids).with_attention_mask(&mask), None)
-                .and_then(|o| o.logits())
-        })
-        .unwrap();
-        let ours = dir.join("ours.safetensors");
-        write_ours(&ours, &ids, &mask, "logits", &logits);
+        let ours = write_our_logits(model.as_ref(), &dir);
         cases.push(serde_json::json!({
             "name": "qwen3_lora_qv", "kind": "peft", "dir": dir, "base": base, "ours": ours,
         }));

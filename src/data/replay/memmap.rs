@@ -203,7 +203,8 @@ impl LazyMemmapStorage {
     }
 
     /// Reads `meta.json` and maps the files it lists, checking everything before any file is
-    /// opened: the version, the capacity, `len` and `cursor` in range, every leaf's key
+    /// opened: the version, the capacity, `len` and `cursor` in range (and no items without
+    /// leaves), every leaf's key
     /// (non-empty, unique, none inside another), dtype, shape (the item batch first, sizes
     /// without overflow, at most [`MAX_LEAF_BYTES`] a file) and file name (a plain name in the
     /// folder); then every file must exist with exactly the size the layout needs. A storage
@@ -242,6 +243,12 @@ impl LazyMemmapStorage {
             return Err(bad(format!(
                 "cursor {} outside [0, {capacity})",
                 meta.cursor
+            )));
+        }
+        if meta.leaves.is_empty() && meta.len > 0 {
+            return Err(bad(format!(
+                "len {} but no leaves to hold the items",
+                meta.len
             )));
         }
         if meta.item_batch.iter().any(|&d| d < 0) {
