@@ -47,6 +47,7 @@ pub mod data;
 pub mod distributed;
 pub mod envs;
 pub mod error;
+mod files;
 mod host;
 pub mod kind;
 mod macros;

@@ -50,6 +50,7 @@ use serde_json::{json, Value};
 use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::files::{is_plain_file_name, PLAIN_FILE_NAME};
 
 const MANIFEST: &str = "manifest.json";
 const LATEST: &str = "latest";
@@ -177,13 +178,12 @@ impl Checkpoint {
                 ));
             };
             // a manifest edited by hand (or by a crash) is the file at fault: name it
-            if check_name(OP, name).is_err() {
+            if !is_plain_file_name(name) || name == "manifest" {
                 return Err(invalid(
                     OP,
                     &manifest_path,
                     format!(
-                        "file entry name {name:?}: expected a plain file name of [A-Za-z0-9_.-], \
-                         not starting with '.', not \"manifest\""
+                        "file entry name {name:?}: expected {PLAIN_FILE_NAME}, not \"manifest\""
                     ),
                 ));
             }
@@ -504,19 +504,13 @@ fn file_name_of(path: &Path) -> String {
 }
 
 fn check_name(op: &'static str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name != "manifest"
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if ok {
+    if is_plain_file_name(name) && name != "manifest" {
         Ok(())
     } else {
         Err(Error::argument(
             op,
             "name",
-            "a plain file name of [A-Za-z0-9_.-], not starting with '.', not \"manifest\"",
+            format!("{PLAIN_FILE_NAME}, not \"manifest\""),
             format!("{name:?}"),
         ))
     }

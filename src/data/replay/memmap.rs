@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
+use crate::files::{is_plain_file_name, PLAIN_FILE_NAME};
 use crate::host::mmap::MappedFile;
 use crate::tensordict::{AsKey, KeysOptions, NestedKey, TensorDict};
 
@@ -283,16 +284,9 @@ impl LazyMemmapStorage {
                     l.shape, meta.item_batch
                 )));
             }
-            let plain = !l.file.is_empty()
-                && !l.file.starts_with('.')
-                && l.file != "meta.json"
-                && l.file
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-            if !plain {
+            if !is_plain_file_name(&l.file) || l.file == "meta.json" {
                 return Err(at(format!(
-                    "file {:?}: expected a plain file name in the storage's folder \
-                     ([A-Za-z0-9_.-], not starting with '.', not meta.json)",
+                    "file {:?}: expected {PLAIN_FILE_NAME} in the storage's folder, not meta.json",
                     l.file
                 )));
             }
