@@ -23,7 +23,8 @@
 //! with ours, so that machine noise hits both alike) and the ratio of the two times (ours /
 //! floor) as a `#` comment line. W26 has no floor.
 //!
-//! Run: `cargo bench --bench offpolicy`.
+//! Run: `cargo bench --bench offpolicy` (all), or `cargo bench --bench offpolicy -- W26` (the
+//! named workloads only).
 
 mod common;
 use common::{paired, print_floor, try_best_of, Repetition};
@@ -394,18 +395,30 @@ fn w26() -> Result<(f64, f64)> {
 fn main() -> Result<()> {
     tch::set_num_threads(1);
     tch::manual_seed(0);
-    let data = pendulum_transitions(BATCH)?;
-    let (ours, floor) = paired(w24(&data)?, w24_floor(&data)?)?;
-    let n = W24_UPDATES as f64;
-    println!("W24_sac_update\t{:.1}", n / ours);
-    print_floor("W24_sac_update", n, ours, floor);
-    let data = w25_data()?;
-    let (ours, floor) = paired(w25(&data)?, w25_floor(&data)?)?;
-    let n = W25_UPDATES as f64;
-    println!("W25_dqn_update\t{:.1}", n / ours);
-    print_floor("W25_dqn_update", n, ours, floor);
-    let (fill, ops) = w26()?;
-    println!("W26_fill_1m\t{fill:.1}");
-    println!("W26_prioritized_replay_1m\t{ops:.1}");
+    // `cargo bench --bench offpolicy -- W26` runs only the named workloads (all without names)
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a.starts_with('W'))
+        .collect();
+    let run = |w: &str| wanted.is_empty() || wanted.iter().any(|a| a == w);
+    if run("W24") {
+        let data = pendulum_transitions(BATCH)?;
+        let (ours, floor) = paired(w24(&data)?, w24_floor(&data)?)?;
+        let n = W24_UPDATES as f64;
+        println!("W24_sac_update\t{:.1}", n / ours);
+        print_floor("W24_sac_update", n, ours, floor);
+    }
+    if run("W25") {
+        let data = w25_data()?;
+        let (ours, floor) = paired(w25(&data)?, w25_floor(&data)?)?;
+        let n = W25_UPDATES as f64;
+        println!("W25_dqn_update\t{:.1}", n / ours);
+        print_floor("W25_dqn_update", n, ours, floor);
+    }
+    if run("W26") {
+        let (fill, ops) = w26()?;
+        println!("W26_fill_1m\t{fill:.1}");
+        println!("W26_prioritized_replay_1m\t{ops:.1}");
+    }
     Ok(())
 }

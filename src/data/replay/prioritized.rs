@@ -44,90 +44,119 @@ use crate::error::{Error, Result};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
-/// A segment tree over `size` float32 leaves with a binary operation (TorchRL's
-/// `csrc/segment_tree.h`: `capacity` is the smallest power of two above `size`).
-#[derive(Clone, Debug)]
-struct SegmentTree {
-    size: usize,
-    capacity: usize,
-    values: Vec<f32>,
-    identity: f32,
-    op: fn(f32, f32) -> f32,
+/// One node of the sum tree and the min tree: the sum and the min of the leaves below it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Node {
+    sum: f32,
+    min: f32,
 }
 
-impl SegmentTree {
-    fn new(size: usize, identity: f32, op: fn(f32, f32) -> f32) -> Self {
+impl Node {
+    /// A leaf no item has written: the identities of `+` and `min`.
+    const EMPTY: Node = Node {
+        sum: 0.0,
+        min: f32::MAX,
+    };
+
+    fn leaf(value: f32) -> Node {
+        Node {
+            sum: value,
+            min: value,
+        }
+    }
+
+    fn join(a: Node, b: Node) -> Node {
+        Node {
+            sum: a.sum + b.sum,
+            min: a.min.min(b.min),
+        }
+    }
+}
+
+/// TorchRL's sum tree and min tree over `size` float32 leaves (its `csrc/segment_tree.h`:
+/// `capacity` is the smallest power of two above `size`, node `i`'s children are `2i` and
+/// `2i + 1`, the leaves are `capacity..2 * capacity`), kept as one array of [`Node`]s so that
+/// an update walks one path for both trees: at a million items most nodes are cache misses,
+/// and the two trees side by side take one miss a node instead of two.
+#[derive(Clone, Debug)]
+struct PriorityTrees {
+    size: usize,
+    capacity: usize,
+    nodes: Vec<Node>,
+}
+
+impl PriorityTrees {
+    fn new(size: usize) -> Self {
         let mut capacity = 1usize;
         while capacity <= size {
             capacity <<= 1;
         }
-        SegmentTree {
+        PriorityTrees {
             size,
             capacity,
-            values: vec![identity; 2 * capacity],
-            identity,
-            op,
+            nodes: vec![Node::EMPTY; 2 * capacity],
         }
     }
 
-    fn sum(size: usize) -> Self {
-        SegmentTree::new(size, 0.0, |a, b| a + b)
+    fn node(&self, i: usize) -> Node {
+        self.nodes.get(i).copied().unwrap_or(Node::EMPTY)
     }
 
-    fn min(size: usize) -> Self {
-        SegmentTree::new(size, f32::MAX, f32::min)
-    }
-
+    /// The value stored for item `index` (0 for an item never written).
     fn at(&self, index: usize) -> f32 {
-        self.values
-            .get(index | self.capacity)
-            .copied()
-            .unwrap_or(self.identity)
+        self.node(index | self.capacity).sum
     }
 
-    /// Sets the leaves `(index, value)` (in order: a later value for the same index wins) and
-    /// recomputes their ancestors. The ancestors are recomputed level by level for all the
-    /// leaves at once, so that the reads of the different paths (cache misses in a large tree)
-    /// overlap; the tree is the same as after one leaf-to-root pass per leaf, since every
-    /// node is the operation of its two children either way.
+    /// Writes `value` at each `index` (in order: the last write to an index wins), then
+    /// recomputes each changed parent once, level by level: `(index, value)` pairs from one
+    /// `extend` share most of their ancestors, and a batch's paths overlap near the root.
     fn update_many(&mut self, items: &[(usize, f32)]) {
-        let mut nodes: Vec<usize> = Vec::with_capacity(items.len());
+        let mut changed: Vec<usize> = Vec::with_capacity(items.len());
         for &(index, value) in items {
             let i = index | self.capacity;
-            if let Some(v) = self.values.get_mut(i) {
-                *v = value;
-                nodes.push(i);
+            if let Some(n) = self.nodes.get_mut(i) {
+                *n = Node::leaf(value);
+                changed.push(i);
             }
         }
-        let mut level = self.capacity;
-        while level > 1 {
-            for i in nodes.iter_mut() {
-                let a = self.values.get(*i).copied().unwrap_or(self.identity);
-                let b = self.values.get(*i ^ 1).copied().unwrap_or(self.identity);
-                *i >>= 1;
-                if let Some(p) = self.values.get_mut(*i) {
-                    *p = (self.op)(a, b);
+        changed.sort_unstable();
+        changed.dedup();
+        // every entry is on the same level: the leaves, then their parents, ...
+        while changed.first().is_some_and(|i| *i > 1) {
+            let mut kept = 0;
+            for k in 0..changed.len() {
+                let parent = changed.get(k).copied().unwrap_or(0) >> 1;
+                if kept > 0 && changed.get(kept - 1) == Some(&parent) {
+                    continue;
                 }
+                let joined = Node::join(self.node(2 * parent), self.node(2 * parent + 1));
+                if let Some(p) = self.nodes.get_mut(parent) {
+                    *p = joined;
+                }
+                if let Some(slot) = changed.get_mut(kept) {
+                    *slot = parent;
+                }
+                kept += 1;
             }
-            level >>= 1;
+            changed.truncate(kept);
         }
     }
 
-    /// The reduction over `[l, r)`.
-    fn query(&self, l: usize, r: usize) -> f32 {
+    /// The sum and the min over items `l..r`.
+    fn query(&self, l: usize, r: usize) -> Node {
         if l == 0 && r >= self.size {
-            return self.values.get(1).copied().unwrap_or(self.identity);
+            return self.node(1);
         }
-        let mut ret = self.identity;
+        let mut ret = Node::EMPTY;
         let (mut l, mut r) = (l | self.capacity, r | self.capacity);
         while l < r {
             if l & 1 == 1 {
-                ret = (self.op)(ret, self.values.get(l).copied().unwrap_or(self.identity));
+                ret = Node::join(ret, self.node(l));
                 l += 1;
             }
             if r & 1 == 1 {
                 r -= 1;
-                ret = (self.op)(ret, self.values.get(r).copied().unwrap_or(self.identity));
+                ret = Node::join(ret, self.node(r));
             }
             l >>= 1;
             r >>= 1;
@@ -135,19 +164,18 @@ impl SegmentTree {
         ret
     }
 
-    /// For each of `values`, the smallest index whose prefix sum reaches it (sum trees only;
-    /// `size` for a value above the total). The descents run level by level for all the values
-    /// at once, so that their reads (cache misses in a large tree) overlap; each result is the
-    /// one a descent of its own would give.
+    /// For each mass `v`, the first item whose prefix sum reaches `v` (TorchRL's
+    /// `scan_lower_bound`; `size` when `v` is above the total), every descent one level at a
+    /// time so that the batch's cache misses overlap.
     fn scan_lower_bounds(&self, values: &[f32]) -> Vec<usize> {
-        let total = self.values.get(1).copied().unwrap_or(0.0);
+        let total = self.node(1).sum;
         let mut nodes = vec![1usize; values.len()];
         let mut rest = values.to_vec();
         let mut level = 1usize;
         while level < self.capacity {
             for (node, current) in nodes.iter_mut().zip(rest.iter_mut()) {
                 *node <<= 1;
-                let left = self.values.get(*node).copied().unwrap_or(0.0);
+                let left = self.nodes.get(*node).map_or(0.0, |n| n.sum);
                 if *current > left {
                     *current -= left;
                     *node |= 1;
@@ -176,8 +204,7 @@ pub struct PrioritizedSampler {
     alpha: f64,
     beta: f64,
     eps: f64,
-    sum_tree: SegmentTree,
-    min_tree: SegmentTree,
+    trees: PriorityTrees,
     /// The largest raw priority given so far (TorchRL's `_max_priority`, tracked since the
     /// sampler was made).
     max_priority: Option<f32>,
@@ -211,8 +238,7 @@ impl PrioritizedSampler {
             alpha,
             beta,
             eps: 1e-8,
-            sum_tree: SegmentTree::sum(cap),
-            min_tree: SegmentTree::min(cap),
+            trees: PriorityTrees::new(cap),
             max_priority: None,
             generator: Generator::new(0),
         })
@@ -313,8 +339,7 @@ impl PrioritizedSampler {
             .into_iter()
             .map(|(i, p)| (i, (p + eps).powf(alpha)))
             .collect();
-        self.sum_tree.update_many(&leaves);
-        self.min_tree.update_many(&leaves);
+        self.trees.update_many(&leaves);
         Ok(())
     }
 
@@ -326,7 +351,7 @@ impl PrioritizedSampler {
 
     /// The importance weight of storage index `i` for a storage of `len` items.
     fn weight(&self, i: usize, p_min: f32) -> f32 {
-        (self.sum_tree.at(i) / p_min).powf(-(self.beta as f32))
+        (self.trees.at(i) / p_min).powf(-(self.beta as f32))
     }
 
     /// Samples `batch_size` indices of a storage of `len` items and their importance weights.
@@ -337,8 +362,10 @@ impl PrioritizedSampler {
         let op = "PrioritizedSampler::sample";
         check_args(op, len, batch_size)?;
         let n = usize::try_from(len).unwrap_or(0).min(self.max_capacity);
-        let p_sum = self.sum_tree.query(0, n);
-        let p_min = self.min_tree.query(0, n);
+        let Node {
+            sum: p_sum,
+            min: p_min,
+        } = self.trees.query(0, n);
         if p_sum <= 0.0 || p_min <= 0.0 || n == 0 {
             return Err(Error::invalid(
                 op,
@@ -351,13 +378,13 @@ impl PrioritizedSampler {
         let masses: Vec<f32> = (0..batch_size)
             .map(|_| (self.generator.next_f64() * f64::from(p_sum)) as f32)
             .collect();
-        let found = self.sum_tree.scan_lower_bounds(&masses);
+        let found = self.trees.scan_lower_bounds(&masses);
         let mut indices = Vec::with_capacity(found.len());
         let mut weights = Vec::with_capacity(found.len());
         for i in found {
             let mut i = i.min(n - 1);
             // a zero leaf is never the answer: step back (TorchRL)
-            while self.sum_tree.at(i) == 0.0 && i > 0 {
+            while self.trees.at(i) == 0.0 && i > 0 {
                 i -= 1;
             }
             indices.push(i as i64);
@@ -385,62 +412,88 @@ impl Sampler for PrioritizedSampler {
     }
 
     fn reset(&mut self) {
-        self.sum_tree = SegmentTree::sum(self.max_capacity);
-        self.min_tree = SegmentTree::min(self.max_capacity);
+        self.trees = PriorityTrees::new(self.max_capacity);
         self.max_priority = None;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::SegmentTree;
+    use super::PriorityTrees;
     use crate::rng::Generator;
 
-    /// The one-leaf-at-a-time update (a leaf, then its path to the root).
-    fn update_one(tree: &mut SegmentTree, index: usize, value: f32) {
-        let mut i = index | tree.capacity;
-        if let Some(v) = tree.values.get_mut(i) {
-            *v = value;
-        }
-        while i > 1 {
-            let a = tree.values.get(i).copied().unwrap_or(tree.identity);
-            let b = tree.values.get(i ^ 1).copied().unwrap_or(tree.identity);
-            if let Some(p) = tree.values.get_mut(i >> 1) {
-                *p = (tree.op)(a, b);
-            }
-            i >>= 1;
-        }
+    /// The plain one-path-at-a-time segment tree of TorchRL's `segment_tree.h`, one per
+    /// operation: what the batched, side-by-side trees must equal bit for bit.
+    struct OneTree {
+        capacity: usize,
+        values: Vec<f32>,
+        identity: f32,
+        op: fn(f32, f32) -> f32,
     }
 
-    /// The one-value-at-a-time descent.
-    fn scan_one(tree: &SegmentTree, value: f32) -> usize {
-        if value > tree.values.get(1).copied().unwrap_or(0.0) {
-            return tree.size;
-        }
-        let mut index = 1usize;
-        let mut current = value;
-        while index < tree.capacity {
-            index <<= 1;
-            let left = tree.values.get(index).copied().unwrap_or(0.0);
-            if current > left {
-                current -= left;
-                index |= 1;
+    impl OneTree {
+        fn new(capacity: usize, identity: f32, op: fn(f32, f32) -> f32) -> Self {
+            OneTree {
+                capacity,
+                values: vec![identity; 2 * capacity],
+                identity,
+                op,
             }
         }
-        index ^ tree.capacity
+
+        fn update(&mut self, index: usize, value: f32) {
+            let mut i = index | self.capacity;
+            self.values[i] = value;
+            while i > 1 {
+                let (a, b) = (self.values[i], self.values[i ^ 1]);
+                self.values[i >> 1] = (self.op)(a, b);
+                i >>= 1;
+            }
+        }
+
+        fn scan(&self, value: f32, size: usize) -> usize {
+            if value > self.values[1] {
+                return size;
+            }
+            let mut index = 1usize;
+            let mut current = value;
+            while index < self.capacity {
+                index <<= 1;
+                let left = self.values[index];
+                if current > left {
+                    current -= left;
+                    index |= 1;
+                }
+            }
+            index ^ self.capacity
+        }
+
+        fn query(&self, l: usize, r: usize) -> f32 {
+            (l..r)
+                .map(|i| self.values[i | self.capacity])
+                .fold(self.identity, self.op)
+        }
     }
 
     #[test]
     fn batched_updates_and_descents_match_one_at_a_time() {
         let mut gen = Generator::new(3);
         for size in [1usize, 2, 5, 64, 1000] {
-            let (mut sum, mut min) = (SegmentTree::sum(size), SegmentTree::min(size));
-            let (mut sum1, mut min1) = (SegmentTree::sum(size), SegmentTree::min(size));
+            let mut trees = PriorityTrees::new(size);
+            let mut sum = OneTree::new(trees.capacity, 0.0, |a, b| a + b);
+            let mut min = OneTree::new(trees.capacity, f32::MAX, f32::min);
             for round in 0..20 {
-                // repeated indices included: the last value written wins
-                let items: Vec<(usize, f32)> = (0..(round % 7) * 5 + 1)
-                    .map(|_| {
-                        let i = (gen.next_f64() * size as f64) as usize % size;
+                // repeated indices included: the last value written wins; every third round
+                // writes a contiguous run, as an `extend` does
+                let n = (round % 7) * 5 + 1;
+                let first = (gen.next_f64() * size as f64) as usize % size;
+                let items: Vec<(usize, f32)> = (0..n)
+                    .map(|k| {
+                        let i = if round % 3 == 0 {
+                            (first + k) % size
+                        } else {
+                            (gen.next_f64() * size as f64) as usize % size
+                        };
                         let v = if gen.next_f64() < 0.1 {
                             0.0
                         } else {
@@ -449,27 +502,31 @@ mod tests {
                         (i, v)
                     })
                     .collect();
-                sum.update_many(&items);
-                min.update_many(&items);
+                trees.update_many(&items);
                 for &(i, v) in &items {
-                    update_one(&mut sum1, i, v);
-                    update_one(&mut min1, i, v);
+                    sum.update(i, v);
+                    min.update(i, v);
                 }
-                assert_eq!(
-                    sum.values, sum1.values,
-                    "sum tree, size {size}, round {round}"
-                );
-                assert_eq!(
-                    min.values, min1.values,
-                    "min tree, size {size}, round {round}"
-                );
-                let total = f64::from(sum.query(0, size));
+                let sums: Vec<f32> = trees.nodes.iter().map(|n| n.sum).collect();
+                let mins: Vec<f32> = trees.nodes.iter().map(|n| n.min).collect();
+                assert_eq!(sums, sum.values, "sum tree, size {size}, round {round}");
+                assert_eq!(mins, min.values, "min tree, size {size}, round {round}");
+                let total = f64::from(trees.query(0, size).sum);
                 // masses over [0, 1.1 * total]: some above the total (→ size)
                 let masses: Vec<f32> = (0..33)
                     .map(|_| (gen.next_f64() * 1.1 * total) as f32)
                     .collect();
-                let one: Vec<usize> = masses.iter().map(|m| scan_one(&sum1, *m)).collect();
-                assert_eq!(sum.scan_lower_bounds(&masses), one, "size {size}");
+                let one: Vec<usize> = masses.iter().map(|m| sum.scan(*m, size)).collect();
+                assert_eq!(trees.scan_lower_bounds(&masses), one, "size {size}");
+                // a range query is the fold over its leaves (min exactly; sums to rounding)
+                let (l, r) = (first.min(size / 2), size);
+                let q = trees.query(l, r);
+                assert_eq!(q.min, min.query(l, r), "min over {l}..{r}");
+                let want = sum.query(l, r);
+                assert!(
+                    (q.sum - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "sum {l}..{r}"
+                );
             }
         }
     }
