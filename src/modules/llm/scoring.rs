@@ -48,8 +48,8 @@ use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor};
 
-use super::causal_lm::{CausalLm, LmInput};
-use super::heads::{CausalLmWithHydraValueHead, CausalLmWithValueHead, ValueOutput};
+use super::causal_lm::{CausalLm, ForwardOptions, LmInput};
+use super::heads::{CausalLmWithHydraValueHead, CausalLmWithValueHead};
 use crate::error::{Error, Result, ShapeFmt};
 
 /// What a scorer is asked for besides the log-probs.
@@ -59,6 +59,13 @@ pub struct ScoreRequest {
     pub values: bool,
     /// The exact per-token entropy (a scorer without logits, such as a closure, gives none).
     pub entropy: bool,
+    /// The first position whose log-prob and entropy the caller reads (default 0: every
+    /// position). A model scorer then runs its LM head only on the positions that predict
+    /// those tokens (`scored_from - 1` on) and gives 0 before `scored_from`: for a prompt +
+    /// response batch, the first response position skips the LM head and the log-softmax over
+    /// the prompt, as TRL's `logits_to_keep` does. A scorer may ignore it (a closure) and give
+    /// every position; values are always given at every position.
+    pub scored_from: i64,
 }
 
 impl ScoreRequest {
@@ -72,6 +79,7 @@ impl ScoreRequest {
         ScoreRequest {
             values: true,
             entropy: false,
+            scored_from: 0,
         }
     }
 
@@ -80,8 +88,92 @@ impl ScoreRequest {
         ScoreRequest {
             values: true,
             entropy: true,
+            scored_from: 0,
         }
     }
+
+    /// Sets [`ScoreRequest::scored_from`]: only positions `position..` are read.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Tensor};
+    /// use torchrl::modules::llm::{Gpt2Config, Gpt2Model, ScoreRequest, ScoreTokens};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let cfg = Gpt2Config::new(20).with_n_layer(1).with_n_embd(8).with_n_head(2).with_n_positions(8);
+    /// let model = Gpt2Model::new(&vs.root(), &cfg)?;
+    /// let ids = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).view([1, 6]);
+    /// let mask = ids.ones_like();
+    /// let all = model.score_tokens(&ids, &mask, ScoreRequest::log_probs())?.log_probs;
+    /// let tail = model.score_tokens(&ids, &mask, ScoreRequest::log_probs().scored_from(4))?;
+    /// // positions 4.. as a full forward gives them (the LM head ran on positions 3..), 0 before
+    /// let diff = (tail.log_probs.narrow(1, 4, 2) - all.narrow(1, 4, 2)).abs().max();
+    /// assert!(diff.double_value(&[]) < 1e-6);
+    /// assert_eq!(tail.log_probs.narrow(1, 0, 4).abs().sum(tch::Kind::Float).double_value(&[]), 0.0);
+    /// # Ok(()) }
+    /// ```
+    pub fn scored_from(mut self, position: i64) -> Self {
+        self.scored_from = position;
+        self
+    }
+}
+
+/// The first position an LM head must run on for the log-probs of `scored_from..` (the one
+/// before it), within `0..t`.
+pub(crate) fn head_start(scored_from: i64, t: i64) -> i64 {
+    (scored_from - 1).min(t - 1).max(0)
+}
+
+/// A model's LM head on `last_hidden` `[B, T, hidden]` from position `start` on.
+pub(crate) fn lm_head_from(
+    model: &dyn CausalLm,
+    last_hidden: &Tensor,
+    start: i64,
+) -> Result<Tensor> {
+    if start == 0 {
+        return model.lm_head(last_hidden);
+    }
+    let t = last_hidden.size().get(1).copied().unwrap_or(0);
+    model.lm_head(&last_hidden.f_narrow(1, start, t - start)?)
+}
+
+/// Scores from an LM head run on positions `start..T` ([`lm_head_from`]); the log-probs and
+/// entropy of positions `..=start` are 0, `head_values` (when given) cover every position.
+pub(crate) fn scores_from_head(
+    logits: &Tensor,
+    start: i64,
+    head_values: Option<&Tensor>,
+    tokens: &Tensor,
+    attention_mask: &Tensor,
+    request: ScoreRequest,
+) -> Result<TokenScores> {
+    if start == 0 {
+        return scores_from_logits(logits, head_values, tokens, attention_mask, request);
+    }
+    let [b, t] = match tokens.size().as_slice() {
+        [b, t] => [*b, *t],
+        _ => return Err(Error::invalid("score_tokens", "tokens must be [B, T]")),
+    };
+    let keep = t - start;
+    let tail = scores_from_logits(
+        logits,
+        None,
+        &tokens.f_narrow(1, start, keep)?,
+        &attention_mask.f_narrow(1, start, keep)?,
+        request,
+    )?;
+    let pad = |x: Tensor| -> Result<Tensor> {
+        let zeros = Tensor::f_zeros([b, start], (x.kind(), x.device()))?;
+        Ok(Tensor::f_cat(&[&zeros, &x], 1)?)
+    };
+    let values = match head_values {
+        Some(v) if request.values => Some(align_values_to_tokens(v)?),
+        _ => None,
+    };
+    Ok(TokenScores {
+        log_probs: pad(tail.log_probs)?,
+        values,
+        entropy: tail.entropy.map(pad).transpose()?,
+    })
 }
 
 /// What a scorer returns: `[B, T]` each, aligned with the tokens (see the [module docs](self)).
@@ -198,9 +290,20 @@ pub(crate) fn score_model(
 ) -> Result<TokenScores> {
     check_inputs("CausalLm::score_tokens", tokens, attention_mask)?;
     let input = LmInput::new(tokens).with_attention_mask(attention_mask);
-    let logits = model.forward(&input, None)?.logits()?;
-    scores_from_logits(&logits, None, tokens, attention_mask, request)
+    let start = head_start(
+        request.scored_from,
+        tokens.size().get(1).copied().unwrap_or(0),
+    );
+    let out = model.forward_with(&input, None, TRUNK_ONLY)?;
+    let logits = lm_head_from(model, &out.last_hidden, start)?;
+    scores_from_head(&logits, start, None, tokens, attention_mask, request)
 }
+
+/// A forward without the LM head (the scorers run it on the positions they need).
+const TRUNK_ONLY: ForwardOptions = ForwardOptions {
+    logits: false,
+    capture_block_input: None,
+};
 
 impl ScoreTokens for dyn CausalLm + '_ {
     fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
@@ -212,22 +315,6 @@ impl ScoreTokens for dyn CausalLm + '_ {
     }
 }
 
-/// A value-head output's scores.
-pub(crate) fn scores_from_value_output(
-    out: &ValueOutput,
-    tokens: &Tensor,
-    attention_mask: &Tensor,
-    request: ScoreRequest,
-) -> Result<TokenScores> {
-    scores_from_logits(
-        &out.logits,
-        Some(&out.values),
-        tokens,
-        attention_mask,
-        request,
-    )
-}
-
 impl ScoreTokens for CausalLmWithValueHead {
     /// One trunk pass. The value head runs only when values are asked for.
     fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
@@ -235,8 +322,12 @@ impl ScoreTokens for CausalLmWithValueHead {
             return score_model(self.model(), t, m, r);
         }
         check_inputs("CausalLmWithValueHead::score_tokens", t, m)?;
-        let out = self.forward(&LmInput::new(t).with_attention_mask(m))?;
-        scores_from_value_output(&out, t, m, r)
+        let model = self.model();
+        let out = model.forward_with(&LmInput::new(t).with_attention_mask(m), None, TRUNK_ONLY)?;
+        let values = self.v_head().forward(&out.last_hidden)?.f_squeeze_dim(-1)?;
+        let start = head_start(r.scored_from, t.size().get(1).copied().unwrap_or(0));
+        let logits = lm_head_from(model, &out.last_hidden, start)?;
+        scores_from_head(&logits, start, Some(&values), t, m, r)
     }
 
     fn generating_model(&self) -> Option<&dyn CausalLm> {

@@ -42,9 +42,10 @@ use std::str::FromStr;
 
 use tch::{Kind, Tensor};
 
+use super::gae::mask_span;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
-use crate::modules::llm::ScoreTokens;
+use crate::modules::llm::{ScoreRequest, ScoreTokens};
 use crate::objectives::common::{parse_named, LossModule, LossOutput};
 use crate::tensordict::{AsKey, Entry, NestedKey, TensorDict};
 
@@ -598,7 +599,16 @@ impl<M: ScoreTokens> DpoLoss<M> {
         } else {
             reference.shallow_clone()
         };
-        let lp = self.model.token_log_probs(tokens, attention_mask)?;
+        // the LM head runs from the first completion token on (TRL's `logits_to_keep`)
+        let first = mask_span(&completion_mask.f_ne(0)?)?.map_or(0, |(first, _)| first);
+        let lp = self
+            .model
+            .score_tokens(
+                tokens,
+                attention_mask,
+                ScoreRequest::log_probs().scored_from(first),
+            )?
+            .log_probs;
         let (policy, lengths) = sequence_log_probs(&lp, completion_mask)?;
         Ok(Side {
             policy,

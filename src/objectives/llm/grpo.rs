@@ -48,6 +48,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
+use super::gae::mask_span;
 use super::masked::floating;
 use super::ppo::read_bt;
 use crate::error::{Error, Result, ShapeFmt};
@@ -928,9 +929,12 @@ impl<M: ScoreTokens> LossModule for GrpoLoss<M> {
             Some(_) => Some(read_bt(OP, td, &k.ref_log_probs, s)?),
             None => None,
         };
+        // the LM head runs from the first response token on (TRL's `logits_to_keep`): the
+        // loss reads no position before it
         let request = ScoreRequest {
             values: false,
             entropy: self.config.entropy_coeff.is_some(),
+            scored_from: mask_span(&mask.f_ne(0)?)?.map_or(0, |(first, _)| first),
         };
         let scores = self.model.score_tokens(&tokens, &attention_mask, request)?;
         let (log_probs, entropy) = (scores.log_probs, scores.entropy);

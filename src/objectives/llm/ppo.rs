@@ -75,7 +75,8 @@ use crate::macros::setters;
 use crate::modules::llm::keys::{
     ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY,
 };
-use crate::modules::llm::ScoreTokens;
+use crate::modules::llm::scoring::require_values;
+use crate::modules::llm::{ScoreRequest, ScoreTokens};
 use crate::objectives::common::{LossModule, LossOutput};
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -775,7 +776,14 @@ impl<M: ScoreTokens> LossModule for PpoRlhfLoss<M> {
         let old_values = read_bt(OP, td, &k.values, s)?;
         let advantages = read_bt(OP, td, &k.advantage, s)?;
         let returns = read_bt(OP, td, &k.value_target, s)?;
-        let (log_probs, values) = self.model.log_probs_and_values(&tokens, &attention_mask)?;
+        // the LM head runs from the first response token on: the loss reads no position before
+        let first = mask_span(&mask.f_ne(0)?)?.map_or(0, |(first, _)| first);
+        let scores = self.model.score_tokens(
+            &tokens,
+            &attention_mask,
+            ScoreRequest::values().scored_from(first),
+        )?;
+        let (log_probs, values) = (scores.log_probs, require_values(scores.values)?);
         for (key, t) in [("policy log_probs", &log_probs), ("policy values", &values)] {
             if t.size() != shape {
                 return Err(Error::ShapeMismatch {

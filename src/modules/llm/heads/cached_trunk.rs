@@ -2,11 +2,11 @@
 
 use tch::Tensor;
 
-use super::value::{CausalLmWithValueHead, ValueOutput};
+use super::value::CausalLmWithValueHead;
 use crate::error::{Error, Result, ShapeFmt};
-use crate::modules::llm::causal_lm::CausalLm;
+use crate::modules::llm::causal_lm::{run_from_block, CausalLm};
 use crate::modules::llm::scoring::{
-    scores_from_value_output, ScoreRequest, ScoreTokens, TokenScores,
+    head_start, lm_head_from, scores_from_head, ScoreRequest, ScoreTokens, TokenScores,
 };
 
 /// A hydra policy whose frozen trunk was already run: the trunk's output `hidden`
@@ -58,7 +58,8 @@ impl<'a> CachedTrunk<'a> {
         }
     }
 
-    fn forward(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<ValueOutput> {
+    /// The policy's final hidden state from the cached trunk output.
+    fn last_hidden(&self, tokens: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         let size = tokens.size();
         if self.hidden.size().get(..2) != Some(size.as_slice()) {
             return Err(Error::value(
@@ -71,15 +72,36 @@ impl<'a> CachedTrunk<'a> {
                 ShapeFmt(&size).to_string(),
             ));
         }
-        self.policy
-            .forward_from_block(&self.hidden, self.start, Some(attention_mask))
+        let model = self.policy.model();
+        run_from_block(
+            model.facts().hidden_size,
+            model.decoder(),
+            &self.hidden,
+            self.start,
+            Some(attention_mask),
+        )
     }
 }
 
 impl ScoreTokens for CachedTrunk<'_> {
+    /// The policy's scores from the cached trunk; the LM head runs from
+    /// [`ScoreRequest::scored_from`] on, the value head only when values are asked for.
     fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
-        let out = self.forward(t, m)?;
-        scores_from_value_output(&out, t, m, r)
+        let last_hidden = self.last_hidden(t, m)?;
+        let model = self.policy.model();
+        let start = head_start(r.scored_from, t.size().get(1).copied().unwrap_or(0));
+        let logits = lm_head_from(model, &last_hidden, start)?;
+        let values = if r.values {
+            Some(
+                self.policy
+                    .v_head()
+                    .forward(&last_hidden)?
+                    .f_squeeze_dim(-1)?,
+            )
+        } else {
+            None
+        };
+        scores_from_head(&logits, start, values.as_ref(), t, m, r)
     }
 
     fn generating_model(&self) -> Option<&dyn CausalLm> {
