@@ -21,10 +21,8 @@ use crate::modules::llm::keys::{
     ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, PROMPT_KEY,
     PROMPT_MASK_KEY, REF_LOG_PROBS_KEY, RESPONSE_KEY,
 };
-use crate::modules::llm::{align_values_to_tokens, check_tokenizer_fits, CachedTrunk, ScoreTokens};
-use crate::modules::llm::{
-    token_log_probs, CausalLmWithHydraValueHead, GenerationConfig, LmInput, TextTokenizer,
-};
+use crate::modules::llm::{check_tokenizer_fits, CachedTrunk, ScoreTokens};
+use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
 
@@ -106,15 +104,17 @@ pub(crate) struct PolicyStep {
 /// then **one trunk pass** of the hydra model over prompt + response writes `("log_probs",
 /// "full")` (the policy's, from raw logits), `("ref_log_probs", "full")` (the frozen
 /// reference's) and `"values"`, all without gradient; with [`PolicyStep::keep_trunk`], also
-/// the frozen trunk's output.
+/// the frozen trunk's output. Both log-probs are in
+/// [`token_log_probs`](crate::modules::llm::token_log_probs)' layout on the response and 0
+/// on the prompt: the LM heads run from the first response position on
+/// ([`ScoreRequest::scored_from`](crate::modules::llm::ScoreRequest::scored_from)), as no
+/// consumer of a rollout reads a prompt token's log-prob (the losses, the KL penalty and the
+/// statistics take the assistant tokens).
 ///
 /// With [`PolicyStep::sampler_log_probs`], when the sampler's log-probs are the model's
 /// ([`GenerationConfig::log_probs_are_the_models`]: temperature 1 or greedy, a float32 /
-/// float64 model, no dropout), `("log_probs", "full")` is the sampler's instead, laid out as
-/// [`token_log_probs`] lays out the recomputed ones on the response (0 where the token or the
-/// one before it is padding) and 0 on the prompt (where the recomputation has the prompt
-/// tokens' log-probs, which no consumer of a GRPO rollout reads: its loss and statistics take
-/// the assistant tokens);
+/// float64 model, no dropout), `("log_probs", "full")` is the sampler's instead, in the same
+/// layout;
 /// the pass then runs the reference's side only
 /// ([`CausalLmWithHydraValueHead::forward_reference`]: not the policy's upper blocks, LM head
 /// or value head) and writes no `"values"`.
@@ -134,31 +134,32 @@ pub(crate) fn hydra_policy_step(
     let _guard = tch::no_grad_guard();
     let tokens = td.get_or_err(FULL_KEY)?.shallow_clone();
     let mask = td.get_or_err(ATTENTION_MASK_KEY)?.shallow_clone();
-    let input = LmInput::new(&tokens).with_attention_mask(&mask);
-    if sampler {
-        let lp = mask_like_token_log_probs(td.get_or_err(FULL_LOG_PROBS_KEY)?, &mask)?;
-        let out = model.forward_reference(&input)?;
-        let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
-        td.set(FULL_LOG_PROBS_KEY, lp)?;
-        td.set(REF_LOG_PROBS_KEY, ref_lp)?;
-        if let (true, Some(trunk)) = (step.keep_trunk, out.trunk) {
-            td.set(CachedTrunk::KEY, trunk)?;
-        }
-        return Ok(td);
-    }
-    let out = model.forward(&input)?;
-    let lp = token_log_probs(&out.logits, &tokens, Some(&mask))?;
-    let ref_lp = token_log_probs(&out.ref_logits, &tokens, Some(&mask))?;
+    // every LM head from the first response position on (the prompts' width): no consumer
+    // of a rollout reads a prompt token's log-prob
+    let response_start = td
+        .get_or_err(PROMPT_KEY)?
+        .size()
+        .get(1)
+        .copied()
+        .unwrap_or(0);
+    let scores = model.rollout_scores(&tokens, &mask, response_start, !sampler)?;
+    let lp = match scores.log_probs {
+        Some(lp) => lp,
+        None => mask_like_token_log_probs(td.get_or_err(FULL_LOG_PROBS_KEY)?, &mask)?,
+    };
     td.set(FULL_LOG_PROBS_KEY, lp)?;
-    td.set(REF_LOG_PROBS_KEY, ref_lp)?;
-    td.set("values", align_values_to_tokens(&out.values)?)?;
-    if let (true, Some(trunk)) = (step.keep_trunk, out.trunk) {
+    td.set(REF_LOG_PROBS_KEY, scores.ref_log_probs)?;
+    if let Some(values) = scores.values {
+        td.set("values", values)?;
+    }
+    if let (true, Some(trunk)) = (step.keep_trunk, scores.trunk) {
         td.set(CachedTrunk::KEY, trunk)?;
     }
     Ok(td)
 }
 
-/// `lp` `[B, T]` with [`token_log_probs`]' masking under `mask` `[B, T]`: 0 at `t = 0` and
+/// `lp` `[B, T]` with [`token_log_probs`](crate::modules::llm::token_log_probs)' masking
+/// under `mask` `[B, T]`: 0 at `t = 0` and
 /// wherever the token or the one before it is padding.
 fn mask_like_token_log_probs(lp: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let (b, t) = mask.size2()?;

@@ -17,7 +17,9 @@ use crate::modules::llm::keys::LlmKeys;
 use crate::modules::llm::lora::lora_switch;
 use crate::modules::llm::nn::LoraSwitch;
 use crate::modules::llm::nn::{copy_var, Decoder};
-use crate::modules::llm::scoring::token_log_probs;
+use crate::modules::llm::scoring::{
+    head_start, lm_head_from, scores_from_head, token_log_probs, ScoreRequest,
+};
 use crate::modules::TensorDictModule;
 use crate::tensordict::{NestedKey, TensorDict};
 
@@ -77,7 +79,21 @@ impl ModelBranch {
     /// enters block [`ModelBranch::start_block`] (mask as in the policy's forward, without a
     /// cache).
     pub fn forward(&self, hidden: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
-        let h = run_from_block(self.hidden_size, &self.decoder, hidden, 0, attention_mask)?;
+        self.forward_from(hidden, attention_mask, 0)
+    }
+
+    /// [`ModelBranch::forward`] with the LM head on positions `start..` only.
+    fn forward_from(
+        &self,
+        hidden: &Tensor,
+        attention_mask: Option<&Tensor>,
+        start: i64,
+    ) -> Result<Tensor> {
+        let mut h = run_from_block(self.hidden_size, &self.decoder, hidden, 0, attention_mask)?;
+        if start > 0 {
+            let t = h.size().get(1).copied().unwrap_or(0);
+            h = h.f_narrow(1, start, t - start)?;
+        }
         Ok(h.f_matmul(&self.lm_head.f_transpose(0, 1)?)?)
     }
 
@@ -125,6 +141,19 @@ pub struct HydraOutput {
     /// [`CausalLmWithHydraValueHead::frozen_trunk_end`]), detached; `None` for a full-copy
     /// reference (nothing is frozen then).
     pub trunk: Option<Tensor>,
+}
+
+/// What [`CausalLmWithHydraValueHead::rollout_scores`] returns, `[B, T]` each.
+#[derive(Debug)]
+pub(crate) struct RolloutScores {
+    /// The policy's log-probs, when asked for.
+    pub(crate) log_probs: Option<Tensor>,
+    /// The policy's values, aligned with the tokens, when the policy was asked for.
+    pub(crate) values: Option<Tensor>,
+    /// The reference's log-probs.
+    pub(crate) ref_log_probs: Tensor,
+    /// The frozen trunk's output (as [`HydraOutput::trunk`]).
+    pub(crate) trunk: Option<Tensor>,
 }
 
 /// What [`CausalLmWithHydraValueHead::forward_reference`] returns: the reference's logits and
@@ -354,7 +383,7 @@ impl CausalLmWithHydraValueHead {
             Some(h) => Some(h.f_detach()?),
             None => None,
         };
-        let ref_logits = self.reference_logits(input, branch_input)?;
+        let ref_logits = self.reference_logits(input, branch_input, 0)?;
         let policy = self.policy.finish(out)?;
         Ok(HydraOutput {
             logits: policy.logits,
@@ -409,6 +438,12 @@ impl CausalLmWithHydraValueHead {
     /// # Errors
     /// As [`forward`](Self::forward).
     pub fn forward_reference(&self, input: &LmInput<'_>) -> Result<ReferenceOutput> {
+        self.forward_reference_from(input, 0)
+    }
+
+    /// [`forward_reference`](Self::forward_reference) with the reference's LM head on
+    /// positions `start..` only (`ref_logits` `[B, T − start, vocab]`).
+    fn forward_reference_from(&self, input: &LmInput<'_>, start: i64) -> Result<ReferenceOutput> {
         // every output is detached: record no graph
         let _guard = tch::no_grad_guard();
         match &self.reference {
@@ -418,28 +453,104 @@ impl CausalLmWithHydraValueHead {
                     .model()
                     .forward_to_block(input, b.start_block())?;
                 let trunk = h.f_detach()?;
-                let ref_logits = self.reference_logits(input, Some(h))?;
+                let ref_logits = self.reference_logits(input, Some(h), start)?;
                 Ok(ReferenceOutput {
                     ref_logits,
                     trunk: Some(trunk),
                 })
             }
             Reference::Full(_) | Reference::AdaptersOff(_) => Ok(ReferenceOutput {
-                ref_logits: self.reference_logits(input, None)?,
+                ref_logits: self.reference_logits(input, None, start)?,
                 trunk: None,
             }),
         }
     }
 
+    /// The scores a rollout stores, from one pass (no gradient): the reference's log-probs
+    /// and, with `policy`, the policy's log-probs and values (`align_values_to_tokens`'
+    /// layout), as [`ScoreTokens`](crate::modules::llm::ScoreTokens) lays them out, with
+    /// every LM head run only from [`ScoreRequest::scored_from`] = `scored_from` on (the
+    /// log-probs before it are 0; the values cover every position); the frozen trunk's output
+    /// as [`forward`](Self::forward) gives it.
+    pub(crate) fn rollout_scores(
+        &self,
+        tokens: &Tensor,
+        mask: &Tensor,
+        scored_from: i64,
+        policy: bool,
+    ) -> Result<RolloutScores> {
+        let _guard = tch::no_grad_guard();
+        let input = LmInput::new(tokens).with_attention_mask(mask);
+        let start = head_start(scored_from, tokens.size().get(1).copied().unwrap_or(0));
+        let log_probs = |logits: &Tensor, values: Option<&Tensor>, request: ScoreRequest| {
+            scores_from_head(logits, start, values, tokens, mask, request)
+        };
+        if !policy {
+            let out = self.forward_reference_from(&input, start)?;
+            return Ok(RolloutScores {
+                log_probs: None,
+                values: None,
+                ref_log_probs: log_probs(&out.ref_logits, None, ScoreRequest::log_probs())?
+                    .log_probs,
+                trunk: out.trunk,
+            });
+        }
+        let model = self.policy.model();
+        let out = model.forward_with(
+            &input,
+            None,
+            ForwardOptions {
+                logits: false,
+                capture_block_input: self.frozen_trunk_end(),
+            },
+        )?;
+        let trunk = match &out.block_input {
+            Some(h) => Some(h.f_detach()?),
+            None => None,
+        };
+        let ref_logits = self.reference_logits(&input, out.block_input, start)?;
+        let values = self
+            .policy
+            .v_head()
+            .forward(&out.last_hidden)?
+            .f_squeeze_dim(-1)?;
+        let logits = lm_head_from(model, &out.last_hidden, start)?;
+        let scores = log_probs(&logits, Some(&values), ScoreRequest::values())?;
+        Ok(RolloutScores {
+            log_probs: Some(scores.log_probs),
+            values: scores.values,
+            ref_log_probs: log_probs(&ref_logits, None, ScoreRequest::log_probs())?.log_probs,
+            trunk,
+        })
+    }
+
+    /// The reference's logits, its LM head on positions `start..` (0: all).
     fn reference_logits(
         &self,
         input: &LmInput<'_>,
         branch_input: Option<Tensor>,
+        start: i64,
     ) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
+        let trunk_only = ForwardOptions {
+            logits: false,
+            capture_block_input: None,
+        };
         let logits = match (&self.reference, branch_input) {
-            (Reference::Branch(b), Some(h)) => b.forward(&h.f_detach()?, input.attention_mask)?,
+            (Reference::Branch(b), Some(h)) => {
+                b.forward_from(&h.f_detach()?, input.attention_mask, start)?
+            }
+            (Reference::Full(m), _) if start > 0 => {
+                let h = m.forward_with(input, None, trunk_only)?.last_hidden;
+                lm_head_from(m.as_ref(), &h, start)?
+            }
             (Reference::Full(m), _) => m.forward(input, None)?.logits()?,
+            // the LM head inside the switch too: an adapter may sit on it
+            (Reference::AdaptersOff(switch), _) if start > 0 => switch.disabled(|| {
+                let model = self.policy.model();
+                let h = model.forward_with(input, None, trunk_only)?.last_hidden;
+                lm_head_from(model, &h, start)
+            })?,
             (Reference::AdaptersOff(switch), _) => switch
                 .disabled(|| self.policy.model().forward(input, None))?
                 .logits()?,
@@ -479,5 +590,110 @@ impl TensorDictModule for CausalLmWithHydraValueHead {
         td.set(&keys.values, out.values)?;
         td.set(&keys.ref_log_probs, ref_lp)?;
         Ok(td)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::nn::VarStore;
+    use tch::{Device, Kind, Tensor};
+
+    use super::CausalLmWithHydraValueHead;
+    use crate::modules::llm::lora::inject_adapter;
+    use crate::modules::llm::{
+        align_values_to_tokens, token_log_probs, CausalLmConfig, Gpt2Config, LmInput, LoraConfig,
+    };
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    /// `narrow` equals `full` from `from` on (to 1e-6) and is 0 before.
+    fn check(name: &str, narrow: &Tensor, full: &Tensor, from: i64) {
+        let t = full.size()[1];
+        assert_eq!(narrow.size(), full.size(), "{name}");
+        let d = max_diff(
+            &narrow.narrow(1, from, t - from),
+            &full.narrow(1, from, t - from),
+        );
+        assert!(d <= 1e-6, "{name}: positions {from}.. differ by {d}");
+        let head = narrow
+            .narrow(1, 0, from)
+            .abs()
+            .sum(Kind::Double)
+            .double_value(&[]);
+        assert_eq!(head, 0.0, "{name}: the prompt's log-probs are not 0");
+    }
+
+    #[test]
+    fn rollout_scores_equal_a_full_forward_on_the_response() {
+        tch::manual_seed(4);
+        let cfg = Gpt2Config::new(40)
+            .with_n_layer(3)
+            .with_n_embd(16)
+            .with_n_head(2)
+            .with_n_positions(16);
+        let vs = VarStore::new(Device::Cpu);
+        let branch = CausalLmWithHydraValueHead::new(&(vs.root() / "b"), &cfg, 1).unwrap();
+        let full_copy = CausalLmWithHydraValueHead::new(&(vs.root() / "f"), &cfg, -1).unwrap();
+        let mut model = cfg.build(&(vs.root() / "l")).unwrap();
+        inject_adapter(model.as_mut(), &(vs.root() / "lora"), &LoraConfig::new(2)).unwrap();
+        let adapters =
+            CausalLmWithHydraValueHead::with_adapters_off_reference(&(vs.root() / "l"), model)
+                .unwrap();
+        // move every trained parameter, so that no policy is its reference
+        tch::no_grad(|| {
+            for p in vs.trainable_variables() {
+                let _ = p.shallow_clone().g_add_(&(p.randn_like() * 0.2));
+            }
+        });
+        // a left-padded prompt of 4, a response of 5 (the second row right-padded)
+        let tokens = Tensor::from_slice(&[
+            0i64, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 0,
+        ])
+        .view([2, 9]);
+        let mask = Tensor::from_slice(&[0i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0])
+            .view([2, 9]);
+        let input = LmInput::new(&tokens).with_attention_mask(&mask);
+        for (name, m) in [
+            ("branch", &branch),
+            ("full copy", &full_copy),
+            ("adapters off", &adapters),
+        ] {
+            let full = tch::no_grad(|| m.forward(&input)).unwrap();
+            let lp = token_log_probs(&full.logits, &tokens, Some(&mask)).unwrap();
+            let ref_lp = token_log_probs(&full.ref_logits, &tokens, Some(&mask)).unwrap();
+            assert!(
+                max_diff(&lp, &ref_lp) > 1e-4,
+                "{name}: the policy is its reference"
+            );
+            let s = m.rollout_scores(&tokens, &mask, 4, true).unwrap();
+            check(
+                &format!("{name}: policy"),
+                s.log_probs.as_ref().unwrap(),
+                &lp,
+                4,
+            );
+            check(&format!("{name}: reference"), &s.ref_log_probs, &ref_lp, 4);
+            let values = align_values_to_tokens(&full.values).unwrap();
+            assert_eq!(max_diff(s.values.as_ref().unwrap(), &values), 0.0, "{name}");
+            assert_eq!(s.trunk.is_some(), full.trunk.is_some(), "{name}: trunk");
+            if let (Some(a), Some(b)) = (&s.trunk, &full.trunk) {
+                assert_eq!(max_diff(a, b), 0.0, "{name}: trunk");
+            }
+            // the reference's side alone
+            let r = m.rollout_scores(&tokens, &mask, 4, false).unwrap();
+            assert!(r.log_probs.is_none() && r.values.is_none());
+            check(
+                &format!("{name}: reference alone"),
+                &r.ref_log_probs,
+                &ref_lp,
+                4,
+            );
+            // from 0: every position, bitwise a full forward's
+            let all = m.rollout_scores(&tokens, &mask, 0, true).unwrap();
+            assert!(all.log_probs.unwrap().equal(&lp), "{name}");
+            assert!(all.ref_log_probs.equal(&ref_lp), "{name}");
+        }
     }
 }
