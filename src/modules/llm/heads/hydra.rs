@@ -92,7 +92,8 @@ impl ModelBranch {
         let mut h = run_from_block(self.hidden_size, &self.decoder, hidden, 0, attention_mask)?;
         if start > 0 {
             let t = h.size().get(1).copied().unwrap_or(0);
-            h = h.f_narrow(1, start, t - start)?;
+            // contiguous, as `lm_head_from`'s (one folded mm, not a bmm over the batch)
+            h = h.f_narrow(1, start, t - start)?.f_contiguous()?;
         }
         Ok(h.f_matmul(&self.lm_head.f_transpose(0, 1)?)?)
     }
