@@ -1,4 +1,4 @@
-//! W19–W21: the Qwen2.5-0.5B shape (24 blocks × 896, 14 heads over 2 key-value heads, head 64,
+//! W19–W22, W28: the Qwen2.5-0.5B shape (24 blocks × 896, 14 heads over 2 key-value heads, head 64,
 //! MLP 4,864, vocabulary 151,936, tied embeddings, q/k/v biases, rope θ 10⁶), random init, the
 //! Rust half of the side-by-side with `transformers` and TRL 1.16
 //! (`benches/python/qwen_baseline.py`: same config, same shapes, same threads).
@@ -24,8 +24,17 @@
 //!   PEFT's configuration; with `TORCHRL_BENCH_BF16=1` every variable is made in bfloat16 (AdamW
 //!   trains the adapters and the value head through float32 masters). `TORCHRL_BENCH_CKPT=1` turns on gradient checkpointing (for the
 //!   full-parameter step's memory with and without it).
+//! - W28, one PPO-RLHF iteration (`PpoRlhfTrainer::iteration`, trlX's shape): 8 prompts of 8
+//!   random letters, 16 sampled new tokens, the rollout's log-probs, values and reference
+//!   log-probs, a reward model of the same shape with a score head (its own seed, frozen; TRL's
+//!   `AutoModelForSequenceClassification`), KL-penalised rewards (β 0.05), GAE, then 4 PPO
+//!   epochs of one minibatch of 8 (AdamW at 3e-6, TRL's default). The same variants as W22
+//!   (`TORCHRL_BENCH_LORA`, `TORCHRL_BENCH_BF16`, `TORCHRL_BENCH_UNFROZEN`); the side by side
+//!   is TRL 1.10's `PPOTrainer` (the last TRL with PPO) with PEFT, which keeps a separate value
+//!   model of the policy's shape where ours is trlX's value head on the policy's trunk.
+//!   Seconds per iteration after a warm-up one.
 //!
-//! `TORCHRL_BENCH_QWEN=generate|forward|grpo` picks one workload (default all three; one per
+//! `TORCHRL_BENCH_QWEN=generate|forward|grpo|ppo` picks one workload (default all four; one per
 //! process gives each its own peak RSS), `TORCHRL_BENCH_THREADS` (default 2). Prints
 //! `W<name>\t<ops/s>` lines and `#` lines with the details and the peak RSS.
 
@@ -37,16 +46,18 @@ use std::time::Instant;
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
+use torchrl::envs::llm::{RewardModelScorer, TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::LlamaConfig;
 use torchrl::modules::llm::{
-    generate, ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, GenerationConfig, LmInput,
-    LoraConfig,
+    generate, ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, CausalLmWithScoreHead,
+    GenerationConfig, LmInput, LoraConfig,
 };
 use torchrl::trainers::api::Callbacks;
-use torchrl::trainers::config::{GenKwargs, ModelConfig};
+use torchrl::trainers::config::{GenKwargs, ModelConfig, ScaleReward, TrlConfig};
 use torchrl::trainers::grpo::{GrpoLossType, GrpoTrainer, GrpoTrlConfig, ScaleRewards};
+use torchrl::trainers::on_policy::IterationStats;
 use torchrl::trainers::policy::hydra_policy;
+use torchrl::trainers::ppo::PpoRlhfTrainer;
 use torchrl::{Generator, Result};
 
 const VOCAB: i64 = 151_936;
@@ -158,19 +169,17 @@ struct Variant {
     checkpointing: bool,
 }
 
-fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
-    const GENERATIONS: usize = 4;
-    const ROLLOUTS: usize = 8;
-    const NEW_TOKENS: usize = 16;
+/// The policy of the W21 / W22 / W28 rows: the Qwen shape from `tch::manual_seed(0)` (every
+/// variable made in bfloat16 when `v.bf16`: no float32 copy of the model ever exists; the
+/// adapters and the value head too, trained through AdamW's float32 masters), with LoRA, the
+/// hydra split and checkpointing as `v` and `unfrozen` say.
+fn policy(unfrozen: i64, v: Variant) -> Result<(VarStore, CausalLmWithHydraValueHead)> {
     tch::manual_seed(0);
-    let cfg = qwen05b();
     let mut vs = VarStore::new(Device::Cpu);
     if v.bf16 {
-        // every variable is made in bf16 (no float32 copy of the model ever exists; the
-        // adapters and the value head too, trained through AdamW's float32 masters)
         vs.set_kind(Kind::BFloat16);
     }
-    let base = cfg.build(&vs.root())?;
+    let base = qwen05b().build(&vs.root())?;
     let model_cfg = ModelConfig {
         num_layers_unfrozen: unfrozen,
         peft_config: (v.lora > 0).then(|| {
@@ -182,11 +191,60 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
         ..ModelConfig::default()
     };
     let model = hydra_policy(&vs.root(), base, &model_cfg)?;
+    Ok((vs, model))
+}
+
+/// `prefix` with the variant's suffixes (`_lora16`, `_hydra2`, `_bf16`, `_ckpt`).
+fn row_name(prefix: &str, unfrozen: i64, v: Variant) -> String {
+    let mut name = prefix.to_string();
+    if v.lora > 0 {
+        name.push_str(&format!("_lora{}", v.lora));
+    } else if unfrozen >= 0 {
+        name.push_str(&format!("_hydra{unfrozen}"));
+    }
+    if v.bf16 {
+        name.push_str("_bf16");
+    }
+    if v.checkpointing {
+        name.push_str("_ckpt");
+    }
+    name
+}
+
+/// `count` prompts of 8 lowercase letters (the Python side's prompts, as byte ids).
+fn letter_prompts(count: usize) -> Vec<Vec<i64>> {
     let mut rng = Generator::new(2);
-    let groups = ROLLOUTS / GENERATIONS;
-    let prompts: Vec<Vec<i64>> = (0..groups * (iters + 3))
+    (0..count)
         .map(|_| (0..8).map(|_| 97 + rng.below(26) as i64).collect())
-        .collect();
+        .collect()
+}
+
+/// Runs `iters` timed iterations after a warm-up one; per optimizer step (`steps` per
+/// iteration): the times, the rollout times and the update times.
+fn time_iterations(
+    iters: usize,
+    steps: usize,
+    mut iteration: impl FnMut() -> Result<IterationStats>,
+) -> Result<[Vec<f64>; 3]> {
+    iteration()?; // warm-up, as the Python side
+    let (mut per_step, mut rollout, mut update) = (vec![], vec![], vec![]);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let s = iteration()?;
+        per_step.push(t0.elapsed().as_secs_f64() / steps as f64);
+        rollout.push(s.rollout_s);
+        update.push(s.update_s / steps as f64);
+    }
+    Ok([per_step, rollout, update])
+}
+
+fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
+    const GENERATIONS: usize = 4;
+    const ROLLOUTS: usize = 8;
+    const NEW_TOKENS: usize = 16;
+    let cfg = qwen05b();
+    let (_vs, model) = policy(unfrozen, v)?;
+    let prompts = letter_prompts(ROLLOUTS / GENERATIONS * (iters + 3));
     let mut c = GrpoTrlConfig::default();
     c.train.seq_length = 24;
     c.train.epochs = iters + 3; // never the last step: no final evaluate + save inside the timing
@@ -221,35 +279,86 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     let env = TokenEnv::new(env_cfg, prompts, Box::new(TokenScorer::new(even)))?;
     let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?;
     let mut callbacks = Callbacks::new();
-    trainer.iteration(&mut callbacks)?; // warm-up, as the Python side
-    let (mut per_step, mut rollout, mut update) = (vec![], vec![], vec![]);
-    for _ in 0..iters {
-        let t0 = Instant::now();
-        let s = trainer.iteration(&mut callbacks)?;
-        per_step.push(t0.elapsed().as_secs_f64() / steps_per_iteration as f64);
-        rollout.push(s.rollout_s);
-        update.push(s.update_s / steps_per_iteration as f64);
-    }
+    let [per_step, rollout, update] = time_iterations(iters, steps_per_iteration, || {
+        trainer.iteration(&mut callbacks)
+    })?;
     let (best, median) = best_median(&per_step);
-    let mut name = if v.lora > 0 {
-        format!("W22_grpo_step_qwen05b_lora{}", v.lora)
-    } else if unfrozen < 0 {
-        "W21_grpo_step_qwen05b".to_string()
+    let prefix = if v.lora > 0 {
+        "W22_grpo_step_qwen05b"
     } else {
-        format!("W21_grpo_step_qwen05b_hydra{unfrozen}")
+        "W21_grpo_step_qwen05b"
     };
-    if v.bf16 {
-        name.push_str("_bf16");
-    }
-    if v.checkpointing {
-        name.push_str("_ckpt");
-    }
+    let name = row_name(prefix, unfrozen, v);
     println!("{name}\t{:.4}", 1.0 / best);
     println!(
         "# {name}: num_layers_unfrozen {unfrozen}; {v:?}; {steps_per_iteration} step(s) per round of \
          {ROLLOUTS} completions; best {best:.2} / median {median:.2} s/step over {per_step:.2?}; \
          rollout (generate + log-probs + reference + reward) {rollout:.2?} s, update \
          {update:.2?} s; peak RSS {:.0} MiB",
+        peak_rss_mib()
+    );
+    Ok(())
+}
+
+fn w28_ppo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
+    const ROLLOUTS: usize = 8;
+    const NEW_TOKENS: usize = 16;
+    let cfg = qwen05b();
+    let (_vs, model) = policy(unfrozen, v)?;
+    // the reward model: the same shape with a score head, its own seed, frozen, in the
+    // policy's dtype (TRL's reward model is an `AutoModelForSequenceClassification`)
+    tch::manual_seed(2);
+    let mut rm_vs = VarStore::new(Device::Cpu);
+    if v.bf16 {
+        rm_vs.set_kind(Kind::BFloat16);
+    }
+    let rm = CausalLmWithScoreHead::from_model(&rm_vs.root(), cfg.build(&rm_vs.root())?)?;
+    rm_vs.freeze();
+    let mut c = TrlConfig::default();
+    c.train.seq_length = 8 + NEW_TOKENS;
+    c.train.epochs = iters + 3; // never the last step: no final evaluate + save inside the timing
+    c.train.total_steps = 1_000_000;
+    c.train.batch_size = ROLLOUTS; // one minibatch per PPO epoch
+    c.train.log_interval = 1_000_000;
+    c.train.eval_interval = 1_000_000;
+    c.train.checkpoint_interval = 1_000_000;
+    c.train.seed = 0;
+    c.optimizer.kwargs.lr = 3e-6; // TRL's PPOConfig default
+    c.scheduler.kwargs.eta_min = 3e-6;
+    let m = &mut c.method;
+    m.num_rollouts = ROLLOUTS;
+    m.chunk_size = ROLLOUTS;
+    m.ppo_epochs = 4;
+    m.init_kl_coef = 0.05;
+    m.scale_reward = ScaleReward::Ignored;
+    m.gen_kwargs = GenKwargs {
+        max_new_tokens: NEW_TOKENS,
+        top_k: 0,
+        top_p: 1.0,
+        do_sample: true,
+        temperature: 1.0,
+    };
+    let steps = c.method.ppo_epochs; // optimizer steps per iteration: one per epoch
+    let env_cfg = TokenEnvConfig::for_model(&cfg.facts())
+        .with_max_new_tokens(NEW_TOKENS as i64)
+        .with_batch_size(ROLLOUTS as i64);
+    let env = TokenEnv::new(
+        env_cfg,
+        letter_prompts(ROLLOUTS * (iters + 3)),
+        Box::new(RewardModelScorer::new(rm)),
+    )?;
+    let mut trainer = PpoRlhfTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?;
+    let mut callbacks = Callbacks::new();
+    let [per_step, rollout, update] =
+        time_iterations(iters, 1, || trainer.iteration(&mut callbacks))?;
+    let (best, median) = best_median(&per_step);
+    let name = row_name("W28_ppo_iteration_qwen05b", unfrozen, v);
+    println!("{name}\t{:.4}", 1.0 / best);
+    println!(
+        "# {name}: num_layers_unfrozen {unfrozen}; {v:?}; {ROLLOUTS} rollouts of {NEW_TOKENS} \
+         tokens, {steps} PPO epochs of one minibatch; best {best:.2} / median {median:.2} \
+         s/iteration over {per_step:.2?}; rollout (generate + log-probs + reference + values + \
+         reward model) {rollout:.2?} s, update {update:.2?} s; peak RSS {:.0} MiB",
         peak_rss_mib()
     );
     Ok(())
@@ -266,16 +375,18 @@ fn main() -> Result<()> {
         w20_forward(2, "hydra2")?;
         w20_forward(-1, "full")?;
     }
+    let iters = env_or("TORCHRL_BENCH_ITERS", 2usize).max(1);
+    let unfrozen = env_or("TORCHRL_BENCH_UNFROZEN", -1i64);
+    let variant = Variant {
+        lora: env_or("TORCHRL_BENCH_LORA", 0i64),
+        bf16: env_or("TORCHRL_BENCH_BF16", 0u8) == 1,
+        checkpointing: env_or("TORCHRL_BENCH_CKPT", 0u8) == 1,
+    };
     if all || which == "grpo" {
-        w21_grpo(
-            env_or("TORCHRL_BENCH_ITERS", 2usize).max(1),
-            env_or("TORCHRL_BENCH_UNFROZEN", -1i64),
-            Variant {
-                lora: env_or("TORCHRL_BENCH_LORA", 0i64),
-                bf16: env_or("TORCHRL_BENCH_BF16", 0u8) == 1,
-                checkpointing: env_or("TORCHRL_BENCH_CKPT", 0u8) == 1,
-            },
-        )?;
+        w21_grpo(iters, unfrozen, variant)?;
+    }
+    if all || which == "ppo" {
+        w28_ppo(iters, unfrozen, variant)?;
     }
     Ok(())
 }

@@ -15,6 +15,14 @@ random init, nothing downloaded, on `--threads` threads (default 2, as the Rust 
   advantages, one optimizer step per round (minibatch 8, `num_iterations` 1, DAPO loss, epsilon
   0.2 / 0.28, grad clip 1, AdamW 1e-6 constant, no gradient checkpointing), every parameter
   training; seconds per step (round) after `--warmup` rounds.
+- `--workload ppo` (W28): TRL 1.10's `PPOTrainer` (the last TRL with PPO, imported from
+  `$TORCHRL_TRL_PPO_PATH` as rlhf_baseline.py does): 8 prompts of 8 letters, 16 sampled new
+  tokens, a value model and a reward model of the policy's shape
+  (`Qwen2ForSequenceClassification`, one label, their own seeds; TRL's PPO trains the value
+  model whole), KL coefficient 0.05, 4 PPO epochs of one minibatch of 8, AdamW 3e-6 constant;
+  with `--lora R` the policy is a PEFT LoRA and the reference is the policy with its adapter
+  off (TRL's PEFT path), with `--bf16` all three models are made in bfloat16. Seconds per
+  iteration after `--warmup` iterations.
 
 Tokenizer (GRPO only): the character-level WordLevel tokenizer of grpo_dpo_baseline.py (ids of
 the Rust `ByteTokenizer`: EOS 256, pad 257), inside the model's vocabulary. Prints one JSON
@@ -41,7 +49,7 @@ EOS, PAD = 256, 257
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=["generate", "forward", "grpo"], required=True)
+    p.add_argument("--workload", choices=["generate", "forward", "grpo", "ppo"], required=True)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="timed GRPO rounds")
     p.add_argument("--warmup", type=int, default=1, help="GRPO rounds dropped as warm-up")
@@ -55,14 +63,19 @@ def parse_args():
     return p.parse_args()
 
 
-def build_model(seed):
+def build_model(seed, cls=None, dtype=None, **extra):
+    """A random-init model of the Qwen2.5-0.5B config (`Qwen2ForCausalLM` unless `cls`), made
+    directly in `dtype` (no float32 copy first) when given."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(**CONFIG, eos_token_id=EOS, pad_token_id=PAD)).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = PAD
+    config = Qwen2Config(**CONFIG, eos_token_id=EOS, pad_token_id=PAD, **extra)
+    cls = cls or Qwen2ForCausalLM
+    model = (cls._from_config(config, dtype=dtype) if dtype else cls(config)).eval()
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = PAD
     return model
 
 
@@ -153,12 +166,7 @@ def grpo_workload(args):
         del model
         dtype = torch.bfloat16 if args.bf16 else torch.float32
         policy = Qwen2ForCausalLM.from_pretrained(out_dir, dtype=dtype)
-        peft_config = None
-        if args.lora > 0:
-            from peft import LoraConfig
-            peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora,
-                                     target_modules="all-linear", lora_dropout=0.0,
-                                     task_type="CAUSAL_LM")
+        peft_config = lora_config(args.lora) if args.lora > 0 else None
         policy.generation_config.eos_token_id = EOS
         policy.generation_config.pad_token_id = PAD
         if args.unfrozen > 0:
@@ -198,6 +206,68 @@ def grpo_workload(args):
             "times_s": timed, "step_s_median": statistics.median(timed)}
 
 
+def lora_config(rank):
+    from peft import LoraConfig
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
+                      lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+def ppo_workload(args):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rlhf_baseline import import_trl_ppo, iteration_timer
+    trl, PPOConfig, PPOTrainer = import_trl_ppo()
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import Qwen2ForSequenceClassification
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    np.random.seed(0)  # TRL shuffles minibatches with np.random.permutation
+    stamps = []
+
+    iterations = args.warmup + args.rounds
+    rng = random.Random(2)
+    prompts = [[ord(rng.choice("abcdefghijklmnopqrstuvwxyz")) for _ in range(8)]
+               for _ in range(8 * iterations)]
+    dtype = torch.bfloat16 if args.bf16 else None
+    policy = build_model(0, dtype=dtype)
+    policy.generation_config.pad_token_id = PAD
+    value = build_model(1, Qwen2ForSequenceClassification, dtype, num_labels=1)
+    reward = build_model(2, Qwen2ForSequenceClassification, dtype, num_labels=1)
+    ref = None
+    if args.lora == 0:
+        ref = build_model(0, dtype=dtype)  # a full copy of the initial policy
+    with tempfile.TemporaryDirectory() as out_dir, contextlib.redirect_stdout(sys.stderr):
+        config = PPOConfig(
+            output_dir=out_dir, report_to="none", save_strategy="no", logging_strategy="no",
+            disable_tqdm=True, use_cpu=True, bf16=args.bf16, fp16=False, seed=0,
+            gradient_checkpointing=False, dataloader_num_workers=0, num_sample_generations=0,
+            total_episodes=8 * iterations, per_device_train_batch_size=8,
+            gradient_accumulation_steps=1, num_mini_batches=1, num_ppo_epochs=4,
+            response_length=16, local_rollout_forward_batch_size=8, stop_token_id=EOS,
+            temperature=1.0, missing_eos_penalty=None, kl_coef=0.05, learning_rate=3e-6,
+            lr_scheduler_type="constant", warmup_steps=0,
+        )
+        trainer = PPOTrainer(args=config, processing_class=build_tokenizer(), model=policy,
+                             ref_model=ref, reward_model=reward, value_model=value,
+                             train_dataset=Dataset.from_dict({"input_ids": prompts}),
+                             peft_config=lora_config(args.lora) if args.lora > 0 else None,
+                             callbacks=[iteration_timer(stamps)])
+        for cb in (PrinterCallback, ProgressCallback):
+            trainer.remove_callback(cb)
+        trainer.train()
+    per_iter = [b - a for a, b in zip(stamps, stamps[1:])]
+    timed = per_iter[args.warmup:] or per_iter
+    name = "W28_ppo_iteration_qwen05b" + (f"_lora{args.lora}" if args.lora > 0 else "")
+    if args.bf16:
+        name += "_bf16"
+    return {"name": name, "ops_per_s": 1 / min(timed), "times_s": timed,
+            "iteration_s_median": statistics.median(timed),
+            "trainable_params": sum(p.numel() for p in trainer.model.parameters()
+                                    if p.requires_grad),
+            "trl": trl.__version__}
+
+
 def main():
     args = parse_args()
     warnings.filterwarnings("ignore")
@@ -213,6 +283,8 @@ def main():
         result = generate_workload()
     elif args.workload == "forward":
         result = forward_workload()
+    elif args.workload == "ppo":
+        result = ppo_workload(args)
     else:
         result = grpo_workload(args)
     result.update({

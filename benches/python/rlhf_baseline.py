@@ -60,6 +60,21 @@ def import_trl_ppo():
     return trl, PPOConfig, PPOTrainer
 
 
+def iteration_timer(stamps):
+    """A `TrainerCallback` that appends `time.perf_counter()` to `stamps` at `on_train_begin`
+    and at each `on_step_end` (TRL 1.10's PPO: once per iteration, after the update)."""
+    from transformers import TrainerCallback
+
+    class IterationTimer(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            stamps.append(time.perf_counter())
+
+        def on_step_end(self, *_, **__):
+            stamps.append(time.perf_counter())
+
+    return IterationTimer()
+
+
 def build_tokenizer(cfg):
     """An offline WordLevel tokenizer: one token per id, with eos/pad/bos at the config's ids."""
     from tokenizers import Tokenizer, models
@@ -105,7 +120,6 @@ def main():
     import torch
     import transformers
     from datasets import Dataset
-    from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     transformers.logging.set_verbosity_error()
@@ -120,13 +134,6 @@ def main():
     dataset = Dataset.from_dict({"input_ids": prompts.tolist()})
 
     stamps = []
-
-    class IterationTimer(TrainerCallback):
-        def on_train_begin(self, *_, **__):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, *_, **__):  # TRL 1.10: once per PPO iteration, after the update
-            stamps.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory() as out_dir, contextlib.redirect_stdout(sys.stderr):
         config = PPOConfig(
@@ -143,7 +150,7 @@ def main():
         )
         trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=ref,
                              reward_model=reward, value_model=value, train_dataset=dataset,
-                             callbacks=[IterationTimer()])
+                             callbacks=[iteration_timer(stamps)])
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
         trainer.train()
