@@ -34,6 +34,9 @@
 //!   model of the policy's shape where ours is trlX's value head on the policy's trunk.
 //!   Seconds per iteration after a warm-up one.
 //!
+//! `TORCHRL_BENCH_KEEP_FREED=1` calls `torchrl::memory::keep_freed_memory` first (freed
+//! memory kept by the allocator for reuse: no page zeroing each step).
+//!
 //! `TORCHRL_BENCH_QWEN=generate|forward|grpo|ppo` picks one workload (default all four; one per
 //! process gives each its own peak RSS), `TORCHRL_BENCH_THREADS` (default 2). Prints
 //! `W<name>\t<ops/s>` lines and `#` lines with the details and the peak RSS.
@@ -365,6 +368,13 @@ fn w28_ppo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    if env_or("TORCHRL_BENCH_KEEP_FREED", 0u8) == 1 {
+        // before anything is allocated, as `torchrl --keep-freed-memory` does
+        println!(
+            "# keep_freed_memory: {}",
+            torchrl::memory::keep_freed_memory()
+        );
+    }
     tch::set_num_threads(env_or("TORCHRL_BENCH_THREADS", 2));
     let which = std::env::var("TORCHRL_BENCH_QWEN").unwrap_or_else(|_| "all".into());
     let all = which == "all";

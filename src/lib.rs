@@ -51,6 +51,7 @@ mod files;
 mod host;
 pub mod kind;
 mod macros;
+pub mod memory;
 pub mod modules;
 pub mod objectives;
 pub mod rng;

@@ -171,6 +171,9 @@ fn sft_eval_grpo_on_the_embedded_example() {
         "--output",
         s(&grpo_out),
         "--quiet",
+        // the allocator keeps freed memory from here on (process-wide): the run trains as
+        // without it
+        "--keep-freed-memory",
     ])
     .unwrap();
     let log = fs::read_to_string(grpo_out.join("log.csv")).unwrap();
@@ -580,6 +583,12 @@ fn every_subcommand_has_help_and_the_binary_reports_errors() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             text.contains("--model") && text.contains("--data"),
+            "{sub}: {text}"
+        );
+        let trains = !matches!(sub, "generate" | "eval");
+        assert_eq!(
+            text.contains("--keep-freed-memory"),
+            trains,
             "{sub}: {text}"
         );
     }

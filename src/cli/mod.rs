@@ -114,6 +114,11 @@ pub struct TrainArgs {
     /// float32 master weights in AdamW and take log-probs, KL and losses in float32.
     #[arg(long, value_enum, default_value_t = Dtype::Float32)]
     pub dtype: Dtype,
+    /// Keep memory that libtorch frees in the process for its next allocation instead of
+    /// giving it back to the system (`torchrl::memory::keep_freed_memory`): faster steps on
+    /// large models (no page zeroing each step), a resident set that never shrinks.
+    #[arg(long)]
+    pub keep_freed_memory: bool,
 }
 
 /// The arguments of `generate` and `eval`.
@@ -180,6 +185,17 @@ where
 /// # Errors
 /// The subcommand's error.
 pub fn run(command: Command) -> Result<()> {
+    if let Command::Sft(a)
+    | Command::Reward(a)
+    | Command::Ppo(a)
+    | Command::Grpo(a)
+    | Command::Dpo(a)
+    | Command::Ilql(a) = &command
+    {
+        if a.keep_freed_memory {
+            crate::memory::keep_freed_memory();
+        }
+    }
     match command {
         Command::Sft(a) => sft::run_sft(&a).map(drop),
         Command::Reward(a) => sft::run_reward(&a).map(drop),

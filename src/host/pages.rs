@@ -92,3 +92,22 @@ fn prefault(addr: usize, len: usize) {
 /// Portable fallback: the pages fault in as they are written.
 #[cfg(not(target_os = "linux"))]
 fn prefault(_addr: usize, _len: usize) {}
+
+/// Makes glibc keep freed memory for reuse: `M_MMAP_MAX` 0 (no `mmap` for large blocks) and
+/// `M_TRIM_THRESHOLD` −1 (never trim the heap; mallopt(3)). `true` when both applied.
+/// The public entry point and its measurements: [`crate::memory::keep_freed_memory`].
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub(crate) fn keep_freed_memory() -> bool {
+    // glibc's <malloc.h>
+    const M_TRIM_THRESHOLD: libc::c_int = -1;
+    const M_MMAP_MAX: libc::c_int = -4;
+    // SAFETY: mallopt only sets allocator parameters (1 when accepted, 0 when refused);
+    // blocks already handed out stay valid.
+    unsafe { libc::mallopt(M_MMAP_MAX, 0) == 1 && libc::mallopt(M_TRIM_THRESHOLD, -1) == 1 }
+}
+
+/// Keeping freed memory is a glibc setting: elsewhere nothing changes.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) fn keep_freed_memory() -> bool {
+    false
+}
