@@ -21,11 +21,11 @@
 /// thread that runs them).
 ///
 /// Measured at the Qwen2.5-0.5B shape on a 2-core Xeon (`docs/performance.md`, "Keeping
-/// freed memory"): a full-parameter float32 GRPO step 13.5 → 8.7 s at 2 % more peak RSS; the
-/// LoRA bf16 GRPO step 3.36 → 3.09 s at 9 % more; the LoRA bf16 PPO-RLHF iteration 6.07 →
-/// 5.76 s at 1.5 % more. The cost is that the resident set never shrinks: memory freed at the
-/// end of a phase (generation, evaluation) stays with the process. The `torchrl` command's
-/// `--keep-freed-memory` calls it.
+/// freed memory"): a full-parameter float32 GRPO step 11.7–11.9 → 8.9–9.0 s at 1–2 % more
+/// peak RSS; the LoRA bf16 GRPO step 3.36 → 3.09 s at 9 % more; the LoRA bf16 PPO-RLHF
+/// iteration 6.07 → 5.76 s at 1.5 % more. The cost is that the resident set never shrinks:
+/// memory freed at the end of a phase (generation, evaluation) stays with the process. The
+/// `torchrl` command's `--keep-freed-memory` calls it.
 ///
 /// ```
 /// let applied = torchrl::memory::keep_freed_memory();
