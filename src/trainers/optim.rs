@@ -109,10 +109,18 @@ struct Scratch {
     kind: tch::Kind,
     a: Tensor,
     b: Tensor,
+    /// The float32 copy of a low-precision gradient (masters only; empty until needed).
+    c: Tensor,
 }
 
-/// The work buffers for `p`, shaped as `p`, from `pool` (grown or added as needed).
-fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> {
+/// The work buffers for `p`, shaped as `p`, from `pool` (grown or added as needed): two, and a
+/// third when `with_grad` (the gradient converted to `p`'s dtype, for master weights: a fresh
+/// conversion would map and zero new pages for every parameter on every step).
+fn scratch_for(
+    pool: &mut Vec<Scratch>,
+    p: &Tensor,
+    with_grad: bool,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let (device, kind, numel) = (p.device(), p.kind(), p.numel());
     let pos = pool
         .iter()
@@ -125,6 +133,7 @@ fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> 
                 kind,
                 a: Tensor::f_empty([0], (kind, device))?,
                 b: Tensor::f_empty([0], (kind, device))?,
+                c: Tensor::f_empty([0], (kind, device))?,
             });
             pool.last_mut()
         }
@@ -138,10 +147,19 @@ fn scratch_for(pool: &mut Vec<Scratch>, p: &Tensor) -> Result<(Tensor, Tensor)> 
         s.a = Tensor::f_empty([len], (kind, device))?;
         s.b = Tensor::f_empty([len], (kind, device))?;
     }
+    if with_grad && s.c.numel() < numel {
+        s.c = Tensor::f_empty([len], (kind, device))?;
+    }
     let shape = p.size();
+    let c = if with_grad {
+        Some(s.c.f_narrow(0, 0, len)?.f_view(shape.as_slice())?)
+    } else {
+        None
+    };
     Ok((
         s.a.f_narrow(0, 0, len)?.f_view(shape.as_slice())?,
         s.b.f_narrow(0, 0, len)?.f_view(shape.as_slice())?,
+        c,
     ))
 }
 
@@ -391,11 +409,19 @@ impl AdamW {
             // Loaded counts are at most MAX_STEPS = 2^53, so the conversion is exact.
             *t = t.saturating_add(1);
             let step = *t as f64;
-            let (w, g) = match master {
-                Some(w) => (w.shallow_clone(), g.f_to_kind(Kind::Float)?),
-                None => (p.shallow_clone(), g),
+            let w = match master {
+                Some(w) => w.shallow_clone(),
+                None => p.shallow_clone(),
             };
-            let (tmp, denom) = scratch_for(&mut self.scratch, &w)?;
+            let (tmp, denom, g32) = scratch_for(&mut self.scratch, &w, master.is_some())?;
+            let g = match g32 {
+                // the gradient in the master's float32, converted into the work buffer
+                Some(mut g32) => {
+                    g32.f_copy_(&g)?;
+                    g32
+                }
+                None => g,
+            };
             let mut w = w;
             let _ = w.f_mul_scalar_(decay)?;
             let _ = m.f_lerp_(&g, 1.0 - beta1)?;
