@@ -123,20 +123,45 @@ pub(crate) fn head_start(scored_from: i64, t: i64) -> i64 {
     (scored_from - 1).min(t - 1).max(0)
 }
 
+/// A hidden state `[B, T, hidden]` from position `start` on, contiguous (itself at 0): the
+/// input of an LM head that runs on those positions only. Contiguous because a strided
+/// `[B, T', hidden]` that needs its gradient makes `matmul` broadcast the `[vocab, hidden]`
+/// head over the batch (a bmm, copying the head B times: 3.5x slower and 1.7 GiB more at the
+/// Qwen2.5-0.5B shape) instead of one folded `[B·T', hidden]` mm.
+pub(crate) fn hidden_from(hidden: &Tensor, start: i64) -> Result<Tensor> {
+    if start == 0 {
+        return Ok(hidden.shallow_clone());
+    }
+    let t = hidden.size().get(1).copied().unwrap_or(0);
+    Ok(hidden.f_narrow(1, start, t - start)?.f_contiguous()?)
+}
+
 /// A model's LM head on `last_hidden` `[B, T, hidden]` from position `start` on.
 pub(crate) fn lm_head_from(
     model: &dyn CausalLm,
     last_hidden: &Tensor,
     start: i64,
 ) -> Result<Tensor> {
-    if start == 0 {
-        return model.lm_head(last_hidden);
-    }
-    let t = last_hidden.size().get(1).copied().unwrap_or(0);
-    // contiguous: a strided `[B, T', hidden]` that needs its gradient makes `matmul` broadcast
-    // the `[vocab, hidden]` head over the batch (a bmm, copying the head B times: 3.5x slower
-    // and 1.7 GiB more at the Qwen2.5-0.5B shape) instead of one folded `[B·T', hidden]` mm
-    model.lm_head(&last_hidden.f_narrow(1, start, t - start)?.f_contiguous()?)
+    model.lm_head(&hidden_from(last_hidden, start)?)
+}
+
+/// A model's scores from its final hidden state `last_hidden` (the trunk already run): the LM
+/// head from the position before [`ScoreRequest::scored_from`] on ([`lm_head_from`]), then
+/// [`scores_from_head`] with `head_values` (a value head's output over every position).
+pub(crate) fn scores_from_hidden(
+    model: &dyn CausalLm,
+    last_hidden: &Tensor,
+    head_values: Option<&Tensor>,
+    tokens: &Tensor,
+    attention_mask: &Tensor,
+    request: ScoreRequest,
+) -> Result<TokenScores> {
+    let start = head_start(
+        request.scored_from,
+        tokens.size().get(1).copied().unwrap_or(0),
+    );
+    let logits = lm_head_from(model, last_hidden, start)?;
+    scores_from_head(&logits, start, head_values, tokens, attention_mask, request)
 }
 
 /// Scores from an LM head run on positions `start..T` ([`lm_head_from`]); the log-probs and
@@ -293,17 +318,19 @@ pub(crate) fn score_model(
 ) -> Result<TokenScores> {
     check_inputs("CausalLm::score_tokens", tokens, attention_mask)?;
     let input = LmInput::new(tokens).with_attention_mask(attention_mask);
-    let start = head_start(
-        request.scored_from,
-        tokens.size().get(1).copied().unwrap_or(0),
-    );
     let out = model.forward_with(&input, None, TRUNK_ONLY)?;
-    let logits = lm_head_from(model, &out.last_hidden, start)?;
-    scores_from_head(&logits, start, None, tokens, attention_mask, request)
+    scores_from_hidden(
+        model,
+        &out.last_hidden,
+        None,
+        tokens,
+        attention_mask,
+        request,
+    )
 }
 
 /// A forward without the LM head (the scorers run it on the positions they need).
-const TRUNK_ONLY: ForwardOptions = ForwardOptions {
+pub(crate) const TRUNK_ONLY: ForwardOptions = ForwardOptions {
     logits: false,
     capture_block_input: None,
 };
@@ -327,10 +354,8 @@ impl ScoreTokens for CausalLmWithValueHead {
         check_inputs("CausalLmWithValueHead::score_tokens", t, m)?;
         let model = self.model();
         let out = model.forward_with(&LmInput::new(t).with_attention_mask(m), None, TRUNK_ONLY)?;
-        let values = self.v_head().forward(&out.last_hidden)?.f_squeeze_dim(-1)?;
-        let start = head_start(r.scored_from, t.size().get(1).copied().unwrap_or(0));
-        let logits = lm_head_from(model, &out.last_hidden, start)?;
-        scores_from_head(&logits, start, Some(&values), t, m, r)
+        let values = self.values_from_hidden(&out.last_hidden)?;
+        scores_from_hidden(model, &out.last_hidden, Some(&values), t, m, r)
     }
 
     fn generating_model(&self) -> Option<&dyn CausalLm> {

@@ -42,7 +42,7 @@ use std::str::FromStr;
 
 use tch::{Kind, Tensor};
 
-use super::gae::mask_span;
+use super::gae::first_masked_column;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
 use crate::modules::llm::{ScoreRequest, ScoreTokens};
@@ -600,7 +600,7 @@ impl<M: ScoreTokens> DpoLoss<M> {
             reference.shallow_clone()
         };
         // the LM head runs from the first completion token on (TRL's `logits_to_keep`)
-        let first = mask_span(&completion_mask.f_ne(0)?)?.map_or(0, |(first, _)| first);
+        let first = first_masked_column(completion_mask)?;
         let lp = self
             .model
             .score_tokens(

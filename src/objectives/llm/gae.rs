@@ -24,6 +24,13 @@ pub(crate) fn mask_span(keep: &Tensor) -> Result<Option<(i64, i64)>> {
     Ok(cols.first().copied().zip(cols.last().copied()))
 }
 
+/// The first column any row of `mask` (nonzero = kept) covers, 0 for an all-zero mask: the
+/// [`ScoreRequest::scored_from`](crate::modules::llm::ScoreRequest::scored_from) of a loss
+/// that reads only the masked positions.
+pub(crate) fn first_masked_column(mask: &Tensor) -> Result<i64> {
+    Ok(mask_span(&mask.f_ne(0)?)?.map_or(0, |(first, _)| first))
+}
+
 /// GAE over tokens restricted to the response mask: trlX's `get_advantages_and_returns`
 /// (rlhf.md §1.7) without its whitening, on full-length `[B, T]` rows.
 ///

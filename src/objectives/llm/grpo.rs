@@ -48,7 +48,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
-use super::gae::mask_span;
+use super::gae::first_masked_column;
 use super::masked::floating;
 use super::ppo::read_bt;
 use crate::error::{Error, Result, ShapeFmt};
@@ -934,7 +934,7 @@ impl<M: ScoreTokens> LossModule for GrpoLoss<M> {
         let request = ScoreRequest {
             values: false,
             entropy: self.config.entropy_coeff.is_some(),
-            scored_from: mask_span(&mask.f_ne(0)?)?.map_or(0, |(first, _)| first),
+            scored_from: first_masked_column(&mask)?,
         };
         let scores = self.model.score_tokens(&tokens, &attention_mask, request)?;
         let (log_probs, entropy) = (scores.log_probs, scores.entropy);

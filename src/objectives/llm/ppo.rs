@@ -66,7 +66,7 @@ use std::fmt;
 
 use tch::{Kind, Tensor};
 
-use super::gae::mask_span;
+use super::gae::{first_masked_column, mask_span};
 use super::masked::{floating, same_shape, whiten_global_counted, zero_out, SumReduce};
 #[allow(unused_imports)] // intra-doc links in the module docs
 use super::{gae::gae_advantages_and_returns, masked::masked_whiten, masked::masked_whiten_global};
@@ -777,7 +777,7 @@ impl<M: ScoreTokens> LossModule for PpoRlhfLoss<M> {
         let advantages = read_bt(OP, td, &k.advantage, s)?;
         let returns = read_bt(OP, td, &k.value_target, s)?;
         // the LM head runs from the first response token on: the loss reads no position before
-        let first = mask_span(&mask.f_ne(0)?)?.map_or(0, |(first, _)| first);
+        let first = first_masked_column(&mask)?;
         let scores = self.model.score_tokens(
             &tokens,
             &attention_mask,

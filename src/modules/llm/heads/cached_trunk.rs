@@ -5,9 +5,7 @@ use tch::Tensor;
 use super::value::CausalLmWithValueHead;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::llm::causal_lm::{run_from_block, CausalLm};
-use crate::modules::llm::scoring::{
-    head_start, lm_head_from, scores_from_head, ScoreRequest, ScoreTokens, TokenScores,
-};
+use crate::modules::llm::scoring::{scores_from_hidden, ScoreRequest, ScoreTokens, TokenScores};
 
 /// A hydra policy whose frozen trunk was already run: the trunk's output `hidden`
 /// `[B, T, n_embd]` for exactly the rows being scored (what [`HydraOutput::trunk`] gave at the
@@ -88,20 +86,12 @@ impl ScoreTokens for CachedTrunk<'_> {
     /// [`ScoreRequest::scored_from`] on, the value head only when values are asked for.
     fn score_tokens(&self, t: &Tensor, m: &Tensor, r: ScoreRequest) -> Result<TokenScores> {
         let last_hidden = self.last_hidden(t, m)?;
-        let model = self.policy.model();
-        let start = head_start(r.scored_from, t.size().get(1).copied().unwrap_or(0));
-        let logits = lm_head_from(model, &last_hidden, start)?;
         let values = if r.values {
-            Some(
-                self.policy
-                    .v_head()
-                    .forward(&last_hidden)?
-                    .f_squeeze_dim(-1)?,
-            )
+            Some(self.policy.values_from_hidden(&last_hidden)?)
         } else {
             None
         };
-        scores_from_head(&logits, start, values.as_ref(), t, m, r)
+        scores_from_hidden(self.policy.model(), &last_hidden, values.as_ref(), t, m, r)
     }
 
     fn generating_model(&self) -> Option<&dyn CausalLm> {

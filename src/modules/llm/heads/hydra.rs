@@ -18,7 +18,8 @@ use crate::modules::llm::lora::lora_switch;
 use crate::modules::llm::nn::LoraSwitch;
 use crate::modules::llm::nn::{copy_var, Decoder};
 use crate::modules::llm::scoring::{
-    head_start, lm_head_from, scores_from_head, token_log_probs, ScoreRequest,
+    head_start, hidden_from, lm_head_from, scores_from_head, scores_from_hidden, token_log_probs,
+    ScoreRequest, TRUNK_ONLY,
 };
 use crate::modules::TensorDictModule;
 use crate::tensordict::{NestedKey, TensorDict};
@@ -89,13 +90,8 @@ impl ModelBranch {
         attention_mask: Option<&Tensor>,
         start: i64,
     ) -> Result<Tensor> {
-        let mut h = run_from_block(self.hidden_size, &self.decoder, hidden, 0, attention_mask)?;
-        if start > 0 {
-            let t = h.size().get(1).copied().unwrap_or(0);
-            // contiguous, as `lm_head_from`'s (one folded mm, not a bmm over the batch)
-            h = h.f_narrow(1, start, t - start)?.f_contiguous()?;
-        }
-        Ok(h.f_matmul(&self.lm_head.f_transpose(0, 1)?)?)
+        let h = run_from_block(self.hidden_size, &self.decoder, hidden, 0, attention_mask)?;
+        Ok(hidden_from(&h, start)?.f_matmul(&self.lm_head.f_transpose(0, 1)?)?)
     }
 
     /// Whether the LM head is the model's (frozen) LM head weight rather than a copy.
@@ -510,13 +506,15 @@ impl CausalLmWithHydraValueHead {
             None => None,
         };
         let ref_logits = self.reference_logits(&input, out.block_input, start)?;
-        let values = self
-            .policy
-            .v_head()
-            .forward(&out.last_hidden)?
-            .f_squeeze_dim(-1)?;
-        let logits = lm_head_from(model, &out.last_hidden, start)?;
-        let scores = log_probs(&logits, Some(&values), ScoreRequest::values())?;
+        let values = self.policy.values_from_hidden(&out.last_hidden)?;
+        let scores = scores_from_hidden(
+            model,
+            &out.last_hidden,
+            Some(&values),
+            tokens,
+            mask,
+            ScoreRequest::values().scored_from(scored_from),
+        )?;
         Ok(RolloutScores {
             log_probs: Some(scores.log_probs),
             values: scores.values,
@@ -533,23 +531,19 @@ impl CausalLmWithHydraValueHead {
         start: i64,
     ) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
-        let trunk_only = ForwardOptions {
-            logits: false,
-            capture_block_input: None,
-        };
         let logits = match (&self.reference, branch_input) {
             (Reference::Branch(b), Some(h)) => {
                 b.forward_from(&h.f_detach()?, input.attention_mask, start)?
             }
             (Reference::Full(m), _) if start > 0 => {
-                let h = m.forward_with(input, None, trunk_only)?.last_hidden;
+                let h = m.forward_with(input, None, TRUNK_ONLY)?.last_hidden;
                 lm_head_from(m.as_ref(), &h, start)?
             }
             (Reference::Full(m), _) => m.forward(input, None)?.logits()?,
             // the LM head inside the switch too: an adapter may sit on it
             (Reference::AdaptersOff(switch), _) if start > 0 => switch.disabled(|| {
                 let model = self.policy.model();
-                let h = model.forward_with(input, None, trunk_only)?.last_hidden;
+                let h = model.forward_with(input, None, TRUNK_ONLY)?.last_hidden;
                 lm_head_from(model, &h, start)
             })?,
             (Reference::AdaptersOff(switch), _) => switch

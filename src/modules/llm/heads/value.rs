@@ -100,8 +100,13 @@ impl CausalLmWithValueHead {
         self.finish(out)
     }
 
+    /// The value head on a final hidden state `[B, T, hidden]`: values `[B, T]`.
+    pub(crate) fn values_from_hidden(&self, last_hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.v_head.forward(last_hidden)?.f_squeeze_dim(-1)?)
+    }
+
     pub(crate) fn finish(&self, out: LmOutput) -> Result<ValueOutput> {
-        let values = self.v_head.forward(&out.last_hidden)?.f_squeeze_dim(-1)?;
+        let values = self.values_from_hidden(&out.last_hidden)?;
         Ok(ValueOutput {
             logits: out
                 .logits
