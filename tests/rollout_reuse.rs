@@ -14,6 +14,10 @@
 //! GRPO rollout's stored log-probs equal the recomputed ones to 1e-5 on every response token,
 //! masked alike, 0 on the prompt; a training run agrees with the recomputing one to 1e-5; a
 //! tempered sampler falls back to the recomputation.
+//!
+//! Finished rows compacted out of the decode (the default) give what decoding every row to the
+//! end gives ([`GenerateOptions::keep_finished_rows`]): the same tokens and masks, log-probs to
+//! 1e-5, on GPT-2 and the Llama family.
 
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
@@ -618,4 +622,93 @@ fn the_rollout_recomputes_when_the_sampler_is_not_the_model() {
         let (x, y) = (sa.get(key.clone()).unwrap(), sb.get(key.clone()).unwrap());
         assert!(x.equal(y), "{key:?}");
     }
+}
+
+/// Finished rows compacted away (the default) against every row decoded to the end
+/// ([`GenerateOptions::keep_finished_rows`]): the same tokens, masks and log-probs, greedy and
+/// sampled, padded, with and without prompt groups. The EOS is the most frequent token of a
+/// plain decode's third step, so that at least a quarter of the rows finish with steps left
+/// (the compaction rule; checked here from the response masks).
+fn check_compaction(model: &dyn CausalLm, name: &str) {
+    let (ids, mask) = grouped(&[&[5, 6], &[9, 10, 11, 12], &[13], &[7, 8, 9]], G);
+    let b = ids.size()[0];
+    let steps = 10;
+    let probe = generate_greedy(
+        model,
+        &ids,
+        Some(&mask),
+        &GenerationConfig::new(steps).with_pad_token_id(PAD),
+        &GenerateOptions::default(),
+    )
+    .unwrap();
+    let eos = probe
+        .response
+        .select(1, 2)
+        .bincount::<Tensor>(None, VOCAB)
+        .argmax(0, false)
+        .int64_value(&[]);
+    let greedy = GenerationConfig::new(steps)
+        .with_eos_token_id(eos)
+        .with_pad_token_id(PAD);
+    let sampled = GenerationConfig::rlhf_sampling(steps)
+        .with_eos_token_id(eos)
+        .with_pad_token_id(PAD);
+    let mut early = 0;
+    for groups in [0, G as usize] {
+        let compacting = GenerateOptions::default().with_prompt_groups(groups);
+        let whole = compacting.with_keep_finished_rows(true);
+        let what = format!("{name}, groups {groups}");
+        let a = generate_greedy(model, &ids, Some(&mask), &greedy, &compacting).unwrap();
+        let c = generate_greedy(model, &ids, Some(&mask), &greedy, &whole).unwrap();
+        assert_same_to(&a, &c, 1e-5, &format!("{what}, greedy"));
+        // rows done before the last two steps: a quarter or more means the decode compacted
+        let done_early = a
+            .response_mask
+            .narrow(1, 0, steps - 2)
+            .logical_not()
+            .any_dim(1, false);
+        early = early.max(done_early.sum(Kind::Int64).int64_value(&[]));
+        for seed in 0..4 {
+            let rng = |s| Generator::new(s);
+            let a = generate_with(
+                model,
+                &ids,
+                Some(&mask),
+                &sampled,
+                &compacting,
+                &mut rng(seed),
+            );
+            let c = generate_with(model, &ids, Some(&mask), &sampled, &whole, &mut rng(seed));
+            assert_same_to(
+                &a.unwrap(),
+                &c.unwrap(),
+                1e-5,
+                &format!("{what}, seed {seed}"),
+            );
+        }
+    }
+    assert!(
+        4 * early >= b,
+        "{name}: only {early} of {b} rows finished early"
+    );
+}
+
+fn assert_same_to(a: &GenerationOutput, c: &GenerationOutput, tol: f64, what: &str) {
+    assert!(a.sequences.equal(&c.sequences), "{what}: sequences");
+    assert!(a.response_mask.equal(&c.response_mask), "{what}: mask");
+    assert!(a.attention_mask.equal(&c.attention_mask), "{what}");
+    let d = max_diff(&a.log_probs, &c.log_probs);
+    assert!(d <= tol, "{what}: log-probs differ by {d}");
+}
+
+#[test]
+fn gpt2_decodes_alike_with_finished_rows_compacted() {
+    let (_vs, model) = build(&gpt2(), 11);
+    check_compaction(model.as_ref(), "gpt2");
+}
+
+#[test]
+fn llama_decodes_alike_with_finished_rows_compacted() {
+    let (_vs, model) = build(&qwen3(), 12);
+    check_compaction(model.as_ref(), "qwen3");
 }

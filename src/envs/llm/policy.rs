@@ -196,6 +196,7 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
         let options = GenerateOptions {
             logit_mask: self.logit_mask.as_ref(),
             prompt_groups: self.prompt_groups,
+            keep_finished_rows: false,
         };
         let out = generate_with(
             model_of(&self.model)?,

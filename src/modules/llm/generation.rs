@@ -25,6 +25,12 @@
 //! groups of identical prompts (GRPO's completions of one prompt) run the prompt pass once per
 //! group; the KV cache is repeated to the group's rows, and decoding is as without it.
 //!
+//! **Finished rows** are compacted away: once at least a quarter of the decoded rows produced
+//! EOS and two or more steps remain, the KV cache keeps only the live rows and later steps run
+//! on them alone (the finished rows' tokens are the pad id either way). The outputs are the
+//! same as decoding every row to the end, up to the rounding of a smaller matrix product;
+//! [`GenerateOptions::keep_finished_rows`] turns it off.
+//!
 //! # Shapes
 //! prompt `[B, P]` (left-padded, with its mask); `sequences` `[B, P + G]`; `response`,
 //! `response_mask`, `log_probs` `[B, G]`, `G ≤ max_new_tokens`; `attention_mask` `[B, P + G]`.
@@ -68,6 +74,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::causal_lm::{CausalLm, ForwardOptions, LmFacts, LmInput, LmOutput};
+use super::compaction::ActiveRows;
 use super::nn::KvCache;
 use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
@@ -369,6 +376,12 @@ pub struct GenerateOptions<'a> {
     /// A batch that is not a multiple of the group size, or a group whose rows differ
     /// (checked with one comparison and one host read; generation does not fall back).
     pub prompt_groups: usize,
+    /// Decode every row to the end, finished or not. `false` (the default): once at least a
+    /// quarter of the decoded rows produced EOS (and two or more steps remain), the decode
+    /// continues on the live rows only ("Finished rows" in the [module docs](self)); the outputs keep
+    /// their shapes and values (the same tokens, greedy or sampled from the same seed; the
+    /// same log-probs up to the rounding of a smaller matrix product).
+    pub keep_finished_rows: bool,
 }
 
 impl<'a> GenerateOptions<'a> {
@@ -382,6 +395,13 @@ impl<'a> GenerateOptions<'a> {
     /// identical prompts, whose prompt pass runs once per group.
     pub fn with_prompt_groups(mut self, g: usize) -> Self {
         self.prompt_groups = g;
+        self
+    }
+
+    /// Sets [`keep_finished_rows`](Self::keep_finished_rows): `true` decodes finished rows to
+    /// the end instead of compacting them away.
+    pub fn with_keep_finished_rows(mut self, keep: bool) -> Self {
+        self.keep_finished_rows = keep;
         self
     }
 }
@@ -409,6 +429,7 @@ pub fn generate(
         &GenerateOptions::default(),
         Some(rng),
     )
+    .map(|(out, _)| out)
 }
 
 /// [`generate`] with a logit mask.
@@ -420,7 +441,7 @@ pub fn generate_with(
     options: &GenerateOptions<'_>,
     rng: &mut Generator,
 ) -> Result<GenerationOutput> {
-    generate_impl(model, prompt, attention_mask, config, options, Some(rng))
+    generate_impl(model, prompt, attention_mask, config, options, Some(rng)).map(|(out, _)| out)
 }
 
 /// Greedy decoding ([`generate`] with `do_sample = false`), which needs no generator.
@@ -435,17 +456,17 @@ pub fn generate_greedy(
     config: &GenerationConfig,
     options: &GenerateOptions<'_>,
 ) -> Result<GenerationOutput> {
-    generate_impl(model, prompt, attention_mask, config, options, None)
+    generate_impl(model, prompt, attention_mask, config, options, None).map(|(out, _)| out)
 }
 
-fn generate_impl(
+pub(crate) fn generate_impl(
     model: &dyn CausalLm,
     prompt: &Tensor,
     attention_mask: Option<&Tensor>,
     config: &GenerationConfig,
     options: &GenerateOptions<'_>,
     rng: Option<&mut Generator>,
-) -> Result<GenerationOutput> {
+) -> Result<(GenerationOutput, ActiveRows)> {
     let _guard = tch::no_grad_guard();
     let op = "generate";
     let vocab = model.facts().vocab_size;
@@ -475,8 +496,11 @@ fn generate_impl(
         config.eos_token_id,
         decoder.device(),
     )?;
+    let mut active = ActiveRows::new(b, !options.keep_finished_rows);
+    let zeros = Tensor::f_zeros([b], (Kind::Float, decoder.device()))?;
     let mut log_probs = Vec::with_capacity(rows.capacity());
     for step in 0..steps {
+        active.count_step();
         let logits = last_logits.f_to_kind(Kind::Float)?;
         let scaled = if config.do_sample && config.temperature != 1.0 {
             logits.f_div_scalar(config.temperature)?
@@ -487,28 +511,33 @@ fn generate_impl(
         let scores = process(&scaled, config, options, decoder.last_token(), step, vocab)?;
         let next = match &uniforms {
             None => scores.f_argmax(-1, false)?,
-            Some(u) => sample_rows(&scores, &u.f_select(0, step)?)?,
+            Some(u) => sample_rows(&scores, &active.select(&u.f_select(0, step)?)?)?,
         };
         let lp = logp
             .f_gather(-1, &next.f_unsqueeze(-1)?, false)?
             .f_squeeze_dim(-1)?;
+        let lp = active.scatter(&lp, &zeros)?;
         log_probs.push(lp.f_mul(&rows.unfinished().f_to_kind(Kind::Float)?)?);
-        let next = rows.push(next)?;
+        let next = rows.push(active.scatter(&next, rows.pad())?)?;
         if rows.done(step, steps)? {
             break;
         }
-        let out = decoder.step(next, ForwardOptions::default())?;
+        if let Some(keep) = active.compact(rows.unfinished(), rows.live(), steps - step - 1)? {
+            decoder.keep_rows(&keep)?;
+        }
+        let out = decoder.step(active.select(&next)?, ForwardOptions::default())?;
         last_logits = out.logits()?.f_select(1, 0)?;
     }
     let done = rows.finish(decoder.prompt, decoder.prompt_mask)?;
     let log_probs = done.trim(&log_probs)?;
-    Ok(GenerationOutput {
+    let output = GenerationOutput {
         sequences: done.sequences,
         response: done.response,
         response_mask: done.response_mask,
         log_probs,
         attention_mask: done.attention_mask,
-    })
+    };
+    Ok((output, active))
 }
 
 // ------------------------------------------------------------------ shared with ILQL generation
@@ -684,8 +713,20 @@ impl<'m> DecodeState<'m> {
         &self.last_token
     }
 
-    /// Feeds `next` `[B]` (one token per row) at the next position; the output is over that
-    /// one position.
+    /// Keeps the decoded rows at `keep` (int64 `[A']`, positions among the rows decoded now):
+    /// the cache, the growing mask, the positions and the last tokens (see `compaction.rs`).
+    /// The prompt and its mask stay whole.
+    pub(crate) fn keep_rows(&mut self, keep: &Tensor) -> Result<()> {
+        self.cache.index_select(keep)?;
+        self.mask = self.mask.f_index_select(0, keep)?;
+        self.positions = self.positions.f_index_select(0, keep)?;
+        self.last_token = self.last_token.f_index_select(0, keep)?;
+        self.ones = self.ones.f_narrow(0, 0, keep.size1()?)?;
+        Ok(())
+    }
+
+    /// Feeds `next` `[A]` (one token per decoded row) at the next position; the output is over
+    /// that one position.
     pub(crate) fn step(&mut self, next: Tensor, options: ForwardOptions) -> Result<LmOutput> {
         self.positions = self.positions.f_add_scalar(1)?;
         let ids = next.f_unsqueeze(1)?;
@@ -774,6 +815,8 @@ pub(crate) struct Rows {
     tokens: Vec<Tensor>,
     live: Vec<Tensor>,
     check_every: i64,
+    /// The live-row count read by this step's [`done`](Rows::done) (`None`: none read).
+    live_count: Option<i64>,
     b: i64,
     device: Device,
 }
@@ -796,6 +839,7 @@ impl Rows {
             live: Vec::with_capacity(capacity),
             // the all-finished check reads the device: every step on the CPU, every 8 elsewhere
             check_every: if device == Device::Cpu { 1 } else { 8 },
+            live_count: None,
             b,
             device,
         })
@@ -811,6 +855,11 @@ impl Rows {
         &self.unfinished
     }
 
+    /// `[B]`: the pad id of every row.
+    pub(crate) fn pad(&self) -> &Tensor {
+        &self.pad
+    }
+
     /// Records this step's `next` `[B]` (the pad id on finished rows), which it returns.
     pub(crate) fn push(&mut self, next: Tensor) -> Result<Tensor> {
         let next = next.f_where_self(&self.unfinished, &self.pad)?;
@@ -819,15 +868,27 @@ impl Rows {
         if let Some(eos) = self.eos {
             self.unfinished = self.unfinished.f_logical_and(&next.f_ne(eos)?)?;
         }
+        self.live_count = None;
         Ok(next)
     }
 
-    /// Whether generation stops after step `step` of `steps`.
-    pub(crate) fn done(&self, step: i64, steps: i64) -> Result<bool> {
+    /// Whether generation stops after step `step` of `steps`. Without an EOS id no row
+    /// finishes early, and nothing is read from the device.
+    pub(crate) fn done(&mut self, step: i64, steps: i64) -> Result<bool> {
         if step + 1 == steps {
             return Ok(true);
         }
-        Ok((step + 1) % self.check_every == 0 && !bool::try_from(self.unfinished.f_any()?)?)
+        if self.eos.is_none() || (step + 1) % self.check_every != 0 {
+            return Ok(false);
+        }
+        let live = i64::try_from(self.unfinished.f_sum(Kind::Int64)?)?;
+        self.live_count = Some(live);
+        Ok(live == 0)
+    }
+
+    /// The number of unfinished rows, when this step's [`done`](Rows::done) read it.
+    pub(crate) fn live(&self) -> Option<i64> {
+        self.live_count
     }
 
     /// Stacks the steps and trims those after every row finished (from the lazy all-finished

@@ -52,6 +52,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use super::causal_lm::ForwardOptions;
+use super::compaction::ActiveRows;
 use super::generation::{
     apply_logit_mask, check_logit_mask, check_prompt, draw_uniforms, sample_rows,
     top_k as top_k_mask, DecodeState, GenerateOptions, Rows,
@@ -415,6 +416,18 @@ pub fn ilql_generate_with(
     options: &GenerateOptions<'_>,
     rng: &mut Generator,
 ) -> Result<IlqlGenerationOutput> {
+    ilql_generate_impl(model, prompt, attention_mask, config, options, rng).map(|(out, _)| out)
+}
+
+/// [`ilql_generate_with`], with the record of which rows were decoded.
+pub(crate) fn ilql_generate_impl(
+    model: &CausalLmWithIlqlHeads,
+    prompt: &Tensor,
+    attention_mask: Option<&Tensor>,
+    config: &IlqlGenerationConfig,
+    options: &GenerateOptions<'_>,
+    rng: &mut Generator,
+) -> Result<(IlqlGenerationOutput, ActiveRows)> {
     let _guard = tch::no_grad_guard();
     let op = "ilql_generate";
     let trunk = model.model();
@@ -448,7 +461,10 @@ pub fn ilql_generate_with(
         logits: false,
         capture_block_input: None,
     };
+    let mut active = ActiveRows::new(b, !options.keep_finished_rows);
+    let zeros = Tensor::f_zeros([b], (Kind::Float, decoder.device()))?;
     for step in 0..steps {
+        active.count_step();
         let logits = trunk.lm_head(&hidden)?;
         let logits = apply_logit_mask(logits, options.logit_mask, decoder.last_token())?;
         let target_qs = heads
@@ -462,7 +478,7 @@ pub fn ilql_generate_with(
             None => s.filtered.f_argmax(-1, false)?,
             Some(u) => sample_rows(
                 &scaled(&s.filtered, config.temperature)?,
-                &u.f_select(0, step)?,
+                &active.select(&u.f_select(0, step)?)?,
             )?,
         };
         if config.log_advantages {
@@ -470,14 +486,18 @@ pub fn ilql_generate_with(
                 .advantages
                 .f_gather(-1, &next.f_unsqueeze(-1)?, false)?
                 .f_squeeze_dim(-1)?;
+            let adv = active.scatter(&adv.f_to_kind(Kind::Float)?, &zeros)?;
             advantages.push(adv.f_mul(&rows.unfinished().f_to_kind(Kind::Float)?)?);
         }
-        let next = rows.push(next)?;
+        let next = rows.push(active.scatter(&next, rows.pad())?)?;
         if rows.done(step, steps)? {
             break;
         }
+        if let Some(keep) = active.compact(rows.unfinished(), rows.live(), steps - step - 1)? {
+            decoder.keep_rows(&keep)?;
+        }
         hidden = decoder
-            .step(next, hidden_only)?
+            .step(active.select(&next)?, hidden_only)?
             .last_hidden
             .f_select(1, 0)?;
     }
@@ -487,11 +507,12 @@ pub fn ilql_generate_with(
     } else {
         None
     };
-    Ok(IlqlGenerationOutput {
+    let output = IlqlGenerationOutput {
         sequences: done.sequences,
         response: done.response,
         response_mask: done.response_mask,
         attention_mask: done.attention_mask,
         advantages,
-    })
+    };
+    Ok((output, active))
 }

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod causal_lm;
+pub(crate) mod compaction;
 pub mod generation;
 pub mod heads;
 pub mod ilql_generation;
