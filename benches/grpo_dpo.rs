@@ -46,8 +46,8 @@
 //! iterations, default 5), `TORCHRL_BENCH_DPO_STEPS` (timed DPO steps, default 20),
 //! `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN` (default 1), `TORCHRL_BENCH_BF16=1`
 //! (the models in bfloat16, the Python side's `--bf16`; no floor), `TORCHRL_BENCH_REUSE=0` (W15's
-//! rollout without the shared prompt pass and with the policy's log-probs recomputed, as before
-//! issue 27; no floor).
+//! rollout without the shared prompt pass, without the reward model's shared prefix and with the
+//! policy's log-probs recomputed, as before issue 27; no floor).
 
 mod common;
 use common::bare_gpt2::{padded_blocked, positions_from_mask, BareGpt2};
@@ -181,14 +181,15 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
         .with_max_new_tokens(NEW_TOKENS)
         .with_batch_size(ROLLOUTS as i64)
         .with_num_generations(NUM_GENERATIONS as i64);
+    // TORCHRL_BENCH_REUSE=0: the rollout as before issue 27 (every row's prompt pass in the
+    // policy and the reward model, the policy's log-probs recomputed by the hydra pass), for an
+    // A/B of the two (no floor then)
+    let reuse = env_or("TORCHRL_BENCH_REUSE", 1u8) == 1;
     let env = TokenEnv::new(
         env_cfg,
         prompts.clone(),
-        Box::new(RewardModelScorer::new(rm)),
+        Box::new(RewardModelScorer::new(rm).with_shared_prompts(reuse)),
     )?;
-    // TORCHRL_BENCH_REUSE=0: the rollout as before issue 27 (every row's prompt pass, the
-    // policy's log-probs recomputed by the hydra pass), for an A/B of the two (no floor then)
-    let reuse = env_or("TORCHRL_BENCH_REUSE", 1u8) == 1;
     let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?
         .with_shared_prompts(reuse)
         .with_sampler_log_probs(reuse);
@@ -339,7 +340,11 @@ impl GrpoFloor {
         let trunk = self.hydra.trunk(&full, &positions, &blocked);
         let ref_lp = self.hydra.reference_log_probs(&trunk, &blocked, &full, p);
         let old_lp = gen.log_probs.expect("asked for");
-        let scores = self.rm.scores(&full, &attention, &positions, &blocked);
+        // the reward model runs each group's shared prefix once (`RewardModelScorer`)
+        let g = NUM_GENERATIONS as i64;
+        let scores = self
+            .rm
+            .scores_grouped(&full, &attention, &positions, &blocked, g);
         let adv = group_advantages(
             &scores.to_kind(Kind::Double),
             NUM_GENERATIONS as i64,

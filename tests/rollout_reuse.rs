@@ -17,19 +17,29 @@
 //!
 //! Finished rows compacted out of the decode (the default) give what decoding every row to the
 //! end gives ([`GenerateOptions::keep_finished_rows`]): the same tokens and masks, log-probs to
-//! 1e-5, on GPT-2 and the Llama family.
+//! 1e-5, on GPT-2 and the Llama family. The reward model runs a group's shared prefix once
+//! ([`CausalLmWithScoreHead::forward_grouped`], what [`RewardModelScorer`] does with grouped
+//! prompts): the same scores to 1e-5, with the trunk's embedded tokens counted to show the prefix
+//! ran once per group and stopped where the rows differ or a score is read.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
-use torchrl::envs::llm::{GenerationPolicy, TokenEnv, TokenEnvConfig, TokenScorer};
+
+use torchrl::envs::llm::scorer::{ScoreInput, Scorer};
+use torchrl::envs::llm::{
+    GenerationPolicy, RewardModelScorer, TokenEnv, TokenEnvConfig, TokenScorer,
+};
 use torchrl::envs::EnvBase;
 use torchrl::modules::llm::lora::inject_adapter;
 use torchrl::modules::llm::models::llama::LlamaConfig;
-use torchrl::modules::llm::nn::with_init_seed;
+use torchrl::modules::llm::nn::{with_init_seed, Decoder};
 use torchrl::modules::llm::{
     generate_greedy, generate_with, ilql_generate_with, ByteTokenizer, CausalLm, CausalLmConfig,
-    CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, GenerateOptions, GenerationConfig,
-    GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmInput, LoraConfig,
+    CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerateOptions,
+    GenerationConfig, GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmFacts, LmInput,
+    LoraConfig,
 };
 use torchrl::tensordict::KeysOptions;
 use torchrl::trainers::api::{Callbacks, Stats};
@@ -711,4 +721,240 @@ fn gpt2_decodes_alike_with_finished_rows_compacted() {
 fn llama_decodes_alike_with_finished_rows_compacted() {
     let (_vs, model) = build(&qwen3(), 12);
     check_compaction(model.as_ref(), "qwen3");
+}
+
+// ------------------------------------------------------------------ the reward model's prefix
+
+/// A causal LM that counts the tokens its trunk embeds (every forward embeds its input ids
+/// once): what shows that a scorer ran the shared prefix once per group.
+#[derive(Debug)]
+struct CountingLm {
+    inner: Box<dyn CausalLm>,
+    tokens: Arc<AtomicI64>,
+}
+
+impl CausalLm for CountingLm {
+    fn facts(&self) -> &LmFacts {
+        self.inner.facts()
+    }
+    fn decoder(&self) -> &Decoder {
+        self.inner.decoder()
+    }
+    fn decoder_mut(&mut self) -> &mut Decoder {
+        self.inner.decoder_mut()
+    }
+    fn block_name(&self, index: usize) -> String {
+        self.inner.block_name(index)
+    }
+    fn embed(&self, input_ids: &Tensor, position_ids: &Tensor) -> torchrl::Result<Tensor> {
+        self.tokens
+            .fetch_add(input_ids.numel() as i64, Ordering::Relaxed);
+        self.inner.embed(input_ids, position_ids)
+    }
+    fn lm_head_weight(&self) -> &Tensor {
+        self.inner.lm_head_weight()
+    }
+    fn embedding_parameters(&self) -> Vec<&Tensor> {
+        self.inner.embedding_parameters()
+    }
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        self.inner.named_parameters()
+    }
+    fn copy_to(&self, path: &tch::nn::Path<'_>) -> torchrl::Result<Box<dyn CausalLm>> {
+        self.inner.copy_to(path)
+    }
+    fn config_json(&self) -> torchrl::Result<String> {
+        self.inner.config_json()
+    }
+}
+
+fn counting_rm(
+    cfg: &dyn CausalLmConfig,
+    seed: u64,
+) -> (VarStore, CausalLmWithScoreHead, Arc<AtomicI64>) {
+    let vs = VarStore::new(Device::Cpu);
+    let tokens = Arc::new(AtomicI64::new(0));
+    let rm = with_init_seed(seed, || {
+        let inner = cfg.build(&vs.root())?;
+        let counting: Box<dyn CausalLm> = Box::new(CountingLm {
+            inner,
+            tokens: tokens.clone(),
+        });
+        CausalLmWithScoreHead::from_model(&vs.root(), counting)
+    })
+    .unwrap();
+    (vs, rm, tokens)
+}
+
+/// Grouped left-padded prompts (4 columns) followed by right-padded completions of different
+/// lengths (4 columns): the first two completions of each group start alike, the third does
+/// not; the last row's completion is one token.
+fn scored_batch() -> (Tensor, Tensor, Vec<Vec<i64>>) {
+    let (prompt, prompt_mask) = grouped(&[&[5, 6], &[9, 10, 11, 12], &[13]], G);
+    let completions: [&[i64]; 9] = [
+        &[14, 15, 16, 3],
+        &[14, 15, 17],
+        &[20, 3],
+        &[14, 21, 22, 23],
+        &[14, 21],
+        &[8, 8, 8, 8],
+        &[25, 3],
+        &[25, 26, 27],
+        &[4],
+    ];
+    let r = 4;
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for c in completions {
+        ids.extend(
+            c.iter()
+                .copied()
+                .chain(std::iter::repeat_n(PAD, r - c.len())),
+        );
+        mask.extend(std::iter::repeat_n(1i64, c.len()));
+        mask.extend(std::iter::repeat_n(0i64, r - c.len()));
+    }
+    let b = completions.len() as i64;
+    let ids = Tensor::cat(
+        &[
+            prompt.shallow_clone(),
+            Tensor::from_slice(&ids).view([b, r as i64]),
+        ],
+        1,
+    );
+    let mask = Tensor::cat(
+        &[
+            prompt_mask.shallow_clone(),
+            Tensor::from_slice(&mask).view([b, r as i64]),
+        ],
+        1,
+    );
+    let prompts = (0..b)
+        .map(|i| {
+            let row = Vec::<i64>::try_from(prompt.get(i)).unwrap();
+            let m = Vec::<i64>::try_from(prompt_mask.get(i)).unwrap();
+            row.into_iter()
+                .zip(m)
+                .filter(|(_, m)| *m == 1)
+                .map(|(t, _)| t)
+                .collect()
+        })
+        .collect();
+    (ids, mask, prompts)
+}
+
+fn check_reward_prefix(cfg: &dyn CausalLmConfig, name: &str) {
+    let (_vs, rm, tokens) = counting_rm(cfg, 21);
+    let (ids, mask, _) = scored_batch();
+    let (b, t) = ids.size2().unwrap();
+    let input = LmInput::new(&ids).with_attention_mask(&mask);
+    let _guard = tch::no_grad_guard();
+    let plain = rm.forward(&input).unwrap();
+    assert_eq!(
+        tokens.swap(0, Ordering::Relaxed),
+        b * t,
+        "{name}: the plain forward"
+    );
+    let shared = rm.forward_grouped(&input, G as usize).unwrap();
+    let d = max_diff(&shared, &plain);
+    assert!(d <= 1e-5, "{name}: scores differ by {d}");
+    // the groups agree on the 4 prompt columns, and no further (rows 5 and 8 differ at once):
+    // 3 rows × 4 columns once, then 9 rows × the 4 response columns
+    let ran = tokens.swap(0, Ordering::Relaxed);
+    assert_eq!(ran, 3 * 4 + b * (t - 4), "{name}: the shared forward");
+    // every group's completions start alike: the prefix reaches into the responses, but not
+    // past the last row's only response token (its score is read there)
+    let alike = ids.copy();
+    let _ = alike.get(2).get(4).fill_(14);
+    let _ = alike.get(5).get(4).fill_(14);
+    let _ = alike.get(8).get(4).fill_(25);
+    let check = |ids: &Tensor, mask: &Tensor, prefix: i64, what: &str| {
+        let input = LmInput::new(ids).with_attention_mask(mask);
+        let plain = rm.forward(&input).unwrap();
+        tokens.store(0, Ordering::Relaxed);
+        let shared = rm.forward_grouped(&input, G as usize).unwrap();
+        let d = max_diff(&shared, &plain);
+        assert!(d <= 1e-5, "{name}, {what}: scores differ by {d}");
+        let ran = tokens.load(Ordering::Relaxed);
+        assert_eq!(ran, 3 * prefix + b * (t - prefix), "{name}, {what}");
+    };
+    check(&alike, &mask, 4, "capped by the shortest response");
+    let longer = mask.copy();
+    let _ = longer.get(8).get(5).fill_(1);
+    let _ = alike.get(8).get(5).fill_(26);
+    check(&alike, &longer, 5, "into the responses");
+    // rows of a group that differ in the prompt: the prefix shrinks to where they agree
+    let bad = ids.copy();
+    let _ = bad.get(4).get(3).fill_(20);
+    let input = LmInput::new(&bad).with_attention_mask(&mask);
+    let plain = rm.forward(&input).unwrap();
+    tokens.store(0, Ordering::Relaxed);
+    let shared = rm.forward_grouped(&input, G as usize).unwrap();
+    assert!(max_diff(&shared, &plain) <= 1e-5, "{name}: differing rows");
+    assert_eq!(
+        tokens.load(Ordering::Relaxed),
+        3 * 3 + b * (t - 3),
+        "{name}"
+    );
+    // a batch that is not whole groups, and groups of 1: the plain forward
+    for (rows, g) in [(8, G as usize), (9, 1)] {
+        let ids = ids.narrow(0, 0, rows);
+        let mask = mask.narrow(0, 0, rows);
+        let input = LmInput::new(&ids).with_attention_mask(&mask);
+        tokens.store(0, Ordering::Relaxed);
+        let shared = rm.forward_grouped(&input, g).unwrap();
+        assert!(
+            max_diff(&shared, &rm.forward(&input).unwrap()) <= 1e-6,
+            "{name}"
+        );
+        assert_eq!(
+            tokens.load(Ordering::Relaxed),
+            2 * rows * t,
+            "{name}: {rows} rows"
+        );
+    }
+}
+
+#[test]
+fn gpt2_reward_model_runs_a_groups_prefix_once() {
+    check_reward_prefix(&gpt2(), "gpt2");
+}
+
+#[test]
+fn llama_reward_model_runs_a_groups_prefix_once() {
+    check_reward_prefix(&qwen3(), "qwen3");
+}
+
+#[test]
+fn the_reward_scorer_shares_the_prompts_it_is_given() {
+    let (_vs, rm, tokens) = counting_rm(&gpt2(), 22);
+    let (ids, mask, prompts) = scored_batch();
+    let (b, t) = ids.size2().unwrap();
+    let responses: Vec<Vec<i64>> = vec![vec![]; b as usize];
+    let ended = vec![false; b as usize];
+    let input = ScoreInput {
+        prompts: &prompts,
+        responses: &responses,
+        ended_with_eos: &ended,
+        tokens: &ids,
+        attention_mask: &mask,
+        batch_size: b,
+    };
+    let mut scorer = RewardModelScorer::new(rm);
+    let shared = scorer.score(&input).unwrap();
+    assert_eq!(tokens.swap(0, Ordering::Relaxed), 3 * 4 + b * (t - 4));
+    let mut scorer = scorer.with_shared_prompts(false);
+    let plain = scorer.score(&input).unwrap();
+    assert_eq!(tokens.swap(0, Ordering::Relaxed), b * t);
+    assert!(max_diff(&shared, &plain) <= 1e-5);
+    // prompts that do not come in whole groups are scored row by row
+    let mut uneven = prompts.clone();
+    uneven[8] = vec![99];
+    let mut scorer = scorer.with_shared_prompts(true);
+    let input = ScoreInput {
+        prompts: &uneven,
+        ..input
+    };
+    let again = scorer.score(&input).unwrap();
+    assert_eq!(tokens.swap(0, Ordering::Relaxed), b * t);
+    assert!(max_diff(&again, &plain) <= 1e-6);
 }

@@ -465,6 +465,62 @@ impl BareRewardModel {
             .linear(&self.score, None::<Tensor>)
             .squeeze_dim(-1)
     }
+
+    /// [`scores`](Self::scores) for rows in consecutive groups of `g` (GRPO's completions of
+    /// one prompt), as `CausalLmWithScoreHead::forward_grouped`: the longest prefix on which
+    /// every group's rows agree (ids and mask, and before every row's last real token) runs
+    /// once per group, its cache is repeated to the rows, and the rest runs on every row.
+    pub fn scores_grouped(
+        &self,
+        tokens: &Tensor,
+        mask: &Tensor,
+        positions: &Tensor,
+        blocked: &Tensor,
+        g: i64,
+    ) -> Tensor {
+        let _guard = tch::no_grad_guard();
+        let m = &self.trunk;
+        let (b, t) = tokens.size2().expect("[B, T]");
+        let device = tokens.device();
+        let first_rows = Tensor::arange_start_step(0, b, g, (Kind::Int64, device));
+        let group =
+            Tensor::arange(b / g, (Kind::Int64, device)).repeat_interleave_self_int(g, 0, b);
+        let heads = first_rows.index_select(0, &group);
+        let agrees = |x: &Tensor| x.eq_tensor(&x.index_select(0, &heads));
+        let same = agrees(tokens).logical_and(&agrees(mask)).all_dim(0, false);
+        let common = same
+            .to_kind(Kind::Int64)
+            .cumprod(0, Kind::Int64)
+            .sum(Kind::Int64);
+        let last = (Tensor::arange(t, (Kind::Int64, device)) * mask).argmax(-1, false);
+        let bounds = Vec::<i64>::try_from(&Tensor::stack(&[common, last.min()], 0)).expect("two");
+        let shared = bounds.into_iter().min().unwrap_or(0);
+        if shared < 1 {
+            return self.scores(tokens, mask, positions, blocked);
+        }
+        let mut cache = m.new_cache();
+        let prefix = |x: &Tensor| x.index_select(0, &first_rows).narrow(1, 0, shared);
+        let x = m.embed(&prefix(tokens), &prefix(positions));
+        let prefix_blocked = padded_blocked(&prefix(mask));
+        let _ = m.blocks_forward(
+            x,
+            0..m.blocks.len(),
+            Some(&mut cache),
+            Some(&prefix_blocked),
+        );
+        for (k, v) in cache.iter_mut().flatten() {
+            *k = k.index_select(0, &group);
+            *v = v.index_select(0, &group);
+        }
+        let rest = |x: &Tensor| x.narrow(1, shared, t - shared);
+        let x = m.embed(&rest(tokens), &rest(positions));
+        let rest_blocked = blocked.narrow(2, shared, t - shared);
+        let x = m.blocks_forward(x, 0..m.blocks.len(), Some(&mut cache), Some(&rest_blocked));
+        let h = gather_rows(&x, &(last - shared).unsqueeze(1)).squeeze_dim(1);
+        m.final_norm(&h)
+            .linear(&self.score, None::<Tensor>)
+            .squeeze_dim(-1)
+    }
 }
 
 // ------------------------------------------------------------------------------ minibatches

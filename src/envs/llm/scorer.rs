@@ -218,15 +218,23 @@ impl<F: FnMut(&ScoreInput<'_>) -> Result<Tensor> + Send> Scorer for BatchScorer<
 /// A learned reward model: [`CausalLmWithScoreHead::forward`] under `no_grad` on the full tokens and
 /// attention mask (moved to the model's device; the scores come back on the tokens' device),
 /// optionally clipped to `[-clip, clip]`.
+///
+/// When the batch's prompts come in consecutive groups of one size `g > 1` (GRPO's
+/// `num_generations` completions of each prompt, as the [`TokenEnv`](super::TokenEnv) serves
+/// them), the shared prefix runs once per group
+/// ([`CausalLmWithScoreHead::forward_grouped`]); the scores are the same up to rounding.
+/// [`with_shared_prompts(false)`](Self::with_shared_prompts) always runs every row whole.
 pub struct RewardModelScorer {
     model: CausalLmWithScoreHead,
     clip: Option<f64>,
+    shared_prompts: bool,
 }
 
 impl fmt::Debug for RewardModelScorer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RewardModelScorer")
             .field("clip", &self.clip)
+            .field("shared_prompts", &self.shared_prompts)
             .finish_non_exhaustive()
     }
 }
@@ -234,7 +242,18 @@ impl fmt::Debug for RewardModelScorer {
 impl RewardModelScorer {
     /// Scores with `model`, unclipped.
     pub fn new(model: CausalLmWithScoreHead) -> Self {
-        RewardModelScorer { model, clip: None }
+        RewardModelScorer {
+            model,
+            clip: None,
+            shared_prompts: true,
+        }
+    }
+
+    /// Whether a batch whose prompts come in consecutive groups of one size runs their shared
+    /// prefix once per group (`true`, the default) or every row whole (`false`).
+    pub fn with_shared_prompts(mut self, shared: bool) -> Self {
+        self.shared_prompts = shared;
+        self
     }
 
     /// Clips the scores to `[-clip, clip]` (trlX's `cliprange_reward`). Errors unless `clip`
@@ -267,14 +286,56 @@ impl Scorer for RewardModelScorer {
             .attention_mask
             .f_to_kind(Kind::Int64)?
             .f_to_device(device)?;
+        let g = if self.shared_prompts {
+            prompt_group_size(input.prompts)
+        } else {
+            1
+        };
+        let lm_input = LmInput::new(&ids).with_attention_mask(&mask);
         let s = self
             .model
-            .forward(&LmInput::new(&ids).with_attention_mask(&mask))?
+            .forward_grouped(&lm_input, g)?
             .f_to_kind(Kind::Float)?;
         let s = match self.clip {
             Some(c) => s.f_clamp(-c, c)?,
             None => s,
         };
         Ok(s.f_to_device(input.tokens.device())?)
+    }
+}
+
+/// The size `g` of the consecutive groups of identical prompts, when every group has that one
+/// size and `g > 1`; else 1.
+fn prompt_group_size(prompts: &[Vec<i64>]) -> usize {
+    let Some(first) = prompts.first() else {
+        return 1;
+    };
+    let g = prompts.iter().skip(1).take_while(|p| *p == first).count() + 1;
+    let whole = g > 1
+        && prompts.len().is_multiple_of(g)
+        && prompts
+            .chunks(g)
+            .all(|c| c.iter().all(|p| Some(p) == c.first()));
+    if whole {
+        g
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_group_size;
+
+    #[test]
+    fn group_sizes_from_the_prompts() {
+        let p = |v: &[i64]| v.to_vec();
+        assert_eq!(prompt_group_size(&[p(&[1]), p(&[1]), p(&[2]), p(&[2])]), 2);
+        assert_eq!(prompt_group_size(&[p(&[1]), p(&[1]), p(&[1])]), 3);
+        // uneven groups, or no repeats: every row its own
+        assert_eq!(prompt_group_size(&[p(&[1]), p(&[1]), p(&[2])]), 1);
+        assert_eq!(prompt_group_size(&[p(&[1]), p(&[1]), p(&[2]), p(&[3])]), 1);
+        assert_eq!(prompt_group_size(&[p(&[1]), p(&[2])]), 1);
+        assert_eq!(prompt_group_size(&[]), 1);
     }
 }

@@ -9,7 +9,9 @@ use tch::{Kind, Tensor};
 use super::ilql::batched_index_select;
 use super::{read_tokens, trunk_wrapper};
 use crate::error::{Error, Result};
-use crate::modules::llm::causal_lm::{CausalLm, CausalLmConfig, ForwardOptions, LmInput, ModelBox};
+use crate::modules::llm::causal_lm::{
+    position_ids_from_mask, CausalLm, CausalLmConfig, ForwardOptions, LmInput, ModelBox,
+};
 use crate::modules::llm::keys::LlmKeys;
 use crate::modules::llm::nn::randn_var;
 use crate::modules::llm::{models, weights};
@@ -120,6 +122,98 @@ impl CausalLmWithScoreHead {
             None => Tensor::f_full([b], t - 1, (Kind::Int64, out.last_hidden.device()))?,
         };
         let h = batched_index_select(&out.last_hidden, &last.f_unsqueeze(1)?)?.f_squeeze_dim(1)?;
+        Ok(h.f_linear(&self.score, None::<Tensor>)?.f_squeeze_dim(-1)?)
+    }
+
+    /// [`forward`](Self::forward) for rows that come in consecutive groups of `g` sharing a
+    /// prefix (GRPO's `num_generations` completions of one prompt): the trunk runs the longest
+    /// prefix on which every group's rows agree (ids and mask, and before every row's last real
+    /// token) once per group, repeats its KV cache to the group's rows and runs only the rest
+    /// on every row. The scores equal [`forward`](Self::forward)'s up to the rounding of the
+    /// smaller matrix products. Rows that share nothing (or `g ≤ 1`, or a batch that is not
+    /// whole groups) take the plain forward: sharing is an optimisation found in the data, never
+    /// an error.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Tensor};
+    /// use torchrl::modules::llm::{CausalLmWithScoreHead, Gpt2Config, Gpt2Model, LmInput};
+    /// # fn main() -> torchrl::Result<()> {
+    /// tch::manual_seed(0);
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let cfg = Gpt2Config::new(30).with_n_layer(2).with_n_embd(16).with_n_head(2).with_n_positions(32);
+    /// let rm = CausalLmWithScoreHead::from_model(&vs.root(), Gpt2Model::new(&vs.root(), &cfg)?)?;
+    /// // one prompt [4, 5, 6], two completions of different lengths (right-padded with 0)
+    /// let ids = Tensor::from_slice(&[4i64, 5, 6, 7, 8, 9, 4, 5, 6, 10, 0, 0]).view([2, 6]);
+    /// let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]).view([2, 6]);
+    /// let input = LmInput::new(&ids).with_attention_mask(&mask);
+    /// let shared = rm.forward_grouped(&input, 2)?;
+    /// let plain = rm.forward(&input)?;
+    /// assert!(shared.allclose(&plain, 1e-5, 1e-5, false));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward).
+    pub fn forward_grouped(&self, input: &LmInput<'_>, g: usize) -> Result<Tensor> {
+        let (ids, mask) = match input.attention_mask {
+            Some(m) if g > 1 && input.position_ids.is_none() => (input.input_ids, m),
+            _ => return self.forward(input),
+        };
+        let [b, t] = <[i64; 2]>::try_from(ids.size().as_slice()).unwrap_or([0, 0]);
+        let g = i64::try_from(g).unwrap_or(i64::MAX);
+        if b < 2 || b % g != 0 || mask.size() != ids.size() {
+            return self.forward(input);
+        }
+        let mask = mask.f_to_kind(Kind::Int64)?;
+        let device = ids.device();
+        let first_rows = Tensor::f_arange_start_step(0, b, g, (Kind::Int64, device))?;
+        let group = Tensor::f_arange(b / g, (Kind::Int64, device))?
+            .f_repeat_interleave_self_int(g, 0, b)?;
+        let heads = first_rows.f_index_select(0, &group)?;
+        // the columns where every row agrees with the first row of its group, ids and mask
+        let agrees =
+            |x: &Tensor| -> Result<Tensor> { Ok(x.f_eq_tensor(&x.f_index_select(0, &heads)?)?) };
+        let same = agrees(ids)?
+            .f_logical_and(&agrees(&mask)?)?
+            .f_all_dim(0, false)?;
+        let common = same
+            .f_to_kind(Kind::Int64)?
+            .f_cumprod(0, Kind::Int64)?
+            .f_sum(Kind::Int64)?;
+        let last = last_token_index(&mask)?;
+        // one host read: the shared prefix stops before every row's last real token
+        let bounds = Vec::<i64>::try_from(&Tensor::f_stack(&[common, last.f_min()?], 0)?)?;
+        let shared = bounds.iter().copied().min().unwrap_or(0);
+        if shared < 1 {
+            return self.forward(input);
+        }
+        let hidden_only = ForwardOptions {
+            logits: false,
+            capture_block_input: None,
+        };
+        let model = &self.model.0;
+        let mut cache = model.new_cache();
+        let prefix_ids = ids.f_index_select(0, &first_rows)?.f_narrow(1, 0, shared)?;
+        let prefix_mask = mask
+            .f_index_select(0, &first_rows)?
+            .f_narrow(1, 0, shared)?;
+        model.forward_with(
+            &LmInput::new(&prefix_ids).with_attention_mask(&prefix_mask),
+            Some(&mut cache),
+            hidden_only,
+        )?;
+        cache.index_select(&group)?;
+        let rest = ids.f_narrow(1, shared, t - shared)?;
+        let positions = position_ids_from_mask(&mask)?.f_narrow(1, shared, t - shared)?;
+        let out = model.forward_with(
+            &LmInput::new(&rest)
+                .with_attention_mask(&mask)
+                .with_position_ids(&positions),
+            Some(&mut cache),
+            hidden_only,
+        )?;
+        let at = last.f_sub_scalar(shared)?.f_unsqueeze(1)?;
+        let h = batched_index_select(&out.last_hidden, &at)?.f_squeeze_dim(1)?;
         Ok(h.f_linear(&self.score, None::<Tensor>)?.f_squeeze_dim(-1)?)
     }
 }
