@@ -14,6 +14,12 @@
 //!   reference is a 2-block branch); `transformers`: the policy model with a value head and a
 //!   full reference copy. The reference's parameter bytes are printed beside it.
 //!
+//! - `TORCHRL_BENCH_COMPACTION=1` (alone, no peer): finished rows compacted away against every
+//!   row decoded to the end (`GenerateOptions::keep_finished_rows`), GPT-2 small's shape, batch
+//!   8, prompt 16, 64 greedy new tokens, with an EOS that ends the rows at different steps (the
+//!   token that a probe decode without EOS emits in the most rows, earliest on ties): both
+//!   decodes give the same tokens (checked), and the two are timed interleaved.
+//!
 //! Run: `cargo bench --bench llm` (`TORCHRL_BENCH_TINY_ONLY=1` stops after W8), or
 //! `scripts/bench.sh` for the side-by-side table.
 
@@ -26,8 +32,8 @@ use std::hint::black_box;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::llm::{
-    generate, CausalLm, CausalLmWithHydraValueHead, GenerationConfig, Gpt2Config, Gpt2Model,
-    LmInput,
+    generate, generate_greedy, CausalLm, CausalLmWithHydraValueHead, GenerateOptions,
+    GenerationConfig, Gpt2Config, Gpt2Model, LmInput,
 };
 use torchrl::Generator;
 
@@ -144,6 +150,9 @@ fn main() -> torchrl::Result<()> {
         .unwrap_or(2);
     tch::set_num_threads(threads);
     let small = Gpt2Config::new(50257);
+    if common::env_or("TORCHRL_BENCH_COMPACTION", 0u8) == 1 {
+        return compaction(&small, 8, 16, 64);
+    }
     tokens_per_s("W8_gpt_generate_tiny", &tiny(), 16, 16, 32)?;
     if std::env::var_os("TORCHRL_BENCH_TINY_ONLY").is_some() {
         return Ok(());
@@ -173,6 +182,81 @@ fn main() -> torchrl::Result<()> {
         "reference parameters: {:.1} MB (hydra, 2 blocks) vs {:.1} MB (full copy)",
         hydra.reference_parameter_bytes() as f64 / 1e6,
         hydra.full_copy_parameter_bytes() as f64 / 1e6
+    );
+    Ok(())
+}
+
+/// `TORCHRL_BENCH_COMPACTION=1`: greedy decoding with rows that finish at different steps,
+/// finished rows compacted away (the default) against every row decoded to the end.
+fn compaction(cfg: &Gpt2Config, batch: i64, prompt: i64, new: i64) -> torchrl::Result<()> {
+    tch::manual_seed(0);
+    let vs = VarStore::new(Device::Cpu);
+    let model = Gpt2Model::new(&vs.root(), cfg)?;
+    let ids = Tensor::f_randint_low(
+        3,
+        cfg.vocab_size,
+        [batch, prompt],
+        (Kind::Int64, Device::Cpu),
+    )?;
+    let plain = GenerationConfig::new(new).with_model_defaults(false);
+    let opts = GenerateOptions::default();
+    // the EOS: the token the most rows emit, the earliest mean first step on ties
+    let probe = generate_greedy(
+        &model,
+        &ids,
+        None,
+        &plain.clone().with_pad_token_id(0),
+        &opts,
+    )?;
+    let rows = Vec::<Vec<i64>>::try_from(&probe.response)?;
+    let mut first: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+    for row in &rows {
+        let mut seen = std::collections::BTreeSet::new();
+        for (step, &t) in row.iter().enumerate() {
+            if seen.insert(t) {
+                first.entry(t).or_default().push(step);
+            }
+        }
+    }
+    let (&eos, _) = first
+        .iter()
+        .max_by_key(|(_, steps)| (steps.len(), std::cmp::Reverse(steps.iter().sum::<usize>())))
+        .expect("a token");
+    let cfg_eos = plain.with_eos_token_id(eos).with_pad_token_id(0);
+    let whole = opts.with_keep_finished_rows(true);
+    let a = generate_greedy(&model, &ids, None, &cfg_eos, &opts)?;
+    let b = generate_greedy(&model, &ids, None, &cfg_eos, &whole)?;
+    assert!(
+        a.sequences.equal(&b.sequences),
+        "compaction changed the tokens"
+    );
+    let lengths = Vec::<i64>::try_from(&a.response_mask.sum_dim_intlist(1, false, Kind::Int64))?;
+    let steps = a.response.size()[1];
+    let (compacting, full) = paired(
+        Box::new(|| {
+            black_box(generate_greedy(&model, &ids, None, &cfg_eos, &opts)?);
+            Ok(())
+        }),
+        Box::new(|| {
+            black_box(generate_greedy(&model, &ids, None, &cfg_eos, &whole)?);
+            Ok(())
+        }),
+    )?;
+    let live: i64 = lengths.iter().sum();
+    println!(
+        "compaction_gpt2_small_greedy\t{:.1}",
+        live as f64 / compacting
+    );
+    println!(
+        "compaction_gpt2_small_greedy_whole\t{:.1}",
+        live as f64 / full
+    );
+    println!(
+        "# compaction: EOS {eos}; response lengths {lengths:?} ({live} live of {} row-steps, \
+         {steps} steps); compacted {compacting:.3} s, every row to the end {full:.3} s: \
+         {:.2}x faster (live tokens/s above)",
+        batch * steps,
+        full / compacting
     );
     Ok(())
 }
