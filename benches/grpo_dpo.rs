@@ -47,7 +47,8 @@
 //! `TORCHRL_BENCH_THREADS` (default 1), `TORCHRL_BENCH_UNFROZEN` (default 1), `TORCHRL_BENCH_BF16=1`
 //! (the models in bfloat16, the Python side's `--bf16`; no floor), `TORCHRL_BENCH_REUSE=0` (W15's
 //! rollout without the shared prompt pass, without the reward model's shared prefix and with the
-//! policy's log-probs recomputed, as before issue 27; no floor).
+//! policy's log-probs recomputed, as before issue 27; no floor), `TORCHRL_BENCH_RM_PREFIX=0` (only
+//! the reward model's shared prefix off; no floor).
 
 mod common;
 use common::bare_gpt2::{padded_blocked, positions_from_mask, BareGpt2};
@@ -185,15 +186,17 @@ fn grpo(iters: usize, unfrozen: i64) -> Result<()> {
     // policy and the reward model, the policy's log-probs recomputed by the hydra pass), for an
     // A/B of the two (no floor then)
     let reuse = env_or("TORCHRL_BENCH_REUSE", 1u8) == 1;
+    // TORCHRL_BENCH_RM_PREFIX=0: only the reward model's shared prefix off (no floor then)
+    let rm_prefix = reuse && env_or("TORCHRL_BENCH_RM_PREFIX", 1u8) == 1;
     let env = TokenEnv::new(
         env_cfg,
         prompts.clone(),
-        Box::new(RewardModelScorer::new(rm).with_shared_prompts(reuse)),
+        Box::new(RewardModelScorer::new(rm).with_shared_prompts(rm_prefix)),
     )?;
     let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?
         .with_shared_prompts(reuse)
         .with_sampler_log_probs(reuse);
-    let mut floor = if unfrozen >= 1 && !bf16() && reuse {
+    let mut floor = if unfrozen >= 1 && !bf16() && rm_prefix {
         Some(GrpoFloor::new(&cfg, unfrozen, prompts, seed)?)
     } else {
         None
