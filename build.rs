@@ -26,11 +26,54 @@ fn main() {
         // DEP_TORCHRL_LIBTORCH_LIB in their build script and emit their own rpath
         println!("cargo:libtorch_lib={dir}");
     }
+    mkl_packed_shim();
     #[cfg(feature = "distributed")]
     distributed::build_shim();
     if std::env::var_os("CARGO_FEATURE_GYM").is_some() {
         gym_python();
     }
+}
+
+/// Compiles `src/modules/llm/nn/mkl_packed.cpp` (the C ABI over libtorch's MKL packed-weight
+/// linear, reached through the dispatcher; `modules::llm::nn::packed`) against the headers of
+/// the libtorch torch-sys linked. Without `DEP_TCH_LIBTORCH_LIB` (nothing to compile against)
+/// the crate builds without it and decodes with the plain products (`cfg(torchrl_mkl_packed)`
+/// is then unset).
+fn mkl_packed_shim() {
+    const SHIM: &str = "src/modules/llm/nn/mkl_packed.cpp";
+    println!("cargo:rerun-if-changed={SHIM}");
+    println!("cargo::rustc-check-cfg=cfg(torchrl_mkl_packed)");
+    let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        return;
+    };
+    let lib = std::path::PathBuf::from(lib);
+    let include = lib
+        .parent()
+        .unwrap_or(std::path::Path::new("/"))
+        .join("include");
+    if !include.join("ATen/core/dispatch/Dispatcher.h").exists() {
+        println!(
+            "cargo:warning=torchrl: {} has no ATen headers; decoding uses the plain products",
+            include.display()
+        );
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .file(SHIM)
+        .std("c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        // the wheel's headers are not warning-clean under -Wall; ours is checked by hand
+        .warnings(false)
+        .extra_warnings(false)
+        .cargo_warnings(false)
+        .compile("torchrl_mkl_packed");
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-cfg=torchrl_mkl_packed");
 }
 
 /// With the feature `gym`: an rpath to the folder of the Python library pyo3 links against

@@ -321,6 +321,10 @@ pub trait CausalLm: Send + fmt::Debug {
 
     /// Logits for a hidden state `[.., hidden]` through the LM head.
     fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        // a decode's packed copy of the head (`nn::packed`), when one is active
+        if let Some(y) = super::nn::packed::linear(hidden, self.lm_head_weight(), None)? {
+            return Ok(y);
+        }
         Ok(hidden.f_matmul(&self.lm_head_weight().f_transpose(0, 1)?)?)
     }
 

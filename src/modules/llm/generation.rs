@@ -75,6 +75,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::causal_lm::{CausalLm, ForwardOptions, LmFacts, LmInput, LmOutput};
 use super::compaction::ActiveRows;
+use super::nn::packed::PackedScope;
 use super::nn::KvCache;
 use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
@@ -483,8 +484,10 @@ pub(crate) fn generate_impl(
     check_logit_mask(op, options.logit_mask, vocab)?;
     let (mut decoder, first) =
         DecodeState::start(model, prompt, attention_mask, [b, p], options.prompt_groups)?;
-    let mut last_logits = model.lm_head(&first)?;
     let steps = config.max_new_tokens;
+    // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
+    let _packed = PackedScope::for_decode(model, b, steps)?;
+    let mut last_logits = model.lm_head(&first)?;
     let uniforms = match rng {
         Some(rng) if config.do_sample => draw_uniforms(rng, steps, b, decoder.device())?,
         _ => None,

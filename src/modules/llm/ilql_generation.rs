@@ -58,6 +58,7 @@ use super::generation::{
     top_k as top_k_mask, DecodeState, GenerateOptions, Rows,
 };
 use super::heads::CausalLmWithIlqlHeads;
+use super::nn::packed::PackedScope;
 use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
@@ -438,6 +439,8 @@ pub(crate) fn ilql_generate_impl(
     let (mut decoder, mut hidden) =
         DecodeState::start(trunk, prompt, attention_mask, [b, p], options.prompt_groups)?;
     let steps = config.max_new_tokens;
+    // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
+    let _packed = PackedScope::for_decode(trunk, b, steps)?;
     let greedy = config.temperature == 0.0;
     let uniforms = if greedy {
         None

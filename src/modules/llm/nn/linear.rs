@@ -135,6 +135,12 @@ impl Linear {
 
     /// The base layer alone (no adapter).
     fn forward_base(&self, x: &Tensor) -> Result<Tensor> {
+        // a decode's packed copy of the weight (`packed`), when one is active
+        if super::packed::active() {
+            if let Some(y) = super::packed::linear(x, &self.out_in_weight(), self.bias.as_ref())? {
+                return Ok(y);
+            }
+        }
         match self.layout {
             WeightLayout::OutIn => Ok(x.f_linear(&self.weight, self.bias.as_ref())?),
             WeightLayout::InOut => {
@@ -151,6 +157,15 @@ impl Linear {
                 };
                 Ok(y.f_view(shape.as_slice())?)
             }
+        }
+    }
+
+    /// The weight as `[out_features, in_features]` (a transposed view for
+    /// [`WeightLayout::InOut`]).
+    pub fn out_in_weight(&self) -> Tensor {
+        match self.layout {
+            WeightLayout::OutIn => self.weight.shallow_clone(),
+            WeightLayout::InOut => self.weight.tr(),
         }
     }
 

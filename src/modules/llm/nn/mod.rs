@@ -45,6 +45,7 @@ pub mod linear;
 pub mod lora;
 pub mod mlp;
 pub mod norm;
+pub mod packed;
 pub mod rotary;
 pub mod staged;
 

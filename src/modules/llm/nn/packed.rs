@@ -1,0 +1,375 @@
+//! Decoding with MKL's packed weights.
+//!
+//! A decode step multiplies a few rows (the batch) by every weight of the model. libtorch's
+//! plain float32 product on the CPU re-packs the weight into MKL's blocked layout on every
+//! call, which at batch 8 costs more than the product itself (38 % of a Qwen2.5-0.5B-shaped
+//! decode's cycles by `perf`, docs/performance.md). The weights do not change during a
+//! generation, so [`PackedScope::for_decode`] packs every linear weight of the model and its LM
+//! head once (`mkl::_mkl_reorder_linear_weight`, the op PyTorch's CPU inference freezing uses),
+//! and while the scope lives, [`Linear`](super::Linear) and
+//! [`CausalLm::lm_head`](crate::modules::llm::CausalLm::lm_head) multiply through the packed
+//! copy (`mkl::_mkl_linear`) when the input has exactly the packed number of rows (any other
+//! count takes the plain product, inside the op). The results equal the plain products up to
+//! the order of the float32 sums (about 1e-6 relative).
+//!
+//! Packing applies only where it is sound and pays: a CPU float32 model, a libtorch with MKL
+//! (the op is looked up by name: a build without it decodes as before), no gradient (generation
+//! runs under `no_grad`), a decode of at least [`MIN_STEPS`] steps (the packing costs about
+//! one plain step), and weights of at least [`MIN_PACKED_ELEMENTS`] elements (a small model
+//! decodes as before). It holds a packed copy of the weights for the generation's duration (as
+//! many bytes again as the float32 weights); `TORCHRL_NO_PACKED_DECODE=1` turns it off.
+//!
+//! The packed weights live in a thread-local table that the scope fills and empties, keyed by
+//! each weight's storage address, so nothing in the model changes and nothing outlives the
+//! generation.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::Result;
+use crate::modules::llm::causal_lm::CausalLm;
+
+/// The fewest decode steps for which packing is done.
+pub const MIN_STEPS: i64 = 4;
+
+/// The smallest weight (elements) that is packed: below it the plain product's own packing is
+/// cheap and the call's overhead dominates (at 128 × 512 packing made a small model's decode
+/// 11 % slower; from about 768 × 768 on it pays, docs/performance.md).
+pub const MIN_PACKED_ELEMENTS: i64 = 1 << 19;
+
+thread_local! {
+    /// The packed weights of the generation running on this thread, by weight address.
+    static PACKED: RefCell<Option<Table>> = const { RefCell::new(None) };
+    /// Set by [`without_packing`] (tests: the plain products to compare with).
+    static OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with packing off on this thread (the plain products; for comparisons).
+pub fn without_packing<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OFF.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(OFF.with(|o| o.replace(true)));
+    f()
+}
+
+struct Table {
+    rows: i64,
+    /// By the weight's address: its `[out, in]` size and its packed copy.
+    weights: HashMap<usize, (Vec<i64>, Tensor)>,
+}
+
+/// While alive, the decode on this thread multiplies through packed weights (see the
+/// [module docs](self)); dropping it frees them.
+#[derive(Debug)]
+pub struct PackedScope {
+    _private: (),
+}
+
+impl Drop for PackedScope {
+    fn drop(&mut self) {
+        PACKED.with(|p| p.borrow_mut().take());
+    }
+}
+
+impl PackedScope {
+    /// Packs `model`'s linear weights and LM head for products with `rows` rows, when packing
+    /// applies ([module docs](self)); `None` when it does not (the plain products run).
+    ///
+    /// # Errors
+    /// When libtorch fails to pack a weight (the message names the op).
+    pub fn for_decode(model: &dyn CausalLm, rows: i64, steps: i64) -> Result<Option<Self>> {
+        if !applies(model, rows, steps) {
+            return Ok(None);
+        }
+        let mut weights = HashMap::new();
+        let mut add = |w: &Tensor| -> Result<()> {
+            if w.numel() < MIN_PACKED_ELEMENTS as usize {
+                return Ok(());
+            }
+            let key = w.data_ptr() as usize;
+            if let std::collections::hash_map::Entry::Vacant(e) = weights.entry(key) {
+                e.insert((w.size(), ffi::pack(w, rows)?));
+            }
+            Ok(())
+        };
+        for block in model.decoder().blocks() {
+            for lin in block.linears() {
+                add(&lin.out_in_weight())?;
+            }
+        }
+        add(model.lm_head_weight())?;
+        if weights.is_empty() {
+            return Ok(None);
+        }
+        PACKED.with(|p| *p.borrow_mut() = Some(Table { rows, weights }));
+        Ok(Some(PackedScope { _private: () }))
+    }
+}
+
+fn applies(model: &dyn CausalLm, rows: i64, steps: i64) -> bool {
+    rows > 0
+        && steps >= MIN_STEPS
+        && !OFF.with(|o| o.get())
+        && model.device() == Device::Cpu
+        && model.kind() == Kind::Float
+        && std::env::var_os("TORCHRL_NO_PACKED_DECODE").is_none()
+        && ffi::available()
+}
+
+/// `x · weightᵀ (+ bias)` through the packed copy of `weight` (`[out, in]`), when a scope packed
+/// it; `None`: not packed here, the caller runs the plain product.
+pub(crate) fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    PACKED.with(|p| {
+        let table = p.borrow();
+        let Some(table) = table.as_ref() else {
+            return Ok(None);
+        };
+        match table.weights.get(&(weight.data_ptr() as usize)) {
+            // the same storage and the same shape: the weight that was packed
+            Some((size, packed)) if x.kind() == Kind::Float && *size == weight.size() => {
+                ffi::linear(x, packed, weight, bias, table.rows).map(Some)
+            }
+            _ => Ok(None),
+        }
+    })
+}
+
+/// Whether a packing scope is active on this thread (for tests).
+pub fn active() -> bool {
+    PACKED.with(|p| p.borrow().is_some())
+}
+
+#[cfg(torchrl_mkl_packed)]
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void, CStr};
+
+    use tch::Tensor;
+
+    use crate::error::{Error, Result};
+
+    extern "C" {
+        fn trl_mkl_packed_available() -> c_int;
+        fn trl_mkl_pack(
+            weight: *mut c_void,
+            batch: i64,
+            out: *mut *mut c_void,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
+        fn trl_mkl_linear(
+            x: *mut c_void,
+            packed: *mut c_void,
+            weight: *mut c_void,
+            bias: *mut c_void,
+            batch: i64,
+            out: *mut *mut c_void,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
+    }
+
+    const ERR_LEN: usize = 1024;
+
+    pub(super) fn available() -> bool {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        // SAFETY: no arguments; the shim catches every C++ exception.
+        *AVAILABLE.get_or_init(|| unsafe { trl_mkl_packed_available() } == 1)
+    }
+
+    fn ptr(t: &Tensor) -> *mut c_void {
+        t.as_ptr() as *mut c_void
+    }
+
+    fn finish(op: &'static str, status: c_int, out: *mut c_void, err: &[u8]) -> Result<Tensor> {
+        if status != 0 || out.is_null() {
+            let msg = CStr::from_bytes_until_nul(err)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            return Err(Error::invalid(op, format!("libtorch: {msg}")));
+        }
+        // SAFETY: on success the shim wrote a new heap `at::Tensor*` that nothing else owns;
+        // tch's Tensor takes ownership and frees it on drop.
+        Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
+    }
+
+    pub(super) fn pack(weight: &Tensor, rows: i64) -> Result<Tensor> {
+        let mut out: *mut c_void = std::ptr::null_mut();
+        let mut err = vec![0u8; ERR_LEN];
+        // SAFETY: `weight` is a live tensor handle for the call; `out` and `err` are valid for
+        // writes of a pointer and ERR_LEN bytes.
+        let status = unsafe {
+            trl_mkl_pack(
+                ptr(weight),
+                rows,
+                &mut out,
+                err.as_mut_ptr() as *mut c_char,
+                ERR_LEN,
+            )
+        };
+        finish("mkl::_mkl_reorder_linear_weight", status, out, &err)
+    }
+
+    pub(super) fn linear(
+        x: &Tensor,
+        packed: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        rows: i64,
+    ) -> Result<Tensor> {
+        let mut out: *mut c_void = std::ptr::null_mut();
+        let mut err = vec![0u8; ERR_LEN];
+        let bias = bias.map_or(std::ptr::null_mut(), ptr);
+        // SAFETY: every tensor handle is live for the call (`bias` may be null, which the shim
+        // reads as no bias); `out` and `err` are valid for writes.
+        let status = unsafe {
+            trl_mkl_linear(
+                ptr(x),
+                ptr(packed),
+                ptr(weight),
+                bias,
+                rows,
+                &mut out,
+                err.as_mut_ptr() as *mut c_char,
+                ERR_LEN,
+            )
+        };
+        finish("mkl::_mkl_linear", status, out, &err)
+    }
+}
+
+#[cfg(not(torchrl_mkl_packed))]
+mod ffi {
+    use tch::Tensor;
+
+    use crate::error::{Error, Result};
+
+    pub(super) fn available() -> bool {
+        false
+    }
+
+    pub(super) fn pack(_: &Tensor, _: i64) -> Result<Tensor> {
+        Err(Error::invalid(
+            "packed decode",
+            "built without the MKL shim",
+        ))
+    }
+
+    pub(super) fn linear(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: i64,
+    ) -> Result<Tensor> {
+        Err(Error::invalid(
+            "packed decode",
+            "built without the MKL shim",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::modules::llm::generation::{generate_impl, GenerateOptions, GenerationConfig};
+    use crate::modules::llm::nn::with_init_seed;
+    use crate::modules::llm::{Gpt2Config, Gpt2Model, LmInput};
+    use crate::rng::Generator;
+    use tch::nn::VarStore;
+
+    /// One block 512 wide over 1,100 tokens: `c_attn` (512 × 1,536), `c_fc` / `c_proj` of the
+    /// MLP (512 × 2,048) and the tied head (1,100 × 512) are packed, the attention's output
+    /// projection (512 × 512) is not.
+    fn gpt2(vs: &VarStore) -> Gpt2Model {
+        let cfg = Gpt2Config::new(1100)
+            .with_n_layer(1)
+            .with_n_embd(512)
+            .with_n_head(8)
+            .with_n_positions(32);
+        with_init_seed(3, || Gpt2Model::new(&vs.root(), &cfg)).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn packed_products_are_the_plain_ones_and_the_scope_cleans_up() -> Result<()> {
+        if !ffi::available() {
+            eprintln!("this libtorch has no MKL packed linear: nothing to compare");
+            return Ok(());
+        }
+        let vs = VarStore::new(Device::Cpu);
+        let model = gpt2(&vs);
+        let _guard = tch::no_grad_guard();
+        let ids = Tensor::from_slice(&[3i64, 7, 9, 11, 2, 5, 8, 1]).view([8, 1]);
+        let plain = model.forward(&LmInput::new(&ids), None)?.logits()?;
+        assert!(!active());
+        {
+            let scope = PackedScope::for_decode(&model, 8, MIN_STEPS)?;
+            assert!(scope.is_some() && active());
+            // GPT-2's Conv1D weights ([in, out]) and its tied head are both packed
+            let block = &model.decoder().blocks()[0];
+            let lin = &block.linears()[0];
+            let x = Tensor::randn([8, 512], (Kind::Float, Device::Cpu));
+            let via = linear(&x, &lin.out_in_weight(), lin.bias())?.expect("packed");
+            let plain_lin = without_packing(|| lin.forward(&x))?;
+            assert!(max_diff(&via, &plain_lin) <= 1e-4);
+            // the output projection is under MIN_PACKED_ELEMENTS: not packed
+            let proj = block.linears()[1];
+            assert_eq!(proj.out_in_weight().numel(), 512 * 512);
+            assert!(linear(&x, &proj.out_in_weight(), proj.bias())?.is_none());
+            // a view of a packed weight's storage with another shape is not taken for it
+            let rows = lin.out_in_weight().narrow(0, 0, 100);
+            assert!(linear(&x, &rows, None)?.is_none());
+            let packed = model.forward(&LmInput::new(&ids), None)?.logits()?;
+            let d = max_diff(&packed, &plain);
+            assert!(d <= 1e-4, "packed logits differ by {d}");
+            // another row count takes the plain product inside the op: exactly the plain one
+            let five = ids.narrow(0, 0, 5);
+            let a = model.forward(&LmInput::new(&five), None)?.logits()?;
+            assert!(a.equal(&plain.narrow(0, 0, 5)));
+        }
+        assert!(!active(), "the scope's drop empties the table");
+        // too short a decode, another dtype, or switched off: no packing
+        assert!(PackedScope::for_decode(&model, 8, MIN_STEPS - 1)?.is_none());
+        assert!(without_packing(|| PackedScope::for_decode(&model, 8, 8))?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_packed_decode_draws_the_plain_decodes_tokens() -> Result<()> {
+        let vs = VarStore::new(Device::Cpu);
+        let model = gpt2(&vs);
+        let prompt = Tensor::from_slice(&[0i64, 4, 6, 7, 8, 9, 0, 0, 3, 1, 2, 5]).view([4, 3]);
+        let mask = prompt.ne(0).to_kind(Kind::Int64);
+        let cfg = GenerationConfig::rlhf_sampling(12)
+            .with_eos_token_id(2)
+            .with_pad_token_id(0);
+        let opts = GenerateOptions::default();
+        // the decode below packs (where this libtorch can)
+        assert_eq!(
+            PackedScope::for_decode(&model, 4, 12)?.is_some(),
+            ffi::available()
+        );
+        for seed in 0..4u64 {
+            let run = |rng: &mut Generator| {
+                generate_impl(&model, &prompt, Some(&mask), &cfg, &opts, Some(rng))
+            };
+            let (packed, _) = run(&mut Generator::new(seed))?;
+            let (plain, _) = without_packing(|| run(&mut Generator::new(seed)))?;
+            assert!(packed.sequences.equal(&plain.sequences), "seed {seed}");
+            assert!(
+                max_diff(&packed.log_probs, &plain.log_probs) <= 1e-5,
+                "seed {seed}"
+            );
+        }
+        Ok(())
+    }
+}
