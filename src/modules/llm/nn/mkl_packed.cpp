@@ -26,6 +26,21 @@ using ReorderFn = at::Tensor(const at::Tensor&, int64_t);
 using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, int64_t);
 
+// Runs `f`, turning any C++ exception into status 1 and its message.
+template <typename F>
+int guarded(char* err, size_t len, F f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, len, e.what());
+    return 1;
+  } catch (...) {
+    set_err(err, len, "unknown C++ exception");
+    return 1;
+  }
+}
+
 bool has_cpu_kernel(const char* name) {
   auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
   return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
@@ -48,27 +63,20 @@ int trl_mkl_packed_available() {
 
 // Packs `weight` ([out, in], float32, CPU) for products with `batch` rows into *out.
 int trl_mkl_pack(void* weight, int64_t batch, void** out, char* err, size_t len) {
-  try {
+  return guarded(err, len, [&] {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("mkl::_mkl_reorder_linear_weight", "")
                          .typed<ReorderFn>();
     at::Tensor packed = op.call(*static_cast<at::Tensor*>(weight), batch);
     *out = new at::Tensor(std::move(packed));
-    return 0;
-  } catch (const std::exception& e) {
-    set_err(err, len, e.what());
-    return 1;
-  } catch (...) {
-    set_err(err, len, "unknown C++ exception");
-    return 1;
-  }
+  });
 }
 
 // x · weightᵀ (+ bias) through the packed weight when x has `batch` rows (the op falls back to
 // the plain product with `weight` otherwise). `bias` may be null.
 int trl_mkl_linear(void* x, void* packed, void* weight, void* bias, int64_t batch, void** out,
                    char* err, size_t len) {
-  try {
+  return guarded(err, len, [&] {
     static auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("mkl::_mkl_linear", "").typed<LinearFn>();
     std::optional<at::Tensor> b;
@@ -76,14 +84,7 @@ int trl_mkl_linear(void* x, void* packed, void* weight, void* bias, int64_t batc
     at::Tensor y = op.call(*static_cast<at::Tensor*>(x), *static_cast<at::Tensor*>(packed),
                            *static_cast<at::Tensor*>(weight), b, batch);
     *out = new at::Tensor(std::move(y));
-    return 0;
-  } catch (const std::exception& e) {
-    set_err(err, len, e.what());
-    return 1;
-  } catch (...) {
-    set_err(err, len, "unknown C++ exception");
-    return 1;
-  }
+  });
 }
 
 }  // extern "C"

@@ -344,6 +344,18 @@ mod tests {
     }
 
     #[test]
+    fn libtorchs_refusals_come_back_as_errors_naming_the_op() {
+        if !ffi::available() {
+            return;
+        }
+        // a 1-D "weight": libtorch throws, the shim returns its message
+        let bad = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+        let err = ffi::pack(&bad, 8).unwrap_err().to_string();
+        assert!(err.contains("mkl::_mkl_reorder_linear_weight"), "{err}");
+        assert!(err.contains("libtorch: "), "{err}");
+    }
+
+    #[test]
     fn a_packed_decode_draws_the_plain_decodes_tokens() -> Result<()> {
         let vs = VarStore::new(Device::Cpu);
         let model = gpt2(&vs);
