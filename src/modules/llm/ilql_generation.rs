@@ -53,9 +53,10 @@ use tch::{Kind, Tensor};
 
 use super::causal_lm::ForwardOptions;
 use super::compaction::ActiveRows;
+use super::decode::{DecodeState, Rows};
 use super::generation::{
     apply_logit_mask, check_logit_mask, check_prompt, draw_uniforms, sample_rows,
-    top_k as top_k_mask, DecodeState, GenerateOptions, Rows,
+    top_k as top_k_mask, GenerateOptions,
 };
 use super::heads::CausalLmWithIlqlHeads;
 use super::nn::packed::PackedScope;

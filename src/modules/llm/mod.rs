@@ -22,6 +22,7 @@
 
 pub mod causal_lm;
 pub(crate) mod compaction;
+pub(crate) mod decode;
 pub mod generation;
 pub mod heads;
 pub mod ilql_generation;

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::modules::llm::causal_lm::{
     position_ids_from_mask, CausalLm, CausalLmConfig, ForwardOptions, LmInput, ModelBox,
 };
+use crate::modules::llm::decode::group_rows;
 use crate::modules::llm::keys::LlmKeys;
 use crate::modules::llm::nn::randn_var;
 use crate::modules::llm::{models, weights};
@@ -165,10 +166,7 @@ impl CausalLmWithScoreHead {
             return self.forward(input);
         }
         let mask = mask.f_to_kind(Kind::Int64)?;
-        let device = ids.device();
-        let first_rows = Tensor::f_arange_start_step(0, b, g, (Kind::Int64, device))?;
-        let group = Tensor::f_arange(b / g, (Kind::Int64, device))?
-            .f_repeat_interleave_self_int(g, 0, b)?;
+        let (first_rows, group) = group_rows(b, g, ids.device())?;
         let heads = first_rows.f_index_select(0, &group)?;
         // the columns where every row agrees with the first row of its group, ids and mask
         let agrees =
