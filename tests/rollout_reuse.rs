@@ -34,12 +34,11 @@ use torchrl::envs::llm::{
 use torchrl::envs::EnvBase;
 use torchrl::modules::llm::lora::inject_adapter;
 use torchrl::modules::llm::models::llama::LlamaConfig;
-use torchrl::modules::llm::nn::{with_init_seed, Decoder};
+use torchrl::modules::llm::nn::with_init_seed;
 use torchrl::modules::llm::{
     generate_greedy, generate_with, ilql_generate_with, ByteTokenizer, CausalLm, CausalLmConfig,
     CausalLmWithHydraValueHead, CausalLmWithIlqlHeads, CausalLmWithScoreHead, GenerateOptions,
-    GenerationConfig, GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmFacts, LmInput,
-    LoraConfig,
+    GenerationConfig, GenerationOutput, Gpt2Config, IlqlGenerationConfig, LmInput, LoraConfig,
 };
 use torchrl::tensordict::KeysOptions;
 use torchrl::trainers::api::{Callbacks, Stats};
@@ -48,7 +47,10 @@ use torchrl::{Error, Generator, TensorDict};
 
 #[path = "common/llm.rs"]
 mod llm_fixtures;
-use llm_fixtures::{byte_gpt2, byte_qwen3, grpo_config, lowercase, seeded_hydra, tiny_qwen3};
+use llm_fixtures::{
+    build_model, byte_gpt2, byte_qwen3, grouped_prompts, grpo_config, lowercase, seeded_hydra,
+    tiny_qwen3, CountingLm,
+};
 
 const VOCAB: i64 = 29;
 const EOS: i64 = 3;
@@ -70,28 +72,12 @@ fn qwen3() -> LlamaConfig {
 }
 
 fn build(cfg: &dyn CausalLmConfig, seed: u64) -> (VarStore, Box<dyn CausalLm>) {
-    let vs = VarStore::new(Device::Cpu);
-    let m = with_init_seed(seed, || cfg.build(&vs.root())).unwrap();
-    (vs, m)
+    build_model(cfg, seed)
 }
 
-/// Each of `prompts` (left-padded to the longest, mask 0 on the padding) repeated in `g`
-/// consecutive rows.
+/// Each of `prompts` left-padded with [`PAD`] and repeated in `g` consecutive rows.
 fn grouped(prompts: &[&[i64]], g: i64) -> (Tensor, Tensor) {
-    let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    let (mut ids, mut mask) = (Vec::new(), Vec::new());
-    for p in prompts {
-        for _ in 0..g {
-            ids.extend(std::iter::repeat_n(PAD, width - p.len()).chain(p.iter().copied()));
-            mask.extend(std::iter::repeat_n(0i64, width - p.len()));
-            mask.extend(std::iter::repeat_n(1i64, p.len()));
-        }
-    }
-    let rows = prompts.len() as i64 * g;
-    (
-        Tensor::from_slice(&ids).view([rows, width as i64]),
-        Tensor::from_slice(&mask).view([rows, width as i64]),
-    )
+    grouped_prompts(prompts, g, PAD)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -724,49 +710,6 @@ fn llama_decodes_alike_with_finished_rows_compacted() {
 }
 
 // ------------------------------------------------------------------ the reward model's prefix
-
-/// A causal LM that counts the tokens its trunk embeds (every forward embeds its input ids
-/// once): what shows that a scorer ran the shared prefix once per group.
-#[derive(Debug)]
-struct CountingLm {
-    inner: Box<dyn CausalLm>,
-    tokens: Arc<AtomicI64>,
-}
-
-impl CausalLm for CountingLm {
-    fn facts(&self) -> &LmFacts {
-        self.inner.facts()
-    }
-    fn decoder(&self) -> &Decoder {
-        self.inner.decoder()
-    }
-    fn decoder_mut(&mut self) -> &mut Decoder {
-        self.inner.decoder_mut()
-    }
-    fn block_name(&self, index: usize) -> String {
-        self.inner.block_name(index)
-    }
-    fn embed(&self, input_ids: &Tensor, position_ids: &Tensor) -> torchrl::Result<Tensor> {
-        self.tokens
-            .fetch_add(input_ids.numel() as i64, Ordering::Relaxed);
-        self.inner.embed(input_ids, position_ids)
-    }
-    fn lm_head_weight(&self) -> &Tensor {
-        self.inner.lm_head_weight()
-    }
-    fn embedding_parameters(&self) -> Vec<&Tensor> {
-        self.inner.embedding_parameters()
-    }
-    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
-        self.inner.named_parameters()
-    }
-    fn copy_to(&self, path: &tch::nn::Path<'_>) -> torchrl::Result<Box<dyn CausalLm>> {
-        self.inner.copy_to(path)
-    }
-    fn config_json(&self) -> torchrl::Result<String> {
-        self.inner.config_json()
-    }
-}
 
 fn counting_rm(
     cfg: &dyn CausalLmConfig,

@@ -275,6 +275,7 @@ pub struct OnPolicyTrainer<M: OnPolicyMethod> {
     pub(crate) history: Vec<IterationStats>,
     pub(crate) collective: SharedCollective,
     pub(crate) cache_trunk: bool,
+    trunk_from_generation: bool,
 }
 
 impl<M: OnPolicyMethod> fmt::Debug for OnPolicyTrainer<M> {
@@ -318,6 +319,7 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
             history: Vec::new(),
             collective: SharedCollective::default(),
             cache_trunk: true,
+            trunk_from_generation: true,
         }
     }
 
@@ -355,6 +357,21 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
     /// rollouts of 1,024 tokens: 1.6 GB). No effect with a full-copy reference.
     pub fn with_trunk_cache(mut self, on: bool) -> Self {
         self.cache_trunk = on;
+        self
+    }
+
+    /// Whether a rollout takes the frozen trunk's output from its generation (`true` by
+    /// default): the decode computes the hidden state entering the first unfrozen block at
+    /// every position anyway
+    /// ([`GenerateOptions::capture_block_input`](crate::modules::llm::GenerateOptions::capture_block_input)),
+    /// so the rollout's scoring pass (reference log-probs, values) starts above the trunk
+    /// instead of running `n_layer − num_layers_unfrozen` blocks again over every sequence.
+    /// The scores agree with the recomputed ones up to rounding. Used only when the decode
+    /// computes the model's own values (a float32 / float64 model without active dropout,
+    /// as [`GenerationConfig::log_probs_are_the_models`](crate::modules::llm::GenerationConfig::log_probs_are_the_models));
+    /// no effect with a full-copy reference.
+    pub fn with_trunk_from_generation(mut self, on: bool) -> Self {
+        self.trunk_from_generation = on;
         self
     }
 
@@ -430,6 +447,7 @@ impl<M: OnPolicyMethod> OnPolicyTrainer<M> {
                 keep_trunk: self.cache_trunk,
                 prompt_groups: self.method.prompt_groups(),
                 sampler_log_probs: self.method.sampler_log_probs(),
+                trunk_from_generation: self.trunk_from_generation,
             };
             let td = hydra_policy_step(&self.model, &mut self.rng, td, &self.rollout_gen, step)?;
             let td = self.env.step(td)?;
@@ -647,7 +665,10 @@ impl<M: OnPolicyMethod> RlTrainer for OnPolicyTrainer<M> {
     /// `("masks", "prompt_attention_mask")`) and writes the policy's log-probs, the values
     /// and the reference log-probs (the rollout's policy step).
     fn act(&mut self, data: &TensorDict) -> Result<TensorDict> {
-        let step = PolicyStep::default();
+        let step = PolicyStep {
+            trunk_from_generation: self.trunk_from_generation,
+            ..PolicyStep::default()
+        };
         hydra_policy_step(
             &self.model,
             &mut self.rng,

@@ -17,6 +17,7 @@ use super::optim::shallow_named;
 use super::optim::{AdamW, CosineAnnealingLr, PreparedAdamW};
 use crate::envs::llm::{GenerationPolicy, PromptState, TokenEnv};
 use crate::error::{Error, Result};
+use crate::modules::llm::generation::decode_matches_forward;
 use crate::modules::llm::keys::{
     ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, PROMPT_KEY,
     PROMPT_MASK_KEY, REF_LOG_PROBS_KEY, RESPONSE_KEY,
@@ -97,6 +98,12 @@ pub(crate) struct PolicyStep {
     /// the hydra model ([`CausalLmWithHydraValueHead::forward_reference`]); no `"values"` are
     /// written then (for a method without a value head).
     pub(crate) sampler_log_probs: bool,
+    /// Keep the frozen trunk's output from the generation
+    /// ([`GenerateOptions::capture_block_input`](crate::modules::llm::GenerateOptions::capture_block_input))
+    /// when the decode computes the model's own values ([`decode_matches_forward`]): the
+    /// scoring pass then starts above the trunk instead of running it again over the
+    /// sequences.
+    pub(crate) trunk_from_generation: bool,
 }
 
 /// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
@@ -126,11 +133,19 @@ pub(crate) fn hydra_policy_step(
     step: PolicyStep,
 ) -> Result<TensorDict> {
     let seed = rng.next_u64();
-    let sampler = step.sampler_log_probs && gen.log_probs_are_the_models(model.policy().model());
+    let lm = model.policy().model();
+    let sampler = step.sampler_log_probs && gen.log_probs_are_the_models(lm);
+    // the decode's frozen-trunk output, when it is the model's (as the sampler's log-probs)
+    let capture = match model.frozen_trunk_end() {
+        Some(end) if step.trunk_from_generation && decode_matches_forward(lm) => Some(end),
+        _ => None,
+    };
     let mut policy = GenerationPolicy::new(model.policy(), gen.clone(), seed)?
         .with_full_log_probs(sampler)
-        .with_prompt_groups(step.prompt_groups);
+        .with_prompt_groups(step.prompt_groups)
+        .with_trunk_capture(capture);
     let mut td = policy.call(td)?;
+    let captured = take_trunk(&mut td);
     let _guard = tch::no_grad_guard();
     let tokens = td.get_or_err(FULL_KEY)?.shallow_clone();
     let mask = td.get_or_err(ATTENTION_MASK_KEY)?.shallow_clone();
@@ -142,7 +157,8 @@ pub(crate) fn hydra_policy_step(
         .get(1)
         .copied()
         .unwrap_or(0);
-    let scores = model.rollout_scores(&tokens, &mask, response_start, !sampler)?;
+    let scores =
+        model.rollout_scores(&tokens, &mask, response_start, !sampler, captured.as_ref())?;
     let lp = match scores.log_probs {
         Some(lp) => lp,
         None => mask_like_token_log_probs(td.get_or_err(FULL_LOG_PROBS_KEY)?, &mask)?,
@@ -156,6 +172,17 @@ pub(crate) fn hydra_policy_step(
         td.set(CachedTrunk::KEY, trunk)?;
     }
     Ok(td)
+}
+
+/// Removes the trunk [`GenerationPolicy::with_trunk_capture`] wrote (and its level, left
+/// empty), so that the rollout's keys and their order are as without it.
+fn take_trunk(td: &mut TensorDict) -> Option<Tensor> {
+    let trunk = td.remove(CachedTrunk::KEY)?;
+    let level = CachedTrunk::KEY.0;
+    if td.get_dict(level).is_some_and(TensorDict::is_empty) {
+        td.remove(level);
+    }
+    trunk.as_tensor().map(Tensor::shallow_clone)
 }
 
 /// `lp` `[B, T]` with [`token_log_probs`](crate::modules::llm::token_log_probs)' masking

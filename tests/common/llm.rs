@@ -9,15 +9,18 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
 use torchrl::envs::llm::{TokenEnv, TokenEnvConfig, TokenScorer};
 use torchrl::modules::llm::models::llama::LlamaConfig;
-use torchrl::modules::llm::nn::with_init_seed;
+use torchrl::modules::llm::nn::{with_init_seed, Decoder};
 use torchrl::modules::llm::{
-    ByteTokenizer, CausalLmConfig, CausalLmWithHydraValueHead, Gpt2Config, TextTokenizer,
+    ByteTokenizer, CausalLm, CausalLmConfig, CausalLmWithHydraValueHead, Gpt2Config, LmFacts,
+    TextTokenizer,
 };
 use torchrl::trainers::config::{GenKwargs, TrlConfig, TrlConfigOf};
 use torchrl::trainers::dpo::{DpoPair, DpoTrlConfig};
@@ -93,6 +96,76 @@ pub fn byte_qwen3_with(n_layer: i64, initializer_range: f64) -> LlamaConfig {
     config["eos_token_id"] = json!(tok.eos_token_id());
     config["pad_token_id"] = json!(tok.pad_token_id());
     serde_json::from_value(config).unwrap()
+}
+
+/// A fresh `cfg` model drawn under `with_init_seed(seed)`, with its store.
+pub fn build_model(cfg: &dyn CausalLmConfig, seed: u64) -> (VarStore, Box<dyn CausalLm>) {
+    let vs = VarStore::new(Device::Cpu);
+    let m = with_init_seed(seed, || cfg.build(&vs.root())).unwrap();
+    (vs, m)
+}
+
+/// Each of `prompts` left-padded with `pad` to the longest (mask 0 on the padding) and repeated
+/// in `g` consecutive rows: ids and mask `[prompts × g, longest]`.
+pub fn grouped_prompts(prompts: &[&[i64]], g: i64, pad: i64) -> (Tensor, Tensor) {
+    let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    let (mut ids, mut mask) = (Vec::new(), Vec::new());
+    for p in prompts {
+        for _ in 0..g {
+            ids.extend(std::iter::repeat_n(pad, width - p.len()).chain(p.iter().copied()));
+            mask.extend(std::iter::repeat_n(0i64, width - p.len()));
+            mask.extend(std::iter::repeat_n(1i64, p.len()));
+        }
+    }
+    let rows = prompts.len() as i64 * g;
+    (
+        Tensor::from_slice(&ids).view([rows, width as i64]),
+        Tensor::from_slice(&mask).view([rows, width as i64]),
+    )
+}
+
+/// A causal LM that counts the tokens its trunk embeds (every forward embeds its input ids
+/// once): what shows that a scorer ran the shared prefix once per group (rollout_reuse) and that a
+/// rollout's scoring pass did not run the trunk again (trunk_capture).
+#[derive(Debug)]
+pub struct CountingLm {
+    pub inner: Box<dyn CausalLm>,
+    pub tokens: Arc<AtomicI64>,
+}
+
+impl CausalLm for CountingLm {
+    fn facts(&self) -> &LmFacts {
+        self.inner.facts()
+    }
+    fn decoder(&self) -> &Decoder {
+        self.inner.decoder()
+    }
+    fn decoder_mut(&mut self) -> &mut Decoder {
+        self.inner.decoder_mut()
+    }
+    fn block_name(&self, index: usize) -> String {
+        self.inner.block_name(index)
+    }
+    fn embed(&self, input_ids: &Tensor, position_ids: &Tensor) -> torchrl::Result<Tensor> {
+        self.tokens
+            .fetch_add(input_ids.numel() as i64, Ordering::Relaxed);
+        self.inner.embed(input_ids, position_ids)
+    }
+    fn lm_head_weight(&self) -> &Tensor {
+        self.inner.lm_head_weight()
+    }
+    fn embedding_parameters(&self) -> Vec<&Tensor> {
+        self.inner.embedding_parameters()
+    }
+    fn named_parameters(&self) -> Vec<(String, &Tensor)> {
+        self.inner.named_parameters()
+    }
+    fn copy_to(&self, path: &tch::nn::Path<'_>) -> torchrl::Result<Box<dyn CausalLm>> {
+        self.inner.copy_to(path)
+    }
+    fn config_json(&self) -> torchrl::Result<String> {
+        self.inner.config_json()
+    }
 }
 
 /// A hydra policy with a value head on a fresh `config` model drawn under

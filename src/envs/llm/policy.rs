@@ -53,7 +53,7 @@ use super::env::{
 };
 use crate::error::{Error, Result, ShapeFmt};
 use crate::modules::llm::{
-    generate_with, CausalLm, GenerateOptions, GenerationConfig, LogitMask, ScoreTokens,
+    generate_with, CachedTrunk, CausalLm, GenerateOptions, GenerationConfig, LogitMask, ScoreTokens,
 };
 use crate::rng::Generator;
 use crate::tensordict::TensorDict;
@@ -76,6 +76,7 @@ pub struct GenerationPolicy<M> {
     logit_mask: Option<LogitMask>,
     full_log_probs: bool,
     prompt_groups: usize,
+    trunk_block: Option<usize>,
 }
 
 impl<M> fmt::Debug for GenerationPolicy<M> {
@@ -84,6 +85,7 @@ impl<M> fmt::Debug for GenerationPolicy<M> {
             .field("config", &self.config)
             .field("logit_mask", &self.logit_mask.is_some())
             .field("prompt_groups", &self.prompt_groups)
+            .field("trunk_block", &self.trunk_block)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +102,7 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             logit_mask: None,
             full_log_probs: true,
             prompt_groups: 0,
+            trunk_block: None,
         })
     }
 
@@ -142,6 +145,37 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
     /// step) turns it off, so that the key is written once.
     pub fn with_full_log_probs(mut self, on: bool) -> Self {
         self.full_log_probs = on;
+        self
+    }
+
+    /// Whether [`call`](Self::call) also writes the hidden state entering `block` at every
+    /// position of `("tokens", "full")` under [`CachedTrunk::KEY`] (`[B, P + R, hidden]`,
+    /// zeros on the right padding; [`GenerateOptions::capture_block_input`]), as the decode
+    /// computed it. A hydra model's rollout passes its
+    /// [`frozen_trunk_end`](crate::modules::llm::CausalLmWithHydraValueHead::frozen_trunk_end)
+    /// so that the frozen trunk does not run again over the sequences. `None` (the default):
+    /// nothing written.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device};
+    /// use torchrl::envs::llm::{GenerationPolicy, TokenEnv, TokenEnvConfig, TokenScorer};
+    /// use torchrl::envs::EnvBase;
+    /// use torchrl::modules::llm::{CachedTrunk, Gpt2Config, Gpt2Model};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let model_cfg = Gpt2Config::new(12).with_n_layer(2).with_n_embd(8).with_n_head(2).with_n_positions(16);
+    /// let model = Gpt2Model::new(&vs.root(), &model_cfg)?;
+    /// let cfg = TokenEnvConfig::for_model(&model_cfg.facts()).with_batch_size(2).with_max_new_tokens(4)
+    ///     .with_eos_token_id(11).with_pad_token_id(10);
+    /// let scorer = TokenScorer::new(|_p: &[i64], r: &[i64]| r.len() as f64);
+    /// let mut env = TokenEnv::new(cfg.clone(), vec![vec![1, 2, 3], vec![4]], Box::new(scorer))?;
+    /// let mut policy = GenerationPolicy::new(&model, cfg.generation_config(), 0)?.with_trunk_capture(Some(1));
+    /// let td = policy.call(env.reset(None)?)?;
+    /// assert_eq!(td.get_or_err(CachedTrunk::KEY)?.size(), vec![2, 7, 8]);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_trunk_capture(mut self, block: Option<usize>) -> Self {
+        self.trunk_block = block;
         self
     }
 
@@ -197,6 +231,7 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             logit_mask: self.logit_mask.as_ref(),
             prompt_groups: self.prompt_groups,
             keep_finished_rows: false,
+            capture_block_input: self.trunk_block,
         };
         let out = generate_with(
             model_of(&self.model)?,
@@ -232,6 +267,22 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             td.set(FULL_LOG_PROBS_KEY, Tensor::f_cat(&[&zeros, &resp_lp], 1)?)?;
         }
         td.set(RESPONSE_LOG_PROBS_KEY, resp_lp)?;
+        if let Some(hidden) = &out.block_input {
+            td.set(
+                CachedTrunk::KEY,
+                pad_right_rows(hidden, extra)?.f_to_device(device)?,
+            )?;
+        }
         Ok(td)
     }
+}
+
+/// `hidden` `[B, T, H]` followed by `extra` positions of zeros.
+fn pad_right_rows(hidden: &Tensor, extra: i64) -> Result<Tensor> {
+    if extra == 0 {
+        return Ok(hidden.shallow_clone());
+    }
+    let (b, _, h) = hidden.size3()?;
+    let zeros = Tensor::f_zeros([b, extra, h], (hidden.kind(), hidden.device()))?;
+    Ok(Tensor::f_cat(&[hidden, &zeros], 1)?)
 }

@@ -7,6 +7,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::causal_lm::{CausalLm, ForwardOptions, LmInput, LmOutput};
+use super::compaction::ActiveRows;
 use super::nn::KvCache;
 use crate::error::{Error, Result};
 
@@ -37,7 +38,8 @@ pub(crate) struct DecodeState<'m> {
 impl<'m> DecodeState<'m> {
     /// Runs the prompt `[B, P]` (left-padded by `attention_mask`; `None`: no padding) through
     /// `model` into a fresh cache; returns the decoder and the last position's hidden state
-    /// `[B, n_embd]` (`transformers`' `logits_to_keep=1`: the LM head is left to the caller).
+    /// `[B, n_embd]` (`transformers`' `logits_to_keep=1`: the LM head is left to the caller)
+    /// and, with `capture`, the prompt's input to that block `[B, P, n_embd]`.
     /// With `groups > 1` ([`GenerateOptions::prompt_groups`]) the rows come in consecutive
     /// groups of that many identical prompts (checked): the pass runs on the first row of
     /// each group, and the cache and hidden state are repeated to the group's rows.
@@ -47,7 +49,8 @@ impl<'m> DecodeState<'m> {
         attention_mask: Option<&Tensor>,
         [b, p]: [i64; 2],
         groups: usize,
-    ) -> Result<(Self, Tensor)> {
+        capture: Option<usize>,
+    ) -> Result<(Self, Tensor, Option<Tensor>)> {
         let device = model.device();
         let prompt = prompt.f_to_device(device)?;
         let mask = match attention_mask {
@@ -57,16 +60,17 @@ impl<'m> DecodeState<'m> {
         let mut cache = model.new_cache();
         let hidden_only = ForwardOptions {
             logits: false,
-            capture_block_input: None,
+            capture_block_input: capture,
         };
-        let last_hidden = match PromptGroups::check(&prompt, &mask, [b, p], groups)? {
+        let (last_hidden, block_input) = match PromptGroups::check(&prompt, &mask, [b, p], groups)?
+        {
             None => {
                 let first = model.forward_with(
                     &LmInput::new(&prompt).with_attention_mask(&mask),
                     Some(&mut cache),
                     hidden_only,
                 )?;
-                first.last_hidden.f_select(1, p - 1)?
+                (first.last_hidden.f_select(1, p - 1)?, first.block_input)
             }
             Some(groups) => {
                 let ids = prompt.f_index_select(0, &groups.first_rows)?;
@@ -77,10 +81,15 @@ impl<'m> DecodeState<'m> {
                     hidden_only,
                 )?;
                 cache.index_select(&groups.expand)?;
-                first
+                let block_input = match first.block_input {
+                    Some(h) => Some(h.f_index_select(0, &groups.expand)?),
+                    None => None,
+                };
+                let last = first
                     .last_hidden
                     .f_select(1, p - 1)?
-                    .f_index_select(0, &groups.expand)?
+                    .f_index_select(0, &groups.expand)?;
+                (last, block_input)
             }
         };
         let positions = super::causal_lm::position_ids_from_mask(&mask)?.f_narrow(1, p - 1, 1)?;
@@ -99,7 +108,7 @@ impl<'m> DecodeState<'m> {
             padded,
             ones: Tensor::f_ones([b, 1], (Kind::Int64, device))?,
         };
-        Ok((decoder, last_hidden))
+        Ok((decoder, last_hidden, block_input))
     }
 
     /// The device of the model (and of every tensor here).
@@ -334,11 +343,81 @@ pub(crate) struct Finished {
 }
 
 impl Finished {
+    /// The number of decode steps kept, `G`.
+    pub(crate) fn steps(&self) -> i64 {
+        self.steps
+    }
+
     /// Per-step float values `[B]` stacked to `[B, G]` and trimmed like the response.
     pub(crate) fn trim(&self, per_step: &[Tensor]) -> Result<Tensor> {
         if per_step.is_empty() || self.steps == 0 {
             return Ok(Tensor::f_zeros([self.b, 0], (Kind::Float, self.device))?);
         }
         Ok(Tensor::f_stack(per_step, 1)?.f_narrow(1, 0, self.steps)?)
+    }
+}
+
+/// The input of one block at every position of a decode
+/// ([`GenerateOptions::capture_block_input`](super::GenerateOptions::capture_block_input)):
+/// the prompt pass's, then one position per step, written into the whole batch (zeros on the
+/// rows a step did not run).
+pub(crate) struct BlockCapture {
+    block: usize,
+    prompt: Tensor,
+    steps: Vec<Tensor>,
+    /// `[B, n_embd]` zeros: the rows a compacted step did not run.
+    zeros: Tensor,
+}
+
+impl BlockCapture {
+    /// From the prompt pass's block input `[B, P, n_embd]` (`None` when `block` was not
+    /// captured), with room for `steps` steps.
+    pub(crate) fn new(block: usize, prompt: Option<Tensor>, steps: i64) -> Result<Self> {
+        let prompt = prompt.ok_or_else(|| {
+            Error::invalid(
+                "generate",
+                format!("the model returned no input of block {block} (capture_block_input)"),
+            )
+        })?;
+        let (b, _, h) = prompt.size3()?;
+        let zeros = Tensor::f_zeros([b, h], (prompt.kind(), prompt.device()))?;
+        Ok(BlockCapture {
+            block,
+            prompt,
+            steps: Vec::with_capacity(usize::try_from(steps).unwrap_or(0)),
+            zeros,
+        })
+    }
+
+    /// What a decode step computes: the hidden state only, and this block's input.
+    pub(crate) fn options(&self) -> ForwardOptions {
+        ForwardOptions {
+            logits: false,
+            capture_block_input: Some(self.block),
+        }
+    }
+
+    /// Records a step's block input `[A, 1, n_embd]` on the decoded rows of `active`.
+    pub(crate) fn push(&mut self, active: &ActiveRows, out: &LmOutput) -> Result<()> {
+        let h = out.block_input.as_ref().ok_or_else(|| {
+            Error::invalid(
+                "generate",
+                format!("a decode step returned no input of block {}", self.block),
+            )
+        })?;
+        self.steps
+            .push(active.scatter(&h.f_select(1, 0)?, &self.zeros)?);
+        Ok(())
+    }
+
+    /// `[B, P + G, n_embd]`: the prompt's block inputs, then those of the first `g` steps.
+    pub(crate) fn finish(self, g: i64) -> Result<Tensor> {
+        let kept = usize::try_from(g).unwrap_or(0);
+        let steps = self.steps.get(..kept).unwrap_or(&self.steps);
+        if steps.is_empty() {
+            return Ok(self.prompt);
+        }
+        let response = Tensor::f_stack(steps, 1)?;
+        Ok(Tensor::f_cat(&[&self.prompt, &response], 1)?)
     }
 }

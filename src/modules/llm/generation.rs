@@ -75,7 +75,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::causal_lm::{CausalLm, ForwardOptions, LmFacts};
 use super::compaction::ActiveRows;
-use super::decode::{DecodeState, Rows};
+use super::decode::{BlockCapture, DecodeState, Rows};
 use super::nn::packed::PackedScope;
 use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
@@ -245,9 +245,7 @@ impl GenerationConfig {
     /// ```
     pub fn log_probs_are_the_models(&self, model: &dyn CausalLm) -> bool {
         let untempered = !self.do_sample || self.temperature == 1.0;
-        let full_precision = matches!(model.kind(), Kind::Float | Kind::Double);
-        let no_dropout = super::lora::lora_switch(model).is_none_or(|s| !s.is_training());
-        untempered && full_precision && no_dropout
+        untempered && decode_matches_forward(model)
     }
 
     /// Checks the fields on their own and against a vocabulary of `vocab` tokens.
@@ -334,6 +332,12 @@ pub struct GenerationOutput {
     /// The prompt's mask followed by the response mask, int64 `[B, P + G]`: what a later
     /// forward over `sequences` should attend to (`tokens != pad` is wrong when pad == EOS).
     pub attention_mask: Tensor,
+    /// With [`GenerateOptions::capture_block_input`] `= Some(k)`: the hidden state entering
+    /// block `k` at every position of `sequences`, `[B, P + G, hidden]` in the model's dtype
+    /// (what [`ForwardOptions::capture_block_input`] returns for a forward over `sequences`
+    /// under `attention_mask`, up to rounding, at every position the mask keeps; zeros or
+    /// another row state after a row's EOS, where the mask is 0). `None` otherwise.
+    pub block_input: Option<Tensor>,
 }
 
 /// Extra inputs of a generation beyond the config.
@@ -383,6 +387,18 @@ pub struct GenerateOptions<'a> {
     /// their shapes and values (the same tokens, greedy or sampled from the same seed; the
     /// same log-probs up to the rounding of a smaller matrix product).
     pub keep_finished_rows: bool,
+    /// Keep the hidden state entering this block (`0..=n_layer`) at every position, prompt
+    /// and response, in [`GenerationOutput::block_input`]. The decode computes it anyway; the
+    /// only extra work is one step that feeds the last token (whose logits are never needed)
+    /// and, while compacting finished rows, one more step for each row that produced EOS. A
+    /// hydra model's rollout hands it to the reference branch and the updates instead of
+    /// running the frozen trunk again over the sequences
+    /// ([`CausalLmWithHydraValueHead::frozen_trunk_end`](super::CausalLmWithHydraValueHead::frozen_trunk_end)).
+    /// `None` (the default): nothing kept.
+    ///
+    /// # Errors
+    /// A block index above `n_layer`; [`ilql_generate`](super::ilql_generate) refuses it.
+    pub capture_block_input: Option<usize>,
 }
 
 impl<'a> GenerateOptions<'a> {
@@ -403,6 +419,38 @@ impl<'a> GenerateOptions<'a> {
     /// the end instead of compacting them away.
     pub fn with_keep_finished_rows(mut self, keep: bool) -> Self {
         self.keep_finished_rows = keep;
+        self
+    }
+
+    /// Sets [`capture_block_input`](Self::capture_block_input): keep the input of `block` at
+    /// every position.
+    ///
+    /// ```
+    /// use tch::{nn::VarStore, Device, Tensor};
+    /// use torchrl::modules::llm::{generate_with, CausalLm, GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Model, LmInput};
+    /// use torchrl::Generator;
+    /// # fn main() -> torchrl::Result<()> {
+    /// tch::manual_seed(0);
+    /// let vs = VarStore::new(Device::Cpu);
+    /// let cfg = Gpt2Config::new(30).with_n_layer(3).with_n_embd(16).with_n_head(2).with_n_positions(32);
+    /// let model = Gpt2Model::new(&vs.root(), &cfg)?;
+    /// let prompt = Tensor::from_slice(&[0i64, 5, 6, 7, 8, 9]).view([2, 3]);
+    /// let mask = Tensor::from_slice(&[0i64, 1, 1, 1, 1, 1]).view([2, 3]);
+    /// let gen_cfg = GenerationConfig::rlhf_sampling(5).with_pad_token_id(0);
+    /// let opts = GenerateOptions::default().with_capture_block_input(2);
+    /// let out = generate_with(&model, &prompt, Some(&mask), &gen_cfg, &opts, &mut Generator::new(3))?;
+    /// let kept = out.block_input.unwrap();
+    /// assert_eq!(kept.size(), vec![2, 8, 16]);
+    /// // the trunk over the finished sequences gives the same hidden states where the mask is 1
+    /// let input = LmInput::new(&out.sequences).with_attention_mask(&out.attention_mask);
+    /// let again = model.forward_to_block(&input, 2)?;
+    /// let keep = out.attention_mask.unsqueeze(-1);
+    /// let d = ((kept - again) * keep).abs().max().double_value(&[]);
+    /// assert!(d < 1e-5);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_capture_block_input(mut self, block: usize) -> Self {
+        self.capture_block_input = Some(block);
         self
     }
 }
@@ -482,9 +530,31 @@ pub(crate) fn generate_impl(
     }
     let [b, p] = check_prompt(op, model, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
-    let (mut decoder, first) =
-        DecodeState::start(model, prompt, attention_mask, [b, p], options.prompt_groups)?;
+    let capture_block = options.capture_block_input;
+    if let Some(block) = capture_block {
+        let n = model.n_layer();
+        if block > n {
+            return Err(Error::config(
+                op,
+                "capture_block_input",
+                format!("a block index of at most n_layer = {n}"),
+                block,
+            ));
+        }
+    }
+    let (mut decoder, first, prompt_block_input) = DecodeState::start(
+        model,
+        prompt,
+        attention_mask,
+        [b, p],
+        options.prompt_groups,
+        capture_block,
+    )?;
     let steps = config.max_new_tokens;
+    let mut capture = match capture_block {
+        Some(block) => Some(BlockCapture::new(block, prompt_block_input, steps)?),
+        None => None,
+    };
     // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
     let _packed = PackedScope::for_decode(model, b, steps)?;
     let mut last_logits = model.lm_head(&first)?;
@@ -502,6 +572,10 @@ pub(crate) fn generate_impl(
     let mut active = ActiveRows::new(b, !options.keep_finished_rows);
     let zeros = Tensor::f_zeros([b], (Kind::Float, decoder.device()))?;
     let mut log_probs = Vec::with_capacity(rows.capacity());
+    // while capturing, compaction lags one step (the rows unfinished before this step's
+    // token), so that a row's EOS is still fed and its block input computed
+    let mut lagged = (rows.unfinished().shallow_clone(), Some(b));
+    let mut last_next = None;
     for step in 0..steps {
         active.count_step();
         let logits = last_logits.f_to_kind(Kind::Float)?;
@@ -523,15 +597,42 @@ pub(crate) fn generate_impl(
         log_probs.push(lp.f_mul(&rows.unfinished().f_to_kind(Kind::Float)?)?);
         let next = rows.push(active.scatter(&next, rows.pad())?)?;
         if rows.done(step, steps)? {
+            last_next = Some(next);
             break;
         }
-        if let Some(keep) = active.compact(rows.unfinished(), rows.live(), steps - step - 1)? {
+        let (unfinished, live) = match capture {
+            Some(_) => std::mem::replace(
+                &mut lagged,
+                (rows.unfinished().shallow_clone(), rows.live()),
+            ),
+            None => (rows.unfinished().shallow_clone(), rows.live()),
+        };
+        if let Some(keep) = active.compact(&unfinished, live, steps - step - 1)? {
             decoder.keep_rows(&keep)?;
         }
-        let out = decoder.step(active.select(&next)?, ForwardOptions::default())?;
+        let step_options = match &capture {
+            Some(c) => ForwardOptions {
+                logits: true,
+                ..c.options()
+            },
+            None => ForwardOptions::default(),
+        };
+        let out = decoder.step(active.select(&next)?, step_options)?;
+        if let Some(c) = capture.as_mut() {
+            c.push(&active, &out)?;
+        }
         last_logits = out.logits()?.f_select(1, 0)?;
     }
+    // the last token's block input: one more step, without the LM head
+    if let (Some(c), Some(next)) = (capture.as_mut(), last_next) {
+        let out = decoder.step(active.select(&next)?, c.options())?;
+        c.push(&active, &out)?;
+    }
     let done = rows.finish(decoder.prompt, decoder.prompt_mask)?;
+    let block_input = match capture {
+        Some(c) => Some(c.finish(done.steps())?),
+        None => None,
+    };
     let log_probs = done.trim(&log_probs)?;
     let output = GenerationOutput {
         sequences: done.sequences,
@@ -539,8 +640,19 @@ pub(crate) fn generate_impl(
         response_mask: done.response_mask,
         log_probs,
         attention_mask: done.attention_mask,
+        block_input,
     };
     Ok((output, active))
+}
+
+/// Whether `model`'s KV-cached decode computes its full forward's values up to rounding: a
+/// float32 / float64 model (half-precision rounding between an incremental decode and a full
+/// forward is not negligible) without active dropout (LoRA's `lora_dropout` while the
+/// adapters' switch is training).
+pub(crate) fn decode_matches_forward(model: &dyn CausalLm) -> bool {
+    let full_precision = matches!(model.kind(), Kind::Float | Kind::Double);
+    let no_dropout = super::lora::lora_switch(model).is_none_or(|s| !s.is_training());
+    full_precision && no_dropout
 }
 
 // ------------------------------------------------------------------ shared with ILQL generation

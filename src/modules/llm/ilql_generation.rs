@@ -437,8 +437,22 @@ pub(crate) fn ilql_generate_impl(
     config.validate(vocab)?;
     let [b, p] = check_prompt(op, trunk, prompt, config.max_new_tokens)?;
     check_logit_mask(op, options.logit_mask, vocab)?;
-    let (mut decoder, mut hidden) =
-        DecodeState::start(trunk, prompt, attention_mask, [b, p], options.prompt_groups)?;
+    if let Some(block) = options.capture_block_input {
+        return Err(Error::config(
+            op,
+            "capture_block_input",
+            "None: ilql_generate keeps no block input (generate does)",
+            block,
+        ));
+    }
+    let (mut decoder, mut hidden, _) = DecodeState::start(
+        trunk,
+        prompt,
+        attention_mask,
+        [b, p],
+        options.prompt_groups,
+        None,
+    )?;
     let steps = config.max_new_tokens;
     // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
     let _packed = PackedScope::for_decode(trunk, b, steps)?;

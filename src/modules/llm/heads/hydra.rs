@@ -469,12 +469,18 @@ impl CausalLmWithHydraValueHead {
     /// every LM head run only from [`ScoreRequest::scored_from`] = `scored_from` on (the
     /// log-probs before it are 0; the values cover every position); the frozen trunk's output
     /// as [`forward`](Self::forward) gives it.
+    ///
+    /// `trunk`: the frozen trunk's output over `tokens` already computed (the rollout's
+    /// generation kept it: [`GenerateOptions::capture_block_input`](crate::modules::llm::GenerateOptions::capture_block_input)
+    /// at [`frozen_trunk_end`](Self::frozen_trunk_end)); the pass then starts above it, and
+    /// it is the returned trunk. Ignored without a hydra branch.
     pub(crate) fn rollout_scores(
         &self,
         tokens: &Tensor,
         mask: &Tensor,
         scored_from: i64,
         policy: bool,
+        trunk: Option<&Tensor>,
     ) -> Result<RolloutScores> {
         let _guard = tch::no_grad_guard();
         let input = LmInput::new(tokens).with_attention_mask(mask);
@@ -482,7 +488,21 @@ impl CausalLmWithHydraValueHead {
         let log_probs = |logits: &Tensor, values: Option<&Tensor>, request: ScoreRequest| {
             scores_from_head(logits, start, values, tokens, mask, request)
         };
+        let trunk = match (trunk, self.frozen_trunk_end()) {
+            (Some(h), Some(end)) => Some((h.f_detach()?, end)),
+            _ => None,
+        };
         if !policy {
+            if let Some((h, _)) = trunk {
+                let ref_logits = self.reference_logits(&input, Some(h.shallow_clone()), start)?;
+                return Ok(RolloutScores {
+                    log_probs: None,
+                    values: None,
+                    ref_log_probs: log_probs(&ref_logits, None, ScoreRequest::log_probs())?
+                        .log_probs,
+                    trunk: Some(h),
+                });
+            }
             let out = self.forward_reference_from(&input, start)?;
             return Ok(RolloutScores {
                 log_probs: None,
@@ -493,23 +513,33 @@ impl CausalLmWithHydraValueHead {
             });
         }
         let model = self.policy.model();
-        let out = model.forward_with(
-            &input,
-            None,
-            ForwardOptions {
-                logits: false,
-                capture_block_input: self.frozen_trunk_end(),
-            },
-        )?;
-        let trunk = match &out.block_input {
+        let (last_hidden, block_input) = match trunk {
+            Some((h, end)) => {
+                let hidden_size = model.facts().hidden_size;
+                let last = run_from_block(hidden_size, model.decoder(), &h, end, Some(mask))?;
+                (last, Some(h))
+            }
+            None => {
+                let out = model.forward_with(
+                    &input,
+                    None,
+                    ForwardOptions {
+                        logits: false,
+                        capture_block_input: self.frozen_trunk_end(),
+                    },
+                )?;
+                (out.last_hidden, out.block_input)
+            }
+        };
+        let trunk = match &block_input {
             Some(h) => Some(h.f_detach()?),
             None => None,
         };
-        let ref_logits = self.reference_logits(&input, out.block_input, start)?;
-        let values = self.policy.values_from_hidden(&out.last_hidden)?;
+        let ref_logits = self.reference_logits(&input, block_input, start)?;
+        let values = self.policy.values_from_hidden(&last_hidden)?;
         let scores = scores_from_hidden(
             model,
-            &out.last_hidden,
+            &last_hidden,
             Some(&values),
             tokens,
             mask,
@@ -662,7 +692,7 @@ mod tests {
                 max_diff(&lp, &ref_lp) > 1e-4,
                 "{name}: the policy is its reference"
             );
-            let s = m.rollout_scores(&tokens, &mask, 4, true).unwrap();
+            let s = m.rollout_scores(&tokens, &mask, 4, true, None).unwrap();
             check(
                 &format!("{name}: policy"),
                 s.log_probs.as_ref().unwrap(),
@@ -677,7 +707,7 @@ mod tests {
                 assert_eq!(max_diff(a, b), 0.0, "{name}: trunk");
             }
             // the reference's side alone
-            let r = m.rollout_scores(&tokens, &mask, 4, false).unwrap();
+            let r = m.rollout_scores(&tokens, &mask, 4, false, None).unwrap();
             assert!(r.log_probs.is_none() && r.values.is_none());
             check(
                 &format!("{name}: reference alone"),
@@ -686,9 +716,48 @@ mod tests {
                 4,
             );
             // from 0: every position, bitwise a full forward's
-            let all = m.rollout_scores(&tokens, &mask, 0, true).unwrap();
+            let all = m.rollout_scores(&tokens, &mask, 0, true, None).unwrap();
             assert!(all.log_probs.unwrap().equal(&lp), "{name}");
             assert!(all.ref_log_probs.equal(&ref_lp), "{name}");
+            // started from a trunk computed elsewhere: the same kernels above it, so bitwise
+            // the same scores; a perturbed trunk moves them (the trunk is really read: not by
+            // a constant, which GPT-2's layer norms remove);
+            // without a branch the trunk is ignored
+            if let Some(trunk) = &full.trunk {
+                for policy in [true, false] {
+                    let a = m.rollout_scores(&tokens, &mask, 4, policy, None).unwrap();
+                    let b = m
+                        .rollout_scores(&tokens, &mask, 4, policy, Some(trunk))
+                        .unwrap();
+                    assert!(a.ref_log_probs.equal(&b.ref_log_probs), "{name}");
+                    assert_eq!(a.log_probs.is_some(), b.log_probs.is_some());
+                    if let (Some(x), Some(y)) = (&a.log_probs, &b.log_probs) {
+                        assert!(x.equal(y), "{name}: policy from the trunk");
+                        let (v, w) = (a.values.as_ref().unwrap(), b.values.as_ref().unwrap());
+                        assert!(v.equal(w), "{name}: values from the trunk");
+                    }
+                    let moved = trunk + trunk.randn_like() * 0.5;
+                    let c = m
+                        .rollout_scores(&tokens, &mask, 4, policy, Some(&moved))
+                        .unwrap();
+                    assert!(
+                        max_diff(&c.ref_log_probs, &a.ref_log_probs) > 1e-4,
+                        "{name}"
+                    );
+                    assert!(c.trunk.unwrap().equal(&moved), "{name}");
+                }
+            } else {
+                let other = Tensor::zeros([2, 9, 16], (Kind::Float, Device::Cpu));
+                let c = m
+                    .rollout_scores(&tokens, &mask, 4, true, Some(&other))
+                    .unwrap();
+                check(
+                    &format!("{name}: trunk ignored"),
+                    &c.ref_log_probs,
+                    &ref_lp,
+                    4,
+                );
+            }
         }
     }
 }
