@@ -34,6 +34,10 @@
 //!   model of the policy's shape where ours is trlX's value head on the policy's trunk.
 //!   Seconds per iteration after a warm-up one.
 //!
+//! `TORCHRL_BENCH_TRUNK_FROM_GEN=0` makes W21's hydra rollouts run the frozen trunk again in
+//! their scoring pass instead of taking it from the generation
+//! (`OnPolicyTrainer::with_trunk_from_generation`), for the A/B.
+//!
 //! `TORCHRL_BENCH_KEEP_FREED=1` calls `torchrl::memory::keep_freed_memory` first (freed
 //! memory kept by the allocator for reuse: no page zeroing each step).
 //!
@@ -280,7 +284,9 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     // the rule reward both sides compute: the number of even ids in the completion
     let even = |_: &[i64], response: &[i64]| response.iter().filter(|t| *t % 2 == 0).count() as f64;
     let env = TokenEnv::new(env_cfg, prompts, Box::new(TokenScorer::new(even)))?;
-    let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?;
+    let from_generation = env_or("TORCHRL_BENCH_TRUNK_FROM_GEN", 1i64) != 0;
+    let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?
+        .with_trunk_from_generation(from_generation);
     let mut callbacks = Callbacks::new();
     let [per_step, rollout, update] = time_iterations(iters, steps_per_iteration, || {
         trainer.iteration(&mut callbacks)
@@ -294,7 +300,8 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     let name = row_name(prefix, unfrozen, v);
     println!("{name}\t{:.4}", 1.0 / best);
     println!(
-        "# {name}: num_layers_unfrozen {unfrozen}; {v:?}; {steps_per_iteration} step(s) per round of \
+        "# {name}: num_layers_unfrozen {unfrozen}; {v:?}; trunk from the generation \
+         {from_generation}; {steps_per_iteration} step(s) per round of \
          {ROLLOUTS} completions; best {best:.2} / median {median:.2} s/step over {per_step:.2?}; \
          rollout (generate + log-probs + reference + reward) {rollout:.2?} s, update \
          {update:.2?} s; peak RSS {:.0} MiB",
