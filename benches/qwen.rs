@@ -36,7 +36,8 @@
 //!
 //! `TORCHRL_BENCH_TRUNK_FROM_GEN=0` makes W21's hydra rollouts run the frozen trunk again in
 //! their scoring pass instead of taking it from the generation
-//! (`OnPolicyTrainer::with_trunk_from_generation`), for the A/B.
+//! (`OnPolicyTrainer::with_trunk_from_generation`), for the A/B; `TORCHRL_BENCH_PACK_CACHE=0`
+//! packs the frozen weights again at every rollout (`OnPolicyTrainer::with_packed_weight_cache`).
 //!
 //! `TORCHRL_BENCH_KEEP_FREED=1` calls `torchrl::memory::keep_freed_memory` first (freed
 //! memory kept by the allocator for reuse: no page zeroing each step).
@@ -285,8 +286,10 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     let even = |_: &[i64], response: &[i64]| response.iter().filter(|t| *t % 2 == 0).count() as f64;
     let env = TokenEnv::new(env_cfg, prompts, Box::new(TokenScorer::new(even)))?;
     let from_generation = env_or("TORCHRL_BENCH_TRUNK_FROM_GEN", 1i64) != 0;
+    let pack_cache = env_or("TORCHRL_BENCH_PACK_CACHE", 1i64) != 0;
     let mut trainer = GrpoTrainer::new(c, model, env, Box::new(ByteTokenizer::new()))?
-        .with_trunk_from_generation(from_generation);
+        .with_trunk_from_generation(from_generation)
+        .with_packed_weight_cache(pack_cache);
     let mut callbacks = Callbacks::new();
     let [per_step, rollout, update] = time_iterations(iters, steps_per_iteration, || {
         trainer.iteration(&mut callbacks)
@@ -301,7 +304,7 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     println!("{name}\t{:.4}", 1.0 / best);
     println!(
         "# {name}: num_layers_unfrozen {unfrozen}; {v:?}; trunk from the generation \
-         {from_generation}; {steps_per_iteration} step(s) per round of \
+         {from_generation}; packed weight cache {pack_cache}; {steps_per_iteration} step(s) per round of \
          {ROLLOUTS} completions; best {best:.2} / median {median:.2} s/step over {per_step:.2?}; \
          rollout (generate + log-probs + reference + reward) {rollout:.2?} s, update \
          {update:.2?} s; peak RSS {:.0} MiB",

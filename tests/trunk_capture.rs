@@ -7,7 +7,9 @@
 //! rows end early) or kept:
 //! - the tokens, masks and log-probs are those of the decode without it;
 //! - the kept states equal a forward over the finished sequences
-//!   ([`CausalLm::forward_to_block`]) to 1e-5 at every position the attention mask keeps.
+//!   ([`CausalLm::forward_to_block`]) to 1e-5 at every position the decode fed (the attention
+//!   mask keeps it and the next one: a row's last token is never fed), and the last position
+//!   holds zeros.
 //!
 //! The RLHF rollouts hand it to the hydra model's scoring pass
 //! ([`OnPolicyTrainer::with_trunk_from_generation`], on by default). GRPO (the reference's side
@@ -66,6 +68,20 @@ fn masked_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f64 {
         .abs()
         .max()
         .double_value(&[])
+}
+
+/// The positions a decode fed under `mask` `[B, T]`: kept by the mask and followed by a kept
+/// one (a row's last token is never fed).
+fn fed(mask: &Tensor) -> Tensor {
+    let t = mask.size()[1];
+    let next = Tensor::cat(
+        &[
+            &mask.narrow(1, 1, t - 1),
+            &mask.narrow(1, 0, 1).zeros_like(),
+        ],
+        1,
+    );
+    mask * next
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -150,8 +166,11 @@ fn check_capture(model: &dyn CausalLm, name: &str) {
                         let input =
                             LmInput::new(&kept.sequences).with_attention_mask(&kept.attention_mask);
                         let again = model.forward_to_block(&input, block).unwrap();
-                        let d = masked_diff(&h, &again, &kept.attention_mask);
+                        let d = masked_diff(&h, &again, &fed(&kept.attention_mask));
                         assert!(d <= 1e-5, "{what}: block input differs by {d}");
+                        // the last position was never fed
+                        let last = h.select(1, t - 1).abs().max().double_value(&[]);
+                        assert_eq!(last, 0.0, "{what}");
                         worst = worst.max(d);
                         let done_early = kept
                             .response_mask
@@ -233,10 +252,11 @@ fn compare_stores(a: &TensorDict, b: &TensorDict, what: &str) -> f64 {
             continue;
         }
         // the states of positions the attention mask drops (left padding; after a row's EOS,
-        // fed the pad id under a mask of ones while decoding) differ, and nothing reads them;
-        // the values are aligned to the tokens (`values[t]` from the state at `t − 1`)
+        // fed the pad id under a mask of ones while decoding) and of each row's last token
+        // (never fed) differ, and nothing reads them; the values are aligned to the tokens
+        // (`values[t]` from the state at `t − 1`)
         let d = match x.dim() {
-            3 => masked_diff(x, y, mask),
+            3 => masked_diff(x, y, &fed(mask)),
             2 if key == "values" => {
                 let kept = mask.narrow(1, 0, 1).ones_like();
                 let before = Tensor::cat(&[&kept, &mask.narrow(1, 0, mask.size()[1] - 1)], 1);
@@ -271,9 +291,7 @@ fn counting_hydra(
 }
 
 /// After a rollout of `a` (trunk from the generation) and `b` (recomputed): the stores agree
-/// ([`compare_stores`]) and `b` embedded one more pass over the sequences, less the extra
-/// step that feeds `a`'s last token (no row of these short rollouts ends with two steps left,
-/// so none is compacted away).
+/// ([`compare_stores`]) and `b` embedded one more pass over the sequences.
 fn check_rollout(
     (a, ta): (&TensorDict, &AtomicI64),
     (b, tb): (&TensorDict, &AtomicI64),
@@ -285,7 +303,7 @@ fn check_rollout(
     let (ea, eb) = (ta.swap(0, Ordering::Relaxed), tb.swap(0, Ordering::Relaxed));
     assert_eq!(
         eb - ea,
-        full[0] * (full[1] - 1),
+        full[0] * full[1],
         "{what}: embedded {ea} against {eb}"
     );
 }

@@ -22,6 +22,7 @@ use crate::modules::llm::keys::{
     ASSISTANT_MASK_KEY, ATTENTION_MASK_KEY, FULL_KEY, FULL_LOG_PROBS_KEY, PROMPT_KEY,
     PROMPT_MASK_KEY, REF_LOG_PROBS_KEY, RESPONSE_KEY,
 };
+use crate::modules::llm::nn::packed::PackedWeightCache;
 use crate::modules::llm::{check_tokenizer_fits, CachedTrunk, ScoreTokens};
 use crate::modules::llm::{CausalLmWithHydraValueHead, GenerationConfig, TextTokenizer};
 use crate::rng::Generator;
@@ -84,7 +85,7 @@ pub(crate) fn check_vocab(
 
 /// How [`hydra_policy_step`] runs beyond the generation config.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct PolicyStep {
+pub(crate) struct PolicyStep<'a> {
     /// Keep the frozen trunk's output under [`CachedTrunk::KEY`] (when the model has a frozen
     /// trunk), so that the updates can start above it ([`update_policy`]).
     pub(crate) keep_trunk: bool,
@@ -104,6 +105,9 @@ pub(crate) struct PolicyStep {
     /// scoring pass then starts above the trunk instead of running it again over the
     /// sequences.
     pub(crate) trunk_from_generation: bool,
+    /// Where the generation keeps its packed frozen weights across rollouts
+    /// ([`GenerateOptions::packed_weights`](crate::modules::llm::GenerateOptions::packed_weights)).
+    pub(crate) packed_weights: Option<&'a PackedWeightCache>,
 }
 
 /// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
@@ -130,7 +134,7 @@ pub(crate) fn hydra_policy_step(
     rng: &mut Generator,
     td: TensorDict,
     gen: &GenerationConfig,
-    step: PolicyStep,
+    step: PolicyStep<'_>,
 ) -> Result<TensorDict> {
     let seed = rng.next_u64();
     let lm = model.policy().model();
@@ -144,6 +148,9 @@ pub(crate) fn hydra_policy_step(
         .with_full_log_probs(sampler)
         .with_prompt_groups(step.prompt_groups)
         .with_trunk_capture(capture);
+    if let Some(cache) = step.packed_weights {
+        policy = policy.with_packed_weights(cache.clone());
+    }
     let mut td = policy.call(td)?;
     let captured = take_trunk(&mut td);
     let _guard = tch::no_grad_guard();

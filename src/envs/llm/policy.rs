@@ -52,6 +52,7 @@ use super::env::{
     PROMPT_MASK_KEY, RESPONSE_KEY, RESPONSE_LOG_PROBS_KEY,
 };
 use crate::error::{Error, Result, ShapeFmt};
+use crate::modules::llm::nn::packed::PackedWeightCache;
 use crate::modules::llm::{
     generate_with, CachedTrunk, CausalLm, GenerateOptions, GenerationConfig, LogitMask, ScoreTokens,
 };
@@ -77,6 +78,7 @@ pub struct GenerationPolicy<M> {
     full_log_probs: bool,
     prompt_groups: usize,
     trunk_block: Option<usize>,
+    packed_weights: Option<PackedWeightCache>,
 }
 
 impl<M> fmt::Debug for GenerationPolicy<M> {
@@ -103,6 +105,7 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             full_log_probs: true,
             prompt_groups: 0,
             trunk_block: None,
+            packed_weights: None,
         })
     }
 
@@ -179,6 +182,14 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
         self
     }
 
+    /// Keeps the packed copies of the model's frozen weights in `cache` across calls
+    /// ([`GenerateOptions::packed_weights`]); without it each call packs what its decode
+    /// uses.
+    pub fn with_packed_weights(mut self, cache: PackedWeightCache) -> Self {
+        self.packed_weights = Some(cache);
+        self
+    }
+
     /// Adds trlX's logit mask.
     pub fn with_logit_mask(mut self, mask: LogitMask) -> Self {
         self.logit_mask = Some(mask);
@@ -232,6 +243,7 @@ impl<M: ScoreTokens> GenerationPolicy<M> {
             prompt_groups: self.prompt_groups,
             keep_finished_rows: false,
             capture_block_input: self.trunk_block,
+            packed_weights: self.packed_weights.as_ref(),
         };
         let out = generate_with(
             model_of(&self.model)?,

@@ -357,10 +357,10 @@ impl Finished {
     }
 }
 
-/// The input of one block at every position of a decode
+/// The input of one block at every position a decode feeds
 /// ([`GenerateOptions::capture_block_input`](super::GenerateOptions::capture_block_input)):
 /// the prompt pass's, then one position per step, written into the whole batch (zeros on the
-/// rows a step did not run).
+/// rows a step did not run, and at the last token, which no step feeds).
 pub(crate) struct BlockCapture {
     block: usize,
     prompt: Tensor,
@@ -410,14 +410,16 @@ impl BlockCapture {
         Ok(())
     }
 
-    /// `[B, P + G, n_embd]`: the prompt's block inputs, then those of the first `g` steps.
+    /// `[B, P + G, n_embd]`: the prompt's block inputs, then those of the tokens the first
+    /// `g − 1` steps fed, then zeros (the last token, which no step feeds).
     pub(crate) fn finish(self, g: i64) -> Result<Tensor> {
-        let kept = usize::try_from(g).unwrap_or(0);
-        let steps = self.steps.get(..kept).unwrap_or(&self.steps);
-        if steps.is_empty() {
+        let g = usize::try_from(g).unwrap_or(0);
+        if g == 0 {
             return Ok(self.prompt);
         }
-        let response = Tensor::f_stack(steps, 1)?;
+        let mut columns: Vec<Tensor> = self.steps.into_iter().take(g).collect();
+        columns.resize_with(g, || self.zeros.shallow_clone());
+        let response = Tensor::f_stack(&columns, 1)?;
         Ok(Tensor::f_cat(&[&self.prompt, &response], 1)?)
     }
 }

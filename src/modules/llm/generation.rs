@@ -76,7 +76,7 @@ use tch::{Device, Kind, Tensor};
 use super::causal_lm::{CausalLm, ForwardOptions, LmFacts};
 use super::compaction::ActiveRows;
 use super::decode::{BlockCapture, DecodeState, Rows};
-use super::nn::packed::PackedScope;
+use super::nn::packed::{PackedScope, PackedWeightCache};
 use crate::error::require;
 use crate::error::{Error, Result, ShapeFmt};
 use crate::macros::setters;
@@ -333,10 +333,14 @@ pub struct GenerationOutput {
     /// forward over `sequences` should attend to (`tokens != pad` is wrong when pad == EOS).
     pub attention_mask: Tensor,
     /// With [`GenerateOptions::capture_block_input`] `= Some(k)`: the hidden state entering
-    /// block `k` at every position of `sequences`, `[B, P + G, hidden]` in the model's dtype
-    /// (what [`ForwardOptions::capture_block_input`] returns for a forward over `sequences`
-    /// under `attention_mask`, up to rounding, at every position the mask keeps; zeros or
-    /// another row state after a row's EOS, where the mask is 0). `None` otherwise.
+    /// block `k` at every position of `sequences` whose token the decode fed to the model,
+    /// `[B, P + G, hidden]` in the model's dtype: what [`ForwardOptions::capture_block_input`]
+    /// returns for a forward over `sequences` under `attention_mask`, up to rounding, at
+    /// every position the mask keeps but each row's last one. A decode never feeds the token
+    /// it sampled last (nor, once finished rows are compacted away, a row's EOS), so those
+    /// positions hold zeros, as may the positions the mask drops. What a causal model computes
+    /// for token `t` reads positions `< t` only, so every valid token's log-prob and value
+    /// can be computed from it. `None` otherwise.
     pub block_input: Option<Tensor>,
 }
 
@@ -387,18 +391,21 @@ pub struct GenerateOptions<'a> {
     /// their shapes and values (the same tokens, greedy or sampled from the same seed; the
     /// same log-probs up to the rounding of a smaller matrix product).
     pub keep_finished_rows: bool,
-    /// Keep the hidden state entering this block (`0..=n_layer`) at every position, prompt
-    /// and response, in [`GenerationOutput::block_input`]. The decode computes it anyway; the
-    /// only extra work is one step that feeds the last token (whose logits are never needed)
-    /// and, while compacting finished rows, one more step for each row that produced EOS. A
-    /// hydra model's rollout hands it to the reference branch and the updates instead of
-    /// running the frozen trunk again over the sequences
+    /// Keep the hidden state entering this block (`0..=n_layer`) at every position the decode
+    /// feeds, prompt and response, in [`GenerationOutput::block_input`]: the decode computes it
+    /// anyway, nothing runs twice. A hydra model's rollout hands it to the reference branch
+    /// and the updates instead of running the frozen trunk again over the sequences
     /// ([`CausalLmWithHydraValueHead::frozen_trunk_end`](super::CausalLmWithHydraValueHead::frozen_trunk_end)).
     /// `None` (the default): nothing kept.
     ///
     /// # Errors
     /// A block index above `n_layer`; [`ilql_generate`](super::ilql_generate) refuses it.
     pub capture_block_input: Option<usize>,
+    /// Keep the packed copies of the model's frozen weights here across generations
+    /// ([`PackedWeightCache`]: a CPU float32 decode multiplies through packed weights, and a
+    /// frozen weight need not be packed again at each one). `None` (the default): every
+    /// decode packs what it uses and frees it at the end.
+    pub packed_weights: Option<&'a PackedWeightCache>,
 }
 
 impl<'a> GenerateOptions<'a> {
@@ -441,16 +448,25 @@ impl<'a> GenerateOptions<'a> {
     /// let out = generate_with(&model, &prompt, Some(&mask), &gen_cfg, &opts, &mut Generator::new(3))?;
     /// let kept = out.block_input.unwrap();
     /// assert_eq!(kept.size(), vec![2, 8, 16]);
-    /// // the trunk over the finished sequences gives the same hidden states where the mask is 1
+    /// // the trunk over the finished sequences gives the same hidden states where the mask is
+    /// // 1, but at the last token (no EOS here: the last position), which was never fed
     /// let input = LmInput::new(&out.sequences).with_attention_mask(&out.attention_mask);
     /// let again = model.forward_to_block(&input, 2)?;
-    /// let keep = out.attention_mask.unsqueeze(-1);
-    /// let d = ((kept - again) * keep).abs().max().double_value(&[]);
+    /// let fed = out.attention_mask.narrow(1, 0, 7).unsqueeze(-1);
+    /// let d = ((kept.narrow(1, 0, 7) - again.narrow(1, 0, 7)) * fed).abs().max().double_value(&[]);
     /// assert!(d < 1e-5);
+    /// assert_eq!(kept.select(1, 7).abs().max().double_value(&[]), 0.0);
     /// # Ok(()) }
     /// ```
     pub fn with_capture_block_input(mut self, block: usize) -> Self {
         self.capture_block_input = Some(block);
+        self
+    }
+
+    /// Sets [`packed_weights`](Self::packed_weights): the frozen weights' packed copies are
+    /// kept in `cache` across generations.
+    pub fn with_packed_weights(mut self, cache: &'a PackedWeightCache) -> Self {
+        self.packed_weights = Some(cache);
         self
     }
 }
@@ -556,7 +572,7 @@ pub(crate) fn generate_impl(
         None => None,
     };
     // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
-    let _packed = PackedScope::for_decode(model, b, steps)?;
+    let _packed = PackedScope::for_decode(model, b, steps, options.packed_weights)?;
     let mut last_logits = model.lm_head(&first)?;
     let uniforms = match rng {
         Some(rng) if config.do_sample => draw_uniforms(rng, steps, b, decoder.device())?,
@@ -572,10 +588,6 @@ pub(crate) fn generate_impl(
     let mut active = ActiveRows::new(b, !options.keep_finished_rows);
     let zeros = Tensor::f_zeros([b], (Kind::Float, decoder.device()))?;
     let mut log_probs = Vec::with_capacity(rows.capacity());
-    // while capturing, compaction lags one step (the rows unfinished before this step's
-    // token), so that a row's EOS is still fed and its block input computed
-    let mut lagged = (rows.unfinished().shallow_clone(), Some(b));
-    let mut last_next = None;
     for step in 0..steps {
         active.count_step();
         let logits = last_logits.f_to_kind(Kind::Float)?;
@@ -597,17 +609,9 @@ pub(crate) fn generate_impl(
         log_probs.push(lp.f_mul(&rows.unfinished().f_to_kind(Kind::Float)?)?);
         let next = rows.push(active.scatter(&next, rows.pad())?)?;
         if rows.done(step, steps)? {
-            last_next = Some(next);
             break;
         }
-        let (unfinished, live) = match capture {
-            Some(_) => std::mem::replace(
-                &mut lagged,
-                (rows.unfinished().shallow_clone(), rows.live()),
-            ),
-            None => (rows.unfinished().shallow_clone(), rows.live()),
-        };
-        if let Some(keep) = active.compact(&unfinished, live, steps - step - 1)? {
+        if let Some(keep) = active.compact(rows.unfinished(), rows.live(), steps - step - 1)? {
             decoder.keep_rows(&keep)?;
         }
         let step_options = match &capture {
@@ -622,11 +626,6 @@ pub(crate) fn generate_impl(
             c.push(&active, &out)?;
         }
         last_logits = out.logits()?.f_select(1, 0)?;
-    }
-    // the last token's block input: one more step, without the LM head
-    if let (Some(c), Some(next)) = (capture.as_mut(), last_next) {
-        let out = decoder.step(active.select(&next)?, c.options())?;
-        c.push(&active, &out)?;
     }
     let done = rows.finish(decoder.prompt, decoder.prompt_mask)?;
     let block_input = match capture {

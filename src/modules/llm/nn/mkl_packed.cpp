@@ -87,4 +87,14 @@ int trl_mkl_linear(void* x, void* packed, void* weight, void* bias, int64_t batc
   });
 }
 
+// The version counter of `t` (bumped by every in-place write to its storage), or -1 when it
+// has none (an inference tensor) or reading it fails.
+int64_t trl_tensor_version(void* t) {
+  try {
+    return static_cast<int64_t>(static_cast<at::Tensor*>(t)->_version());
+  } catch (...) {
+    return -1;
+  }
+}
+
 }  // extern "C"

@@ -22,9 +22,22 @@
 //! The packed weights live in a thread-local table that the scope fills and empties, keyed by
 //! each weight's storage address, so nothing in the model changes and nothing outlives the
 //! generation.
+//!
+//! **Frozen weights across generations.** A hydra policy's frozen trunk (and its tied
+//! embedding head) is the same at every rollout, so re-packing it each time is wasted work
+//! (0.48 s a rollout at the Qwen2.5-0.5B shape, docs/performance.md). A [`PackedWeightCache`]
+//! handed to the scope keeps the packed copies of the weights that do not require grad, with a
+//! strong reference to each weight (its address cannot be reused while held) and its version
+//! counter (any in-place write, such as loading a checkpoint, makes the copy stale and it is
+//! packed again). The next decode with the same row count reuses them; the trainable weights
+//! are packed per decode as without a cache. The cache holds the copies (as many bytes as the
+//! frozen float32 weights) until it is dropped or [cleared](PackedWeightCache::clear), and
+//! drops the entries a decode did not use (another model's).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Device, Kind, Tensor};
 
@@ -81,12 +94,21 @@ impl PackedScope {
     /// Packs `model`'s linear weights and LM head for products with `rows` rows, when packing
     /// applies ([module docs](self)); `None` when it does not (the plain products run).
     ///
+    /// With `cache`, the frozen weights' packed copies come from it and stay in it
+    /// ([`PackedWeightCache`]).
+    ///
     /// # Errors
     /// When libtorch fails to pack a weight (the message names the op).
-    pub fn for_decode(model: &dyn CausalLm, rows: i64, steps: i64) -> Result<Option<Self>> {
+    pub fn for_decode(
+        model: &dyn CausalLm,
+        rows: i64,
+        steps: i64,
+        cache: Option<&PackedWeightCache>,
+    ) -> Result<Option<Self>> {
         if !applies(model, rows, steps) {
             return Ok(None);
         }
+        let mut cached = cache.map(PackedWeightCache::lock);
         let mut weights = HashMap::new();
         let mut add = |w: &Tensor| -> Result<()> {
             if w.numel() < MIN_PACKED_ELEMENTS as usize {
@@ -94,7 +116,11 @@ impl PackedScope {
             }
             let key = w.data_ptr() as usize;
             if let std::collections::hash_map::Entry::Vacant(e) = weights.entry(key) {
-                e.insert((w.size(), ffi::pack(w, rows)?));
+                let packed = match cached.as_mut() {
+                    Some(c) => c.get_or_pack(key, w, rows)?,
+                    None => ffi::pack(w, rows)?,
+                };
+                e.insert((w.size(), packed));
             }
             Ok(())
         };
@@ -104,11 +130,144 @@ impl PackedScope {
             }
         }
         add(model.lm_head_weight())?;
+        if let Some(c) = cached.as_mut() {
+            c.keep_only(&weights.keys().copied().collect());
+        }
         if weights.is_empty() {
             return Ok(None);
         }
         PACKED.with(|p| *p.borrow_mut() = Some(Table { rows, weights }));
         Ok(Some(PackedScope { _private: () }))
+    }
+}
+
+/// Packed copies of a model's frozen weights kept across decodes (see the
+/// [module docs](self)): a cheap handle (clones share the copies) that a trainer keeps for the
+/// model's life and hands to every generation
+/// ([`GenerateOptions::packed_weights`](crate::modules::llm::GenerateOptions::packed_weights)).
+///
+/// ```
+/// use tch::{nn::VarStore, Device, Tensor};
+/// use torchrl::modules::llm::nn::packed::PackedWeightCache;
+/// use torchrl::modules::llm::{generate_with, GenerateOptions, GenerationConfig, Gpt2Config, Gpt2Model};
+/// use torchrl::Generator;
+/// # fn main() -> torchrl::Result<()> {
+/// let mut vs = VarStore::new(Device::Cpu);
+/// let cfg = Gpt2Config::new(1100).with_n_layer(1).with_n_embd(512).with_n_head(8).with_n_positions(32);
+/// let model = Gpt2Model::new(&vs.root(), &cfg)?;
+/// vs.freeze(); // frozen weights: what the cache keeps
+/// let cache = PackedWeightCache::new();
+/// let opts = GenerateOptions::default().with_packed_weights(&cache);
+/// let prompt = Tensor::from_slice(&[1i64, 2, 3, 4]).view([4, 1]);
+/// let gen_cfg = GenerationConfig::rlhf_sampling(6).with_pad_token_id(0);
+/// let a = generate_with(&model, &prompt, None, &gen_cfg, &opts, &mut Generator::new(0))?;
+/// let packs = cache.packs();
+/// let b = generate_with(&model, &prompt, None, &gen_cfg, &opts, &mut Generator::new(0))?;
+/// assert_eq!(cache.packs(), packs); // the second decode packed nothing again
+/// assert!(a.sequences.equal(&b.sequences));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct PackedWeightCache {
+    inner: Arc<Mutex<CacheTable>>,
+}
+
+#[derive(Default)]
+struct CacheTable {
+    /// By the weight's address.
+    entries: HashMap<usize, CachedPack>,
+    /// How many weights were packed into the cache (reuses are not counted).
+    packs: usize,
+}
+
+struct CachedPack {
+    /// Held, never read: a strong reference keeps the address this weight's while the entry
+    /// lives.
+    _weight: Tensor,
+    size: Vec<i64>,
+    version: i64,
+    rows: i64,
+    packed: Tensor,
+}
+
+impl fmt::Debug for PackedWeightCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PackedWeightCache")
+            .field("weights", &self.len())
+            .field("packs", &self.packs())
+            .finish()
+    }
+}
+
+impl PackedWeightCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CacheTable> {
+        // a panic elsewhere while holding it leaves a table that is still consistent
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The number of weights whose packed copies it holds.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many times a weight was packed into it (a reused copy is not counted).
+    pub fn packs(&self) -> usize {
+        self.lock().packs
+    }
+
+    /// Frees every packed copy (the weights' references too).
+    pub fn clear(&self) {
+        self.lock().entries.clear();
+    }
+}
+
+impl CacheTable {
+    /// The packed copy of `w` (at address `key`) for `rows` rows: the cached one when `w` is
+    /// frozen and unchanged since, else packed now (and cached when frozen).
+    fn get_or_pack(&mut self, key: usize, w: &Tensor, rows: i64) -> Result<Tensor> {
+        let version = if w.requires_grad() {
+            -1
+        } else {
+            ffi::version(w)
+        };
+        if version < 0 {
+            // trainable (or without a version counter): changes between decodes
+            self.entries.remove(&key);
+            return ffi::pack(w, rows);
+        }
+        if let Some(e) = self.entries.get(&key) {
+            if e.version == version && e.rows == rows && e.size == w.size() {
+                return Ok(e.packed.shallow_clone());
+            }
+        }
+        let packed = ffi::pack(w, rows)?;
+        self.packs += 1;
+        self.entries.insert(
+            key,
+            CachedPack {
+                _weight: w.shallow_clone(),
+                size: w.size(),
+                version,
+                rows,
+                packed: packed.shallow_clone(),
+            },
+        );
+        Ok(packed)
+    }
+
+    /// Drops the entries whose address is not in `used`.
+    fn keep_only(&mut self, used: &HashSet<usize>) {
+        self.entries.retain(|k, _| used.contains(k));
     }
 }
 
@@ -155,6 +314,7 @@ mod ffi {
 
     extern "C" {
         fn trl_mkl_packed_available() -> c_int;
+        fn trl_tensor_version(t: *mut c_void) -> i64;
         fn trl_mkl_pack(
             weight: *mut c_void,
             batch: i64,
@@ -180,6 +340,12 @@ mod ffi {
         static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         // SAFETY: no arguments; the shim catches every C++ exception.
         *AVAILABLE.get_or_init(|| unsafe { trl_mkl_packed_available() } == 1)
+    }
+
+    /// `t`'s version counter, or -1 when it has none.
+    pub(super) fn version(t: &Tensor) -> i64 {
+        // SAFETY: `t` is a live tensor handle for the call; the shim catches every exception.
+        unsafe { trl_tensor_version(ptr(t)) }
     }
 
     fn ptr(t: &Tensor) -> *mut c_void {
@@ -253,6 +419,10 @@ mod ffi {
         false
     }
 
+    pub(super) fn version(_: &Tensor) -> i64 {
+        -1
+    }
+
     pub(super) fn pack(_: &Tensor, _: i64) -> Result<Tensor> {
         Err(Error::invalid(
             "packed decode",
@@ -312,7 +482,7 @@ mod tests {
         let plain = model.forward(&LmInput::new(&ids), None)?.logits()?;
         assert!(!active());
         {
-            let scope = PackedScope::for_decode(&model, 8, MIN_STEPS)?;
+            let scope = PackedScope::for_decode(&model, 8, MIN_STEPS, None)?;
             assert!(scope.is_some() && active());
             // GPT-2's Conv1D weights ([in, out]) and its tied head are both packed
             let block = &model.decoder().blocks()[0];
@@ -338,8 +508,82 @@ mod tests {
         }
         assert!(!active(), "the scope's drop empties the table");
         // too short a decode, another dtype, or switched off: no packing
-        assert!(PackedScope::for_decode(&model, 8, MIN_STEPS - 1)?.is_none());
-        assert!(without_packing(|| PackedScope::for_decode(&model, 8, 8))?.is_none());
+        assert!(PackedScope::for_decode(&model, 8, MIN_STEPS - 1, None)?.is_none());
+        assert!(without_packing(|| PackedScope::for_decode(&model, 8, 8, None))?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_cache_keeps_the_frozen_weights_and_repacks_what_changed() -> Result<()> {
+        if !ffi::available() {
+            return Ok(());
+        }
+        let mut vs = VarStore::new(Device::Cpu);
+        let model = gpt2(&vs);
+        vs.freeze();
+        // c_attn stays trainable: packed per decode, never cached
+        let block = &model.decoder().blocks()[0];
+        for (name, v) in vs.variables() {
+            if name.ends_with("c_attn.weight") {
+                let _ = v.set_requires_grad(true);
+            }
+        }
+        let trainable = block.linears()[0].out_in_weight();
+        assert!(trainable.requires_grad());
+        let mlp_in = block.linears()[2].out_in_weight();
+        assert_eq!(mlp_in.numel(), 512 * 2048);
+        let x = Tensor::randn([8, 512], (Kind::Float, Device::Cpu));
+        let plain = |w: &Tensor| without_packing(|| x.matmul(&w.tr()));
+        let cache = PackedWeightCache::new();
+        let _guard = tch::no_grad_guard();
+        let decode = |rows: i64| PackedScope::for_decode(&model, rows, MIN_STEPS, Some(&cache));
+        {
+            let _scope = decode(8)?;
+            // the MLP's two weights and the tied head: frozen, packed into the cache
+            assert_eq!((cache.len(), cache.packs()), (3, 3));
+            assert!(
+                linear(&x, &trainable, None)?.is_some(),
+                "c_attn still packed"
+            );
+        }
+        {
+            // a second decode reuses them, and multiplies through them
+            let _scope = decode(8)?;
+            assert_eq!((cache.len(), cache.packs()), (3, 3));
+            let via = linear(&x, &mlp_in, None)?.expect("packed");
+            assert!(max_diff(&via, &plain(&mlp_in)) <= 1e-4);
+        }
+        // an in-place write (a loaded checkpoint) makes the copy stale: packed again, and the
+        // product is the new weight's
+        let _ = mlp_in.shallow_clone().f_mul_scalar_(0.5)?;
+        {
+            let _scope = decode(8)?;
+            assert_eq!(cache.packs(), 4);
+            let via = linear(&x, &mlp_in, None)?.expect("packed");
+            assert!(max_diff(&via, &plain(&mlp_in)) <= 1e-4);
+        }
+        // another row count packs every frozen weight again
+        {
+            let _scope = decode(4)?;
+            assert_eq!((cache.len(), cache.packs()), (3, 7));
+        }
+        // a decode of another model (every weight frozen) drops this one's copies
+        let other_vs = VarStore::new(Device::Cpu);
+        let other = gpt2(&other_vs);
+        other_vs.variables().values().for_each(|v| {
+            let _ = v.shallow_clone().set_requires_grad(false);
+        });
+        {
+            let _scope = PackedScope::for_decode(&other, 4, MIN_STEPS, Some(&cache))?;
+            assert_eq!((cache.len(), cache.packs()), (4, 11));
+        }
+        {
+            let _scope = decode(4)?;
+            assert_eq!(cache.packs(), 14, "this model's copies were dropped");
+            assert_eq!(cache.len(), 3);
+        }
+        cache.clear();
+        assert!(cache.is_empty());
         Ok(())
     }
 
@@ -367,7 +611,7 @@ mod tests {
         let opts = GenerateOptions::default();
         // the decode below packs (where this libtorch can)
         assert_eq!(
-            PackedScope::for_decode(&model, 4, 12)?.is_some(),
+            PackedScope::for_decode(&model, 4, 12, None)?.is_some(),
             ffi::available()
         );
         for seed in 0..4u64 {
