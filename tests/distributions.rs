@@ -13,7 +13,7 @@
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 use torchrl::modules::distributions::{
-    Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
+    Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhBounds, TanhNormal,
 };
 use torchrl::{Error, Generator};
 
@@ -940,4 +940,62 @@ fn cuda_matches_cpu_when_available() {
     let x = c.sample(&mut Generator::new(3), &[100]).unwrap();
     assert!(all_true(&x.eq(1)));
     assert_eq!(c.log_prob(&x).unwrap().device(), dev);
+}
+
+/// A TanhNormal over bounds checked once (`TanhBounds`, what an actor keeps) is the one `new`
+/// builds: the same samples and log-probs bitwise, with bounds of the loc's dtype and of
+/// another (cast, then checked again, as `new` does: float64 bounds 1e-12 apart collapse in
+/// float32 and are refused).
+#[test]
+fn tanh_normal_with_checked_bounds_is_new() {
+    let loc = f32s(&[0.3, -2.0, 5.0, 0.0]).reshape([2, 2]);
+    let scale = f32s(&[0.5, 1.5, 0.2, 3.0]).reshape([2, 2]);
+    let y = f32s(&[0.1, -0.5, 0.9, 0.0]).reshape([2, 2]);
+    for (low, high) in [
+        (f32s(&[-2.0, 0.0]), f32s(&[2.0, 1.0])),
+        (
+            Tensor::from_slice(&[-1.0f64, 100.0]),
+            Tensor::from_slice(&[3.0f64, 101.0]),
+        ),
+    ] {
+        let bounds = TanhBounds::new(&low, &high).unwrap();
+        let a = TanhNormal::with_bounds(&loc, &scale, &bounds).unwrap();
+        let b = TanhNormal::new(&loc, &scale, &low, &high).unwrap();
+        let (sa, sb) = (
+            a.sample(&mut Generator::new(3), &[5]).unwrap(),
+            b.sample(&mut Generator::new(3), &[5]).unwrap(),
+        );
+        assert!(sa.equal(&sb), "{:?}", low.kind());
+        assert!(a.log_prob(&y).unwrap().equal(&b.log_prob(&y).unwrap()));
+        assert!(a.mode().unwrap().equal(&b.mode().unwrap()));
+    }
+    let (low, high) = (
+        Tensor::from_slice(&[1.0f64]),
+        Tensor::from_slice(&[1.0f64 + 1e-12]),
+    );
+    let bounds = TanhBounds::new(&low, &high).unwrap();
+    let e = err_text(TanhNormal::with_bounds(
+        &f32s(&[0.0]),
+        &f32s(&[1.0]),
+        &bounds,
+    ));
+    assert!(e.contains("high > low") && e.contains("with_bounds"), "{e}");
+    let e = err_text(TanhBounds::new(&f32s(&[1.0, 0.0]), &f32s(&[2.0, 0.0])));
+    assert!(e.contains("high > low"), "{e}");
+    // the loc / scale checks read min(scale) and max(loc): an infinite loc is allowed, a
+    // scale of -0.0 or NaN and a NaN loc are not
+    let b = TanhBounds::new(&f32s(&[-1.0]), &f32s(&[1.0])).unwrap();
+    assert!(TanhNormal::with_bounds(&f32s(&[f32::INFINITY]), &f32s(&[1.0]), &b).is_ok());
+    for (l, s, what) in [
+        (0.0, -0.0, "scale"),
+        (0.0, f32::NAN, "scale"),
+        (f32::NAN, 1.0, "loc"),
+    ] {
+        let e = err_text(TanhNormal::with_bounds(
+            &f32s(&[0.5, l]),
+            &f32s(&[1.0, s]),
+            &b,
+        ));
+        assert!(e.contains(what), "{e}");
+    }
 }

@@ -89,7 +89,7 @@ use std::sync::Mutex;
 use tch::{Kind, Tensor};
 
 use super::distributions::{
-    Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhNormal,
+    Categorical, Delta, Distribution, Normal, OneHotCategorical, TanhBounds, TanhNormal,
 };
 use super::module::{describe, module_error, read_input, to_keys, write_outputs, TensorDictModule};
 pub use super::probabilistic::ExplorationType;
@@ -219,13 +219,14 @@ impl DistributionBuilder {
                 ),
             });
         }
+        // checked and derived once, not at every call (TanhBounds)
+        let bounds = TanhBounds::new(&low, &high)?;
         let (l, s) = (loc.to_nested_key(), scale.to_nested_key());
         DistributionBuilder::custom("TanhNormal", [l.clone(), s.clone()], move |td| {
-            Ok(Box::new(TanhNormal::new(
+            Ok(Box::new(TanhNormal::with_bounds(
                 param(td, &l)?,
                 param(td, &s)?,
-                &low,
-                &high,
+                &bounds,
             )?))
         })
     }

@@ -119,7 +119,7 @@ pub use delta::Delta;
 pub use kl::kl_divergence;
 pub use normal::Normal;
 pub use one_hot_categorical::OneHotCategorical;
-pub use tanh_normal::TanhNormal;
+pub use tanh_normal::{TanhBounds, TanhNormal};
 
 use tch::{Device, Kind, Tensor};
 

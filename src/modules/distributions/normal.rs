@@ -31,8 +31,8 @@
 use tch::Tensor;
 
 use super::{
-    broadcast_shapes, check_float, check_sample_shape, float_value, read_flags, to_device,
-    value_batch_shape, Distribution, LN_SQRT_2PI,
+    broadcast_shapes, check_float, check_sample_shape, float_value, to_device, value_batch_shape,
+    Distribution, LN_SQRT_2PI,
 };
 use crate::error::{ensure_kind, Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -84,13 +84,19 @@ pub(crate) fn validate_loc_scale(
     let mut named: Vec<(&str, &[i64])> = vec![("loc", &ls), ("scale", &ss)];
     named.extend_from_slice(extra);
     let shape = broadcast_shapes(op, &named)?;
-    let flags = {
+    // min(scale) and max(loc) in one read: both reductions propagate NaN, so `min > 0` fails
+    // exactly when some scale is <= 0 or NaN, and `max` is NaN exactly when some loc is
+    let (bad_scale, bad_loc) = if scale.numel() == 0 || loc.numel() == 0 {
+        (false, false)
+    } else {
         let _guard = tch::no_grad_guard();
-        let bad_scale = scale.f_le(0.0)?.f_logical_or(&scale.f_isnan()?)?.f_any()?;
-        let bad_loc = loc.f_isnan()?.f_any()?;
-        read_flags(&[bad_scale, bad_loc])?
+        let both = Tensor::f_stack(&[scale.f_min()?, loc.f_max()?], 0)?;
+        match crate::rng::read::<f64>(&both)?.as_slice() {
+            [min_scale, max_loc] => (min_scale.is_nan() || *min_scale <= 0.0, max_loc.is_nan()),
+            _ => (false, false),
+        }
     };
-    if flags.first() == Some(&true) {
+    if bad_scale {
         let min = {
             let _guard = tch::no_grad_guard();
             scale.f_min()?.f_double_value(&[])?
@@ -102,7 +108,7 @@ pub(crate) fn validate_loc_scale(
             format!("scale of shape {} with minimum {min}", ShapeFmt(&ss)),
         ));
     }
-    if flags.get(1) == Some(&true) {
+    if bad_loc {
         return Err(Error::argument(
             op,
             "loc",

@@ -58,8 +58,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::normal::{normal_log_prob, validate_loc_scale};
 use super::{
-    check_float, check_num_samples, check_sample_shape, float_value, read_flags, resolution,
-    straight_through, sum_rightmost, to_device, value_batch_shape, Distribution,
+    broadcast_shapes, check_float, check_num_samples, check_sample_shape, float_value, read_flags,
+    resolution, straight_through, sum_rightmost, to_device, value_batch_shape, Distribution,
 };
 use crate::error::{Error, Result, ShapeFmt};
 use crate::rng::Generator;
@@ -101,6 +101,114 @@ impl Clone for TanhNormal {
     }
 }
 
+/// The bounds of a [`TanhNormal`], checked once (finite, `high > low` everywhere) with what a
+/// distribution over them derives: the center `(high + low) / 2`, the half-width
+/// `(high − low) / 2` and the sampling clamp `nextafter(low, high)`, `nextafter(high, low)`.
+/// [`TanhNormal::with_bounds`] builds distributions over them without redoing either;
+/// [`DistributionBuilder::tanh_normal_with_bounds`](crate::modules::DistributionBuilder::tanh_normal_with_bounds)
+/// keeps one for its actor's every call.
+#[derive(Debug)]
+pub struct TanhBounds {
+    low: Tensor,
+    high: Tensor,
+    center: Tensor,
+    half_width: Tensor,
+    inner_low: Tensor,
+    inner_high: Tensor,
+}
+
+impl Clone for TanhBounds {
+    /// A shallow clone: the tensors are shared.
+    fn clone(&self) -> Self {
+        TanhBounds {
+            low: self.low.shallow_clone(),
+            high: self.high.shallow_clone(),
+            center: self.center.shallow_clone(),
+            half_width: self.half_width.shallow_clone(),
+            inner_low: self.inner_low.shallow_clone(),
+            inner_high: self.inner_high.shallow_clone(),
+        }
+    }
+}
+
+/// A bound detached, on `device`, of dtype `kind`.
+fn cast_bound(t: &Tensor, kind: Kind, device: Device) -> Result<Tensor> {
+    let t = to_device(&t.f_detach()?, device)?;
+    Ok(if t.kind() == kind {
+        t
+    } else {
+        t.f_to_kind(kind)?
+    })
+}
+
+impl TanhBounds {
+    /// `low` and `high` (broadcastable; detached, on `low`'s device, in `low`'s dtype when it
+    /// is a float dtype, else float32).
+    ///
+    /// # Errors
+    /// Shapes that do not broadcast, or bounds that are not finite with `high > low`
+    /// everywhere.
+    pub fn new(low: &Tensor, high: &Tensor) -> Result<Self> {
+        let kind = if low.is_floating_point() {
+            low.kind()
+        } else {
+            Kind::Float
+        };
+        let device = low.device();
+        Self::checked(
+            "TanhBounds::new",
+            cast_bound(low, kind, device)?,
+            cast_bound(high, kind, device)?,
+        )
+    }
+
+    /// The lower bound.
+    pub fn low(&self) -> &Tensor {
+        &self.low
+    }
+
+    /// The upper bound.
+    pub fn high(&self) -> &Tensor {
+        &self.high
+    }
+
+    /// Checks `low` and `high` (the same dtype and device) and derives the rest.
+    fn checked(op: &'static str, low: Tensor, high: Tensor) -> Result<Self> {
+        let (lo_s, hi_s) = (low.size(), high.size());
+        broadcast_shapes(op, &[("low", &lo_s), ("high", &hi_s)])?;
+        let bad = {
+            let _guard = tch::no_grad_guard();
+            let bad = high
+                .f_le_tensor(&low)?
+                .f_logical_or(&low.f_isfinite()?.f_logical_not()?)?
+                .f_logical_or(&high.f_isfinite()?.f_logical_not()?)?
+                .f_any()?;
+            read_flags(&[bad])?.first() == Some(&true)
+        };
+        if bad {
+            return Err(Error::InvalidValue {
+                op,
+                what: "arguments",
+                key: "low, high".to_string(),
+                expected: "bounds that are finite with high > low everywhere".to_string(),
+                got: format!(
+                    "bounds that are not (low of shape {}, high of shape {})",
+                    ShapeFmt(&lo_s),
+                    ShapeFmt(&hi_s)
+                ),
+            });
+        }
+        Ok(TanhBounds {
+            center: high.f_add(&low)?.f_div_scalar(2.0)?,
+            half_width: high.f_sub(&low)?.f_div_scalar(2.0)?,
+            inner_low: low.f_nextafter(&high)?,
+            inner_high: high.f_nextafter(&low)?,
+            low,
+            high,
+        })
+    }
+}
+
 /// TorchRL's `safe_tanh`: `clamp(tanh(x), -lim, lim)` in value, with the gradient
 /// `1 - clamp(tanh(x))²` (TorchRL's custom backward), which stays positive where `tanh`
 /// rounds to ±1, so saturated samples keep a (small) gradient.
@@ -130,57 +238,69 @@ impl TanhNormal {
     pub fn new(loc: &Tensor, scale: &Tensor, low: &Tensor, high: &Tensor) -> Result<Self> {
         let op = "TanhNormal::new";
         check_float(op, "loc", loc)?;
+        let bounds = TanhBounds::checked(
+            op,
+            cast_bound(low, loc.kind(), loc.device())?,
+            cast_bound(high, loc.kind(), loc.device())?,
+        )?;
+        Self::over(op, loc, scale, &bounds)
+    }
+
+    /// A TanhNormal over bounds checked beforehand ([`TanhBounds`]): what an actor that builds
+    /// a distribution at every call uses, so that the bounds are checked, and their center,
+    /// half-width and sampling clamp derived, once. Equal to [`TanhNormal::new`] over the same
+    /// bounds (bounds of another dtype or device than `loc` are cast, and checked again, as
+    /// there).
+    ///
+    /// ```
+    /// use tch::Tensor;
+    /// use torchrl::modules::distributions::{Distribution, TanhBounds, TanhNormal};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let (low, high) = (Tensor::from_slice(&[-2.0f32, 0.0]), Tensor::from_slice(&[2.0f32, 1.0]));
+    /// let bounds = TanhBounds::new(&low, &high)?;
+    /// let (loc, scale) = (Tensor::from_slice(&[0.3f32, -0.1]), Tensor::from_slice(&[0.5f32, 1.5]));
+    /// let a = TanhNormal::with_bounds(&loc, &scale, &bounds)?;
+    /// let b = TanhNormal::new(&loc, &scale, &low, &high)?;
+    /// assert!(a.mode()?.equal(&b.mode()?));
+    /// assert!(TanhBounds::new(&high, &low).is_err()); // high > low is checked here
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TanhNormal::new`].
+    pub fn with_bounds(loc: &Tensor, scale: &Tensor, bounds: &TanhBounds) -> Result<Self> {
+        let op = "TanhNormal::with_bounds";
+        check_float(op, "loc", loc)?;
+        Self::over(op, loc, scale, bounds)
+    }
+
+    /// The distribution over `bounds`, cast to `loc`'s dtype and device when they differ.
+    fn over(op: &'static str, loc: &Tensor, scale: &Tensor, bounds: &TanhBounds) -> Result<Self> {
         let (kind, device) = (loc.kind(), loc.device());
-        let prep = |t: &Tensor| -> Result<Tensor> {
-            let t = to_device(&t.f_detach()?, device)?;
-            Ok(if t.kind() == kind {
-                t
-            } else {
-                t.f_to_kind(kind)?
-            })
+        let cast;
+        let b = if bounds.low.kind() == kind && bounds.low.device() == device {
+            bounds
+        } else {
+            cast = TanhBounds::checked(
+                op,
+                cast_bound(&bounds.low, kind, device)?,
+                cast_bound(&bounds.high, kind, device)?,
+            )?;
+            &cast
         };
-        let (low, high) = (prep(low)?, prep(high)?);
-        let (lo_s, hi_s) = (low.size(), high.size());
+        let (lo_s, hi_s) = (b.low.size(), b.high.size());
         let (scale, shape) =
             validate_loc_scale(op, loc, scale, &[("low", &lo_s), ("high", &hi_s)])?;
-        let bad_bounds = {
-            let _guard = tch::no_grad_guard();
-            let bad = high
-                .f_le_tensor(&low)?
-                .f_logical_or(&low.f_isfinite()?.f_logical_not()?)?
-                .f_logical_or(&high.f_isfinite()?.f_logical_not()?)?
-                .f_any()?;
-            read_flags(&[bad])?.first() == Some(&true)
-        };
-        if bad_bounds {
-            return Err(Error::InvalidValue {
-                op,
-                what: "arguments",
-                key: "low, high".to_string(),
-                expected: "bounds that are finite with high > low everywhere".to_string(),
-                got: format!(
-                    "bounds that are not (low of shape {}, high of shape {})",
-                    ShapeFmt(&lo_s),
-                    ShapeFmt(&hi_s)
-                ),
-            });
-        }
         let s = shape.as_slice();
-        let low = low.f_expand(s, false)?;
-        let high = high.f_expand(s, false)?;
-        let center = high.f_add(&low)?.f_div_scalar(2.0)?;
-        let half_width = high.f_sub(&low)?.f_div_scalar(2.0)?;
-        let inner_low = low.f_nextafter(&high)?;
-        let inner_high = high.f_nextafter(&low)?;
         Ok(TanhNormal {
             loc: loc.f_expand(s, false)?,
             scale: scale.f_expand(s, false)?,
-            low,
-            high,
-            center,
-            half_width,
-            inner_low,
-            inner_high,
+            low: b.low.f_expand(s, false)?,
+            high: b.high.f_expand(s, false)?,
+            center: b.center.f_expand(s, false)?,
+            half_width: b.half_width.f_expand(s, false)?,
+            inner_low: b.inner_low.f_expand(s, false)?,
+            inner_high: b.inner_high.f_expand(s, false)?,
             event_dims: shape.len().min(1),
             shape,
         })
