@@ -48,8 +48,8 @@ use torchrl::{Error, Generator, TensorDict};
 #[path = "common/llm.rs"]
 mod llm_fixtures;
 use llm_fixtures::{
-    build_model, byte_gpt2, byte_qwen3, grouped_prompts, grpo_config, lowercase, seeded_hydra,
-    tiny_qwen3, CountingLm,
+    build_model, byte_gpt2, byte_qwen3, grouped_prompts, grpo_config, lowercase, max_diff,
+    seeded_hydra, tiny_qwen3, CountingLm,
 };
 
 const VOCAB: i64 = 29;
@@ -78,13 +78,6 @@ fn build(cfg: &dyn CausalLmConfig, seed: u64) -> (VarStore, Box<dyn CausalLm>) {
 /// Each of `prompts` left-padded with [`PAD`] and repeated in `g` consecutive rows.
 fn grouped(prompts: &[&[i64]], g: i64) -> (Tensor, Tensor) {
     grouped_prompts(prompts, g, PAD)
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    if a.numel() == 0 {
-        return 0.0;
-    }
-    (a - b).abs().max().double_value(&[])
 }
 
 fn assert_same(shared: &GenerationOutput, plain: &GenerationOutput, what: &str) {

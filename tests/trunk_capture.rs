@@ -40,8 +40,8 @@ use torchrl::{Generator, TensorDict};
 #[path = "common/llm.rs"]
 mod llm_fixtures;
 use llm_fixtures::{
-    build_model, byte_gpt2, byte_qwen3, grouped_prompts, grpo_config, lowercase_env, scratch,
-    seeded_hydra, tiny_ppo_config, tiny_qwen3, CountingLm,
+    build_model, byte_gpt2, byte_qwen3, grouped_prompts, grpo_config, lowercase_env, max_diff,
+    scratch, seeded_hydra, tiny_ppo_config, tiny_qwen3, CountingLm,
 };
 
 const VOCAB: i64 = 29;
@@ -82,16 +82,6 @@ fn fed(mask: &Tensor) -> Tensor {
         1,
     );
     mask * next
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    if a.numel() == 0 {
-        return 0.0;
-    }
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
 }
 
 /// The most frequent token of a plain greedy decode's third step: as EOS, it ends a good share

@@ -357,6 +357,18 @@ pub fn scratch(prefix: &str, name: &str) -> PathBuf {
     d
 }
 
+/// `max |a − b|` in float64 (0 for empty tensors): rollout_reuse's and trunk_capture's
+/// comparisons.
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    if a.numel() == 0 {
+        return 0.0;
+    }
+    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
 /// The largest absolute difference between two equally long lists of tensors (0 for none):
 /// llama_trainers' and lora_trainers' parameter comparisons.
 pub fn max_abs_diff(a: &[Tensor], b: &[Tensor]) -> f64 {

@@ -70,15 +70,8 @@ use crate::rng::Generator;
 pub struct TanhNormal {
     loc: Tensor,
     scale: Tensor,
-    low: Tensor,
-    high: Tensor,
-    /// `(high + low) / 2`, full shape.
-    center: Tensor,
-    /// `(high - low) / 2`, full shape.
-    half_width: Tensor,
-    /// `nextafter(low, high)` / `nextafter(high, low)`: the sampling clamp.
-    inner_low: Tensor,
-    inner_high: Tensor,
+    /// Expanded to the full shape.
+    bounds: TanhBounds,
     event_dims: usize,
     shape: Vec<i64>,
 }
@@ -89,12 +82,7 @@ impl Clone for TanhNormal {
         TanhNormal {
             loc: self.loc.shallow_clone(),
             scale: self.scale.shallow_clone(),
-            low: self.low.shallow_clone(),
-            high: self.high.shallow_clone(),
-            center: self.center.shallow_clone(),
-            half_width: self.half_width.shallow_clone(),
-            inner_low: self.inner_low.shallow_clone(),
-            inner_high: self.inner_high.shallow_clone(),
+            bounds: self.bounds.clone(),
             event_dims: self.event_dims,
             shape: self.shape.clone(),
         }
@@ -111,8 +99,11 @@ impl Clone for TanhNormal {
 pub struct TanhBounds {
     low: Tensor,
     high: Tensor,
+    /// `(high + low) / 2`.
     center: Tensor,
+    /// `(high - low) / 2`.
     half_width: Tensor,
+    /// `nextafter(low, high)` / `nextafter(high, low)`: the sampling clamp.
     inner_low: Tensor,
     inner_high: Tensor,
 }
@@ -292,15 +283,18 @@ impl TanhNormal {
         let (scale, shape) =
             validate_loc_scale(op, loc, scale, &[("low", &lo_s), ("high", &hi_s)])?;
         let s = shape.as_slice();
+        let expand = |t: &Tensor| t.f_expand(s, false);
         Ok(TanhNormal {
-            loc: loc.f_expand(s, false)?,
-            scale: scale.f_expand(s, false)?,
-            low: b.low.f_expand(s, false)?,
-            high: b.high.f_expand(s, false)?,
-            center: b.center.f_expand(s, false)?,
-            half_width: b.half_width.f_expand(s, false)?,
-            inner_low: b.inner_low.f_expand(s, false)?,
-            inner_high: b.inner_high.f_expand(s, false)?,
+            loc: expand(loc)?,
+            scale: expand(&scale)?,
+            bounds: TanhBounds {
+                low: expand(&b.low)?,
+                high: expand(&b.high)?,
+                center: expand(&b.center)?,
+                half_width: expand(&b.half_width)?,
+                inner_low: expand(&b.inner_low)?,
+                inner_high: expand(&b.inner_high)?,
+            },
             event_dims: shape.len().min(1),
             shape,
         })
@@ -348,12 +342,12 @@ impl TanhNormal {
 
     /// The lower bound, broadcast to the full shape (detached, `loc`'s dtype).
     pub fn low(&self) -> &Tensor {
-        &self.low
+        &self.bounds.low
     }
 
     /// The upper bound, broadcast to the full shape (detached, `loc`'s dtype).
     pub fn high(&self) -> &Tensor {
-        &self.high
+        &self.bounds.high
     }
 
     /// The number of trailing dims that form the event.
@@ -368,9 +362,12 @@ impl TanhNormal {
     /// `c + h · safe_tanh(x)`, clamped strictly inside `(low, high)` (straight-through).
     fn push_forward(&self, x: &Tensor) -> Result<Tensor> {
         let t = safe_tanh(x, 1.0 - resolution(self.kind()))?;
-        let y = self.center.f_add(&self.half_width.f_mul(&t)?)?;
+        let y = self
+            .bounds
+            .center
+            .f_add(&self.bounds.half_width.f_mul(&t)?)?;
         straight_through(&y, |y| {
-            Ok(y.f_clamp_tensor(Some(&self.inner_low), Some(&self.inner_high))?)
+            Ok(y.f_clamp_tensor(Some(&self.bounds.inner_low), Some(&self.bounds.inner_high))?)
         })
     }
 
@@ -383,7 +380,7 @@ impl TanhNormal {
             .f_sub(&x.f_mul_scalar(-2.0)?.f_softplus()?)?
             .f_add_scalar(std::f64::consts::LN_2)?
             .f_mul_scalar(2.0)?;
-        let ladj = ladj_tanh.f_add(&self.half_width.f_abs()?.f_log()?)?;
+        let ladj = ladj_tanh.f_add(&self.bounds.half_width.f_abs()?.f_log()?)?;
         Ok(
             sum_rightmost(&base, self.event_dims)?
                 .f_sub(&sum_rightmost(&ladj, self.event_dims)?)?,
@@ -469,7 +466,9 @@ impl Distribution for TanhNormal {
         let value = float_value(op, value, self.kind(), self.device())?;
         value_batch_shape(op, &value.size(), self.batch_shape(), self.event_shape())?;
         let lim = 1.0 - resolution(self.kind());
-        let u = value.f_sub(&self.center)?.f_div(&self.half_width)?;
+        let u = value
+            .f_sub(&self.bounds.center)?
+            .f_div(&self.bounds.half_width)?;
         let x = straight_through(&u, |u| Ok(u.f_clamp(-lim, lim)?))?.f_atanh()?;
         self.log_prob_pre_tanh(&x)
     }
