@@ -26,7 +26,7 @@ fn main() {
         // DEP_TORCHRL_LIBTORCH_LIB in their build script and emit their own rpath
         println!("cargo:libtorch_lib={dir}");
     }
-    mkl_packed_shim();
+    dispatcher_shims();
     #[cfg(feature = "distributed")]
     distributed::build_shim();
     if std::env::var_os("CARGO_FEATURE_GYM").is_some() {
@@ -34,15 +34,18 @@ fn main() {
     }
 }
 
-/// Compiles `src/modules/llm/nn/mkl_packed.cpp` (the C ABI over libtorch's MKL packed-weight
-/// linear, reached through the dispatcher; `modules::llm::nn::packed`) against the headers of
-/// the libtorch torch-sys linked. Without `DEP_TCH_LIBTORCH_LIB` (nothing to compile against)
-/// the crate builds without it and decodes with the plain products (`cfg(torchrl_mkl_packed)`
-/// is then unset).
-fn mkl_packed_shim() {
+/// Compiles the C++ files that reach libtorch ops tch does not bind, through the dispatcher by
+/// name, against the headers of the libtorch torch-sys linked: `src/modules/llm/nn/mkl_packed.cpp`
+/// (MKL's packed-weight linear; `modules::llm::nn::packed`) and `src/objectives/fused_adam.cpp`
+/// (the fused Adam step; `objectives::optim::FusedAdam`). Without `DEP_TCH_LIBTORCH_LIB`
+/// (nothing to compile against) the crate builds without them (`cfg(torchrl_shims)` is then
+/// unset): decoding uses the plain products and `FusedAdam` its per-tensor fallback.
+fn dispatcher_shims() {
     const SHIM: &str = "src/modules/llm/nn/mkl_packed.cpp";
+    const ADAM: &str = "src/objectives/fused_adam.cpp";
     println!("cargo:rerun-if-changed={SHIM}");
-    println!("cargo::rustc-check-cfg=cfg(torchrl_mkl_packed)");
+    println!("cargo:rerun-if-changed={ADAM}");
+    println!("cargo::rustc-check-cfg=cfg(torchrl_shims)");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         return;
     };
@@ -61,6 +64,7 @@ fn mkl_packed_shim() {
     cc::Build::new()
         .cpp(true)
         .file(SHIM)
+        .file(ADAM)
         .std("c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .include(&include)
@@ -69,11 +73,11 @@ fn mkl_packed_shim() {
         .warnings(false)
         .extra_warnings(false)
         .cargo_warnings(false)
-        .compile("torchrl_mkl_packed");
+        .compile("torchrl_shims");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    println!("cargo:rustc-cfg=torchrl_mkl_packed");
+    println!("cargo:rustc-cfg=torchrl_shims");
 }
 
 /// With the feature `gym`: an rpath to the folder of the Python library pyo3 links against

@@ -39,6 +39,7 @@
 pub mod common;
 pub mod ddpg;
 pub mod dqn;
+mod fused_adam;
 pub mod keys;
 pub mod llm;
 pub mod off_policy;

@@ -1,4 +1,5 @@
-//! Optimisation helpers: global gradient-norm clipping as `torch.nn.utils.clip_grad_norm_`.
+//! Optimisation helpers: global gradient-norm clipping as `torch.nn.utils.clip_grad_norm_`,
+//! and [`FusedAdam`], PyTorch's `Adam(fused=True)` in one libtorch call per step.
 //!
 //! `tch`'s `Optimizer::backward_step_clip` clips each gradient *value*; TorchRL's training
 //! loops (PPO, the RLHF losses) clip the *global L2 norm* of all gradients together and log
@@ -30,6 +31,8 @@
 use tch::{nn, Kind, Tensor};
 
 use crate::error::{Error, Result};
+
+pub use super::fused_adam::FusedAdam;
 
 /// Clips the global L2 norm of the gradients of `vs`'s trainable variables to `max_norm`, as
 /// `torch.nn.utils.clip_grad_norm_(params, max_norm)`: every gradient is scaled by

@@ -304,7 +304,7 @@ pub fn active() -> bool {
     PACKED.with(|p| p.borrow().is_some())
 }
 
-#[cfg(torchrl_mkl_packed)]
+#[cfg(torchrl_shims)]
 mod ffi {
     use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -409,7 +409,7 @@ mod ffi {
     }
 }
 
-#[cfg(not(torchrl_mkl_packed))]
+#[cfg(not(torchrl_shims))]
 mod ffi {
     use tch::Tensor;
 

@@ -1,0 +1,88 @@
+// The C ABI over libtorch's fused Adam step (`aten::_fused_adam_`, what
+// `torch.optim.Adam(fused=True)` calls; its CPU kernel updates every parameter in one pass) and
+// the `_foreach_` ops around it, reached through the dispatcher by name (tch's generated API
+// does not bind tensor-list ops). See src/objectives/optim.rs (FusedAdam).
+//
+// Tensors cross as arrays of `at::Tensor*` (torch-sys's `C_tensor`). Every entry point catches
+// C++ exceptions and returns 1 with the message in `err` (truncated to `len`), 0 on success.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <vector>
+
+namespace {
+
+void set_err(char* err, size_t len, const char* msg) {
+  if (err == nullptr || len == 0) return;
+  std::strncpy(err, msg, len - 1);
+  err[len - 1] = '\0';
+}
+
+template <typename F>
+int guarded(char* err, size_t len, F f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, len, e.what());
+    return 1;
+  } catch (...) {
+    set_err(err, len, "unknown C++ exception");
+    return 1;
+  }
+}
+
+std::vector<at::Tensor> tensors(void** p, size_t n) {
+  std::vector<at::Tensor> v;
+  v.reserve(n);
+  for (size_t i = 0; i < n; ++i) v.push_back(*static_cast<at::Tensor*>(p[i]));
+  return v;
+}
+
+using FusedAdamFn = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                         at::TensorList, at::TensorList, double, double, double, double, double,
+                         bool, bool, const std::optional<at::Tensor>&,
+                         const std::optional<at::Tensor>&);
+using ForeachAddScalarFn = void(at::TensorList, const at::Scalar&);
+using ForeachZeroFn = void(at::TensorList);
+
+}  // namespace
+
+extern "C" {
+
+// One Adam step (L2 weight decay, no amsgrad) over `n` parameters: every `steps[i]` (a float32
+// scalar) is incremented, then `aten::_fused_adam_` updates `params`, `exp_avgs` and
+// `exp_avg_sqs` in place from `grads`.
+int trl_fused_adam(void** params, void** grads, void** exp_avgs, void** exp_avg_sqs,
+                   void** steps, size_t n, double lr, double beta1, double beta2,
+                   double weight_decay, double eps, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    static auto add = c10::Dispatcher::singleton()
+                          .findSchemaOrThrow("aten::_foreach_add_", "Scalar")
+                          .typed<ForeachAddScalarFn>();
+    static auto adam = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("aten::_fused_adam_", "")
+                           .typed<FusedAdamFn>();
+    auto s = tensors(steps, n);
+    add.call(s, at::Scalar(1.0));
+    std::vector<at::Tensor> none;
+    adam.call(tensors(params, n), tensors(grads, n), tensors(exp_avgs, n),
+              tensors(exp_avg_sqs, n), none, s, lr, beta1, beta2, weight_decay, eps, false,
+              false, std::nullopt, std::nullopt);
+  });
+}
+
+// Zeroes `n` tensors in place (`aten::_foreach_zero_`).
+int trl_foreach_zero(void** ts, size_t n, char* err, size_t len) {
+  return guarded(err, len, [&] {
+    static auto zero = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("aten::_foreach_zero_", "")
+                           .typed<ForeachZeroFn>();
+    zero.call(tensors(ts, n));
+  });
+}
+
+}  // extern "C"
