@@ -21,7 +21,10 @@
 //! W24 and W25 are printed next to a bare-`tch` floor (`*_floor`: the same graph written with
 //! `tch` ops on `nn::Linear` layers, no tensordict, no loss module; its repetitions interleaved
 //! with ours, so that machine noise hits both alike) and the ratio of the two times (ours /
-//! floor) as a `#` comment line. W26 has no floor.
+//! floor) as a `#` comment line. W26 has no floor. Both sides of W24 / W25 step
+//! `objectives::optim::FusedAdam` (PyTorch's `Adam(fused=True)`; `nn::Adam`, libtorch's
+//! per-tensor C++ loop, before 2026-12-04); TorchRL steps `torch.optim.Adam`'s default, which on
+//! the CPU is the per-tensor loop.
 //!
 //! Run: `cargo bench --bench offpolicy` (all), or `cargo bench --bench offpolicy -- W26` (the
 //! named workloads only).
@@ -31,13 +34,14 @@ use common::{paired, print_floor, try_best_of, Repetition};
 
 use std::hint::black_box;
 
-use tch::nn::{self, Module, OptimizerConfig};
+use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 use torchrl::data::replay::{PrioritizedSampler, ReplayBuffer};
 use torchrl::modules::{
     ActionSpace, DistributionBuilder, MlpConfig, NormalParamExtractor, ProbabilisticActor,
     QValueActor, TdModule, TensorDictSequential, MLP,
 };
+use torchrl::objectives::optim::FusedAdam;
 use torchrl::objectives::{
     DQNConfig, DQNLoss, LossModule, LossOutput, SACConfig, SACLoss, SoftUpdate, ValueEstimators,
 };
@@ -118,13 +122,13 @@ fn w24(data: &TensorDict) -> Result<Repetition<'_>> {
     )?;
     loss.make_value_estimator(ValueEstimators::TD0, GAMMA)?;
     let mut updater = SoftUpdate::new(&loss, None, Some(TAU))?;
-    let mut opt = nn::Adam::default().build(&vs, LR)?;
+    let mut opt = FusedAdam::new(&vs, LR)?;
     Ok(Box::new(move || {
         for _ in 0..W24_UPDATES {
             let out = loss.forward(data)?;
-            opt.zero_grad();
+            opt.zero_grad()?;
             out.total_loss()?.f_backward()?;
-            opt.step();
+            opt.step()?;
             updater.step()?;
         }
         Ok(())
@@ -242,7 +246,7 @@ fn w24_floor(data: &TensorDict) -> Result<Repetition<'static>> {
     tvs.freeze();
     let target_pairs = pairs(&vs, &tvs);
     let target_entropy = -1.0;
-    let mut opt = nn::Adam::default().build(&vs, LR)?;
+    let mut opt = FusedAdam::new(&vs, LR)?;
     Ok(Box::new(move || {
         for _ in 0..W24_UPDATES {
             let alpha = log_alpha.exp().detach();
@@ -269,9 +273,9 @@ fn w24_floor(data: &TensorDict) -> Result<Repetition<'static>> {
             let min_q = q_pi.min_dim(0, false).0;
             let loss_actor = (&lp * &alpha - min_q).mean(Kind::Float);
             let loss_alpha = (-&log_alpha * (lp.detach() + target_entropy)).mean(Kind::Float);
-            opt.zero_grad();
+            opt.zero_grad()?;
             (loss_q + loss_actor + loss_alpha).f_backward()?;
-            opt.step();
+            opt.step()?;
             soft_update(&target_pairs);
         }
         Ok(())
@@ -304,13 +308,13 @@ fn w25(data: &TensorDict) -> Result<Repetition<'_>> {
     let mut loss = DQNLoss::new(&vs.root(), q, DQNConfig::new(ActionSpace::OneHot))?;
     loss.make_value_estimator(ValueEstimators::TD0, GAMMA)?;
     let mut updater = SoftUpdate::new(&loss, None, Some(TAU))?;
-    let mut opt = nn::Adam::default().build(&vs, LR)?;
+    let mut opt = FusedAdam::new(&vs, LR)?;
     Ok(Box::new(move || {
         for _ in 0..W25_UPDATES {
             let out = loss.forward(data)?;
-            opt.zero_grad();
+            opt.zero_grad()?;
             out.total_loss()?.f_backward()?;
-            opt.step();
+            opt.step()?;
             updater.step()?;
         }
         Ok(())
@@ -335,7 +339,7 @@ fn w25_floor(data: &TensorDict) -> Result<Repetition<'static>> {
     tvs.copy(&vs)?;
     tvs.freeze();
     let target_pairs = pairs(&vs, &tvs);
-    let mut opt = nn::Adam::default().build(&vs, LR)?;
+    let mut opt = FusedAdam::new(&vs, LR)?;
     Ok(Box::new(move || {
         for _ in 0..W25_UPDATES {
             let pred = (q.forward(&obs) * &act).sum_dim_intlist(-1, false, Kind::Float);
@@ -344,9 +348,9 @@ fn w25_floor(data: &TensorDict) -> Result<Repetition<'static>> {
                 &reward + &not_term * next * GAMMA
             });
             let loss = pred.mse_loss(&target, tch::Reduction::Mean);
-            opt.zero_grad();
+            opt.zero_grad()?;
             loss.f_backward()?;
-            opt.step();
+            opt.step()?;
             soft_update(&target_pairs);
         }
         Ok(())
