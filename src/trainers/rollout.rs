@@ -112,7 +112,7 @@ pub(crate) struct PolicyStep<'a> {
 
 /// The rollout's policy step on a tensordict holding `("tokens", "prompt")` and its mask:
 /// the policy generates (seeded from `rng`; `step` says whether the prompts come in groups),
-/// then **one trunk pass** of the hydra model over prompt + response writes `("log_probs",
+/// then **one pass** of the hydra model over prompt + response writes `("log_probs",
 /// "full")` (the policy's, from raw logits), `("ref_log_probs", "full")` (the frozen
 /// reference's) and `"values"`, all without gradient; with [`PolicyStep::keep_trunk`], also
 /// the frozen trunk's output. Both log-probs are in
@@ -129,6 +129,11 @@ pub(crate) struct PolicyStep<'a> {
 /// the pass then runs the reference's side only
 /// ([`CausalLmWithHydraValueHead::forward_reference`]: not the policy's upper blocks, LM head
 /// or value head) and writes no `"values"`.
+///
+/// With [`PolicyStep::trunk_from_generation`], when the model has a frozen trunk and the decode
+/// computes its own values ([`decode_matches_forward`]), the generation keeps the trunk's
+/// output at every position it fed and the pass starts above it: the trunk does not run a
+/// second time.
 pub(crate) fn hydra_policy_step(
     model: &CausalLmWithHydraValueHead,
     rng: &mut Generator,

@@ -572,7 +572,13 @@ pub(crate) fn generate_impl(
         None => None,
     };
     // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
-    let _packed = PackedScope::for_decode(model, b, steps, options.packed_weights)?;
+    let _packed = PackedScope::for_decode(
+        model.decoder(),
+        model.lm_head_weight(),
+        b,
+        steps,
+        options.packed_weights,
+    )?;
     let mut last_logits = model.lm_head(&first)?;
     let uniforms = match rng {
         Some(rng) if config.do_sample => draw_uniforms(rng, steps, b, decoder.device())?,

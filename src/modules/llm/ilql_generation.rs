@@ -455,7 +455,13 @@ pub(crate) fn ilql_generate_impl(
     )?;
     let steps = config.max_new_tokens;
     // every decode step multiplies `b` rows by every weight: pack them once (`nn::packed`)
-    let _packed = PackedScope::for_decode(trunk, b, steps, options.packed_weights)?;
+    let _packed = PackedScope::for_decode(
+        trunk.decoder(),
+        trunk.lm_head_weight(),
+        b,
+        steps,
+        options.packed_weights,
+    )?;
     let greedy = config.temperature == 0.0;
     let uniforms = if greedy {
         None

@@ -489,7 +489,10 @@ impl CausalLmWithHydraValueHead {
             scores_from_head(logits, start, values, tokens, mask, request)
         };
         let trunk = match (trunk, self.frozen_trunk_end()) {
-            (Some(h), Some(end)) => Some((h.f_detach()?, end)),
+            (Some(h), Some(end)) => {
+                let device = self.policy.model().device();
+                Some((h.f_detach()?.f_to_device(device)?, end))
+            }
             _ => None,
         };
         if !policy {

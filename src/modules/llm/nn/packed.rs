@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tch::{Device, Kind, Tensor};
 
+use super::Decoder;
 use crate::error::Result;
-use crate::modules::llm::causal_lm::CausalLm;
 
 /// The fewest decode steps for which packing is done.
 pub const MIN_STEPS: i64 = 4;
@@ -91,8 +91,11 @@ impl Drop for PackedScope {
 }
 
 impl PackedScope {
-    /// Packs `model`'s linear weights and LM head for products with `rows` rows, when packing
-    /// applies ([module docs](self)); `None` when it does not (the plain products run).
+    /// Packs the linear weights of `decoder` and the LM head weight `lm_head` (a model's
+    /// [`CausalLm::decoder`](crate::modules::llm::CausalLm::decoder) and
+    /// [`CausalLm::lm_head_weight`](crate::modules::llm::CausalLm::lm_head_weight)) for products
+    /// with `rows` rows, when packing applies ([module docs](self)); `None` when it does not
+    /// (the plain products run).
     ///
     /// With `cache`, the frozen weights' packed copies come from it and stay in it
     /// ([`PackedWeightCache`]).
@@ -100,12 +103,13 @@ impl PackedScope {
     /// # Errors
     /// When libtorch fails to pack a weight (the message names the op).
     pub fn for_decode(
-        model: &dyn CausalLm,
+        decoder: &Decoder,
+        lm_head: &Tensor,
         rows: i64,
         steps: i64,
         cache: Option<&PackedWeightCache>,
     ) -> Result<Option<Self>> {
-        if !applies(model, rows, steps) {
+        if !applies(lm_head, rows, steps) {
             return Ok(None);
         }
         let mut cached = cache.map(PackedWeightCache::lock);
@@ -124,12 +128,12 @@ impl PackedScope {
             }
             Ok(())
         };
-        for block in model.decoder().blocks() {
+        for block in decoder.blocks() {
             for lin in block.linears() {
                 add(&lin.out_in_weight())?;
             }
         }
-        add(model.lm_head_weight())?;
+        add(lm_head)?;
         if let Some(c) = cached.as_mut() {
             c.keep_only(&weights.keys().copied().collect());
         }
@@ -271,12 +275,14 @@ impl CacheTable {
     }
 }
 
-fn applies(model: &dyn CausalLm, rows: i64, steps: i64) -> bool {
+/// Whether a decode of `rows` rows and `steps` steps packs, for a model whose LM head weight is
+/// `lm_head` (its device and dtype are the model's).
+fn applies(lm_head: &Tensor, rows: i64, steps: i64) -> bool {
     rows > 0
         && steps >= MIN_STEPS
         && !OFF.with(|o| o.get())
-        && model.device() == Device::Cpu
-        && model.kind() == Kind::Float
+        && lm_head.device() == Device::Cpu
+        && lm_head.kind() == Kind::Float
         && std::env::var_os("TORCHRL_NO_PACKED_DECODE").is_none()
         && ffi::available()
 }
@@ -449,7 +455,7 @@ mod tests {
     use super::*;
     use crate::modules::llm::generation::{generate_impl, GenerateOptions, GenerationConfig};
     use crate::modules::llm::nn::with_init_seed;
-    use crate::modules::llm::{Gpt2Config, Gpt2Model, LmInput};
+    use crate::modules::llm::{CausalLm, Gpt2Config, Gpt2Model, LmInput};
     use crate::rng::Generator;
     use tch::nn::VarStore;
 
@@ -482,7 +488,13 @@ mod tests {
         let plain = model.forward(&LmInput::new(&ids), None)?.logits()?;
         assert!(!active());
         {
-            let scope = PackedScope::for_decode(&model, 8, MIN_STEPS, None)?;
+            let scope = PackedScope::for_decode(
+                model.decoder(),
+                model.lm_head_weight(),
+                8,
+                MIN_STEPS,
+                None,
+            )?;
             assert!(scope.is_some() && active());
             // GPT-2's Conv1D weights ([in, out]) and its tied head are both packed
             let block = &model.decoder().blocks()[0];
@@ -508,8 +520,22 @@ mod tests {
         }
         assert!(!active(), "the scope's drop empties the table");
         // too short a decode, another dtype, or switched off: no packing
-        assert!(PackedScope::for_decode(&model, 8, MIN_STEPS - 1, None)?.is_none());
-        assert!(without_packing(|| PackedScope::for_decode(&model, 8, 8, None))?.is_none());
+        assert!(PackedScope::for_decode(
+            model.decoder(),
+            model.lm_head_weight(),
+            8,
+            MIN_STEPS - 1,
+            None
+        )?
+        .is_none());
+        assert!(without_packing(|| PackedScope::for_decode(
+            model.decoder(),
+            model.lm_head_weight(),
+            8,
+            8,
+            None
+        ))?
+        .is_none());
         Ok(())
     }
 
@@ -536,7 +562,15 @@ mod tests {
         let plain = |w: &Tensor| without_packing(|| x.matmul(&w.tr()));
         let cache = PackedWeightCache::new();
         let _guard = tch::no_grad_guard();
-        let decode = |rows: i64| PackedScope::for_decode(&model, rows, MIN_STEPS, Some(&cache));
+        let decode = |rows: i64| {
+            PackedScope::for_decode(
+                model.decoder(),
+                model.lm_head_weight(),
+                rows,
+                MIN_STEPS,
+                Some(&cache),
+            )
+        };
         {
             let _scope = decode(8)?;
             // the MLP's two weights and the tied head: frozen, packed into the cache
@@ -574,7 +608,13 @@ mod tests {
             let _ = v.shallow_clone().set_requires_grad(false);
         });
         {
-            let _scope = PackedScope::for_decode(&other, 4, MIN_STEPS, Some(&cache))?;
+            let _scope = PackedScope::for_decode(
+                other.decoder(),
+                other.lm_head_weight(),
+                4,
+                MIN_STEPS,
+                Some(&cache),
+            )?;
             assert_eq!((cache.len(), cache.packs()), (4, 11));
         }
         {
@@ -611,7 +651,8 @@ mod tests {
         let opts = GenerateOptions::default();
         // the decode below packs (where this libtorch can)
         assert_eq!(
-            PackedScope::for_decode(&model, 4, 12, None)?.is_some(),
+            PackedScope::for_decode(model.decoder(), model.lm_head_weight(), 4, 12, None)?
+                .is_some(),
             ffi::available()
         );
         for seed in 0..4u64 {
