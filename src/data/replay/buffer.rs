@@ -217,11 +217,7 @@ impl<S: Sampler> ReplayBuffer<S> {
             Some(s) => s,
             None => allocate(&src, self.capacity)?,
         };
-        let device = storage.device().unwrap_or(Device::Cpu);
-        let idx_t = Tensor::f_from_slice(&idx)?
-            .f_to_kind(Kind::Int64)?
-            .f_to_device(device)?;
-        let res = storage.set_at(&[BatchIndex::Tensor(idx_t)], &src);
+        let res = write_round_robin(&mut storage, &src, start, keep, self.capacity);
         let item_shape = storage
             .batch_size()
             .get(1..)
@@ -323,6 +319,26 @@ impl<S: Sampler> ReplayBuffer<S> {
         add_weights(&mut out, &sampled, device)?;
         Ok((out, idx))
     }
+}
+
+/// Writes the `keep` items of `src` at slots `start, start + 1, …` modulo `capacity`: one or
+/// two contiguous ranges, each a slice copy (a `memcpy` per leaf; an index tensor would take
+/// libtorch's element-wise `index_put_`). Both ranges hold the same leaves and item shapes, so
+/// if the first write passes `set_at`'s checks the second does too.
+fn write_round_robin(
+    storage: &mut TensorDict,
+    src: &TensorDict,
+    start: i64,
+    keep: i64,
+    capacity: i64,
+) -> Result<()> {
+    let first = keep.min(capacity - start);
+    let slice = |from: i64, len: i64| BatchIndex::slice(Some(from), Some(from + len), 1);
+    if first == keep {
+        return storage.set_at(&[slice(start, keep)], src);
+    }
+    storage.set_at(&[slice(start, first)], &src.index(&[slice(0, first)])?)?;
+    storage.set_at(&[slice(0, keep - first)], &src.index(&[slice(first, keep - first)])?)
 }
 
 impl ReplayBuffer<super::PrioritizedSampler> {
