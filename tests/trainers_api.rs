@@ -69,7 +69,8 @@ fn default_config_is_trlx_head_default_ppo_config() {
             lr: 3e-5,
             betas: [0.9, 0.95],
             eps: 1e-8,
-            weight_decay: 1e-6
+            weight_decay: 1e-6,
+            fused: false,
         }
     );
     assert_eq!(c.scheduler.name, SchedulerName::CosineAnnealing);
@@ -870,6 +871,7 @@ fn toy_config(dir: &Path, total_steps: usize) -> TrlConfig {
         betas: [0.9, 0.95],
         eps: 1e-8,
         weight_decay: 1e-2,
+        fused: false,
     };
     cfg.scheduler.kwargs = CosineKwargs {
         t_max: 8.0,

@@ -221,6 +221,46 @@ impl FusedAdam {
     }
 }
 
+/// One AdamW step (decoupled weight decay) of `params` through `aten::_fused_adamw_`, with
+/// `steps` already holding this step's counts (float32 scalars) and `hyper` = `[lr, beta1,
+/// beta2, weight_decay, eps]`: the trainers' `AdamW` with `fused`. `Ok(false)` in a build
+/// without the C++ shim (nothing done: the caller steps per tensor).
+pub(crate) fn fused_adamw_step(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avg: &[Tensor],
+    exp_avg_sq: &[Tensor],
+    steps: &[Tensor],
+    hyper: [f64; 5],
+) -> Result<bool> {
+    let [lr, beta1, beta2, weight_decay, eps] = hyper;
+    let group = Group {
+        params,
+        grads,
+        exp_avg,
+        exp_avg_sq,
+        steps,
+    };
+    let h = Hyper {
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+    };
+    #[cfg(torchrl_shims)]
+    {
+        let _guard = tch::no_grad_guard();
+        ffi::fused(&group, h, true, false)?;
+        Ok(true)
+    }
+    #[cfg(not(torchrl_shims))]
+    {
+        let _ = (group, h);
+        Ok(false)
+    }
+}
+
 /// The tensors of one fused call: parameters of one device and dtype.
 struct Group<'a> {
     params: &'a [Tensor],
@@ -299,6 +339,8 @@ mod ffi {
             beta2: f64,
             weight_decay: f64,
             eps: f64,
+            decoupled: c_int,
+            increment: c_int,
             err: *mut c_char,
             len: usize,
         ) -> c_int;
@@ -322,6 +364,12 @@ mod ffi {
     }
 
     pub(super) fn adam(g: &Group<'_>, h: Hyper) -> Result<()> {
+        fused(g, h, false, true)
+    }
+
+    /// The fused call: `decoupled` for AdamW's weight decay, `increment` to add 1 to the step
+    /// counts first.
+    pub(crate) fn fused(g: &Group<'_>, h: Hyper, decoupled: bool, increment: bool) -> Result<()> {
         let n = g.params.len();
         if [g.grads, g.exp_avg, g.exp_avg_sq, g.steps]
             .iter()
@@ -355,11 +403,18 @@ mod ffi {
                 h.beta2,
                 h.weight_decay,
                 h.eps,
+                c_int::from(decoupled),
+                c_int::from(increment),
                 err.as_mut_ptr() as *mut c_char,
                 ERR_LEN,
             )
         };
-        finish("aten::_fused_adam_", status, &err)
+        let op = if decoupled {
+            "aten::_fused_adamw_"
+        } else {
+            "aten::_fused_adam_"
+        };
+        finish(op, status, &err)
     }
 
     pub(super) fn zero(ts: &[Tensor]) -> Result<()> {

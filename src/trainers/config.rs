@@ -329,6 +329,10 @@ pub struct AdamWKwargs {
     pub eps: f64,
     /// Decoupled weight decay, ≥ 0. Default 1e-6.
     pub weight_decay: f64,
+    /// `torch.optim.AdamW`'s `fused`: one fused libtorch call per step for the float32 /
+    /// float64 parameters ([`AdamW::with_fused`](crate::trainers::optim::AdamW::with_fused)).
+    /// Default `false` (the per-tensor step, bit for bit PyTorch's default).
+    pub fused: bool,
 }
 
 impl Default for AdamWKwargs {
@@ -338,6 +342,7 @@ impl Default for AdamWKwargs {
             betas: [0.9, 0.95],
             eps: 1e-8,
             weight_decay: 1e-6,
+            fused: false,
         }
     }
 }

@@ -269,6 +269,7 @@ pub(crate) fn trl_defaults<M>(trainer: &str, method: M) -> TrlConfigOf<M> {
                 betas: [0.9, 0.999],
                 eps: 1e-8,
                 weight_decay: 0.0,
+                fused: false,
             },
             ..OptimizerConfig::default()
         },

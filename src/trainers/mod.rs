@@ -15,6 +15,7 @@ pub mod ppo;
 mod ppo_method;
 pub mod reward;
 mod rollout;
+mod schedule;
 pub mod sft;
 
 pub use api::{Callbacks, Component, EvalReport, Intervals, RlTrainer, Stats, RANKS_COMPONENT};

@@ -31,8 +31,9 @@ use crate::error::{Error, Result};
 use crate::macros::setters;
 use crate::modules::llm::nn::checkpoint;
 use crate::objectives::optim::clip_grad_norm_tensors;
-use crate::trainers::config::{check_cosine, AdamWKwargs, CosineKwargs};
+use crate::trainers::config::AdamWKwargs;
 pub use crate::trainers::config::{MAX_LR, MAX_STEPS};
+pub use crate::trainers::schedule::CosineAnnealingLr;
 
 /// Gradient summing overlapped with backward (see
 /// [`Collective::gradient_sync`](super::parallel::Collective::gradient_sync)): once
@@ -88,6 +89,9 @@ pub struct AdamW {
     /// Gradient summing during backward in a data-parallel group
     /// ([`AdamW::set_gradient_sync`]).
     sync: Option<Box<dyn GradientSync>>,
+    /// Step the parameters without a float32 master through one fused libtorch call per
+    /// device and dtype ([`AdamW::with_fused`]).
+    fused: bool,
 }
 
 impl std::fmt::Debug for AdamW {
@@ -283,6 +287,7 @@ impl AdamW {
             weight_decay: 0.01,
             scratch: Vec::new(),
             sync: None,
+            fused: false,
         })
     }
 
@@ -304,7 +309,8 @@ impl AdamW {
         let opt = AdamW::new(params, kwargs.lr)?
             .with_betas(kwargs.betas)
             .with_eps(kwargs.eps)
-            .with_weight_decay(kwargs.weight_decay);
+            .with_weight_decay(kwargs.weight_decay)
+            .with_fused(kwargs.fused);
         opt.check_hyper(OP_NEW)?;
         Ok(opt)
     }
@@ -338,6 +344,15 @@ impl AdamW {
         with_eps(eps: f64);
         /// Sets the decoupled weight decay, ≥ 0 (checked by `step`).
         with_weight_decay(weight_decay: f64);
+        /// Sets `fused` (`torch.optim.AdamW(fused=True)`, default `false`): `step` updates
+        /// the parameters that have no float32 master through one `aten::_fused_adamw_` call
+        /// per device and dtype. That is one pass over each parameter, its gradient and
+        /// moments, instead of about ten element-wise ops per parameter. On the CPU the
+        /// results are the per-tensor step's bit for bit in `tests/fused_adamw.rs` (30 steps,
+        /// float32 and float64; libtorch does not promise it, the test allows 1e-6).
+        /// Half-precision parameters keep the per-tensor step through their masters, as do
+        /// builds without the C++ shim.
+        with_fused(fused: bool);
     }
 
     fn check_hyper(&self, op: &'static str) -> Result<()> {
@@ -394,6 +409,11 @@ impl AdamW {
         let _guard = tch::no_grad_guard();
         let [beta1, beta2] = self.betas;
         let decay = 1.0 - self.lr * self.weight_decay;
+        let done = if self.fused {
+            self.step_fused()?
+        } else {
+            Vec::new()
+        };
         let items = self
             .params
             .iter_mut()
@@ -401,9 +421,9 @@ impl AdamW {
             .zip(self.exp_avg_sq.iter_mut())
             .zip(self.master.iter_mut())
             .zip(self.steps.iter_mut());
-        for ((((p, m), v), master), t) in items {
+        for (i, ((((p, m), v), master), t)) in items.enumerate() {
             let g = p.grad();
-            if !g.defined() {
+            if !g.defined() || done.contains(&i) {
                 continue;
             }
             // Loaded counts are at most MAX_STEPS = 2^53, so the conversion is exact.
@@ -444,6 +464,65 @@ impl AdamW {
             }
         }
         Ok(())
+    }
+
+    /// The fused part of [`AdamW::step`]: the parameters with a gradient and no master,
+    /// grouped by device and dtype, each group in one `aten::_fused_adamw_` call after their
+    /// step counts are incremented. Returns the indices it stepped (none in a build without
+    /// the C++ shim: the per-tensor loop steps them).
+    fn step_fused(&mut self) -> Result<Vec<usize>> {
+        let mut groups: Vec<((tch::Device, tch::Kind), Vec<usize>)> = Vec::new();
+        for (i, (p, master)) in self.params.iter().zip(&self.master).enumerate() {
+            if master.is_some() || !p.grad().defined() {
+                continue;
+            }
+            let key = (p.device(), p.kind());
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        let mut done = Vec::new();
+        for ((device, _), idx) in groups {
+            let pick = |v: &[Tensor]| -> Vec<Tensor> {
+                idx.iter()
+                    .filter_map(|&i| v.get(i))
+                    .map(Tensor::shallow_clone)
+                    .collect()
+            };
+            let params = pick(&self.params);
+            let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            // this step's counts (exact in float32 up to 2^24 steps, as torch.optim's)
+            let mut steps = Vec::with_capacity(idx.len());
+            for &i in &idx {
+                let t = self.steps.get(i).copied().unwrap_or(0).saturating_add(1);
+                steps.push(Tensor::f_full([], t as f64, (tch::Kind::Float, device))?);
+            }
+            let stepped = crate::objectives::fused_adamw_step(
+                &params,
+                &grads,
+                &pick(&self.exp_avg),
+                &pick(&self.exp_avg_sq),
+                &steps,
+                [
+                    self.lr,
+                    self.betas[0],
+                    self.betas[1],
+                    self.weight_decay,
+                    self.eps,
+                ],
+            )?;
+            if !stepped {
+                return Ok(Vec::new());
+            }
+            for &i in &idx {
+                if let Some(t) = self.steps.get_mut(i) {
+                    *t = t.saturating_add(1);
+                }
+            }
+            done.extend(idx);
+        }
+        Ok(done)
     }
 
     /// One training step on `loss`: zero the gradients, backward, clip the global gradient
@@ -805,130 +884,6 @@ impl AdamW {
         self.eps = prepared.eps;
         self.weight_decay = prepared.weight_decay;
         Ok(())
-    }
-}
-
-/// PyTorch's `CosineAnnealingLR` in closed form, as trlX builds it
-/// (`T_max`, `eta_min` from `scheduler.kwargs`; `base_lr` is the optimizer's initial rate):
-/// after `e` steps, `lr = eta_min + (base_lr - eta_min) · (1 + cos(π·e / T_max)) / 2`
-/// (continuing past `T_max` as a cosine, as PyTorch does).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CosineAnnealingLr {
-    /// The rate at step 0.
-    pub base_lr: f64,
-    /// The half period, in steps.
-    pub t_max: f64,
-    /// The rate at step `t_max`.
-    pub eta_min: f64,
-    /// Steps taken (PyTorch's `last_epoch`).
-    pub last_epoch: u64,
-}
-
-impl CosineAnnealingLr {
-    /// A schedule at step 0.
-    ///
-    /// # Errors
-    /// When `base_lr` is not in (0, [`MAX_LR`]], `t_max` is not a finite number large enough
-    /// for a finite phase (see `check_cosine`), or `eta_min` is not in [0, `MAX_LR`].
-    pub fn new(base_lr: f64, t_max: f64, eta_min: f64) -> Result<Self> {
-        const OP: &str = "CosineAnnealingLr::new";
-        check_cosine(OP, ["base_lr", "T_max", "eta_min"], base_lr, t_max, eta_min)?;
-        Ok(CosineAnnealingLr {
-            base_lr,
-            t_max,
-            eta_min,
-            last_epoch: 0,
-        })
-    }
-
-    /// The schedule of trlX's `scheduler.kwargs` for an optimizer starting at `base_lr`.
-    ///
-    /// ```
-    /// use torchrl::trainers::{config::CosineKwargs, optim::CosineAnnealingLr};
-    /// let s = CosineAnnealingLr::from_kwargs(3e-5, &CosineKwargs::default()).unwrap();
-    /// assert_eq!((s.t_max, s.eta_min), (1e12, 3e-5));
-    /// ```
-    ///
-    /// # Errors
-    /// As [`CosineAnnealingLr::new`].
-    pub fn from_kwargs(base_lr: f64, kwargs: &CosineKwargs) -> Result<Self> {
-        CosineAnnealingLr::new(base_lr, kwargs.t_max, kwargs.eta_min)
-    }
-
-    /// The rate after `epoch` steps.
-    ///
-    /// ```
-    /// use torchrl::trainers::optim::CosineAnnealingLr;
-    /// let s = CosineAnnealingLr::new(1.0, 4.0, 0.0).unwrap();
-    /// assert_eq!(s.lr_at(0), 1.0);
-    /// assert!((s.lr_at(2) - 0.5).abs() < 1e-15);
-    /// assert_eq!(s.lr_at(4), 0.0);
-    /// assert!((s.lr_at(6) - 0.5).abs() < 1e-15); // past T_max it rises again
-    /// ```
-    pub fn lr_at(&self, epoch: u64) -> f64 {
-        // Counts past MAX_STEPS = 2^53 (never reached) are held there: the conversion is
-        // exact and the phase finite (see `check_cosine`).
-        let e = epoch.min(MAX_STEPS) as f64;
-        self.eta_min
-            + (self.base_lr - self.eta_min) * (1.0 + (std::f64::consts::PI * e / self.t_max).cos())
-                / 2.0
-    }
-
-    /// The current rate (PyTorch's `get_last_lr()`).
-    pub fn lr(&self) -> f64 {
-        self.lr_at(self.last_epoch)
-    }
-
-    /// Advances one step and returns the new rate (give it to [`AdamW::set_lr`]).
-    pub fn step(&mut self) -> f64 {
-        self.last_epoch = self.last_epoch.saturating_add(1);
-        self.lr()
-    }
-
-    /// The schedule as JSON (`base_lr`, `T_max`, `eta_min`, `last_epoch`), for checkpoints.
-    pub fn state_json(&self) -> Value {
-        json!({
-            "base_lr": self.base_lr,
-            "T_max": self.t_max,
-            "eta_min": self.eta_min,
-            "last_epoch": self.last_epoch,
-        })
-    }
-
-    /// Restores a schedule from [`CosineAnnealingLr::state_json`].
-    ///
-    /// ```
-    /// use torchrl::trainers::optim::CosineAnnealingLr;
-    /// let mut s = CosineAnnealingLr::new(1.0, 4.0, 0.1).unwrap();
-    /// s.step();
-    /// let back = CosineAnnealingLr::from_state_json(&s.state_json()).unwrap();
-    /// assert_eq!(back, s);
-    /// ```
-    ///
-    /// # Errors
-    /// When a field is missing or out of range.
-    pub fn from_state_json(state: &Value) -> Result<Self> {
-        const OP: &str = "CosineAnnealingLr::from_state_json";
-        let num = |field: &str| -> Result<f64> {
-            state
-                .get(field)
-                .and_then(Value::as_f64)
-                .ok_or_else(|| Error::value(OP, field, "a number in the state JSON", "none"))
-        };
-        let mut s = CosineAnnealingLr::new(num("base_lr")?, num("T_max")?, num("eta_min")?)?;
-        s.last_epoch = state
-            .get("last_epoch")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| Error::value(OP, "last_epoch", "a step count", "none"))?;
-        if s.last_epoch > MAX_STEPS {
-            return Err(Error::value(
-                OP,
-                "last_epoch",
-                format!("a step count of at most {MAX_STEPS}"),
-                s.last_epoch.to_string(),
-            ));
-        }
-        Ok(s)
     }
 }
 

@@ -338,7 +338,10 @@ fn write_round_robin(
         return storage.set_at(&[slice(start, keep)], src);
     }
     storage.set_at(&[slice(start, first)], &src.index(&[slice(0, first)])?)?;
-    storage.set_at(&[slice(0, keep - first)], &src.index(&[slice(first, keep - first)])?)
+    storage.set_at(
+        &[slice(0, keep - first)],
+        &src.index(&[slice(first, keep - first)])?,
+    )
 }
 
 impl ReplayBuffer<super::PrioritizedSampler> {
