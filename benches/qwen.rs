@@ -38,6 +38,7 @@
 //! their scoring pass instead of taking it from the generation
 //! (`OnPolicyTrainer::with_trunk_from_generation`), for the A/B; `TORCHRL_BENCH_PACK_CACHE=0`
 //! packs the frozen weights again at every rollout (`OnPolicyTrainer::with_packed_weight_cache`).
+//! `TORCHRL_BENCH_FUSED=1` sets W21's `optimizer.kwargs.fused` (AdamW in one fused call).
 //!
 //! `TORCHRL_BENCH_KEEP_FREED=1` calls `torchrl::memory::keep_freed_memory` first (freed
 //! memory kept by the allocator for reuse: no page zeroing each step).
@@ -263,6 +264,7 @@ fn w21_grpo(iters: usize, unfrozen: i64, v: Variant) -> Result<()> {
     c.train.checkpoint_interval = 1_000_000;
     c.train.seed = 0;
     c.optimizer.kwargs.lr = 1e-6;
+    c.optimizer.kwargs.fused = env_or("TORCHRL_BENCH_FUSED", 0i64) != 0;
     c.scheduler.kwargs.eta_min = 1e-6;
     let m = &mut c.method;
     m.num_generations = GENERATIONS;
