@@ -45,6 +45,7 @@ fn dispatcher_shims() {
     const ADAM: &str = "src/objectives/fused_adam.cpp";
     println!("cargo:rerun-if-changed={SHIM}");
     println!("cargo:rerun-if-changed={ADAM}");
+    println!("cargo:rerun-if-changed=src/shims/guard.h");
     println!("cargo::rustc-check-cfg=cfg(torchrl_shims)");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         return;

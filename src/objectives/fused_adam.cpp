@@ -9,6 +9,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "../shims/guard.h"
+
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -16,25 +18,7 @@
 
 namespace {
 
-void set_err(char* err, size_t len, const char* msg) {
-  if (err == nullptr || len == 0) return;
-  std::strncpy(err, msg, len - 1);
-  err[len - 1] = '\0';
-}
-
-template <typename F>
-int guarded(char* err, size_t len, F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    set_err(err, len, e.what());
-    return 1;
-  } catch (...) {
-    set_err(err, len, "unknown C++ exception");
-    return 1;
-  }
-}
+using torchrl_shim::guarded;
 
 std::vector<at::Tensor> tensors(void** p, size_t n) {
   std::vector<at::Tensor> v;

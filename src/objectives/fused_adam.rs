@@ -178,24 +178,9 @@ impl FusedAdam {
     /// A libtorch error (a sparse gradient, for one).
     pub fn step(&mut self) -> Result<()> {
         let _guard = tch::no_grad_guard();
-        let mut groups: Vec<((Device, Kind), Vec<usize>)> = Vec::new();
-        for (i, p) in self.params.iter().enumerate() {
-            if !p.grad().defined() {
-                continue;
-            }
-            let key = (p.device(), p.kind());
-            match groups.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, idx)) => idx.push(i),
-                None => groups.push((key, vec![i])),
-            }
-        }
+        let groups = fused_groups(&self.params, |_| true);
         for (_, idx) in groups {
-            let pick = |v: &[Tensor]| -> Vec<Tensor> {
-                idx.iter()
-                    .filter_map(|&i| v.get(i))
-                    .map(Tensor::shallow_clone)
-                    .collect()
-            };
+            let pick = |v: &[Tensor]| picked(v, &idx);
             let params = pick(&self.params);
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
             let group = Group {
@@ -219,6 +204,34 @@ impl FusedAdam {
             eps: self.eps,
         }
     }
+}
+
+/// The parameters a fused step takes (those with a gradient, and `keep(i)`), grouped by
+/// device and dtype (one fused call each): `((device, dtype), indices)`.
+pub(crate) fn fused_groups(
+    params: &[Tensor],
+    keep: impl Fn(usize) -> bool,
+) -> Vec<((Device, Kind), Vec<usize>)> {
+    let mut groups: Vec<((Device, Kind), Vec<usize>)> = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        if !keep(i) || !p.grad().defined() {
+            continue;
+        }
+        let key = (p.device(), p.kind());
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    groups
+}
+
+/// Shallow clones of `v`'s entries at `idx`.
+pub(crate) fn picked(v: &[Tensor], idx: &[usize]) -> Vec<Tensor> {
+    idx.iter()
+        .filter_map(|&i| v.get(i))
+        .map(Tensor::shallow_clone)
+        .collect()
 }
 
 /// One AdamW step (decoupled weight decay) of `params` through `aten::_fused_adamw_`, with

@@ -40,7 +40,7 @@ pub mod common;
 pub mod ddpg;
 pub mod dqn;
 mod fused_adam;
-pub(crate) use fused_adam::fused_adamw_step;
+pub(crate) use fused_adam::{fused_adamw_step, fused_groups, picked};
 pub mod keys;
 pub mod llm;
 pub mod off_policy;

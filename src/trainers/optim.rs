@@ -471,25 +471,13 @@ impl AdamW {
     /// step counts are incremented. Returns the indices it stepped (none in a build without
     /// the C++ shim: the per-tensor loop steps them).
     fn step_fused(&mut self) -> Result<Vec<usize>> {
-        let mut groups: Vec<((tch::Device, tch::Kind), Vec<usize>)> = Vec::new();
-        for (i, (p, master)) in self.params.iter().zip(&self.master).enumerate() {
-            if master.is_some() || !p.grad().defined() {
-                continue;
-            }
-            let key = (p.device(), p.kind());
-            match groups.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, idx)) => idx.push(i),
-                None => groups.push((key, vec![i])),
-            }
-        }
+        let masters = &self.master;
+        let groups = crate::objectives::fused_groups(&self.params, |i| {
+            masters.get(i).is_some_and(Option::is_none)
+        });
         let mut done = Vec::new();
         for ((device, _), idx) in groups {
-            let pick = |v: &[Tensor]| -> Vec<Tensor> {
-                idx.iter()
-                    .filter_map(|&i| v.get(i))
-                    .map(Tensor::shallow_clone)
-                    .collect()
-            };
+            let pick = |v: &[Tensor]| crate::objectives::picked(v, &idx);
             let params = pick(&self.params);
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
             // this step's counts (exact in float32 up to 2^24 steps, as torch.optim's)

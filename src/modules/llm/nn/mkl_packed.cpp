@@ -9,6 +9,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "../../../shims/guard.h"
+
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -16,30 +18,11 @@
 
 namespace {
 
-void set_err(char* err, size_t len, const char* msg) {
-  if (err == nullptr || len == 0) return;
-  std::strncpy(err, msg, len - 1);
-  err[len - 1] = '\0';
-}
+using torchrl_shim::guarded;
 
 using ReorderFn = at::Tensor(const at::Tensor&, int64_t);
 using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, int64_t);
-
-// Runs `f`, turning any C++ exception into status 1 and its message.
-template <typename F>
-int guarded(char* err, size_t len, F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    set_err(err, len, e.what());
-    return 1;
-  } catch (...) {
-    set_err(err, len, "unknown C++ exception");
-    return 1;
-  }
-}
 
 bool has_cpu_kernel(const char* name) {
   auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
