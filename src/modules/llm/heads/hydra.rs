@@ -435,20 +435,29 @@ impl CausalLmWithHydraValueHead {
     /// # Errors
     /// As [`forward`](Self::forward).
     pub fn forward_reference(&self, input: &LmInput<'_>) -> Result<ReferenceOutput> {
-        self.forward_reference_from(input, 0)
+        self.forward_reference_from(input, 0, None)
     }
 
     /// [`forward_reference`](Self::forward_reference) with the reference's LM head on
     /// positions `start..` only (`ref_logits` `[B, T − start, vocab]`).
-    fn forward_reference_from(&self, input: &LmInput<'_>, start: i64) -> Result<ReferenceOutput> {
+    /// `trunk`: the branch's input when already computed (else the trunk runs here).
+    fn forward_reference_from(
+        &self,
+        input: &LmInput<'_>,
+        start: i64,
+        trunk: Option<Tensor>,
+    ) -> Result<ReferenceOutput> {
         // every output is detached: record no graph
         let _guard = tch::no_grad_guard();
         match &self.reference {
             Reference::Branch(b) => {
-                let h = self
-                    .policy
-                    .model()
-                    .forward_to_block(input, b.start_block())?;
+                let h = match trunk {
+                    Some(h) => h,
+                    None => self
+                        .policy
+                        .model()
+                        .forward_to_block(input, b.start_block())?,
+                };
                 let trunk = h.f_detach()?;
                 let ref_logits = self.reference_logits(input, Some(h), start)?;
                 Ok(ReferenceOutput {
@@ -496,17 +505,8 @@ impl CausalLmWithHydraValueHead {
             _ => None,
         };
         if !policy {
-            if let Some((h, _)) = trunk {
-                let ref_logits = self.reference_logits(&input, Some(h.shallow_clone()), start)?;
-                return Ok(RolloutScores {
-                    log_probs: None,
-                    values: None,
-                    ref_log_probs: log_probs(&ref_logits, None, ScoreRequest::log_probs())?
-                        .log_probs,
-                    trunk: Some(h),
-                });
-            }
-            let out = self.forward_reference_from(&input, start)?;
+            let given = trunk.map(|(h, _)| h);
+            let out = self.forward_reference_from(&input, start, given)?;
             return Ok(RolloutScores {
                 log_probs: None,
                 values: None,
