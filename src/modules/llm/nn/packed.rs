@@ -513,10 +513,14 @@ mod tests {
             let packed = model.forward(&LmInput::new(&ids), None)?.logits()?;
             let d = max_diff(&packed, &plain);
             assert!(d <= 1e-4, "packed logits differ by {d}");
-            // another row count takes the plain product inside the op: exactly the plain one
+            // another row count takes the plain product inside the op: exactly the plain
+            // product of those rows (not of the eight: a GEMM's blocking, and so its rounding,
+            // may depend on the row count, as on AVX-512 machines without AMX)
             let five = ids.narrow(0, 0, 5);
             let a = model.forward(&LmInput::new(&five), None)?.logits()?;
-            assert!(a.equal(&plain.narrow(0, 0, 5)));
+            let plain_five =
+                without_packing(|| model.forward(&LmInput::new(&five), None))?.logits()?;
+            assert!(a.equal(&plain_five));
         }
         assert!(!active(), "the scope's drop empties the table");
         // too short a decode, another dtype, or switched off: no packing
