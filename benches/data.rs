@@ -87,7 +87,12 @@ fn main() {
         write_file(&file, lines);
     }
     let model = root.join("specs/chat/chatml_qwen");
-    let tok = HfTokenizer::from_file(model.join("tokenizer.json")).expect("tokenizer");
+    // TORCHRL_BENCH_FAST_TOKENIZER=0: every text through the tokenizers crate (the A/B of the
+    // lean byte-level encoder)
+    let fast = std::env::var("TORCHRL_BENCH_FAST_TOKENIZER").map_or(true, |v| v != "0");
+    let tok = HfTokenizer::from_file(model.join("tokenizer.json"))
+        .expect("tokenizer")
+        .with_fast_encoder(fast);
     let template = ChatTemplate::from_model_dir(&model).expect("template");
     let t0 = Instant::now();
     let data = Dataset::from_jsonl(&file).expect("dataset");
@@ -96,10 +101,11 @@ fn main() {
     let dt = t0.elapsed().as_secs_f64();
     let tokens: usize = rows.iter().map(|r| r.ids.len()).sum();
     println!(
-        "W23_chat_template_tokenize_100k\t{:.1}\t# {:.2} s, {tokens} tokens, peak RSS {:.0} MiB (file {}, model {})",
+        "W23_chat_template_tokenize_100k\t{:.1}\t# {:.2} s, {tokens} tokens, peak RSS {:.0} MiB, lean encoder {} (file {}, model {})",
         rows.len() as f64 / dt,
         dt,
         peak_rss_mib(),
+        if tok.has_fast_encoder() { "on" } else { "off" },
         file.display(),
         model.display()
     );

@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bpe;
 pub mod causal_lm;
 pub(crate) mod compaction;
 pub(crate) mod decode;
@@ -31,6 +32,7 @@ pub mod limits;
 pub mod lora;
 pub mod models;
 pub mod nn;
+mod pretokenize;
 pub mod scoring;
 pub mod tokenizer;
 pub mod weights;

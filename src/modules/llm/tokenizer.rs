@@ -23,9 +23,11 @@
 
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
+use super::bpe::{ByteLevelBpe, PieceCache};
 use crate::error::{Error, Result};
 
 /// Whether decoding writes special tokens out or drops them.
@@ -410,6 +412,10 @@ impl TextTokenizer for ByteTokenizer {
 #[derive(Clone)]
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
+    /// The lean byte-level BPE encoder, where it reproduces the file ([`super::bpe`]).
+    fast: Option<Arc<ByteLevelBpe>>,
+    /// Whether `fast` is used ([`HfTokenizer::with_fast_encoder`]).
+    fast_on: bool,
     eos: Option<i64>,
     pad: Option<i64>,
     bos: Option<i64>,
@@ -443,6 +449,30 @@ fn guarded<T>(op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
             .unwrap_or_else(|| "no message".into());
         Error::invalid(op, format!("the tokenizers crate panicked: {msg}"))
     })
+}
+
+/// The text a loaded lean encoder must encode as the crate does before it is used: words,
+/// contractions, digits, punctuation, runs of spaces, tabs and newlines, non-ASCII letters and
+/// symbols, and a leading space.
+const PROBE: &str =
+    " Hello, world! It's 2024: naïve café déjà-vu, 東京 \u{1F600} x=1.5e-3\t\tend  \n\n\
+                     I'll we've THEY'RE don't   12345678 ...?! (a|b) <tag> \r\n  trailing   ";
+
+/// The threads [`TextTokenizer::encode_many`] of a lean encoder runs on for `n` texts: the
+/// cores (one where `TOKENIZERS_PARALLELISM` is `false` or `0`, as the crate), at most one per
+/// 32 texts.
+fn encode_workers(n: usize) -> usize {
+    let off = std::env::var("TOKENIZERS_PARALLELISM").is_ok_and(|v| {
+        matches!(
+            v.to_ascii_lowercase().as_str(),
+            "false" | "0" | "off" | "no"
+        )
+    });
+    if off {
+        return 1;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(n / 32).max(1)
 }
 
 /// The stack the `tokenizers` crate parses a file on: its deserialisers need more than a
@@ -694,13 +724,84 @@ impl HfTokenizer {
             )
         })
         .map_err(|e| invalid(e.to_string()))?;
-        Ok(HfTokenizer {
+        let fast = guarded(op, || {
+            ByteLevelBpe::from_json(&json, |content| inner.token_to_id(content)).ok()
+        })
+        .ok()
+        .flatten()
+        .map(Arc::new);
+        let mut tok = HfTokenizer {
             inner,
+            fast,
+            fast_on: true,
             eos,
             pad,
             bos,
             vocab_size,
-        })
+        };
+        // the lean encoder is used only where it gives the crate's ids on a probe text
+        if tok.fast.is_some() && !tok.fast_encoder_agrees(PROBE) {
+            tok.fast = None;
+        }
+        Ok(tok)
+    }
+
+    /// Whether [`TextTokenizer::encode`] and [`TextTokenizer::encode_many`] run the lean
+    /// byte-level BPE encoder (the file is one it reproduces: byte-level BPE without dropout
+    /// or byte fallback, no normalizer or NFC, `ByteLevel` / `Split` pre-tokenizers) rather
+    /// than the `tokenizers` crate's `encode`. The ids are the crate's either way; the lean
+    /// encoder is faster (`docs/performance.md`, W23).
+    ///
+    /// ```
+    /// use torchrl::modules::llm::{HfTokenizer, TextTokenizer};
+    /// # fn main() -> torchrl::Result<()> {
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/chat/chatml_qwen/tokenizer.json");
+    /// let tok = HfTokenizer::from_file(path)?;
+    /// assert!(tok.has_fast_encoder());
+    /// let crate_only = tok.clone().with_fast_encoder(false);
+    /// assert!(!crate_only.has_fast_encoder());
+    /// let text = "<|im_start|>user\nHow many r's in   strawberry? 123<|im_end|>";
+    /// assert_eq!(tok.encode(text)?, crate_only.encode(text)?);
+    /// # Ok(()) }
+    /// ```
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast().is_some()
+    }
+
+    /// Turns the lean encoder off (`false`: every text through the `tokenizers` crate) or back
+    /// on where the file allows it (`true`, the default).
+    pub fn with_fast_encoder(mut self, on: bool) -> Self {
+        self.fast_on = on;
+        self
+    }
+
+    fn fast(&self) -> Option<&ByteLevelBpe> {
+        self.fast.as_deref().filter(|_| self.fast_on)
+    }
+
+    /// Whether the lean encoder gives the crate's ids for `text` (true where it sends the text
+    /// to the crate).
+    fn fast_encoder_agrees(&self, text: &str) -> bool {
+        let Some(fast) = self.fast() else {
+            return true;
+        };
+        let mut ids = Vec::new();
+        if fast
+            .encode(text, &mut PieceCache::default(), &mut ids)
+            .is_err()
+        {
+            return true;
+        }
+        let theirs = guarded("HfTokenizer::from_file", || self.inner.encode(text, false));
+        matches!(theirs, Ok(Ok(enc)) if enc.get_ids() == ids.as_slice())
+    }
+
+    /// The crate's ids of `text`.
+    fn crate_encode(&self, op: &'static str, text: &str) -> Result<Vec<i64>> {
+        let enc = guarded(op, || self.inner.encode(text, false))?.map_err(|e| {
+            Error::value(op, "text", "text the tokenizer can encode", e.to_string())
+        })?;
+        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
     }
 
     fn token_id(&self, op: &'static str, token: &str) -> Result<i64> {
@@ -742,22 +843,70 @@ impl HfTokenizer {
 impl TextTokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<i64>> {
         let op = "HfTokenizer::encode";
-        let enc = guarded(op, || self.inner.encode(text, false))?.map_err(|e| {
-            Error::value(op, "text", "text the tokenizer can encode", e.to_string())
-        })?;
-        Ok(enc.get_ids().iter().map(|&i| i64::from(i)).collect())
+        if let Some(fast) = self.fast() {
+            let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+            if fast
+                .encode(text, &mut PieceCache::default(), &mut ids)
+                .is_ok()
+            {
+                return Ok(ids.into_iter().map(i64::from).collect());
+            }
+        }
+        self.crate_encode(op, text)
     }
 
     fn encode_many(&self, texts: &[&str]) -> Result<Vec<Vec<i64>>> {
         let op = "HfTokenizer::encode_many";
-        let encs =
-            guarded(op, || self.inner.encode_batch(texts.to_vec(), false))?.map_err(|e| {
-                Error::value(op, "texts", "texts the tokenizer can encode", e.to_string())
-            })?;
-        Ok(encs
-            .iter()
-            .map(|e| e.get_ids().iter().map(|&i| i64::from(i)).collect())
-            .collect())
+        let Some(fast) = self.fast() else {
+            let encs =
+                guarded(op, || self.inner.encode_batch(texts.to_vec(), false))?.map_err(|e| {
+                    Error::value(op, "texts", "texts the tokenizer can encode", e.to_string())
+                })?;
+            return Ok(encs
+                .iter()
+                .map(|e| e.get_ids().iter().map(|&i| i64::from(i)).collect())
+                .collect());
+        };
+        // contiguous shares over the cores, each worker with its own piece cache
+        let workers = encode_workers(texts.len());
+        let share = texts.len().div_ceil(workers.max(1)).max(1);
+        let encode_share = |share: &[&str]| -> Result<Vec<Vec<i64>>> {
+            let mut cache = PieceCache::default();
+            let mut ids = Vec::new();
+            share
+                .iter()
+                .map(|text| {
+                    ids.clear();
+                    match fast.encode(text, &mut cache, &mut ids) {
+                        Ok(()) => Ok(ids.iter().map(|&i| i64::from(i)).collect()),
+                        Err(_) => self.crate_encode(op, text),
+                    }
+                })
+                .collect()
+        };
+        let shares: Vec<Result<Vec<Vec<i64>>>> = if workers <= 1 {
+            vec![encode_share(texts)]
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = texts
+                    .chunks(share)
+                    .map(|chunk| scope.spawn(move || encode_share(chunk)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::invalid(op, "a tokenizing thread panicked"))
+                        })
+                    })
+                    .collect()
+            })
+        };
+        let mut out = Vec::with_capacity(texts.len());
+        for share in shares {
+            out.extend(share?);
+        }
+        Ok(out)
     }
 
     fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
