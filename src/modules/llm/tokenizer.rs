@@ -679,6 +679,7 @@ impl fmt::Debug for HfTokenizer {
             .field("eos", &self.eos)
             .field("pad", &self.pad)
             .field("bos", &self.bos)
+            .field("fast_encoder", &self.has_fast_encoder())
             .finish()
     }
 }
