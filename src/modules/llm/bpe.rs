@@ -10,8 +10,9 @@
 //!
 //! 1. the added tokens whose `normalized` is false are split off the raw text (leftmost-longest,
 //!    as the crate's Aho-Corasick matcher);
-//! 2. each remaining segment is normalized (only no normalizer, or NFC on text that NFC leaves
-//!    unchanged: other text goes to the crate) and the `normalized` added tokens are split off;
+//! 2. each remaining segment is normalized (no normalizer, or NFC: text already in NFC, which
+//!    NFC leaves as it is; other text goes to the crate) and the `normalized` added tokens are
+//!    split off;
 //! 3. the pre-tokenizer: `Split` steps with a regex (`Isolated`, not inverted) and the
 //!    `ByteLevel` step (its optional prefix space and GPT-2's regex) cut each segment into
 //!    pieces, with the same `fancy-regex` engine and patterns as the crate;
@@ -32,6 +33,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use fancy_regex::Regex;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
+use unicode_normalization_alignments::is_nfc;
 
 use super::pretokenize::{Scanner, GPT2};
 
@@ -356,8 +358,8 @@ impl ByteLevelBpe {
             let id = added_id(content)
                 .ok_or_else(|| format!("added_tokens[{i}] has no id in the tokenizer"))?;
             if flag(t, "normalized", true)? {
-                if nfc && !content.is_ascii() {
-                    return Err(format!("added_tokens[{i}] is normalized and not ASCII"));
+                if nfc && !is_nfc(content) {
+                    return Err(format!("added_tokens[{i}] is normalized and not in NFC"));
                 }
                 normalized.push((content.to_string(), id));
             } else {
@@ -393,8 +395,8 @@ impl ByteLevelBpe {
         out: &mut Vec<u32>,
     ) -> Result<(), Unsupported> {
         split_added(self.raw_added.as_ref(), text, out, |segment, out| {
-            if self.nfc && !segment.is_ascii() {
-                // NFC leaves ASCII unchanged; other text is normalized by the crate
+            if self.nfc && !segment.is_ascii() && !is_nfc(segment) {
+                // text NFC would change is normalized (and encoded) by the crate
                 return Err(Unsupported);
             }
             split_added(
@@ -657,6 +659,8 @@ mod tests {
     #[test]
     fn lean_path_gives_the_crates_ids() {
         check(|_| {}, 1);
+        // NFC: the texts are already in NFC, so none goes to the crate
+        check(|j| j["normalizer"] = serde_json::json!({"type": "NFC"}), 5);
         check(|j| j["model"]["ignore_merges"] = Value::Bool(true), 2);
         check(
             |j| j["pre_tokenizer"] = serde_json::json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
