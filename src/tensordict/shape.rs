@@ -153,7 +153,7 @@ impl TensorDict {
 
     /// Rebuilds the tree with new root batch dims, mapping every leaf with `f`. Nested levels
     /// keep their extra batch dims after the new root ones.
-    fn map_batch<F>(&self, new_batch: &[i64], f: &mut F) -> Result<TensorDict>
+    pub(crate) fn map_batch<F>(&self, new_batch: &[i64], f: &mut F) -> Result<TensorDict>
     where
         F: FnMut(&Tensor) -> Result<Tensor>,
     {

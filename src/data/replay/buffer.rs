@@ -2,8 +2,11 @@
 //! round-robin writer) and a [`Sampler`].
 //!
 //! The storage is allocated on the first `extend`, shaped `[capacity, *item_shape]` per leaf
-//! after the first data's structure (an item is one slice along the first batch dim). Writes go round-robin: once full, the oldest transitions
-//! are overwritten first (FIFO).
+//! after the first data's structure (an item is one slice along the first batch dim). Writes
+//! go round-robin: once full, the oldest transitions are overwritten first (FIFO). In memory,
+//! an item's leaves are kept side by side, one row per dtype (see `packed.rs`), so that
+//! sampling an item reads one row per dtype rather than one per leaf; what `storage` and
+//! `sample` return is the same tensordict either way.
 //!
 //! ```
 //! use tch::{Device, Kind, Tensor};
@@ -30,6 +33,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::memmap::{leaf_keys, LazyMemmapStorage};
+use super::packed::PackedStorage;
 use super::samplers::{RandomSampler, Sampled, Sampler};
 use crate::error::{Error, Result};
 use crate::tensordict::{fmt_key_list, BatchIndex, NestedKey, TensorDict};
@@ -37,7 +41,7 @@ use crate::tensordict::{fmt_key_list, BatchIndex, NestedKey, TensorDict};
 /// A replay buffer over a tensordict storage. See the module docs.
 #[derive(Debug)]
 pub struct ReplayBuffer<S: Sampler = RandomSampler> {
-    storage: Option<TensorDict>,
+    storage: Option<PackedStorage>,
     /// The disk-backed storage, when the buffer was made with [`ReplayBuffer::with_memmap`]
     /// (then `storage` stays `None`).
     disk: Option<LazyMemmapStorage>,
@@ -147,7 +151,9 @@ impl<S: Sampler> ReplayBuffer<S> {
     }
 
     /// The stored transitions in storage order, `[len]` (views of the storage; copies for a
-    /// disk-backed buffer), or `None` when empty.
+    /// disk-backed buffer), or `None` when empty. An in-memory buffer's leaves are views into
+    /// its rows of packed leaves, so a leaf that shares its rows with others is not contiguous
+    /// (its row stride is the row's width).
     pub fn storage(&self) -> Result<Option<TensorDict>> {
         if let Some(d) = &self.disk {
             if self.len == 0 || !d.is_initialized() {
@@ -157,7 +163,7 @@ impl<S: Sampler> ReplayBuffer<S> {
             return d.read(&idx).map(Some);
         }
         match &self.storage {
-            Some(s) if self.len > 0 => Ok(Some(s.index(&[BatchIndex::slice(
+            Some(s) if self.len > 0 => Ok(Some(s.view().index(&[BatchIndex::slice(
                 Some(0),
                 Some(self.len),
                 1,
@@ -189,7 +195,7 @@ impl<S: Sampler> ReplayBuffer<S> {
             return Ok(Vec::new());
         }
         if let Some(stored) = &self.storage {
-            self.check_keys(op, leaf_keys(stored), &items)?;
+            self.check_keys(op, leaf_keys(stored.view()), &items)?;
         }
         if let Some(d) = &self.disk {
             if d.is_initialized() {
@@ -215,10 +221,11 @@ impl<S: Sampler> ReplayBuffer<S> {
         }
         let mut storage = match self.storage.take() {
             Some(s) => s,
-            None => allocate(&src, self.capacity)?,
+            None => PackedStorage::allocate(&src, self.capacity)?,
         };
-        let res = write_round_robin(&mut storage, &src, start, keep, self.capacity);
+        let res = write_round_robin(storage.view_mut(), &src, start, keep, self.capacity);
         let item_shape = storage
+            .view()
             .batch_size()
             .get(1..)
             .map(<[i64]>::to_vec)
@@ -309,13 +316,13 @@ impl<S: Sampler> ReplayBuffer<S> {
                 ))
             }
         };
-        let sampled = self.sampler.sample_from(storage, self.len, batch_size)?;
+        let sampled = self
+            .sampler
+            .sample_from(storage.view(), self.len, batch_size)?;
         let idx = sampled.indices.clone();
-        let device = storage.device().unwrap_or(Device::Cpu);
-        let idx_t = Tensor::f_from_slice(&idx)?
-            .f_to_kind(Kind::Int64)?
-            .f_to_device(device)?;
-        let mut out = storage.index(&[BatchIndex::Tensor(idx_t)])?;
+        let device = storage.view().device().unwrap_or(Device::Cpu);
+        // one row gather per dtype group (the same items as `view().index(&[idx])`)
+        let mut out = storage.gather(&idx)?;
         add_weights(&mut out, &sampled, device)?;
         Ok((out, idx))
     }
@@ -396,15 +403,4 @@ fn expand_right(t: &Tensor, shape: &[i64]) -> Result<Tensor> {
         v = v.f_unsqueeze(-1)?;
     }
     Ok(v.f_expand(shape, false)?.f_contiguous()?)
-}
-
-/// Zeros shaped `[capacity, *item_shape]` with the structure of `items` (batch `[n, *item]`).
-fn allocate(items: &TensorDict, capacity: i64) -> Result<TensorDict> {
-    let row = items.index(&[BatchIndex::slice(Some(0), Some(1), 1)])?;
-    let zeros = row.apply(|t| Ok(Some(t.f_zeros_like()?)))?;
-    let mut shape = items.batch_size().to_vec();
-    if let Some(first) = shape.first_mut() {
-        *first = capacity;
-    }
-    zeros.expand(&shape)?.apply(|t| Ok(Some(t.f_contiguous()?)))
 }

@@ -37,6 +37,7 @@
 
 pub mod buffer;
 pub mod memmap;
+mod packed;
 pub mod prioritized;
 pub mod samplers;
 pub mod slice;
