@@ -118,6 +118,10 @@ impl PriorityTrees {
                 *n = Node::leaf(value);
                 changed.push(i);
             }
+            // the first level of parents is written next: ask for their lines now
+            if let Some(parent) = self.nodes.get(i >> 1) {
+                crate::host::prefetch(parent);
+            }
         }
         changed.sort_unstable();
         changed.dedup();
@@ -132,6 +136,10 @@ impl PriorityTrees {
                 let joined = Node::join(self.node(2 * parent), self.node(2 * parent + 1));
                 if let Some(p) = self.nodes.get_mut(parent) {
                     *p = joined;
+                }
+                // written a level later
+                if let Some(grandparent) = self.nodes.get(parent >> 1) {
+                    crate::host::prefetch(grandparent);
                 }
                 if let Some(slot) = changed.get_mut(kept) {
                     *slot = parent;
@@ -179,6 +187,11 @@ impl PriorityTrees {
                 if *current > left {
                     *current -= left;
                     *node |= 1;
+                }
+                // the next level reads node 2 * node: ask for its line now, a whole pass over
+                // the batch before it is read
+                if let Some(next) = self.nodes.get(*node << 1) {
+                    crate::host::prefetch(next);
                 }
             }
             level <<= 1;
@@ -335,9 +348,13 @@ impl PrioritizedSampler {
         }
         let (eps, alpha) = (self.eps as f32, self.alpha as f32);
         // torch.pow(priority + eps, alpha) in float32
+        // one priority for all (an `extend`'s default priority): one `powf`
+        let shared = (priority.len() == 1)
+            .then(|| priority.first().map(|p| (*p as f32 + eps).powf(alpha)))
+            .flatten();
         let leaves: Vec<(usize, f32)> = pairs
             .into_iter()
-            .map(|(i, p)| (i, (p + eps).powf(alpha)))
+            .map(|(i, p)| (i, shared.unwrap_or_else(|| (p + eps).powf(alpha))))
             .collect();
         self.trees.update_many(&leaves);
         Ok(())
