@@ -223,7 +223,13 @@ impl<S: Sampler> ReplayBuffer<S> {
             Some(s) => s,
             None => PackedStorage::allocate(&src, self.capacity)?,
         };
-        let res = write_round_robin(storage.view_mut(), &src, start, keep, self.capacity);
+        // one copy per dtype group when the batch has the stored layout; otherwise (other
+        // dtypes to cast, other shapes to refuse) the per-leaf writes, with their checks
+        let res = match storage.write_rows(&src, start, keep) {
+            Ok(true) => Ok(()),
+            Ok(false) => write_round_robin(storage.view_mut(), &src, start, keep, self.capacity),
+            Err(e) => Err(e),
+        };
         let item_shape = storage
             .view()
             .batch_size()
@@ -388,8 +394,15 @@ impl ReplayBuffer<super::PrioritizedSampler> {
 fn add_weights(out: &mut TensorDict, sampled: &Sampled, device: Device) -> Result<()> {
     if let Some(w) = &sampled.weights {
         let shape = out.batch_size().to_vec();
-        let idx = Tensor::f_from_slice(&sampled.indices)?.f_to_device(device)?;
-        let w = Tensor::f_from_slice(w)?.f_to_device(device)?;
+        let on_device = |t: Tensor| -> Result<Tensor> {
+            Ok(if device == Device::Cpu {
+                t
+            } else {
+                t.f_to_device(device)?
+            })
+        };
+        let idx = on_device(Tensor::f_from_slice(&sampled.indices)?)?;
+        let w = on_device(Tensor::f_from_slice(w)?)?;
         out.set("index", expand_right(&idx, &shape)?)?;
         out.set("priority_weight", expand_right(&w, &shape)?)?;
     }
@@ -398,6 +411,9 @@ fn add_weights(out: &mut TensorDict, sampled: &Sampled, device: Device) -> Resul
 
 /// `t` (`[B]`) viewed as `[B, 1, …]` and expanded to `shape` (`[B, …]`).
 fn expand_right(t: &Tensor, shape: &[i64]) -> Result<Tensor> {
+    if shape.len() == 1 {
+        return Ok(t.shallow_clone()); // `[B]` already, and contiguous
+    }
     let mut v = t.shallow_clone();
     while v.dim() < shape.len() {
         v = v.f_unsqueeze(-1)?;

@@ -39,6 +39,8 @@ impl Group {
 /// Where a leaf lives: its group, its position among the group's leaves and its item shape.
 #[derive(Debug)]
 struct Slot {
+    /// The leaf's key segments.
+    path: Vec<String>,
     group: usize,
     /// The leaf's place in its group's `widths`.
     part: usize,
@@ -64,7 +66,7 @@ impl PackedStorage {
         let row = items.index(&[BatchIndex::slice(Some(0), Some(1), 1)])?;
         let mut groups: Vec<Group> = Vec::new();
         let mut slots: Vec<Slot> = Vec::new();
-        row.for_each_leaf(&mut |_, t| {
+        row.for_each_leaf(&mut |path, t| {
             let (kind, device) = (t.f_kind()?, t.device());
             let item_shape = t.size().get(1..).map(<[i64]>::to_vec).unwrap_or_default();
             let width = item_shape
@@ -99,6 +101,7 @@ impl PackedStorage {
                 None => 0,
             };
             slots.push(Slot {
+                path: path.iter().map(|p| (*p).to_owned()).collect(),
                 group,
                 part,
                 item_shape,
@@ -142,6 +145,76 @@ impl PackedStorage {
     /// The stored tensordict, mutably (for writes through `set_at`).
     pub(crate) fn view_mut(&mut self) -> &mut TensorDict {
         &mut self.view
+    }
+
+    /// Writes the `keep` items of `src` at rows `start, start + 1, …` modulo the capacity (one
+    /// or two ranges) with one copy per group and range, when `src` has the stored layout
+    /// exactly: the same leaves in the same order, of the stored item shapes, dtypes and
+    /// devices, batch `[keep, *item_batch]`, none sharing memory with the storage. Returns
+    /// `false`, having written nothing, otherwise (the caller then writes through
+    /// `TensorDict::set_at`, whose checks, casts and errors apply).
+    pub(crate) fn write_rows(&mut self, src: &TensorDict, start: i64, keep: i64) -> Result<bool> {
+        let batch = src.batch_size();
+        if batch.first() != Some(&keep) || batch.get(1..) != self.view.batch_size().get(1..) {
+            return Ok(false);
+        }
+        let mut pieces: Vec<Vec<Tensor>> = self.groups.iter().map(|_| Vec::new()).collect();
+        let mut leaf = 0usize;
+        let mut fits = true;
+        src.for_each_leaf(&mut |path, t| {
+            let slot = match self.slots.get(leaf) {
+                Some(s) if fits => s,
+                _ => {
+                    fits = false;
+                    return Ok(());
+                }
+            };
+            leaf += 1;
+            let size = t.size();
+            let group = self.groups.get(slot.group);
+            fits = group.is_some_and(|g| {
+                g.kind == t.kind() && g.device == t.device() && !shares_memory(&g.data, t)
+            }) && size.first() == Some(&keep)
+                && size.get(1..) == Some(slot.item_shape.as_slice())
+                && path.len() == slot.path.len()
+                && path.iter().zip(&slot.path).all(|(a, b)| *a == b.as_str());
+            if fits {
+                let width = group
+                    .and_then(|g| g.widths.get(slot.part))
+                    .copied()
+                    .unwrap_or(0);
+                if let Some(p) = pieces.get_mut(slot.group) {
+                    p.push(if size.as_slice() == [keep, width] {
+                        t.shallow_clone()
+                    } else {
+                        t.f_reshape([keep, width])?
+                    });
+                }
+            }
+            Ok(())
+        })?;
+        if !fits || leaf != self.slots.len() {
+            return Ok(false);
+        }
+        let _guard = tch::no_grad_guard();
+        let first = keep.min(self.capacity - start);
+        for (g, p) in self.groups.iter().zip(&pieces) {
+            let rows = match p.as_slice() {
+                [one] => one.shallow_clone(),
+                _ => Tensor::f_cat(p, 1)?,
+            };
+            if first == keep {
+                g.data.f_narrow(0, start, keep)?.f_copy_(&rows)?;
+            } else {
+                g.data
+                    .f_narrow(0, start, first)?
+                    .f_copy_(&rows.f_narrow(0, 0, first)?)?;
+                g.data
+                    .f_narrow(0, 0, keep - first)?
+                    .f_copy_(&rows.f_narrow(0, first, keep - first)?)?;
+            }
+        }
+        Ok(true)
     }
 
     /// The items at `indices` (negative ones count from the end of the storage), `[len,
@@ -190,11 +263,37 @@ impl PackedStorage {
                 .get(slot.group)
                 .and_then(|p| p.get(slot.part))
                 .ok_or_else(internal)?;
+            if slot.item_shape.len() == 1 {
+                return Ok(part.shallow_clone()); // `[n, width]` already
+            }
             let mut dims = vec![n];
             dims.extend_from_slice(&slot.item_shape);
             Ok(part.f_view(dims.as_slice())?)
         })
     }
+}
+
+/// Whether `t`'s memory may overlap `data`'s (a leaf of the storage written back into it):
+/// the byte ranges their first and last elements span intersect.
+fn shares_memory(data: &Tensor, t: &Tensor) -> bool {
+    let span = |x: &Tensor| -> (usize, usize) {
+        let es = x.kind().elt_size_in_bytes();
+        let reach: i64 = x
+            .size()
+            .iter()
+            .zip(x.stride())
+            .map(|(n, s)| (n - 1).max(0) * s.abs())
+            .sum();
+        let lo = (x.data_ptr() as usize).saturating_sub(usize::try_from(reach).unwrap_or(0) * es);
+        let hi = (x.data_ptr() as usize)
+            .saturating_add((usize::try_from(reach).unwrap_or(usize::MAX / 2) + 1) * es);
+        (lo, hi)
+    };
+    if data.device() != t.device() {
+        return false;
+    }
+    let ((a0, a1), (b0, b1)) = (span(data), span(t));
+    a0 < b1 && b0 < a1
 }
 
 /// The slot of leaf `leaf` and its group.
@@ -408,6 +507,41 @@ mod tests {
         let stored = per_leaf(&all, &slots)?;
         let (s, idx) = rb.sample_with_indices(32)?;
         assert_same(&s, &per_leaf(&stored, &idx)?);
+        Ok(())
+    }
+
+    #[test]
+    fn writes_off_the_packed_layout_take_the_checked_path() -> Result<()> {
+        let mut rb = ReplayBuffer::with_sampler(4, Fixed(vec![0, 1, 2, 3]))?;
+        let a = items(2, 1)?;
+        rb.extend(&a)?;
+        // a float64 observation is cast into the float32 storage, as `set_at` does
+        let mut b = items(2, 2)?;
+        let obs = b.get_or_err("observation")?.f_to_kind(Kind::Double)?;
+        b.set("observation", obs.f_add_scalar(0.25)?)?;
+        rb.extend(&b)?;
+        // the buffer's own rows written back (they share its memory): a copy is stored
+        let back =
+            rb.storage()?
+                .expect("stored")
+                .index(&[BatchIndex::slice(Some(0), Some(2), 1)])?;
+        let back_copy = back.apply(|t| Ok(Some(t.copy())))?;
+        rb.extend(&back)?;
+        let mut want_b = b.clone();
+        let cast = b.get_or_err("observation")?.f_to_kind(Kind::Float)?;
+        want_b.set("observation", cast)?;
+        let want = cat(&[&back_copy, &want_b], 0)?;
+        assert_same(&contiguous(&rb.storage()?.expect("stored"))?, &want);
+        let (s, _) = rb.sample_with_indices(4)?;
+        assert_same(&s, &want);
+        // an item of another shape is refused, with nothing written
+        let mut bad = items(1, 0)?;
+        bad.set(
+            "observation",
+            Tensor::zeros([1, 5], (Kind::Float, Device::Cpu)),
+        )?;
+        assert!(rb.extend(&bad).is_err());
+        assert_same(&contiguous(&rb.storage()?.expect("stored"))?, &want);
         Ok(())
     }
 }
