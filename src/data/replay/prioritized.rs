@@ -533,6 +533,15 @@ mod tests {
                 let masses: Vec<f32> = (0..33)
                     .map(|_| (gen.next_f64() * 1.1 * total) as f32)
                     .collect();
+                // and masses on the tree's own boundaries: a left child's sum exactly, and
+                // that plus its right sibling's left child's (ties go left)
+                let mut masses = masses;
+                for j in [2usize, 3, 4, 5, 8, 13] {
+                    if let (Some(a), Some(b)) = (sum.values.get(j), sum.values.get(2 * j + 2)) {
+                        masses.push(*a);
+                        masses.push(*a + *b);
+                    }
+                }
                 let one: Vec<usize> = masses.iter().map(|m| sum.scan(*m, size)).collect();
                 assert_eq!(trees.scan_lower_bounds(&masses), one, "size {size}");
                 // a range query is the fold over its leaves (min exactly; sums to rounding)
