@@ -20,6 +20,10 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 use crate::tensordict::{BatchIndex, TensorDict};
 
+/// The most rows an `extend` writes through host row copies (below that, a libtorch op's
+/// overhead is most of the write; above it, `cat` + `copy_` move memory faster).
+const HOST_WRITE_ROWS: i64 = 2048;
+
 /// The leaves of one dtype and device, `[capacity, width]`.
 #[derive(Debug)]
 struct Group {
@@ -199,6 +203,12 @@ impl PackedStorage {
         let _guard = tch::no_grad_guard();
         let first = keep.min(self.capacity - start);
         for (g, p) in self.groups.iter().zip(&pieces) {
+            // on the CPU, a small batch (a collector's, an environment step's) is one pass of
+            // row copies straight from the leaves; a large one (filling the buffer) is copied
+            // faster by libtorch's `cat` and `copy_`, which move whole columns at once
+            if keep <= HOST_WRITE_ROWS && crate::host::out::scatter_row_blocks(&g.data, start, p)? {
+                continue;
+            }
             let rows = match p.as_slice() {
                 [one] => one.shallow_clone(),
                 _ => Tensor::f_cat(p, 1)?,
@@ -235,11 +245,17 @@ impl PackedStorage {
             }
         }
         let wrapped: Vec<i64> = indices.iter().map(|v| v.rem_euclid(cap.max(1))).collect();
-        let index = Tensor::f_from_slice(&wrapped)?;
         let n = i64::try_from(wrapped.len()).unwrap_or(i64::MAX);
         // one gather per group, split into its leaves (contiguous copies)
         let mut parts: Vec<Vec<Tensor>> = Vec::with_capacity(self.groups.len());
         for g in &self.groups {
+            // on the CPU, one pass of row copies straight into the leaves
+            if let Some(leaves) = crate::host::out::gather_row_blocks(&g.data, &wrapped, &g.widths)?
+            {
+                parts.push(leaves);
+                continue;
+            }
+            let index = Tensor::f_from_slice(&wrapped)?;
             let rows = if g.device == Device::Cpu {
                 g.data.f_index_select(0, &index)?
             } else {
@@ -487,6 +503,26 @@ mod tests {
         rb.clear();
         rb.extend(&a)?;
         assert_same(&contiguous(&rb.storage()?.expect("stored"))?, &a);
+        Ok(())
+    }
+
+    #[test]
+    fn large_and_small_writes_interleave() -> Result<()> {
+        // 2,500 items (above HOST_WRITE_ROWS: libtorch's cat + copy_), then 700 (host row
+        // copies) that wrap: item j of the two goes to slot j mod 3,000, the last write wins
+        let (a, b) = (items(2500, 1)?, items(700, 9)?);
+        const { assert!(2500 > super::HOST_WRITE_ROWS && 700 <= super::HOST_WRITE_ROWS) };
+        let mut rb = ReplayBuffer::new(3000)?;
+        rb.extend(&a)?;
+        rb.extend(&b)?;
+        let all = cat(&[&a, &b], 0)?;
+        let slots: Vec<i64> = (0..3000)
+            .map(|s| if s < 200 { 3000 + s } else { s })
+            .collect();
+        let want = per_leaf(&all, &slots)?;
+        assert_same(&contiguous(&rb.storage()?.expect("stored"))?, &want);
+        let (s, idx) = rb.sample_with_indices(300)?;
+        assert_same(&s, &per_leaf(&want, &idx)?);
         Ok(())
     }
 
