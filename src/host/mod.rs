@@ -5,7 +5,8 @@
 //! through the small safe API below and would give the same results without it.
 //!
 //! - [`ffi`]: the one direct call into `torch_sys` (a tensor's shape into a stack buffer).
-//! - [`out`]: CPU tensors written in place from host values ([`HostOut`], [`HostBuf`]).
+//! - [`out`]: CPU tensors written in place from host values ([`HostOut`], [`HostBuf`]), and
+//!   the replay buffer's packed rows gathered into leaves and written from them by row copies.
 //! - [`stack`]: `stack` along a dim after the first as host copies into one consolidated
 //!   buffer, and the reserve of that buffer for a rollout.
 //! - [`stack_plan`]: which leaves of a stack are copies or shifts of another leaf's stack.
