@@ -453,10 +453,10 @@ fn guarded<T>(op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
 
 /// The text a loaded lean encoder must encode as the crate does before it is used: words,
 /// contractions, digits, punctuation, runs of spaces, tabs and newlines, non-ASCII letters and
-/// symbols, and a leading space.
+/// symbols, a leading space, and common special tokens (added tokens where the file has them).
 const PROBE: &str =
     " Hello, world! It's 2024: naïve café déjà-vu, 東京 \u{1F600} x=1.5e-3\t\tend  \n\n\
-                     I'll we've THEY'RE don't   12345678 ...?! (a|b) <tag> \r\n  trailing   ";
+                     I'll we've THEY'RE don't   12345678 ...?! (a|b) <tag> \r\n<|endoftext|><|im_start|>x<s></s>[INST]  trailing   ";
 
 /// The threads [`TextTokenizer::encode_many`] of a lean encoder runs on for `n` texts: the
 /// cores (one where `TOKENIZERS_PARALLELISM` is `false` or `0`, as the crate), at most one per
