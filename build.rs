@@ -37,14 +37,18 @@ fn main() {
 /// Compiles the C++ files that reach libtorch ops tch does not bind, through the dispatcher by
 /// name, against the headers of the libtorch torch-sys linked: `src/modules/llm/nn/mkl_packed.cpp`
 /// (MKL's packed-weight linear; `modules::llm::nn::packed`) and `src/objectives/fused_adam.cpp`
-/// (the fused Adam step; `objectives::optim::FusedAdam`). Without `DEP_TCH_LIBTORCH_LIB`
+/// (the fused Adam step; `objectives::optim::FusedAdam`) and `src/modules/models/tanh.cpp` (an
+/// AVX2 float32 tanh; `modules::models::tanh`). Without `DEP_TCH_LIBTORCH_LIB`
 /// (nothing to compile against) the crate builds without them (`cfg(torchrl_shims)` is then
-/// unset): decoding uses the plain products and `FusedAdam` its per-tensor fallback.
+/// unset): decoding uses the plain products, `FusedAdam` its per-tensor fallback and `tanh`
+/// libtorch's.
 fn dispatcher_shims() {
     const SHIM: &str = "src/modules/llm/nn/mkl_packed.cpp";
     const ADAM: &str = "src/objectives/fused_adam.cpp";
+    const TANH: &str = "src/modules/models/tanh.cpp";
     println!("cargo:rerun-if-changed={SHIM}");
     println!("cargo:rerun-if-changed={ADAM}");
+    println!("cargo:rerun-if-changed={TANH}");
     println!("cargo:rerun-if-changed=src/shims/guard.h");
     println!("cargo::rustc-check-cfg=cfg(torchrl_shims)");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
@@ -66,6 +70,7 @@ fn dispatcher_shims() {
         .cpp(true)
         .file(SHIM)
         .file(ADAM)
+        .file(TANH)
         .std("c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .include(&include)

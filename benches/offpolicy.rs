@@ -24,7 +24,9 @@
 //! floor) as a `#` comment line. W26 has no floor. Both sides of W24 / W25 step
 //! `objectives::optim::FusedAdam` (PyTorch's `Adam(fused=True)`; `nn::Adam`, libtorch's
 //! per-tensor C++ loop, before 2026-12-04); TorchRL steps `torch.optim.Adam`'s default, which on
-//! the CPU is the per-tensor loop.
+//! the CPU is the per-tensor loop. Both sides' MLPs apply `modules::models::tanh` (the AVX2
+//! kernel where the CPU has it; since 2026-12-05); `TORCHRL_TANH_KERNEL=0` puts libtorch's
+//! `tanh` (MKL's `vsTanh`, TorchRL's) back on both.
 //!
 //! Run: `cargo bench --bench offpolicy` (all), or `cargo bench --bench offpolicy -- W26` (the
 //! named workloads only).
@@ -37,6 +39,7 @@ use std::hint::black_box;
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 use torchrl::data::replay::{PrioritizedSampler, ReplayBuffer};
+use torchrl::modules::models::tanh;
 use torchrl::modules::{
     ActionSpace, DistributionBuilder, MlpConfig, NormalParamExtractor, ProbabilisticActor,
     QValueActor, TdModule, TensorDictSequential, MLP,
@@ -135,7 +138,8 @@ fn w24(data: &TensorDict) -> Result<Repetition<'_>> {
     }))
 }
 
-/// An MLP of `nn::Linear` layers with tanh between them (the floor's networks).
+/// An MLP of `nn::Linear` layers with tanh between them (the floor's networks; the same tanh as
+/// the `MLP`'s, `modules::models::tanh`).
 struct Net {
     layers: Vec<nn::Linear>,
 }
@@ -158,7 +162,7 @@ impl Net {
         for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h);
             if i < last {
-                h = h.tanh();
+                h = tanh(&h).expect("tanh of a float tensor");
             }
         }
         h
@@ -172,7 +176,7 @@ impl Net {
             let b = l.bs.as_ref().map(Tensor::detach);
             h = h.linear(&l.ws.detach(), b.as_ref());
             if i < last {
-                h = h.tanh();
+                h = tanh(&h).expect("tanh of a float tensor");
             }
         }
         h

@@ -1,6 +1,6 @@
-// What every dispatcher shim (src/modules/llm/nn/mkl_packed.cpp, src/objectives/fused_adam.cpp)
-// does around a libtorch call: catch every C++ exception and hand its message back through the
-// caller's buffer, so nothing unwinds into Rust.
+// What every C++ shim (src/modules/llm/nn/mkl_packed.cpp, src/objectives/fused_adam.cpp,
+// src/modules/models/tanh.cpp) does around a libtorch call: catch every C++ exception and hand
+// its message back through the caller's buffer, so nothing unwinds into Rust.
 #pragma once
 
 #include <cstddef>

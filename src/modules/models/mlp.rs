@@ -51,7 +51,8 @@ use crate::modules::module::{cat_last, describe, dtype_name, module_error, Tenso
 /// arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Activation {
-    /// `tanh` (TorchRL's default).
+    /// `tanh` (TorchRL's default), through [`tanh`](super::tanh::tanh): a faster float32
+    /// kernel on CPUs with AVX2, within 1 ulp of the exact value.
     #[default]
     Tanh,
     /// `max(x, 0)`.
@@ -80,7 +81,7 @@ impl Activation {
     /// Applies the activation.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
-            Activation::Tanh => x.f_tanh()?,
+            Activation::Tanh => super::tanh::tanh(x)?,
             Activation::ReLU => x.f_relu()?,
             Activation::ELU => x.f_elu()?,
             Activation::LeakyReLU => x.f_leaky_relu()?,

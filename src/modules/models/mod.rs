@@ -17,7 +17,9 @@
 //! ```
 
 pub mod mlp;
+pub mod tanh;
 pub mod value;
 
 pub use mlp::{Activation, MlpConfig, NumCells, MLP};
+pub use tanh::{tanh, tanh_kernel_available};
 pub use value::ValueOperator;
