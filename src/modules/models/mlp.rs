@@ -52,7 +52,7 @@ use crate::modules::module::{cat_last, describe, dtype_name, module_error, Tenso
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Activation {
     /// `tanh` (TorchRL's default), through [`tanh`](super::tanh::tanh): a faster float32
-    /// kernel on CPUs with AVX2, within 1 ulp of the exact value.
+    /// kernel on non-Intel CPUs with AVX2, within 1 ulp of the exact value.
     #[default]
     Tanh,
     /// `max(x, 0)`.

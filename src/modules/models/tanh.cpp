@@ -14,7 +14,7 @@
 //   Taylor polynomial to r^7, a clamped to 10 (tanh(10) rounds to 1.0f); NaN propagates.
 //
 // Other tensors (not float32, not contiguous, not on the CPU, or a CPU without AVX2 / FMA) go
-// to `at::tanh`. Entry points catch every C++ exception and return 1 with the message in `err`.
+// to `at::tanh`; tanh.rs also leaves Intel CPUs to MKL unless asked (TORCHRL_TANH_KERNEL=1). Entry points catch every C++ exception and return 1 with the message in `err`.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -130,16 +130,21 @@ struct TanhFn : public torch::autograd::Function<TanhFn> {
 
 extern "C" {
 
-// 1 where the kernel runs on this CPU (AVX2 and FMA), else 0.
-int trl_tanh_kernel_available() { return cpu_has_avx2_fma() ? 1 : 0; }
+// 0 where the kernel cannot run on this CPU (no AVX2 or FMA), 2 where it can and the CPU is
+// Intel's (where MKL takes its own optimized code paths), 1 where it can on another vendor's.
+int trl_tanh_kernel_cpu() {
+  if (!cpu_has_avx2_fma()) return 0;
+  return __builtin_cpu_is("intel") ? 2 : 1;
+}
 
-// `*out` = tanh(x), a new heap tensor: the kernel for a contiguous float32 CPU tensor (through
-// the autograd function when grad mode is on and x requires grad), `at::tanh` otherwise.
-int trl_tanh(void* x, void** out, char* err, size_t len) {
+// `*out` = tanh(x), a new heap tensor: with `kernel` 1, the kernel for a contiguous float32 CPU
+// tensor on a CPU that can run it (through the autograd function when grad mode is on and x
+// requires grad); `at::tanh` otherwise.
+int trl_tanh(void* x, int kernel, void** out, char* err, size_t len) {
   return guarded(err, len, [&] {
     const at::Tensor& t = *static_cast<at::Tensor*>(x);
     at::Tensor y;
-    if (!uses_kernel(t)) {
+    if (kernel == 0 || !uses_kernel(t)) {
       y = at::tanh(t);
     } else if (t.requires_grad() && at::GradMode::is_enabled()) {
       y = TanhFn::apply(t);
